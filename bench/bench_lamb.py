@@ -1,0 +1,74 @@
+"""One optimizer step over the BERT-Large parameter set (~335 M parameters) on CPU:
+optim.Lamb vs torch.optim.AdamW(foreach=True), measured alternately in one run.
+
+    python bench/bench_lamb.py [--steps 5]
+
+Goal (issue: LAMB): Lamb step <= 1.5 x AdamW step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from optim import Lamb  # noqa: E402
+
+
+def bert_large_shapes(vocab=30522, hidden=1024, layers=24, intermediate=4096, positions=512):
+    shapes = [(vocab, hidden), (positions, hidden), (2, hidden), (hidden,), (hidden,)]
+    for _ in range(layers):
+        shapes += [(hidden, hidden), (hidden,)] * 4  # q, k, v, attention output
+        shapes += [(hidden,), (hidden,)]  # attention LayerNorm
+        shapes += [(intermediate, hidden), (intermediate,), (hidden, intermediate), (hidden,)]
+        shapes += [(hidden,), (hidden,)]  # output LayerNorm
+    shapes += [(hidden, hidden), (hidden,), (hidden, hidden), (hidden,), (hidden,), (hidden,)]
+    shapes += [(vocab,), (2, hidden), (2,)]  # MLM bias, NSP head
+    return shapes
+
+
+def time_steps(make_optimizer, params, steps):
+    optimizer = make_optimizer(params)
+    optimizer.step()  # state allocation outside the timing
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    del optimizer
+    return times
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in bert_large_shapes()]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    count = sum(p.numel() for p in params)
+    print(f"parameters: {count / 1e6:.1f} M in {len(params)} tensors, threads {torch.get_num_threads()}")
+    makers = {
+        "AdamW(foreach=True)": lambda ps: torch.optim.AdamW(ps, lr=1e-4, foreach=True),
+        "Lamb": lambda ps: Lamb(ps, lr=1e-4),
+        "Lamb(max_grad_norm=1)": lambda ps: Lamb(ps, lr=1e-4, max_grad_norm=1.0),
+    }
+    results = {name: [] for name in makers}
+    for _ in range(2):  # alternate to spread machine noise over all optimizers
+        for name, make in makers.items():
+            results[name] += time_steps(make, params, args.steps)
+    base = statistics.median(results["AdamW(foreach=True)"])
+    print("| optimizer | median step s | ratio to AdamW |\n|---|---|---|")
+    for name, times in results.items():
+        median = statistics.median(times)
+        print(f"| {name} | {median:.3f} | {median / base:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
