@@ -1,0 +1,52 @@
+"""Model configuration: Hugging Face `BertConfig` fields plus packing options.
+
+Extra attributes (kept by BertConfig, saved in config.json, ignored by transformers):
+    attention_backend: "dense" | "sdpa" | "flex"
+    mlm_loss_mode:     "per_token" (MLPerf: mean over all masked tokens) |
+                       "per_sequence" (the paper's option: mean per sequence, then over sequences)
+    recompute_layers:  bool, activation recomputation (checkpointing) of every encoder layer
+"""
+
+from __future__ import annotations
+
+from transformers import BertConfig
+
+ATTENTION_BACKENDS = ("dense", "sdpa", "flex")
+MLM_LOSS_MODES = ("per_token", "per_sequence")
+
+PRESETS = {
+    "bert-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                       intermediate_size=4096),
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                      intermediate_size=3072),
+    "bert-tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=128),
+    "bert-mini": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                      intermediate_size=512),
+}
+
+
+def bert_config(preset: str = "bert-large", **overrides) -> BertConfig:
+    """A BertConfig for a preset (vocab 30522, 512 positions, 2 segment types) + overrides."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; expected one of {sorted(PRESETS)}")
+    fields = dict(vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
+                  hidden_act="gelu", layer_norm_eps=1e-12, attention_backend="dense",
+                  mlm_loss_mode="per_token", recompute_layers=False)
+    fields.update(PRESETS[preset])
+    fields.update(overrides)
+    config = BertConfig(**fields)
+    check_packing_options(config)
+    return config
+
+
+def check_packing_options(config: BertConfig) -> None:
+    backend = getattr(config, "attention_backend", "dense")
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
+    mode = getattr(config, "mlm_loss_mode", "per_token")
+    if mode not in MLM_LOSS_MODES:
+        raise ValueError(f"mlm_loss_mode must be one of {MLM_LOSS_MODES}, got {mode!r}")
+    if config.hidden_size % config.num_attention_heads:
+        raise ValueError(f"hidden_size {config.hidden_size} is not divisible by "
+                         f"num_attention_heads {config.num_attention_heads}")

@@ -1,0 +1,133 @@
+"""BERT embeddings and encoder for packs. Parameter names mirror Hugging Face's BertModel
+(`embeddings.*`, `encoder.layer.N.*`, `pooler.*`) so weights move over by name."""
+
+from __future__ import annotations
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+from transformers.activations import ACT2FN
+
+from model.attention import PackedSelfAttention, build_mask
+
+
+class Embeddings(nn.Module):
+    """word + position (restarting at 0 in every packed sequence) + segment, LayerNorm."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
+                                            padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, position_ids, segment_ids):
+        """[B, S] integer ids each -> [B, S, H]."""
+        x = (self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
+             + self.token_type_embeddings(segment_ids))
+        return self.dropout(self.LayerNorm(x))
+
+
+class _Output(nn.Module):
+    """dense -> dropout -> residual -> LayerNorm (HF's BertSelfOutput / BertOutput)."""
+
+    def __init__(self, config, in_size):
+        super().__init__()
+        self.dense = nn.Linear(in_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x, residual):
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class _Attention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.self = PackedSelfAttention(config)
+        self.output = _Output(config, config.hidden_size)
+
+    def forward(self, hidden, mask):
+        return self.output(self.self(hidden, mask), hidden)
+
+
+class _Intermediate(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT2FN[config.hidden_act]
+
+    def forward(self, x):
+        return self.act(self.dense(x))
+
+
+class EncoderLayer(nn.Module):
+    """One transformer layer; `recompute` trades compute for activation memory."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.attention = _Attention(config)
+        self.intermediate = _Intermediate(config)
+        self.output = _Output(config, config.intermediate_size)
+        self.recompute = bool(getattr(config, "recompute_layers", False))
+
+    def _forward(self, hidden, mask):
+        attended = self.attention(hidden, mask)
+        return self.output(self.intermediate(attended), attended)
+
+    def forward(self, hidden, mask):
+        """hidden [B, S, H], mask from model.attention.build_mask -> [B, S, H]."""
+        if self.recompute and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self._forward, hidden, mask, use_reentrant=False)
+        return self._forward(hidden, mask)
+
+
+class Encoder(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layer = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, hidden, mask):
+        for layer in self.layer:
+            hidden = layer(hidden, mask)
+        return hidden
+
+
+class Pooler(nn.Module):
+    """tanh(dense(h)) of each sequence's [CLS] token, gathered by position."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = nn.Tanh()
+
+    def forward(self, sequence_output, cls_positions):
+        """sequence_output [B, S, H], cls_positions [B, K] -> [B, K, H]."""
+        return self.activation(self.dense(gather_positions(sequence_output, cls_positions)))
+
+
+def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """hidden [B, S, H], positions [B, P] (int) -> hidden at those positions, [B, P, H]."""
+    index = positions.long()[:, :, None].expand(-1, -1, hidden.shape[-1])
+    return torch.gather(hidden, 1, index)
+
+
+class PackedBertModel(nn.Module):
+    """Embeddings + encoder (+ pooler used by the heads). Exposes the pieces for stages."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.encoder = Encoder(config)
+        self.pooler = Pooler(config)
+
+    def attention_mask(self, sequence_ids, dtype):
+        return build_mask(self.config.attention_backend, sequence_ids, dtype)
+
+    def forward(self, input_ids, position_ids, segment_ids, sequence_ids):
+        """-> sequence_output [B, S, H]."""
+        hidden = self.embeddings(input_ids.long(), position_ids.long(), segment_ids.long())
+        return self.encoder(hidden, self.attention_mask(sequence_ids, hidden.dtype))

@@ -1,0 +1,141 @@
+"""PackedBertForPreTraining: packs in, the unpacked BERT's numbers out.
+
+    from model import PackedBertForPreTraining
+    m = PackedBertForPreTraining.from_pretrained(folder)     # any HF BERT folder
+    out = m(**batch)   # packed fields of DESIGN.md section 3, as tensors
+    out["loss"], out["mlm_correct"], out["mlm_count"], ...
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import BertConfig, BertForPreTraining
+
+from model.config import check_packing_options
+from model.encoder import PackedBertModel, gather_positions
+from model.heads import PretrainingHeads, mlm_metrics, nsp_metrics
+
+log = logging.getLogger(__name__)
+
+# Overrides that must agree with a checkpoint: its weights have these shapes.
+SHAPE_FIELDS = ("vocab_size", "max_position_embeddings", "type_vocab_size", "hidden_size",
+                "num_hidden_layers", "num_attention_heads", "intermediate_size")
+DEFAULT_PACKING_OPTIONS = dict(attention_backend="dense", mlm_loss_mode="per_token", recompute_layers=False)
+
+
+class PackedBertForPreTraining(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        for key, value in DEFAULT_PACKING_OPTIONS.items():
+            if not hasattr(config, key):
+                setattr(config, key, value)
+        check_packing_options(config)
+        self.config = config
+        self.bert = PackedBertModel(config)
+        self.cls = PretrainingHeads(config)
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # tied
+        self.loading_report: dict = {}
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        """BERT's initialisation: normal(0, initializer_range), zero biases, unit LayerNorm."""
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    # ----- the forward pass -------------------------------------------------------------
+    def forward(self, input_ids, segment_ids, position_ids, sequence_ids, masked_lm_positions,
+                masked_lm_ids, masked_lm_weights, next_sentence_positions, next_sentence_labels,
+                next_sentence_weights, **unused) -> dict:
+        """Packed batch [B, S] / [B, M] / [B, K] -> outputs, losses, sums and counts.
+
+        Extra fields (e.g. source_index) are accepted and ignored."""
+        sequence_output = self.bert(input_ids, position_ids, segment_ids, sequence_ids)
+        return self.heads(sequence_output, masked_lm_positions, masked_lm_ids, masked_lm_weights,
+                          next_sentence_positions, next_sentence_labels, next_sentence_weights)
+
+    def heads(self, sequence_output, masked_lm_positions, masked_lm_ids, masked_lm_weights,
+              next_sentence_positions, next_sentence_labels, next_sentence_weights) -> dict:
+        """The last pipeline stage: MLM on gathered masked positions, NSP per [CLS]."""
+        pooled = self.bert.pooler(sequence_output, next_sentence_positions)  # [B, K, H]
+        mlm_logits = self.cls.predictions(gather_positions(sequence_output, masked_lm_positions))
+        nsp_logits = self.cls.seq_relationship(pooled)  # [B, K, 2]
+        out = {"sequence_output": sequence_output, "pooled_output": pooled,
+               "mlm_logits": mlm_logits, "nsp_logits": nsp_logits}
+        out.update(mlm_metrics(mlm_logits, masked_lm_ids, masked_lm_weights, self.config.mlm_loss_mode))
+        out.update(nsp_metrics(nsp_logits, next_sentence_labels, next_sentence_weights))
+        out["loss"] = out["mlm_loss"] + out["nsp_loss"]
+        return out
+
+    # ----- Hugging Face checkpoints -----------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, folder, **overrides) -> "PackedBertForPreTraining":
+        """Read an HF BERT folder (config.json + model.safetensors or pytorch_model.bin,
+        BertForPreTraining or a bare BertModel). Missing heads are initialised and
+        reported in `loading_report` and the log. Overrides change non-shape options
+        (dropout, attention_backend, ...); shape fields must match the checkpoint."""
+        folder = Path(folder)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder}: no config.json; expected a Hugging Face BERT folder")
+        config = BertConfig.from_pretrained(folder)
+        for key, value in overrides.items():
+            if key in SHAPE_FIELDS and getattr(config, key) != value:
+                raise ValueError(
+                    f"{folder}: config asks for {key}={value}, but the checkpoint has "
+                    f"{key}={getattr(config, key)}"
+                )
+            setattr(config, key, value)
+        reference, info = BertForPreTraining.from_pretrained(folder, config=config, output_loading_info=True)
+        model = cls(config)
+        state = reference.state_dict()
+        state.pop("cls.predictions.decoder.bias", None)  # HF alias of cls.predictions.bias
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if k != "cls.predictions.decoder.weight"]  # tied
+        if missing or unexpected:
+            raise RuntimeError(f"{folder}: weight names do not map: missing {missing}, unexpected {unexpected}")
+        model.loading_report = {k: list(v) for k, v in info.items() if v}
+        if info.get("missing_keys"):
+            log.warning("%s: initialised weights absent from the checkpoint: %s",
+                        folder, ", ".join(sorted(info["missing_keys"])))
+        return model
+
+    def save_pretrained(self, folder) -> None:
+        """Write a folder that transformers.BertForPreTraining.from_pretrained loads with no
+        missing or unexpected keys (safetensors). Atomic: temporary folder, then rename."""
+        folder = Path(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        reference = BertForPreTraining(self.config)
+        reference.load_state_dict(self.state_dict(), strict=False)
+        reference.tie_weights()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            reference.save_pretrained(tmp)
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(tmp, folder)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+
+    # ----- pieces for pipeline stages ---------------------------------------------------
+    @property
+    def encoder_layers(self) -> nn.ModuleList:
+        return self.bert.encoder.layer
+
+    @torch.no_grad()
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,184 @@
+"""Packed BERT equals transformers' BertForPreTraining run on the sequences unpacked."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertForPreTraining
+
+from model import PackedBertForPreTraining, bert_config
+
+from .model_helpers import group_into_packs, hf_batch, packed_batch, random_sequences
+
+S, K, M, VOCAB = 48, 3, 12, 97
+
+
+def flex_available():
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
+
+        cfg = tiny_config("flex")
+        model = PackedBertForPreTraining(cfg).eval()
+        seqs = random_sequences(np.random.default_rng(0), 2, VOCAB)
+        with torch.no_grad():
+            model(**packed_batch(group_into_packs(seqs, S, K), S, K, M, VOCAB))
+        return True
+    except Exception:  # noqa: BLE001 - any failure means the backend is unusable here
+        return False
+
+
+def tiny_config(backend="dense", **overrides):
+    fields = dict(vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                  attention_probs_dropout_prob=0.0, attention_backend=backend)
+    fields.update(overrides)
+    return bert_config("bert-tiny", **fields)
+
+
+def reference_for(model):
+    ref = BertForPreTraining(model.config)
+    missing, unexpected = ref.load_state_dict(model.state_dict(), strict=False)
+    assert set(missing) <= {"cls.predictions.decoder.bias"} and not unexpected
+    ref.tie_weights()
+    return ref
+
+
+BACKENDS = ["dense", "sdpa"] + (["flex"] if flex_available() else [])
+
+
+def _compare_outputs(model, ref, sequences, packs, batch):
+    out = model(**batch)
+    row_of = {}
+    for r, pack in enumerate(packs):
+        offset = 0
+        for j, seq in enumerate(pack):
+            row_of[seq.source_index] = (r, j, offset)
+            offset += len(seq.input_ids)
+    slot = {}
+    for seq in sequences:
+        r, j, offset = row_of[seq.source_index]
+        length = len(seq.input_ids)
+        ids = torch.from_numpy(seq.input_ids)[None]
+        seg = torch.from_numpy(seq.segment_ids)[None]
+        ref_out = ref(input_ids=ids, token_type_ids=seg, output_hidden_states=True)
+        hidden = ref_out.hidden_states[-1][0]
+        torch.testing.assert_close(out["sequence_output"][r, offset:offset + length], hidden,
+                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(out["nsp_logits"][r, j], ref_out.seq_relationship_logits[0],
+                                   atol=1e-5, rtol=0)
+        start = slot.get(r, 0)
+        p = len(seq.masked_lm_positions)
+        torch.testing.assert_close(out["mlm_logits"][r, start:start + p],
+                                   ref_out.prediction_logits[0, seq.masked_lm_positions], atol=1e-5, rtol=0)
+        slot[r] = start + p
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_outputs_losses_and_gradients_match_transformers(backend, seed):
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    model = PackedBertForPreTraining(tiny_config(backend)).eval()
+    ref = reference_for(model).eval()
+    sequences = random_sequences(rng, 9, VOCAB)
+    packs = group_into_packs(sequences, S, int(rng.integers(1, K + 1)))
+    batch = packed_batch(packs, S, K, M, VOCAB)
+    # FlexAttention has no backward on CPU (torch 2.13): compare its forward pass only.
+    no_backward = backend == "flex" and not torch.cuda.is_available()
+    with torch.set_grad_enabled(not no_backward):
+        out = _compare_outputs(model, ref, sequences, packs, batch)
+        ref_out = ref(**hf_batch(sequences))
+    torch.testing.assert_close(out["loss"], ref_out.loss, atol=1e-5, rtol=1e-5)
+    assert int(out["nsp_count"]) == len(sequences)
+    assert int(out["mlm_count"]) == sum(len(s.masked_lm_positions) for s in sequences)
+    if no_backward:
+        return
+
+    out["loss"].backward()
+    ref_out.loss.backward()
+    ref_grads = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        g, rg = p.grad, ref_grads[name].grad
+        # relative 1e-5; the 1e-9 floor covers gradients that are zero in exact arithmetic
+        # (e.g. the key bias, to which softmax is invariant) and are fp noise in both.
+        assert (g - rg).abs().max() <= 1e-5 * rg.abs().max() + 1e-9, name
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backends_agree(backend):
+    torch.manual_seed(0)
+    base = PackedBertForPreTraining(tiny_config("dense")).eval()
+    other = PackedBertForPreTraining(tiny_config(backend)).eval()
+    other.load_state_dict(base.state_dict())
+    seqs = random_sequences(np.random.default_rng(5), 8, VOCAB)
+    batch = packed_batch(group_into_packs(seqs, S, K), S, K, M, VOCAB)
+    with torch.no_grad():
+        a, b = base(**batch), other(**batch)
+    torch.testing.assert_close(a["mlm_logits"], b["mlm_logits"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(a["loss"], b["loss"], atol=1e-6, rtol=0)
+
+
+def test_per_sequence_mlm_loss_mode():
+    torch.manual_seed(0)
+    model = PackedBertForPreTraining(tiny_config(mlm_loss_mode="per_sequence")).eval()
+    ref = reference_for(model).eval()
+    seqs = random_sequences(np.random.default_rng(3), 7, VOCAB)
+    out = model(**packed_batch(group_into_packs(seqs, S, K), S, K, M, VOCAB))
+    per_seq = []
+    for s in seqs:
+        labels = torch.full((1, len(s.input_ids)), -100)
+        labels[0, torch.from_numpy(s.masked_lm_positions)] = torch.from_numpy(s.masked_lm_ids)
+        logits = ref(input_ids=torch.from_numpy(s.input_ids)[None],
+                     token_type_ids=torch.from_numpy(s.segment_ids)[None]).prediction_logits
+        per_seq.append(torch.nn.functional.cross_entropy(logits[0], labels[0], ignore_index=-100))
+    torch.testing.assert_close(out["mlm_loss"], torch.stack(per_seq).mean(), atol=1e-5, rtol=1e-5)
+    assert int(out["mlm_sequence_count"]) == len(seqs)
+
+
+def test_sums_and_counts_combine_exactly_across_micro_batches():
+    torch.manual_seed(0)
+    model = PackedBertForPreTraining(tiny_config()).eval()
+    seqs = random_sequences(np.random.default_rng(4), 12, VOCAB)
+    packs = group_into_packs(seqs, S, K)
+    whole = model(**packed_batch(packs, S, K, M, VOCAB))
+    halves = [model(**packed_batch(packs[i::2], S, K, M, VOCAB)) for i in (0, 1)]
+    for key in ("mlm_correct", "mlm_count", "nsp_correct", "nsp_count"):
+        assert int(whole[key]) == sum(int(h[key]) for h in halves)
+    total = sum(h["mlm_loss_sum"] for h in halves) / sum(h["mlm_count"] for h in halves)
+    torch.testing.assert_close(whole["mlm_loss"], total)
+
+
+def test_dropout_in_train_mode_agrees_in_distribution():
+    torch.manual_seed(0)
+    config = tiny_config(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    model = PackedBertForPreTraining(config).train()
+    ref = reference_for(model).train()
+    seqs = random_sequences(np.random.default_rng(6), 6, VOCAB)
+    batch = packed_batch(group_into_packs(seqs, S, K), S, K, M, VOCAB)
+    hf = hf_batch(seqs)
+    with torch.no_grad():
+        ours = torch.stack([model(**batch)["loss"] for _ in range(150)])
+        theirs = torch.stack([ref(**hf).loss for _ in range(150)])
+    standard_error = torch.sqrt(ours.var() / 150 + theirs.var() / 150)
+    assert (ours.mean() - theirs.mean()).abs() < 4 * standard_error
+    assert ours.std() > 0  # dropout is really active
+
+
+def test_flex_refuses_attention_dropout():
+    config = tiny_config("flex", attention_probs_dropout_prob=0.1)
+    model = PackedBertForPreTraining(config).train()
+    seqs = random_sequences(np.random.default_rng(0), 2, VOCAB)
+    with pytest.raises(ValueError, match="no attention dropout"):
+        model(**packed_batch(group_into_packs(seqs, S, K), S, K, M, VOCAB))
+
+
+def test_recompute_gives_same_gradients():
+    torch.manual_seed(0)
+    plain = PackedBertForPreTraining(tiny_config()).train()
+    recomputed = PackedBertForPreTraining(tiny_config(recompute_layers=True)).train()
+    recomputed.load_state_dict(plain.state_dict())
+    seqs = random_sequences(np.random.default_rng(1), 6, VOCAB)
+    batch = packed_batch(group_into_packs(seqs, S, K), S, K, M, VOCAB)
+    plain(**batch)["loss"].backward()
+    recomputed(**batch)["loss"].backward()
+    for (name, a), b in zip(plain.named_parameters(), recomputed.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)
