@@ -23,10 +23,14 @@ HISTOGRAMS = Path(__file__).resolve().parent.parent / "packing" / "histograms"
 # (histogram, algorithm, K, published efficiency or None, published seconds or None, goal)
 CASES = [
     ("wikipedia_512", "none", 1, 0.4997, None, ""),
-    *[("wikipedia_512", "spfhp", k, e, 0.03, "< 0.1 s") for k, e in
-      [(2, 0.8052), (3, 0.8944), (4, 0.9394), (8, 0.9890), (12, 0.9960)]],
-    *[("wikipedia_512", "lpfhp", k, e, 0.05, "< 0.1 s") for k, e in
-      [(2, 0.8055), (3, 0.8949), (4, 0.9396), (8, 0.9911), (12, 0.9981)]],
+    *[
+        ("wikipedia_512", "spfhp", k, e, 0.03, "< 0.1 s")
+        for k, e in [(2, 0.8052), (3, 0.8944), (4, 0.9394), (8, 0.9890), (12, 0.9960)]
+    ],
+    *[
+        ("wikipedia_512", "lpfhp", k, e, 0.05, "< 0.1 s")
+        for k, e in [(2, 0.8055), (3, 0.8949), (4, 0.9396), (8, 0.9911), (12, 0.9981)]
+    ],
     ("wikipedia_512", "lpfhp", None, None, None, "< 0.1 s"),
     ("wikipedia_512", "nnlshp", 3, 0.99750, 24.3, "< 10 s"),
     ("wikipedia_512", "lp", 2, None, None, "bound 0.80546"),
@@ -47,8 +51,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    histograms = {name: Histogram.from_json_file(HISTOGRAMS / f"{name}.json")
-                  for name in {c[0] for c in CASES}}
+    histograms = {
+        name: Histogram.from_json_file(HISTOGRAMS / f"{name}.json") for name in {c[0] for c in CASES}
+    }
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}")
     print("| histogram | algorithm | K | efficiency | published | LP bound | seconds | published s | goal |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -57,10 +62,13 @@ def main() -> None:
         plans = [pack(histograms[name], algorithm, k) for _ in range(repeats)]
         plan = min(plans, key=lambda p: p.seconds)
         bound = plan.extra.get("lp_bound_efficiency")
-        print(f"| {name} | {algorithm} | {'max' if k is None else k} | {plan.efficiency:.5f} | "
-              f"{'' if published is None else f'{published:.5f}'} | "
-              f"{'' if bound is None else f'{bound:.5f}'} | {plan.seconds:.3f} | "
-              f"{'' if published_s is None else published_s} | {goal} |", flush=True)
+        print(
+            f"| {name} | {algorithm} | {'max' if k is None else k} | {plan.efficiency:.5f} | "
+            f"{'' if published is None else f'{published:.5f}'} | "
+            f"{'' if bound is None else f'{bound:.5f}'} | {plan.seconds:.3f} | "
+            f"{'' if published_s is None else published_s} | {goal} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

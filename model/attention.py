@@ -56,7 +56,11 @@ class PackedSelfAttention(nn.Module):
 
     def forward(self, hidden: torch.Tensor, mask) -> torch.Tensor:
         """hidden [B, S, H]; mask as built by `build_mask` for this backend. -> [B, S, H]."""
-        q, k, v = self._split(self.query(hidden)), self._split(self.key(hidden)), self._split(self.value(hidden))
+        q, k, v = (
+            self._split(self.query(hidden)),
+            self._split(self.key(hidden)),
+            self._split(self.value(hidden)),
+        )
         dropout = self.dropout_p if self.training else 0.0
         if self.backend == "dense":
             scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size) + mask

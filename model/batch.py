@@ -20,8 +20,9 @@ def validate_batch(batch: dict, vocab_size: int | None = None, max_positions: in
             raise BatchError(f"batch has no field '{name}'")
         t = batch[name]
         if not isinstance(t, torch.Tensor) or t.dtype.is_floating_point or t.dtype == torch.bool:
-            raise BatchError(f"field '{name}' must be an integer tensor, got "
-                             f"{getattr(t, 'dtype', type(t).__name__)}")
+            raise BatchError(
+                f"field '{name}' must be an integer tensor, got {getattr(t, 'dtype', type(t).__name__)}"
+            )
         if t.ndim != 2:
             raise BatchError(f"field '{name}' must be 2-D [packs, width], got shape {tuple(t.shape)}")
     b, s = batch["input_ids"].shape
@@ -29,15 +30,18 @@ def validate_batch(batch: dict, vocab_size: int | None = None, max_positions: in
         shape = batch[group[0]].shape
         for name in group:
             if batch[name].shape != shape or shape[0] != b:
-                raise BatchError(f"field '{name}' has shape {tuple(batch[name].shape)}, expected "
-                                 f"{(b, shape[1])} like '{group[0]}'")
+                raise BatchError(
+                    f"field '{name}' has shape {tuple(batch[name].shape)}, expected "
+                    f"{(b, shape[1])} like '{group[0]}'"
+                )
     ids = batch["sequence_ids"].long()
     k = batch["next_sentence_positions"].shape[1]
     if vocab_size is not None and (batch["input_ids"].long() >= vocab_size).any():
         raise BatchError(f"input_ids hold a token id >= vocab_size {vocab_size}")
     if max_positions is not None and (batch["position_ids"].long() >= max_positions).any():
-        raise BatchError(f"position_ids reach {int(batch['position_ids'].max())}, "
-                         f"the model has {max_positions} positions")
+        raise BatchError(
+            f"position_ids reach {int(batch['position_ids'].max())}, the model has {max_positions} positions"
+        )
     for row in range(b):
         _validate_row(batch, row, ids[row], k, s)
 
@@ -50,10 +54,11 @@ def _validate_row(batch, row, ids, k, s):
     present = int(ids.max()) if n_real else 0
     if present > k:
         raise BatchError(f"row {row}: sequence id {present} exceeds K={k} slots")
-    steps = ids[1:n_real] - ids[:n_real - 1]
+    steps = ids[1:n_real] - ids[: n_real - 1]
     if n_real and (int(ids[0]) != 1 or bool(((steps != 0) & (steps != 1)).any())):
-        raise BatchError(f"row {row}: sequence_ids must be contiguous runs 1, 2, ..., got "
-                         f"{ids[:n_real].unique().tolist()}")
+        raise BatchError(
+            f"row {row}: sequence_ids must be contiguous runs 1, 2, ..., got {ids[:n_real].unique().tolist()}"
+        )
     positions = batch["position_ids"][row].long()
     weights = batch["next_sentence_weights"][row]
     cls = batch["next_sentence_positions"][row].long()
@@ -61,10 +66,12 @@ def _validate_row(batch, row, ids, k, s):
         if j <= present:
             start = int(torch.nonzero(ids == j)[0])
             if int(weights[j - 1]) != 1 or int(cls[j - 1]) != start:
-                raise BatchError(f"row {row}: sequence {j} starts at {start}, but next_sentence_positions "
-                                 f"says {int(cls[j - 1])} (weight {int(weights[j - 1])})")
+                raise BatchError(
+                    f"row {row}: sequence {j} starts at {start}, but next_sentence_positions "
+                    f"says {int(cls[j - 1])} (weight {int(weights[j - 1])})"
+                )
             length = int((ids == j).sum())
-            if not torch.equal(positions[start:start + length], torch.arange(length)):
+            if not torch.equal(positions[start : start + length], torch.arange(length)):
                 raise BatchError(f"row {row}: position_ids of sequence {j} must run 0..{length - 1}")
         elif int(weights[j - 1]) != 0:
             raise BatchError(f"row {row}: slot {j} has next_sentence_weights 1 but no tokens")
@@ -77,6 +84,8 @@ def _validate_row(batch, row, ids, k, s):
         owner = ids[mlm_positions[used]]
         if not torch.equal(owner, mlm_weights[used]):
             bad = int(torch.nonzero(owner != mlm_weights[used])[0])
-            raise BatchError(f"row {row}: masked token {bad} at position {int(mlm_positions[used][bad])} "
-                             f"is on sequence {int(owner[bad])} (0 = padding), but masked_lm_weights says "
-                             f"{int(mlm_weights[used][bad])}")
+            raise BatchError(
+                f"row {row}: masked token {bad} at position {int(mlm_positions[used][bad])} "
+                f"is on sequence {int(owner[bad])} (0 = padding), but masked_lm_weights says "
+                f"{int(mlm_weights[used][bad])}"
+            )

@@ -15,14 +15,12 @@ ATTENTION_BACKENDS = ("dense", "sdpa", "flex")
 MLM_LOSS_MODES = ("per_token", "per_sequence")
 
 PRESETS = {
-    "bert-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-                       intermediate_size=4096),
-    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                      intermediate_size=3072),
-    "bert-tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=128),
-    "bert-mini": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-                      intermediate_size=512),
+    "bert-large": dict(
+        hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096
+    ),
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "bert-tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128),
+    "bert-mini": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=512),
 }
 
 
@@ -30,9 +28,16 @@ def bert_config(preset: str = "bert-large", **overrides) -> BertConfig:
     """A BertConfig for a preset (vocab 30522, 512 positions, 2 segment types) + overrides."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; expected one of {sorted(PRESETS)}")
-    fields = dict(vocab_size=30522, max_position_embeddings=512, type_vocab_size=2,
-                  hidden_act="gelu", layer_norm_eps=1e-12, attention_backend="dense",
-                  mlm_loss_mode="per_token", recompute_layers=False)
+    fields = dict(
+        vocab_size=30522,
+        max_position_embeddings=512,
+        type_vocab_size=2,
+        hidden_act="gelu",
+        layer_norm_eps=1e-12,
+        attention_backend="dense",
+        mlm_loss_mode="per_token",
+        recompute_layers=False,
+    )
     fields.update(PRESETS[preset])
     fields.update(overrides)
     config = BertConfig(**fields)
@@ -48,5 +53,7 @@ def check_packing_options(config: BertConfig) -> None:
     if mode not in MLM_LOSS_MODES:
         raise ValueError(f"mlm_loss_mode must be one of {MLM_LOSS_MODES}, got {mode!r}")
     if config.hidden_size % config.num_attention_heads:
-        raise ValueError(f"hidden_size {config.hidden_size} is not divisible by "
-                         f"num_attention_heads {config.num_attention_heads}")
+        raise ValueError(
+            f"hidden_size {config.hidden_size} is not divisible by "
+            f"num_attention_heads {config.num_attention_heads}"
+        )

@@ -53,9 +53,10 @@ def mlm_metrics(mlm_logits, masked_lm_ids, masked_lm_weights, mode: str) -> dict
     """
     valid = masked_lm_weights > 0
     labels = masked_lm_ids.long()
-    token_loss = F.cross_entropy(
-        mlm_logits.float().flatten(0, 1), labels.flatten(), reduction="none"
-    ).view_as(labels) * valid
+    token_loss = (
+        F.cross_entropy(mlm_logits.float().flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
+        * valid
+    )
     count = valid.sum()
     out = {
         "mlm_loss_sum": token_loss.sum(),
@@ -66,7 +67,9 @@ def mlm_metrics(mlm_logits, masked_lm_ids, masked_lm_weights, mode: str) -> dict
     k_plus_1 = int(masked_lm_weights.max().item()) + 1 if mode == "per_sequence" else 0
     if mode == "per_sequence":
         index = masked_lm_weights.long()
-        seq_sum = torch.zeros(labels.shape[0], k_plus_1, device=labels.device).scatter_add_(1, index, token_loss)
+        seq_sum = torch.zeros(labels.shape[0], k_plus_1, device=labels.device).scatter_add_(
+            1, index, token_loss
+        )
         seq_count = torch.zeros_like(seq_sum).scatter_add_(1, index, valid.float())
         seq_sum, seq_count = seq_sum[:, 1:], seq_count[:, 1:]
         has_tokens = seq_count > 0

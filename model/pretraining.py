@@ -1,9 +1,9 @@
 """PackedBertForPreTraining: packs in, the unpacked BERT's numbers out.
 
-    from model import PackedBertForPreTraining
-    m = PackedBertForPreTraining.from_pretrained(folder)     # any HF BERT folder
-    out = m(**batch)   # packed fields of DESIGN.md section 3, as tensors
-    out["loss"], out["mlm_correct"], out["mlm_count"], ...
+from model import PackedBertForPreTraining
+m = PackedBertForPreTraining.from_pretrained(folder)     # any HF BERT folder
+out = m(**batch)   # packed fields of DESIGN.md section 3, as tensors
+out["loss"], out["mlm_correct"], out["mlm_count"], ...
 """
 
 from __future__ import annotations
@@ -25,8 +25,15 @@ from model.heads import PretrainingHeads, mlm_metrics, nsp_metrics
 log = logging.getLogger(__name__)
 
 # Overrides that must agree with a checkpoint: its weights have these shapes.
-SHAPE_FIELDS = ("vocab_size", "max_position_embeddings", "type_vocab_size", "hidden_size",
-                "num_hidden_layers", "num_attention_heads", "intermediate_size")
+SHAPE_FIELDS = (
+    "vocab_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+)
 DEFAULT_PACKING_OPTIONS = dict(attention_backend="dense", mlm_loss_mode="per_token", recompute_layers=False)
 
 
@@ -58,24 +65,54 @@ class PackedBertForPreTraining(nn.Module):
             nn.init.zeros_(module.bias)
 
     # ----- the forward pass -------------------------------------------------------------
-    def forward(self, input_ids, segment_ids, position_ids, sequence_ids, masked_lm_positions,
-                masked_lm_ids, masked_lm_weights, next_sentence_positions, next_sentence_labels,
-                next_sentence_weights, **unused) -> dict:
+    def forward(
+        self,
+        input_ids,
+        segment_ids,
+        position_ids,
+        sequence_ids,
+        masked_lm_positions,
+        masked_lm_ids,
+        masked_lm_weights,
+        next_sentence_positions,
+        next_sentence_labels,
+        next_sentence_weights,
+        **unused,
+    ) -> dict:
         """Packed batch [B, S] / [B, M] / [B, K] -> outputs, losses, sums and counts.
 
         Extra fields (e.g. source_index) are accepted and ignored."""
         sequence_output = self.bert(input_ids, position_ids, segment_ids, sequence_ids)
-        return self.heads(sequence_output, masked_lm_positions, masked_lm_ids, masked_lm_weights,
-                          next_sentence_positions, next_sentence_labels, next_sentence_weights)
+        return self.heads(
+            sequence_output,
+            masked_lm_positions,
+            masked_lm_ids,
+            masked_lm_weights,
+            next_sentence_positions,
+            next_sentence_labels,
+            next_sentence_weights,
+        )
 
-    def heads(self, sequence_output, masked_lm_positions, masked_lm_ids, masked_lm_weights,
-              next_sentence_positions, next_sentence_labels, next_sentence_weights) -> dict:
+    def heads(
+        self,
+        sequence_output,
+        masked_lm_positions,
+        masked_lm_ids,
+        masked_lm_weights,
+        next_sentence_positions,
+        next_sentence_labels,
+        next_sentence_weights,
+    ) -> dict:
         """The last pipeline stage: MLM on gathered masked positions, NSP per [CLS]."""
         pooled = self.bert.pooler(sequence_output, next_sentence_positions)  # [B, K, H]
         mlm_logits = self.cls.predictions(gather_positions(sequence_output, masked_lm_positions))
         nsp_logits = self.cls.seq_relationship(pooled)  # [B, K, 2]
-        out = {"sequence_output": sequence_output, "pooled_output": pooled,
-               "mlm_logits": mlm_logits, "nsp_logits": nsp_logits}
+        out = {
+            "sequence_output": sequence_output,
+            "pooled_output": pooled,
+            "mlm_logits": mlm_logits,
+            "nsp_logits": nsp_logits,
+        }
         out.update(mlm_metrics(mlm_logits, masked_lm_ids, masked_lm_weights, self.config.mlm_loss_mode))
         out.update(nsp_metrics(nsp_logits, next_sentence_labels, next_sentence_weights))
         out["loss"] = out["mlm_loss"] + out["nsp_loss"]
@@ -83,7 +120,7 @@ class PackedBertForPreTraining(nn.Module):
 
     # ----- Hugging Face checkpoints -----------------------------------------------------
     @classmethod
-    def from_pretrained(cls, folder, **overrides) -> "PackedBertForPreTraining":
+    def from_pretrained(cls, folder, **overrides) -> PackedBertForPreTraining:
         """Read an HF BERT folder (config.json + model.safetensors or pytorch_model.bin,
         BertForPreTraining or a bare BertModel). Missing heads are initialised and
         reported in `loading_report` and the log. Overrides change non-shape options
@@ -106,11 +143,16 @@ class PackedBertForPreTraining(nn.Module):
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if k != "cls.predictions.decoder.weight"]  # tied
         if missing or unexpected:
-            raise RuntimeError(f"{folder}: weight names do not map: missing {missing}, unexpected {unexpected}")
+            raise RuntimeError(
+                f"{folder}: weight names do not map: missing {missing}, unexpected {unexpected}"
+            )
         model.loading_report = {k: list(v) for k, v in info.items() if v}
         if info.get("missing_keys"):
-            log.warning("%s: initialised weights absent from the checkpoint: %s",
-                        folder, ", ".join(sorted(info["missing_keys"])))
+            log.warning(
+                "%s: initialised weights absent from the checkpoint: %s",
+                folder,
+                ", ".join(sorted(info["missing_keys"])),
+            )
         return model
 
     def save_pretrained(self, folder) -> None:

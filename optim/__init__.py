@@ -11,6 +11,15 @@ from optim.param_groups import weight_decay_groups
 from optim.poptorch_mapping import poptorch_lamb_kwargs
 from optim.schedules import Constant, LinearBeta1, WarmupPolyDecay
 
-__all__ = ["Lamb", "MODES", "AdjustedHyperparameters", "adjust_for_packing",
-           "packing_factor_from_metadata", "weight_decay_groups", "poptorch_lamb_kwargs",
-           "Constant", "LinearBeta1", "WarmupPolyDecay"]
+__all__ = [
+    "Lamb",
+    "MODES",
+    "AdjustedHyperparameters",
+    "adjust_for_packing",
+    "packing_factor_from_metadata",
+    "weight_decay_groups",
+    "poptorch_lamb_kwargs",
+    "Constant",
+    "LinearBeta1",
+    "WarmupPolyDecay",
+]

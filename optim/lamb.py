@@ -52,12 +52,26 @@ class Lamb(torch.optim.Optimizer):
         max_weight_norm: clip ||w|| in the trust ratio to this value.
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.01, bias_correction: bool = True,
-                 max_grad_norm: float | None = None, max_weight_norm: float | None = None):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas=(0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+        bias_correction: bool = True,
+        max_grad_norm: float | None = None,
+        max_weight_norm: float | None = None,
+    ):
         _check_hyperparameters(lr, betas, eps, weight_decay, max_grad_norm, max_weight_norm)
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        bias_correction=bias_correction, max_weight_norm=max_weight_norm)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            bias_correction=bias_correction,
+            max_weight_norm=max_weight_norm,
+        )
         super().__init__(params, defaults)
         self.max_grad_norm = max_grad_norm
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}  # CPU only; not part of the state
@@ -164,7 +178,8 @@ class Lamb(torch.optim.Optimizer):
         usable = (weight_norms > 0) & (scaled_update_norms > 0)
         # w <- w - lr * r * u  with r = ||w|| / ||u|| (or 1), and u = c * updates.
         step_sizes = -group["lr"] * torch.where(
-            usable, weight_norms / torch.where(usable, scaled_update_norms, 1.0),
+            usable,
+            weight_norms / torch.where(usable, scaled_update_norms, 1.0),
             torch.full_like(weight_norms, scale),
         )
         if on_cpu:

@@ -35,27 +35,35 @@ class AdjustedHyperparameters:
     betas: tuple[float, float]
 
     def describe(self) -> str:
-        return (f"packing adjustment {self.mode}: packing factor {self.packing_factor:.4f}, "
-                f"gradient accumulation {self.gradient_accumulation}, "
-                f"betas ({self.betas[0]:.6f}, {self.betas[1]:.6f})")
+        return (
+            f"packing adjustment {self.mode}: packing factor {self.packing_factor:.4f}, "
+            f"gradient accumulation {self.gradient_accumulation}, "
+            f"betas ({self.betas[0]:.6f}, {self.betas[1]:.6f})"
+        )
 
 
 def check_packing_factor(packing_factor) -> float:
     if isinstance(packing_factor, bool) or not isinstance(packing_factor, int | float):
         raise ValueError(f"packing factor must be a number >= 1, got {packing_factor!r}")
     if not math.isfinite(packing_factor) or packing_factor < 1.0:
-        raise ValueError(f"packing factor must be finite and >= 1 (sequences per pack), got {packing_factor!r}")
+        raise ValueError(
+            f"packing factor must be finite and >= 1 (sequences per pack), got {packing_factor!r}"
+        )
     return float(packing_factor)
 
 
-def adjust_for_packing(mode: str, packing_factor: float, gradient_accumulation: int,
-                       betas: tuple[float, float]) -> AdjustedHyperparameters:
+def adjust_for_packing(
+    mode: str, packing_factor: float, gradient_accumulation: int, betas: tuple[float, float]
+) -> AdjustedHyperparameters:
     """The effective accumulation and betas for a dataset of packing factor p >= 1."""
     if mode not in MODES:
         raise ValueError(f"packing adjustment mode must be one of {MODES}, got {mode!r}")
     p = check_packing_factor(packing_factor)
-    if isinstance(gradient_accumulation, bool) or not isinstance(gradient_accumulation, int) \
-            or gradient_accumulation < 1:
+    if (
+        isinstance(gradient_accumulation, bool)
+        or not isinstance(gradient_accumulation, int)
+        or gradient_accumulation < 1
+    ):
         raise ValueError(f"gradient accumulation must be an integer >= 1, got {gradient_accumulation!r}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"betas must both be in [0, 1), got {betas!r}")

@@ -1,8 +1,8 @@
 """Histogram sequence packing for BERT pretraining. Pure numpy/scipy: never imports torch.
 
-    from packing import Histogram, pack
-    plan = pack(Histogram.from_json_file("wikipedia_512.json"), "lp", 3)
-    plan.efficiency, plan.packing_factor
+from packing import Histogram, pack
+plan = pack(Histogram.from_json_file("wikipedia_512.json"), "lp", 3)
+plan.efficiency, plan.packing_factor
 """
 
 from packing.algorithms import ALGORITHMS, pack

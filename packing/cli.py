@@ -20,8 +20,11 @@ from packing.report import describe_plan, plot_plan, report_table
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="plan a histogram and print efficiency figures")
     p.add_argument("--histogram", required=True, help="JSON {max_sequence_length, counts}")
-    p.add_argument("--algorithm", choices=sorted(ALGORITHMS),
-                   help="one algorithm; without it, a table of all algorithms x depths")
+    p.add_argument(
+        "--algorithm",
+        choices=sorted(ALGORITHMS),
+        help="one algorithm; without it, a table of all algorithms x depths",
+    )
     p.add_argument("--max-sequences-per-pack", default="max", help="K: an integer or 'max'")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="length and pack-fill histograms")

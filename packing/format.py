@@ -53,7 +53,9 @@ def field_dtypes(vocab_size: int) -> dict:
 def empty_packs(packs: int, s: int, k: int, m: int, vocab_size: int = 30522) -> dict:
     sizes = {"S": s, "K": k, "M": m}
     dtypes = field_dtypes(vocab_size)
-    out = {name: np.zeros((packs, sizes[dim]), dtype=dtypes[name]) for name, (dim, _) in PACKED_FIELDS.items()}
+    out = {
+        name: np.zeros((packs, sizes[dim]), dtype=dtypes[name]) for name, (dim, _) in PACKED_FIELDS.items()
+    }
     out["source_index"][:] = -1
     return out
 
@@ -78,9 +80,11 @@ def pack_sequences(packs: list[list[Sequence]], s: int, k: int, m: int, vocab_si
             predictions = len(seq.masked_lm_positions)
             if slot + predictions > m:
                 raise ValueError(f"pack {row} has more than M={m} masked tokens")
-            out["masked_lm_positions"][row, slot:slot + predictions] = np.asarray(seq.masked_lm_positions) + offset
-            out["masked_lm_ids"][row, slot:slot + predictions] = seq.masked_lm_ids
-            out["masked_lm_weights"][row, slot:slot + predictions] = j
+            out["masked_lm_positions"][row, slot : slot + predictions] = (
+                np.asarray(seq.masked_lm_positions) + offset
+            )
+            out["masked_lm_ids"][row, slot : slot + predictions] = seq.masked_lm_ids
+            out["masked_lm_weights"][row, slot : slot + predictions] = j
             out["next_sentence_positions"][row, j - 1] = offset
             out["next_sentence_labels"][row, j - 1] = seq.next_sentence_label
             out["next_sentence_weights"][row, j - 1] = 1

@@ -70,7 +70,7 @@ class Histogram:
         return self.max_sequence_length * self.sequences / self.real_tokens
 
     @classmethod
-    def from_lengths(cls, lengths, max_sequence_length: int) -> "Histogram":
+    def from_lengths(cls, lengths, max_sequence_length: int) -> Histogram:
         """Histogram of integer sequence lengths, each in 1..max_sequence_length."""
         _check_positive_int("max_sequence_length", max_sequence_length)
         lengths = np.asarray(lengths)
@@ -88,7 +88,7 @@ class Histogram:
         return cls(counts.astype(np.int64))
 
     @classmethod
-    def from_json_file(cls, path: str | Path) -> "Histogram":
+    def from_json_file(cls, path: str | Path) -> Histogram:
         path = Path(path)
         try:
             text = path.read_text()
@@ -106,7 +106,7 @@ class Histogram:
             raise PackingInputError(f"{path}: {err}") from None
 
     @classmethod
-    def from_dict(cls, data) -> "Histogram":
+    def from_dict(cls, data) -> Histogram:
         """Parse `{"max_sequence_length": N, "counts": [...]}`; other keys are ignored."""
         if not isinstance(data, dict):
             raise PackingInputError("expected a JSON object with keys max_sequence_length, counts")

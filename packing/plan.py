@@ -59,7 +59,7 @@ class PackingPlan:
     extra: dict = field(default_factory=dict, compare=False)  # algorithm diagnostics
 
     @classmethod
-    def from_pairs(cls, algorithm, histogram, k, pairs, seconds=0.0, extra=None) -> "PackingPlan":
+    def from_pairs(cls, algorithm, histogram, k, pairs, seconds=0.0, extra=None) -> PackingPlan:
         """Build a plan from (strategy, count) pairs: merges duplicates, drops zero counts."""
         merged: Counter = Counter()
         for strategy, count in pairs:
@@ -71,8 +71,7 @@ class PackingPlan:
         merged.pop((), None)  # packs emptied of every sequence are no packs at all
         strategies = tuple(sorted(merged))
         counts = np.array([merged[s] for s in strategies], dtype=np.int64)
-        return cls(algorithm, histogram.max_sequence_length, k, strategies, counts, seconds,
-                   extra or {})
+        return cls(algorithm, histogram.max_sequence_length, k, strategies, counts, seconds, extra or {})
 
     # ----- metrics -------------------------------------------------------------------------
     @property
@@ -143,7 +142,7 @@ class PackingPlan:
         }
 
     # ----- verification --------------------------------------------------------------------
-    def verify(self, histogram: Histogram) -> "PackingPlan":
+    def verify(self, histogram: Histogram) -> PackingPlan:
         """Raise PackingBugError unless the plan packs exactly `histogram`; return self."""
         name, n = self.algorithm, self.max_sequence_length
         if n != histogram.max_sequence_length:
@@ -159,7 +158,9 @@ class PackingPlan:
             if sum(strategy) > n:
                 raise PackingBugError(f"{name}: strategy {strategy} holds {sum(strategy)} > N={n} tokens")
             if len(strategy) > depth:
-                raise PackingBugError(f"{name}: strategy {strategy} holds {len(strategy)} > K={depth} sequences")
+                raise PackingBugError(
+                    f"{name}: strategy {strategy} holds {len(strategy)} > K={depth} sequences"
+                )
         packed = self.length_counts()
         if not np.array_equal(packed, histogram.counts):
             diff = np.flatnonzero(packed != histogram.counts)

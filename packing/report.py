@@ -58,11 +58,15 @@ def plot_plan(histogram: Histogram, plan: PackingPlan, path) -> None:
         fill[sum(strategy) - 1] += count
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     left.bar(histogram.lengths, histogram.counts, width=1.0)
-    left.set(title=f"sequence lengths ({histogram.sequences:,} sequences)", xlabel="tokens",
-             ylabel="sequences")
+    left.set(
+        title=f"sequence lengths ({histogram.sequences:,} sequences)", xlabel="tokens", ylabel="sequences"
+    )
     right.bar(histogram.lengths, fill, width=1.0, color="tab:green")
-    right.set(title=f"tokens per pack: {plan.algorithm}, efficiency {plan.efficiency:.4f}",
-              xlabel="real tokens in pack", ylabel="packs")
+    right.set(
+        title=f"tokens per pack: {plan.algorithm}, efficiency {plan.efficiency:.4f}",
+        xlabel="real tokens in pack",
+        ylabel="packs",
+    )
     right.set_yscale("log")
     fig.tight_layout()
     with atomic_path(path) as tmp:

@@ -16,8 +16,16 @@ def random_sequences(rng, count, vocab, min_len=3, max_len=20, max_predictions=4
         segments = (np.arange(length) >= split).astype(np.int64)
         p = int(rng.integers(1, min(max_predictions, length - 1) + 1))
         positions = np.sort(rng.choice(np.arange(1, length), size=p, replace=False))
-        out.append(Sequence(ids, segments, positions, rng.integers(5, vocab, size=p),
-                            int(rng.integers(0, 2)), source_index=i))
+        out.append(
+            Sequence(
+                ids,
+                segments,
+                positions,
+                rng.integers(5, vocab, size=p),
+                int(rng.integers(0, 2)),
+                source_index=i,
+            )
+        )
     return out
 
 
@@ -53,5 +61,6 @@ def hf_batch(sequences):
         mask[i, :length] = 1
         labels[i, torch.from_numpy(s.masked_lm_positions)] = torch.from_numpy(s.masked_lm_ids)
     nsp = torch.tensor([s.next_sentence_label for s in sequences])
-    return dict(input_ids=ids, token_type_ids=seg, attention_mask=mask, labels=labels,
-                next_sentence_label=nsp)
+    return dict(
+        input_ids=ids, token_type_ids=seg, attention_mask=mask, labels=labels, next_sentence_label=nsp
+    )

@@ -26,8 +26,9 @@ def minilm_folder() -> Path:
 
 def test_real_minilm_weights_match_transformers():
     folder = minilm_folder()
-    model = PackedBertForPreTraining.from_pretrained(folder, hidden_dropout_prob=0.0,
-                                                     attention_probs_dropout_prob=0.0).eval()
+    model = PackedBertForPreTraining.from_pretrained(
+        folder, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    ).eval()
     # A bare BertModel checkpoint: the heads were initialised, and that is reported.
     assert any(k.startswith("cls.") for k in model.loading_report["missing_keys"])
     reference = BertForPreTraining.from_pretrained(folder)
@@ -72,16 +73,19 @@ def test_validate_batch_accepts_good_batches():
     validate_batch(_batch(), vocab_size=97, max_positions=64)
 
 
-@pytest.mark.parametrize("breaker,message", [
-    (lambda b: b.pop("sequence_ids"), "no field 'sequence_ids'"),
-    (lambda b: b.__setitem__("input_ids", b["input_ids"].float()), "integer tensor"),
-    (lambda b: b.__setitem__("segment_ids", b["segment_ids"][:, :-1]), "shape"),
-    (lambda b: b["sequence_ids"][0].__setitem__(1, 2), "contiguous"),
-    (lambda b: b["masked_lm_positions"][0].__setitem__(0, S - 1), "padding"),
-    (lambda b: b["next_sentence_positions"][0].__setitem__(1, 1), "next_sentence_positions"),
-    (lambda b: b["position_ids"][0].__setitem__(2, 7), "position_ids"),
-    (lambda b: b["input_ids"][0].__setitem__(0, 500), "vocab_size"),
-])
+@pytest.mark.parametrize(
+    "breaker,message",
+    [
+        (lambda b: b.pop("sequence_ids"), "no field 'sequence_ids'"),
+        (lambda b: b.__setitem__("input_ids", b["input_ids"].float()), "integer tensor"),
+        (lambda b: b.__setitem__("segment_ids", b["segment_ids"][:, :-1]), "shape"),
+        (lambda b: b["sequence_ids"][0].__setitem__(1, 2), "contiguous"),
+        (lambda b: b["masked_lm_positions"][0].__setitem__(0, S - 1), "padding"),
+        (lambda b: b["next_sentence_positions"][0].__setitem__(1, 1), "next_sentence_positions"),
+        (lambda b: b["position_ids"][0].__setitem__(2, 7), "position_ids"),
+        (lambda b: b["input_ids"][0].__setitem__(0, 500), "vocab_size"),
+    ],
+)
 def test_validate_batch_errors(breaker, message):
     batch = _batch()
     breaker(batch)

@@ -27,8 +27,13 @@ def flex_available():
 
 
 def tiny_config(backend="dense", **overrides):
-    fields = dict(vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
-                  attention_probs_dropout_prob=0.0, attention_backend=backend)
+    fields = dict(
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        attention_backend=backend,
+    )
     fields.update(overrides)
     return bert_config("bert-tiny", **fields)
 
@@ -60,14 +65,20 @@ def _compare_outputs(model, ref, sequences, packs, batch):
         seg = torch.from_numpy(seq.segment_ids)[None]
         ref_out = ref(input_ids=ids, token_type_ids=seg, output_hidden_states=True)
         hidden = ref_out.hidden_states[-1][0]
-        torch.testing.assert_close(out["sequence_output"][r, offset:offset + length], hidden,
-                                   atol=1e-5, rtol=0)
-        torch.testing.assert_close(out["nsp_logits"][r, j], ref_out.seq_relationship_logits[0],
-                                   atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            out["sequence_output"][r, offset : offset + length], hidden, atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            out["nsp_logits"][r, j], ref_out.seq_relationship_logits[0], atol=1e-5, rtol=0
+        )
         start = slot.get(r, 0)
         p = len(seq.masked_lm_positions)
-        torch.testing.assert_close(out["mlm_logits"][r, start:start + p],
-                                   ref_out.prediction_logits[0, seq.masked_lm_positions], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            out["mlm_logits"][r, start : start + p],
+            ref_out.prediction_logits[0, seq.masked_lm_positions],
+            atol=1e-5,
+            rtol=0,
+        )
         slot[r] = start + p
     return out
 
@@ -127,8 +138,10 @@ def test_per_sequence_mlm_loss_mode():
     for s in seqs:
         labels = torch.full((1, len(s.input_ids)), -100)
         labels[0, torch.from_numpy(s.masked_lm_positions)] = torch.from_numpy(s.masked_lm_ids)
-        logits = ref(input_ids=torch.from_numpy(s.input_ids)[None],
-                     token_type_ids=torch.from_numpy(s.segment_ids)[None]).prediction_logits
+        logits = ref(
+            input_ids=torch.from_numpy(s.input_ids)[None],
+            token_type_ids=torch.from_numpy(s.segment_ids)[None],
+        ).prediction_logits
         per_seq.append(torch.nn.functional.cross_entropy(logits[0], labels[0], ignore_index=-100))
     torch.testing.assert_close(out["mlm_loss"], torch.stack(per_seq).mean(), atol=1e-5, rtol=1e-5)
     assert int(out["mlm_sequence_count"]) == len(seqs)

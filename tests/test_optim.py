@@ -20,8 +20,9 @@ from optim import (
 )
 
 
-def numpy_lamb(weights, grads_per_step, lr, betas, eps, decays, bias_correction,
-               max_grad_norm=None, max_weight_norm=None):
+def numpy_lamb(
+    weights, grads_per_step, lr, betas, eps, decays, bias_correction, max_grad_norm=None, max_weight_norm=None
+):
     """Reference LAMB in float64 numpy, written from the paper, one tensor at a time."""
     w = [x.astype(np.float64).copy() for x in weights]
     m = [np.zeros_like(x) for x in w]
@@ -59,16 +60,26 @@ def test_lamb_matches_numpy_reference(bias_correction, max_grad_norm, max_weight
     steps[2][1][:] = 0.0  # a zero gradient at one step
     decays = [0.01, 0.0, 0.01, 0.0]  # bias-like tensors excluded from decay
     params = [torch.nn.Parameter(torch.from_numpy(w.copy())) for w in weights]
-    groups = [{"params": [params[0], params[2]], "weight_decay": 0.01},
-              {"params": [params[1], params[3]], "weight_decay": 0.0}]
-    opt = Lamb(groups, lr=0.05, betas=(0.9, 0.999), eps=1e-6, bias_correction=bias_correction,
-               max_grad_norm=max_grad_norm, max_weight_norm=max_weight_norm)
+    groups = [
+        {"params": [params[0], params[2]], "weight_decay": 0.01},
+        {"params": [params[1], params[3]], "weight_decay": 0.0},
+    ]
+    opt = Lamb(
+        groups,
+        lr=0.05,
+        betas=(0.9, 0.999),
+        eps=1e-6,
+        bias_correction=bias_correction,
+        max_grad_norm=max_grad_norm,
+        max_weight_norm=max_weight_norm,
+    )
     for grads in steps:
         for p, g in zip(params, grads):
             p.grad = torch.from_numpy(g.copy())
         opt.step()
-    expected = numpy_lamb(weights, steps, 0.05, (0.9, 0.999), 1e-6, decays, bias_correction,
-                          max_grad_norm, max_weight_norm)
+    expected = numpy_lamb(
+        weights, steps, 0.05, (0.9, 0.999), 1e-6, decays, bias_correction, max_grad_norm, max_weight_norm
+    )
     for p, e in zip(params, expected):
         np.testing.assert_allclose(p.detach().numpy(), e, rtol=2e-5, atol=1e-6)
 
@@ -103,8 +114,10 @@ def test_beta_power_is_exact_for_constant_gradient():
     torch.testing.assert_close(opt.state[w]["exp_avg"], (1 - b1**p) * g)
 
 
-@pytest.mark.parametrize("ga,p,expected", [(64, 2.0, 32), (3, 2.0, 2), (1, 2.0, 1), (1, 3.5, 1),
-                                           (10, 3.0, 3), (7, 1.0, 7), (5, 4.9, 1)])
+@pytest.mark.parametrize(
+    "ga,p,expected",
+    [(64, 2.0, 32), (3, 2.0, 2), (1, 2.0, 1), (1, 3.5, 1), (10, 3.0, 3), (7, 1.0, 7), (5, 4.9, 1)],
+)
 def test_accumulation_arithmetic(ga, p, expected):
     adjusted = adjust_for_packing("same_sequences_per_step", p, ga, (0.9, 0.999))
     assert adjusted.gradient_accumulation == expected >= 1
@@ -174,18 +187,28 @@ def test_resume_from_state_dict_is_bit_identical():
 
 def test_weight_decay_groups_exclude_bias_and_layernorm():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
-    named = [("encoder.dense.weight", model[0].weight), ("encoder.dense.bias", model[0].bias),
-             ("encoder.LayerNorm.weight", model[1].weight), ("encoder.LayerNorm.bias", model[1].bias)]
+    named = [
+        ("encoder.dense.weight", model[0].weight),
+        ("encoder.dense.bias", model[0].bias),
+        ("encoder.LayerNorm.weight", model[1].weight),
+        ("encoder.LayerNorm.bias", model[1].bias),
+    ]
     decay, no_decay = weight_decay_groups(named, 0.01)
     assert decay["params"] == [model[0].weight] and decay["weight_decay"] == 0.01
     assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"betas": (1.0, 0.999)}, "betas"), ({"betas": (0.9, -0.1)}, "betas"),
-    ({"lr": -1.0}, "lr"), ({"weight_decay": -0.1}, "weight_decay"),
-    ({"lr": float("nan")}, "lr"), ({"max_grad_norm": 0.0}, "max_grad_norm"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"betas": (1.0, 0.999)}, "betas"),
+        ({"betas": (0.9, -0.1)}, "betas"),
+        ({"lr": -1.0}, "lr"),
+        ({"weight_decay": -0.1}, "weight_decay"),
+        ({"lr": float("nan")}, "lr"),
+        ({"max_grad_norm": 0.0}, "max_grad_norm"),
+    ],
+)
 def test_bad_hyperparameters(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Lamb([torch.nn.Parameter(torch.ones(2))], **kwargs)
@@ -195,8 +218,9 @@ def test_poptorch_mapping_without_poptorch():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
     groups = weight_decay_groups(model.named_parameters(), 0.01)
     adjusted = adjust_for_packing("same_packs_per_step", 2.0, 192, (0.62, 0.996))
-    kwargs = poptorch_lamb_kwargs(groups, lr=2e-3, adjusted=adjusted, bias_correction=False,
-                                  first_order_type="float16")
+    kwargs = poptorch_lamb_kwargs(
+        groups, lr=2e-3, adjusted=adjusted, bias_correction=False, first_order_type="float16"
+    )
     assert kwargs["betas"] == pytest.approx((0.62**2, 0.996**2))
     assert kwargs["bias_correction"] is False and kwargs["lr"] == 2e-3
     assert kwargs["first_order_momentum_accum_type"] is torch.float16

@@ -8,19 +8,40 @@ import pytest
 
 from .conftest import HISTOGRAMS, REPO
 
-KEYS = ["algorithm", "max_sequence_length", "max_sequences_per_pack", "sequences", "packs",
-        "real_tokens", "padding_tokens", "efficiency", "packing_factor", "theoretical_speedup",
-        "strategies_used", "max_depth", "seconds"]
+KEYS = [
+    "algorithm",
+    "max_sequence_length",
+    "max_sequences_per_pack",
+    "sequences",
+    "packs",
+    "real_tokens",
+    "padding_tokens",
+    "efficiency",
+    "packing_factor",
+    "theoretical_speedup",
+    "strategies_used",
+    "max_depth",
+    "seconds",
+]
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "packing", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "packing", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_report_json_contract():
-    r = run("report", "--histogram", str(HISTOGRAMS / "squad_384.json"), "--algorithm", "lpfhp",
-            "--max-sequences-per-pack", "3", "--json")
+    r = run(
+        "report",
+        "--histogram",
+        str(HISTOGRAMS / "squad_384.json"),
+        "--algorithm",
+        "lpfhp",
+        "--max-sequences-per-pack",
+        "3",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)  # exactly one JSON object, nothing else on stdout
     assert list(data) == KEYS
@@ -33,8 +54,18 @@ def test_report_json_contract():
 
 def test_report_max_depth_and_plot(tmp_path):
     png = tmp_path / "p.png"
-    r = run("report", "--histogram", str(HISTOGRAMS / "squad_384.json"), "--algorithm", "lp",
-            "--max-sequences-per-pack", "max", "--json", "--plot", str(png))
+    r = run(
+        "report",
+        "--histogram",
+        str(HISTOGRAMS / "squad_384.json"),
+        "--algorithm",
+        "lp",
+        "--max-sequences-per-pack",
+        "max",
+        "--json",
+        "--plot",
+        str(png),
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["max_sequences_per_pack"] == "max"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -49,19 +80,22 @@ def test_report_table(tmp_path):
         assert name in r.stdout
 
 
-@pytest.mark.parametrize("content,message", [
-    ({"max_sequence_length": 3, "counts": [1, -1, 2]}, "counts[1] must be >= 0"),
-    ({"max_sequence_length": 3, "counts": [1, 1.5, 2]}, "counts[1] must be a finite integer"),
-    ('{"max_sequence_length": 3, "counts": [1, NaN, 2]}', "counts[1] must be a finite integer"),
-    ('{"max_sequence_length": 3, "counts": [1, Infinity, 2]}', "counts[1] must be a finite integer"),
-    ({"max_sequence_length": 3, "counts": [1, "2", 2]}, "counts[1] must be a number"),
-    ({"max_sequence_length": 3, "counts": [1, 2]}, "counts has 2 entries, expected"),
-    ({"max_sequence_length": 0, "counts": []}, "max_sequence_length must be an integer >= 1"),
-    ({"max_sequence_length": 3, "counts": [0, 0, 0]}, "histogram is empty"),
-    ({"counts": [1]}, "missing key 'max_sequence_length'"),
-    ("{not json", "malformed JSON"),
-    ([1, 2, 3], "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ({"max_sequence_length": 3, "counts": [1, -1, 2]}, "counts[1] must be >= 0"),
+        ({"max_sequence_length": 3, "counts": [1, 1.5, 2]}, "counts[1] must be a finite integer"),
+        ('{"max_sequence_length": 3, "counts": [1, NaN, 2]}', "counts[1] must be a finite integer"),
+        ('{"max_sequence_length": 3, "counts": [1, Infinity, 2]}', "counts[1] must be a finite integer"),
+        ({"max_sequence_length": 3, "counts": [1, "2", 2]}, "counts[1] must be a number"),
+        ({"max_sequence_length": 3, "counts": [1, 2]}, "counts has 2 entries, expected"),
+        ({"max_sequence_length": 0, "counts": []}, "max_sequence_length must be an integer >= 1"),
+        ({"max_sequence_length": 3, "counts": [0, 0, 0]}, "histogram is empty"),
+        ({"counts": [1]}, "missing key 'max_sequence_length'"),
+        ("{not json", "malformed JSON"),
+        ([1, 2, 3], "expected a JSON object"),
+    ],
+)
 def test_bad_histogram_files(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content if isinstance(content, str) else json.dumps(content))
@@ -73,8 +107,15 @@ def test_bad_histogram_files(tmp_path, content, message):
 
 @pytest.mark.parametrize("k", ["0", "-3", "two"])
 def test_bad_depth(k):
-    r = run("report", "--histogram", str(HISTOGRAMS / "squad_384.json"), "--algorithm", "lpfhp",
-            "--max-sequences-per-pack", k)
+    r = run(
+        "report",
+        "--histogram",
+        str(HISTOGRAMS / "squad_384.json"),
+        "--algorithm",
+        "lpfhp",
+        "--max-sequences-per-pack",
+        k,
+    )
     assert r.returncode == 2 and "max sequences per pack" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -86,6 +127,13 @@ def test_missing_file_and_bad_algorithm(tmp_path):
 
 
 def test_nnlshp_depth_limit_is_a_user_error():
-    r = run("report", "--histogram", str(HISTOGRAMS / "squad_384.json"), "--algorithm", "nnlshp",
-            "--max-sequences-per-pack", "4")
+    r = run(
+        "report",
+        "--histogram",
+        str(HISTOGRAMS / "squad_384.json"),
+        "--algorithm",
+        "nnlshp",
+        "--max-sequences-per-pack",
+        "4",
+    )
     assert r.returncode == 2 and "at most 3" in r.stderr

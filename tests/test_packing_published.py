@@ -8,16 +8,28 @@ from packing import Histogram, pack
 from .conftest import HISTOGRAMS
 
 WIKIPEDIA = [  # (algorithm, K, published efficiency)
-    ("spfhp", 2, 0.8052), ("spfhp", 3, 0.8944), ("spfhp", 4, 0.9394),
-    ("spfhp", 8, 0.9890), ("spfhp", 12, 0.9960),
-    ("lpfhp", 2, 0.8055), ("lpfhp", 3, 0.8949), ("lpfhp", 4, 0.9396),
-    ("lpfhp", 8, 0.9911), ("lpfhp", 12, 0.9981),
+    ("spfhp", 2, 0.8052),
+    ("spfhp", 3, 0.8944),
+    ("spfhp", 4, 0.9394),
+    ("spfhp", 8, 0.9890),
+    ("spfhp", 12, 0.9960),
+    ("lpfhp", 2, 0.8055),
+    ("lpfhp", 3, 0.8949),
+    ("lpfhp", 4, 0.9396),
+    ("lpfhp", 8, 0.9911),
+    ("lpfhp", 12, 0.9981),
     ("nnlshp", 3, 0.99750),
     # Ours: within 0.01 percentage points of the LP bound (0.99884 at K=3, 0.99983 at K>=4).
-    ("lp", 3, 0.99874), ("lp", None, 0.99973),
+    ("lp", 3, 0.99874),
+    ("lp", None, 0.99973),
 ]
-SQUAD = [("spfhp", 3, 0.9755), ("lpfhp", 3, 0.9774), ("nnlshp", 3, 0.9739),
-         ("lp", 3, 0.98791), ("lp", None, 0.98791)]
+SQUAD = [
+    ("spfhp", 3, 0.9755),
+    ("lpfhp", 3, 0.9774),
+    ("nnlshp", 3, 0.9739),
+    ("lp", 3, 0.98791),
+    ("lp", None, 0.98791),
+]
 
 
 @pytest.fixture(scope="module")

@@ -44,9 +44,7 @@ def pack(histogram: Histogram, algorithm: str, max_sequences_per_pack: MaxPerPac
     once, within N tokens and K sequences per pack. `seconds` is the solve time.
     """
     if algorithm not in ALGORITHMS:
-        raise PackingInputError(
-            f"unknown algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}"
-        )
+        raise PackingInputError(f"unknown algorithm {algorithm!r}; expected one of {', '.join(ALGORITHMS)}")
     if max_sequences_per_pack is not None and max_sequences_per_pack < 1:
         raise PackingInputError(f"max sequences per pack must be >= 1, got {max_sequences_per_pack}")
     depth = effective_depth(max_sequences_per_pack, histogram.max_sequence_length)

@@ -40,7 +40,7 @@ def lp_pack(histogram: Histogram, depth: int):
     n = histogram.max_sequence_length
     pool = _ColumnPool(histogram)
     pool.add(s for s, _ in lpfhp(histogram, depth))
-    pool.add((int(l),) for l in pool.present)
+    pool.add((int(length),) for length in pool.present)
     # Every pattern of <= 3 present lengths that fills a pack exactly: good columns from
     # the start cut column-generation iterations (each a cold HiGHS solve) several-fold.
     present = set(pool.present.tolist())
@@ -52,7 +52,7 @@ def lp_pack(histogram: Histogram, depth: int):
     demand = histogram.counts[pool.present - 1].astype(np.float64)
     pricer = _Pricer(n, depth, pool.present)
     iterations = 0
-    for iterations in range(1, MAX_ITERATIONS + 1):
+    for iterations in range(1, MAX_ITERATIONS + 1):  # noqa: B007 - read after the loop
         x, duals = _solve_restricted_lp(pool.matrix(), demand)
         new = pricer.best_patterns(duals, COLUMNS_PER_ITERATION)
         if not pool.add(new):
@@ -81,7 +81,7 @@ class _ColumnPool:
 
     def __init__(self, histogram: Histogram):
         self.present = np.flatnonzero(histogram.counts) + 1  # lengths with demand > 0
-        self._row_of = {int(l): i for i, l in enumerate(self.present)}
+        self._row_of = {int(length): i for i, length in enumerate(self.present)}
         self.strategies: list[tuple[int, ...]] = []
         self._seen: set[tuple[int, ...]] = set()
         self._rows: list[int] = []
@@ -117,7 +117,11 @@ class _ColumnPool:
 
 def _solve_restricted_lp(a: scipy.sparse.csc_matrix, demand: np.ndarray):
     result = scipy.optimize.linprog(
-        np.ones(a.shape[1]), A_ub=-a, b_ub=-demand, bounds=(0, None), method="highs",
+        np.ones(a.shape[1]),
+        A_ub=-a,
+        b_ub=-demand,
+        bounds=(0, None),
+        method="highs",
     )
     if result.status != 0:
         raise PackingBugError(f"lp: HiGHS failed on the restricted LP: {result.message}")
@@ -223,7 +227,7 @@ def _pack_residual(residual: Histogram, depth: int, pool: _ColumnPool):
     usable = [s for s in pool.strategies if _fits_counts(s, counts)]
     usable += [s for s, _ in heuristic if s not in set(usable)]
     present = np.flatnonzero(counts) + 1
-    row_of = {int(l): i for i, l in enumerate(present)}
+    row_of = {int(length): i for i, length in enumerate(present)}
     rows, cols = [], []
     for col, s in enumerate(usable):
         for length in s:

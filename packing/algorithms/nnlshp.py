@@ -16,9 +16,9 @@ import numpy as np
 import scipy.optimize
 import scipy.sparse
 
+from packing.algorithms.heuristics import lpfhp
 from packing.errors import PackingInputError
 from packing.histogram import Histogram
-from packing.algorithms.heuristics import lpfhp
 from packing.plan import remove_excess
 
 MAX_DEPTH = 3
@@ -123,14 +123,9 @@ def nnlshp(histogram: Histogram, depth: int):
     )
     weight = np.ones(n)
     weight[:SHORT_LENGTHS] = SHORT_WEIGHT
-    x = _weighted_nnls(
-        scipy.sparse.diags(weight) @ a, weight * histogram.counts.astype(np.float64)
-    )
+    x = _weighted_nnls(scipy.sparse.diags(weight) @ a, weight * histogram.counts.astype(np.float64))
     repeat = np.rint(x).astype(np.int64)
-    pairs = [
-        (tuple(int(v) for v in strategies[i] if v), int(repeat[i]))
-        for i in np.flatnonzero(repeat)
-    ]
+    pairs = [(tuple(int(v) for v in strategies[i] if v), int(repeat[i])) for i in np.flatnonzero(repeat)]
     # The published code gives every sequence the rounded solution misses a pack of its
     # own (strategy (l, N-l) with N-l counted as padding). We pack the left-overs with
     # LPFHP instead: never worse, usually a few thousand packs fewer on Wikipedia.
