@@ -25,6 +25,8 @@ demo: install
 
 bench: install
 	$(PY) bench/bench_packing.py
+	$(PY) bench/bench_lamb.py
+	$(PY) bench/bench_model.py --preset bert-base --rows 2 --steps 3
 
 lint: install
 	$(PY) -m ruff check .
