@@ -41,7 +41,9 @@ def sample_rows(rng, plan, rows, s, k, m, vocab, packed):
         for length in lengths:
             ids = rng.integers(5, vocab, size=length)
             p = max(1, min(round(0.15 * length), m // k, length - 1)) if length > 1 else 0
-            positions = np.sort(rng.choice(np.arange(1, length), size=p, replace=False)) if p else np.array([], int)
+            positions = (
+                np.sort(rng.choice(np.arange(1, length), size=p, replace=False)) if p else np.array([], int)
+            )
             seqs.append(Sequence(ids, np.zeros(length, int), positions, rng.integers(5, vocab, size=p), 0))
         packs.append(seqs)
     arrays = pack_sequences(packs, s, k, m, vocab)
@@ -72,8 +74,13 @@ def main():
     rng = np.random.default_rng(0)
     times = {"packed": [], "padded": []}
     sequences = {"packed": [], "padded": []}
-    batches = {kind: [sample_rows(rng, plan, args.rows, s, k, m, config.vocab_size, kind == "packed")
-                      for _ in range(args.steps + 1)] for kind in times}
+    batches = {
+        kind: [
+            sample_rows(rng, plan, args.rows, s, k, m, config.vocab_size, kind == "packed")
+            for _ in range(args.steps + 1)
+        ]
+        for kind in times
+    }
     for kind in times:  # warm-up step each
         time_step(model, batches[kind][0], optimizer)
     for step in range(1, args.steps + 1):
@@ -81,9 +88,11 @@ def main():
             batch = batches[kind][step]
             times[kind].append(time_step(model, batch, optimizer))
             sequences[kind].append(int(batch["next_sentence_weights"].sum()))
-    print(f"model {args.preset} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), "
-          f"backend {args.backend}, {args.rows} rows x {s} tokens, {args.steps} steps, "
-          f"threads {torch.get_num_threads()}; plan lpfhp K=3 packing factor {plan.packing_factor:.3f}")
+    print(
+        f"model {args.preset} ({config.num_hidden_layers} layers, hidden {config.hidden_size}), "
+        f"backend {args.backend}, {args.rows} rows x {s} tokens, {args.steps} steps, "
+        f"threads {torch.get_num_threads()}; plan lpfhp K=3 packing factor {plan.packing_factor:.3f}"
+    )
     per_row = {kind: statistics.median(t) / args.rows for kind, t in times.items()}
     rate = {kind: sum(sequences[kind]) / sum(times[kind]) for kind in times}
     print("| mode | s per row (median step / rows) | sequences/s |\n|---|---|---|")
@@ -92,8 +101,10 @@ def main():
     print(f"packing overhead per row: {100 * (per_row['packed'] / per_row['padded'] - 1):+.1f}%")
     speedup = rate["packed"] / rate["padded"]
     sampled_factor = sum(sequences["packed"]) / (args.rows * args.steps)
-    print(f"realized speed-up: {speedup:.3f} = {speedup / sampled_factor:.3f} x the packing factor of "
-          f"the sampled packs ({sampled_factor:.3f}; plan average {plan.packing_factor:.3f})")
+    print(
+        f"realized speed-up: {speedup:.3f} = {speedup / sampled_factor:.3f} x the packing factor of "
+        f"the sampled packs ({sampled_factor:.3f}; plan average {plan.packing_factor:.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def _compare_outputs(model, ref, sequences, packs, batch):
             out["mlm_logits"][r, start : start + p],
             ref_out.prediction_logits[0, seq.masked_lm_positions],
             atol=1e-5,
-            rtol=0,
+            rtol=1e-5,  # logits of a 30k-way projection, magnitude ~10: fp32 summation order moves them ~1e-5
         )
         slot[r] = start + p
     return out
