@@ -64,9 +64,9 @@ def mlm_metrics(mlm_logits, masked_lm_ids, masked_lm_weights, mode: str) -> dict
         "mlm_correct": ((mlm_logits.argmax(-1) == labels) & valid).sum(),
     }
     # Per-sequence sums: slot j of [B, K+1] gathers the tokens of sequence j (0 = unused).
-    k_plus_1 = int(masked_lm_weights.max().item()) + 1 if mode == "per_sequence" else 0
     if mode == "per_sequence":
         index = masked_lm_weights.long()
+        k_plus_1 = int(masked_lm_weights.max().item()) + 1
         seq_sum = torch.zeros(labels.shape[0], k_plus_1, device=labels.device).scatter_add_(
             1, index, token_loss
         )
