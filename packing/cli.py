@@ -8,12 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 from packing.algorithms import ALGORITHMS, pack
 from packing.errors import PackingInputError
 from packing.histogram import Histogram
+from packing.pipeline import SKIPPED, PackJob, run_pack
 from packing.plan import parse_max_sequences_per_pack
+from packing.sources import expand_inputs
+from packing.unpack import run_unpack
+from packing.verify import run_verify
 from packing.report import describe_plan, plot_plan, report_table
 
 
@@ -47,7 +53,101 @@ def cmd_report(args) -> int:
     return 0
 
 
-COMMANDS = {"report": (_add_report, cmd_report)}
+def _add_inputs(p) -> None:
+    p.add_argument(
+        "--input",
+        action="append",
+        required=True,
+        metavar="GLOB",
+        help="unpacked shards (HDF5 or TFRecord); repeat for several globs. The order of the "
+        "globs, then file names, defines the global sequence index",
+    )
+
+
+def _default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def _add_pack(sub) -> None:
+    p = sub.add_parser("pack", help="pack unpacked shards into static-shape packed shards")
+    _add_inputs(p)
+    p.add_argument("--output", required=True, metavar="DIR", help="folder for part-NNNNN.h5 + metadata.json")
+    p.add_argument("--algorithm", default="lpfhp", choices=sorted(ALGORITHMS))
+    p.add_argument("--max-sequences-per-pack", default="3", help="K: an integer or 'max'")
+    p.add_argument("--max-sequence-length", type=int, default=512, help="S, tokens per row")
+    p.add_argument("--max-predictions-per-seq", type=int, default=76, help="P of the inputs")
+    p.add_argument(
+        "--max-predictions-per-pack",
+        type=int,
+        help="M, masked-LM slots per pack; default: the largest number any pack of this plan needs",
+    )
+    p.add_argument("--vocab-size", type=int, help="reject token ids >= this (default: no check)")
+    p.add_argument("--seed", type=int, default=12345, help="sequence-to-pack assignment and pack order")
+    p.add_argument("--workers", type=int, default=_default_workers())
+    p.add_argument("--shard-size", type=int, default=1 << 16, metavar="PACKS", help="packs per shard")
+    p.add_argument(
+        "--skip-invalid",
+        action="store_true",
+        help=f"skip bad rows instead of stopping; each is listed in {SKIPPED} and counted in metadata.json",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def cmd_pack(args) -> int:
+    for name in ("max_sequence_length", "max_predictions_per_seq", "workers", "shard_size"):
+        if getattr(args, name) < 1:
+            raise PackingInputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_sequence_length > 65535:
+        raise PackingInputError("--max-sequence-length must be <= 65535 (position_ids are uint16)")
+    job = PackJob(
+        inputs=tuple(str(p) for p in expand_inputs(args.input)),
+        output=args.output,
+        algorithm=args.algorithm,
+        max_sequences_per_pack=parse_max_sequences_per_pack(args.max_sequences_per_pack),
+        max_sequence_length=args.max_sequence_length,
+        max_predictions_per_seq=args.max_predictions_per_seq,
+        seed=args.seed,
+        shard_size=args.shard_size,
+        vocab_size=args.vocab_size,
+        max_predictions_per_pack=args.max_predictions_per_pack,
+        skip_invalid=args.skip_invalid,
+    )
+    meta = run_pack(job, workers=args.workers, quiet=args.quiet)
+    summary = {key: meta[key] for key in ("sequences", "packs", "S", "K", "M", "efficiency", "packing_factor")}
+    summary.update(shards=len(meta["shards"]), skipped_rows=meta["skipped_rows"], output=str(args.output))
+    print(json.dumps(summary))
+    return 0
+
+
+def _add_verify(sub) -> None:
+    p = sub.add_parser("verify", help="prove every input sequence is packed exactly once, unchanged")
+    _add_inputs(p)
+    p.add_argument("--packed", required=True, metavar="DIR")
+    p.add_argument("--workers", type=int, default=_default_workers())
+    p.add_argument("--quiet", action="store_true")
+
+
+def cmd_verify(args) -> int:
+    return run_verify(expand_inputs(args.input), Path(args.packed), workers=args.workers, quiet=args.quiet)
+
+
+def _add_unpack(sub) -> None:
+    p = sub.add_parser("unpack", help="write the packed sequences back in the unpacked HDF5 layout")
+    p.add_argument("--packed", required=True, metavar="DIR")
+    p.add_argument("--output", required=True, metavar="DIR")
+
+
+def cmd_unpack(args) -> int:
+    run_unpack(Path(args.packed), Path(args.output))
+    return 0
+
+
+COMMANDS = {
+    "report": (_add_report, cmd_report),
+    "pack": (_add_pack, cmd_pack),
+    "verify": (_add_verify, cmd_verify),
+    "unpack": (_add_unpack, cmd_unpack),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

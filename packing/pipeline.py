@@ -1,0 +1,415 @@
+"""`python -m packing pack`: unpacked shards in, verified packed shards out, streaming.
+
+    pass 1   (workers over pieces)  read + validate every row: lengths, prediction counts
+    plan                            histogram -> packing algorithm -> PackingPlan
+    assign                          plan + lengths + seed -> table [packs, K] of sequence indices
+    pass 2a  (workers over pieces)  re-read rows, keep real tokens, group them by output shard
+    pass 2b  (workers over shards)  gather each shard's sequences, assemble packs, write the shard
+    finish                          metadata.json (sha256 of every input and shard), drop .work/
+
+A piece is a row range of one input file (at most PIECE_ROWS rows), so memory per worker
+is bounded by the piece and shard sizes, never by the dataset; the main process holds
+only index arrays (a few int64 per sequence). Every file appears under its final name by
+an atomic rename, and `.work/` records finished steps: rerunning the same command after a
+crash resumes where it stopped and never writes a pack twice.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import multiprocessing
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from packing.algorithms import pack
+from packing.assign import assign_sequences
+from packing.compact import SequenceStore, compact_rows
+from packing.errors import PackingInputError
+from packing.format import FORMAT_NAME, FORMAT_VERSION, PACKED_FIELDS, field_dtypes
+from packing.histogram import Histogram
+from packing.io_utils import atomic_path, write_json_atomic
+from packing.plan import MaxPerPack
+from packing.shards import METADATA, assemble, shard_name
+from packing.sources import Limits, check_source_shape, describe_problem, file_record, open_source, validate_rows
+
+PIECE_ROWS = 1 << 17  # rows of one input file handled by one task
+READ_ROWS = 1 << 13  # rows read and validated at once inside a task
+BLOCK_PACKS = 1 << 13  # packs assembled at once inside a shard task
+WORK = ".work"
+SKIPPED = "skipped_rows.jsonl"
+
+
+@dataclass(frozen=True)
+class PackJob:
+    """Everything that defines the packed output (workers do not: they change no byte)."""
+
+    inputs: tuple[str, ...]
+    output: str
+    algorithm: str
+    max_sequences_per_pack: MaxPerPack
+    max_sequence_length: int
+    max_predictions_per_seq: int
+    seed: int
+    shard_size: int
+    vocab_size: int | None = None
+    max_predictions_per_pack: int | None = None
+    skip_invalid: bool = False
+
+
+# --------------------------------------------------------------------------------------
+# Worker tasks (module level so that they pickle); _SOURCES is set by the pool initializer
+# --------------------------------------------------------------------------------------
+_SOURCES: list = []
+
+
+def _init_worker(sources):
+    global _SOURCES
+    _SOURCES = sources
+
+
+def _scan_piece(task):
+    """Pass 1: validate rows [start, stop) of one input. -> (lengths, predictions, problems)."""
+    file_index, start, stop, limits, skip_invalid = task
+    source = _SOURCES[file_index]
+    lengths, predictions, problems = [], [], []
+    for a in range(start, stop, READ_ROWS):
+        b = min(stop, a + READ_ROWS)
+        length, prediction, problem = validate_rows(source.read(a, b), limits, source.path, a)
+        lengths.append(length)
+        predictions.append(prediction)
+        problems.extend(problem)
+        if problems and not skip_invalid:
+            break  # fail fast: the first bad row stops the job
+    return np.concatenate(lengths), np.concatenate(predictions), problems
+
+
+def _hash_input(file_index):
+    return file_record(_SOURCES[file_index].path)
+
+
+def _compact_piece(task):
+    """Pass 2a: the piece's valid sequences, compacted and grouped by destination shard."""
+    piece, file_index, start, stop, source_start, work, shards, token_dtype = task
+    folder = Path(work) / "pieces" / f"piece-{piece:05d}"
+    if folder.is_dir():
+        return stop - start  # finished before a crash
+    dest = np.load(Path(work) / "dest_shard.npy", mmap_mode="r")
+    lengths = np.load(Path(work) / "lengths.npy", mmap_mode="r")
+    predictions = np.load(Path(work) / "predictions.npy", mmap_mode="r")
+    source = _SOURCES[file_index]
+    parts = []
+    for a in range(start, stop, READ_ROWS):
+        b = min(stop, a + READ_ROWS)
+        g = slice(source_start + a, source_start + b)
+        keep = np.asarray(lengths[g]) > 0
+        parts.append(
+            compact_rows(
+                source.read(a, b),
+                np.asarray(lengths[g]),
+                np.asarray(predictions[g]),
+                keep,
+                source_start + a,
+                token_dtype,
+            )
+        )
+    store = SequenceStore.concat(parts)
+    target = np.asarray(dest[store.source_index])
+    order = np.argsort(target, kind="stable")
+    store = store.take(order)
+    shard_offsets = np.searchsorted(target[order], np.arange(shards + 1))
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    store.save(tmp)
+    np.save(tmp / "shard_offsets.npy", shard_offsets)
+    tmp.rename(folder)
+    return stop - start
+
+
+def _write_shard(task):
+    """Pass 2b: gather the shard's sequences from every piece, assemble, write, hash."""
+    shard, pieces, work, output, shard_size, s, m, vocab_size = task
+    record_path = Path(work) / "shards" / f"{shard:05d}.json"
+    if record_path.is_file():
+        return json.loads(record_path.read_text())
+    import h5py
+
+    table = np.load(Path(work) / "assignment.npy", mmap_mode="r")
+    block_table = np.asarray(table[shard * shard_size : (shard + 1) * shard_size])
+    stores = []
+    for piece in range(pieces):
+        folder = Path(work) / "pieces" / f"piece-{piece:05d}"
+        offsets = np.load(folder / "shard_offsets.npy")
+        if offsets[shard + 1] > offsets[shard]:
+            stores.append(SequenceStore.load_slice(folder, int(offsets[shard]), int(offsets[shard + 1])))
+    store = SequenceStore.concat(stores)
+    path = Path(output) / shard_name(shard)
+    p, k = block_table.shape
+    sizes = {"S": s, "K": k, "M": m}
+    dtypes = field_dtypes(vocab_size)
+    with atomic_path(path) as tmp:
+        with h5py.File(tmp, "w", libver="latest") as f:
+            f.attrs["format"] = FORMAT_NAME
+            f.attrs["format_version"] = FORMAT_VERSION
+            datasets = {
+                name: f.create_dataset(name, shape=(p, sizes[dim]), dtype=dtypes[name], track_times=False)
+                for name, (dim, _) in PACKED_FIELDS.items()
+            }
+            for a in range(0, p, BLOCK_PACKS):
+                packs = assemble(block_table[a : a + BLOCK_PACKS], store, s, m, vocab_size)
+                for name, dataset in datasets.items():
+                    dataset[a : a + len(packs[name])] = packs[name]
+    record = file_record(path)
+    record["name"] = path.name
+    record["packs"] = int(p)
+    record["sequences"] = int(np.count_nonzero(block_table >= 0))
+    record_path.parent.mkdir(exist_ok=True)
+    write_json_atomic(record_path, record)
+    return record
+
+
+def _run(fn, tasks, workers, sources, progress: tqdm | None = None, weight=None):
+    """Results of fn over tasks, in task order, on `workers` processes (inline for 1)."""
+    results = [None] * len(tasks)
+    if workers <= 1 or len(tasks) <= 1:
+        _init_worker(sources)
+        for i, task in enumerate(tasks):
+            results[i] = fn(task)
+            if progress is not None:
+                progress.update(weight(task, results[i]) if weight else 1)
+        return results
+    context = multiprocessing.get_context("fork")
+    with cf.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(sources,)) as pool:
+        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
+        try:
+            for future in cf.as_completed(futures):
+                i = futures[future]
+                results[i] = future.result()
+                if progress is not None:
+                    progress.update(weight(tasks[i], results[i]) if weight else 1)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return results
+
+
+# --------------------------------------------------------------------------------------
+# The job
+# --------------------------------------------------------------------------------------
+def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
+    """Run (or resume, or confirm) a pack job. Returns the metadata written."""
+    started = time.perf_counter()
+    output = Path(job.output)
+    limits = Limits(job.max_sequence_length, job.max_predictions_per_seq, job.vocab_size)
+    sources = [open_source(path) for path in job.inputs]
+    for source in sources:
+        check_source_shape(source, limits)
+    fingerprint = _job_fingerprint(job, sources)
+    work = output / WORK
+    if _prepare_output(output, work, fingerprint):
+        say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
+        say(f"{output}: already holds this packed dataset (metadata.json matches); nothing to do")
+        return json.loads((output / METADATA).read_text())
+    bar = dict(disable=quiet, unit="seq", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
+
+    # ---- pass 1: lengths and validation ----
+    starts = np.cumsum([0] + [s.rows for s in sources])
+    n = int(starts[-1])
+    pieces = [
+        (f, a, min(s.rows, a + PIECE_ROWS)) for f, s in enumerate(sources) for a in range(0, s.rows, PIECE_ROWS)
+    ]
+    pass1 = work / "pass1.json"
+    if pass1.is_file():
+        summary1 = json.loads(pass1.read_text())
+    else:
+        tasks = [(f, a, b, limits, job.skip_invalid) for f, a, b in pieces]
+        with tqdm(total=n, desc="pass 1: read + validate", **bar) as progress:
+            results = _run(_scan_piece, tasks, workers, sources, progress, lambda t, r: t[2] - t[1])
+            inputs = _run(_hash_input, list(range(len(sources))), workers, sources)
+        lengths = np.zeros(n, dtype=np.int16)
+        predictions = np.zeros(n, dtype=np.int16)
+        problems = []
+        for (f, a, b), (length, prediction, problem) in zip(pieces, results):
+            g0 = int(starts[f]) + a
+            lengths[g0 : g0 + length.size] = length
+            predictions[g0 : g0 + prediction.size] = prediction
+            problems.extend((f, row, field, message) for row, field, message in problem)
+        if problems and not job.skip_invalid:
+            f, row, field, message = problems[0]
+            raise PackingInputError(
+                describe_problem(sources[f].path, row, field, message)
+                + " (use --skip-invalid to skip bad rows with a report)"
+            )
+        skipped = []
+        for f, row, field, message in problems:
+            lengths[int(starts[f]) + row] = 0
+            skipped.append(
+                {
+                    "file": str(sources[f].path),
+                    "row": int(row),
+                    "source_index": int(starts[f]) + int(row),
+                    "field": field,
+                    "problem": message,
+                }
+            )
+        for name, array in (("lengths", lengths), ("predictions", predictions)):
+            with atomic_path(work / f"{name}.npy") as tmp:
+                with open(tmp, "wb") as fh:
+                    np.save(fh, array)
+        if skipped:
+            with atomic_path(output / SKIPPED) as tmp:
+                tmp.write_text("".join(json.dumps(r) + "\n" for r in skipped))
+        summary1 = {"inputs": inputs, "skipped": len(skipped)}
+        write_json_atomic(pass1, summary1)
+    lengths = np.load(work / "lengths.npy")
+    predictions = np.load(work / "predictions.npy")
+    for record, source in zip(summary1["inputs"], sources):
+        record["rows"] = int(source.rows)
+        record["format"] = source.kind
+        record["dtypes"] = source.dtypes
+        record["widths"] = {
+            "S": int(source.width),
+            "P": int(source.predictions_width),
+            "NSP_ndim": len(source.shapes["next_sentence_labels"]),
+        }
+
+    # ---- plan and assignment ----
+    valid = lengths[lengths > 0]
+    if valid.size == 0:
+        raise PackingInputError(f"the inputs hold no valid sequence ({n} rows, {summary1['skipped']} skipped)")
+    histogram = Histogram.from_lengths(valid, job.max_sequence_length)
+    plan = pack(histogram, job.algorithm, job.max_sequences_per_pack)
+    # K of the data: as asked (static shapes shared by datasets of one config), the plan's
+    # depth for "max", and 1 for the unpacked baseline.
+    k = plan.max_depth if job.max_sequences_per_pack is None else job.max_sequences_per_pack
+    if job.algorithm == "none":
+        k = 1
+    if k > 255:
+        raise PackingInputError(f"packs of up to {k} sequences do not fit sequence_ids (uint8); use K <= 255")
+    table_path = work / "assignment.npy"
+    if not table_path.is_file():
+        table = assign_sequences(plan, lengths, job.seed, k)
+        _save_npy(table_path, table)
+        dest = np.full(n, -1, dtype=np.int32)
+        present = table >= 0
+        dest[table[present]] = (np.nonzero(present)[0] // job.shard_size).astype(np.int32)
+        _save_npy(work / "dest_shard.npy", dest)
+    table = np.load(table_path, mmap_mode="r")
+    packs = table.shape[0]
+    per_pack = np.where(table >= 0, predictions[np.maximum(table, 0)], 0).sum(axis=1)
+    needed = int(per_pack.max())
+    m = job.max_predictions_per_pack or max(needed, 1)
+    if needed > m:
+        raise PackingInputError(
+            f"--max-predictions-per-pack {m} is too small: a pack of this plan holds {needed} masked tokens"
+        )
+    shards = -(-packs // job.shard_size)
+
+    # ---- pass 2a: compact + group by shard ----
+    (work / "pieces").mkdir(exist_ok=True)
+    token_dtype = field_dtypes(job.vocab_size or 30522)["input_ids"]
+    tasks = [
+        (i, f, a, b, int(starts[f]), str(work), shards, token_dtype) for i, (f, a, b) in enumerate(pieces)
+    ]
+    with tqdm(total=n, desc="pass 2: group by shard", **bar) as progress:
+        _run(_compact_piece, tasks, workers, sources, progress, lambda t, r: r)
+
+    # ---- pass 2b: write shards ----
+    tasks = [
+        (d, len(pieces), str(work), str(output), job.shard_size, job.max_sequence_length, m, job.vocab_size or 30522)
+        for d in range(shards)
+    ]
+    with tqdm(total=int(valid.size), desc="pass 2: write shards", **bar) as progress:
+        shard_records = _run(_write_shard, tasks, workers, sources, progress, lambda t, r: r["sequences"])
+
+    # ---- metadata ----
+    seconds = time.perf_counter() - started
+    metadata = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "S": job.max_sequence_length,
+        "K": int(k),
+        "M": int(m),
+        "P": job.max_predictions_per_seq,
+        "algorithm": job.algorithm,
+        "max_sequences_per_pack": "max" if job.max_sequences_per_pack is None else job.max_sequences_per_pack,
+        "seed": job.seed,
+        "shard_size": job.shard_size,
+        "vocab_size": job.vocab_size,
+        "sequences": int(valid.size),
+        "packs": int(packs),
+        "real_tokens": int(valid.sum(dtype=np.int64)),
+        "efficiency": plan.efficiency,
+        "packing_factor": plan.packing_factor,
+        "padding_fraction_unpacked": histogram.padding_fraction_unpacked,
+        "theoretical_speedup": plan.theoretical_speedup,
+        "masked_tokens": int(predictions[lengths > 0].sum(dtype=np.int64)),
+        "input_rows": n,
+        "skipped_rows": int(summary1["skipped"]),
+        "skipped_rows_report": SKIPPED if summary1["skipped"] else None,
+        "plan_seconds": plan.seconds,
+        "seconds": seconds,
+        "inputs": summary1["inputs"],
+        "shards": shard_records,
+        "job": fingerprint,
+    }
+    write_json_atomic(output / METADATA, metadata)
+    shutil.rmtree(work, ignore_errors=True)
+    return metadata
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            np.save(fh, array)
+
+
+def _job_fingerprint(job: PackJob, sources) -> dict:
+    """What makes two runs produce the same bytes: the options and the inputs' identity."""
+    options = asdict(job)
+    options.pop("output")
+    options["inputs"] = [
+        {"name": str(s.path), "bytes": s.path.stat().st_size, "mtime_ns": s.path.stat().st_mtime_ns}
+        for s in sources
+    ]
+    return options
+
+
+def _prepare_output(output: Path, work: Path, fingerprint: dict) -> bool:
+    """Create, resume or refuse the output folder. True if it already holds this dataset."""
+    if output.exists() and not output.is_dir():
+        raise PackingInputError(f"--output {output} exists and is not a directory")
+    meta = output / METADATA
+    if meta.is_file():
+        done = json.loads(meta.read_text()).get("job")
+        if _same_job(done, fingerprint):
+            return True
+        raise PackingInputError(
+            f"--output {output} already holds a different packed dataset ({METADATA} was made by other "
+            "inputs or options); choose another directory or remove it"
+        )
+    job_file = work / "job.json"
+    if job_file.is_file():
+        if not _same_job(json.loads(job_file.read_text()), fingerprint):
+            raise PackingInputError(
+                f"--output {output} holds an unfinished pack job with other inputs or options "
+                f"({job_file}); remove the directory or rerun that job"
+            )
+    elif output.is_dir() and any(output.iterdir()):
+        raise PackingInputError(f"--output {output} is not empty and holds no pack job; choose an empty directory")
+    work.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(job_file, fingerprint)
+    for stale in list(output.glob(".*.tmp-*")) + list(work.rglob(".*.tmp-*")):
+        stale.unlink()  # half-written files of a crashed run
+    return False
+
+
+def _same_job(a, b) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

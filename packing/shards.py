@@ -1,0 +1,216 @@
+"""Packed shards (DESIGN.md section 3): assembling, writing, reading and unpacking them.
+
+`assemble` turns an assignment block [p, K] plus the compact sequences it names into
+packed rows; `extract` is its inverse (packs -> compact sequences), used by verify,
+unpack and the tests. `PackedDataset` opens a packed directory for readers (training).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from packing.compact import SequenceStore, _ranges, _starts
+from packing.errors import PackingInputError
+from packing.format import FORMAT_NAME, FORMAT_VERSION, PACKED_FIELDS, empty_packs
+
+METADATA = "metadata.json"
+
+
+def shard_name(index: int) -> str:
+    return f"part-{index:05d}.h5"
+
+
+def assemble(table: np.ndarray, store: SequenceStore, s: int, m: int, vocab_size: int) -> dict:
+    """Packed rows for `table` int64 [p, K] (global indices, -1 = empty slot).
+
+    `store` must hold every sequence the table names (any order). Raises ValueError if
+    a pack would exceed S tokens or M masked-LM slots: a wrong plan, never truncated.
+    """
+    p, k = table.shape
+    out = empty_packs(p, s, k, m, vocab_size)
+    rows, slots = np.nonzero(table >= 0)  # row-major: pack order, then slot order
+    sources = table[rows, slots]
+    order = np.argsort(store.source_index, kind="stable")
+    where = np.searchsorted(store.source_index, sources, sorter=order)
+    where = order[np.minimum(where, order.size - 1)]
+    if not np.array_equal(store.source_index[where], sources):
+        raise ValueError("assignment names a sequence the store does not hold")
+    lengths = store.lengths[where].astype(np.int64)
+    predictions = store.predictions[where].astype(np.int64)
+    first_of_row = np.searchsorted(rows, np.arange(p))
+    token_start = _starts(lengths)
+    offset = token_start - token_start[first_of_row][rows]  # where each sequence starts in its pack
+    if (offset + lengths > s).any():
+        raise ValueError(f"a pack needs more than S={s} tokens")
+    mlm_start = _starts(predictions)
+    slot0 = mlm_start - mlm_start[first_of_row][rows]
+    if (slot0 + predictions > m).any():
+        raise ValueError(f"a pack needs more than M={m} masked-LM slots")
+
+    src_tok = _ranges(store.token_offsets[where], lengths)
+    within = np.arange(src_tok.size) - np.repeat(token_start, lengths)
+    dst_tok = np.repeat(rows * s + offset, lengths) + within
+    out["input_ids"].reshape(-1)[dst_tok] = store.tokens[src_tok]
+    out["segment_ids"].reshape(-1)[dst_tok] = store.segments[src_tok]
+    out["position_ids"].reshape(-1)[dst_tok] = within
+    out["sequence_ids"].reshape(-1)[dst_tok] = np.repeat(slots + 1, lengths)
+
+    src_mlm = _ranges(store.mlm_offsets[where], predictions)
+    within_mlm = np.arange(src_mlm.size) - np.repeat(mlm_start, predictions)
+    dst_mlm = np.repeat(rows * m + slot0, predictions) + within_mlm
+    out["masked_lm_positions"].reshape(-1)[dst_mlm] = store.mlm_positions[src_mlm] + np.repeat(
+        offset, predictions
+    )
+    out["masked_lm_ids"].reshape(-1)[dst_mlm] = store.mlm_ids[src_mlm]
+    out["masked_lm_weights"].reshape(-1)[dst_mlm] = np.repeat(slots + 1, predictions)
+
+    out["next_sentence_positions"][rows, slots] = offset
+    out["next_sentence_labels"][rows, slots] = store.next_sentence_labels[where]
+    out["next_sentence_weights"][rows, slots] = 1
+    out["source_index"][rows, slots] = sources
+    return out
+
+
+class PackError(ValueError):
+    """A packed row that breaks the format (found by `extract`); `row` is its index in the block."""
+
+    def __init__(self, row: int, message: str):
+        super().__init__(f"row {row}: {message}")
+        self.row = int(row)
+
+
+def extract(packs: dict) -> SequenceStore:
+    """Packed rows -> the compact sequences they hold, in (row, slot) order.
+
+    Checks the structure it relies on: present slots carry a run of their sequence id
+    starting at next_sentence_positions, position_ids count from 0, masked slots point
+    inside their own sequence. Raises PackError naming the row otherwise.
+    """
+    seq_ids = packs["sequence_ids"].astype(np.int64)
+    p, s = seq_ids.shape
+    k = packs["next_sentence_weights"].shape[1]
+    present = packs["next_sentence_weights"] != 0
+    rows, slots = np.nonzero(present)
+    counts = np.zeros((p, k + 1), dtype=np.int64)
+    np.add.at(counts, (np.repeat(np.arange(p), s), seq_ids.reshape(-1)), 1)
+    lengths = counts[rows, slots + 1]
+    starts = packs["next_sentence_positions"][rows, slots].astype(np.int64)
+    idx = _ranges(rows * s + starts, lengths)
+    if idx.size and (idx.max() >= p * s or (idx - np.repeat(rows * s, lengths)).max() >= s):
+        raise PackError(int(rows[0]), f"a sequence runs past the end of the pack")
+    run_ok = seq_ids.reshape(-1)[idx] == np.repeat(slots + 1, lengths)
+    pos_ok = packs["position_ids"].reshape(-1)[idx] == np.arange(idx.size) - np.repeat(_starts(lengths), lengths)
+    if not (run_ok.all() and pos_ok.all()):
+        bad = np.repeat(rows, lengths)[~(run_ok & pos_ok)][0]
+        raise PackError(int(bad), f"sequence_ids/position_ids do not match next_sentence_positions")
+    if ((counts[:, 1:] > 0) & ~present).any():
+        raise PackError(int(np.nonzero((counts[:, 1:] > 0) & ~present)[0][0]), f"tokens of an absent slot")
+    weights = packs["masked_lm_weights"].astype(np.int64)
+    mrows, mslots = np.nonzero(weights)
+    mseq = weights[mrows, mslots] - 1
+    if (mseq >= k).any():
+        raise PackError(int(mrows[mseq >= k][0]), f"masked_lm_weights name a slot beyond K={k}")
+    # order masked slots by (row, sequence slot, position in the row) to group them per sequence
+    order = np.lexsort((mslots, mseq, mrows))
+    mrows, mslots, mseq = mrows[order], mslots[order], mseq[order]
+    rel = packs["masked_lm_positions"][mrows, mslots].astype(np.int64) - packs["next_sentence_positions"][
+        mrows, mseq
+    ].astype(np.int64)
+    seq_len = counts[mrows, mseq + 1]
+    if ((rel < 0) | (rel >= seq_len)).any():
+        raise PackError(int(mrows[(rel < 0) | (rel >= seq_len)][0]), f"a masked position lies outside its sequence")
+    predictions = np.zeros((p, k), dtype=np.int64)
+    np.add.at(predictions, (mrows, mseq), 1)
+    return SequenceStore(
+        tokens=packs["input_ids"].reshape(-1)[idx],
+        segments=packs["segment_ids"].reshape(-1)[idx],
+        lengths=lengths,
+        mlm_positions=rel,
+        mlm_ids=packs["masked_lm_ids"][mrows, mslots],
+        predictions=predictions[rows, slots],
+        next_sentence_labels=packs["next_sentence_labels"][rows, slots],
+        source_index=packs["source_index"][rows, slots].astype(np.int64),
+    )
+
+
+def write_shard(path: Path, packs: dict) -> None:
+    """One HDF5 shard, contiguous datasets, no timestamps: same data -> same bytes."""
+    import h5py
+
+    with h5py.File(path, "w", libver="latest", track_order=False) as f:
+        f.attrs["format"] = FORMAT_NAME
+        f.attrs["format_version"] = FORMAT_VERSION
+        for name in PACKED_FIELDS:
+            f.create_dataset(name, data=packs[name], track_times=False)
+
+
+# --------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PackedDataset:
+    """A packed directory: metadata.json plus its shards, checked on open."""
+
+    folder: Path
+    metadata: dict
+
+    @classmethod
+    def open(cls, folder) -> PackedDataset:
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise PackingInputError(f"packed data directory {folder} does not exist")
+        meta_path = folder / METADATA
+        if not meta_path.is_file():
+            raise PackingInputError(
+                f"{meta_path} is missing: {folder} is not a finished packed dataset (run `python -m packing pack`)"
+            )
+        try:
+            metadata = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as err:
+            raise PackingInputError(f"{meta_path}: not valid JSON ({err})") from None
+        if metadata.get("format") != FORMAT_NAME or metadata.get("format_version") != FORMAT_VERSION:
+            raise PackingInputError(
+                f"{meta_path}: format {metadata.get('format')!r} version {metadata.get('format_version')!r}, "
+                f"expected {FORMAT_NAME!r} version {FORMAT_VERSION}"
+            )
+        for key in ("S", "K", "M", "sequences", "packs", "shards"):
+            if key not in metadata:
+                raise PackingInputError(f"{meta_path}: field '{key}' is missing")
+        for shard in metadata["shards"]:
+            if not (folder / shard["name"]).is_file():
+                raise PackingInputError(f"{folder / shard['name']} is listed in {METADATA} but missing")
+        return cls(folder, metadata)
+
+    @property
+    def shards(self) -> list[dict]:
+        return self.metadata["shards"]
+
+    @property
+    def packs(self) -> int:
+        return int(self.metadata["packs"])
+
+    @property
+    def sequences(self) -> int:
+        return int(self.metadata["sequences"])
+
+    def shard_path(self, i: int) -> Path:
+        return self.folder / self.shards[i]["name"]
+
+    def read(self, shard: int, start: int, stop: int, handle=None) -> dict:
+        """Packs [start, stop) of one shard: dict of numpy arrays."""
+        import h5py
+
+        path = self.shard_path(shard)
+        try:
+            f = handle if handle is not None else h5py.File(path, "r")
+            try:
+                return {name: f[name][start:stop] for name in PACKED_FIELDS}
+            finally:
+                if handle is None:
+                    f.close()
+        except (OSError, KeyError) as err:
+            raise PackingInputError(f"{path}: packs {start}..{stop - 1} cannot be read ({err})") from None

@@ -1,0 +1,243 @@
+"""`python -m packing verify`: every input sequence is in the packs exactly once, unchanged.
+
+Both sides are reduced to one fingerprint per sequence: length, prediction count and
+NSP label compared exactly, plus two independent 64-bit position-weighted sums over the
+tokens and segments, and over the masked-LM (position, label) slots. The weights are odd,
+so any single changed token, segment, masked position or label always changes both sums;
+several changes cancel in both with probability about 2^-128. Presence is exact:
+source_index is counted, so a duplicate, a missing or an unknown sequence is always found.
+Shard files are checked against the sha256 in metadata.json as well.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from packing import pipeline
+from packing.compact import SequenceStore, compact_rows
+from packing.pipeline import PIECE_ROWS, READ_ROWS, SKIPPED, _run
+from packing.shards import PackedDataset, PackError, extract
+from packing.sources import Limits, check_source_shape, open_source, sha256_file, validate_rows
+
+_WEIGHTS = np.random.default_rng(0x9ACCED).integers(0, 2**63, size=(2, 2, 1 << 16), dtype=np.uint64) * np.uint64(
+    2
+) + np.uint64(1)  # [hash, tokens/slots, position] odd uint64 weights
+
+
+def fingerprint(store: SequenceStore) -> np.ndarray:
+    """uint64 [n, 2]: two position-weighted sums per sequence (tokens+segments, and MLM slots)."""
+    n = len(store)
+    out = np.zeros((n, 2), dtype=np.uint64)
+    if n == 0:
+        return out
+    tok_within = np.arange(store.tokens.size) - np.repeat(store.token_offsets, store.lengths)
+    tok_value = store.tokens.astype(np.uint64) * np.uint64(2) + store.segments.astype(np.uint64) + np.uint64(1)
+    mlm_within = np.arange(store.mlm_ids.size) - np.repeat(store.mlm_offsets, store.predictions)
+    mlm_value = (
+        (store.mlm_positions.astype(np.uint64) << np.uint64(32)) + store.mlm_ids.astype(np.uint64) + np.uint64(1)
+    )
+    with np.errstate(over="ignore"):
+        for h in range(2):
+            out[:, h] = _segment_sums(tok_value * _WEIGHTS[h, 0, tok_within], store.lengths) + _segment_sums(
+                mlm_value * _WEIGHTS[h, 1, mlm_within], store.predictions
+            )
+    return out
+
+
+def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Wrapping uint64 sum of each consecutive run of `counts` values."""
+    cs = np.zeros(values.size + 1, dtype=np.uint64)
+    np.cumsum(values, out=cs[1:])
+    ends = np.cumsum(np.asarray(counts, dtype=np.int64))
+    return cs[ends] - cs[ends - np.asarray(counts, dtype=np.int64)]
+
+
+@dataclass
+class Fingerprints:
+    """Per-sequence facts that verify compares."""
+
+    source: np.ndarray  # int64 [n]
+    lengths: np.ndarray
+    predictions: np.ndarray
+    nsp: np.ndarray
+    hashes: np.ndarray  # uint64 [n, 2]
+    where: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # pack row, packs side
+
+    @classmethod
+    def of(cls, store: SequenceStore, where=None) -> Fingerprints:
+        return cls(
+            store.source_index.astype(np.int64),
+            store.lengths.astype(np.int64),
+            store.predictions.astype(np.int64),
+            store.next_sentence_labels.astype(np.int64),
+            fingerprint(store),
+            np.zeros(0, dtype=np.int64) if where is None else where,
+        )
+
+
+def _input_piece(task):
+    file_index, start, stop, source_start, limits = task
+    source = pipeline._SOURCES[file_index]
+    parts, problems = [], 0
+    for a in range(start, stop, READ_ROWS):
+        b = min(stop, a + READ_ROWS)
+        rows = source.read(a, b)
+        lengths, predictions, problem = validate_rows(rows, limits, source.path, a)
+        keep = np.ones(b - a, dtype=bool)
+        keep[[r - a for r, _, _ in problem]] = False
+        problems += len(problem)
+        parts.append(Fingerprints.of(compact_rows(rows, lengths, predictions, keep, source_start + a, np.int64)))
+    return _concat(parts), problems
+
+
+def _pack_shard(task):
+    dataset, shard = task
+    import h5py
+
+    parts, error = [], None
+    path = dataset.shard_path(shard)
+    with h5py.File(path, "r") as handle:
+        packs_in_shard = handle["input_ids"].shape[0]
+        for a in range(0, packs_in_shard, 1 << 13):
+            packs = dataset.read(shard, a, min(packs_in_shard, a + (1 << 13)), handle)
+            try:
+                store = extract(packs)
+            except PackError as err:
+                error = f"{path.name}: pack {a + err.row}: {str(err).split(': ', 1)[1]}"
+                break
+            rows = np.nonzero(packs["next_sentence_weights"] != 0)[0] + a
+            parts.append(Fingerprints.of(store, rows))
+    digest = sha256_file(path)
+    return _concat(parts), error, digest
+
+
+def _concat(parts: list[Fingerprints]) -> Fingerprints:
+    if not parts:
+        return Fingerprints(*(np.zeros(0, dtype=np.int64) for _ in range(4)), np.zeros((0, 2), np.uint64))
+    return Fingerprints(
+        *(np.concatenate([getattr(p, name) for p in parts]) for name in ("source", "lengths", "predictions", "nsp")),
+        np.concatenate([p.hashes for p in parts]),
+        np.concatenate([p.where for p in parts]),
+    )
+
+
+def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool = False, out=sys.stdout) -> int:
+    """Compare inputs and packs; print counts. Returns 0 if identical, 1 on any mismatch."""
+    started = time.perf_counter()
+    dataset = PackedDataset.open(packed)
+    meta = dataset.metadata
+    limits = Limits(meta["S"], meta.get("P", 1 << 15), meta.get("vocab_size"))
+    sources = [open_source(p) for p in inputs]
+    for source in sources:
+        check_source_shape(source, limits)
+    starts = np.cumsum([0] + [s.rows for s in sources])
+    n = int(starts[-1])
+    bar = dict(disable=quiet, unit="seq", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
+    problems: list[str] = []
+
+    tasks = [
+        (f, a, min(s.rows, a + PIECE_ROWS), int(starts[f]), limits)
+        for f, s in enumerate(sources)
+        for a in range(0, s.rows, PIECE_ROWS)
+    ]
+    with tqdm(total=n, desc="verify: inputs", **bar) as progress:
+        results = _run(_input_piece, tasks, workers, sources, progress, lambda t, r: t[2] - t[1])
+    expected = _concat([r[0] for r in results])
+    invalid_inputs = sum(r[1] for r in results)
+    skipped = _skipped_sources(dataset)
+
+    tasks = [(dataset, d) for d in range(len(dataset.shards))]
+    with tqdm(total=dataset.sequences, desc="verify: packs", **bar) as progress:
+        results = _run(_pack_shard, tasks, workers, sources, progress, lambda t, r: r[0].source.size)
+    for (_, d), (_, error, digest) in zip(tasks, results):
+        if error:
+            problems.append(f"malformed pack: {error}")
+        if digest != dataset.shards[d]["sha256"]:
+            problems.append(f"{dataset.shards[d]['name']}: sha256 differs from {packed}/metadata.json")
+    found = _concat([r[0] for r in results])
+    shard_of = np.concatenate([np.full(r[0].source.size, d) for (_, d), r in zip(tasks, results)] or [[]])
+
+    # ---- presence: each expected sequence exactly once ----
+    present = np.zeros(n, dtype=bool)
+    present[expected.source] = True
+    in_range = (found.source >= 0) & (found.source < n)
+    counts = np.bincount(found.source[in_range], minlength=n)
+    duplicated = np.flatnonzero(counts > 1)
+    missing = np.flatnonzero(present & (counts == 0))  # skipped rows are not valid inputs: not expected
+    unexpected = np.flatnonzero(~present & (counts > 0))
+    unknown = int((~in_range).sum())
+
+    # ---- content: every packed copy equals its input ----
+    lookup = np.full(n, -1, dtype=np.int64)
+    lookup[expected.source] = np.arange(expected.source.size)
+    j = np.where(in_range, lookup[np.clip(found.source, 0, max(n - 1, 0))], -1)
+    ok = j >= 0
+    jj = j[ok]
+    mismatch = {
+        "length": found.lengths[ok] != expected.lengths[jj],
+        "masked-LM count": found.predictions[ok] != expected.predictions[jj],
+        "NSP label": found.nsp[ok] != expected.nsp[jj],
+        "tokens/segments/masked-LM content": (found.hashes[ok] != expected.hashes[jj]).any(axis=1),
+    }
+    changed = np.zeros(int(ok.sum()), dtype=bool)
+    for bad in mismatch.values():
+        changed |= bad
+
+    def locate(source):
+        f = int(np.searchsorted(starts, source, side="right") - 1)
+        return f"sequence {source} ({sources[f].path} row {source - int(starts[f])})"
+
+    def where_packed(i):
+        return f"{dataset.shards[int(shard_of[i])]['name']} pack {int(found.where[i])}"
+
+    for s in duplicated[:5].tolist():
+        places = ", ".join(where_packed(i) for i in np.flatnonzero(found.source == s)[:3])
+        problems.append(f"duplicated: {locate(s)} appears {counts[s]} times ({places})")
+    for s in missing[:5].tolist():
+        problems.append(f"missing: {locate(s)} is in no pack")
+    for s in unexpected[:5].tolist():
+        problems.append(f"unexpected: {locate(s)} is packed but is not a valid input sequence")
+    ok_index = np.flatnonzero(ok)
+    for what, bad in mismatch.items():
+        for i in ok_index[np.flatnonzero(bad)[:3]].tolist():
+            problems.append(f"changed {what}: {locate(int(found.source[i]))} in {where_packed(i)}")
+    if unknown:
+        problems.append(f"{unknown} packed sequences carry a source_index outside 0..{n - 1}")
+
+    seconds = time.perf_counter() - started
+    report = {
+        "input_sequences": n,
+        "invalid_input_rows": invalid_inputs,
+        "skipped_by_pack": int(len(skipped)),
+        "packed_sequences": int(found.source.size),
+        "packs": dataset.packs,
+        "shards": len(dataset.shards),
+        "exactly_once": int(((counts == 1) & present).sum()),
+        "missing": int(missing.size),
+        "duplicated": int(duplicated.size),
+        "unexpected": int(unexpected.size),
+        "changed": int(changed.sum()),
+        "unknown_source": unknown,
+        "seconds": round(seconds, 3),
+        "sequences_per_second": round(n / seconds, 1) if seconds else None,
+        "ok": not problems and int(changed.sum()) == 0,
+    }
+    print(json.dumps(report), file=out)
+    for line in problems[:50]:
+        print(f"MISMATCH {line}", file=out)
+    return 0 if report["ok"] else 1
+
+
+def _skipped_sources(dataset: PackedDataset) -> np.ndarray:
+    path = dataset.folder / SKIPPED
+    if not dataset.metadata.get("skipped_rows") or not path.is_file():
+        return np.zeros(0, dtype=np.int64)
+    return np.array([json.loads(line)["source_index"] for line in path.read_text().splitlines()], dtype=np.int64)
+
