@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packing/histograms/wikipedia_512.json
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo demo-data bench lint clean
 
 install: $(STAMP)
 
@@ -18,13 +18,29 @@ $(STAMP): requirements.txt requirements-assets.txt
 test: install
 	$(PY) -m pytest -q
 
-demo: install
-	$(PY) -m packing report --histogram $(HIST)
-	$(PY) -m packing report --histogram $(HIST) --algorithm lp --max-sequences-per-pack 3 --plot demo_packing.png
-	@echo "plot written to demo_packing.png"
+# The demo: real text -> unpacked shards -> packed (and unpacked-baseline) shards -> verified.
+DEMO ?= demo_out
+demo-data: install
+	rm -rf $(DEMO)
+	$(PY) -m data.create_pretraining_data --input "$$($(PY) -m data.assets corpus)" \
+		--vocab "$$($(PY) -m data.assets vocab)" --output $(DEMO)/unpacked \
+		--max-seq-length 512 --max-predictions-per-seq 76 --dupe-factor 1 --eval-documents 100
+	$(PY) -m packing pack --input '$(DEMO)/unpacked/part-*.h5' --output $(DEMO)/packed \
+		--algorithm lp --max-sequences-per-pack 3 --max-sequence-length 512 --max-predictions-per-seq 76 \
+		--vocab-size 30522 --seed 12345 --quiet
+	$(PY) -m packing pack --input '$(DEMO)/unpacked/part-*.h5' --output $(DEMO)/unpacked_baseline \
+		--algorithm none --max-sequences-per-pack 1 --vocab-size 30522 --quiet
+	$(PY) -m packing pack --input '$(DEMO)/unpacked/eval/part-*.h5' --output $(DEMO)/eval \
+		--algorithm lp --max-sequences-per-pack 3 --vocab-size 30522 --quiet
+	$(PY) -m packing verify --input '$(DEMO)/unpacked/part-*.h5' --packed $(DEMO)/packed --quiet
+	$(PY) -m packing verify --input '$(DEMO)/unpacked/part-*.h5' --packed $(DEMO)/unpacked_baseline --quiet
+	$(PY) -m packing describe --packed $(DEMO)/unpacked_baseline $(DEMO)/packed --plot $(DEMO)/packing.png
+
+demo: demo-data
 
 bench: install
 	$(PY) bench/bench_packing.py
+	$(PY) bench/bench_pipeline.py --sizes 1000000 4000000 --workers 2
 	$(PY) bench/bench_lamb.py
 	$(PY) bench/bench_model.py --preset bert-base --rows 2 --steps 3
 

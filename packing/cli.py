@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from packing.algorithms import ALGORITHMS, pack
 from packing.errors import PackingInputError
 from packing.histogram import Histogram
@@ -20,7 +22,8 @@ from packing.plan import parse_max_sequences_per_pack
 from packing.sources import expand_inputs
 from packing.unpack import run_unpack
 from packing.verify import run_verify
-from packing.report import describe_plan, plot_plan, report_table
+from packing.report import datasets_table, describe_plan, plot_plan, report_table
+from packing.shards import PackedDataset
 
 
 def _add_report(sub) -> None:
@@ -142,7 +145,26 @@ def cmd_unpack(args) -> int:
     return 0
 
 
+def _add_describe(sub) -> None:
+    p = sub.add_parser("describe", help="before/after table of packed datasets (from metadata.json)")
+    p.add_argument("--packed", nargs="+", required=True, metavar="DIR")
+    p.add_argument("--plot", metavar="FILE.png", help="length and pack-fill histograms of the first dataset")
+
+
+def cmd_describe(args) -> int:
+    datasets = {d: PackedDataset.open(d).metadata for d in args.packed}
+    print(datasets_table(datasets))
+    if args.plot:
+        meta = next(iter(datasets.values()))
+        histogram = Histogram(np.asarray(meta["length_histogram"], dtype=np.int64))
+        k = parse_max_sequences_per_pack(meta["max_sequences_per_pack"])
+        plot_plan(histogram, pack(histogram, meta["algorithm"], k), args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
 COMMANDS = {
+    "describe": (_add_describe, cmd_describe),
     "report": (_add_report, cmd_report),
     "pack": (_add_pack, cmd_pack),
     "verify": (_add_verify, cmd_verify),

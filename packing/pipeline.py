@@ -356,6 +356,7 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
         "skipped_rows_report": SKIPPED if summary1["skipped"] else None,
         "plan_seconds": plan.seconds,
         "seconds": seconds,
+        "length_histogram": histogram.counts.tolist(),
         "inputs": summary1["inputs"],
         "shards": shard_records,
         "job": fingerprint,

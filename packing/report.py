@@ -72,3 +72,18 @@ def plot_plan(histogram: Histogram, plan: PackingPlan, path) -> None:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
+
+
+def datasets_table(metadatas: dict) -> str:
+    """Before/after table of packed datasets: {label: metadata.json dict} -> markdown."""
+    lines = [
+        "| dataset | algorithm | K | sequences | packs | padding fraction | packing factor | efficiency |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, meta in metadatas.items():
+        padding = 1.0 - meta["real_tokens"] / (meta["packs"] * meta["S"])
+        lines.append(
+            f"| {label} | {meta['algorithm']} | {meta['K']} | {meta['sequences']:,} | {meta['packs']:,} | "
+            f"{padding:.4f} | {meta['packing_factor']:.4f} | {meta['efficiency']:.4f} |"
+        )
+    return "\n".join(lines)

@@ -128,9 +128,10 @@ def _concat(parts: list[Fingerprints]) -> Fingerprints:
     )
 
 
-def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool = False, out=sys.stdout) -> int:
+def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool = False, out=None) -> int:
     """Compare inputs and packs; print counts. Returns 0 if identical, 1 on any mismatch."""
     started = time.perf_counter()
+    out = out or sys.stdout
     dataset = PackedDataset.open(packed)
     meta = dataset.metadata
     limits = Limits(meta["S"], meta.get("P", 1 << 15), meta.get("vocab_size"))
