@@ -85,23 +85,41 @@ class SequenceStore:
         return cls(**{f.name: np.concatenate([getattr(s, f.name) for s in stores]) for f in fields(cls)})
 
 
-def compact_rows(rows: dict, lengths, predictions, keep, source_start: int, token_dtype) -> SequenceStore:
-    """Unpacked rows (DESIGN.md section 2) -> a store of the rows where keep is True."""
-    keep = np.asarray(keep, dtype=bool)
-    ids, segments = rows["input_ids"][keep], rows["segment_ids"][keep]
-    lengths, predictions = lengths[keep], predictions[keep]
-    real = np.arange(ids.shape[1])[None, :] < lengths[:, None]
+def compact_rows(rows: dict, lengths, predictions, source_index, token_dtype) -> SequenceStore:
+    """Unpacked rows (DESIGN.md section 2, padded [n, S] / [n, P]) -> a store of all n rows."""
+    lengths = np.asarray(lengths)
+    predictions = np.asarray(predictions)
+    real = np.arange(rows["input_ids"].shape[1])[None, :] < lengths[:, None]
     used = np.arange(rows["masked_lm_positions"].shape[1])[None, :] < predictions[:, None]
     return SequenceStore(
-        tokens=ids[real].astype(token_dtype),
-        segments=segments[real].astype(np.uint8),
+        tokens=rows["input_ids"][real].astype(token_dtype, copy=False),
+        segments=rows["segment_ids"][real].astype(np.uint8, copy=False),
         lengths=lengths.astype(np.uint16),
-        mlm_positions=rows["masked_lm_positions"][keep][used].astype(np.uint16),
-        mlm_ids=rows["masked_lm_ids"][keep][used].astype(token_dtype),
+        mlm_positions=rows["masked_lm_positions"][used].astype(np.uint16, copy=False),
+        mlm_ids=rows["masked_lm_ids"][used].astype(token_dtype, copy=False),
         predictions=predictions.astype(np.uint16),
-        next_sentence_labels=rows["next_sentence_labels"][keep].astype(np.uint8),
-        source_index=source_start + np.flatnonzero(keep).astype(np.int64),
+        next_sentence_labels=np.asarray(rows["next_sentence_labels"]).astype(np.uint8),
+        source_index=np.asarray(source_index, dtype=np.int64),
     )
+
+
+def select_rows(rows: dict, index) -> dict:
+    """The rows at `index` (a boolean mask or integer array) of every field."""
+    return {name: values[index] for name, values in rows.items()}
+
+
+NARROW = {
+    "segment_ids": np.uint8,
+    "input_mask": np.uint8,
+    "masked_lm_positions": np.uint16,
+    "next_sentence_labels": np.uint8,
+}
+
+
+def narrow_rows(rows: dict, token_dtype) -> dict:
+    """Validated rows cast to the packed format's small dtypes (less memory to move)."""
+    dtypes = dict(NARROW, input_ids=token_dtype, masked_lm_ids=token_dtype)
+    return {name: values.astype(dtypes[name], copy=False) for name, values in rows.items()}
 
 
 def _starts(counts: np.ndarray) -> np.ndarray:

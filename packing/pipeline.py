@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from packing.algorithms import pack
 from packing.assign import assign_sequences
-from packing.compact import SequenceStore, compact_rows
+from packing.compact import SequenceStore, compact_rows, narrow_rows, select_rows
 from packing.errors import PackingInputError
 from packing.format import FORMAT_NAME, FORMAT_VERSION, PACKED_FIELDS, field_dtypes
 from packing.histogram import Histogram
@@ -39,7 +39,7 @@ from packing.plan import MaxPerPack
 from packing.shards import METADATA, assemble, shard_name
 from packing.sources import Limits, check_source_shape, describe_problem, file_record, open_source, validate_rows
 
-PIECE_ROWS = 1 << 17  # rows of one input file handled by one task
+PIECE_ROWS = 1 << 16  # rows of one input file handled by one task
 READ_ROWS = 1 << 13  # rows read and validated at once inside a task
 BLOCK_PACKS = 1 << 13  # packs assembled at once inside a shard task
 WORK = ".work"
@@ -104,26 +104,24 @@ def _compact_piece(task):
     lengths = np.load(Path(work) / "lengths.npy", mmap_mode="r")
     predictions = np.load(Path(work) / "predictions.npy", mmap_mode="r")
     source = _SOURCES[file_index]
-    parts = []
-    for a in range(start, stop, READ_ROWS):
-        b = min(stop, a + READ_ROWS)
-        g = slice(source_start + a, source_start + b)
-        keep = np.asarray(lengths[g]) > 0
-        parts.append(
-            compact_rows(
-                source.read(a, b),
-                np.asarray(lengths[g]),
-                np.asarray(predictions[g]),
-                keep,
-                source_start + a,
-                token_dtype,
-            )
-        )
-    store = SequenceStore.concat(parts)
-    target = np.asarray(dest[store.source_index])
-    order = np.argsort(target, kind="stable")
-    store = store.take(order)
-    shard_offsets = np.searchsorted(target[order], np.arange(shards + 1))
+    g = slice(source_start + start, source_start + stop)
+    keep = np.flatnonzero(np.asarray(lengths[g]) > 0)
+    # Reorder whole padded rows (cheap row copies), then drop the padding: grouping
+    # compact tokens instead would need an int64 index per token.
+    chunks = [narrow_rows(source.read(a, min(stop, a + READ_ROWS)), token_dtype) for a in range(start, stop, READ_ROWS)]
+    rows = {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
+    del chunks
+    target = np.asarray(dest[g])[keep]
+    order = keep[np.argsort(target, kind="stable")]
+    store = compact_rows(
+        select_rows(rows, order),
+        np.asarray(lengths[g])[order],
+        np.asarray(predictions[g])[order],
+        source_start + start + order,
+        token_dtype,
+    )
+    del rows
+    shard_offsets = np.searchsorted(np.sort(target), np.arange(shards + 1))
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     store.save(tmp)

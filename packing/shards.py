@@ -95,8 +95,10 @@ def extract(packs: dict) -> SequenceStore:
     k = packs["next_sentence_weights"].shape[1]
     present = packs["next_sentence_weights"] != 0
     rows, slots = np.nonzero(present)
-    counts = np.zeros((p, k + 1), dtype=np.int64)
-    np.add.at(counts, (np.repeat(np.arange(p), s), seq_ids.reshape(-1)), 1)
+    if seq_ids.size and seq_ids.max() > k:
+        raise PackError(int(np.nonzero(seq_ids > k)[0][0]), f"a sequence id exceeds K={k}")
+    key = (np.arange(p)[:, None] * (k + 1) + seq_ids).reshape(-1)
+    counts = np.bincount(key, minlength=p * (k + 1)).reshape(p, k + 1)
     lengths = counts[rows, slots + 1]
     starts = packs["next_sentence_positions"][rows, slots].astype(np.int64)
     idx = _ranges(rows * s + starts, lengths)
@@ -123,8 +125,7 @@ def extract(packs: dict) -> SequenceStore:
     seq_len = counts[mrows, mseq + 1]
     if ((rel < 0) | (rel >= seq_len)).any():
         raise PackError(int(mrows[(rel < 0) | (rel >= seq_len)][0]), f"a masked position lies outside its sequence")
-    predictions = np.zeros((p, k), dtype=np.int64)
-    np.add.at(predictions, (mrows, mseq), 1)
+    predictions = np.bincount(mrows * k + mseq, minlength=p * k).reshape(p, k)
     return SequenceStore(
         tokens=packs["input_ids"].reshape(-1)[idx],
         segments=packs["segment_ids"].reshape(-1)[idx],

@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from packing import pipeline
-from packing.compact import SequenceStore, compact_rows
+from packing.compact import SequenceStore, compact_rows, select_rows
 from packing.pipeline import PIECE_ROWS, READ_ROWS, SKIPPED, _run
 from packing.shards import PackedDataset, PackError, extract
 from packing.sources import Limits, check_source_shape, open_source, sha256_file, validate_rows
@@ -93,7 +93,10 @@ def _input_piece(task):
         keep = np.ones(b - a, dtype=bool)
         keep[[r - a for r, _, _ in problem]] = False
         problems += len(problem)
-        parts.append(Fingerprints.of(compact_rows(rows, lengths, predictions, keep, source_start + a, np.int64)))
+        store = compact_rows(
+            select_rows(rows, keep), lengths[keep], predictions[keep], source_start + a + np.flatnonzero(keep), np.int64
+        )
+        parts.append(Fingerprints.of(store))
     return _concat(parts), problems
 
 
