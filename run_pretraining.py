@@ -1,0 +1,45 @@
+"""BERT phase-2 pretraining with packed sequences, driven by a YAML config.
+
+    python run_pretraining.py --config configs/demo.yaml [--set section.key=value ...]
+                              [--output-dir DIR] [--resume]
+    torchrun --nproc-per-node N run_pretraining.py --config ...      (DDP replicas)
+
+Exit codes: 0 done, 2 bad config / data / checkpoint / output folder (nothing computed),
+143 stopped by SIGTERM after writing a checkpoint (rerun with --resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="YAML run configuration (see configs/README.md)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a key")
+    parser.add_argument("--output-dir", help="run folder (default: runs/<config name>)")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    from training.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config, args.set)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    output = Path(args.output_dir or Path("runs") / Path(args.config).stem)
+    from training.backends import run
+
+    return run(config, output, args.resume)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

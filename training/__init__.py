@@ -1,0 +1,1 @@
+"""Training: config schema, data loading, the step, evaluation, checkpoints, logging, backends."""

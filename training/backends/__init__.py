@@ -1,0 +1,23 @@
+"""Backends: `torch` (CPU, CUDA, torchrun DDP) and `ipu` (PopTorch, imported only when selected)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from training.build import RunError
+
+
+def run(config: dict, output: Path, resume: bool) -> int:
+    """Dispatch on execution.device; user-input errors become exit code 2 with one line."""
+    try:
+        if config["execution"]["device"] in ("ipu", "ipu-model"):
+            from training.backends.ipu import run_ipu
+
+            return run_ipu(config, output, resume)
+        from training.loop import run_training
+
+        return run_training(config, output, resume)
+    except RunError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

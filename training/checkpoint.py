@@ -1,0 +1,119 @@
+"""Checkpoints: atomic folders that resume a run exactly.
+
+OUTPUT/checkpoints/step-00000123/
+    model/               Hugging Face BertForPreTraining folder (config.json, model.safetensors)
+    training_state.pt    optimizer, step, samples, loader position, metric totals, RNG states
+    manifest.json        sha256 and size of every file above; written last
+
+A checkpoint is written into a temporary folder and renamed into place, so a crash leaves
+either the previous checkpoints or a complete new one. On resume, the newest checkpoint
+whose manifest matches its files is used; a corrupt or partial one is reported and skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+PREFIX = "step-"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def rng_state() -> dict:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def save_checkpoint(folder: Path, step: int, model, training_state: dict, keep: int) -> Path:
+    """Write OUTPUT/checkpoints/step-N atomically; drop all but the newest `keep`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{PREFIX}{step:08d}"
+    tmp = folder / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(tmp / "model")
+    torch.save(training_state, tmp / "training_state.pt")
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    manifest = {
+        "step": step,
+        "files": {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
+    }
+    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    for old in list_checkpoints(folder)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+
+
+def check_checkpoint(path: Path) -> None:
+    """Raise CheckpointError unless every file listed in the manifest is present and intact."""
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{path}: no manifest.json (partial checkpoint)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{manifest_path}: unreadable ({err})") from None
+    for name, record in manifest["files"].items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{path}: {name} is missing")
+        if file.stat().st_size != record["bytes"] or _sha256(file) != record["sha256"]:
+            raise CheckpointError(f"{path}: {name} does not match its sha256 in manifest.json (corrupt)")
+
+
+def latest_valid_checkpoint(folder: Path) -> Path | None:
+    """The newest intact checkpoint; corrupt ones are reported and skipped."""
+    for path in reversed(list_checkpoints(folder)):
+        try:
+            check_checkpoint(path)
+            return path
+        except CheckpointError as err:
+            log.error("refusing checkpoint: %s; trying the previous one", err)
+    return None
+
+
+def load_training_state(path: Path) -> dict:
+    return torch.load(path / "training_state.pt", map_location="cpu", weights_only=False)

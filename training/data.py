@@ -1,0 +1,144 @@
+"""Packed shards -> micro-batches of tensors, in a resumable, replica-disjoint order.
+
+The order of packs is a pure function of (seed, epoch): a permutation of all packs of
+all shards. Micro-batch i of the epoch holds packs order[i*B:(i+1)*B]; replica r of W
+takes micro-batches r, r+W, r+2W, ... so replicas never share a pack. A position is
+(epoch, micro-batches consumed by the whole job in that epoch): resuming from it replays
+nothing and skips nothing. The last incomplete round of W micro-batches of an epoch is
+dropped (static shapes and equal work on every replica); the count is logged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from packing.format import PACKED_FIELDS
+from packing.shards import PackedDataset
+
+
+class PackedShards(Dataset):
+    """Map-style dataset: item = list of global pack indices -> dict of [B, ...] tensors.
+
+    h5py files are opened lazily in each DataLoader worker (h5py handles do not fork)."""
+
+    def __init__(self, dataset: PackedDataset):
+        self.dataset = dataset
+        rows = [int(s["packs"]) for s in dataset.shards]
+        self.starts = np.cumsum([0] + rows)
+        self._handles: dict[int, object] = {}
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _handle(self, shard: int):
+        import h5py
+
+        if shard not in self._handles:
+            self._handles[shard] = h5py.File(self.dataset.shard_path(shard), "r")
+        return self._handles[shard]
+
+    def __getitem__(self, packs) -> dict:
+        packs = np.asarray(packs, dtype=np.int64)
+        shard_of = np.searchsorted(self.starts, packs, side="right") - 1
+        out = {name: [None] * packs.size for name in PACKED_FIELDS}
+        for shard in np.unique(shard_of).tolist():
+            where = np.flatnonzero(shard_of == shard)
+            local = packs[where] - self.starts[shard]
+            order = np.argsort(local)
+            handle = self._handle(shard)
+            for name in PACKED_FIELDS:
+                values = handle[name][local[order].tolist()]  # h5py wants increasing indices
+                for i, row in zip(where[order], values):
+                    out[name][i] = row
+        # int32/int64 tensors: uint16 has no torch arithmetic on every device
+        return {
+            name: torch.from_numpy(np.stack(rows).astype(np.int64 if name == "source_index" else np.int32))
+            for name, rows in out.items()
+        }
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_handles"] = {}
+        return state
+
+
+@dataclass
+class LoaderPosition:
+    epoch: int = 0
+    micro_batches: int = 0  # consumed in this epoch by all replicas together
+
+    def as_dict(self) -> dict:
+        return {"epoch": self.epoch, "micro_batches": self.micro_batches}
+
+
+def epoch_order(packs: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(packs)
+
+
+def micro_batches_per_epoch(packs: int, micro_batch: int, world: int) -> int:
+    """Whole rounds of `world` micro-batches that fit in one epoch."""
+    return (packs // micro_batch) // world * world
+
+
+class ReplicaSampler(Sampler):
+    """Yields this replica's micro-batches (lists of pack indices) from a position, forever."""
+
+    def __init__(self, packs, micro_batch, seed, rank, world, position: LoaderPosition):
+        self.packs, self.micro_batch, self.seed = packs, micro_batch, seed
+        self.rank, self.world = rank, world
+        self.start = LoaderPosition(position.epoch, position.micro_batches)
+        self.per_epoch = micro_batches_per_epoch(packs, micro_batch, world)
+        if self.per_epoch == 0:
+            raise ValueError(
+                f"the data has {packs} packs: fewer than micro_batch_packs x replicas = {micro_batch * world}"
+            )
+
+    def __iter__(self):
+        epoch, done = self.start.epoch, self.start.micro_batches
+        while True:
+            order = epoch_order(self.packs, self.seed, epoch)
+            for i in range(done + self.rank, self.per_epoch, self.world):
+                yield order[i * self.micro_batch : (i + 1) * self.micro_batch].tolist()
+            epoch, done = epoch + 1, 0
+
+
+def advance(position: LoaderPosition, micro_batches: int, per_epoch: int) -> LoaderPosition:
+    """The position after the job consumed `micro_batches` more (all replicas together)."""
+    total = position.micro_batches + micro_batches
+    return LoaderPosition(position.epoch + total // per_epoch, total % per_epoch)
+
+
+def make_loader(shards: PackedShards, sampler: ReplicaSampler, workers: int) -> DataLoader:
+    return DataLoader(
+        shards,
+        sampler=sampler,
+        batch_size=None,  # the sampler yields whole micro-batches
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None,
+        pin_memory=torch.cuda.is_available(),
+    )
+
+
+def eval_batches(dataset: PackedDataset, micro_batch: int, max_sequences: int, rank: int, world: int):
+    """The first packs (file order) holding at most max_sequences sequences, split over replicas.
+
+    Deterministic and identical for every evaluation; replica r takes micro-batches r, r+W, ...
+    Returns (list of pack-index lists for this replica, sequences covered by all replicas)."""
+    shards = PackedShards(dataset)
+    counts = []
+    for s in range(len(dataset.shards)):
+        import h5py
+
+        with h5py.File(dataset.shard_path(s), "r") as f:
+            counts.append(f["next_sentence_weights"][:].sum(axis=1))
+    per_pack = np.concatenate(counts)
+    cumulative = np.cumsum(per_pack)
+    packs = int(np.searchsorted(cumulative, max_sequences, side="right"))
+    packs = max(packs, 1)
+    batches = [list(range(a, min(packs, a + micro_batch))) for a in range(0, packs, micro_batch)]
+    return shards, batches[rank::world], int(cumulative[packs - 1])

@@ -1,0 +1,100 @@
+"""What a run reports: exact metric sums, a JSON-lines file, TensorBoard, MLPerf log lines.
+
+Only rank 0 writes. Metrics are carried as sums and counts (DESIGN.md section 4) and
+all-reduced before they are divided, so accumulation and replicas never average means.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+SUM_KEYS = ("mlm_loss_sum", "mlm_count", "mlm_correct", "nsp_loss_sum", "nsp_count", "nsp_correct", "tokens")
+
+
+class MetricSums:
+    """Running float64 sums of SUM_KEYS (on CPU; exact for counts below 2^53)."""
+
+    def __init__(self):
+        self.values = dict.fromkeys(SUM_KEYS, 0.0)
+
+    def add(self, out: dict, tokens) -> None:
+        for key in SUM_KEYS[:-1]:
+            self.values[key] += float(out[key].detach().double().item())
+        self.values["tokens"] += float(tokens)
+
+    def all_reduce(self) -> dict:
+        totals = torch.tensor([self.values[k] for k in SUM_KEYS], dtype=torch.float64)
+        if dist.is_available() and dist.is_initialized():
+            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            totals = totals.to(device)
+            dist.all_reduce(totals)
+        return dict(zip(SUM_KEYS, totals.cpu().tolist()))
+
+
+def summarize(totals: dict) -> dict:
+    """Sums -> the reported figures: losses per token / per sequence, accuracies."""
+    mlm, nsp = max(totals["mlm_count"], 1), max(totals["nsp_count"], 1)
+    return {
+        "loss": totals["mlm_loss_sum"] / mlm + totals["nsp_loss_sum"] / nsp,
+        "mlm_loss": totals["mlm_loss_sum"] / mlm,
+        "nsp_loss": totals["nsp_loss_sum"] / nsp,
+        "mlm_accuracy": totals["mlm_correct"] / mlm,
+        "nsp_accuracy": totals["nsp_correct"] / nsp,
+        "sequences": int(totals["nsp_count"]),
+        "masked_tokens": int(totals["mlm_count"]),
+    }
+
+
+class Reporter:
+    """metrics.jsonl + TensorBoard + MLPerf log on rank 0; silent elsewhere."""
+
+    def __init__(self, output: Path, config: dict, rank: int):
+        self.enabled = rank == 0
+        self.output = output
+        self.tb = None
+        self.mllogger = None
+        if not self.enabled:
+            return
+        self.metrics = open(output / "metrics.jsonl", "a", buffering=1)
+        if config["logging"]["tensorboard"]:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(output / "tensorboard"))
+        if config["logging"]["mlperf"]:
+            from mlperf_logging import mllog
+
+            mllog.config(filename=str(output / "mlperf.log"))
+            self.mllog = mllog
+            self.mllogger = mllog.get_mllogger()
+            logging.getLogger("mllog").propagate = False
+
+    def mlperf(self, key: str, value=None, metadata=None, end: bool = False) -> None:
+        if self.mllogger is None:
+            return
+        constant = getattr(self.mllog.constants, key)
+        if end:
+            self.mllogger.end(key=constant, value=value, metadata=metadata)
+        elif key.endswith("_START"):
+            self.mllogger.start(key=constant, value=value, metadata=metadata)
+        else:
+            self.mllogger.event(key=constant, value=value, metadata=metadata)
+
+    def log(self, record: dict, prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        self.metrics.write(json.dumps({"kind": prefix, **record}) + "\n")
+        if self.tb is not None:
+            for key, value in record.items():
+                if isinstance(value, int | float) and key not in ("step", "samples"):
+                    self.tb.add_scalar(f"{prefix}/{key}", value, record.get("samples", 0))
+
+    def close(self) -> None:
+        if self.enabled:
+            self.metrics.close()
+            if self.tb is not None:
+                self.tb.close()
