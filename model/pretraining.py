@@ -160,7 +160,10 @@ class PackedBertForPreTraining(nn.Module):
         missing or unexpected keys (safetensors). Atomic: temporary folder, then rename."""
         folder = Path(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
-        reference = BertForPreTraining(self.config)
+        # Building the reference model runs its random init: keep that off the global RNG so
+        # that saving a checkpoint never changes the run (dropout masks after it).
+        with torch.random.fork_rng(devices=[]):
+            reference = BertForPreTraining(self.config)
         reference.load_state_dict(self.state_dict(), strict=False)
         reference.tie_weights()
         tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))

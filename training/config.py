@@ -119,6 +119,30 @@ def _closest(name: str, options) -> str:
     return f"; did you mean '{match[0]}'?" if match else f"; valid: {', '.join(sorted(options))}"
 
 
+# Names users bring from other trainers -> ours.
+ALIASES = {
+    "learning_rate": "lr",
+    "batch_size": "micro_batch_packs",
+    "micro_batch_size": "micro_batch_packs",
+    "num_workers": "loader_workers",
+    "grad_accum": "gradient_accumulation",
+    "gradient_accumulation_steps": "gradient_accumulation",
+    "steps": "max_steps",
+    "train_steps": "max_steps",
+}
+
+
+def _suggest(section: str, name: str) -> str:
+    """'; did you mean ...' for an unknown key: an alias, a near spelling in the section, or anywhere."""
+    keys = SCHEMA[section]
+    if ALIASES.get(name) in keys:
+        return f"; did you mean '{section}.{ALIASES[name]}'?"
+    match = difflib.get_close_matches(name, list(keys), n=1, cutoff=0.6)
+    if match:
+        return f"; did you mean '{section}.{match[0]}'?"
+    return _closest(f"{section}.{name}", _all_keys())
+
+
 def _all_keys() -> list[str]:
     return [f"{s}.{k}" for s, keys in SCHEMA.items() for k in keys]
 
@@ -175,10 +199,7 @@ def validate(raw: dict, source: str = "config") -> dict:
             raise ConfigError(f"{source}: section '{section}' must be a mapping")
         for name, value in values.items():
             if name not in SCHEMA[section]:
-                raise ConfigError(
-                    f"{source}: unknown key '{section}.{name}'"
-                    + _closest(f"{section}.{name}", _all_keys())
-                )
+                raise ConfigError(f"{source}: unknown key '{section}.{name}'" + _suggest(section, name))
             resolved[section][name] = _check_value(f"{section}.{name}", SCHEMA[section][name], value)
     if resolved["data"]["train_dir"] is None:
         raise ConfigError(f"{source}: data.train_dir must be set (a packed dataset folder)")
@@ -197,8 +218,10 @@ def apply_overrides(raw: dict, assignments: list[str]) -> dict:
         if path.count(".") != 1:
             raise ConfigError(f"--set {item!r}: expected section.key=value{_closest(path, _all_keys())}")
         section, name = path.split(".")
-        if section not in SCHEMA or name not in SCHEMA[section]:
-            raise ConfigError(f"--set: unknown key '{path}'{_closest(path, _all_keys())}")
+        if section not in SCHEMA:
+            raise ConfigError(f"--set: unknown section in '{path}'{_closest(path, _all_keys())}")
+        if name not in SCHEMA[section]:
+            raise ConfigError(f"--set: unknown key '{path}'{_suggest(section, name)}")
         raw.setdefault(section, {})
         if raw[section] is None:
             raw[section] = {}

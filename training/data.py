@@ -121,6 +121,9 @@ def make_loader(shards: PackedShards, sampler: ReplicaSampler, workers: int) -> 
         persistent_workers=workers > 0,
         prefetch_factor=4 if workers > 0 else None,
         pin_memory=torch.cuda.is_available(),
+        # Its own generator: creating the iterator must not draw from the global RNG, or a
+        # resumed run's dropout masks would differ from the uninterrupted run's.
+        generator=torch.Generator().manual_seed(sampler.seed),
     )
 
 
