@@ -36,7 +36,17 @@ demo-data: install
 	$(PY) -m packing verify --input '$(DEMO)/unpacked/part-*.h5' --packed $(DEMO)/unpacked_baseline --quiet
 	$(PY) -m packing describe --packed $(DEMO)/unpacked_baseline $(DEMO)/packed --plot $(DEMO)/packing.png
 
+# Then train the tiny demo model on CPU for the same wall-clock budget, packed and unpacked.
+DEMO_SECONDS ?= 60
 demo: demo-data
+	rm -rf runs/demo_packed runs/demo_unpacked
+	$(PY) run_pretraining.py --config configs/demo.yaml --output-dir runs/demo_packed \
+		--set training.max_seconds=$(DEMO_SECONDS) --set logging.progress=false
+	$(PY) run_pretraining.py --config configs/demo.yaml --output-dir runs/demo_unpacked \
+		--set training.max_seconds=$(DEMO_SECONDS) --set logging.progress=false \
+		--set data.train_dir=$(DEMO)/unpacked_baseline --set data.micro_batch_packs=14 \
+		--set optim.packing_adjustment=none --set optim.gradient_accumulation=1
+	$(PY) -m training.summary --packed runs/demo_packed --unpacked runs/demo_unpacked
 
 bench: install
 	$(PY) bench/bench_packing.py

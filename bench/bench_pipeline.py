@@ -4,7 +4,7 @@
 
 Generates unpacked shards (S=512, P=76, lengths drawn from the published Wikipedia-512
 histogram, 2^18 rows per file), then runs `python -m packing pack` and `verify` as a
-user would, sampling the summed RSS of the command and its worker processes every 50 ms.
+user would, sampling the summed PSS of the command and its worker processes every 100 ms.
 Prints a markdown table. Needs about 2.4 KB of disk per sequence for the inputs.
 """
 
@@ -28,18 +28,22 @@ from data.synthetic import write_synthetic_shards  # noqa: E402
 
 
 def run_measured(cmd: list[str]) -> tuple[float, float, str]:
-    """(seconds, peak summed RSS in GiB, stdout) of a command and its children."""
+    """(seconds, peak memory in GiB, stdout) of a command and its worker processes.
+
+    Memory is the summed PSS (proportional set size): forked workers share the parent's
+    pages copy-on-write, and summing plain RSS would count those pages once per process."""
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     parent = psutil.Process(proc.pid)
     peak = 0
     while proc.poll() is None:
         try:
-            rss = parent.memory_info().rss + sum(c.memory_info().rss for c in parent.children(recursive=True))
+            procs = [parent, *parent.children(recursive=True)]
+            rss = sum(p.memory_full_info().pss for p in procs)
             peak = max(peak, rss)
         except psutil.Error:
             pass
-        time.sleep(0.05)
+        time.sleep(0.1)
     out = proc.stdout.read()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
@@ -80,7 +84,7 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
     print(f"\n{args.algorithm}, K=3, S=512, {args.workers} workers\n")
-    print("| sequences | input GB | packing factor | pack s | pack seq/s | pack peak RSS GiB | verify s | verify seq/s | verify peak RSS GiB |")
+    print("| sequences | input GB | packing factor | pack s | pack seq/s | pack peak PSS GiB | verify s | verify seq/s | verify peak PSS GiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n, gb, pf, ps, prate, pgib, vs, vrate, vgib, _ in rows:
         print(f"| {n:,} | {gb:.2f} | {pf:.3f} | {ps:.1f} | {prate:,.0f} | {pgib:.2f} | {vs:.1f} | {vrate:,.0f} | {vgib:.2f} |")

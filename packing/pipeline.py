@@ -299,6 +299,7 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
         present = table >= 0
         dest[table[present]] = (np.nonzero(present)[0] // job.shard_size).astype(np.int32)
         _save_npy(work / "dest_shard.npy", dest)
+        del dest, present
     table = np.load(table_path, mmap_mode="r")
     packs = table.shape[0]
     per_pack = np.where(table >= 0, predictions[np.maximum(table, 0)], 0).sum(axis=1)
@@ -309,6 +310,7 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
             f"--max-predictions-per-pack {m} is too small: a pack of this plan holds {needed} masked tokens"
         )
     shards = -(-packs // job.shard_size)
+    del per_pack, table  # the workers read the assignment from disk
 
     # ---- pass 2a: compact + group by shard ----
     (work / "pieces").mkdir(exist_ok=True)
