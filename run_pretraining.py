@@ -19,7 +19,9 @@ from pathlib import Path
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="YAML run configuration (see configs/README.md)")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a key")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a key"
+    )
     parser.add_argument("--output-dir", help="run folder (default: runs/<config name>)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
     return parser.parse_args(argv)

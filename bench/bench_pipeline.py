@@ -68,26 +68,70 @@ def main() -> None:
         generate = time.perf_counter() - t0
         py = sys.executable
         pack_s, pack_gib, pack_out = run_measured(
-            [py, "-m", "packing", "pack", "--input", f"{folder}/in/*.h5", "--output", f"{folder}/packed",
-             "--algorithm", args.algorithm, "--max-sequences-per-pack", "3", "--workers", str(args.workers),
-             "--vocab-size", "30522", "--quiet"]
+            [
+                py,
+                "-m",
+                "packing",
+                "pack",
+                "--input",
+                f"{folder}/in/*.h5",
+                "--output",
+                f"{folder}/packed",
+                "--algorithm",
+                args.algorithm,
+                "--max-sequences-per-pack",
+                "3",
+                "--workers",
+                str(args.workers),
+                "--vocab-size",
+                "30522",
+                "--quiet",
+            ]
         )
         verify_s, verify_gib, verify_out = run_measured(
-            [py, "-m", "packing", "verify", "--input", f"{folder}/in/*.h5", "--packed", f"{folder}/packed",
-             "--workers", str(args.workers), "--quiet"]
+            [
+                py,
+                "-m",
+                "packing",
+                "verify",
+                "--input",
+                f"{folder}/in/*.h5",
+                "--packed",
+                f"{folder}/packed",
+                "--workers",
+                str(args.workers),
+                "--quiet",
+            ]
         )
         summary = json.loads(pack_out.splitlines()[-1])
         report = json.loads(verify_out.splitlines()[0])
         assert report["ok"], verify_out
         input_gb = sum(p.stat().st_size for p in (folder / "in").glob("*.h5")) / 1e9
-        rows.append((n, input_gb, summary["packing_factor"], pack_s, n / pack_s, pack_gib, verify_s, n / verify_s, verify_gib, generate))
+        rows.append(
+            (
+                n,
+                input_gb,
+                summary["packing_factor"],
+                pack_s,
+                n / pack_s,
+                pack_gib,
+                verify_s,
+                n / verify_s,
+                verify_gib,
+                generate,
+            )
+        )
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
     print(f"\n{args.algorithm}, K=3, S=512, {args.workers} workers\n")
-    print("| sequences | input GB | packing factor | pack s | pack seq/s | pack peak PSS GiB | verify s | verify seq/s | verify peak PSS GiB |")
+    print(
+        "| sequences | input GB | packing factor | pack s | pack seq/s | pack peak PSS GiB | verify s | verify seq/s | verify peak PSS GiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for n, gb, pf, ps, prate, pgib, vs, vrate, vgib, _ in rows:
-        print(f"| {n:,} | {gb:.2f} | {pf:.3f} | {ps:.1f} | {prate:,.0f} | {pgib:.2f} | {vs:.1f} | {vrate:,.0f} | {vgib:.2f} |")
+        print(
+            f"| {n:,} | {gb:.2f} | {pf:.3f} | {ps:.1f} | {prate:,.0f} | {pgib:.2f} | {vs:.1f} | {vrate:,.0f} | {vgib:.2f} |"
+        )
 
 
 if __name__ == "__main__":

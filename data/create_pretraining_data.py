@@ -73,7 +73,9 @@ def load_tokenizer(vocab_file: Path):
         vocab.setdefault(line.strip(), i)
     for token in ("[CLS]", "[SEP]", "[MASK]", "[UNK]"):
         if token not in vocab:
-            raise DataInputError(f"--vocab {vocab_file}: the token {token} is missing (not a BERT vocabulary)")
+            raise DataInputError(
+                f"--vocab {vocab_file}: the token {token} is missing (not a BERT vocabulary)"
+            )
     # vocab= (a dict), not vocab_file=: see the README's note on transformers/tokenizers traps.
     return BertWordPieceTokenizer(vocab=vocab, lowercase=True), vocab
 
@@ -205,8 +207,12 @@ def write_shards(instances, folder: Path, s: int, p: int, rows_per_shard: int, v
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m data.create_pretraining_data", description=__doc__.splitlines()[0])
-    p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="text files or globs, one document each")
+    p = argparse.ArgumentParser(
+        prog="python -m data.create_pretraining_data", description=__doc__.splitlines()[0]
+    )
+    p.add_argument(
+        "--input", nargs="+", required=True, metavar="FILE", help="text files or globs, one document each"
+    )
     p.add_argument("--vocab", required=True, type=Path, help="BERT vocab.txt (uncased WordPiece)")
     p.add_argument("--output", required=True, type=Path, metavar="DIR")
     p.add_argument("--max-seq-length", type=int, default=512)
@@ -253,7 +259,9 @@ def create(args) -> dict:
     validate_args(args)
     files = expand(args.input)
     if args.output.is_dir() and any(args.output.glob("part-*.h5")):
-        raise DataInputError(f"--output {args.output} already holds part-*.h5 shards; choose an empty directory")
+        raise DataInputError(
+            f"--output {args.output} already holds part-*.h5 shards; choose an empty directory"
+        )
     tokenizer, vocab = load_tokenizer(args.vocab)
     vocab_size = max(vocab.values()) + 1
     rng = random.Random(args.seed)
@@ -273,7 +281,12 @@ def create(args) -> dict:
         "files": len(files),
         "sequences": len(instances),
         "shards": write_shards(
-            instances, args.output, args.max_seq_length, args.max_predictions_per_seq, args.rows_per_shard, vocab_size
+            instances,
+            args.output,
+            args.max_seq_length,
+            args.max_predictions_per_seq,
+            args.rows_per_shard,
+            vocab_size,
         ),
     }
     if held_out:

@@ -17,7 +17,9 @@ from packing.io_utils import atomic_path
 CLS, SEP = 101, 102
 
 
-def synthetic_rows(lengths: np.ndarray, s: int, p: int, rng: np.random.Generator, vocab_size: int = 30522) -> dict:
+def synthetic_rows(
+    lengths: np.ndarray, s: int, p: int, rng: np.random.Generator, vocab_size: int = 30522
+) -> dict:
     """Unpacked rows for the given lengths (each >= 3): dict of the six fields."""
     n = lengths.size
     col = np.arange(s)[None, :]
@@ -85,4 +87,3 @@ def write_synthetic_shards(
                     datasets[name][a:b] = values
         paths.append(path)
     return paths
-

@@ -19,11 +19,11 @@ from packing.errors import PackingInputError
 from packing.histogram import Histogram
 from packing.pipeline import SKIPPED, PackJob, run_pack
 from packing.plan import parse_max_sequences_per_pack
+from packing.report import datasets_table, describe_plan, plot_plan, report_table
+from packing.shards import PackedDataset
 from packing.sources import expand_inputs
 from packing.unpack import run_unpack
 from packing.verify import run_verify
-from packing.report import datasets_table, describe_plan, plot_plan, report_table
-from packing.shards import PackedDataset
 
 
 def _add_report(sub) -> None:
@@ -116,7 +116,9 @@ def cmd_pack(args) -> int:
         skip_invalid=args.skip_invalid,
     )
     meta = run_pack(job, workers=args.workers, quiet=args.quiet)
-    summary = {key: meta[key] for key in ("sequences", "packs", "S", "K", "M", "efficiency", "packing_factor")}
+    summary = {
+        key: meta[key] for key in ("sequences", "packs", "S", "K", "M", "efficiency", "packing_factor")
+    }
     summary.update(shards=len(meta["shards"]), skipped_rows=meta["skipped_rows"], output=str(args.output))
     print(json.dumps(summary))
     return 0

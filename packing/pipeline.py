@@ -37,7 +37,14 @@ from packing.histogram import Histogram
 from packing.io_utils import atomic_path, write_json_atomic
 from packing.plan import MaxPerPack
 from packing.shards import METADATA, assemble, shard_name
-from packing.sources import Limits, check_source_shape, describe_problem, file_record, open_source, validate_rows
+from packing.sources import (
+    Limits,
+    check_source_shape,
+    describe_problem,
+    file_record,
+    open_source,
+    validate_rows,
+)
 
 PIECE_ROWS = 1 << 16  # rows of one input file handled by one task
 READ_ROWS = 1 << 13  # rows read and validated at once inside a task
@@ -108,7 +115,10 @@ def _compact_piece(task):
     keep = np.flatnonzero(np.asarray(lengths[g]) > 0)
     # Reorder whole padded rows (cheap row copies), then drop the padding: grouping
     # compact tokens instead would need an int64 index per token.
-    chunks = [narrow_rows(source.read(a, min(stop, a + READ_ROWS)), token_dtype) for a in range(start, stop, READ_ROWS)]
+    chunks = [
+        narrow_rows(source.read(a, min(stop, a + READ_ROWS)), token_dtype)
+        for a in range(start, stop, READ_ROWS)
+    ]
     rows = {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
     del chunks
     target = np.asarray(dest[g])[keep]
@@ -183,7 +193,9 @@ def _run(fn, tasks, workers, sources, progress: tqdm | None = None, weight=None)
                 progress.update(weight(task, results[i]) if weight else 1)
         return results
     context = multiprocessing.get_context("fork")
-    with cf.ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(sources,)) as pool:
+    with cf.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(sources,)
+    ) as pool:
         futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
         try:
             for future in cf.as_completed(futures):
@@ -221,7 +233,9 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
     starts = np.cumsum([0] + [s.rows for s in sources])
     n = int(starts[-1])
     pieces = [
-        (f, a, min(s.rows, a + PIECE_ROWS)) for f, s in enumerate(sources) for a in range(0, s.rows, PIECE_ROWS)
+        (f, a, min(s.rows, a + PIECE_ROWS))
+        for f, s in enumerate(sources)
+        for a in range(0, s.rows, PIECE_ROWS)
     ]
     pass1 = work / "pass1.json"
     if pass1.is_file():
@@ -234,7 +248,7 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
         lengths = np.zeros(n, dtype=np.int16)
         predictions = np.zeros(n, dtype=np.int16)
         problems = []
-        for (f, a, b), (length, prediction, problem) in zip(pieces, results):
+        for (f, a, _), (length, prediction, problem) in zip(pieces, results):
             g0 = int(starts[f]) + a
             lengths[g0 : g0 + length.size] = length
             predictions[g0 : g0 + prediction.size] = prediction
@@ -281,7 +295,9 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
     # ---- plan and assignment ----
     valid = lengths[lengths > 0]
     if valid.size == 0:
-        raise PackingInputError(f"the inputs hold no valid sequence ({n} rows, {summary1['skipped']} skipped)")
+        raise PackingInputError(
+            f"the inputs hold no valid sequence ({n} rows, {summary1['skipped']} skipped)"
+        )
     histogram = Histogram.from_lengths(valid, job.max_sequence_length)
     plan = pack(histogram, job.algorithm, job.max_sequences_per_pack)
     # K of the data: as asked (static shapes shared by datasets of one config), the plan's
@@ -323,7 +339,16 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
 
     # ---- pass 2b: write shards ----
     tasks = [
-        (d, len(pieces), str(work), str(output), job.shard_size, job.max_sequence_length, m, job.vocab_size or 30522)
+        (
+            d,
+            len(pieces),
+            str(work),
+            str(output),
+            job.shard_size,
+            job.max_sequence_length,
+            m,
+            job.vocab_size or 30522,
+        )
         for d in range(shards)
     ]
     with tqdm(total=int(valid.size), desc="pass 2: write shards", **bar) as progress:
@@ -404,7 +429,9 @@ def _prepare_output(output: Path, work: Path, fingerprint: dict) -> bool:
                 f"({job_file}); remove the directory or rerun that job"
             )
     elif output.is_dir() and any(output.iterdir()):
-        raise PackingInputError(f"--output {output} is not empty and holds no pack job; choose an empty directory")
+        raise PackingInputError(
+            f"--output {output} is not empty and holds no pack job; choose an empty directory"
+        )
     work.mkdir(parents=True, exist_ok=True)
     write_json_atomic(job_file, fingerprint)
     for stale in list(output.glob(".*.tmp-*")) + list(work.rglob(".*.tmp-*")):

@@ -103,14 +103,16 @@ def extract(packs: dict) -> SequenceStore:
     starts = packs["next_sentence_positions"][rows, slots].astype(np.int64)
     idx = _ranges(rows * s + starts, lengths)
     if idx.size and (idx.max() >= p * s or (idx - np.repeat(rows * s, lengths)).max() >= s):
-        raise PackError(int(rows[0]), f"a sequence runs past the end of the pack")
+        raise PackError(int(rows[0]), "a sequence runs past the end of the pack")
     run_ok = seq_ids.reshape(-1)[idx] == np.repeat(slots + 1, lengths)
-    pos_ok = packs["position_ids"].reshape(-1)[idx] == np.arange(idx.size) - np.repeat(_starts(lengths), lengths)
+    pos_ok = packs["position_ids"].reshape(-1)[idx] == np.arange(idx.size) - np.repeat(
+        _starts(lengths), lengths
+    )
     if not (run_ok.all() and pos_ok.all()):
         bad = np.repeat(rows, lengths)[~(run_ok & pos_ok)][0]
-        raise PackError(int(bad), f"sequence_ids/position_ids do not match next_sentence_positions")
+        raise PackError(int(bad), "sequence_ids/position_ids do not match next_sentence_positions")
     if ((counts[:, 1:] > 0) & ~present).any():
-        raise PackError(int(np.nonzero((counts[:, 1:] > 0) & ~present)[0][0]), f"tokens of an absent slot")
+        raise PackError(int(np.nonzero((counts[:, 1:] > 0) & ~present)[0][0]), "tokens of an absent slot")
     weights = packs["masked_lm_weights"].astype(np.int64)
     mrows, mslots = np.nonzero(weights)
     mseq = weights[mrows, mslots] - 1
@@ -124,7 +126,9 @@ def extract(packs: dict) -> SequenceStore:
     ].astype(np.int64)
     seq_len = counts[mrows, mseq + 1]
     if ((rel < 0) | (rel >= seq_len)).any():
-        raise PackError(int(mrows[(rel < 0) | (rel >= seq_len)][0]), f"a masked position lies outside its sequence")
+        raise PackError(
+            int(mrows[(rel < 0) | (rel >= seq_len)][0]), "a masked position lies outside its sequence"
+        )
     predictions = np.bincount(mrows * k + mseq, minlength=p * k).reshape(p, k)
     return SequenceStore(
         tokens=packs["input_ids"].reshape(-1)[idx],

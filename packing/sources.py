@@ -135,7 +135,9 @@ def _check_shapes(path, shapes) -> int:
                 f"{path}: field '{name}' has {shape[0]} rows, 'input_ids' has {rows} (fields must match)"
             )
         expected_ndim = (1, 2) if name == "next_sentence_labels" else (2,)
-        if len(shape) not in expected_ndim or (name == "next_sentence_labels" and shape[1:] not in ((), (1,))):
+        if len(shape) not in expected_ndim or (
+            name == "next_sentence_labels" and shape[1:] not in ((), (1,))
+        ):
             raise PackingInputError(
                 f"{path}: field '{name}' has shape {shape}, expected "
                 + ("[n] or [n, 1]" if name == "next_sentence_labels" else "[n, width]")
@@ -300,8 +302,10 @@ def validate_rows(rows: dict, limits: Limits, path, row0: int):
     flag(
         "masked_lm_positions",
         predictions > limits.max_predictions_per_seq,
-        lambda r: f"has {int(predictions[r])} predictions, more than --max-predictions-per-seq "
-        f"{limits.max_predictions_per_seq}",
+        lambda r: (
+            f"has {int(predictions[r])} predictions, more than --max-predictions-per-seq "
+            f"{limits.max_predictions_per_seq}"
+        ),
     )
     flag(
         "masked_lm_positions",

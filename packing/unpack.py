@@ -67,10 +67,18 @@ def run_unpack(packed: Path, output: Path, quiet: bool = False) -> dict:
                     _write_rows(store, files, inputs, starts, written)
         skipped = ~written
         # every file must be complete before any is renamed into place
-    result = {"files": [str(output / n) for n in names], "rows": int(written.sum()), "left_out": int(skipped.sum())}
+    result = {
+        "files": [str(output / n) for n in names],
+        "rows": int(written.sum()),
+        "left_out": int(skipped.sum()),
+    }
     if not quiet:
         print(f"unpacked {result['rows']} sequences into {len(names)} files in {output}", end="")
-        print(f"; {result['left_out']} rows skipped at pack time are left as zero rows" if result["left_out"] else "")
+        print(
+            f"; {result['left_out']} rows skipped at pack time are left as zero rows"
+            if result["left_out"]
+            else ""
+        )
     return result
 
 
@@ -107,4 +115,3 @@ def _write_rows(store, files, inputs, starts, written) -> None:
             if field == "next_sentence_labels" and target.ndim == 2:
                 values = values[:, None]
             target[rows.tolist()] = values.astype(target.dtype)
-

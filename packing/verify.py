@@ -26,9 +26,9 @@ from packing.pipeline import PIECE_ROWS, READ_ROWS, SKIPPED, _run
 from packing.shards import PackedDataset, PackError, extract
 from packing.sources import Limits, check_source_shape, open_source, sha256_file, validate_rows
 
-_WEIGHTS = np.random.default_rng(0x9ACCED).integers(0, 2**63, size=(2, 2, 1 << 16), dtype=np.uint64) * np.uint64(
-    2
-) + np.uint64(1)  # [hash, tokens/slots, position] odd uint64 weights
+_WEIGHTS = np.random.default_rng(0x9ACCED).integers(
+    0, 2**63, size=(2, 2, 1 << 16), dtype=np.uint64
+) * np.uint64(2) + np.uint64(1)  # [hash, tokens/slots, position] odd uint64 weights
 
 
 def fingerprint(store: SequenceStore) -> np.ndarray:
@@ -38,10 +38,14 @@ def fingerprint(store: SequenceStore) -> np.ndarray:
     if n == 0:
         return out
     tok_within = np.arange(store.tokens.size) - np.repeat(store.token_offsets, store.lengths)
-    tok_value = store.tokens.astype(np.uint64) * np.uint64(2) + store.segments.astype(np.uint64) + np.uint64(1)
+    tok_value = (
+        store.tokens.astype(np.uint64) * np.uint64(2) + store.segments.astype(np.uint64) + np.uint64(1)
+    )
     mlm_within = np.arange(store.mlm_ids.size) - np.repeat(store.mlm_offsets, store.predictions)
     mlm_value = (
-        (store.mlm_positions.astype(np.uint64) << np.uint64(32)) + store.mlm_ids.astype(np.uint64) + np.uint64(1)
+        (store.mlm_positions.astype(np.uint64) << np.uint64(32))
+        + store.mlm_ids.astype(np.uint64)
+        + np.uint64(1)
     )
     with np.errstate(over="ignore"):
         for h in range(2):
@@ -94,7 +98,11 @@ def _input_piece(task):
         keep[[r - a for r, _, _ in problem]] = False
         problems += len(problem)
         store = compact_rows(
-            select_rows(rows, keep), lengths[keep], predictions[keep], source_start + a + np.flatnonzero(keep), np.int64
+            select_rows(rows, keep),
+            lengths[keep],
+            predictions[keep],
+            source_start + a + np.flatnonzero(keep),
+            np.int64,
         )
         parts.append(Fingerprints.of(store))
     return _concat(parts), problems
@@ -125,7 +133,10 @@ def _concat(parts: list[Fingerprints]) -> Fingerprints:
     if not parts:
         return Fingerprints(*(np.zeros(0, dtype=np.int64) for _ in range(4)), np.zeros((0, 2), np.uint64))
     return Fingerprints(
-        *(np.concatenate([getattr(p, name) for p in parts]) for name in ("source", "lengths", "predictions", "nsp")),
+        *(
+            np.concatenate([getattr(p, name) for p in parts])
+            for name in ("source", "lengths", "predictions", "nsp")
+        ),
         np.concatenate([p.hashes for p in parts]),
         np.concatenate([p.where for p in parts]),
     )
@@ -243,5 +254,6 @@ def _skipped_sources(dataset: PackedDataset) -> np.ndarray:
     path = dataset.folder / SKIPPED
     if not dataset.metadata.get("skipped_rows") or not path.is_file():
         return np.zeros(0, dtype=np.int64)
-    return np.array([json.loads(line)["source_index"] for line in path.read_text().splitlines()], dtype=np.int64)
-
+    return np.array(
+        [json.loads(line)["source_index"] for line in path.read_text().splitlines()], dtype=np.int64
+    )

@@ -79,16 +79,30 @@ def test_masking_statistics_follow_the_recipe(created):
 def test_created_data_packs_and_verifies(created, tmp_path):
     out, _ = created
     common = ["--max-sequence-length", str(S), "--max-predictions-per-seq", str(P), "--vocab-size", "30522"]
-    assert packing_main(["pack", "--input", f"{out}/part-*.h5", "--output", str(tmp_path / "p"), *common, "--quiet"]) == 0
-    assert packing_main(["verify", "--input", f"{out}/part-*.h5", "--packed", str(tmp_path / "p"), "--quiet"]) == 0
+    assert (
+        packing_main(
+            ["pack", "--input", f"{out}/part-*.h5", "--output", str(tmp_path / "p"), *common, "--quiet"]
+        )
+        == 0
+    )
+    assert (
+        packing_main(["verify", "--input", f"{out}/part-*.h5", "--packed", str(tmp_path / "p"), "--quiet"])
+        == 0
+    )
 
 
 def test_cp1252_file_and_sentence_split(tmp_path):
     path = tmp_path / "legacy.txt"
-    path.write_bytes("Caf\xe9 prices rose 5%. Analysts \x93expect\x94 more!\n\nSecond paragraph here.".encode("latin-1"))
+    path.write_bytes(
+        "Caf\xe9 prices rose 5%. Analysts \x93expect\x94 more!\n\nSecond paragraph here.".encode("latin-1")
+    )
     text, legacy = read_document(path)
     assert legacy and "Café" in text and "\u201cexpect\u201d" in text
-    assert split_sentences(text) == ["Café prices rose 5%.", "Analysts \u201cexpect\u201d more!", "Second paragraph here."]
+    assert split_sentences(text) == [
+        "Café prices rose 5%.",
+        "Analysts \u201cexpect\u201d more!",
+        "Second paragraph here.",
+    ]
 
 
 def test_bad_arguments_exit_2(tmp_path, capsys):
@@ -96,7 +110,12 @@ def test_bad_arguments_exit_2(tmp_path, capsys):
     vocab.write_text("[PAD]\nhello\n")
     doc = tmp_path / "d.txt"
     doc.write_text("Hello there. General Kenobi.")
-    assert create_main(["--input", str(tmp_path / "none*.txt"), "--vocab", str(vocab), "--output", str(tmp_path / "o")]) == 2
+    assert (
+        create_main(
+            ["--input", str(tmp_path / "none*.txt"), "--vocab", str(vocab), "--output", str(tmp_path / "o")]
+        )
+        == 2
+    )
     assert "matches no file" in capsys.readouterr().err
     assert create_main(["--input", str(doc), "--vocab", str(vocab), "--output", str(tmp_path / "o")]) == 2
     assert "[CLS] is missing" in capsys.readouterr().err

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from .conftest import REPO
 from data.synthetic import synthetic_rows, write_synthetic_shards
 from data.unpacked_hdf5 import write_unpacked_shard
 from packing import pipeline
@@ -22,6 +21,8 @@ from packing.assign import assign_sequences
 from packing.cli import main as packing_main
 from packing.histogram import Histogram
 from packing.shards import PackedDataset
+
+from .conftest import REPO
 
 S, P = 128, 20
 
@@ -64,7 +65,9 @@ def pack_args(inputs, output, *extra):
 def test_pack_unpack_round_trip_is_exact(inputs, tmp_path):
     assert run_cli(*pack_args(inputs, tmp_path / "packed", "--workers", 2, "--algorithm", "lpfhp")) == 0
     meta = json.loads((tmp_path / "packed" / "metadata.json").read_text())
-    assert meta["sequences"] == 3000 and meta["packs"] < 3000 and len(meta["shards"]) == -(-meta["packs"] // 400)
+    assert (
+        meta["sequences"] == 3000 and meta["packs"] < 3000 and len(meta["shards"]) == -(-meta["packs"] // 400)
+    )
     assert not (tmp_path / "packed" / ".work").exists()
     assert run_cli("unpack", "--packed", tmp_path / "packed", "--output", tmp_path / "unpacked") == 0
     for original in sorted(inputs.glob("*.h5")):
@@ -200,10 +203,23 @@ def test_tfrecord_inputs_pack_like_hdf5(tmp_path):
         writer.write({name: (np.atleast_1d(rows[name][r]).tolist(), "int") for name in rows})
     writer.close()
     for kind, pattern in (("h5", "*.h5"), ("tf", "*.tfrecord")):
-        common = ("--output", tmp_path / f"out-{kind}", "--max-sequence-length", S, "--max-predictions-per-seq", P)
+        common = (
+            "--output",
+            tmp_path / f"out-{kind}",
+            "--max-sequence-length",
+            S,
+            "--max-predictions-per-seq",
+            P,
+        )
         assert run_cli("pack", "--input", f"{tmp_path / kind}/{pattern}", *common, "--quiet") == 0
-    assert run_cli("verify", "--input", f"{tmp_path}/tf/*.tfrecord", "--packed", tmp_path / "out-h5", "--quiet") == 0
-    with h5py.File(tmp_path / "out-h5" / "part-00000.h5") as a, h5py.File(tmp_path / "out-tf" / "part-00000.h5") as b:
+    assert (
+        run_cli("verify", "--input", f"{tmp_path}/tf/*.tfrecord", "--packed", tmp_path / "out-h5", "--quiet")
+        == 0
+    )
+    with (
+        h5py.File(tmp_path / "out-h5" / "part-00000.h5") as a,
+        h5py.File(tmp_path / "out-tf" / "part-00000.h5") as b,
+    ):
         for name in a:
             np.testing.assert_array_equal(a[name][:], b[name][:])
 
@@ -225,17 +241,28 @@ def _bad_file(folder, edit):
 
 BAD_ROWS = {
     "missing field": (lambda r: r.pop("segment_ids"), ["segment_ids", "missing"]),
-    "mismatched shapes": (lambda r: r.__setitem__("segment_ids", r["segment_ids"][:40]), ["segment_ids", "40 rows"]),
+    "mismatched shapes": (
+        lambda r: r.__setitem__("segment_ids", r["segment_ids"][:40]),
+        ["segment_ids", "40 rows"],
+    ),
     "longer than N": (
-        lambda r: r.update({k: np.pad(r[k], ((0, 0), (0, 8))) for k in ("input_ids", "input_mask", "segment_ids")}),
+        lambda r: r.update(
+            {k: np.pad(r[k], ((0, 0), (0, 8))) for k in ("input_ids", "input_mask", "segment_ids")}
+        ),
         ["input_ids", "width 136"],
     ),
     "non-prefix mask": (lambda r: r["input_mask"].__setitem__((7, 2), 0), ["row 7", "input_mask", "prefix"]),
     "masked position beyond": (
-        lambda r: r["masked_lm_positions"].__setitem__((9, 0), S - 1) or r["input_mask"].__setitem__((9, slice(S - 1, None)), 0),
+        lambda r: (
+            r["masked_lm_positions"].__setitem__((9, 0), S - 1)
+            or r["input_mask"].__setitem__((9, slice(S - 1, None)), 0)
+        ),
         ["row 9", "masked_lm_positions", "outside the sequence"],
     ),
-    "nsp label": (lambda r: r["next_sentence_labels"].__setitem__(11, 2), ["row 11", "next_sentence_labels", "0 or 1"]),
+    "nsp label": (
+        lambda r: r["next_sentence_labels"].__setitem__(11, 2),
+        ["row 11", "next_sentence_labels", "0 or 1"],
+    ),
 }
 
 
@@ -293,7 +320,9 @@ def test_empty_glob_and_foreign_output_are_refused(inputs, tmp_path, capsys):
 def test_cli_entry_point_exit_codes(inputs, tmp_path):
     """The documented commands, as a user runs them."""
     cmd = [sys.executable, "-m", "packing"]
-    done = subprocess.run(cmd + [str(a) for a in pack_args(inputs, tmp_path / "p")], cwd=REPO, capture_output=True)
+    done = subprocess.run(
+        cmd + [str(a) for a in pack_args(inputs, tmp_path / "p")], cwd=REPO, capture_output=True
+    )
     assert done.returncode == 0, done.stderr
     shutil.copytree(tmp_path / "p", tmp_path / "q")
     _edit_shard(tmp_path / "q", lambda d: d["segment_ids"].__setitem__((0, 1), 1 - d["segment_ids"][0, 1]))

@@ -60,8 +60,13 @@ def write_config(path: Path, packed: Path, **sections) -> Path:
             "loader_workers": 0,
             "max_sequence_length": S,
         },
-        "optim": {"lr": 0.01, "warmup_samples": 0, "total_samples": 100000, "gradient_accumulation": 2,
-                  "packing_adjustment": "none"},
+        "optim": {
+            "lr": 0.01,
+            "warmup_samples": 0,
+            "total_samples": 100000,
+            "gradient_accumulation": 2,
+            "packing_adjustment": "none",
+        },
         "training": {"max_steps": 6, "log_every_steps": 1, "seed": 3},
         "eval": {"every_samples": 10**9, "max_sequences": 100, "at_end": False},
         "execution": {"device": "cpu", "threads": 1},
@@ -75,14 +80,24 @@ def write_config(path: Path, packed: Path, **sections) -> Path:
 
 def run(config: Path, output: Path, *extra, torchrun: int = 0, wait=True):
     if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(torchrun),
-               "--master-port", str(29500 + os.getpid() % 1000), "run_pretraining.py"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(torchrun),
+            "--master-port",
+            str(29500 + os.getpid() % 1000),
+            "run_pretraining.py",
+        ]
     else:
         cmd = [sys.executable, "run_pretraining.py"]
     cmd += ["--config", str(config), "--output-dir", str(output), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     if not wait:
-        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -185,8 +200,10 @@ def test_resume_after_budget_stop_is_bitwise_identical(packed, tmp_path):
 
 @pytest.mark.parametrize("how", ["sigterm", "kill9"])
 def test_interrupted_run_resumes_to_the_same_weights(packed, tmp_path, how):
-    sections = dict(training={"max_steps": 40, "checkpoint_every_steps": 2},
-                    data={"loader_workers": 1, "micro_batch_packs": 4})
+    sections = dict(
+        training={"max_steps": 40, "checkpoint_every_steps": 2},
+        data={"loader_workers": 1, "micro_batch_packs": 4},
+    )
     config = write_config(tmp_path / "c.yaml", packed, **sections)
     assert run(config, tmp_path / "straight").returncode == 0
     proc = run(config, tmp_path / "cut", wait=False)
@@ -219,10 +236,20 @@ def test_corrupt_checkpoint_is_refused_and_the_previous_one_used(packed, tmp_pat
 
 def test_two_replicas_equal_one_with_the_same_global_batch(packed, tmp_path):
     no_dropout = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
-    one = write_config(tmp_path / "one.yaml", packed, model=no_dropout,
-                       optim={"gradient_accumulation": 2}, training={"max_steps": 4})
-    two = write_config(tmp_path / "two.yaml", packed, model=no_dropout,
-                       optim={"gradient_accumulation": 1}, training={"max_steps": 4})
+    one = write_config(
+        tmp_path / "one.yaml",
+        packed,
+        model=no_dropout,
+        optim={"gradient_accumulation": 2},
+        training={"max_steps": 4},
+    )
+    two = write_config(
+        tmp_path / "two.yaml",
+        packed,
+        model=no_dropout,
+        optim={"gradient_accumulation": 1},
+        training={"max_steps": 4},
+    )
     assert run(one, tmp_path / "one").returncode == 0
     done = run(two, tmp_path / "two", torchrun=2)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -236,7 +263,9 @@ def test_two_replicas_equal_one_with_the_same_global_batch(packed, tmp_path):
 
 def test_eval_stops_at_target_and_logs_success(packed, tmp_path):
     config = write_config(
-        tmp_path / "c.yaml", packed, training={"max_steps": 50},
+        tmp_path / "c.yaml",
+        packed,
+        training={"max_steps": 50},
         eval={"every_samples": 20, "target_mlm_accuracy": 0.0, "max_sequences": 60},
     )
     done = run(config, tmp_path / "run")

@@ -32,10 +32,14 @@ def open_packed(folder, config: dict, role: str) -> PackedDataset:
     meta = dataset.metadata
     s = config["data"]["max_sequence_length"]
     if meta["S"] != s:
-        raise RunError(f"data.{role}_dir {folder}: S={meta['S']} in metadata.json, data.max_sequence_length is {s}")
+        raise RunError(
+            f"data.{role}_dir {folder}: S={meta['S']} in metadata.json, data.max_sequence_length is {s}"
+        )
     k = config["data"]["max_sequences_per_pack"]
     if role == "train" and k is not None and meta["K"] != k:
-        raise RunError(f"data.{role}_dir {folder}: K={meta['K']} in metadata.json, data.max_sequences_per_pack is {k}")
+        raise RunError(
+            f"data.{role}_dir {folder}: K={meta['K']} in metadata.json, data.max_sequences_per_pack is {k}"
+        )
     if dataset.packs < 1:
         raise RunError(f"data.{role}_dir {folder}: holds no pack")
     return dataset
@@ -56,7 +60,9 @@ def build_model(config: dict, seed: int) -> PackedBertForPreTraining:
     folder = Path(m["init_checkpoint"])
     config_file = folder / "config.json"
     if not config_file.is_file():
-        raise RunError(f"model.init_checkpoint {folder}: no config.json (expected a Hugging Face BERT folder)")
+        raise RunError(
+            f"model.init_checkpoint {folder}: no config.json (expected a Hugging Face BERT folder)"
+        )
     found = json.loads(config_file.read_text())
     wanted = bert_config(m["preset"])
     for key in SHAPE_FIELDS:
@@ -81,7 +87,9 @@ def check_model_fits_data(model, dataset: PackedDataset) -> None:
         )
     vocab = meta.get("vocab_size")
     if vocab is not None and vocab > model.config.vocab_size:
-        raise RunError(f"the data's vocabulary ({vocab}) is larger than the model's ({model.config.vocab_size})")
+        raise RunError(
+            f"the data's vocabulary ({vocab}) is larger than the model's ({model.config.vocab_size})"
+        )
 
 
 @dataclass(frozen=True)
@@ -129,7 +137,9 @@ def build_optimizer(model, config: dict, packing_factor: float, replicas: int):
         end_lr=o["end_lr"],
         start_offset_samples=o["start_offset_samples"],
     )
-    shape = StepShape(config["data"]["micro_batch_packs"], adjusted.gradient_accumulation, replicas, packing_factor)
+    shape = StepShape(
+        config["data"]["micro_batch_packs"], adjusted.gradient_accumulation, replicas, packing_factor
+    )
     return optimizer, schedule, adjusted, shape
 
 

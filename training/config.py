@@ -40,7 +40,9 @@ ADJUSTMENTS = ("none", "same_sequences_per_step", "same_packs_per_step")
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
-        "preset": Key(str, "bert-large", "architecture preset", ("bert-large", "bert-base", "bert-mini", "bert-tiny")),
+        "preset": Key(
+            str, "bert-large", "architecture preset", ("bert-large", "bert-base", "bert-mini", "bert-tiny")
+        ),
         "init_checkpoint": Key(
             str, None, "Hugging Face BERT folder to start from (phase 2 starts from phase 1)", optional=True
         ),
@@ -57,15 +59,21 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "micro_batch_packs": Key(int, 8, "packs per replica per forward pass", minimum=1),
         "loader_workers": Key(int, 2, "DataLoader worker processes per replica", minimum=0),
         "shuffle_seed": Key(int, 12345, "seed of the per-epoch pack order", minimum=0),
-        "max_sequences_per_pack": Key(int, None, "expected K of the data (checked against metadata.json)", optional=True, minimum=1),
-        "max_sequence_length": Key(int, 512, "expected S of the data (checked against metadata.json)", minimum=1),
+        "max_sequences_per_pack": Key(
+            int, None, "expected K of the data (checked against metadata.json)", optional=True, minimum=1
+        ),
+        "max_sequence_length": Key(
+            int, 512, "expected S of the data (checked against metadata.json)", minimum=1
+        ),
         "validate_batches": Key(bool, False, "check every batch against the packed format (debugging)"),
     },
     "optim": {
         "lr": Key(float, 4e-4, "peak learning rate", minimum=0),
         "warmup_samples": Key(float, 0.0, "linear warmup length, in sequences", minimum=0),
         "total_samples": Key(float, 1e7, "polynomial decay length, in sequences", minimum=1),
-        "start_offset_samples": Key(float, 0.0, "schedule offset (<= 0: warmup partly done, NVIDIA style)", maximum=0),
+        "start_offset_samples": Key(
+            float, 0.0, "schedule offset (<= 0: warmup partly done, NVIDIA style)", maximum=0
+        ),
         "poly_power": Key(float, 1.0, "polynomial decay power", minimum=0),
         "end_lr": Key(float, 0.0, "learning rate at total_samples", minimum=0),
         "betas": Key("betas", [0.9, 0.999], "LAMB (beta1, beta2) before the packing adjustment"),
@@ -73,34 +81,49 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "weight_decay": Key(float, 0.01, "decoupled weight decay (not on biases, LayerNorm)", minimum=0),
         "bias_correction": Key(bool, True, "Adam-style bias correction of the moments"),
         "max_grad_norm": Key(float, 1.0, "global gradient-norm clip; null = none", optional=True, minimum=0),
-        "gradient_accumulation": Key(int, 1, "micro-batches per optimizer step per replica, before adjustment", minimum=1),
-        "packing_adjustment": Key(str, "same_sequences_per_step", "how packing changes GA / betas", ADJUSTMENTS),
+        "gradient_accumulation": Key(
+            int, 1, "micro-batches per optimizer step per replica, before adjustment", minimum=1
+        ),
+        "packing_adjustment": Key(
+            str, "same_sequences_per_step", "how packing changes GA / betas", ADJUSTMENTS
+        ),
     },
     "training": {
         "max_steps": Key(int, 100, "optimizer steps to run (the budget)", minimum=1),
-        "max_samples": Key(float, None, "stop after this many sequences; null = no limit", optional=True, minimum=1),
+        "max_samples": Key(
+            float, None, "stop after this many sequences; null = no limit", optional=True, minimum=1
+        ),
         "seed": Key(int, 42, "model init, dropout", minimum=0),
         "precision": Key(str, "fp32", "fp32 | bf16 autocast | fp16 autocast + loss scaling", PRECISIONS),
         "compile": Key(bool, False, "torch.compile the model (CUDA)"),
         "checkpoint_every_steps": Key(int, 0, "0 = only at the end and on SIGTERM", minimum=0),
         "keep_checkpoints": Key(int, 2, "newest checkpoints kept", minimum=1),
         "log_every_steps": Key(int, 1, "metrics line every N steps", minimum=1),
-        "max_seconds": Key(float, None, "stop (and checkpoint) after this wall time", optional=True, minimum=0),
+        "max_seconds": Key(
+            float, None, "stop (and checkpoint) after this wall time", optional=True, minimum=0
+        ),
     },
     "eval": {
         "every_samples": Key(
-            float, None, "evaluate every N sequences; null = MLPerf floor(0.05*(230.23*GBS+3e6)/25000)*25000",
-            optional=True, minimum=1,
+            float,
+            None,
+            "evaluate every N sequences; null = MLPerf floor(0.05*(230.23*GBS+3e6)/25000)*25000",
+            optional=True,
+            minimum=1,
         ),
         "max_sequences": Key(int, 10000, "held-out sequences per evaluation", minimum=1),
-        "target_mlm_accuracy": Key(float, 0.720, "stop when eval MLM accuracy reaches this", minimum=0, maximum=1),
+        "target_mlm_accuracy": Key(
+            float, 0.720, "stop when eval MLM accuracy reaches this", minimum=0, maximum=1
+        ),
         "stop_at_target": Key(bool, True, "end the run (status success) at the target"),
         "at_end": Key(bool, True, "evaluate once more when the budget ends"),
     },
     "execution": {
         "device": Key(str, "cpu", "where to train", DEVICES),
         "threads": Key(int, None, "CPU threads per process; null = torch default", optional=True, minimum=1),
-        "distributed_backend": Key(str, None, "torchrun backend; null = nccl on CUDA, gloo on CPU", ("nccl", "gloo"), optional=True),
+        "distributed_backend": Key(
+            str, None, "torchrun backend; null = nccl on CUDA, gloo on CPU", ("nccl", "gloo"), optional=True
+        ),
     },
     "logging": {
         "progress": Key(bool, True, "tqdm progress bar"),
@@ -111,7 +134,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
 
 
 def defaults() -> dict:
-    return {section: {k: copy.deepcopy(v.default) for k, v in keys.items()} for section, keys in SCHEMA.items()}
+    return {
+        section: {k: copy.deepcopy(v.default) for k, v in keys.items()} for section, keys in SCHEMA.items()
+    }
 
 
 def _closest(name: str, options) -> str:
@@ -204,7 +229,9 @@ def validate(raw: dict, source: str = "config") -> dict:
     if resolved["data"]["train_dir"] is None:
         raise ConfigError(f"{source}: data.train_dir must be set (a packed dataset folder)")
     if resolved["training"]["precision"] == "fp16" and resolved["execution"]["device"] == "cpu":
-        raise ConfigError("training.precision: fp16 with loss scaling needs execution.device cuda (use bf16 or fp32)")
+        raise ConfigError(
+            "training.precision: fp16 with loss scaling needs execution.device cuda (use bf16 or fp32)"
+        )
     return resolved
 
 

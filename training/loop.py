@@ -198,7 +198,9 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
     t = config["training"]
     # All user-input checks first: data, output folder, model, before any compute.
     train_data = open_packed(config["data"]["train_dir"], config, "train")
-    eval_data = open_packed(config["data"]["eval_dir"], config, "eval") if config["data"]["eval_dir"] else None
+    eval_data = (
+        open_packed(config["data"]["eval_dir"], config, "eval") if config["data"]["eval_dir"] else None
+    )
     replica = setup_replica(config)
     prepare_output(output, config, resume, replica.rank)
     model = build_model(config, t["seed"])
@@ -222,7 +224,9 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
             next_eval_samples=saved["next_eval_samples"],
             best_eval_accuracy=saved["best_eval_accuracy"],
         )
-        ckpt.set_rng_state(saved["rng"][replica.rank] if replica.rank < len(saved["rng"]) else saved["rng"][0])
+        ckpt.set_rng_state(
+            saved["rng"][replica.rank] if replica.rank < len(saved["rng"]) else saved["rng"][0]
+        )
     model.to(replica.device)
     model.train()
     step_model = model
@@ -238,14 +242,21 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
 
     shards = PackedShards(train_data)
     sampler = ReplicaSampler(
-        len(shards), shape.micro_batch_packs, config["data"]["shuffle_seed"], replica.rank, replica.world, state.position
+        len(shards),
+        shape.micro_batch_packs,
+        config["data"]["shuffle_seed"],
+        replica.rank,
+        replica.world,
+        state.position,
     )
     loader = iter(make_loader(shards, sampler, config["data"]["loader_workers"]))
     eval_every = config["eval"]["every_samples"] or mlperf_eval_interval(shape.sequences_per_step)
     if state.next_eval_samples == 0:
         state.next_eval_samples = int(eval_every)
     eval_set = (
-        eval_batches(eval_data, shape.micro_batch_packs, config["eval"]["max_sequences"], replica.rank, replica.world)
+        eval_batches(
+            eval_data, shape.micro_batch_packs, config["eval"]["max_sequences"], replica.rank, replica.world
+        )
         if eval_data
         else None
     )
@@ -256,13 +267,20 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
         log.info(adjusted.describe())
         log.info(
             "step = %d replicas x %d micro-batches x %d packs = %d packs (~%.0f sequences); eval every %d sequences",
-            replica.world, shape.gradient_accumulation, shape.micro_batch_packs, shape.packs_per_step,
-            shape.sequences_per_step, eval_every,
+            replica.world,
+            shape.gradient_accumulation,
+            shape.micro_batch_packs,
+            shape.packs_per_step,
+            shape.sequences_per_step,
+            eval_every,
         )
         reporter.mlperf("RUN_START")
         reporter.mlperf("GLOBAL_BATCH_SIZE", value=shape.sequences_per_step)
     progress = tqdm(
-        total=t["max_steps"], initial=state.step, unit="step", dynamic_ncols=True,
+        total=t["max_steps"],
+        initial=state.step,
+        unit="step",
+        dynamic_ncols=True,
         disable=replica.rank != 0 or not config["logging"]["progress"],
     )
     status, started, window = "aborted", time.perf_counter(), MetricSums()
@@ -314,8 +332,16 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
                     validate_batch(batch, model.config.vocab_size, model.config.max_position_embeddings)
             lr = schedule(state.samples)
             counts = train_step(
-                step_model, optimizer, scaler, micro_batches, lr, t["precision"], replica.device,
-                replica.world, config["model"]["mlm_loss_mode"], window,
+                step_model,
+                optimizer,
+                scaler,
+                micro_batches,
+                lr,
+                t["precision"],
+                replica.device,
+                replica.world,
+                config["model"]["mlm_loss_mode"],
+                window,
             )
             state.step += 1
             state.samples += int(counts[1].item())
@@ -338,8 +364,10 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
                 }
                 reporter.log(record)
                 progress.set_postfix(
-                    loss=f"{record['loss']:.3f}", mlm_acc=f"{record['mlm_accuracy']:.3f}",
-                    seq_s=f"{record['sequences_per_second']:.1f}", tok_s=f"{record['tokens_per_second']:.0f}",
+                    loss=f"{record['loss']:.3f}",
+                    mlm_acc=f"{record['mlm_accuracy']:.3f}",
+                    seq_s=f"{record['sequences_per_second']:.1f}",
+                    tok_s=f"{record['tokens_per_second']:.0f}",
                 )
                 window, window_start, window_samples = MetricSums(), time.perf_counter(), 0
             if state.samples >= state.next_eval_samples:
@@ -363,8 +391,15 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
     finally:
         progress.close()
         reporter.mlperf("RUN_STOP", metadata={"status": status}, end=True)
-        reporter.log({"step": state.step, "samples": state.samples, "status": status,
-                      "seconds": time.perf_counter() - started}, "end")
+        reporter.log(
+            {
+                "step": state.step,
+                "samples": state.samples,
+                "status": status,
+                "seconds": time.perf_counter() - started,
+            },
+            "end",
+        )
         reporter.close()
     return exit_code
 
@@ -387,4 +422,3 @@ def gather_rng_states() -> list:
     states = [None] * dist.get_world_size()
     dist.all_gather_object(states, mine)
     return states
-

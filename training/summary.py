@@ -41,7 +41,9 @@ def main(argv=None) -> int:
     parser.add_argument("--unpacked", required=True, type=Path)
     args = parser.parse_args(argv)
     packed, unpacked = run_figures(args.packed), run_figures(args.unpacked)
-    print("| run | packing factor | steps | sequences | sequences/s | real tokens/s | train loss | eval MLM acc |")
+    print(
+        "| run | packing factor | steps | sequences | sequences/s | real tokens/s | train loss | eval MLM acc |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, f in (("unpacked", unpacked), ("packed", packed)):
         acc = "-" if f["eval_mlm_accuracy"] is None else f"{f['eval_mlm_accuracy']:.4f}"
