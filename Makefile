@@ -53,6 +53,8 @@ bench: install
 	$(PY) bench/bench_pipeline.py --sizes 1000000 4000000 --workers 2
 	$(PY) bench/bench_lamb.py
 	$(PY) bench/bench_model.py --preset bert-base --rows 2 --steps 3
+	$(MAKE) demo-data
+	$(PY) bench/bench_loader.py --packed $(DEMO)/packed
 
 lint: install
 	$(PY) -m ruff check .
