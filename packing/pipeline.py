@@ -32,11 +32,11 @@ from packing.algorithms import pack
 from packing.assign import assign_sequences
 from packing.compact import SequenceStore, compact_rows, narrow_rows, select_rows
 from packing.errors import PackingInputError
-from packing.format import FORMAT_NAME, FORMAT_VERSION, PACKED_FIELDS, field_dtypes
+from packing.format import FORMAT_NAME, FORMAT_VERSION, field_dtypes
 from packing.histogram import Histogram
 from packing.io_utils import atomic_path, write_json_atomic
 from packing.plan import MaxPerPack
-from packing.shards import METADATA, assemble, shard_name
+from packing.shards import METADATA, assemble, create_shard_datasets, shard_name
 from packing.sources import (
     Limits,
     check_source_shape,
@@ -159,16 +159,9 @@ def _write_shard(task):
     store = SequenceStore.concat(stores)
     path = Path(output) / shard_name(shard)
     p, k = block_table.shape
-    sizes = {"S": s, "K": k, "M": m}
-    dtypes = field_dtypes(vocab_size)
     with atomic_path(path) as tmp:
         with h5py.File(tmp, "w", libver="latest") as f:
-            f.attrs["format"] = FORMAT_NAME
-            f.attrs["format_version"] = FORMAT_VERSION
-            datasets = {
-                name: f.create_dataset(name, shape=(p, sizes[dim]), dtype=dtypes[name], track_times=False)
-                for name, (dim, _) in PACKED_FIELDS.items()
-            }
+            datasets = create_shard_datasets(f, p, s, k, m, vocab_size)
             for a in range(0, p, BLOCK_PACKS):
                 packs = assemble(block_table[a : a + BLOCK_PACKS], store, s, m, vocab_size)
                 for name, dataset in datasets.items():

@@ -15,7 +15,7 @@ import numpy as np
 
 from packing.compact import SequenceStore, _ranges, _starts
 from packing.errors import PackingInputError
-from packing.format import FORMAT_NAME, FORMAT_VERSION, PACKED_FIELDS, empty_packs
+from packing.format import FORMAT_NAME, FORMAT_VERSION, PACKED_FIELDS, empty_packs, field_dtypes
 
 METADATA = "metadata.json"
 
@@ -142,15 +142,18 @@ def extract(packs: dict) -> SequenceStore:
     )
 
 
-def write_shard(path: Path, packs: dict) -> None:
-    """One HDF5 shard, contiguous datasets, no timestamps: same data -> same bytes."""
-    import h5py
+def create_shard_datasets(f, packs: int, s: int, k: int, m: int, vocab_size: int) -> dict:
+    """Empty fields of one shard in an open h5py file, filled block by block by the caller.
 
-    with h5py.File(path, "w", libver="latest", track_order=False) as f:
-        f.attrs["format"] = FORMAT_NAME
-        f.attrs["format_version"] = FORMAT_VERSION
-        for name in PACKED_FIELDS:
-            f.create_dataset(name, data=packs[name], track_times=False)
+    Contiguous datasets, no timestamps: the same data gives the same bytes."""
+    f.attrs["format"] = FORMAT_NAME
+    f.attrs["format_version"] = FORMAT_VERSION
+    sizes = {"S": s, "K": k, "M": m}
+    dtypes = field_dtypes(vocab_size)
+    return {
+        name: f.create_dataset(name, shape=(packs, sizes[dim]), dtype=dtypes[name], track_times=False)
+        for name, (dim, _) in PACKED_FIELDS.items()
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -204,6 +207,15 @@ class PackedDataset:
 
     def shard_path(self, i: int) -> Path:
         return self.folder / self.shards[i]["name"]
+
+    def blocks(self, shard: int, packs_per_block: int = 1 << 13):
+        """Yield (first pack index, packs) over one shard, a block of packs at a time."""
+        import h5py
+
+        with h5py.File(self.shard_path(shard), "r") as handle:
+            total = handle["input_ids"].shape[0]
+            for start in range(0, total, packs_per_block):
+                yield start, self.read(shard, start, min(total, start + packs_per_block), handle)
 
     def read(self, shard: int, start: int, stop: int, handle=None) -> dict:
         """Packs [start, stop) of one shard: dict of numpy arrays."""

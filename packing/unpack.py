@@ -60,11 +60,8 @@ def run_unpack(packed: Path, output: Path, quiet: bool = False) -> dict:
                 f.create_dataset(field, shape=shape, dtype=np.dtype(rec["dtypes"][field]), fillvalue=0)
             files.append(f)
         for shard in range(len(dataset.shards)):
-            with h5py.File(dataset.shard_path(shard), "r") as handle:
-                total = handle["input_ids"].shape[0]
-                for a in range(0, total, 1 << 13):
-                    store = extract(dataset.read(shard, a, min(total, a + (1 << 13)), handle))
-                    _write_rows(store, files, inputs, starts, written)
+            for _, packs in dataset.blocks(shard):
+                _write_rows(extract(packs), files, inputs, starts, written)
         skipped = ~written
         # every file must be complete before any is renamed into place
     result = {

@@ -110,21 +110,16 @@ def _input_piece(task):
 
 def _pack_shard(task):
     dataset, shard = task
-    import h5py
-
     parts, error = [], None
     path = dataset.shard_path(shard)
-    with h5py.File(path, "r") as handle:
-        packs_in_shard = handle["input_ids"].shape[0]
-        for a in range(0, packs_in_shard, 1 << 13):
-            packs = dataset.read(shard, a, min(packs_in_shard, a + (1 << 13)), handle)
-            try:
-                store = extract(packs)
-            except PackError as err:
-                error = f"{path.name}: pack {a + err.row}: {str(err).split(': ', 1)[1]}"
-                break
-            rows = np.nonzero(packs["next_sentence_weights"] != 0)[0] + a
-            parts.append(Fingerprints.of(store, rows))
+    for a, packs in dataset.blocks(shard):
+        try:
+            store = extract(packs)
+        except PackError as err:
+            error = f"{path.name}: pack {a + err.row}: {str(err).split(': ', 1)[1]}"
+            break
+        rows = np.nonzero(packs["next_sentence_weights"] != 0)[0] + a
+        parts.append(Fingerprints.of(store, rows))
     digest = sha256_file(path)
     return _concat(parts), error, digest
 
