@@ -132,11 +132,11 @@ def eval_batches(dataset: PackedDataset, micro_batch: int, max_sequences: int, r
 
     Deterministic and identical for every evaluation; replica r takes micro-batches r, r+W, ...
     Returns (list of pack-index lists for this replica, sequences covered by all replicas)."""
+    import h5py
+
     shards = PackedShards(dataset)
     counts = []
     for s in range(len(dataset.shards)):
-        import h5py
-
         with h5py.File(dataset.shard_path(s), "r") as f:
             counts.append(f["next_sentence_weights"][:].sum(axis=1))
     per_pack = np.concatenate(counts)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import yaml
 from tqdm import tqdm
 
-from model import validate_batch
+from model import PackedBertForPreTraining, validate_batch
 from training import checkpoint as ckpt
 from training.build import (
     RunError,
@@ -120,8 +120,8 @@ def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, w
     counts = step_counts(micro_batches, mode, device)
     mlm_total, nsp_total = max(counts[0].item(), 1.0), max(counts[1].item(), 1.0)
     loss_key = "mlm_sequence_loss_sum" if mode == "per_sequence" else "mlm_loss_sum"
-    for i, batch in enumerate(micro_batches):
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    for i, host_batch in enumerate(micro_batches):
+        batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items()}
         last = i == len(micro_batches) - 1
         sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
         with sync:
@@ -130,7 +130,7 @@ def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, w
             # DDP averages gradients over replicas; * world turns that into a global sum.
             loss = (out[loss_key] / mlm_total + out["nsp_loss_sum"] / nsp_total) * world
             scaler.scale(loss).backward()
-        sums.add(out, int((batch["sequence_ids"] > 0).sum()))
+        sums.add(out, int((host_batch["sequence_ids"] > 0).sum()))  # host tensor: no device sync
     for group in optimizer.param_groups:
         group["lr"] = lr
     scaler.step(optimizer)
@@ -146,10 +146,11 @@ def evaluate(model, shards, batches, device, precision) -> dict:
     model.eval()
     sums = MetricSums()
     for packs in batches:
-        batch = {k: v.to(device) for k, v in shards[packs].items()}
+        host_batch = shards[packs]
+        batch = {k: v.to(device) for k, v in host_batch.items()}
         with autocast_context(precision, device):
             out = model(**batch)
-        sums.add(out, int((batch["sequence_ids"] > 0).sum()))
+        sums.add(out, int((host_batch["sequence_ids"] > 0).sum()))
     model.train(was_training)
     return summarize(sums.all_reduce())
 
@@ -212,8 +213,6 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
     restored = ckpt.latest_valid_checkpoint(checkpoints) if resume else None
     if restored is not None:
         saved = ckpt.load_training_state(restored)
-        from model import PackedBertForPreTraining
-
         weights = PackedBertForPreTraining.from_pretrained(restored / "model").state_dict()
         model.load_state_dict(weights)
         optimizer.load_state_dict(saved["optimizer"])

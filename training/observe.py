@@ -17,18 +17,21 @@ SUM_KEYS = ("mlm_loss_sum", "mlm_count", "mlm_correct", "nsp_loss_sum", "nsp_cou
 
 
 class MetricSums:
-    """Running float64 sums of SUM_KEYS (on CPU; exact for counts below 2^53)."""
+    """Running float64 sums of SUM_KEYS, kept on the model's device.
+
+    Adding never reads a value back to the host (no device sync per micro-batch); the
+    sums reach the host once, in all_reduce, at logging time. Exact for counts < 2^53."""
 
     def __init__(self):
-        self.values = dict.fromkeys(SUM_KEYS, 0.0)
+        self.totals: torch.Tensor | None = None
 
-    def add(self, out: dict, tokens) -> None:
-        for key in SUM_KEYS[:-1]:
-            self.values[key] += float(out[key].detach().double().item())
-        self.values["tokens"] += float(tokens)
+    def add(self, out: dict, tokens: int) -> None:
+        model_sums = torch.stack([out[key].detach().double() for key in SUM_KEYS[:-1]])
+        values = torch.cat([model_sums, model_sums.new_tensor([float(tokens)])])
+        self.totals = values if self.totals is None else self.totals + values
 
     def all_reduce(self) -> dict:
-        totals = torch.tensor([self.values[k] for k in SUM_KEYS], dtype=torch.float64)
+        totals = self.totals if self.totals is not None else torch.zeros(len(SUM_KEYS), dtype=torch.float64)
         if dist.is_available() and dist.is_initialized():
             device = "cuda" if dist.get_backend() == "nccl" else "cpu"
             totals = totals.to(device)
