@@ -12,7 +12,6 @@ whose manifest matches its files is used; a corrupt or partial one is reported a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from packing.sources import sha256_file
 
 log = logging.getLogger(__name__)
 PREFIX = "step-"
@@ -50,14 +51,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def save_checkpoint(folder: Path, step: int, model, training_state: dict, keep: int) -> Path:
     """Write OUTPUT/checkpoints/step-N atomically; drop all but the newest `keep`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -70,7 +63,9 @@ def save_checkpoint(folder: Path, step: int, model, training_state: dict, keep: 
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     manifest = {
         "step": step,
-        "files": {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files},
+        "files": {
+            str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files
+        },
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     if final.exists():
@@ -100,7 +95,7 @@ def check_checkpoint(path: Path) -> None:
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{path}: {name} is missing")
-        if file.stat().st_size != record["bytes"] or _sha256(file) != record["sha256"]:
+        if file.stat().st_size != record["bytes"] or sha256_file(file) != record["sha256"]:
             raise CheckpointError(f"{path}: {name} does not match its sha256 in manifest.json (corrupt)")
 
 
