@@ -3,112 +3,23 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
 
-from data.synthetic import synthetic_rows
-from data.unpacked_hdf5 import write_unpacked_shard
-from packing.pipeline import PackJob, run_pack
 from training.config import ConfigError, load_config, validate
 
 from .conftest import REPO
-
-S, P, VOCAB = 64, 10, 1200
+from .training_helpers import final_weights, make_packed, metrics, run, write_config
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    """Small packed train and eval sets (vocabulary of 1,200 tokens, S=64, K=3)."""
-    root = tmp_path_factory.mktemp("train-data")
-    rng = np.random.default_rng(5)
-    for name, n in (("train", 600), ("eval", 120)):
-        rows = synthetic_rows(rng.integers(5, S + 1, size=n), S, P, rng, vocab_size=VOCAB)
-        (root / f"raw-{name}").mkdir()
-        write_unpacked_shard(root / f"raw-{name}" / "part-00000.h5", rows)
-        job = PackJob(
-            inputs=(str(root / f"raw-{name}" / "part-00000.h5"),),
-            output=str(root / name),
-            algorithm="lpfhp",
-            max_sequences_per_pack=3,
-            max_sequence_length=S,
-            max_predictions_per_seq=P,
-            seed=1,
-            shard_size=100,
-            vocab_size=VOCAB,
-        )
-        run_pack(job, quiet=True)
-    return root
-
-
-def write_config(path: Path, packed: Path, **sections) -> Path:
-    config = {
-        "model": {"preset": "bert-tiny", "vocab_size": VOCAB, "attention_backend": "sdpa"},
-        "data": {
-            "train_dir": str(packed / "train"),
-            "eval_dir": str(packed / "eval"),
-            "micro_batch_packs": 4,
-            "loader_workers": 0,
-            "max_sequence_length": S,
-        },
-        "optim": {
-            "lr": 0.01,
-            "warmup_samples": 0,
-            "total_samples": 100000,
-            "gradient_accumulation": 2,
-            "packing_adjustment": "none",
-        },
-        "training": {"max_steps": 6, "log_every_steps": 1, "seed": 3},
-        "eval": {"every_samples": 10**9, "max_sequences": 100, "at_end": False},
-        "execution": {"device": "cpu", "threads": 1},
-        "logging": {"progress": False, "tensorboard": False, "mlperf": True},
-    }
-    for section, values in sections.items():
-        config[section].update(values)
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def run(config: Path, output: Path, *extra, torchrun: int = 0, wait=True):
-    if torchrun:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node",
-            str(torchrun),
-            "--master-port",
-            str(29500 + os.getpid() % 1000),
-            "run_pretraining.py",
-        ]
-    else:
-        cmd = [sys.executable, "run_pretraining.py"]
-    cmd += ["--config", str(config), "--output-dir", str(output), *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    if not wait:
-        return subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-
-
-def final_weights(output: Path) -> dict:
-    newest = sorted((output / "checkpoints").glob("step-*"))[-1]
-    return load_file(newest / "model" / "model.safetensors")
-
-
-def metrics(output: Path, kind="train") -> list[dict]:
-    lines = (output / "metrics.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+    return make_packed(tmp_path_factory.mktemp("train-data"))
 
 
 # ---------------------------------------------------------------------------------------

@@ -115,7 +115,22 @@ def mlperf_eval_interval(global_batch_sequences: float) -> int:
     return max(25000, int(math.floor(0.05 * (230.23 * global_batch_sequences + 3e6) / 25000) * 25000))
 
 
+def build_schedule(config: dict) -> WarmupPolyDecay:
+    """Learning rate as a function of sequences trained (the same for every backend)."""
+    o = config["optim"]
+    return WarmupPolyDecay(
+        peak_lr=o["lr"],
+        warmup_samples=o["warmup_samples"],
+        total_samples=o["total_samples"],
+        power=o["poly_power"],
+        end_lr=o["end_lr"],
+        start_offset_samples=o["start_offset_samples"],
+    )
+
+
 def build_optimizer(model, config: dict, packing_factor: float, replicas: int):
+    """The torch LAMB (betas and accumulation adjusted for packing), its schedule, the
+    adjustment and the step's batch arithmetic."""
     o = config["optim"]
     adjusted = adjust_for_packing(
         o["packing_adjustment"], packing_factor, o["gradient_accumulation"], tuple(o["betas"])
@@ -129,18 +144,10 @@ def build_optimizer(model, config: dict, packing_factor: float, replicas: int):
         bias_correction=o["bias_correction"],
         max_grad_norm=o["max_grad_norm"],
     )
-    schedule = WarmupPolyDecay(
-        peak_lr=o["lr"],
-        warmup_samples=o["warmup_samples"],
-        total_samples=o["total_samples"],
-        power=o["poly_power"],
-        end_lr=o["end_lr"],
-        start_offset_samples=o["start_offset_samples"],
-    )
     shape = StepShape(
         config["data"]["micro_batch_packs"], adjusted.gradient_accumulation, replicas, packing_factor
     )
-    return optimizer, schedule, adjusted, shape
+    return optimizer, build_schedule(config), adjusted, shape
 
 
 def packing_factor(dataset: PackedDataset) -> float:

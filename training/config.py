@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Key:
-    kind: Any  # int, float, bool, str, "betas", "int_list"
+    kind: Any  # int, float, bool, str, "betas", "int_list", "float_list"
     default: Any
     doc: str
     choices: tuple | None = None
@@ -124,6 +124,41 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "distributed_backend": Key(
             str, None, "torchrun backend; null = nccl on CUDA, gloo on CPU", ("nccl", "gloo"), optional=True
         ),
+        "layers_per_stage": Key(
+            "int_list",
+            None,
+            "encoder layers per pipeline stage, e.g. [3, 7, 7, 7]; embeddings go to the first stage, "
+            "heads to the last (torch) or IPU 0 (ipu); null = no pipeline",
+            optional=True,
+        ),
+        "pipeline_schedule": Key(
+            str, "1f1b", "torch pipeline micro-batch schedule", ("gpipe", "1f1b"), optional=False
+        ),
+    },
+    "ipu": {
+        "replicas": Key(int, 1, "model replicas in total (all poprun instances together)", minimum=1),
+        "ipus_per_replica": Key(int, 4, "IPUs one replica is pipelined over", minimum=1),
+        "device_iterations": Key(int, 1, "optimizer steps per host call (one lr per call)", minimum=1),
+        "output_mode": Key(
+            str, "sum", "what returns to the host: sums over the call, or every micro-batch", ("sum", "all")
+        ),
+        "executable_cache_dir": Key(str, None, "compiled executable cache; null = none", optional=True),
+        "available_memory_proportion": Key(
+            "float_list",
+            None,
+            "per-IPU matmul temporary-memory proportion; null = SDK default",
+            optional=True,
+        ),
+        "half": Key(bool, True, "fp16 weights and activations (model.half())"),
+        "loss_scaling": Key(float, 1.0, "static loss scale of poptorch.optim.LAMB", minimum=0),
+        "stochastic_rounding": Key(bool, True, "stochastic rounding of fp16 arithmetic"),
+        "half_partials": Key(bool, False, "fp16 partials in matmuls"),
+        "replicated_tensor_sharding": Key(bool, True, "shard optimizer state over replicas"),
+        "optimizer_state_offchip": Key(bool, False, "optimizer state in streaming memory"),
+        "recompute_checkpoints": Key(bool, True, "recomputation checkpoint after every encoder layer"),
+        "optimizer_accum_type": Key(
+            str, "float32", "LAMB accumulator and moment type", ("float32", "float16")
+        ),
     },
     "logging": {
         "progress": Key(bool, True, "tqdm progress bar"),
@@ -177,6 +212,11 @@ def _check_value(path: str, key: Key, value):
         if key.optional or key.default is None and path in REQUIRED_LATER:
             return None
         raise ConfigError(f"{path}: must be set (got null)")
+    if key.kind in ("int_list", "float_list"):
+        item = Key(int if key.kind == "int_list" else float, 0, "", minimum=0)
+        if not isinstance(value, list | tuple) or not value:
+            raise ConfigError(f"{path}: expected a non-empty list of numbers, got {value!r}")
+        return [_check_value(path, item, v) for v in value]
     if key.kind == "betas":
         if not isinstance(value, list | tuple) or len(value) != 2:
             raise ConfigError(f"{path}: expected a list of two numbers in [0, 1), got {value!r}")

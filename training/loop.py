@@ -28,6 +28,7 @@ from training.build import (
     RunError,
     build_model,
     build_optimizer,
+    build_schedule,
     check_model_fits_data,
     mlperf_eval_interval,
     open_packed,
@@ -156,7 +157,7 @@ def evaluate(model, shards, batches, device, precision) -> dict:
 
 
 # --------------------------------------------------------------------------------------
-# The run
+# Stopping and output
 # --------------------------------------------------------------------------------------
 class _Stop:
     """SIGTERM / SIGINT -> finish the current step, checkpoint, exit."""
@@ -194,28 +195,113 @@ def prepare_output(output: Path, config: dict, resume: bool, rank: int) -> None:
         os.replace(tmp, saved)
 
 
-def run_training(config: dict, output: Path, resume: bool = False) -> int:
-    """The whole run on this process (one replica). Returns the process exit code."""
+# --------------------------------------------------------------------------------------
+# The torch engine: one process = one data-parallel replica
+# --------------------------------------------------------------------------------------
+class TorchEngine:
+    """What the run needs from a backend, for torch on CPU/CUDA with DDP under torchrun.
+
+    The run (run_training) only calls what every engine has:
+      rank, data_rank, data_world   who writes (rank 0) and which share of the data is read
+      micro_batches_per_call         micro-batches this process feeds to one `train` call
+      steps_per_call                 optimizer steps one `train` call makes
+      attach(model, factor)          -> (adjusted hyperparameters, StepShape)
+      train(micro_batches, lr, sums) -> the call's global [masked tokens, sequences]
+      evaluate(shards, batches)      -> exact eval metrics, reduced over replicas
+      reduce(sums)                   -> metric sums of all replicas
+      state() / load_state(saved)    optimizer (+ scaler) state for checkpoints
+      host_model()                   the whole model with current weights, for saving
+    """
+
+    steps_per_call = 1
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.replica = setup_replica(config)
+        self.rank = self.data_rank = self.replica.rank
+        self.data_world = self.replica.world
+
+    def attach(self, model: PackedBertForPreTraining, factor: float):
+        t = self.config["training"]
+        self.model = model
+        self.optimizer, _, adjusted, shape = build_optimizer(model, self.config, factor, self.replica.world)
+        self.micro_batches_per_call = shape.gradient_accumulation
+        model.to(self.replica.device)
+        model.train()
+        self.step_model = torch.compile(model) if t["compile"] else model
+        if self.replica.world > 1:
+            device_ids = [self.replica.device.index] if self.replica.device.type == "cuda" else None
+            self.step_model = torch.nn.parallel.DistributedDataParallel(
+                self.step_model, device_ids=device_ids
+            )
+        self.scaler = torch.amp.GradScaler(self.replica.device.type, enabled=t["precision"] == "fp16")
+        return adjusted, shape
+
+    def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
+        return train_step(
+            self.step_model,
+            self.optimizer,
+            self.scaler,
+            micro_batches,
+            lr,
+            self.config["training"]["precision"],
+            self.replica.device,
+            self.replica.world,
+            self.config["model"]["mlm_loss_mode"],
+            sums,
+        )
+
+    def evaluate(self, shards, batches) -> dict:
+        return evaluate(
+            self.model, shards, batches, self.replica.device, self.config["training"]["precision"]
+        )
+
+    def reduce(self, sums: MetricSums) -> dict:
+        return sums.all_reduce()
+
+    def state(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()}
+
+    def load_state(self, saved: dict) -> None:
+        self.optimizer.load_state_dict(saved["optimizer"])
+        if "scaler" in saved:
+            self.scaler.load_state_dict(saved["scaler"])
+
+    def host_model(self) -> PackedBertForPreTraining:
+        return self.model
+
+
+# --------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------
+def run_training(config: dict, output: Path, resume: bool = False, engine_class=TorchEngine) -> int:
+    """The whole run on this process. Returns the process exit code.
+
+    `engine_class` is the backend (TorchEngine here; the IPU and torch-pipeline backends
+    pass theirs): data order, evaluation schedule, checkpoints, logging and stopping are
+    the same for every backend and live only here."""
     t = config["training"]
     # All user-input checks first: data, output folder, model, before any compute.
     train_data = open_packed(config["data"]["train_dir"], config, "train")
     eval_data = (
         open_packed(config["data"]["eval_dir"], config, "eval") if config["data"]["eval_dir"] else None
     )
-    replica = setup_replica(config)
-    prepare_output(output, config, resume, replica.rank)
+    engine = engine_class(config)
+    prepare_output(output, config, resume, engine.rank)
     model = build_model(config, t["seed"])
     check_model_fits_data(model, train_data)
     factor = packing_factor(train_data)
-    optimizer, schedule, adjusted, shape = build_optimizer(model, config, factor, replica.world)
     state = RunState()
     checkpoints = output / "checkpoints"
     restored = ckpt.latest_valid_checkpoint(checkpoints) if resume else None
+    saved = None
     if restored is not None:
         saved = ckpt.load_training_state(restored)
-        weights = PackedBertForPreTraining.from_pretrained(restored / "model").state_dict()
-        model.load_state_dict(weights)
-        optimizer.load_state_dict(saved["optimizer"])
+        model.load_state_dict(PackedBertForPreTraining.from_pretrained(restored / "model").state_dict())
+    adjusted, shape = engine.attach(model, factor)
+    schedule = build_schedule(config)
+    if saved is not None:
+        engine.load_state(saved)
         state = RunState(
             step=saved["step"],
             samples=saved["samples"],
@@ -223,29 +309,15 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
             next_eval_samples=saved["next_eval_samples"],
             best_eval_accuracy=saved["best_eval_accuracy"],
         )
-        ckpt.set_rng_state(
-            saved["rng"][replica.rank] if replica.rank < len(saved["rng"]) else saved["rng"][0]
-        )
-    model.to(replica.device)
-    model.train()
-    step_model = model
-    if t["compile"]:
-        step_model = torch.compile(model)
-    if replica.world > 1:
-        step_model = torch.nn.parallel.DistributedDataParallel(
-            step_model, device_ids=[replica.device.index] if replica.device.type == "cuda" else None
-        )
-    scaler = torch.amp.GradScaler(replica.device.type, enabled=t["precision"] == "fp16")
-    if restored is not None and "scaler" in saved:
-        scaler.load_state_dict(saved["scaler"])
+        ckpt.set_rng_state(saved["rng"][engine.rank] if engine.rank < len(saved["rng"]) else saved["rng"][0])
 
     shards = PackedShards(train_data)
     sampler = ReplicaSampler(
         len(shards),
         shape.micro_batch_packs,
         config["data"]["shuffle_seed"],
-        replica.rank,
-        replica.world,
+        engine.data_rank,
+        engine.data_world,
         state.position,
     )
     loader = iter(make_loader(shards, sampler, config["data"]["loader_workers"]))
@@ -254,19 +326,23 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
         state.next_eval_samples = int(eval_every)
     eval_set = (
         eval_batches(
-            eval_data, shape.micro_batch_packs, config["eval"]["max_sequences"], replica.rank, replica.world
+            eval_data,
+            shape.micro_batch_packs,
+            config["eval"]["max_sequences"],
+            engine.data_rank,
+            engine.data_world,
         )
         if eval_data
         else None
     )
 
-    reporter = Reporter(output, config, replica.rank)
+    reporter = Reporter(output, config, engine.rank)
     stop = _Stop()
-    if replica.rank == 0:
+    if engine.rank == 0:
         log.info(adjusted.describe())
         log.info(
             "step = %d replicas x %d micro-batches x %d packs = %d packs (~%.0f sequences); eval every %d sequences",
-            replica.world,
+            shape.replicas,
             shape.gradient_accumulation,
             shape.micro_batch_packs,
             shape.packs_per_step,
@@ -280,15 +356,14 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
         initial=state.step,
         unit="step",
         dynamic_ncols=True,
-        disable=replica.rank != 0 or not config["logging"]["progress"],
+        disable=engine.rank != 0 or not config["logging"]["progress"],
     )
     status, started, window = "aborted", time.perf_counter(), MetricSums()
     window_start, window_samples = time.perf_counter(), 0
 
     def save():
         training_state = {
-            "optimizer": optimizer.state_dict(),
-            "scaler": scaler.state_dict(),
+            **engine.state(),
             "step": state.step,
             "samples": state.samples,
             "position": state.position.as_dict(),
@@ -297,8 +372,10 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
             "rng": gather_rng_states(),
             "config": config,
         }
-        if replica.rank == 0:
-            path = ckpt.save_checkpoint(checkpoints, state.step, model, training_state, t["keep_checkpoints"])
+        if engine.rank == 0:
+            path = ckpt.save_checkpoint(
+                checkpoints, state.step, engine.host_model(), training_state, t["keep_checkpoints"]
+            )
             log.info("checkpoint %s", path)
         if dist.is_initialized():
             dist.barrier()
@@ -307,11 +384,11 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
         if eval_set is None:
             return False
         shards_eval, batches, covered = eval_set
-        metrics = evaluate(model, shards_eval, batches, replica.device, t["precision"])
+        metrics = engine.evaluate(shards_eval, batches)
         state.best_eval_accuracy = max(state.best_eval_accuracy, metrics["mlm_accuracy"])
         reporter.log({"step": state.step, "samples": state.samples, **metrics}, "eval")
         reporter.mlperf("EVAL_ACCURACY", value=metrics["mlm_accuracy"], metadata={"epoch_num": state.samples})
-        if replica.rank == 0:
+        if engine.rank == 0:
             progress.write(
                 f"eval at {state.samples} sequences: MLM accuracy {metrics['mlm_accuracy']:.4f} "
                 f"over {metrics['masked_tokens']} masked tokens of {metrics['sequences']} sequences"
@@ -325,32 +402,21 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
                 break
             if t["max_seconds"] is not None and time.perf_counter() - started >= t["max_seconds"]:
                 break
-            micro_batches = [next(loader) for _ in range(shape.gradient_accumulation)]
+            micro_batches = [next(loader) for _ in range(engine.micro_batches_per_call)]
             if config["data"]["validate_batches"]:
                 for batch in micro_batches:
                     validate_batch(batch, model.config.vocab_size, model.config.max_position_embeddings)
             lr = schedule(state.samples)
-            counts = train_step(
-                step_model,
-                optimizer,
-                scaler,
-                micro_batches,
-                lr,
-                t["precision"],
-                replica.device,
-                replica.world,
-                config["model"]["mlm_loss_mode"],
-                window,
-            )
-            state.step += 1
+            counts = engine.train(micro_batches, lr, window)
+            state.step += engine.steps_per_call
             state.samples += int(counts[1].item())
             window_samples += int(counts[1].item())
             state.position = advance(
-                state.position, shape.gradient_accumulation * replica.world, sampler.per_epoch
+                state.position, engine.micro_batches_per_call * engine.data_world, sampler.per_epoch
             )
-            progress.update(1)
-            if state.step % t["log_every_steps"] == 0 or state.step == t["max_steps"]:
-                totals = window.all_reduce()
+            progress.update(engine.steps_per_call)
+            if state.step % t["log_every_steps"] < engine.steps_per_call or state.step >= t["max_steps"]:
+                totals = engine.reduce(window)
                 seconds = time.perf_counter() - window_start
                 record = {
                     "step": state.step,
@@ -376,7 +442,8 @@ def run_training(config: dict, output: Path, resume: bool = False) -> int:
                     state.reached_target = True
                     status = "success"
                     break
-            if t["checkpoint_every_steps"] and state.step % t["checkpoint_every_steps"] == 0:
+            every = t["checkpoint_every_steps"]
+            if every and state.step % every < engine.steps_per_call:
                 save()
             if stop_requested(stop):
                 log.warning("stop requested (signal): checkpointing at step %d", state.step)

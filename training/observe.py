@@ -30,6 +30,11 @@ class MetricSums:
         values = torch.cat([model_sums, model_sums.new_tensor([float(tokens)])])
         self.totals = values if self.totals is None else self.totals + values
 
+    def add_vector(self, values: torch.Tensor) -> None:
+        """Add sums already stacked in SUM_KEYS order (a compiled graph's output)."""
+        values = values.double()
+        self.totals = values if self.totals is None else self.totals + values
+
     def all_reduce(self) -> dict:
         totals = self.totals if self.totals is not None else torch.zeros(len(SUM_KEYS), dtype=torch.float64)
         if dist.is_available() and dist.is_initialized():

@@ -1,25 +1,239 @@
-"""Graphcore IPU backend (PopTorch). The only module that imports poptorch.
+"""Graphcore IPU backend (PopTorch). The only module that imports poptorch, popdist and
+horovod, and only when execution.device is ipu or ipu-model.
 
-Status: only the availability check exists; the pipelined/replicated PopTorch training
-path is open work (issue 7). Selecting an IPU never falls back to another device.
+The run itself (data order, eval schedule, checkpoints, logging, stopping) is
+training.loop.run_training; this module supplies its engine:
+
+    IpuPlan (training.backends.ipu_plan, pure)  ->  poptorch.Options
+    PackedBertForPreTraining  ->  PretrainingStep with poptorch.BeginBlock per stage and
+                                  recomputation checkpoints  ->  poptorch.trainingModel
+    optim LAMB settings (beta^p)  ->  poptorch.optim.LAMB(**poptorch_lamb_kwargs(...))
+
+Data: the host feeds PopTorch's combined batch (device iterations x replicas x gradient
+accumulation x micro-batch) from training.data's resumable, instance-sharded loader
+instead of poptorch.DataLoader, whose own sampler cannot resume at a micro-batch
+position; under poprun each instance reads its own share and only instance 0 logs and
+saves. Host-side sums (step counts, metrics) are all-reduced over instances with
+Horovod, which the Poplar SDK ships for this purpose.
+
+STATUS: written against the PopTorch 3.x API; never executed here (no Poplar SDK). The
+planning layer and PretrainingStep are tested on CPU (tests/test_ipu_plan.py); the
+IPUModel tests in tests/ipu/ skip where poptorch is missing.
 """
 
 from __future__ import annotations
 
-from training.build import RunError
+import logging
+
+import torch
+
+from optim import adjust_for_packing, poptorch_lamb_kwargs, weight_decay_groups
+from training.backends.ipu_plan import IpuPlan, IpuPlanError, make_plan
+from training.backends.ipu_step import PretrainingStep, pad_micro_batch, step_inputs
+from training.build import RunError, StepShape
+from training.observe import SUM_KEYS, MetricSums, summarize
+
+log = logging.getLogger("training.ipu")
+
+POPTORCH_MISSING = (
+    "execution.device {device} needs poptorch, which is not installed: install the poptorch wheel of "
+    "Graphcore's Poplar SDK (source <sdk>/enable.sh; pip install <sdk>/poptorch-*.whl) or choose "
+    "execution.device cpu or cuda"
+)
 
 
-def require_poptorch():
+def require_poptorch(device: str = "ipu"):
+    """Import poptorch or raise RunError (exit code 2) before any data is read."""
     try:
-        import poptorch  # noqa: F401
+        import poptorch
     except ImportError:
-        raise RunError(
-            "execution.device ipu/ipu-model needs poptorch, which is not installed: install the poptorch "
-            "wheel shipped with Graphcore's Poplar SDK (pip install <sdk>/poptorch-*.whl) and enable the SDK"
-        ) from None
+        raise RunError(POPTORCH_MISSING.format(device=device)) from None
     return poptorch
 
 
+def instance_topology() -> tuple[int, int]:
+    """(instance index, instances) under poprun (PopDist), (0, 1) otherwise."""
+    try:
+        import popdist
+    except ImportError:
+        return 0, 1
+    if not popdist.isPopdistEnvSet():
+        return 0, 1
+    return popdist.getInstanceIndex(), popdist.getNumInstances()
+
+
+def build_options(poptorch, plan: IpuPlan, training: bool):
+    """IpuPlan -> poptorch.Options (popdist.poptorch.Options under poprun)."""
+    if plan.instances > 1:
+        import popdist.poptorch
+
+        opts = popdist.poptorch.Options(ipus_per_replica=plan.ipus_per_replica)
+    else:
+        opts = poptorch.Options()
+        opts.replicationFactor(plan.local_replicas)
+    opts.autoRoundNumIPUs(True)
+    opts.randomSeed(plan.seed)
+    if plan.use_ipu_model:
+        opts.useIpuModel(True)
+    if plan.executable_cache_dir:
+        opts.enableExecutableCaching(plan.executable_cache_dir)
+    if plan.available_memory_proportion:
+        opts.setAvailableMemoryProportion(plan.available_memory_proportion)
+    opts.Precision.enableStochasticRounding(plan.stochastic_rounding)
+    if plan.half_partials:
+        opts.Precision.setPartialsType(torch.float16)
+    if len(plan.layers_per_stage) > 1:
+        opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    if training:
+        opts.deviceIterations(plan.device_iterations)
+        opts.Training.gradientAccumulation(plan.gradient_accumulation)
+        # The graph's loss is already normalised by the step's global counts: sum, not mean.
+        opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Sum)
+        opts.outputMode(poptorch.OutputMode.Sum if plan.output_mode == "sum" else poptorch.OutputMode.All)
+        opts.TensorLocations.setOptimizerLocation(
+            poptorch.TensorLocationSettings()
+            .useOnChipStorage(not plan.optimizer_state_offchip)
+            .useReplicatedTensorSharding(plan.replicated_tensor_sharding)
+        )
+    else:
+        opts.deviceIterations(1)
+        opts.outputMode(poptorch.OutputMode.All)
+    return opts
+
+
+def place_stages(poptorch, step: PretrainingStep, plan: IpuPlan) -> None:
+    """poptorch.BeginBlock on each placement; recomputation checkpoints after layers."""
+    for placement in plan.placements:
+        parent_name, _, child = placement.module.rpartition(".")
+        parent = step.get_submodule(parent_name) if parent_name else step
+        module = getattr(parent, child) if not child.isdigit() else parent[int(child)]
+        wrapped = poptorch.BeginBlock(module, user_id=placement.block, ipu_id=placement.ipu)
+        if child.isdigit():
+            parent[int(child)] = wrapped
+        else:
+            setattr(parent, child, wrapped)
+    layers = step.model.encoder_layers
+    for index in plan.recompute_layers:
+        layers[index].register_forward_hook(
+            lambda module, inputs, output: poptorch.recomputationCheckpoint(output)
+        )
+
+
+def _host_sum(tensor: torch.Tensor, instances: int) -> torch.Tensor:
+    """Sum over poprun instances (Horovod ships with the Poplar SDK)."""
+    if instances == 1:
+        return tensor
+    import horovod.torch as hvd
+
+    return hvd.allreduce(tensor, op=hvd.Sum)
+
+
+class IpuEngine:
+    """training.loop's engine on IPUs: one host process = one poprun instance, driving
+    its local replicas; a `train` call runs `device_iterations` optimizer steps."""
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.poptorch = require_poptorch(config["execution"]["device"])
+        self.rank, self.instances = instance_topology()
+        self.data_rank, self.data_world = self.rank, self.instances
+        self.inference = None
+
+    def attach(self, model, factor: float):
+        try:
+            self.plan = make_plan(self.config, factor, self.instances)
+        except IpuPlanError as err:
+            raise RunError(str(err)) from None
+        o = self.config["optim"]
+        adjusted = adjust_for_packing(
+            o["packing_adjustment"], factor, o["gradient_accumulation"], tuple(o["betas"])
+        )
+        shape = StepShape(
+            self.plan.micro_batch_packs, self.plan.gradient_accumulation, self.plan.replicas, factor
+        )
+        self.steps_per_call = self.plan.device_iterations
+        self.micro_batches_per_call = self.plan.micro_batches_per_call
+        if self.rank == 0:
+            log.info(self.plan.describe())
+
+        poptorch = self.poptorch
+        self.model = model.half() if self.plan.half else model
+        self.model.train()
+        self.step = PretrainingStep(self.model, lambda loss: poptorch.identity_loss(loss, reduction="none"))
+        place_stages(poptorch, self.step, self.plan)
+        kwargs = poptorch_lamb_kwargs(
+            weight_decay_groups(self.model.named_parameters(), o["weight_decay"]),
+            lr=0.0,
+            adjusted=adjusted,
+            eps=o["eps"],
+            weight_decay=o["weight_decay"],
+            bias_correction=o["bias_correction"],
+            loss_scaling=self.plan.loss_scaling,
+            accum_type=self.plan.optimizer_accum_type,
+            first_order_type=self.plan.optimizer_accum_type,
+            second_order_type="float32",
+        )
+        self.optimizer = poptorch.optim.LAMB(**kwargs)
+        self.training = poptorch.trainingModel(
+            self.step, build_options(poptorch, self.plan, True), self.optimizer
+        )
+        return adjusted, shape
+
+    def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
+        steps = self.plan.device_iterations
+        per_step = len(micro_batches) // steps
+        counts = []
+        for i in range(steps):
+            group = micro_batches[i * per_step : (i + 1) * per_step]
+            mlm = sum(int((b["masked_lm_weights"] > 0).sum()) for b in group)
+            nsp = sum(int(b["next_sentence_weights"].sum()) for b in group)
+            counts.append(_host_sum(torch.tensor([mlm, nsp], dtype=torch.float64), self.instances))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.training.setOptimizer(self.optimizer)  # pushes the new lr; state stays on device
+        _, device_sums = self.training(**step_inputs(micro_batches, steps, counts))
+        sums.add_vector(device_sums.double().reshape(-1, device_sums.shape[-1]).sum(0))
+        return torch.stack(counts).sum(0)
+
+    @torch.no_grad()
+    def evaluate(self, shards, batches) -> dict:
+        poptorch, plan = self.poptorch, self.plan
+        if self.inference is None:
+            self.inference = poptorch.inferenceModel(self.step, build_options(poptorch, plan, False))
+        self.training.detachFromDevice()
+        self.model.eval()
+        sums = MetricSums()
+        group = plan.local_replicas  # one micro-batch per local replica per call
+        for start in range(0, len(batches), group):
+            packs = batches[start : start + group]
+            micro = [pad_micro_batch(shards[p], plan.micro_batch_packs) for p in packs]
+            while len(micro) < group:  # empty micro-batches keep the shape static
+                micro.append({k: torch.zeros_like(v) for k, v in micro[0].items()})
+            zero = [torch.zeros(2, dtype=torch.float64)]
+            _, device_sums = self.inference(**step_inputs(micro, 1, zero))
+            sums.add_vector(device_sums.double().reshape(-1, device_sums.shape[-1]).sum(0))
+        self.inference.detachFromDevice()
+        self.model.train()
+        return summarize(self.reduce(sums))
+
+    def reduce(self, sums: MetricSums) -> dict:
+        totals = sums.totals if sums.totals is not None else torch.zeros(len(SUM_KEYS), dtype=torch.float64)
+        return dict(zip(SUM_KEYS, _host_sum(totals.cpu(), self.instances).tolist()))
+
+    def state(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict()}  # PopTorch reads the state back from the IPUs
+
+    def load_state(self, saved: dict) -> None:
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.training.setOptimizer(self.optimizer)
+
+    def host_model(self):
+        self.training.copyWeightsToHost()
+        return self.model
+
+
 def run_ipu(config: dict, output, resume: bool) -> int:
-    require_poptorch()
-    raise RunError("the IPU training path is not implemented in this version (see the README's status table)")
+    require_poptorch(config["execution"]["device"])  # before any data is read
+    from training.loop import run_training
+
+    return run_training(config, output, resume, engine_class=IpuEngine)

@@ -1,0 +1,236 @@
+"""IPU planning: a validated config -> `IpuPlan`, every PopTorch option value in one dataclass.
+
+Pure Python (no poptorch import), so the plan, its batch arithmetic and its errors are
+tested on any machine; `training.backends.ipu` applies a plan with the real PopTorch API.
+
+Placement follows Graphcore's pipelined BERT: the embeddings and the first encoder layers
+on IPU 0, the other layers as `execution.layers_per_stage` lists them (one stage per IPU),
+and the pretraining heads back on IPU 0, where the MLM decoder shares its weight with the
+word embeddings (a tied weight must live on one IPU).
+
+Batch arithmetic, per optimizer step:
+    packs per step     = micro_batch_packs x gradient_accumulation x replicas
+    packs per host call = packs per step x device_iterations
+    sequences per step ~= packs per step x packing factor (from the packed metadata.json)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from model.config import bert_config
+from model.stages import stage_layer_ranges
+from optim import adjust_for_packing
+
+
+class IpuPlanError(ValueError):
+    """A config that cannot run on IPUs; the message names the key to change."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A module (dotted name in PackedBertForPreTraining) that starts a pipeline block."""
+
+    module: str  # dotted path in training.backends.ipu_step.PretrainingStep
+    ipu: int
+    block: str  # PopTorch user_id of the block (names the stage in reports)
+
+
+@dataclass(frozen=True)
+class IpuPlan:
+    # topology
+    replicas: int  # all instances together
+    instances: int  # poprun instances (host processes); 1 without poprun
+    ipus_per_replica: int
+    use_ipu_model: bool
+    # batch
+    micro_batch_packs: int
+    gradient_accumulation: int  # after the packing adjustment
+    device_iterations: int
+    packing_factor: float
+    # pipeline
+    layers_per_stage: tuple[int, ...]
+    placements: tuple[Placement, ...]
+    recompute_layers: tuple[int, ...]  # encoder layers followed by a recomputation checkpoint
+    # numerics
+    half: bool
+    loss_scaling: float
+    stochastic_rounding: bool
+    half_partials: bool
+    optimizer_accum_type: str
+    betas: tuple[float, float]  # beta^p-adjusted
+    # memory and execution
+    replicated_tensor_sharding: bool
+    optimizer_state_offchip: bool
+    available_memory_proportion: dict[str, float] = field(default_factory=dict)
+    output_mode: str = "sum"
+    seed: int = 42
+    executable_cache_dir: str | None = None
+
+    @property
+    def local_replicas(self) -> int:
+        """Replicas driven by this host process."""
+        return self.replicas // self.instances
+
+    @property
+    def packs_per_step(self) -> int:
+        return self.micro_batch_packs * self.gradient_accumulation * self.replicas
+
+    @property
+    def packs_per_call(self) -> int:
+        return self.packs_per_step * self.device_iterations
+
+    @property
+    def micro_batches_per_call(self) -> int:
+        """Micro-batches one instance feeds per host call (its share of packs_per_call)."""
+        return self.gradient_accumulation * self.local_replicas * self.device_iterations
+
+    @property
+    def sequences_per_step(self) -> float:
+        return self.packs_per_step * self.packing_factor
+
+    @property
+    def total_ipus(self) -> int:
+        return self.replicas * self.ipus_per_replica
+
+    def describe(self) -> str:
+        stages = " | ".join(
+            f"IPU{i}: {'+'.join(p.block for p in self.placements if p.ipu == i)}"
+            for i in range(self.ipus_per_replica)
+        )
+        return (
+            f"IPU plan: {self.replicas} replicas x {self.ipus_per_replica} IPUs = {self.total_ipus} IPUs "
+            f"({self.instances} instance(s)); step = {self.micro_batch_packs} packs x GA "
+            f"{self.gradient_accumulation} x {self.replicas} replicas = {self.packs_per_step} packs "
+            f"(~{self.sequences_per_step:.0f} sequences); {self.device_iterations} step(s) per host call; "
+            f"stages: {stages}; {'fp16' if self.half else 'fp32'}, loss scale {self.loss_scaling:g}"
+            + (" [IPUModel simulator]" if self.use_ipu_model else "")
+        )
+
+
+def training_pipeline_stages(ipu_stages: int) -> int:
+    """Pipeline stages of a training graph: forward stages + backward stages, the last
+    forward and first backward sharing one (PopART: 2N - 1). The gradient accumulation
+    must fill them, or the pipeline never reaches its steady state."""
+    return 2 * ipu_stages - 1
+
+
+def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPlan:
+    """Config (validated by training.config) -> IpuPlan, or IpuPlanError naming the key."""
+    ipu, execution, model_cfg = config["ipu"], config["execution"], config["model"]
+    if execution["device"] not in ("ipu", "ipu-model"):
+        raise IpuPlanError(f"execution.device is {execution['device']!r}: an IPU plan needs ipu or ipu-model")
+    if model_cfg["attention_backend"] != "dense":
+        raise IpuPlanError(
+            f"model.attention_backend {model_cfg['attention_backend']!r}: PopTorch compiles the dense "
+            "additive-mask attention only (sdpa and flex are CPU/CUDA kernels); set it to dense"
+        )
+    if model_cfg["mlm_loss_mode"] != "per_token":
+        raise IpuPlanError(
+            "model.mlm_loss_mode per_sequence reads a tensor value on the host (K of the batch), "
+            "which a static PopTorch graph cannot; use per_token"
+        )
+    if model_cfg["recompute_layers"]:
+        raise IpuPlanError(
+            "model.recompute_layers is torch activation checkpointing; on IPUs use ipu.recompute_checkpoints"
+        )
+    if config["training"]["precision"] != "fp32":
+        raise IpuPlanError(
+            f"training.precision {config['training']['precision']!r} is a torch autocast setting; on IPUs "
+            "set training.precision fp32 and choose fp16 with ipu.half"
+        )
+    if config["optim"]["max_grad_norm"] is not None:
+        raise IpuPlanError(
+            "optim.max_grad_norm: poptorch.optim.LAMB has no global gradient-norm clipping; set it to null "
+            "(Graphcore's MLPerf BERT trains without it)"
+        )
+    if instances < 1 or ipu["replicas"] % instances:
+        raise IpuPlanError(
+            f"ipu.replicas {ipu['replicas']} is not a multiple of the {instances} poprun instance(s)"
+        )
+    layers = bert_config(model_cfg["preset"]).num_hidden_layers
+    split = execution["layers_per_stage"]
+    if split is None:
+        raise IpuPlanError(
+            f"execution.layers_per_stage must list the encoder layers of each IPU (the model has {layers} "
+            f"layers), e.g. {even_split(layers, ipu['ipus_per_replica'])}"
+        )
+    try:
+        ranges = stage_layer_ranges(layers, list(split))
+    except ValueError as err:
+        raise IpuPlanError(f"execution.layers_per_stage: {err}") from None
+    if len(split) > ipu["ipus_per_replica"]:
+        raise IpuPlanError(
+            f"execution.layers_per_stage has {len(split)} stages but ipu.ipus_per_replica is "
+            f"{ipu['ipus_per_replica']}: one stage per IPU"
+        )
+    if any(count == 0 for count in split):
+        raise IpuPlanError(f"execution.layers_per_stage {split}: a stage without layers idles its IPU")
+
+    adjusted = adjust_for_packing(
+        config["optim"]["packing_adjustment"],
+        packing_factor,
+        config["optim"]["gradient_accumulation"],
+        tuple(config["optim"]["betas"]),
+    )
+    needed = training_pipeline_stages(len(split))
+    if len(split) > 1 and adjusted.gradient_accumulation < needed:
+        raise IpuPlanError(
+            f"gradient accumulation {adjusted.gradient_accumulation} (optim.gradient_accumulation after the "
+            f"packing adjustment) is smaller than the {needed} training pipeline stages of "
+            f"{len(split)} IPUs (2N-1): raise optim.gradient_accumulation"
+        )
+    proportions = ipu["available_memory_proportion"]
+    if proportions is not None:
+        if len(proportions) not in (1, ipu["ipus_per_replica"]):
+            raise IpuPlanError(
+                f"ipu.available_memory_proportion has {len(proportions)} values: give one, or one per IPU "
+                f"({ipu['ipus_per_replica']})"
+            )
+        if any(not 0 < p <= 1 for p in proportions):
+            raise IpuPlanError(f"ipu.available_memory_proportion {proportions}: values must be in (0, 1]")
+        if len(proportions) == 1:
+            proportions = proportions * ipu["ipus_per_replica"]
+    memory = {f"IPU{i}": float(p) for i, p in enumerate(proportions or [])}
+
+    # As Graphcore's pipelined BERT: a block per encoder layer on its IPU (PopTorch's
+    # AutoIncrement starts a new pipeline stage only where the IPU changes).
+    placements = [Placement("model.bert.embeddings", 0, "embeddings")]
+    for stage, layer_range in enumerate(ranges):
+        for layer in layer_range:
+            placements.append(Placement(f"model.bert.encoder.layer.{layer}", stage, f"encoder{layer}"))
+    placements.append(Placement("heads", 0, "heads"))
+    # Checkpoint every layer output but the last: in a pipeline, activations between
+    # checkpoints are recomputed in the backward pass instead of stashed.
+    recompute = tuple(range(layers - 1)) if ipu["recompute_checkpoints"] else ()
+    return IpuPlan(
+        replicas=ipu["replicas"],
+        instances=instances,
+        ipus_per_replica=ipu["ipus_per_replica"],
+        use_ipu_model=execution["device"] == "ipu-model",
+        micro_batch_packs=config["data"]["micro_batch_packs"],
+        gradient_accumulation=adjusted.gradient_accumulation,
+        device_iterations=ipu["device_iterations"],
+        packing_factor=packing_factor,
+        layers_per_stage=tuple(split),
+        placements=tuple(placements),
+        recompute_layers=recompute,
+        half=ipu["half"],
+        loss_scaling=ipu["loss_scaling"],
+        stochastic_rounding=ipu["stochastic_rounding"],
+        half_partials=ipu["half_partials"],
+        optimizer_accum_type=ipu["optimizer_accum_type"],
+        betas=tuple(adjusted.betas),
+        replicated_tensor_sharding=ipu["replicated_tensor_sharding"] and ipu["replicas"] > 1,
+        optimizer_state_offchip=ipu["optimizer_state_offchip"],
+        available_memory_proportion=memory,
+        output_mode=ipu["output_mode"],
+        seed=config["training"]["seed"],
+        executable_cache_dir=ipu["executable_cache_dir"],
+    )
+
+
+def even_split(layers: int, stages: int) -> list[int]:
+    """A suggestion for the error message: layers spread as evenly as possible."""
+    base, extra = divmod(layers, stages)
+    return [base + (1 if i < extra else 0) for i in range(stages)]

@@ -1,0 +1,121 @@
+"""The module PopTorch compiles for training and evaluation, and its host-side inputs.
+
+Pure torch (no poptorch import): the same module runs on CPU, which is how the tests
+check that the IPU graph computes what the torch path's `train_step` computes.
+
+A compiled graph cannot divide by the step's global masked-token count (it sees one
+micro-batch at a time), so the host passes the step's normalisers as per-row inputs
+(`mlm_scale`, `nsp_scale`: the same value on every row of a step), and the graph's loss
+is `mlm_loss_sum * mlm_scale + nsp_loss_sum * nsp_scale` with gradient accumulation and
+replication reduced by SUM. Summed over the step's micro-batches and replicas that is
+exactly the torch path's loss: token losses / global masked tokens + NSP losses / global
+sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from training.observe import SUM_KEYS
+
+# Fields the graph takes; source_index (int64 bookkeeping) stays on the host.
+GRAPH_FIELDS = (
+    "input_ids",
+    "segment_ids",
+    "position_ids",
+    "sequence_ids",
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+    "next_sentence_positions",
+    "next_sentence_labels",
+    "next_sentence_weights",
+)
+
+
+class HeadsBlock(nn.Module):
+    """The pooler and the pretraining heads as one callable block, so that one
+    poptorch.BeginBlock places all of them (Graphcore: on IPU 0, next to the tied
+    word embeddings). Holds no parameters of its own: it calls the model's `heads`."""
+
+    def __init__(self, model):
+        super().__init__()
+        object.__setattr__(self, "_model", model)  # not a submodule: no duplicate weights
+
+    def forward(self, sequence_output, *head_inputs):
+        return self._model.heads(sequence_output, *head_inputs)
+
+
+class PretrainingStep(nn.Module):
+    """(graph fields + mlm_scale + nsp_scale) -> (loss, sums [1, len(SUM_KEYS)] float32).
+
+    `loss_marker` marks the loss for the compiler: poptorch.identity_loss(x, "none") on
+    IPUs, the identity on CPU. Sums follow training.observe.SUM_KEYS."""
+
+    def __init__(self, model, loss_marker: Callable[[torch.Tensor], torch.Tensor] = lambda x: x):
+        super().__init__()
+        self.model = model
+        self.heads = HeadsBlock(model)
+        self.loss_marker = loss_marker
+
+    def forward(
+        self,
+        input_ids,
+        segment_ids,
+        position_ids,
+        sequence_ids,
+        masked_lm_positions,
+        masked_lm_ids,
+        masked_lm_weights,
+        next_sentence_positions,
+        next_sentence_labels,
+        next_sentence_weights,
+        mlm_scale,
+        nsp_scale,
+    ):
+        sequence_output = self.model.bert(input_ids, position_ids, segment_ids, sequence_ids)
+        out = self.heads(
+            sequence_output,
+            masked_lm_positions,
+            masked_lm_ids,
+            masked_lm_weights,
+            next_sentence_positions,
+            next_sentence_labels,
+            next_sentence_weights,
+        )
+        out["tokens"] = (sequence_ids > 0).sum()
+        # Every row of a step carries the same scale; row 0 stands for the micro-batch.
+        loss = out["mlm_loss_sum"] * mlm_scale[0] + out["nsp_loss_sum"] * nsp_scale[0]
+        sums = torch.stack([out[key].float() for key in SUM_KEYS]).unsqueeze(0)
+        return self.loss_marker(loss), sums
+
+
+def step_inputs(micro_batches: list[dict], steps: int, step_counts: list[torch.Tensor]) -> dict:
+    """A host call's micro-batches -> one combined batch of GRAPH_FIELDS + scales.
+
+    micro_batches: `steps` consecutive groups (one per optimizer step: device iterations
+    are the outermost dimension of PopTorch's combined batch), each of [B, ...] dicts.
+    step_counts[i]: the global [masked tokens, sequences] of step i."""
+    per_step = len(micro_batches) // steps
+    if per_step * steps != len(micro_batches) or len(step_counts) != steps:
+        raise ValueError(
+            f"{len(micro_batches)} micro-batches do not split into {steps} steps with {len(step_counts)} counts"
+        )
+    combined = {name: torch.cat([b[name] for b in micro_batches]) for name in GRAPH_FIELDS}
+    rows = [b["input_ids"].shape[0] * per_step for b in micro_batches[::per_step]]
+    mlm = torch.cat([torch.full((r,), 1.0 / max(float(c[0]), 1.0)) for r, c in zip(rows, step_counts)])
+    nsp = torch.cat([torch.full((r,), 1.0 / max(float(c[1]), 1.0)) for r, c in zip(rows, step_counts)])
+    combined["mlm_scale"], combined["nsp_scale"] = mlm, nsp
+    return combined
+
+
+def pad_micro_batch(batch: dict, rows: int) -> dict:
+    """Append empty packs (all zeros: no sequence, no masked token) up to `rows`: a static
+    graph needs full micro-batches, and empty packs add nothing to any sum."""
+    have = batch["input_ids"].shape[0]
+    if have >= rows:
+        return batch
+    return {name: torch.cat([t, t.new_zeros((rows - have, *t.shape[1:]))]) for name, t in batch.items()}
