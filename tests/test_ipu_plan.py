@@ -14,10 +14,10 @@ import torch
 from model import PackedBertForPreTraining, bert_config
 from optim import Lamb, weight_decay_groups
 from training.backends.ipu_plan import IpuPlanError, make_plan
-from training.backends.ipu_step import GRAPH_FIELDS, PretrainingStep, pad_micro_batch, step_inputs
+from training.backends.ipu_step import GRAPH_FIELDS, PretrainingStep, step_inputs
 from training.build import open_packed
 from training.config import load_config, validate
-from training.data import PackedShards
+from training.data import PackedShards, pad_micro_batch
 from training.loop import train_step
 from training.observe import SUM_KEYS, MetricSums
 

@@ -145,3 +145,12 @@ def eval_batches(dataset: PackedDataset, micro_batch: int, max_sequences: int, r
     packs = max(packs, 1)
     batches = [list(range(a, min(packs, a + micro_batch))) for a in range(0, packs, micro_batch)]
     return shards, batches[rank::world], int(cumulative[packs - 1])
+
+
+def pad_micro_batch(batch: dict, rows: int) -> dict:
+    """Append empty packs (all zeros: no sequence, no masked token) up to `rows`: a static
+    graph needs full micro-batches, and empty packs add nothing to any sum."""
+    have = batch["input_ids"].shape[0]
+    if have >= rows:
+        return batch
+    return {name: torch.cat([t, t.new_zeros((rows - have, *t.shape[1:]))]) for name, t in batch.items()}

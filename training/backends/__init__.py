@@ -1,4 +1,5 @@
-"""Backends: `torch` (CPU, CUDA, torchrun DDP) and `ipu` (PopTorch, imported only when selected)."""
+"""Backends: torch (CPU, CUDA, torchrun DDP), torch pipeline (execution.layers_per_stage with
+more than one stage) and ipu (PopTorch, imported only when selected)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ def run(config: dict, output: Path, resume: bool) -> int:
             from training.backends.ipu import run_ipu
 
             return run_ipu(config, output, resume)
+        split = config["execution"]["layers_per_stage"]
+        if split is not None and len(split) > 1:
+            from training.backends.pipeline import run_pipeline
+
+            return run_pipeline(config, output, resume)
         from training.loop import run_training
 
         return run_training(config, output, resume)

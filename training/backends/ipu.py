@@ -29,8 +29,9 @@ import torch
 
 from optim import adjust_for_packing, poptorch_lamb_kwargs, weight_decay_groups
 from training.backends.ipu_plan import IpuPlan, IpuPlanError, make_plan
-from training.backends.ipu_step import PretrainingStep, pad_micro_batch, step_inputs
+from training.backends.ipu_step import PretrainingStep, step_inputs
 from training.build import RunError, StepShape
+from training.data import pad_micro_batch
 from training.observe import SUM_KEYS, MetricSums, summarize
 
 log = logging.getLogger("training.ipu")

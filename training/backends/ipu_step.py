@@ -110,12 +110,3 @@ def step_inputs(micro_batches: list[dict], steps: int, step_counts: list[torch.T
     nsp = torch.cat([torch.full((r,), 1.0 / max(float(c[1]), 1.0)) for r, c in zip(rows, step_counts)])
     combined["mlm_scale"], combined["nsp_scale"] = mlm, nsp
     return combined
-
-
-def pad_micro_batch(batch: dict, rows: int) -> dict:
-    """Append empty packs (all zeros: no sequence, no masked token) up to `rows`: a static
-    graph needs full micro-batches, and empty packs add nothing to any sum."""
-    have = batch["input_ids"].shape[0]
-    if have >= rows:
-        return batch
-    return {name: torch.cat([t, t.new_zeros((rows - have, *t.shape[1:]))]) for name, t in batch.items()}
