@@ -55,6 +55,7 @@ bench: install
 	$(PY) bench/bench_model.py --preset bert-base --rows 2 --steps 3
 	$(MAKE) demo-data
 	$(PY) bench/bench_loader.py --packed $(DEMO)/packed
+	$(PY) bench/bench_stages.py
 
 lint: install
 	$(PY) -m ruff check .
