@@ -188,6 +188,10 @@ def prepare_output(output: Path, config: dict, resume: bool, rank: int) -> None:
                 )
     elif output.is_dir() and any(output.iterdir()) and not resume:
         raise RunError(f"--output-dir {output} is not empty and holds no run")
+    # Every rank checks before rank 0 writes: otherwise a slower rank finds the config.yaml
+    # rank 0 just wrote and refuses the folder as "another run".
+    if dist.is_initialized():
+        dist.barrier()
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
         tmp = output / ".config.yaml.tmp"
