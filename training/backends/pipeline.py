@@ -229,7 +229,9 @@ class PipelineEngine:
             for out in self._outputs[calls - len(micro_batches) :]:
                 self._sums.add(out, 0)  # real tokens are counted on the host, below
             tokens = sum(int((b["sequence_ids"] > 0).sum()) for b in micro_batches)
-            self._sums.add_vector(torch.tensor([0.0] * (len(SUM_KEYS) - 1) + [float(tokens)], device=self.device))
+            self._sums.add_vector(
+                torch.tensor([0.0] * (len(SUM_KEYS) - 1) + [float(tokens)], device=self.device)
+            )
 
     def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
         local = torch.tensor(
