@@ -34,6 +34,16 @@ SHAPE_FIELDS = (
     "num_attention_heads",
     "intermediate_size",
 )
+# The packed fields `heads` takes after sequence_output, in its argument order (a pipeline's
+# last stage and the IPU graph feed them by this list).
+HEAD_INPUTS = (
+    "masked_lm_positions",
+    "masked_lm_ids",
+    "masked_lm_weights",
+    "next_sentence_positions",
+    "next_sentence_labels",
+    "next_sentence_weights",
+)
 DEFAULT_PACKING_OPTIONS = dict(attention_backend="dense", mlm_loss_mode="per_token", recompute_layers=False)
 
 

@@ -129,8 +129,8 @@ def build_schedule(config: dict) -> WarmupPolyDecay:
 
 
 def build_optimizer(model, config: dict, packing_factor: float, replicas: int):
-    """The torch LAMB (betas and accumulation adjusted for packing), its schedule, the
-    adjustment and the step's batch arithmetic."""
+    """The torch LAMB (betas and accumulation adjusted for packing), the adjustment and the
+    step's batch arithmetic. The learning rate comes from build_schedule."""
     o = config["optim"]
     adjusted = adjust_for_packing(
         o["packing_adjustment"], packing_factor, o["gradient_accumulation"], tuple(o["betas"])
@@ -147,7 +147,7 @@ def build_optimizer(model, config: dict, packing_factor: float, replicas: int):
     shape = StepShape(
         config["data"]["micro_batch_packs"], adjusted.gradient_accumulation, replicas, packing_factor
     )
-    return optimizer, build_schedule(config), adjusted, shape
+    return optimizer, adjusted, shape
 
 
 def packing_factor(dataset: PackedDataset) -> float:

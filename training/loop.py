@@ -84,9 +84,10 @@ def setup_replica(config: dict) -> Replica:
     return Replica(rank, world, local_rank, device)
 
 
-def all_reduce_(tensor: torch.Tensor) -> torch.Tensor:
+def all_reduce_(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum over the process group (all processes by default); a no-op without torch.distributed."""
     if dist.is_initialized():
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, group=group)
     return tensor
 
 
@@ -100,8 +101,9 @@ def autocast_context(precision: str, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def step_counts(micro_batches: list[dict], mode: str, device) -> torch.Tensor:
-    """[masked tokens, sequences] of this replica's micro-batches, all-reduced over replicas.
+def step_counts(micro_batches: list[dict], mode: str, device, group=None) -> torch.Tensor:
+    """[masked tokens, sequences] of this replica's micro-batches, all-reduced over replicas
+    (`group`: the data-parallel group where processes are not all replicas, e.g. pipelines).
 
     In per_sequence MLM mode the first entry counts sequences with a masked token."""
     mlm = 0
@@ -113,7 +115,7 @@ def step_counts(micro_batches: list[dict], mode: str, device) -> torch.Tensor:
         else:
             mlm += int((weights > 0).sum())
     nsp = sum(int(b["next_sentence_weights"].sum()) for b in micro_batches)
-    return all_reduce_(torch.tensor([mlm, nsp], dtype=torch.float64, device=device)).cpu()
+    return all_reduce_(torch.tensor([mlm, nsp], dtype=torch.float64, device=device), group).cpu()
 
 
 def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, world, mode, sums: MetricSums):
@@ -228,7 +230,7 @@ class TorchEngine:
     def attach(self, model: PackedBertForPreTraining, factor: float):
         t = self.config["training"]
         self.model = model
-        self.optimizer, _, adjusted, shape = build_optimizer(model, self.config, factor, self.replica.world)
+        self.optimizer, adjusted, shape = build_optimizer(model, self.config, factor, self.replica.world)
         self.micro_batches_per_call = shape.gradient_accumulation
         model.to(self.replica.device)
         model.train()

@@ -27,11 +27,12 @@ import logging
 
 import torch
 
-from optim import adjust_for_packing, poptorch_lamb_kwargs, weight_decay_groups
+from optim import poptorch_lamb_kwargs, weight_decay_groups
 from training.backends.ipu_plan import IpuPlan, IpuPlanError, make_plan
 from training.backends.ipu_step import PretrainingStep, step_inputs
 from training.build import RunError, StepShape
 from training.data import pad_micro_batch
+from training.loop import step_counts
 from training.observe import SUM_KEYS, MetricSums, summarize
 
 log = logging.getLogger("training.ipu")
@@ -145,10 +146,7 @@ class IpuEngine:
             self.plan = make_plan(self.config, factor, self.instances)
         except IpuPlanError as err:
             raise RunError(str(err)) from None
-        o = self.config["optim"]
-        adjusted = adjust_for_packing(
-            o["packing_adjustment"], factor, o["gradient_accumulation"], tuple(o["betas"])
-        )
+        o, adjusted = self.config["optim"], self.plan.adjusted
         shape = StepShape(
             self.plan.micro_batch_packs, self.plan.gradient_accumulation, self.plan.replicas, factor
         )
@@ -186,9 +184,7 @@ class IpuEngine:
         counts = []
         for i in range(steps):
             group = micro_batches[i * per_step : (i + 1) * per_step]
-            mlm = sum(int((b["masked_lm_weights"] > 0).sum()) for b in group)
-            nsp = sum(int(b["next_sentence_weights"].sum()) for b in group)
-            counts.append(_host_sum(torch.tensor([mlm, nsp], dtype=torch.float64), self.instances))
+            counts.append(_host_sum(step_counts(group, "per_token", "cpu"), self.instances))
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.training.setOptimizer(self.optimizer)  # pushes the new lr; state stays on device

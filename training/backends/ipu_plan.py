@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from model.config import bert_config
 from model.stages import stage_layer_ranges
-from optim import adjust_for_packing
+from optim import AdjustedHyperparameters, adjust_for_packing
 
 
 class IpuPlanError(ValueError):
@@ -45,7 +45,7 @@ class IpuPlan:
     use_ipu_model: bool
     # batch
     micro_batch_packs: int
-    gradient_accumulation: int  # after the packing adjustment
+    adjusted: AdjustedHyperparameters  # GA and betas after the packing adjustment
     device_iterations: int
     packing_factor: float
     # pipeline
@@ -58,7 +58,6 @@ class IpuPlan:
     stochastic_rounding: bool
     half_partials: bool
     optimizer_accum_type: str
-    betas: tuple[float, float]  # beta^p-adjusted
     # memory and execution
     replicated_tensor_sharding: bool
     optimizer_state_offchip: bool
@@ -66,6 +65,14 @@ class IpuPlan:
     output_mode: str = "sum"
     seed: int = 42
     executable_cache_dir: str | None = None
+
+    @property
+    def gradient_accumulation(self) -> int:
+        return self.adjusted.gradient_accumulation
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return tuple(self.adjusted.betas)
 
     @property
     def local_replicas(self) -> int:
@@ -209,7 +216,7 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
         ipus_per_replica=ipu["ipus_per_replica"],
         use_ipu_model=execution["device"] == "ipu-model",
         micro_batch_packs=config["data"]["micro_batch_packs"],
-        gradient_accumulation=adjusted.gradient_accumulation,
+        adjusted=adjusted,
         device_iterations=ipu["device_iterations"],
         packing_factor=packing_factor,
         layers_per_stage=tuple(split),
@@ -220,7 +227,6 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
         stochastic_rounding=ipu["stochastic_rounding"],
         half_partials=ipu["half_partials"],
         optimizer_accum_type=ipu["optimizer_accum_type"],
-        betas=tuple(adjusted.betas),
         replicated_tensor_sharding=ipu["replicated_tensor_sharding"] and ipu["replicas"] > 1,
         optimizer_state_offchip=ipu["optimizer_state_offchip"],
         available_memory_proportion=memory,

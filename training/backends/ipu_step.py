@@ -19,21 +19,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from model.pretraining import HEAD_INPUTS
 from training.observe import SUM_KEYS
 
 # Fields the graph takes; source_index (int64 bookkeeping) stays on the host.
-GRAPH_FIELDS = (
-    "input_ids",
-    "segment_ids",
-    "position_ids",
-    "sequence_ids",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-    "next_sentence_positions",
-    "next_sentence_labels",
-    "next_sentence_weights",
-)
+GRAPH_FIELDS = ("input_ids", "segment_ids", "position_ids", "sequence_ids", *HEAD_INPUTS)
 
 
 class HeadsBlock(nn.Module):

@@ -29,22 +29,15 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from model.config import bert_config
+from model.pretraining import HEAD_INPUTS
 from model.stages import stage_layer_ranges
 from training.build import RunError, build_optimizer
 from training.data import pad_micro_batch
-from training.loop import setup_replica
+from training.loop import setup_replica, step_counts
 from training.observe import SUM_KEYS, MetricSums, summarize
 
 log = logging.getLogger("training.pipeline")
 
-HEAD_FIELDS = (
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "masked_lm_weights",
-    "next_sentence_positions",
-    "next_sentence_labels",
-    "next_sentence_weights",
-)
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
@@ -168,7 +161,7 @@ class PipelineEngine:
         # stage's parameters ever get gradients, so only they take steps and hold state.
         max_norm = cfg["optim"]["max_grad_norm"]
         cfg_no_clip = {**cfg, "optim": {**cfg["optim"], "max_grad_norm": None}}
-        self.optimizer, _, adjusted, shape = build_optimizer(model, cfg_no_clip, factor, topo.replicas)
+        self.optimizer, adjusted, shape = build_optimizer(model, cfg_no_clip, factor, topo.replicas)
         self.max_grad_norm = max_norm
         self.micro_batches_per_call = shape.gradient_accumulation
         schedule_name = cfg["execution"]["pipeline_schedule"]
@@ -213,7 +206,7 @@ class PipelineEngine:
         """One schedule pass over a step's micro-batches (forward+backward or forward)."""
         batch = {k: torch.cat([b[k] for b in micro_batches]).to(self.device) for k in micro_batches[0]}
         self._outputs: list[dict] = []
-        self._head_widths = [batch[name].shape[1] for name in HEAD_FIELDS]
+        self._head_widths = [batch[name].shape[1] for name in HEAD_INPUTS]
         args = ()
         if self.topology.first:
             args = (batch["input_ids"], batch["position_ids"], batch["segment_ids"], batch["sequence_ids"])
@@ -234,16 +227,7 @@ class PipelineEngine:
             )
 
     def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
-        local = torch.tensor(
-            [
-                sum(int((b["masked_lm_weights"] > 0).sum()) for b in micro_batches),
-                sum(int(b["next_sentence_weights"].sum()) for b in micro_batches),
-            ],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        dist.all_reduce(local, group=self.topology.dp_group)
-        counts = local.cpu()
+        counts = step_counts(micro_batches, "per_token", self.device, self.topology.dp_group)
         self._scales = (1.0 / max(counts[0].item(), 1.0), 1.0 / max(counts[1].item(), 1.0))
         self._sums = sums if self.topology.last else None
         self._run(micro_batches, train=True)
@@ -357,7 +341,7 @@ class PipelineEngine:
 def _pack_heads(batch: dict) -> torch.Tensor:
     """The heads' six int fields side by side, [B, 3M + 3K]: the schedule's `target` is
     one tensor, split into micro-batches along dim 0 like the inputs."""
-    return torch.cat([batch[name].long() for name in HEAD_FIELDS], dim=1)
+    return torch.cat([batch[name].long() for name in HEAD_INPUTS], dim=1)
 
 
 def run_pipeline(config: dict, output, resume: bool) -> int:
