@@ -110,3 +110,20 @@ def test_bad_splits_exit_2_with_the_reason(packed, tmp_path, split, message):
     assert done.returncode == 2
     assert re.search(message, done.stderr), done.stderr[-2000:]
     assert "Traceback" not in done.stderr
+
+
+def test_pipelined_evaluation_equals_one_process(packed, tmp_path):
+    """Eval through the schedule (forward only, last micro-batches padded with empty packs)
+    gives the single process's exact counts and accuracy."""
+    outputs = {}
+    for name, split, procs in (("one", None, 0), ("pp", [1, 1], 2)):
+        config = _config(tmp_path / f"{name}.yaml", packed, split=split, steps=2)
+        text = config.read_text().replace("at_end: false", "at_end: true")
+        config.write_text(text)
+        done = run(config, tmp_path / name, torchrun=procs)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        outputs[name] = metrics(tmp_path / name, "eval")[-1]
+    one, pp = outputs["one"], outputs["pp"]
+    assert (pp["masked_tokens"], pp["sequences"]) == (one["masked_tokens"], one["sequences"])
+    assert pp["mlm_accuracy"] == pytest.approx(one["mlm_accuracy"], abs=1e-6)
+    assert pp["loss"] == pytest.approx(one["loss"], abs=1e-5)

@@ -282,11 +282,11 @@ class PipelineEngine:
         per_replica = torch.tensor([len(batches)], device=self.device)
         dist.all_reduce(per_replica, op=dist.ReduceOp.MAX)
         passes = -(-int(per_replica.item()) // micro)
-        template = pad_micro_batch(shards[batches[0]] if batches else shards[[0]], rows)
         for p in range(passes):
             group = [pad_micro_batch(shards[b], rows) for b in batches[p * micro : (p + 1) * micro]]
             while len(group) < micro:  # empty packs keep the shapes static and add nothing
-                group.append({k: torch.zeros_like(v) for k, v in template.items()})
+                like = group[0] if group else pad_micro_batch(shards[[0]], rows)  # shapes only
+                group.append({k: torch.zeros_like(v) for k, v in like.items()})
             self._scales, self._sums = (0.0, 0.0), (sums if self.topology.last else None)
             self._run(group, train=False)
         self._sums = None
