@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Key:
-    kind: Any  # int, float, bool, str, "betas", "int_list", "float_list"
+    kind: Any  # int, float, bool, str, "betas", "int_list", "float_list", "str_list"
     default: Any
     doc: str
     choices: tuple | None = None
@@ -168,9 +168,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
 }
 
 
-def defaults() -> dict:
+def defaults(schema: dict = SCHEMA) -> dict:
     return {
-        section: {k: copy.deepcopy(v.default) for k, v in keys.items()} for section, keys in SCHEMA.items()
+        section: {k: copy.deepcopy(v.default) for k, v in keys.items()} for section, keys in schema.items()
     }
 
 
@@ -192,24 +192,25 @@ ALIASES = {
 }
 
 
-def _suggest(section: str, name: str) -> str:
+def _suggest(section: str, name: str, schema: dict = SCHEMA) -> str:
     """'; did you mean ...' for an unknown key: an alias, a near spelling in the section, or anywhere."""
-    keys = SCHEMA[section]
+    keys = schema[section]
     if ALIASES.get(name) in keys:
         return f"; did you mean '{section}.{ALIASES[name]}'?"
     match = difflib.get_close_matches(name, list(keys), n=1, cutoff=0.6)
     if match:
         return f"; did you mean '{section}.{match[0]}'?"
-    return _closest(f"{section}.{name}", _all_keys())
+    return _closest(f"{section}.{name}", _all_keys(schema))
 
 
-def _all_keys() -> list[str]:
-    return [f"{s}.{k}" for s, keys in SCHEMA.items() for k in keys]
+def _all_keys(schema: dict = SCHEMA) -> list[str]:
+    return [f"{s}.{k}" for s, keys in schema.items() for k in keys]
 
 
 def _check_value(path: str, key: Key, value):
     if value is None:
-        if key.optional or key.default is None and path in REQUIRED_LATER:
+        # A key without a default is required: `resolve` names it when it is still unset.
+        if key.optional or key.default is None:
             return None
         raise ConfigError(f"{path}: must be set (got null)")
     if key.kind in ("int_list", "float_list"):
@@ -217,6 +218,10 @@ def _check_value(path: str, key: Key, value):
         if not isinstance(value, list | tuple) or not value:
             raise ConfigError(f"{path}: expected a non-empty list of numbers, got {value!r}")
         return [_check_value(path, item, v) for v in value]
+    if key.kind == "str_list":
+        if not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{path}: expected a non-empty list of strings, got {value!r}")
+        return list(value)
     if key.kind == "betas":
         if not isinstance(value, list | tuple) or len(value) != 2:
             raise ConfigError(f"{path}: expected a list of two numbers in [0, 1), got {value!r}")
@@ -247,27 +252,35 @@ def _check_value(path: str, key: Key, value):
     return value
 
 
-REQUIRED_LATER = {"data.train_dir"}
-
-
-def validate(raw: dict, source: str = "config") -> dict:
-    """Merge `raw` over the defaults and check every key. Returns the resolved config."""
+def resolve(raw: dict, source: str, schema: dict) -> dict:
+    """Merge `raw` over `schema`'s defaults and check every key; required keys (no default,
+    not optional) must be set. Shared by every command's schema."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
-    resolved = defaults()
+    resolved = defaults(schema)
     for section, values in raw.items():
-        if section not in SCHEMA:
-            raise ConfigError(f"{source}: unknown section '{section}'{_closest(section, SCHEMA)}")
+        if section not in schema:
+            raise ConfigError(f"{source}: unknown section '{section}'{_closest(section, schema)}")
         if values is None:
             continue
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: section '{section}' must be a mapping")
         for name, value in values.items():
-            if name not in SCHEMA[section]:
-                raise ConfigError(f"{source}: unknown key '{section}.{name}'" + _suggest(section, name))
-            resolved[section][name] = _check_value(f"{section}.{name}", SCHEMA[section][name], value)
-    if resolved["data"]["train_dir"] is None:
-        raise ConfigError(f"{source}: data.train_dir must be set (a packed dataset folder)")
+            if name not in schema[section]:
+                raise ConfigError(
+                    f"{source}: unknown key '{section}.{name}'" + _suggest(section, name, schema)
+                )
+            resolved[section][name] = _check_value(f"{section}.{name}", schema[section][name], value)
+    for section, keys in schema.items():
+        for name, key in keys.items():
+            if key.default is None and not key.optional and resolved[section][name] is None:
+                raise ConfigError(f"{source}: {section}.{name} must be set ({key.doc})")
+    return resolved
+
+
+def validate(raw: dict, source: str = "config") -> dict:
+    """Merge `raw` over the pretraining defaults and check every key. Returns the resolved config."""
+    resolved = resolve(raw, source, SCHEMA)
     if resolved["training"]["precision"] == "fp16" and resolved["execution"]["device"] == "cpu":
         raise ConfigError(
             "training.precision: fp16 with loss scaling needs execution.device cuda (use bf16 or fp32)"
@@ -275,7 +288,7 @@ def validate(raw: dict, source: str = "config") -> dict:
     return resolved
 
 
-def apply_overrides(raw: dict, assignments: list[str]) -> dict:
+def apply_overrides(raw: dict, assignments: list[str], schema: dict = SCHEMA) -> dict:
     """`section.key=value` strings (values parsed as YAML) applied to a raw config."""
     raw = copy.deepcopy(raw)
     for item in assignments:
@@ -283,12 +296,14 @@ def apply_overrides(raw: dict, assignments: list[str]) -> dict:
             raise ConfigError(f"--set {item!r}: expected section.key=value")
         path, text = item.split("=", 1)
         if path.count(".") != 1:
-            raise ConfigError(f"--set {item!r}: expected section.key=value{_closest(path, _all_keys())}")
+            raise ConfigError(
+                f"--set {item!r}: expected section.key=value{_closest(path, _all_keys(schema))}"
+            )
         section, name = path.split(".")
-        if section not in SCHEMA:
-            raise ConfigError(f"--set: unknown section in '{path}'{_closest(path, _all_keys())}")
-        if name not in SCHEMA[section]:
-            raise ConfigError(f"--set: unknown key '{path}'{_suggest(section, name)}")
+        if section not in schema:
+            raise ConfigError(f"--set: unknown section in '{path}'{_closest(path, _all_keys(schema))}")
+        if name not in schema[section]:
+            raise ConfigError(f"--set: unknown key '{path}'{_suggest(section, name, schema)}")
         raw.setdefault(section, {})
         if raw[section] is None:
             raw[section] = {}
@@ -296,20 +311,24 @@ def apply_overrides(raw: dict, assignments: list[str]) -> dict:
     return raw
 
 
-def load_config(path, assignments: list[str] = ()) -> dict:
+def read_yaml(path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config {path}: file not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        return yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML ({err})") from None
+
+
+def load_config(path, assignments: list[str] = ()) -> dict:
+    raw = read_yaml(path)
     return validate(apply_overrides(raw, list(assignments)), str(path))
 
 
-def markdown() -> str:
+def markdown(schema: dict = SCHEMA) -> str:
     lines = []
-    for section, keys in SCHEMA.items():
+    for section, keys in schema.items():
         lines += [f"### `{section}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for name, key in keys.items():
             kind = key.kind if isinstance(key.kind, str) else key.kind.__name__

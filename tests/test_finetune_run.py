@@ -1,0 +1,214 @@
+"""Fine-tuning and inference commands end to end on a tiny checkpoint, and their bad input."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from transformers import BertConfig, BertModel
+
+from data.classification_data import ExampleError, read_bbc_news, read_jsonl, split_by_seed
+from training import finetune, predict
+from training.batching import MODES
+
+WORDS = "the a market shares profit bank film music award star match goal team win game vote party".split()
+TOPIC = {0: ["market", "shares", "profit", "bank"], 1: ["film", "music", "award", "star"],
+         2: ["match", "goal", "team", "win"]}  # fmt: skip
+CLASSES = ["business", "culture", "sport"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny random BERT encoder (bare BertModel, like MiniLM) with its vocab.txt."""
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    BertModel(config).save_pretrained(folder)
+    return folder
+
+
+def write_jsonl(path, n, seed, labels=True, label_of=None):
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i in range(n):
+        c = int(rng.integers(0, 3))
+        words = list(rng.choice(TOPIC[c], size=int(rng.integers(1, 4)))) + list(
+            rng.choice(["the", "a"], size=int(rng.integers(0, 20)))
+        )
+        record = {"text": " ".join(words)}
+        if rng.random() < 0.5:
+            record["text_pair"] = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 8))))
+        if labels:
+            record["label"] = label_of(c) if label_of else CLASSES[c]
+        lines.append(json.dumps(record))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_config(tmp_path, checkpoint, **sections):
+    config = {
+        "model": {"init_checkpoint": str(checkpoint), "hidden_dropout": 0.0, "attention_dropout": 0.0},
+        "data": {
+            "source": "jsonl",
+            "train_file": str(write_jsonl(tmp_path / "train.jsonl", 120, 0)),
+            "validation_file": str(write_jsonl(tmp_path / "val.jsonl", 30, 1)),
+            "max_sequence_length": 32,
+        },
+        "batching": {"batch_size": 8, "max_sequences_per_pack": 4},
+        "optim": {"lr": 3e-3},
+        "training": {"epochs": 8, "progress": False},
+    }
+    for section, values in sections.items():
+        config[section].update(values)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_finetune_learns_and_predict_returns_input_order(tmp_path, checkpoint, mode):
+    config = write_config(tmp_path, checkpoint)
+    out = tmp_path / "run"
+    assert finetune.main(["--config", str(config), "--output-dir", str(out), "--set", f"batching.mode={mode}"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["batching"] == mode
+    assert summary["train_examples"] == 8 * 120  # every example once per epoch
+    assert summary["validation_accuracy"] > 0.8  # keywords decide the class: learnable
+    if mode == "packed":
+        assert summary["examples_per_row"] > 1.5
+    # The inference command on the validation file, in another batching mode, gives the
+    # run's own validation predictions, line for line.
+    other = MODES[(MODES.index(mode) + 1) % len(MODES)]
+    preds = tmp_path / "preds.jsonl"
+    argv = ["--model", str(out / "model"), "--input", str(tmp_path / "val.jsonl"), "--output", str(preds)]
+    assert predict.main([*argv, "--batching", other, "--batch-size", "7"]) == 0
+    mine = [json.loads(line) for line in (out / "validation_predictions.jsonl").read_text().splitlines()]
+    theirs = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert [r["index"] for r in theirs] == list(range(30))
+    assert [r["label"] for r in theirs] == [r["label"] for r in mine]
+    np.testing.assert_allclose([r["scores"] for r in theirs], [r["scores"] for r in mine], atol=1e-4)
+    report = json.loads(preds.with_suffix(".summary.json").read_text())
+    assert report["accuracy"] == pytest.approx(summary["validation_accuracy"])
+
+
+def test_multi_label_run(tmp_path, checkpoint):
+    config = write_config(tmp_path, checkpoint, data={"multi_label": True, "labels": CLASSES})
+    # Each example carries its topic and, for sport, also "culture": two labels.
+    for name, n, seed in (("train", 120, 0), ("val", 30, 1)):
+        write_jsonl(tmp_path / f"{name}.jsonl", n, seed, label_of=lambda c: [CLASSES[c]] + (["culture"] if c == 2 else []))
+    out = tmp_path / "run"
+    assert finetune.main(["--config", str(config), "--output-dir", str(out), "--set", "training.epochs=4"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["validation_roc_auc"] > 0.8 and summary["validation_roc_auc_classes"] == 3
+    first = json.loads((out / "validation_predictions.jsonl").read_text().splitlines()[0])
+    assert isinstance(first["labels"], list) and len(first["scores"]) == 3
+
+
+def run_expecting_error(tmp_path, config, capsys, *extra):
+    code = finetune.main(["--config", str(config), "--output-dir", str(tmp_path / "run"), *extra])
+    assert code == 2
+    return capsys.readouterr().err
+
+
+def test_label_outside_the_class_range(tmp_path, checkpoint, capsys):
+    config = write_config(tmp_path, checkpoint, data={"labels": CLASSES})
+    write_jsonl(tmp_path / "train.jsonl", 5, 0, label_of=lambda c: 3)
+    err = run_expecting_error(tmp_path, config, capsys)
+    assert "train.jsonl:1: label 3 is outside the class range 0..2" in err
+
+
+def test_unknown_label_name(tmp_path, checkpoint, capsys):
+    config = write_config(tmp_path, checkpoint, data={"labels": CLASSES})
+    write_jsonl(tmp_path / "val.jsonl", 5, 0, label_of=lambda c: "weather")
+    err = run_expecting_error(tmp_path, config, capsys)
+    assert "val.jsonl:1: label 'weather' is not one of the 3 classes" in err
+
+
+def test_empty_text(tmp_path, checkpoint, capsys):
+    config = write_config(tmp_path, checkpoint)
+    path = tmp_path / "train.jsonl"
+    lines = path.read_text().splitlines()
+    lines[4] = json.dumps({"text": "  ", "label": "sport"})
+    path.write_text("\n".join(lines) + "\n")
+    err = run_expecting_error(tmp_path, config, capsys)
+    assert "train.jsonl:5: the text is empty" in err
+
+
+def test_too_long_refused_or_truncated_by_config(tmp_path, checkpoint, capsys, caplog):
+    config = write_config(tmp_path, checkpoint, data={"max_sequence_length": 12, "too_long": "error"})
+    err = run_expecting_error(tmp_path, config, capsys)
+    assert "tokens > data.max_sequence_length 12" in err and "train.jsonl:" in err
+    out = tmp_path / "ok"
+    args = ["--config", str(config), "--output-dir", str(out), "--set", "data.too_long=truncate", "--set", "training.epochs=1"]
+    assert finetune.main(args) == 0
+    assert json.loads((out / "summary.json").read_text())["truncated"] > 0
+    assert "examples truncated to 12 tokens" in caplog.text
+
+
+def test_vocabulary_that_differs_from_the_checkpoint(tmp_path, checkpoint, capsys):
+    other = tmp_path / "other_vocab.txt"
+    tokens = (checkpoint / "vocab.txt").read_text().splitlines()
+    tokens[7], tokens[8] = tokens[8], tokens[7]
+    other.write_text("\n".join(tokens) + "\n")
+    config = write_config(tmp_path, checkpoint, data={"vocab_file": str(other)})
+    err = run_expecting_error(tmp_path, config, capsys)
+    assert "differs from the checkpoint's" in err and "at line 8" in err
+    bigger = tmp_path / "bigger_vocab.txt"
+    bigger.write_text("\n".join(tokens + ["extra"]) + "\n")
+    (tmp_path / "ck").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "ck" / name).write_bytes((checkpoint / name).read_bytes())
+    config = write_config(tmp_path, tmp_path / "ck", data={"vocab_file": str(bigger)})
+    err = run_expecting_error(tmp_path, config, capsys)
+    assert "embeds vocab_size=" in err
+
+
+def test_config_errors_name_the_key(tmp_path, checkpoint, capsys):
+    config = write_config(tmp_path, checkpoint)
+    err = run_expecting_error(tmp_path, config, capsys, "--set", "batching.mode=bucketed")
+    assert "batching.mode: 'bucketed' is not one of padded, dynamic, uniform, packed" in err
+    err = run_expecting_error(tmp_path, config, capsys, "--set", "batching.batch=4")
+    assert "did you mean 'batching.batch_size'" in err
+
+
+def test_finished_output_is_not_overwritten(tmp_path, checkpoint, capsys):
+    config = write_config(tmp_path, checkpoint, training={"epochs": 1})
+    args = ["--config", str(config), "--output-dir", str(tmp_path / "run")]
+    assert finetune.main(args) == 0
+    assert finetune.main(args) == 2
+    assert "holds a finished run" in capsys.readouterr().err
+
+
+def test_jsonl_errors_name_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "ok", "label": "a"}\n{"text": 5, "label": "a"}\n')
+    with pytest.raises(ExampleError, match=r"bad.jsonl:2: field 'text' must be a string"):
+        read_jsonl(path, "text", "text_pair", "label")
+    path.write_text('{"text": "ok", "label": "a"}\nnot json\n')
+    with pytest.raises(ExampleError, match=r"bad.jsonl:2: not valid JSON"):
+        read_jsonl(path, "text", "text_pair", "label")
+
+
+def test_bbc_news_corpus_reads_title_and_first_sentence():
+    from data.assets import corpus_glob
+
+    examples = read_bbc_news(corpus_glob())
+    assert len(examples) == 2225
+    assert sorted(set(examples.labels)) == ["business", "entertainment", "politics", "sports", "tech"]
+    assert all(t.strip() for t in examples.texts) and all(examples.pairs)
+    assert len(examples.notes) == 1 and "cp1252" in examples.notes[0]
+    assert examples.texts[0] == "Ad sales boost Time Warner profit"
+    assert examples.pairs[0].startswith("Quarterly profits at US media giant TimeWarner jumped 76%")
+    train, val = split_by_seed(len(examples), 0.2, 1234)
+    assert len(val) == 445 and not set(train) & set(val)
+    assert np.array_equal(val, split_by_seed(len(examples), 0.2, 1234)[1])

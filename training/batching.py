@@ -1,0 +1,109 @@
+"""Four ways to batch a classification dataset, one code path for the model.
+
+Every mode turns a dataset into a list of batch tables: int64 [rows, K] of example
+indices (-1 = empty slot). `collate` turns a table into the model's rows with
+packing.tokenized.pack_rows, so padded, dynamic, uniform and packed batches are the
+same fields through the same PackedBertForSequenceClassification:
+
+| mode    | K | row width              | order in training                              |
+|---------|---|------------------------|------------------------------------------------|
+| padded  | 1 | max_sequence_length    | shuffled examples, batch_size per batch        |
+| dynamic | 1 | longest in the batch   | shuffled examples, batch_size per batch        |
+| uniform | 1 | longest in the batch   | length-sorted buckets of batch_size, batches shuffled |
+| packed  | K | max_sequence_length    | packs (SPFHP/LPFHP/lp) shuffled, packs_per_batch |
+
+For inference (shuffle=False) padded/dynamic keep input order, uniform sorts by length,
+packed keeps its pack order; outputs go back to input order through the example indices.
+Every example is in exactly one slot of an epoch; nothing is dropped (the last batch may
+be short, or padded with empty rows when pad_last_batch is set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from packing.tokenized import check_table, pack_examples, pack_rows, pad_table, unpacked_table
+
+MODES = ("padded", "dynamic", "uniform", "packed")
+
+
+@dataclass(frozen=True)
+class BatchingSpec:
+    mode: str
+    batch_size: int  # examples per batch (packed: packs = round(batch_size / packing factor))
+    max_sequence_length: int  # tokens; the padded row width and the pack length
+    max_per_pack: int = 6  # K, packed mode only
+    algorithm: str = "lpfhp"
+    pad_last_batch: bool = False
+
+
+class Batcher:
+    """Holds a dataset's lengths (and, packed, its packs); hands out one epoch of tables."""
+
+    def __init__(self, lengths: np.ndarray, spec: BatchingSpec, seed: int):
+        if spec.mode not in MODES:
+            raise ValueError(f"batching mode must be one of {MODES}, got {spec.mode!r}")
+        self.spec, self.seed = spec, seed
+        self.lengths = np.asarray(lengths, dtype=np.int64)
+        if spec.mode == "packed":
+            # Packed once (the plan is a property of the length histogram); each epoch shuffles packs.
+            self.table = pack_examples(
+                self.lengths, spec.max_sequence_length, spec.max_per_pack, spec.algorithm, seed
+            )
+            factor = len(self.lengths) / len(self.table)
+            self.rows_per_batch = max(1, round(spec.batch_size / factor))
+        else:
+            self.table = unpacked_table(len(self.lengths))
+            self.rows_per_batch = spec.batch_size
+
+    @property
+    def packing_factor(self) -> float:
+        return len(self.lengths) / len(self.table)
+
+    def epoch(self, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
+        """The batch tables of one epoch; a different order per epoch, fixed by the seed."""
+        rng = np.random.default_rng([self.seed, epoch])
+        table, rows = self.table, self.rows_per_batch
+        if self.spec.mode == "uniform":
+            # Sort by length (random tie order when shuffling), cut, then shuffle the batches.
+            tie = rng.permutation(len(table)) if shuffle else np.arange(len(table))
+            table = table[tie[np.argsort(self.lengths[tie], kind="stable")]]
+            batches = [table[i : i + rows] for i in range(0, len(table), rows)]
+            if shuffle:
+                batches = [batches[i] for i in rng.permutation(len(batches))]
+        else:
+            if shuffle:
+                table = table[rng.permutation(len(table))]
+            batches = [table[i : i + rows] for i in range(0, len(table), rows)]
+        if self.spec.pad_last_batch and batches:
+            # The short batch may sit anywhere after shuffling; pad whichever it is.
+            batches = [pad_table(b, rows) if len(b) < rows else b for b in batches]
+        check_table(np.concatenate(batches), len(self.lengths))
+        return batches
+
+    def width(self, table: np.ndarray) -> int:
+        """Row width in tokens of a batch: fixed for padded/packed, its longest example else."""
+        if self.spec.mode in ("padded", "packed"):
+            return self.spec.max_sequence_length
+        present = table[table >= 0]
+        return int(self.lengths[present].max()) if present.size else 1
+
+    def padding_fraction(self, batches: list[np.ndarray]) -> float:
+        """Fraction (0..1) of the token slots of these batches that are padding."""
+        slots = sum(len(b) * self.width(b) for b in batches)
+        return 1.0 - float(self.lengths.sum()) / slots
+
+
+def collate(data, table: np.ndarray, width: int, with_labels: bool = True) -> dict[str, torch.Tensor]:
+    """Model inputs for one batch table: pack_rows' fields [rows, width] / [rows, K] and labels
+    [rows, K] (or [rows, K, C] multi-label; zeros in empty slots)."""
+    rows = pack_rows(data.token_ids, table, width, data.segment_ids)
+    batch = {name: torch.from_numpy(value) for name, value in rows.items()}
+    if with_labels:
+        labels = data.labels[np.maximum(table, 0)]
+        labels[table < 0] = 0
+        batch["labels"] = torch.from_numpy(labels.astype(np.int64 if labels.ndim == 2 else np.float32))
+    return batch

@@ -1,0 +1,342 @@
+"""Fine-tune a BERT checkpoint for text classification with packed (or padded) batches.
+
+    python -m training.finetune --config configs/finetune_bbc.yaml --output-dir runs/bbc \
+        [--set batching.mode=dynamic ...]
+
+Data flow: examples (jsonl or BBC News) -> labels checked -> WordPiece ids -> train /
+validation split -> batch tables (training.batching: padded | dynamic | uniform | packed)
+-> collate -> PackedBertForSequenceClassification -> per-example loss -> AdamW step.
+After training, the validation set goes through inference in the same batching mode,
+timed, and its predictions are written in input order.
+
+OUTPUT/
+  model/                      Hugging Face folder (+ vocab.txt, finetune.json) for predict
+  metrics.jsonl               one line per epoch: train loss/accuracy, validation metrics
+  validation_predictions.jsonl
+  summary.json                mode, examples/s (training, inference), padding fractions, accuracy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from data.classification_data import (
+    Examples,
+    ExampleError,
+    TokenizedExamples,
+    encode_labels,
+    label_names_of,
+    read_bbc_news,
+    read_jsonl,
+    split_by_seed,
+    tokenize,
+)
+from data.create_pretraining_data import DataInputError, load_tokenizer
+from model.classification import PackedBertForSequenceClassification
+from packing.errors import PackingInputError
+from packing.io_utils import write_json_atomic
+from training.batching import Batcher, BatchingSpec, collate
+from training.config import ConfigError
+from training.finetune_config import load_finetune_config
+from training.predict import FINETUNE_INFO, predict_logits, quiet_transformers, score, write_predictions
+
+log = logging.getLogger("finetune")
+
+
+class FinetuneError(ValueError):
+    """A run that cannot start (vocabulary mismatch, existing output); CLI exit code 2."""
+
+
+@dataclass
+class Task:
+    """Everything the loop needs about the data, tokenized, in input order."""
+
+    train: TokenizedExamples
+    validation: TokenizedExamples
+    label_names: list[str]
+    vocab_file: Path
+
+
+def resolve_asset(value: str | None) -> str | None:
+    """'asset:model' / 'asset:corpus' -> the installed demo asset's path; anything else as is."""
+    if value is None or not value.startswith("asset:"):
+        return value
+    from data import assets
+
+    paths = {"asset:model": assets.model_dir, "asset:corpus": assets.corpus_glob}
+    if value not in paths:
+        raise ConfigError(f"{value!r}: unknown asset; expected one of {', '.join(paths)}")
+    return str(paths[value]())
+
+
+# ----- data ------------------------------------------------------------------------------
+def check_vocabulary(checkpoint: Path, vocab_file: Path) -> None:
+    """The tokenizer must produce the ids the checkpoint's embeddings were trained on."""
+    tokens = vocab_file.read_text(encoding="utf-8").splitlines()
+    own = checkpoint / "vocab.txt"
+    if own.is_file() and own.resolve() != vocab_file.resolve():
+        theirs = own.read_text(encoding="utf-8").splitlines()
+        if theirs != tokens:
+            row = next((i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs)))
+            raise FinetuneError(
+                f"data.vocab_file {vocab_file} differs from the checkpoint's {own} at line {row + 1} "
+                f"({len(tokens)} vs {len(theirs)} tokens): the checkpoint's embeddings expect its own "
+                f"vocabulary; leave data.vocab_file null to use it"
+            )
+    model_vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size")
+    if model_vocab is not None and len(tokens) > model_vocab:
+        raise FinetuneError(
+            f"data.vocab_file {vocab_file} has {len(tokens)} tokens but the checkpoint {checkpoint} "
+            f"embeds vocab_size={model_vocab}: token ids would fall outside its embedding table"
+        )
+
+
+def read_examples(data: dict, path: str) -> Examples:
+    if data["source"] == "bbc_news":
+        return read_bbc_news(path)
+    return read_jsonl(path, data["text_field"], data["pair_field"], data["label_field"])
+
+
+def prepare_task(config: dict) -> Task:
+    """Read, check and tokenize the train and validation examples."""
+    data = config["data"]
+    checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
+    vocab_file = Path(resolve_asset(data["vocab_file"]) or checkpoint / "vocab.txt")
+    if not vocab_file.is_file():
+        raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
+    check_vocabulary(checkpoint, vocab_file)
+    tokenizer, vocab = load_tokenizer(vocab_file)
+
+    examples = read_examples(data, resolve_asset(data["train_file"]))
+    for note in examples.notes:
+        log.info("note: %s", note)
+    if data["validation_file"] is None:
+        train_rows, val_rows = split_by_seed(len(examples), data["validation_fraction"], data["split_seed"])
+        train, validation = examples.subset(train_rows), examples.subset(val_rows)
+    else:
+        train, validation = examples, read_examples(data, data["validation_file"])
+    label_names = data["labels"] or label_names_of(train)
+    splits = []
+    for name, part in (("train", train), ("validation", validation)):
+        labels = encode_labels(part, label_names, data["multi_label"])
+        tokenized = tokenize(part, tokenizer, vocab, labels, data["max_sequence_length"], data["too_long"])
+        if tokenized.truncated:
+            log.warning(
+                "%s: %d of %d examples truncated to %d tokens",
+                name,
+                tokenized.truncated,
+                len(tokenized),
+                data["max_sequence_length"],
+            )
+        splits.append(tokenized)
+    return Task(splits[0], splits[1], label_names, vocab_file)
+
+
+# ----- model and optimizer -----------------------------------------------------------------
+def build_classifier(config: dict, task: Task) -> PackedBertForSequenceClassification:
+    model_cfg, data = config["model"], config["data"]
+    checkpoint = resolve_asset(model_cfg["init_checkpoint"])
+    torch.manual_seed(config["training"]["seed"])  # the classifier's init
+    model = PackedBertForSequenceClassification.from_pretrained(
+        checkpoint,
+        num_labels=len(task.label_names),
+        problem_type="multi_label_classification" if data["multi_label"] else "single_label_classification",
+        attention_backend=model_cfg["attention_backend"],
+        hidden_dropout_prob=model_cfg["hidden_dropout"],
+        attention_probs_dropout_prob=model_cfg["attention_dropout"],
+        classifier_dropout=model_cfg["classifier_dropout"],
+        id2label=dict(enumerate(task.label_names)),
+        label2id={name: i for i, name in enumerate(task.label_names)},
+    )
+    longest = int(max(task.train.lengths.max(), task.validation.lengths.max()))
+    if longest > model.config.max_position_embeddings:
+        raise FinetuneError(
+            f"data.max_sequence_length: examples of {longest} tokens exceed the checkpoint's "
+            f"{model.config.max_position_embeddings} positions"
+        )
+    return model
+
+
+def build_optimizer(model, optim: dict, total_steps: int):
+    """AdamW without decay on biases and LayerNorm; linear warmup then linear decay to 0."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=optim["lr"],
+        betas=tuple(optim["betas"]),
+        eps=optim["eps"],
+    )
+    warmup = max(1, math.ceil(optim["warmup_fraction"] * total_steps))
+
+    def factor(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# ----- the run -----------------------------------------------------------------------------
+def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
+    b = config["batching"]
+    return BatchingSpec(
+        b["mode"],
+        batch_size,
+        config["data"]["max_sequence_length"],
+        b["max_sequences_per_pack"],
+        b["algorithm"],
+        b["pad_last_batch"],
+    )
+
+
+def train_step(model, batch, optimizer, scheduler, max_grad_norm: float) -> dict:
+    """One optimizer step on one batch: mean loss over the batch's examples. -> sums."""
+    model.train()
+    out = model(**batch)
+    out["loss"].backward()
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return {k: float(out[k]) for k in ("loss_sum", "count", "correct", "correct_count")}
+
+
+def run_finetune(config: dict, output: Path) -> dict:
+    """Train, evaluate each epoch, time inference, save. Returns the summary."""
+    if (output / "summary.json").exists() or (output / "model").exists():
+        raise FinetuneError(f"--output-dir {output}: holds a finished run; choose another folder")
+    output.mkdir(parents=True, exist_ok=True)
+    training = config["training"]
+    if training["threads"]:
+        torch.set_num_threads(training["threads"])
+    task = prepare_task(config)
+    model = build_classifier(config, task)
+    multi_label = config["data"]["multi_label"]
+    seed = config["batching"]["shuffle_seed"]
+    batcher = Batcher(task.train.lengths, batching_spec(config, config["batching"]["batch_size"]), seed)
+    steps_per_epoch = len(batcher.epoch(0))
+    optimizer, scheduler = build_optimizer(model, config["optim"], training["epochs"] * steps_per_epoch)
+    eval_batcher = Batcher(
+        task.validation.lengths, batching_spec(config, config["batching"]["eval_batch_size"]), seed
+    )
+    log.info(
+        "%s batching: %d train / %d validation examples, %d classes, %d steps per epoch, "
+        "%.2f examples per row",
+        batcher.spec.mode,
+        len(task.train),
+        len(task.validation),
+        len(task.label_names),
+        steps_per_epoch,
+        batcher.packing_factor,
+    )
+    torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the classifier init
+    train_seconds, train_examples, padding, steps, stopped = 0.0, 0, [], 0, False
+    with (output / "metrics.jsonl").open("w") as metrics_file:
+        for epoch in range(training["epochs"]):
+            batches = batcher.epoch(epoch)
+            padding.append(batcher.padding_fraction(batches))
+            sums = dict.fromkeys(("loss_sum", "count", "correct", "correct_count"), 0.0)
+            bar = tqdm(batches, desc=f"epoch {epoch}", disable=not training["progress"], leave=False)
+            for table in bar:
+                start = time.perf_counter()
+                batch = collate(task.train, table, batcher.width(table))
+                step = train_step(model, batch, optimizer, scheduler, config["optim"]["max_grad_norm"])
+                train_seconds += time.perf_counter() - start
+                steps += 1
+                train_examples += int(step["count"])
+                for key in sums:
+                    sums[key] += step[key]
+                if training["max_seconds"] is not None and train_seconds >= training["max_seconds"]:
+                    stopped = True
+                    break
+            logits, _ = predict_logits(model, task.validation, eval_batcher)
+            record = {
+                "epoch": epoch,
+                "step": steps,
+                "train_loss": sums["loss_sum"] / max(sums["count"], 1),
+                "train_accuracy": sums["correct"] / max(sums["correct_count"], 1),
+                **{f"validation_{k}": v for k, v in score(logits, task.validation.labels, multi_label).items()},
+            }
+            metrics_file.write(json.dumps(record) + "\n")
+            metrics_file.flush()
+            log.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in record.items() if isinstance(v, float)})
+            if stopped:
+                log.info("stopped after training.max_seconds=%s", training["max_seconds"])
+                break
+
+    # Inference in the same batching mode, timed on its own after training.
+    logits, inference = predict_logits(model, task.validation, eval_batcher)
+    validation = score(logits, task.validation.labels, multi_label)
+    write_predictions(output / "validation_predictions.jsonl", logits, task.label_names, multi_label)
+    save_finetuned(model, config, task, output / "model")
+    summary = {
+        "batching": batcher.spec.mode,
+        "train_examples": train_examples,
+        "train_steps": steps,
+        "train_seconds": train_seconds,
+        "train_examples_per_second": train_examples / train_seconds,
+        "train_padding_fraction": float(np.mean(padding)),
+        "examples_per_row": batcher.packing_factor,
+        "inference_examples_per_second": inference["examples_per_second"],
+        "inference_padding_fraction": inference["padding_fraction"],
+        "inference_seconds": inference["seconds"],
+        "truncated": task.train.truncated + task.validation.truncated,
+        **{f"validation_{k}": v for k, v in validation.items()},
+    }
+    write_json_atomic(output / "summary.json", summary)
+    return summary
+
+
+def save_finetuned(model, config: dict, task: Task, folder: Path) -> None:
+    """HF weights, then the vocabulary and what predict needs to read new text the same way."""
+    model.save_pretrained(folder)
+    shutil.copyfile(task.vocab_file, folder / "vocab.txt")
+    data = config["data"]
+    write_json_atomic(
+        folder / FINETUNE_INFO,
+        {
+            "labels": task.label_names,
+            "multi_label": data["multi_label"],
+            "max_sequence_length": data["max_sequence_length"],
+            "too_long": data["too_long"],
+            "fields": {"text": data["text_field"], "pair": data["pair_field"], "label": data["label_field"]},
+            "config": config,
+        },
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m training.finetune", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="fine-tuning YAML (see configs/README.md)")
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    quiet_transformers()
+    try:
+        config = load_finetune_config(args.config, args.set)
+        summary = run_finetune(config, args.output_dir)
+    except (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
