@@ -88,7 +88,9 @@ def read_bbc_news(pattern: str) -> Examples:
     return out
 
 
-def read_jsonl(path, text_field: str, pair_field: str, label_field: str, need_labels: bool = True) -> Examples:
+def read_jsonl(
+    path, text_field: str, pair_field: str, label_field: str, need_labels: bool = True
+) -> Examples:
     """One example per non-blank line of a JSON-lines file."""
     path = Path(path)
     if not path.is_file():

@@ -40,7 +40,7 @@ def checkpoint(tmp_path_factory):
 def write_jsonl(path, n, seed, labels=True, label_of=None):
     rng = np.random.default_rng(seed)
     lines = []
-    for i in range(n):
+    for _ in range(n):
         c = int(rng.integers(0, 3))
         words = list(rng.choice(TOPIC[c], size=int(rng.integers(1, 4)))) + list(
             rng.choice(["the", "a"], size=int(rng.integers(0, 20)))
@@ -79,7 +79,10 @@ def write_config(tmp_path, checkpoint, **sections):
 def test_finetune_learns_and_predict_returns_input_order(tmp_path, checkpoint, mode):
     config = write_config(tmp_path, checkpoint)
     out = tmp_path / "run"
-    assert finetune.main(["--config", str(config), "--output-dir", str(out), "--set", f"batching.mode={mode}"]) == 0
+    assert (
+        finetune.main(["--config", str(config), "--output-dir", str(out), "--set", f"batching.mode={mode}"])
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["batching"] == mode
     assert summary["train_examples"] == 8 * 120  # every example once per epoch
@@ -105,9 +108,16 @@ def test_multi_label_run(tmp_path, checkpoint):
     config = write_config(tmp_path, checkpoint, data={"multi_label": True, "labels": CLASSES})
     # Each example carries its topic and, for sport, also "culture": two labels.
     for name, n, seed in (("train", 120, 0), ("val", 30, 1)):
-        write_jsonl(tmp_path / f"{name}.jsonl", n, seed, label_of=lambda c: [CLASSES[c]] + (["culture"] if c == 2 else []))
+        write_jsonl(
+            tmp_path / f"{name}.jsonl",
+            n,
+            seed,
+            label_of=lambda c: [CLASSES[c]] + (["culture"] if c == 2 else []),
+        )
     out = tmp_path / "run"
-    assert finetune.main(["--config", str(config), "--output-dir", str(out), "--set", "training.epochs=4"]) == 0
+    assert (
+        finetune.main(["--config", str(config), "--output-dir", str(out), "--set", "training.epochs=4"]) == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["validation_roc_auc"] > 0.8 and summary["validation_roc_auc_classes"] == 3
     first = json.loads((out / "validation_predictions.jsonl").read_text().splitlines()[0])
@@ -149,7 +159,16 @@ def test_too_long_refused_or_truncated_by_config(tmp_path, checkpoint, capsys, c
     err = run_expecting_error(tmp_path, config, capsys)
     assert "tokens > data.max_sequence_length 12" in err and "train.jsonl:" in err
     out = tmp_path / "ok"
-    args = ["--config", str(config), "--output-dir", str(out), "--set", "data.too_long=truncate", "--set", "training.epochs=1"]
+    args = [
+        "--config",
+        str(config),
+        "--output-dir",
+        str(out),
+        "--set",
+        "data.too_long=truncate",
+        "--set",
+        "training.epochs=1",
+    ]
     assert finetune.main(args) == 0
     assert json.loads((out / "summary.json").read_text())["truncated"] > 0
     assert "examples truncated to 12 tokens" in caplog.text

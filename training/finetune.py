@@ -33,8 +33,8 @@ import torch
 from tqdm import tqdm
 
 from data.classification_data import (
-    Examples,
     ExampleError,
+    Examples,
     TokenizedExamples,
     encode_labels,
     label_names_of,
@@ -89,7 +89,9 @@ def check_vocabulary(checkpoint: Path, vocab_file: Path) -> None:
     if own.is_file() and own.resolve() != vocab_file.resolve():
         theirs = own.read_text(encoding="utf-8").splitlines()
         if theirs != tokens:
-            row = next((i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs)))
+            row = next(
+                (i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs))
+            )
             raise FinetuneError(
                 f"data.vocab_file {vocab_file} differs from the checkpoint's {own} at line {row + 1} "
                 f"({len(tokens)} vs {len(theirs)} tokens): the checkpoint's embeddings expect its own "
@@ -270,11 +272,16 @@ def run_finetune(config: dict, output: Path) -> dict:
                 "step": steps,
                 "train_loss": sums["loss_sum"] / max(sums["count"], 1),
                 "train_accuracy": sums["correct"] / max(sums["correct_count"], 1),
-                **{f"validation_{k}": v for k, v in score(logits, task.validation.labels, multi_label).items()},
+                **{
+                    f"validation_{k}": v
+                    for k, v in score(logits, task.validation.labels, multi_label).items()
+                },
             }
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()
-            log.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in record.items() if isinstance(v, float)})
+            log.info(
+                "epoch %d: %s", epoch, {k: round(v, 4) for k, v in record.items() if isinstance(v, float)}
+            )
             if stopped:
                 log.info("stopped after training.max_seconds=%s", training["max_seconds"])
                 break

@@ -27,12 +27,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "validation_file": Key(
             str, None, "jsonl validation file; null = split train_file by split_seed", optional=True
         ),
-        "validation_fraction": Key(float, 0.2, "share held out when validation_file is null", minimum=0, maximum=1),
+        "validation_fraction": Key(
+            float, 0.2, "share held out when validation_file is null", minimum=0, maximum=1
+        ),
         "split_seed": Key(int, 1234, "seed of the train/validation split", minimum=0),
         "text_field": Key(str, "text", "jsonl field of the text"),
         "pair_field": Key(str, "text_pair", "jsonl field of the optional second segment"),
         "label_field": Key(str, "label", "jsonl field of the label (a list for multi-label)"),
-        "labels": Key("str_list", None, "class names in index order; null = sorted names seen", optional=True),
+        "labels": Key(
+            "str_list", None, "class names in index order; null = sorted names seen", optional=True
+        ),
         "multi_label": Key(bool, False, "several labels per example (BCE-with-logits, ROC-AUC)"),
         "vocab_file": Key(str, None, "WordPiece vocab.txt; null = the checkpoint's", optional=True),
         "max_sequence_length": Key(int, 128, "tokens per row: padded width and pack length", minimum=8),
@@ -40,7 +44,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "batching": {
         "mode": Key(str, "packed", "how examples form batches", MODES),
-        "batch_size": Key(int, 32, "examples per training batch (packed: packs = this / packing factor)", minimum=1),
+        "batch_size": Key(
+            int, 32, "examples per training batch (packed: packs = this / packing factor)", minimum=1
+        ),
         "eval_batch_size": Key(int, 64, "examples per inference batch", minimum=1),
         "max_sequences_per_pack": Key(int, 6, "K, packed mode", minimum=1),
         "algorithm": Key(str, "lpfhp", "packing algorithm", ("spfhp", "lpfhp", "nnlshp", "lp")),
@@ -52,7 +58,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "weight_decay": Key(float, 0.01, "decoupled weight decay (not on biases and LayerNorm)", minimum=0),
         "betas": Key("betas", [0.9, 0.999], "AdamW (beta1, beta2)"),
         "eps": Key(float, 1e-8, "AdamW epsilon", minimum=0),
-        "warmup_fraction": Key(float, 0.1, "linear warmup share of the steps, then linear decay", minimum=0, maximum=1),
+        "warmup_fraction": Key(
+            float, 0.1, "linear warmup share of the steps, then linear decay", minimum=0, maximum=1
+        ),
         "max_grad_norm": Key(float, 1.0, "global gradient clipping; 0 = off", minimum=0),
     },
     "training": {
@@ -75,7 +83,9 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
     config = resolve(raw, source, SCHEMA)
     data = config["data"]
     if data["source"] == "bbc_news" and data["validation_file"] is not None:
-        raise ConfigError(f"{source}: data.validation_file: bbc_news is split by data.split_seed; set it null")
+        raise ConfigError(
+            f"{source}: data.validation_file: bbc_news is split by data.split_seed; set it null"
+        )
     if data["multi_label"] and data["source"] == "bbc_news":
         raise ConfigError(f"{source}: data.multi_label: BBC News has one label per article")
     if data["labels"] is not None and len(set(data["labels"])) != len(data["labels"]):

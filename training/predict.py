@@ -75,7 +75,9 @@ def score(logits: np.ndarray, labels: np.ndarray, multi_label: bool) -> dict:
         scores = torch.softmax(torch.from_numpy(logits), -1).numpy()
     # ROC-AUC needs both outcomes in a column; classes with one are left out and counted.
     usable = [c for c in range(truth.shape[1]) if 0 < truth[:, c].sum() < len(truth)]
-    out["roc_auc"] = float(roc_auc_score(truth[:, usable], scores[:, usable], average="macro")) if usable else None
+    out["roc_auc"] = (
+        float(roc_auc_score(truth[:, usable], scores[:, usable], average="macro")) if usable else None
+    )
     out["roc_auc_classes"] = len(usable)
     return out
 
@@ -143,7 +145,9 @@ def main(argv=None) -> int:
             else np.zeros(len(examples), dtype=np.int64)
         )
         data = tokenize(examples, tokenizer, vocab, labels, info["max_sequence_length"], info["too_long"])
-        spec = inference_spec(info, args.batching, args.batch_size, args.max_sequences_per_pack, args.algorithm)
+        spec = inference_spec(
+            info, args.batching, args.batch_size, args.max_sequences_per_pack, args.algorithm
+        )
         logits, timing = predict_logits(model, data, Batcher(data.lengths, spec, seed=0))
     except (ExampleError, DataInputError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
