@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packing/histograms/wikipedia_512.json
 
-.PHONY: install test demo demo-data bench lint clean
+.PHONY: install test demo demo-data bench lint clean finetune-demo
 
 install: $(STAMP)
 
@@ -48,6 +48,20 @@ demo: demo-data
 		--set optim.packing_adjustment=none --set optim.gradient_accumulation=1
 	$(PY) -m training.summary --packed runs/demo_packed --unpacked runs/demo_unpacked
 
+# Fine-tuning demo: BBC News topics from the real MiniLM-L6 BERT, the four batching modes for
+# the same budget (FINETUNE_EPOCHS passes) on CPU, then one table.
+FINETUNE_EPOCHS ?= 2
+FINETUNE_MODES := padded dynamic uniform packed
+finetune-demo: install
+	mkdir -p runs
+	for mode in $(FINETUNE_MODES); do \
+		rm -rf runs/finetune_$$mode; \
+		$(PY) -m training.finetune --config configs/finetune_bbc.yaml --output-dir runs/finetune_$$mode \
+			--set batching.mode=$$mode --set training.epochs=$(FINETUNE_EPOCHS) --set training.progress=false \
+			> runs/finetune_$$mode.log || exit 1; \
+	done
+	$(PY) -m training.finetune_report $(addprefix runs/finetune_,$(FINETUNE_MODES))
+
 bench: install
 	$(PY) bench/bench_packing.py
 	$(PY) bench/bench_pipeline.py --sizes 1000000 4000000 --workers 2
@@ -56,6 +70,7 @@ bench: install
 	$(MAKE) demo-data
 	$(PY) bench/bench_loader.py --packed $(DEMO)/packed
 	$(PY) bench/bench_stages.py
+	$(PY) bench/bench_finetune.py
 
 lint: install
 	$(PY) -m ruff check .

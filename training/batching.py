@@ -10,7 +10,7 @@ same fields through the same PackedBertForSequenceClassification:
 | padded  | 1 | max_sequence_length    | shuffled examples, batch_size per batch        |
 | dynamic | 1 | longest in the batch   | shuffled examples, batch_size per batch        |
 | uniform | 1 | longest in the batch   | length-sorted buckets of batch_size, batches shuffled |
-| packed  | K | max_sequence_length    | packs (SPFHP/LPFHP/lp) shuffled, packs_per_batch |
+| packed  | K | pack_length            | packs (SPFHP/LPFHP/lp) shuffled, packs_per_batch |
 
 For inference (shuffle=False) padded/dynamic keep input order, uniform sorts by length,
 packed keeps its pack order; outputs go back to input order through the example indices.
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from packing.errors import PackingInputError
 from packing.tokenized import check_table, pack_examples, pack_rows, pad_table, unpacked_table
 
 MODES = ("padded", "dynamic", "uniform", "packed")
@@ -34,10 +35,18 @@ MODES = ("padded", "dynamic", "uniform", "packed")
 class BatchingSpec:
     mode: str
     batch_size: int  # examples per batch (packed: packs = round(batch_size / packing factor))
-    max_sequence_length: int  # tokens; the padded row width and the pack length
+    max_sequence_length: int  # tokens; the padded row width (and the pack length by default)
     max_per_pack: int = 6  # K, packed mode only
     algorithm: str = "lpfhp"
     pad_last_batch: bool = False
+    pack_length: int | None = None  # packed row width; any value >= the longest example
+
+    @property
+    def fixed_width(self) -> int:
+        """Row width in tokens of the fixed-width modes (padded, packed)."""
+        if self.mode == "packed" and self.pack_length is not None:
+            return self.pack_length
+        return self.max_sequence_length
 
 
 class Batcher:
@@ -49,9 +58,15 @@ class Batcher:
         self.spec, self.seed = spec, seed
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if spec.mode == "packed":
+            longest = int(self.lengths.max())
+            if longest > spec.fixed_width:
+                raise PackingInputError(
+                    f"batching.pack_length {spec.fixed_width} is shorter than the longest example "
+                    f"({longest} tokens); set it to at least {longest}"
+                )
             # Packed once (the plan is a property of the length histogram); each epoch shuffles packs.
             self.table = pack_examples(
-                self.lengths, spec.max_sequence_length, spec.max_per_pack, spec.algorithm, seed
+                self.lengths, spec.fixed_width, spec.max_per_pack, spec.algorithm, seed
             )
             factor = len(self.lengths) / len(self.table)
             self.rows_per_batch = max(1, round(spec.batch_size / factor))
@@ -87,14 +102,15 @@ class Batcher:
     def width(self, table: np.ndarray) -> int:
         """Row width in tokens of a batch: fixed for padded/packed, its longest example else."""
         if self.spec.mode in ("padded", "packed"):
-            return self.spec.max_sequence_length
+            return self.spec.fixed_width
         present = table[table >= 0]
         return int(self.lengths[present].max()) if present.size else 1
 
     def padding_fraction(self, batches: list[np.ndarray]) -> float:
         """Fraction (0..1) of the token slots of these batches that are padding."""
         slots = sum(len(b) * self.width(b) for b in batches)
-        return 1.0 - float(self.lengths.sum()) / slots
+        real = sum(int(self.lengths[b[b >= 0]].sum()) for b in batches)
+        return 1.0 - real / slots
 
 
 def collate(data, table: np.ndarray, width: int, with_labels: bool = True) -> dict[str, torch.Tensor]:

@@ -202,6 +202,7 @@ def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
         b["max_sequences_per_pack"],
         b["algorithm"],
         b["pad_last_batch"],
+        b["pack_length"],
     )
 
 

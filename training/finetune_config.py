@@ -50,6 +50,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "eval_batch_size": Key(int, 64, "examples per inference batch", minimum=1),
         "max_sequences_per_pack": Key(int, 6, "K, packed mode", minimum=1),
         "algorithm": Key(str, "lpfhp", "packing algorithm", ("spfhp", "lpfhp", "nnlshp", "lp")),
+        "pack_length": Key(
+            int, None, "tokens per pack; null = data.max_sequence_length", optional=True, minimum=8
+        ),
         "pad_last_batch": Key(bool, False, "pad the last batch with empty rows (static shapes)"),
         "shuffle_seed": Key(int, 12345, "seed of the per-epoch batch order and of the packing", minimum=0),
     },
