@@ -231,3 +231,27 @@ def test_bbc_news_corpus_reads_title_and_first_sentence():
     train, val = split_by_seed(len(examples), 0.2, 1234)
     assert len(val) == 445 and not set(train) & set(val)
     assert np.array_equal(val, split_by_seed(len(examples), 0.2, 1234)[1])
+
+
+def test_configs_readme_lists_every_finetune_key():
+    from tests.conftest import REPO
+    from training.config import markdown
+    from training.finetune_config import SCHEMA
+
+    assert markdown(SCHEMA) in (REPO / "configs" / "README.md").read_text()
+
+
+def test_bbc_demo_config_runs_on_the_real_model(tmp_path):
+    """configs/finetune_bbc.yaml as shipped (MiniLM-L6, BBC News), cut to a few seconds."""
+    from tests.conftest import REPO
+
+    out = tmp_path / "bbc"
+    args = ["--config", str(REPO / "configs" / "finetune_bbc.yaml"), "--output-dir", str(out)]
+    args += ["--set", "training.max_seconds=2", "--set", "training.progress=false"]
+    assert finetune.main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["batching"] == "packed" and summary["examples_per_row"] > 1.9
+    assert summary["train_padding_fraction"] < 0.05 and summary["truncated"] == 0
+    assert len((out / "validation_predictions.jsonl").read_text().splitlines()) == 445
+    info = json.loads((out / "model" / "finetune.json").read_text())
+    assert info["labels"] == ["business", "entertainment", "politics", "sports", "tech"]
