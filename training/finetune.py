@@ -50,7 +50,14 @@ from packing.io_utils import write_json_atomic
 from training.batching import Batcher, BatchingSpec, collate
 from training.config import ConfigError
 from training.finetune_config import load_finetune_config
-from training.predict import FINETUNE_INFO, predict_logits, quiet_transformers, score, write_predictions
+from training.predict import (
+    FINETUNE_INFO,
+    predict_logits,
+    quiet_transformers,
+    score,
+    to_device,
+    write_predictions,
+)
 
 log = logging.getLogger("finetune")
 
@@ -209,7 +216,7 @@ def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
 def train_step(model, batch, optimizer, scheduler, max_grad_norm: float) -> dict:
     """One optimizer step on one batch: mean loss over the batch's examples. -> sums."""
     model.train()
-    out = model(**batch)
+    out = model(**to_device(batch, next(model.parameters()).device))
     out["loss"].backward()
     if max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -227,8 +234,10 @@ def run_finetune(config: dict, output: Path) -> dict:
     training = config["training"]
     if training["threads"]:
         torch.set_num_threads(training["threads"])
+    if training["device"] == "cuda" and not torch.cuda.is_available():
+        raise FinetuneError("training.device: cuda is not available on this machine (torch sees no GPU)")
     task = prepare_task(config)
-    model = build_classifier(config, task)
+    model = build_classifier(config, task).to(training["device"])
     multi_label = config["data"]["multi_label"]
     seed = config["batching"]["shuffle_seed"]
     batcher = Batcher(task.train.lengths, batching_spec(config, config["batching"]["batch_size"]), seed)
@@ -321,6 +330,7 @@ def save_finetuned(model, config: dict, task: Task, folder: Path) -> None:
             "labels": task.label_names,
             "multi_label": data["multi_label"],
             "max_sequence_length": data["max_sequence_length"],
+            "pack_length": config["batching"]["pack_length"],
             "too_long": data["too_long"],
             "fields": {"text": data["text_field"], "pair": data["pair_field"], "label": data["label_field"]},
             "config": config,

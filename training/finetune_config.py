@@ -70,6 +70,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "epochs": Key(int, 3, "passes over the training set", minimum=1),
         "max_seconds": Key(float, None, "stop training after this many seconds", optional=True, minimum=0),
         "seed": Key(int, 42, "seed of the model init (classifier) and dropout", minimum=0),
+        "device": Key(str, "cpu", "where the model runs", ("cpu", "cuda")),
         "threads": Key(int, None, "torch CPU threads; null = torch's default", optional=True, minimum=1),
         "progress": Key(bool, True, "tqdm progress bar"),
     },

@@ -25,6 +25,7 @@ import torch
 from data.classification_data import ExampleError, encode_labels, read_jsonl, tokenize
 from data.create_pretraining_data import DataInputError, load_tokenizer
 from model.classification import PackedBertForSequenceClassification, classification_metrics
+from packing.errors import PackingInputError
 from packing.io_utils import atomic_path, write_json_atomic
 from packing.tokenized import unpack_outputs
 from training.batching import MODES, Batcher, BatchingSpec, collate
@@ -36,12 +37,13 @@ FINETUNE_INFO = "finetune.json"  # labels, multi_label, max_sequence_length, fie
 def predict_logits(model, data, batcher: Batcher) -> tuple[np.ndarray, dict]:
     """Logits float32 [n, C] in input order, and timing/padding figures of the pass."""
     model.eval()
+    device = next(model.parameters(), torch.empty(0)).device
     batches = batcher.epoch(0, shuffle=False)
     start = time.perf_counter()
     logits, index = [], []
     for table in batches:
-        batch = collate(data, table, batcher.width(table), with_labels=False)
-        logits.append(model(**batch)["logits"].float().numpy())
+        batch = to_device(collate(data, table, batcher.width(table), with_labels=False), device)
+        logits.append(model(**batch)["logits"].float().cpu().numpy())  # .cpu() waits for the device
         index.append(table)
     seconds = time.perf_counter() - start
     # Dynamic widths differ per batch, but every mode's slots are [rows, K]: concatenate slots.
@@ -54,6 +56,10 @@ def predict_logits(model, data, batcher: Batcher) -> tuple[np.ndarray, dict]:
         "batches": len(batches),
         "padding_fraction": batcher.padding_fraction(batches),
     }
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {name: value.to(device, non_blocking=True) for name, value in batch.items()}
 
 
 def score(logits: np.ndarray, labels: np.ndarray, multi_label: bool) -> dict:
@@ -80,10 +86,6 @@ def score(logits: np.ndarray, labels: np.ndarray, multi_label: bool) -> dict:
     )
     out["roc_auc_classes"] = len(usable)
     return out
-
-
-def inference_spec(info: dict, mode: str, batch_size: int, max_per_pack: int, algorithm: str) -> BatchingSpec:
-    return BatchingSpec(mode, batch_size, info["max_sequence_length"], max_per_pack, algorithm)
 
 
 def write_predictions(path: Path, logits: np.ndarray, label_names: list[str], multi_label: bool) -> None:
@@ -132,6 +134,10 @@ def main(argv=None) -> int:
     parser.add_argument("--batch-size", type=int, default=64, help="examples per batch")
     parser.add_argument("--max-sequences-per-pack", type=int, default=6)
     parser.add_argument("--algorithm", default="lpfhp", choices=("spfhp", "lpfhp", "nnlshp", "lp"))
+    parser.add_argument(
+        "--pack-length", type=int, default=None, help="tokens per pack (default: the model's)"
+    )
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args(argv)
     quiet_transformers()
     try:
@@ -145,11 +151,16 @@ def main(argv=None) -> int:
             else np.zeros(len(examples), dtype=np.int64)
         )
         data = tokenize(examples, tokenizer, vocab, labels, info["max_sequence_length"], info["too_long"])
-        spec = inference_spec(
-            info, args.batching, args.batch_size, args.max_sequences_per_pack, args.algorithm
+        spec = BatchingSpec(
+            args.batching,
+            args.batch_size,
+            info["max_sequence_length"],
+            args.max_sequences_per_pack,
+            args.algorithm,
+            pack_length=args.pack_length or info.get("pack_length"),
         )
-        logits, timing = predict_logits(model, data, Batcher(data.lengths, spec, seed=0))
-    except (ExampleError, DataInputError, FileNotFoundError) as err:
+        logits, timing = predict_logits(model.to(args.device), data, Batcher(data.lengths, spec, seed=0))
+    except (ExampleError, DataInputError, FileNotFoundError, PackingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     write_predictions(args.output, logits, info["labels"], info["multi_label"])
