@@ -75,7 +75,8 @@ def main() -> None:
     model = build_classifier(config, task)
     print(
         f"# BBC News, {len(task.train)} train / {len(task.validation)} validation examples, "
-        f"MiniLM-L6 (H=384), S={config['data']['max_sequence_length']}, "
+        f"MiniLM-L6 (H=384), padded width {config['data']['max_sequence_length']}, "
+        f"pack length {config['batching']['pack_length'] or config['data']['max_sequence_length']}, "
         f"K={config['batching']['max_sequences_per_pack']} ({config['batching']['algorithm']}), "
         f"batch {config['batching']['batch_size']} examples, torch threads {torch.get_num_threads()}"
     )
