@@ -140,6 +140,9 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args(argv)
     quiet_transformers()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: torch sees no GPU on this machine", file=sys.stderr)
+        return 2
     try:
         model, info, tokenizer, vocab = load_finetuned(args.model)
         fields = info["fields"]
