@@ -15,9 +15,6 @@ same module.
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -27,8 +24,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from model.config import check_packing_options
 from model.encoder import PackedBertModel
-
-log = logging.getLogger(__name__)
+from model.hf_checkpoint import adopt_weights, read_config, reference_model, save_folder
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
 
@@ -85,47 +81,29 @@ class PackedBertForSequenceClassification(nn.Module):
         initialised and named in `loading_report` and the log. num_labels must match a
         fine-tuned checkpoint's head; overrides set non-shape options (dropout, ...)."""
         folder = Path(folder)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{folder}: no config.json; expected a Hugging Face BERT folder")
-        config = BertConfig.from_pretrained(folder)
+        config = read_config(folder, overrides)
         if num_labels is not None:
             config.num_labels = num_labels
         config.problem_type = problem_type or config.problem_type or PROBLEM_TYPES[0]
-        for key, value in overrides.items():
-            setattr(config, key, value)
+        for key in ("id2label", "label2id"):  # num_labels just reset them; overrides win
+            if key in overrides:
+                setattr(config, key, overrides[key])
         reference, info = BertForSequenceClassification.from_pretrained(
             folder, config=config, output_loading_info=True, ignore_mismatched_sizes=False
         )
         model = cls(config)
-        missing, unexpected = model.load_state_dict(reference.state_dict(), strict=False)
-        if missing or unexpected:
-            raise RuntimeError(
-                f"{folder}: weight names do not map: missing {missing}, unexpected {unexpected}"
-            )
-        model.loading_report = {k: list(v) for k, v in info.items() if v}
-        if info.get("missing_keys"):
-            log.info("%s: initialised weights absent from the checkpoint: %s", folder, info["missing_keys"])
+        # A new task's classifier is always initialised: that is news, not a warning.
+        adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
         return model
 
     def save_pretrained(self, folder) -> None:
         """A folder transformers.BertForSequenceClassification loads as is (safetensors,
         id2label in config.json). Atomic: temporary folder, then rename."""
-        folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with torch.random.fork_rng(devices=[]):  # the reference's init must not move the run's RNG
-            reference = BertForSequenceClassification(self.config)
+        reference = reference_model(BertForSequenceClassification, self.config)
         missing, unexpected = reference.load_state_dict(self.state_dict(), strict=False)
         if unexpected or [k for k in missing if not k.endswith("position_ids")]:
             raise RuntimeError(f"save_pretrained: names differ: missing {missing}, unexpected {unexpected}")
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-        try:
-            reference.save_pretrained(tmp)
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(tmp, folder)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp)
+        save_folder(reference, folder)
 
 
 def classification_metrics(logits, labels, present, multi_label: bool) -> dict:

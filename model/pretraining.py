@@ -8,10 +8,6 @@ out["loss"], out["mlm_correct"], out["mlm_count"], ...
 
 from __future__ import annotations
 
-import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -21,19 +17,8 @@ from transformers import BertConfig, BertForPreTraining
 from model.config import check_packing_options
 from model.encoder import PackedBertModel, gather_positions
 from model.heads import PretrainingHeads, mlm_metrics, nsp_metrics
+from model.hf_checkpoint import adopt_weights, read_config, reference_model, save_folder
 
-log = logging.getLogger(__name__)
-
-# Overrides that must agree with a checkpoint: its weights have these shapes.
-SHAPE_FIELDS = (
-    "vocab_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-)
 # The packed fields `heads` takes after sequence_output, in its argument order (a pipeline's
 # last stage and the IPU graph feed them by this list).
 HEAD_INPUTS = (
@@ -136,55 +121,21 @@ class PackedBertForPreTraining(nn.Module):
         reported in `loading_report` and the log. Overrides change non-shape options
         (dropout, attention_backend, ...); shape fields must match the checkpoint."""
         folder = Path(folder)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"{folder}: no config.json; expected a Hugging Face BERT folder")
-        config = BertConfig.from_pretrained(folder)
-        for key, value in overrides.items():
-            if key in SHAPE_FIELDS and getattr(config, key) != value:
-                raise ValueError(
-                    f"{folder}: config asks for {key}={value}, but the checkpoint has "
-                    f"{key}={getattr(config, key)}"
-                )
-            setattr(config, key, value)
+        config = read_config(folder, overrides)
         reference, info = BertForPreTraining.from_pretrained(folder, config=config, output_loading_info=True)
         model = cls(config)
         state = reference.state_dict()
         state.pop("cls.predictions.decoder.bias", None)  # HF alias of cls.predictions.bias
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [k for k in missing if k != "cls.predictions.decoder.weight"]  # tied
-        if missing or unexpected:
-            raise RuntimeError(
-                f"{folder}: weight names do not map: missing {missing}, unexpected {unexpected}"
-            )
-        model.loading_report = {k: list(v) for k, v in info.items() if v}
-        if info.get("missing_keys"):
-            log.warning(
-                "%s: initialised weights absent from the checkpoint: %s",
-                folder,
-                ", ".join(sorted(info["missing_keys"])),
-            )
+        adopt_weights(model, state, info, folder, tied=("cls.predictions.decoder.weight",))
         return model
 
     def save_pretrained(self, folder) -> None:
         """Write a folder that transformers.BertForPreTraining.from_pretrained loads with no
         missing or unexpected keys (safetensors). Atomic: temporary folder, then rename."""
-        folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        # Building the reference model runs its random init: keep that off the global RNG so
-        # that saving a checkpoint never changes the run (dropout masks after it).
-        with torch.random.fork_rng(devices=[]):
-            reference = BertForPreTraining(self.config)
+        reference = reference_model(BertForPreTraining, self.config)
         reference.load_state_dict(self.state_dict(), strict=False)
         reference.tie_weights()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
-        try:
-            reference.save_pretrained(tmp)
-            if folder.exists():
-                shutil.rmtree(folder)
-            os.replace(tmp, folder)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp)
+        save_folder(reference, folder)
 
     # ----- pieces for pipeline stages ---------------------------------------------------
     @property

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from model import PackedBertForPreTraining, bert_config
-from model.pretraining import SHAPE_FIELDS
+from model.hf_checkpoint import SHAPE_FIELDS
 from optim import Lamb, WarmupPolyDecay, adjust_for_packing, packing_factor_from_metadata, weight_decay_groups
 from packing.errors import PackingInputError
 from packing.shards import PackedDataset

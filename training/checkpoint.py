@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import shutil
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from packing.io_utils import atomic_folder
 from packing.sources import sha256_file
 
 log = logging.getLogger(__name__)
@@ -53,24 +53,18 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(folder: Path, step: int, model, training_state: dict, keep: int) -> Path:
     """Write OUTPUT/checkpoints/step-N atomically; drop all but the newest `keep`."""
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"{PREFIX}{step:08d}"
-    tmp = folder / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    model.save_pretrained(tmp / "model")
-    torch.save(training_state, tmp / "training_state.pt")
-    files = sorted(p for p in tmp.rglob("*") if p.is_file())
-    manifest = {
-        "step": step,
-        "files": {
-            str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files
-        },
-    }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    with atomic_folder(final) as tmp:
+        model.save_pretrained(tmp / "model")
+        torch.save(training_state, tmp / "training_state.pt")
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        manifest = {
+            "step": step,
+            "files": {
+                str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files
+            },
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
     for old in list_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final

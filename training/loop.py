@@ -23,6 +23,7 @@ import yaml
 from tqdm import tqdm
 
 from model import PackedBertForPreTraining, validate_batch
+from packing.io_utils import atomic_path
 from training import checkpoint as ckpt
 from training.build import (
     RunError,
@@ -196,9 +197,8 @@ def prepare_output(output: Path, config: dict, resume: bool, rank: int) -> None:
         dist.barrier()
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
-        tmp = output / ".config.yaml.tmp"
-        tmp.write_text(yaml.safe_dump(config, sort_keys=False))
-        os.replace(tmp, saved)
+        with atomic_path(saved) as tmp:
+            tmp.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
 # --------------------------------------------------------------------------------------

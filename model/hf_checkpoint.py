@@ -1,0 +1,70 @@
+"""Hugging Face BERT folders in and out, shared by the packed pretraining and
+classification models: config with checked overrides, weights adopted by name with a
+loading report, atomic save."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import BertConfig
+
+from packing.io_utils import atomic_folder
+
+log = logging.getLogger(__name__)
+
+# Overrides that must agree with a checkpoint: its weights have these shapes.
+SHAPE_FIELDS = (
+    "vocab_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+)
+
+
+def read_config(folder: Path, overrides: dict) -> BertConfig:
+    """folder/config.json with `overrides` set; shape fields must match the checkpoint."""
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder}: no config.json; expected a Hugging Face BERT folder")
+    config = BertConfig.from_pretrained(folder)
+    for key, value in overrides.items():
+        if key in SHAPE_FIELDS and getattr(config, key) != value:
+            raise ValueError(
+                f"{folder}: config asks for {key}={value}, but the checkpoint has {key}={getattr(config, key)}"
+            )
+        setattr(config, key, value)
+    return config
+
+
+def adopt_weights(model, state: dict, info: dict, folder: Path, tied=(), level=logging.WARNING) -> None:
+    """Load the HF reference's `state` into `model` by name (every name must map, except the
+    `tied` ones) and keep transformers' loading info in `model.loading_report`."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise RuntimeError(f"{folder}: weight names do not map: missing {missing}, unexpected {unexpected}")
+    model.loading_report = {k: list(v) for k, v in info.items() if v}
+    if info.get("missing_keys"):
+        log.log(
+            level,
+            "%s: initialised weights absent from the checkpoint: %s",
+            folder,
+            ", ".join(sorted(info["missing_keys"])),
+        )
+
+
+def reference_model(reference_class, config):
+    """An HF model to save through. Building it runs its random init: kept off the global
+    RNG so that saving never changes the run (dropout masks after it)."""
+    with torch.random.fork_rng(devices=[]):
+        return reference_class(config)
+
+
+def save_folder(reference, folder) -> None:
+    """reference.save_pretrained into a temporary folder, then renamed over `folder`."""
+    with atomic_folder(folder) as tmp:
+        reference.save_pretrained(tmp)
