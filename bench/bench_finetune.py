@@ -31,10 +31,15 @@ from training.predict import predict_logits, quiet_transformers  # noqa: E402
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
 
 
-def time_training(model, task, config, mode: str, examples: int) -> tuple[float, float]:
-    """(examples/s, padding fraction) of training steps until `examples` examples are seen."""
+def with_mode(config: dict, mode: str) -> dict:
     config = copy.deepcopy(config)
     config["batching"]["mode"] = mode
+    return config
+
+
+def time_training(model, task, config, mode: str, examples: int) -> tuple[float, float]:
+    """(examples/s, padding fraction) of training steps until `examples` examples are seen."""
+    config = with_mode(config, mode)
     batcher = Batcher(task.train.lengths, batching_spec(config, config["batching"]["batch_size"]), 0)
     batches, seen = [], 0
     for table in batcher.epoch(0):
@@ -53,8 +58,7 @@ def time_training(model, task, config, mode: str, examples: int) -> tuple[float,
 
 
 def time_inference(model, task, config, mode: str) -> tuple[float, float]:
-    config = copy.deepcopy(config)
-    config["batching"]["mode"] = mode
+    config = with_mode(config, mode)
     batcher = Batcher(
         task.validation.lengths, batching_spec(config, config["batching"]["eval_batch_size"]), 0
     )

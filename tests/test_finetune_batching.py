@@ -34,6 +34,7 @@ def test_every_mode_sees_every_example_exactly_once_per_epoch(
     spec = BatchingSpec(mode, batch_size, S, k, "spfhp", pad_last)
     batcher = Batcher(lengths, spec, seed)
     batches = batcher.epoch(epoch)
+    assert len(batches) == batcher.batches_per_epoch
     slots = np.concatenate([b.ravel() for b in batches])
     assert np.array_equal(np.sort(slots[slots >= 0]), np.arange(len(lengths)))
     for table in batches:

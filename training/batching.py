@@ -75,6 +75,11 @@ class Batcher:
             self.rows_per_batch = spec.batch_size
 
     @property
+    def batches_per_epoch(self) -> int:
+        """len(self.epoch(e)) for every e, without building one."""
+        return -(-len(self.table) // self.rows_per_batch)
+
+    @property
     def packing_factor(self) -> float:
         return len(self.lengths) / len(self.table)
 

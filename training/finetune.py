@@ -241,7 +241,7 @@ def run_finetune(config: dict, output: Path) -> dict:
     multi_label = config["data"]["multi_label"]
     seed = config["batching"]["shuffle_seed"]
     batcher = Batcher(task.train.lengths, batching_spec(config, config["batching"]["batch_size"]), seed)
-    steps_per_epoch = len(batcher.epoch(0))
+    steps_per_epoch = batcher.batches_per_epoch
     optimizer, scheduler = build_optimizer(model, config["optim"], training["epochs"] * steps_per_epoch)
     eval_batcher = Batcher(
         task.validation.lengths, batching_spec(config, config["batching"]["eval_batch_size"]), seed
@@ -276,16 +276,16 @@ def run_finetune(config: dict, output: Path) -> dict:
                 if training["max_seconds"] is not None and train_seconds >= training["max_seconds"]:
                     stopped = True
                     break
-            logits, _ = predict_logits(model, task.validation, eval_batcher)
+            # Timed inference in the same batching mode; the last epoch's pass (the model does
+            # not change after it) is the run's inference figure and its predictions.
+            logits, inference = predict_logits(model, task.validation, eval_batcher)
+            validation = score(logits, task.validation.labels, multi_label)
             record = {
                 "epoch": epoch,
                 "step": steps,
                 "train_loss": sums["loss_sum"] / max(sums["count"], 1),
                 "train_accuracy": sums["correct"] / max(sums["correct_count"], 1),
-                **{
-                    f"validation_{k}": v
-                    for k, v in score(logits, task.validation.labels, multi_label).items()
-                },
+                **{f"validation_{k}": v for k, v in validation.items()},
             }
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()
@@ -296,9 +296,6 @@ def run_finetune(config: dict, output: Path) -> dict:
                 log.info("stopped after training.max_seconds=%s", training["max_seconds"])
                 break
 
-    # Inference in the same batching mode, timed on its own after training.
-    logits, inference = predict_logits(model, task.validation, eval_batcher)
-    validation = score(logits, task.validation.labels, multi_label)
     write_predictions(output / "validation_predictions.jsonl", logits, task.label_names, multi_label)
     save_finetuned(model, config, task, output / "model")
     summary = {
