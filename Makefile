@@ -56,11 +56,11 @@ finetune-demo: install
 	mkdir -p runs
 	for mode in $(FINETUNE_MODES); do \
 		rm -rf runs/finetune_$$mode; \
-		$(PY) -m training.finetune --config configs/finetune_bbc.yaml --output-dir runs/finetune_$$mode \
+		$(PY) -m finetune.train --config configs/finetune_bbc.yaml --output-dir runs/finetune_$$mode \
 			--set batching.mode=$$mode --set training.epochs=$(FINETUNE_EPOCHS) --set training.progress=false \
 			> runs/finetune_$$mode.log || exit 1; \
 	done
-	$(PY) -m training.finetune_report $(addprefix runs/finetune_,$(FINETUNE_MODES))
+	$(PY) -m finetune.report $(addprefix runs/finetune_,$(FINETUNE_MODES))
 
 bench: install
 	$(PY) bench/bench_packing.py

@@ -23,10 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from training.batching import MODES, Batcher, collate  # noqa: E402
-from training.finetune import batching_spec, build_classifier, build_optimizer, prepare_task, train_step  # noqa: E402
-from training.finetune_config import load_finetune_config  # noqa: E402
-from training.predict import predict_logits, quiet_transformers  # noqa: E402
+from finetune.batching import BATCHING_MODES, Batcher, collate  # noqa: E402
+from finetune.config import load_finetune_config  # noqa: E402
+from finetune.inference import predict_logits  # noqa: E402
+from finetune.train import batching_spec, build_adamw, build_classifier, finetune_step, prepare_task  # noqa: E402
+from model.hf_checkpoint import quiet_transformers  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
 
@@ -47,11 +48,13 @@ def time_training(model, task, config, mode: str, examples: int) -> tuple[float,
             break
         batches.append(table)
         seen += int((table >= 0).sum())
-    optimizer, scheduler = build_optimizer(model, config["optim"], 1000)
-    train_step(model, collate(task.train, batches[0], batcher.width(batches[0])), optimizer, scheduler, 1.0)
+    optimizer, scheduler = build_adamw(model, config["optim"], 1000)
+    finetune_step(
+        model, collate(task.train, batches[0], batcher.width(batches[0])), optimizer, scheduler, 1.0
+    )
     start = time.perf_counter()  # after one warm-up step
     for table in batches[1:]:
-        train_step(model, collate(task.train, table, batcher.width(table)), optimizer, scheduler, 1.0)
+        finetune_step(model, collate(task.train, table, batcher.width(table)), optimizer, scheduler, 1.0)
     seconds = time.perf_counter() - start
     timed = seen - int((batches[0] >= 0).sum())
     return timed / seconds, batcher.padding_fraction(batches)
@@ -70,7 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--train-examples", type=int, default=640)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=list(BATCHING_MODES), choices=BATCHING_MODES)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args()
     quiet_transformers()

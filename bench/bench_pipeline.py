@@ -24,6 +24,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from common.constants import BERT_VOCAB_SIZE  # noqa: E402
 from data.synthetic import write_synthetic_shards  # noqa: E402
 
 
@@ -84,7 +85,7 @@ def main() -> None:
                 "--workers",
                 str(args.workers),
                 "--vocab-size",
-                "30522",
+                str(BERT_VOCAB_SIZE),
                 "--quiet",
             ]
         )

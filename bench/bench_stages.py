@@ -26,6 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from common.constants import BERT_VOCAB_SIZE  # noqa: E402
 from data.synthetic import synthetic_rows  # noqa: E402
 from data.unpacked_hdf5 import write_unpacked_shard  # noqa: E402
 from model import bert_config  # noqa: E402
@@ -34,7 +35,7 @@ from packing.pipeline import PackJob, run_pack  # noqa: E402
 
 def make_data(root: Path, seq: int, n: int) -> Path:
     rng = np.random.default_rng(0)
-    rows = synthetic_rows(rng.integers(seq // 8, seq + 1, size=n), seq, 20, rng, vocab_size=30522)
+    rows = synthetic_rows(rng.integers(seq // 8, seq + 1, size=n), seq, 20, rng, vocab_size=BERT_VOCAB_SIZE)
     write_unpacked_shard(root / "raw.h5", rows)
     job = PackJob(
         inputs=(str(root / "raw.h5"),),

@@ -26,14 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
+from common.files import write_json_atomic
+from data.tokenizer import DataInputError, load_tokenizer
 from data.unpacked_hdf5 import write_unpacked_shard
-from packing.io_utils import write_json_atomic
 
 SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
-
-
-class DataInputError(ValueError):
-    """Bad user input for data creation; the CLI prints it and exits with 2."""
 
 
 @dataclass
@@ -61,23 +58,6 @@ def split_sentences(text: str) -> list[str]:
         if paragraph:
             sentences.extend(s.strip() for s in SENTENCE_END.split(paragraph) if s.strip())
     return sentences
-
-
-def load_tokenizer(vocab_file: Path):
-    from tokenizers import BertWordPieceTokenizer
-
-    if not vocab_file.is_file():
-        raise DataInputError(f"--vocab {vocab_file}: file not found")
-    vocab = {}
-    for i, line in enumerate(vocab_file.read_text(encoding="utf-8").splitlines()):
-        vocab.setdefault(line.strip(), i)
-    for token in ("[CLS]", "[SEP]", "[MASK]", "[UNK]"):
-        if token not in vocab:
-            raise DataInputError(
-                f"--vocab {vocab_file}: the token {token} is missing (not a BERT vocabulary)"
-            )
-    # vocab= (a dict), not vocab_file=: see the README's note on transformers/tokenizers traps.
-    return BertWordPieceTokenizer(vocab=vocab, lowercase=True), vocab
 
 
 def tokenize_documents(files: list[Path], tokenizer) -> list[list[list[int]]]:

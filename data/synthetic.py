@@ -11,14 +11,15 @@ from pathlib import Path
 
 import numpy as np
 
-from data.unpacked_hdf5 import DTYPES
-from packing.io_utils import atomic_path
+from common.constants import BERT_VOCAB_SIZE
+from common.files import atomic_path
+from data.unpacked_hdf5 import DTYPES, create_unpacked_datasets
 
 CLS, SEP = 101, 102
 
 
 def synthetic_rows(
-    lengths: np.ndarray, s: int, p: int, rng: np.random.Generator, vocab_size: int = 30522
+    lengths: np.ndarray, s: int, p: int, rng: np.random.Generator, vocab_size: int = BERT_VOCAB_SIZE
 ) -> dict:
     """Unpacked rows for the given lengths (each >= 3): dict of the six fields."""
     n = lengths.size
@@ -75,15 +76,11 @@ def write_synthetic_shards(
         rows = min(rows_per_file, sequences - start)
         path = folder / f"part-{index:05d}.h5"
         with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-            datasets = {}
+            datasets = create_unpacked_datasets(f, rows, s, p, DTYPES)
             for a in range(0, rows, chunk):
                 b = min(rows, a + chunk)
                 lengths = np.maximum(rng.choice(s, size=b - a, p=weights) + 1, 3)
-                arrays = synthetic_rows(lengths, s, p, rng)
-                for name, values in arrays.items():
-                    if name not in datasets:
-                        shape = (rows,) + values.shape[1:]
-                        datasets[name] = f.create_dataset(name, shape=shape, dtype=DTYPES[name])
+                for name, values in synthetic_rows(lengths, s, p, rng).items():
                     datasets[name][a:b] = values
         paths.append(path)
     return paths

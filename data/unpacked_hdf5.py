@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from packing.io_utils import atomic_path
+from common.constants import BERT_VOCAB_SIZE
+from common.files import atomic_path
 
 # The dtypes of MLCommons' phase-2 HDF5 conversion: small ints, vocab < 32768.
 DTYPES = {
@@ -26,12 +27,38 @@ def dtypes_for(vocab_size: int) -> dict:
     return out
 
 
-def write_unpacked_shard(path: Path, arrays: dict, vocab_size: int = 30522) -> None:
+def create_unpacked_datasets(f, rows: int, s: int, p: int, dtypes: dict, nsp_2d: bool = False) -> dict:
+    """The six fields as zero-filled datasets of an open h5py file: [rows, S] / [rows, P] /
+    [rows] ([rows, 1] with `nsp_2d`, as some producers write it). The one writer of the
+    layout: data creation, synthetic shards and `packing unpack` fill these."""
+    widths = {
+        "input_ids": s,
+        "input_mask": s,
+        "segment_ids": s,
+        "masked_lm_positions": p,
+        "masked_lm_ids": p,
+        "next_sentence_labels": 1 if nsp_2d else None,
+    }
+    return {
+        name: f.create_dataset(
+            name,
+            shape=(rows,) if width is None else (rows, width),
+            dtype=np.dtype(dtypes[name]),
+            fillvalue=0,
+            track_times=False,
+        )
+        for name, width in widths.items()
+    }
+
+
+def write_unpacked_shard(path: Path, arrays: dict, vocab_size: int = BERT_VOCAB_SIZE) -> None:
     """Write one shard atomically. arrays: the six fields, [n, S] / [n, P] / [n]."""
     import h5py
 
-    dtypes = dtypes_for(vocab_size)
+    rows, s = np.shape(arrays["input_ids"])
+    p = np.shape(arrays["masked_lm_positions"])[1]
     with atomic_path(path) as tmp:
         with h5py.File(tmp, "w") as f:
-            for name, dtype in dtypes.items():
-                f.create_dataset(name, data=np.asarray(arrays[name]).astype(dtype), track_times=False)
+            for name, dataset in create_unpacked_datasets(f, rows, s, p, dtypes_for(vocab_size)).items():
+                if rows:
+                    dataset[...] = np.asarray(arrays[name])

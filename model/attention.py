@@ -10,6 +10,9 @@ never read by a loss.
 * sdpa:  torch.nn.functional.scaled_dot_product_attention with a boolean mask.
 * flex:  FlexAttention with a document mask (block-sparse; compiled on CUDA). It has no
   attention dropout, so it refuses to run in training with dropout > 0.
+* varlen: attention per sequence (model/varlen.py): FlashAttention's variable-length
+  kernel on CUDA in bf16/fp16 (static cu_seqlens), length buckets of dense SDPA
+  elsewhere; cost ~ sum of l_i^2 instead of S^2 per pack.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from model.varlen import flash_available, varlen_attention, varlen_layout
 
 
 def allowed_pairs(sequence_ids: torch.Tensor) -> torch.Tensor:
@@ -68,6 +73,8 @@ class PackedSelfAttention(nn.Module):
             context = probs @ v
         elif self.backend == "sdpa":
             context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        elif self.backend == "varlen":
+            context = varlen_attention(q, k, v, mask, dropout)
         else:
             if dropout > 0:
                 raise ValueError(
@@ -82,12 +89,17 @@ class PackedSelfAttention(nn.Module):
         return context.transpose(1, 2).reshape(b, s, self.heads * self.head_size)
 
 
-def build_mask(backend: str, sequence_ids: torch.Tensor, dtype: torch.dtype):
-    """The per-batch mask object each backend consumes (built once, shared by all layers)."""
+def build_mask(backend: str, sequence_ids: torch.Tensor, dtype: torch.dtype, slots: int | None = None):
+    """The per-batch mask object each backend consumes (built once, shared by all layers).
+
+    slots: K, sequence slots per pack (varlen: a static segment count; None reads the
+    data's largest sequence id)."""
     if backend == "dense":
         return additive_mask(sequence_ids, dtype)
     if backend == "sdpa":
         return allowed_pairs(sequence_ids)[:, None]
+    if backend == "varlen":
+        return varlen_layout(sequence_ids, slots, flash=flash_available(sequence_ids.device, dtype))
     from torch.nn.attention.flex_attention import create_block_mask
 
     ids = sequence_ids

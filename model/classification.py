@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertForSequenceClassification
+from transformers import BertConfig
 
 from model.config import check_packing_options
 from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, read_config, reference_model, save_folder
+from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
 
@@ -63,7 +63,8 @@ class PackedBertForSequenceClassification(nn.Module):
 
         labels: int [B, K] class ids (single-label) or {0, 1} [B, K, C] (multi-label); any
         value in absent slots (example_index < 0) is ignored."""
-        sequence_output = self.bert(input_ids, position_ids, segment_ids, sequence_ids)
+        slots = cls_positions.shape[1]
+        sequence_output = self.bert(input_ids, position_ids, segment_ids, sequence_ids, slots)
         pooled = self.bert.pooler(sequence_output, cls_positions)  # [B, K, H]
         logits = self.classifier(self.dropout(pooled))
         out = {"logits": logits, "present": example_index >= 0}
@@ -88,7 +89,7 @@ class PackedBertForSequenceClassification(nn.Module):
         for key in ("id2label", "label2id"):  # num_labels just reset them; overrides win
             if key in overrides:
                 setattr(config, key, overrides[key])
-        reference, info = BertForSequenceClassification.from_pretrained(
+        reference, info = hf_model_class("BertForSequenceClassification").from_pretrained(
             folder, config=config, output_loading_info=True, ignore_mismatched_sizes=False
         )
         model = cls(config)
@@ -99,7 +100,7 @@ class PackedBertForSequenceClassification(nn.Module):
     def save_pretrained(self, folder) -> None:
         """A folder transformers.BertForSequenceClassification loads as is (safetensors,
         id2label in config.json). Atomic: temporary folder, then rename."""
-        reference = reference_model(BertForSequenceClassification, self.config)
+        reference = reference_model(hf_model_class("BertForSequenceClassification"), self.config)
         missing, unexpected = reference.load_state_dict(self.state_dict(), strict=False)
         if unexpected or [k for k in missing if not k.endswith("position_ids")]:
             raise RuntimeError(f"save_pretrained: names differ: missing {missing}, unexpected {unexpected}")

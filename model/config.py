@@ -1,7 +1,7 @@
 """Model configuration: Hugging Face `BertConfig` fields plus packing options.
 
 Extra attributes (kept by BertConfig, saved in config.json, ignored by transformers):
-    attention_backend: "dense" | "sdpa" | "flex"
+    attention_backend: "dense" | "sdpa" | "flex" | "varlen"
     mlm_loss_mode:     "per_token" (MLPerf: mean over all masked tokens) |
                        "per_sequence" (the paper's option: mean per sequence, then over sequences)
     recompute_layers:  bool, activation recomputation (checkpointing) of every encoder layer
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from transformers import BertConfig
 
-ATTENTION_BACKENDS = ("dense", "sdpa", "flex")
+from common.constants import BERT_VOCAB_SIZE
+
+ATTENTION_BACKENDS = ("dense", "sdpa", "flex", "varlen")
 MLM_LOSS_MODES = ("per_token", "per_sequence")
 
 PRESETS = {
@@ -25,11 +27,11 @@ PRESETS = {
 
 
 def bert_config(preset: str = "bert-large", **overrides) -> BertConfig:
-    """A BertConfig for a preset (vocab 30522, 512 positions, 2 segment types) + overrides."""
+    """A BertConfig for a preset (vocab BERT_VOCAB_SIZE, 512 positions, 2 segment types) + overrides."""
     if preset not in PRESETS:
         raise ValueError(f"unknown model preset {preset!r}; expected one of {sorted(PRESETS)}")
     fields = dict(
-        vocab_size=30522,
+        vocab_size=BERT_VOCAB_SIZE,
         max_position_embeddings=512,
         type_vocab_size=2,
         hidden_act="gelu",

@@ -128,10 +128,11 @@ class PackedBertModel(nn.Module):
         self.encoder = Encoder(config)
         self.pooler = Pooler(config)
 
-    def attention_mask(self, sequence_ids, dtype):
-        return build_mask(self.config.attention_backend, sequence_ids, dtype)
+    def attention_mask(self, sequence_ids, dtype, slots: int | None = None):
+        return build_mask(self.config.attention_backend, sequence_ids, dtype, slots)
 
-    def forward(self, input_ids, position_ids, segment_ids, sequence_ids):
-        """-> sequence_output [B, S, H]."""
+    def forward(self, input_ids, position_ids, segment_ids, sequence_ids, slots: int | None = None):
+        """[B, S] ids -> sequence_output [B, S, H]. slots: K sequences per pack (the width
+        of the batch's [B, K] fields), which the varlen backend needs as a static number."""
         hidden = self.embeddings(input_ids.long(), position_ids.long(), segment_ids.long())
-        return self.encoder(hidden, self.attention_mask(sequence_ids, hidden.dtype))
+        return self.encoder(hidden, self.attention_mask(sequence_ids, hidden.dtype, slots))

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from transformers import BertConfig
 
-from packing.io_utils import atomic_folder
+from common.files import atomic_folder
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,15 @@ SHAPE_FIELDS = (
     "num_attention_heads",
     "intermediate_size",
 )
+
+
+def hf_model_class(name: str):
+    """A transformers model class (BertForPreTraining, ...), imported on first use: the
+    model classes pull in scipy and more that building and running a packed model never
+    needs (ARCHITECTURE.md: `model` loads no scipy)."""
+    import transformers
+
+    return getattr(transformers, name)
 
 
 def read_config(folder: Path, overrides: dict) -> BertConfig:
@@ -68,3 +77,11 @@ def save_folder(reference, folder) -> None:
     """reference.save_pretrained into a temporary folder, then renamed over `folder`."""
     with atomic_folder(folder) as tmp:
         reference.save_pretrained(tmp)
+
+
+def quiet_transformers() -> None:
+    """transformers' load report and progress bars repeat what our log says in one line."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import nn
-from transformers import BertConfig, BertForPreTraining
+from transformers import BertConfig
 
 from model.config import check_packing_options
 from model.encoder import PackedBertModel, gather_positions
 from model.heads import PretrainingHeads, mlm_metrics, nsp_metrics
-from model.hf_checkpoint import adopt_weights, read_config, reference_model, save_folder
+from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
 
 # The packed fields `heads` takes after sequence_output, in its argument order (a pipeline's
 # last stage and the IPU graph feed them by this list).
@@ -77,7 +76,8 @@ class PackedBertForPreTraining(nn.Module):
         """Packed batch [B, S] / [B, M] / [B, K] -> outputs, losses, sums and counts.
 
         Extra fields (e.g. source_index) are accepted and ignored."""
-        sequence_output = self.bert(input_ids, position_ids, segment_ids, sequence_ids)
+        slots = next_sentence_positions.shape[1]
+        sequence_output = self.bert(input_ids, position_ids, segment_ids, sequence_ids, slots)
         return self.heads(
             sequence_output,
             masked_lm_positions,
@@ -122,7 +122,9 @@ class PackedBertForPreTraining(nn.Module):
         (dropout, attention_backend, ...); shape fields must match the checkpoint."""
         folder = Path(folder)
         config = read_config(folder, overrides)
-        reference, info = BertForPreTraining.from_pretrained(folder, config=config, output_loading_info=True)
+        reference, info = hf_model_class("BertForPreTraining").from_pretrained(
+            folder, config=config, output_loading_info=True
+        )
         model = cls(config)
         state = reference.state_dict()
         state.pop("cls.predictions.decoder.bias", None)  # HF alias of cls.predictions.bias
@@ -132,7 +134,7 @@ class PackedBertForPreTraining(nn.Module):
     def save_pretrained(self, folder) -> None:
         """Write a folder that transformers.BertForPreTraining.from_pretrained loads with no
         missing or unexpected keys (safetensors). Atomic: temporary folder, then rename."""
-        reference = reference_model(BertForPreTraining, self.config)
+        reference = reference_model(hf_model_class("BertForPreTraining"), self.config)
         reference.load_state_dict(self.state_dict(), strict=False)
         reference.tie_weights()
         save_folder(reference, folder)
@@ -141,7 +143,3 @@ class PackedBertForPreTraining(nn.Module):
     @property
     def encoder_layers(self) -> nn.ModuleList:
         return self.bert.encoder.layer
-
-    @torch.no_grad()
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())

@@ -23,3 +23,13 @@ def stage_layer_ranges(num_layers: int, layers_per_stage: list[int]) -> list[ran
         ranges.append(range(start, start + count))
         start += count
     return ranges
+
+
+def nonempty_stage_ranges(num_layers: int, layers_per_stage) -> list[range]:
+    """`stage_layer_ranges`, and every stage must hold a layer (an empty stage would idle
+    its device and its process). The one check of `execution.layers_per_stage` for the
+    torch pipeline and the IPU plan; ValueError with a message the caller prefixes."""
+    ranges = stage_layer_ranges(num_layers, list(layers_per_stage))
+    if any(len(r) == 0 for r in ranges):
+        raise ValueError(f"{list(layers_per_stage)}: a stage without layers; every stage needs one")
+    return ranges

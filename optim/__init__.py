@@ -2,24 +2,22 @@
 
 from optim.lamb import Lamb
 from optim.packing_adjustment import (
-    MODES,
+    PACKING_ADJUSTMENTS,
     AdjustedHyperparameters,
     adjust_for_packing,
     packing_factor_from_metadata,
 )
 from optim.param_groups import weight_decay_groups
 from optim.poptorch_mapping import poptorch_lamb_kwargs
-from optim.schedules import Constant, LinearBeta1, WarmupPolyDecay
+from optim.schedules import WarmupPolyDecay
 
 __all__ = [
     "Lamb",
-    "MODES",
+    "PACKING_ADJUSTMENTS",
     "AdjustedHyperparameters",
     "adjust_for_packing",
     "packing_factor_from_metadata",
     "weight_decay_groups",
     "poptorch_lamb_kwargs",
-    "Constant",
-    "LinearBeta1",
     "WarmupPolyDecay",
 ]

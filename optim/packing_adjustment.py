@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-MODES = ("none", "same_sequences_per_step", "same_packs_per_step")
+PACKING_ADJUSTMENTS = ("none", "same_sequences_per_step", "same_packs_per_step")
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,8 @@ def adjust_for_packing(
     mode: str, packing_factor: float, gradient_accumulation: int, betas: tuple[float, float]
 ) -> AdjustedHyperparameters:
     """The effective accumulation and betas for a dataset of packing factor p >= 1."""
-    if mode not in MODES:
-        raise ValueError(f"packing adjustment mode must be one of {MODES}, got {mode!r}")
+    if mode not in PACKING_ADJUSTMENTS:
+        raise ValueError(f"packing adjustment mode must be one of {PACKING_ADJUSTMENTS}, got {mode!r}")
     p = check_packing_factor(packing_factor)
     if (
         isinstance(gradient_accumulation, bool)

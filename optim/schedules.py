@@ -41,31 +41,3 @@ class WarmupPolyDecay:
             return self.peak_lr * s / self.warmup_samples
         progress = min(s, self.total_samples) / self.total_samples
         return (self.peak_lr - self.end_lr) * (1.0 - progress) ** self.power + self.end_lr
-
-
-@dataclass(frozen=True)
-class Constant:
-    lr: float
-
-    def __call__(self, samples: float) -> float:
-        return self.lr
-
-
-@dataclass(frozen=True)
-class LinearBeta1:
-    """beta1 moving linearly from `start` to `end` over `total_samples`, then held
-    (seen in an MLPerf IPU submission). Apply before the packing beta^p adjustment."""
-
-    start: float
-    end: float
-    total_samples: float
-
-    def __post_init__(self):
-        if not (0 <= self.start < 1 and 0 <= self.end < 1):
-            raise ValueError(f"LinearBeta1 start and end must be in [0, 1), got {self.start}, {self.end}")
-        if self.total_samples <= 0:
-            raise ValueError("LinearBeta1.total_samples must be > 0")
-
-    def __call__(self, samples: float) -> float:
-        progress = min(max(samples, 0.0), self.total_samples) / self.total_samples
-        return self.start + (self.end - self.start) * progress

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.constants import BERT_VOCAB_SIZE
+
 FORMAT_NAME = "packed-bert"
 FORMAT_VERSION = 1
 
@@ -50,7 +52,7 @@ def field_dtypes(vocab_size: int) -> dict:
     return dtypes
 
 
-def empty_packs(packs: int, s: int, k: int, m: int, vocab_size: int = 30522) -> dict:
+def empty_packs(packs: int, s: int, k: int, m: int, vocab_size: int = BERT_VOCAB_SIZE) -> dict:
     sizes = {"S": s, "K": k, "M": m}
     dtypes = field_dtypes(vocab_size)
     out = {
@@ -60,7 +62,9 @@ def empty_packs(packs: int, s: int, k: int, m: int, vocab_size: int = 30522) -> 
     return out
 
 
-def pack_sequences(packs: list[list[Sequence]], s: int, k: int, m: int, vocab_size: int = 30522) -> dict:
+def pack_sequences(
+    packs: list[list[Sequence]], s: int, k: int, m: int, vocab_size: int = BERT_VOCAB_SIZE
+) -> dict:
     """Assemble packed rows: packs[r] lists the sequences of row r (at most k of them, at
     most s tokens, at most m masked tokens in all). Raises ValueError if one does not fit."""
     out = empty_packs(len(packs), s, k, m, vocab_size)

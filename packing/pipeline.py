@@ -16,9 +16,7 @@ crash resumes where it stopped and never writes a pack twice.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import json
-import multiprocessing
 import shutil
 import sys
 import time
@@ -28,13 +26,14 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from common.constants import BERT_VOCAB_SIZE
+from common.files import atomic_path, write_json_atomic
 from packing.algorithms import pack
 from packing.assign import assign_sequences
 from packing.compact import SequenceStore, compact_rows, narrow_rows, select_rows
 from packing.errors import PackingInputError
 from packing.format import FORMAT_NAME, FORMAT_VERSION, field_dtypes
 from packing.histogram import Histogram
-from packing.io_utils import atomic_path, write_json_atomic
 from packing.plan import MaxPerPack
 from packing.shards import METADATA, assemble, create_shard_datasets, shard_name
 from packing.sources import (
@@ -45,6 +44,7 @@ from packing.sources import (
     open_source,
     validate_rows,
 )
+from packing.workers import run_tasks, worker_source
 
 PIECE_ROWS = 1 << 16  # rows of one input file handled by one task
 READ_ROWS = 1 << 13  # rows read and validated at once inside a task
@@ -71,20 +71,51 @@ class PackJob:
 
 
 # --------------------------------------------------------------------------------------
-# Worker tasks (module level so that they pickle); _SOURCES is set by the pool initializer
+# Worker tasks (module level so that they pickle; sources come from packing.workers)
 # --------------------------------------------------------------------------------------
-_SOURCES: list = []
+@dataclass(frozen=True)
+class ScanTask:
+    """Pass 1 over rows [start, stop) of input `file_index`."""
+
+    file_index: int
+    start: int
+    stop: int
+    limits: Limits
+    skip_invalid: bool
 
 
-def _init_worker(sources):
-    global _SOURCES
-    _SOURCES = sources
+@dataclass(frozen=True)
+class CompactTask:
+    """Pass 2a over one piece (rows [start, stop) of input `file_index`)."""
+
+    piece: int
+    file_index: int
+    start: int
+    stop: int
+    source_start: int  # global index of the input's first row
+    work: str
+    shards: int
+    token_dtype: np.dtype
 
 
-def _scan_piece(task):
+@dataclass(frozen=True)
+class ShardTask:
+    """Pass 2b: write output shard `shard` from the `pieces` compacted pieces."""
+
+    shard: int
+    pieces: int
+    work: str
+    output: str
+    shard_size: int
+    s: int
+    m: int
+    vocab_size: int
+
+
+def _scan_piece(task: ScanTask):
     """Pass 1: validate rows [start, stop) of one input. -> (lengths, predictions, problems)."""
-    file_index, start, stop, limits, skip_invalid = task
-    source = _SOURCES[file_index]
+    start, stop, limits, skip_invalid = task.start, task.stop, task.limits, task.skip_invalid
+    source = worker_source(task.file_index)
     lengths, predictions, problems = [], [], []
     for a in range(start, stop, READ_ROWS):
         b = min(stop, a + READ_ROWS)
@@ -98,19 +129,20 @@ def _scan_piece(task):
 
 
 def _hash_input(file_index):
-    return file_record(_SOURCES[file_index].path)
+    return file_record(worker_source(file_index).path)
 
 
-def _compact_piece(task):
+def _compact_piece(task: CompactTask):
     """Pass 2a: the piece's valid sequences, compacted and grouped by destination shard."""
-    piece, file_index, start, stop, source_start, work, shards, token_dtype = task
+    start, stop, source_start, work, shards = task.start, task.stop, task.source_start, task.work, task.shards
+    piece, token_dtype = task.piece, task.token_dtype
     folder = Path(work) / "pieces" / f"piece-{piece:05d}"
     if folder.is_dir():
         return stop - start  # finished before a crash
     dest = np.load(Path(work) / "dest_shard.npy", mmap_mode="r")
     lengths = np.load(Path(work) / "lengths.npy", mmap_mode="r")
     predictions = np.load(Path(work) / "predictions.npy", mmap_mode="r")
-    source = _SOURCES[file_index]
+    source = worker_source(task.file_index)
     g = slice(source_start + start, source_start + stop)
     keep = np.flatnonzero(np.asarray(lengths[g]) > 0)
     # Reorder whole padded rows (cheap row copies), then drop the padding: grouping
@@ -140,9 +172,10 @@ def _compact_piece(task):
     return stop - start
 
 
-def _write_shard(task):
+def _write_shard(task: ShardTask):
     """Pass 2b: gather the shard's sequences from every piece, assemble, write, hash."""
-    shard, pieces, work, output, shard_size, s, m, vocab_size = task
+    shard, pieces, work, output, shard_size = task.shard, task.pieces, task.work, task.output, task.shard_size
+    s, m, vocab_size = task.s, task.m, task.vocab_size
     record_path = Path(work) / "shards" / f"{shard:05d}.json"
     if record_path.is_file():
         return json.loads(record_path.read_text())
@@ -173,34 +206,6 @@ def _write_shard(task):
     record_path.parent.mkdir(exist_ok=True)
     write_json_atomic(record_path, record)
     return record
-
-
-def _run(fn, tasks, workers, sources, progress: tqdm | None = None, weight=None):
-    """Results of fn over tasks, in task order, on `workers` processes (inline for 1)."""
-    results = [None] * len(tasks)
-    if workers <= 1 or len(tasks) <= 1:
-        _init_worker(sources)
-        for i, task in enumerate(tasks):
-            results[i] = fn(task)
-            if progress is not None:
-                progress.update(weight(task, results[i]) if weight else 1)
-        return results
-    context = multiprocessing.get_context("fork")
-    with cf.ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_init_worker, initargs=(sources,)
-    ) as pool:
-        futures = {pool.submit(fn, task): i for i, task in enumerate(tasks)}
-        try:
-            for future in cf.as_completed(futures):
-                i = futures[future]
-                results[i] = future.result()
-                if progress is not None:
-                    progress.update(weight(tasks[i], results[i]) if weight else 1)
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
-    return results
 
 
 # --------------------------------------------------------------------------------------
@@ -234,10 +239,10 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
     if pass1.is_file():
         summary1 = json.loads(pass1.read_text())
     else:
-        tasks = [(f, a, b, limits, job.skip_invalid) for f, a, b in pieces]
+        tasks = [ScanTask(f, a, b, limits, job.skip_invalid) for f, a, b in pieces]
         with tqdm(total=n, desc="pass 1: read + validate", **bar) as progress:
-            results = _run(_scan_piece, tasks, workers, sources, progress, lambda t, r: t[2] - t[1])
-            inputs = _run(_hash_input, list(range(len(sources))), workers, sources)
+            results = run_tasks(_scan_piece, tasks, workers, sources, progress, lambda t, r: t.stop - t.start)
+            inputs = run_tasks(_hash_input, list(range(len(sources))), workers, sources)
         lengths = np.zeros(n, dtype=np.int16)
         predictions = np.zeros(n, dtype=np.int16)
         problems = []
@@ -323,29 +328,32 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
 
     # ---- pass 2a: compact + group by shard ----
     (work / "pieces").mkdir(exist_ok=True)
-    token_dtype = field_dtypes(job.vocab_size or 30522)["input_ids"]
+    token_dtype = field_dtypes(job.vocab_size or BERT_VOCAB_SIZE)["input_ids"]
     tasks = [
-        (i, f, a, b, int(starts[f]), str(work), shards, token_dtype) for i, (f, a, b) in enumerate(pieces)
+        CompactTask(i, f, a, b, int(starts[f]), str(work), shards, token_dtype)
+        for i, (f, a, b) in enumerate(pieces)
     ]
     with tqdm(total=n, desc="pass 2: group by shard", **bar) as progress:
-        _run(_compact_piece, tasks, workers, sources, progress, lambda t, r: r)
+        run_tasks(_compact_piece, tasks, workers, sources, progress, lambda t, r: r)
 
     # ---- pass 2b: write shards ----
     tasks = [
-        (
-            d,
-            len(pieces),
-            str(work),
-            str(output),
-            job.shard_size,
-            job.max_sequence_length,
-            m,
-            job.vocab_size or 30522,
+        ShardTask(
+            shard=d,
+            pieces=len(pieces),
+            work=str(work),
+            output=str(output),
+            shard_size=job.shard_size,
+            s=job.max_sequence_length,
+            m=m,
+            vocab_size=job.vocab_size or BERT_VOCAB_SIZE,
         )
         for d in range(shards)
     ]
     with tqdm(total=int(valid.size), desc="pass 2: write shards", **bar) as progress:
-        shard_records = _run(_write_shard, tasks, workers, sources, progress, lambda t, r: r["sequences"])
+        shard_records = run_tasks(
+            _write_shard, tasks, workers, sources, progress, lambda t, r: r["sequences"]
+        )
 
     # ---- metadata ----
     seconds = time.perf_counter() - started

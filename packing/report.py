@@ -51,7 +51,7 @@ def plot_plan(histogram: Histogram, plan: PackingPlan, path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from packing.io_utils import atomic_path
+    from common.files import atomic_path
 
     fill = np.zeros(plan.max_sequence_length, dtype=np.int64)
     for strategy, count in zip(plan.strategies, plan.counts.tolist()):

@@ -14,7 +14,6 @@ range and returns per-row lengths and prediction counts, or the first bad row.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import struct
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.files import sha256_file
 from packing.errors import PackingInputError
 
 FIELDS = (
@@ -55,14 +55,6 @@ def expand_inputs(patterns: list[str]) -> list[Path]:
             raise PackingInputError(f"input file {path} is given twice (check overlapping --input globs)")
         seen.add(key)
     return files
-
-
-def sha256_file(path, block: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def file_record(path) -> dict:

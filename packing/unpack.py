@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from common.files import atomic_path
+from data.unpacked_hdf5 import create_unpacked_datasets
 from packing.errors import PackingInputError
-from packing.io_utils import atomic_path
 from packing.shards import PackedDataset, extract
 
 
@@ -45,19 +46,9 @@ def run_unpack(packed: Path, output: Path, quiet: bool = False) -> dict:
         for rec, name in zip(inputs, names):
             tmp = stack.enter_context(atomic_path(output / name))
             f = stack.enter_context(h5py.File(tmp, "w"))
-            rows, s, p = rec["rows"], rec["widths"]["S"], rec["widths"]["P"]
-            for field, width in (
-                ("input_ids", s),
-                ("input_mask", s),
-                ("segment_ids", s),
-                ("masked_lm_positions", p),
-                ("masked_lm_ids", p),
-                ("next_sentence_labels", None),
-            ):
-                shape = (rows,) if width is None else (rows, width)
-                if field == "next_sentence_labels" and rec["widths"].get("NSP_ndim", 1) == 2:
-                    shape = (rows, 1)
-                f.create_dataset(field, shape=shape, dtype=np.dtype(rec["dtypes"][field]), fillvalue=0)
+            widths = rec["widths"]
+            nsp_2d = widths.get("NSP_ndim", 1) == 2
+            create_unpacked_datasets(f, rec["rows"], widths["S"], widths["P"], rec["dtypes"], nsp_2d)
             files.append(f)
         for shard in range(len(dataset.shards)):
             for _, packs in dataset.blocks(shard):

@@ -20,11 +20,12 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from packing import pipeline
+from common.files import sha256_file
 from packing.compact import SequenceStore, compact_rows, select_rows
-from packing.pipeline import PIECE_ROWS, READ_ROWS, SKIPPED, _run
+from packing.pipeline import PIECE_ROWS, READ_ROWS, SKIPPED
 from packing.shards import PackedDataset, PackError, extract
-from packing.sources import Limits, check_source_shape, open_source, sha256_file, validate_rows
+from packing.sources import Limits, check_source_shape, open_source, validate_rows
+from packing.workers import run_tasks, worker_source
 
 _WEIGHTS = np.random.default_rng(0x9ACCED).integers(
     0, 2**63, size=(2, 2, 1 << 16), dtype=np.uint64
@@ -86,9 +87,26 @@ class Fingerprints:
         )
 
 
-def _input_piece(task):
-    file_index, start, stop, source_start, limits = task
-    source = pipeline._SOURCES[file_index]
+@dataclass(frozen=True)
+class InputPieceTask:
+    """Fingerprint rows [start, stop) of input `file_index` (global rows from source_start)."""
+
+    file_index: int
+    start: int
+    stop: int
+    source_start: int
+    limits: Limits
+
+
+@dataclass(frozen=True)
+class ShardCheckTask:
+    dataset: PackedDataset
+    shard: int
+
+
+def _input_piece(task: InputPieceTask):
+    start, stop, source_start, limits = task.start, task.stop, task.source_start, task.limits
+    source = worker_source(task.file_index)
     parts, problems = [], 0
     for a in range(start, stop, READ_ROWS):
         b = min(stop, a + READ_ROWS)
@@ -108,8 +126,8 @@ def _input_piece(task):
     return _concat(parts), problems
 
 
-def _pack_shard(task):
-    dataset, shard = task
+def _pack_shard(task: ShardCheckTask):
+    dataset, shard = task.dataset, task.shard
     parts, error = [], None
     path = dataset.shard_path(shard)
     for a, packs in dataset.blocks(shard):
@@ -153,26 +171,27 @@ def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool =
     problems: list[str] = []
 
     tasks = [
-        (f, a, min(s.rows, a + PIECE_ROWS), int(starts[f]), limits)
+        InputPieceTask(f, a, min(s.rows, a + PIECE_ROWS), int(starts[f]), limits)
         for f, s in enumerate(sources)
         for a in range(0, s.rows, PIECE_ROWS)
     ]
     with tqdm(total=n, desc="verify: inputs", **bar) as progress:
-        results = _run(_input_piece, tasks, workers, sources, progress, lambda t, r: t[2] - t[1])
+        results = run_tasks(_input_piece, tasks, workers, sources, progress, lambda t, r: t.stop - t.start)
     expected = _concat([r[0] for r in results])
     invalid_inputs = sum(r[1] for r in results)
     skipped = _skipped_sources(dataset)
 
-    tasks = [(dataset, d) for d in range(len(dataset.shards))]
+    tasks = [ShardCheckTask(dataset, d) for d in range(len(dataset.shards))]
     with tqdm(total=dataset.sequences, desc="verify: packs", **bar) as progress:
-        results = _run(_pack_shard, tasks, workers, sources, progress, lambda t, r: r[0].source.size)
-    for (_, d), (_, error, digest) in zip(tasks, results):
+        results = run_tasks(_pack_shard, tasks, workers, sources, progress, lambda t, r: r[0].source.size)
+    for task, (_, error, digest) in zip(tasks, results):
+        d = task.shard
         if error:
             problems.append(f"malformed pack: {error}")
         if digest != dataset.shards[d]["sha256"]:
             problems.append(f"{dataset.shards[d]['name']}: sha256 differs from {packed}/metadata.json")
     found = _concat([r[0] for r in results])
-    shard_of = np.concatenate([np.full(r[0].source.size, d) for (_, d), r in zip(tasks, results)] or [[]])
+    shard_of = np.concatenate([np.full(r[0].source.size, t.shard) for t, r in zip(tasks, results)] or [[]])
 
     # ---- presence: each expected sequence exactly once ----
     present = np.zeros(n, dtype=bool)

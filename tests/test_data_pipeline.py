@@ -173,7 +173,7 @@ def test_resume_after_a_crash_finishes_without_duplicates(inputs, tmp_path, monk
     real_write = pipeline._write_shard
 
     def crash_on_third(task):
-        if task[0] == 2:
+        if task.shard == 2:
             raise KeyboardInterrupt("simulated crash")
         return real_write(task)
 

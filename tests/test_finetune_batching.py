@@ -8,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data.classification_data import TokenizedExamples
+from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec, collate
+from finetune.inference import predict_logits
 from packing.errors import PackingInputError
 from packing.tokenized import pack_examples, pack_rows, pad_table
-from training.batching import MODES, Batcher, BatchingSpec, collate
-from training.predict import predict_logits
 
 S = 48
 
@@ -21,7 +21,7 @@ lengths_strategy = st.lists(st.integers(1, S), min_size=1, max_size=120).map(np.
 @settings(max_examples=60, deadline=None)
 @given(
     lengths=lengths_strategy,
-    mode=st.sampled_from(MODES),
+    mode=st.sampled_from(BATCHING_MODES),
     batch_size=st.integers(1, 40),
     k=st.integers(1, 8),
     pad_last=st.booleans(),
@@ -57,7 +57,7 @@ def test_every_mode_sees_every_example_exactly_once_per_epoch(
 
 def test_epochs_differ_but_repeat_for_a_seed():
     lengths = np.random.default_rng(0).integers(1, S, size=200)
-    for mode in MODES:
+    for mode in BATCHING_MODES:
         batcher = Batcher(lengths, BatchingSpec(mode, 16, S, 4), seed=7)
         first = np.concatenate(batcher.epoch(0)).ravel()
         assert np.array_equal(first, np.concatenate(Batcher(lengths, batcher.spec, 7).epoch(0)).ravel())
@@ -90,7 +90,7 @@ class EchoModel(torch.nn.Module):
 @settings(max_examples=40, deadline=None)
 @given(
     lengths=st.lists(st.integers(2, S), min_size=1, max_size=80),
-    mode=st.sampled_from(MODES),
+    mode=st.sampled_from(BATCHING_MODES),
     k=st.integers(1, 8),
     batch_size=st.integers(1, 20),
     algorithm=st.sampled_from(["spfhp", "lpfhp", "lp", "nnlshp"]),

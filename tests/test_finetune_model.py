@@ -6,10 +6,10 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from data.classification_data import TokenizedExamples
+from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec
+from finetune.inference import predict_logits
 from model.classification import PackedBertForSequenceClassification, classification_metrics
 from packing.tokenized import pack_examples, pack_rows, unpack_outputs
-from training.batching import MODES, Batcher, BatchingSpec
-from training.predict import predict_logits
 
 VOCAB = 97
 CLASSES = 4
@@ -85,7 +85,7 @@ def test_packed_logits_equal_unpacked_per_example(models):
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", BATCHING_MODES)
 def test_every_batching_mode_gives_the_reference_logits_in_input_order(models, mode):
     reference, ours = models
     data = random_examples(np.random.default_rng(2), 37)

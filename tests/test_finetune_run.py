@@ -9,8 +9,9 @@ import yaml
 from transformers import BertConfig, BertModel
 
 from data.classification_data import ExampleError, read_bbc_news, read_jsonl, split_by_seed
-from training import finetune, predict
-from training.batching import MODES
+from finetune import predict
+from finetune import train as finetune
+from finetune.batching import BATCHING_MODES
 
 WORDS = "the a market shares profit bank film music award star match goal team win game vote party".split()
 TOPIC = {0: ["market", "shares", "profit", "bank"], 1: ["film", "music", "award", "star"],
@@ -75,7 +76,7 @@ def write_config(tmp_path, checkpoint, **sections):
     return path
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", BATCHING_MODES)
 def test_finetune_learns_and_predict_returns_input_order(tmp_path, checkpoint, mode):
     config = write_config(tmp_path, checkpoint)
     out = tmp_path / "run"
@@ -91,7 +92,7 @@ def test_finetune_learns_and_predict_returns_input_order(tmp_path, checkpoint, m
         assert summary["examples_per_row"] > 1.5
     # The inference command on the validation file, in another batching mode, gives the
     # run's own validation predictions, line for line.
-    other = MODES[(MODES.index(mode) + 1) % len(MODES)]
+    other = BATCHING_MODES[(BATCHING_MODES.index(mode) + 1) % len(BATCHING_MODES)]
     preds = tmp_path / "preds.jsonl"
     argv = ["--model", str(out / "model"), "--input", str(tmp_path / "val.jsonl"), "--output", str(preds)]
     assert predict.main([*argv, "--batching", other, "--batch-size", "7"]) == 0
@@ -234,9 +235,9 @@ def test_bbc_news_corpus_reads_title_and_first_sentence():
 
 
 def test_configs_readme_lists_every_finetune_key():
+    from common.config_schema import markdown
+    from finetune.config import SCHEMA
     from tests.conftest import REPO
-    from training.config import markdown
-    from training.finetune_config import SCHEMA
 
     assert markdown(SCHEMA) in (REPO / "configs" / "README.md").read_text()
 

@@ -15,10 +15,10 @@ from model import PackedBertForPreTraining, bert_config
 from optim import Lamb, weight_decay_groups
 from training.backends.ipu_plan import IpuPlanError, make_plan
 from training.backends.ipu_step import GRAPH_FIELDS, PretrainingStep, step_inputs
+from training.backends.torch_engine import train_step
 from training.build import open_packed
 from training.config import load_config, validate
 from training.data import PackedShards, pad_micro_batch
-from training.loop import train_step
 from training.observe import SUM_KEYS, MetricSums
 
 from .conftest import REPO
@@ -203,7 +203,7 @@ def test_pretraining_step_trains_exactly_like_the_torch_step(packed):
         ipu_opt.zero_grad(set_to_none=True)
     a, b = torch_model.state_dict(), ipu_model.state_dict()
     assert max((a[n] - b[n]).abs().max().item() for n in a) <= 1e-6
-    ta, tb = torch_sums.all_reduce(), ipu_sums.all_reduce()
+    ta, tb = torch_sums.reduce(), ipu_sums.reduce()
     for key in SUM_KEYS:
         assert ta[key] == pytest.approx(tb[key], rel=1e-6), key
 

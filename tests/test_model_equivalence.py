@@ -46,7 +46,7 @@ def reference_for(model):
     return ref
 
 
-BACKENDS = ["dense", "sdpa"] + (["flex"] if flex_available() else [])
+BACKENDS = ["dense", "sdpa", "varlen"] + (["flex"] if flex_available() else [])
 
 
 def _compare_outputs(model, ref, sequences, packs, batch):

@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from optim import (
-    Constant,
     Lamb,
-    LinearBeta1,
     WarmupPolyDecay,
     adjust_for_packing,
     packing_factor_from_metadata,
@@ -149,9 +147,6 @@ def test_warmup_poly_decay_values():
     assert offset(0) == pytest.approx(2e-3)  # negative offset: warmup already half done
     squared = WarmupPolyDecay(1.0, 0, 100, power=2.0)
     assert squared(50) == pytest.approx(0.25)
-    assert Constant(1e-3)(123456) == 1e-3
-    beta = LinearBeta1(0.6, 0.9, 1000)
-    assert beta(0) == 0.6 and beta(500) == pytest.approx(0.75) and beta(5000) == pytest.approx(0.9)
 
 
 def test_resume_from_state_dict_is_bit_identical():

@@ -47,10 +47,10 @@ def test_config_errors_name_the_key(tmp_path):
 
 
 def test_every_shipped_config_validates():
-    from training.finetune_config import load_finetune_config
+    from finetune.config import load_finetune_config
 
     for path in sorted((REPO / "configs").glob("*.yaml")):
-        # Fine-tuning configs have their own schema (training.finetune_config).
+        # Fine-tuning configs have their own schema (finetune.config).
         (load_finetune_config if path.name.startswith("finetune_") else load_config)(path)
 
 

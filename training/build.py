@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from model import PackedBertForPreTraining, bert_config
 from model.hf_checkpoint import SHAPE_FIELDS
-from optim import Lamb, WarmupPolyDecay, adjust_for_packing, packing_factor_from_metadata, weight_decay_groups
+from optim import Lamb, WarmupPolyDecay, packing_factor_from_metadata, weight_decay_groups
 from packing.errors import PackingInputError
 from packing.shards import PackedDataset
-
-
-class RunError(ValueError):
-    """A run that cannot start; the message says what to fix. CLI exit code 2."""
+from training.errors import RunError
+from training.step import BatchArithmetic
 
 
 def open_packed(folder, config: dict, role: str) -> PackedDataset:
@@ -46,32 +43,34 @@ def open_packed(folder, config: dict, role: str) -> PackedDataset:
 
 
 def build_model(config: dict, seed: int) -> PackedBertForPreTraining:
-    m = config["model"]
+    model_cfg = config["model"]
     options = dict(
-        attention_backend=m["attention_backend"],
-        mlm_loss_mode=m["mlm_loss_mode"],
-        recompute_layers=m["recompute_layers"],
-        hidden_dropout_prob=m["hidden_dropout"],
-        attention_probs_dropout_prob=m["attention_dropout"],
+        attention_backend=model_cfg["attention_backend"],
+        mlm_loss_mode=model_cfg["mlm_loss_mode"],
+        recompute_layers=model_cfg["recompute_layers"],
+        hidden_dropout_prob=model_cfg["hidden_dropout"],
+        attention_probs_dropout_prob=model_cfg["attention_dropout"],
     )
     torch.manual_seed(seed)
-    if m["init_checkpoint"] is None:
-        return PackedBertForPreTraining(bert_config(m["preset"], vocab_size=m["vocab_size"], **options))
-    folder = Path(m["init_checkpoint"])
+    if model_cfg["init_checkpoint"] is None:
+        return PackedBertForPreTraining(
+            bert_config(model_cfg["preset"], vocab_size=model_cfg["vocab_size"], **options)
+        )
+    folder = Path(model_cfg["init_checkpoint"])
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise RunError(
             f"model.init_checkpoint {folder}: no config.json (expected a Hugging Face BERT folder)"
         )
     found = json.loads(config_file.read_text())
-    wanted = bert_config(m["preset"])
+    wanted = bert_config(model_cfg["preset"])
     for key in SHAPE_FIELDS:
         if key == "vocab_size":
             continue
         if key in found and found[key] != getattr(wanted, key):
             raise RunError(
                 f"model.init_checkpoint {folder}: {key}={found[key]} does not fit model.preset "
-                f"{m['preset']} ({key}={getattr(wanted, key)})"
+                f"{model_cfg['preset']} ({key}={getattr(wanted, key)})"
             )
     try:
         return PackedBertForPreTraining.from_pretrained(folder, **options)
@@ -92,24 +91,6 @@ def check_model_fits_data(model, dataset: PackedDataset) -> None:
         )
 
 
-@dataclass(frozen=True)
-class StepShape:
-    """The batch arithmetic of a run, in packs and in (expected) sequences."""
-
-    micro_batch_packs: int
-    gradient_accumulation: int
-    replicas: int
-    packing_factor: float
-
-    @property
-    def packs_per_step(self) -> int:
-        return self.micro_batch_packs * self.gradient_accumulation * self.replicas
-
-    @property
-    def sequences_per_step(self) -> float:
-        return self.packs_per_step * self.packing_factor
-
-
 def mlperf_eval_interval(global_batch_sequences: float) -> int:
     """MLPerf BERT: evaluate every floor(0.05 * (230.23 * GBS + 3e6) / 25000) * 25000 samples."""
     return max(25000, int(math.floor(0.05 * (230.23 * global_batch_sequences + 3e6) / 25000) * 25000))
@@ -117,37 +98,30 @@ def mlperf_eval_interval(global_batch_sequences: float) -> int:
 
 def build_schedule(config: dict) -> WarmupPolyDecay:
     """Learning rate as a function of sequences trained (the same for every backend)."""
-    o = config["optim"]
+    optim = config["optim"]
     return WarmupPolyDecay(
-        peak_lr=o["lr"],
-        warmup_samples=o["warmup_samples"],
-        total_samples=o["total_samples"],
-        power=o["poly_power"],
-        end_lr=o["end_lr"],
-        start_offset_samples=o["start_offset_samples"],
+        peak_lr=optim["lr"],
+        warmup_samples=optim["warmup_samples"],
+        total_samples=optim["total_samples"],
+        power=optim["poly_power"],
+        end_lr=optim["end_lr"],
+        start_offset_samples=optim["start_offset_samples"],
     )
 
 
-def build_optimizer(model, config: dict, packing_factor: float, replicas: int):
-    """The torch LAMB (betas and accumulation adjusted for packing), the adjustment and the
-    step's batch arithmetic. The learning rate comes from build_schedule."""
-    o = config["optim"]
-    adjusted = adjust_for_packing(
-        o["packing_adjustment"], packing_factor, o["gradient_accumulation"], tuple(o["betas"])
-    )
-    optimizer = Lamb(
-        weight_decay_groups(model.named_parameters(), o["weight_decay"]),
+def build_lamb(model, config: dict, batch: BatchArithmetic, max_grad_norm: float | None) -> Lamb:
+    """The torch LAMB with the run's (packing-adjusted) betas; lr 0 until the schedule sets it.
+    `max_grad_norm` is separate because the pipeline engine clips across stages itself."""
+    optim = config["optim"]
+    return Lamb(
+        weight_decay_groups(model.named_parameters(), optim["weight_decay"]),
         lr=0.0,
-        betas=adjusted.betas,
-        eps=o["eps"],
-        weight_decay=o["weight_decay"],
-        bias_correction=o["bias_correction"],
-        max_grad_norm=o["max_grad_norm"],
+        betas=batch.betas,
+        eps=optim["eps"],
+        weight_decay=optim["weight_decay"],
+        bias_correction=optim["bias_correction"],
+        max_grad_norm=max_grad_norm,
     )
-    shape = StepShape(
-        config["data"]["micro_batch_packs"], adjusted.gradient_accumulation, replicas, packing_factor
-    )
-    return optimizer, adjusted, shape
 
 
 def packing_factor(dataset: PackedDataset) -> float:

@@ -2,7 +2,8 @@
 
 OUTPUT/checkpoints/step-00000123/
     model/               Hugging Face BertForPreTraining folder (config.json, model.safetensors)
-    training_state.pt    optimizer, step, samples, loader position, metric totals, RNG states
+    training_state.pt    optimizer (+ loss scaler), step, samples, loader position, next
+                         evaluation point, best eval accuracy, every rank's RNG state, config
     manifest.json        sha256 and size of every file above; written last
 
 A checkpoint is written into a temporary folder and renamed into place, so a crash leaves
@@ -21,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from packing.io_utils import atomic_folder
-from packing.sources import sha256_file
+from common.files import atomic_folder, sha256_file
 
 log = logging.getLogger(__name__)
 PREFIX = "step-"

@@ -131,7 +131,7 @@ def eval_batches(dataset: PackedDataset, micro_batch: int, max_sequences: int, r
     """The first packs (file order) holding at most max_sequences sequences, split over replicas.
 
     Deterministic and identical for every evaluation; replica r takes micro-batches r, r+W, ...
-    Returns (list of pack-index lists for this replica, sequences covered by all replicas)."""
+    Returns (the shards, this replica's micro-batches as lists of pack indices)."""
     import h5py
 
     shards = PackedShards(dataset)
@@ -144,7 +144,7 @@ def eval_batches(dataset: PackedDataset, micro_batch: int, max_sequences: int, r
     packs = int(np.searchsorted(cumulative, max_sequences, side="right"))
     packs = max(packs, 1)
     batches = [list(range(a, min(packs, a + micro_batch))) for a in range(0, packs, micro_batch)]
-    return shards, batches[rank::world], int(cumulative[packs - 1])
+    return shards, batches[rank::world]
 
 
 def pad_micro_batch(batch: dict, rows: int) -> dict:
@@ -154,3 +154,20 @@ def pad_micro_batch(batch: dict, rows: int) -> dict:
     if have >= rows:
         return batch
     return {name: torch.cat([t, t.new_zeros((rows - have, *t.shape[1:]))]) for name, t in batch.items()}
+
+
+def padded_groups(shards: PackedShards, batches: list, group_size: int, rows: int, groups: int | None = None):
+    """Evaluation micro-batches for engines with static shapes (a pipeline schedule, a
+    compiled graph): `groups` groups (default: enough for `batches`) of `group_size`
+    micro-batches of `rows` packs each; the last group is filled with all-empty
+    micro-batches, which add nothing to any sum. Yields lists of batch dicts."""
+    if groups is None:
+        groups = -(-len(batches) // group_size)
+    for g in range(groups):
+        group = [pad_micro_batch(shards[b], rows) for b in batches[g * group_size : (g + 1) * group_size]]
+        if len(group) < group_size:
+            like = group[0] if group else pad_micro_batch(shards[[0]], rows)  # shapes only
+            group += [
+                {k: torch.zeros_like(v) for k, v in like.items()} for _ in range(group_size - len(group))
+            ]
+        yield group

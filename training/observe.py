@@ -11,7 +11,9 @@ import logging
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
+
+from training.distributed import all_reduce_host
+from training.step import loss_scales, micro_batch_loss
 
 SUM_KEYS = ("mlm_loss_sum", "mlm_count", "mlm_correct", "nsp_loss_sum", "nsp_count", "nsp_correct", "tokens")
 
@@ -20,7 +22,7 @@ class MetricSums:
     """Running float64 sums of SUM_KEYS, kept on the model's device.
 
     Adding never reads a value back to the host (no device sync per micro-batch); the
-    sums reach the host once, in all_reduce, at logging time. Exact for counts < 2^53."""
+    sums reach the host once, in reduce, at logging time. Exact for counts < 2^53."""
 
     def __init__(self):
         self.totals: torch.Tensor | None = None
@@ -35,24 +37,23 @@ class MetricSums:
         values = values.double()
         self.totals = values if self.totals is None else self.totals + values
 
-    def all_reduce(self) -> dict:
+    def reduce(self, sum_over_processes=all_reduce_host) -> dict:
+        """The sums of every process, as floats by SUM_KEYS: the one metric reduction of
+        every engine (torch.distributed by default; the IPU engine passes Horovod's)."""
         totals = self.totals if self.totals is not None else torch.zeros(len(SUM_KEYS), dtype=torch.float64)
-        if dist.is_available() and dist.is_initialized():
-            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-            totals = totals.to(device)
-            dist.all_reduce(totals)
-        return dict(zip(SUM_KEYS, totals.cpu().tolist()))
+        return dict(zip(SUM_KEYS, sum_over_processes(totals.cpu()).tolist()))
 
 
 def summarize(totals: dict) -> dict:
     """Sums -> the reported figures: losses per token / per sequence, accuracies."""
-    mlm, nsp = max(totals["mlm_count"], 1), max(totals["nsp_count"], 1)
+    mlm_scale, nsp_scale = loss_scales((totals["mlm_count"], totals["nsp_count"]))
     return {
-        "loss": totals["mlm_loss_sum"] / mlm + totals["nsp_loss_sum"] / nsp,
-        "mlm_loss": totals["mlm_loss_sum"] / mlm,
-        "nsp_loss": totals["nsp_loss_sum"] / nsp,
-        "mlm_accuracy": totals["mlm_correct"] / mlm,
-        "nsp_accuracy": totals["nsp_correct"] / nsp,
+        # The step's own normalisation (training.step), over the whole window.
+        "loss": micro_batch_loss(totals["mlm_loss_sum"], totals["nsp_loss_sum"], mlm_scale, nsp_scale),
+        "mlm_loss": totals["mlm_loss_sum"] * mlm_scale,
+        "nsp_loss": totals["nsp_loss_sum"] * nsp_scale,
+        "mlm_accuracy": totals["mlm_correct"] / max(totals["mlm_count"], 1),
+        "nsp_accuracy": totals["nsp_correct"] / max(totals["nsp_count"], 1),
         "sequences": int(totals["nsp_count"]),
         "masked_tokens": int(totals["mlm_count"]),
     }

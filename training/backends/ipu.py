@@ -2,7 +2,7 @@
 horovod, and only when execution.device is ipu or ipu-model.
 
 The run itself (data order, eval schedule, checkpoints, logging, stopping) is
-training.loop.run_training; this module supplies its engine:
+training.run; this module supplies its engine (training.backends.engine.Engine):
 
     IpuPlan (training.backends.ipu_plan, pure)  ->  poptorch.Options
     PackedBertForPreTraining  ->  PretrainingStep with poptorch.BeginBlock per stage and
@@ -28,12 +28,13 @@ import logging
 import torch
 
 from optim import poptorch_lamb_kwargs, weight_decay_groups
-from training.backends.ipu_plan import IpuPlan, IpuPlanError, make_plan
+from training.backends.engine import Snapshot
+from training.backends.ipu_plan import IpuPlan, make_plan
 from training.backends.ipu_step import PretrainingStep, step_inputs
-from training.build import RunError, StepShape
-from training.data import pad_micro_batch
-from training.loop import step_counts
-from training.observe import SUM_KEYS, MetricSums, summarize
+from training.data import padded_groups
+from training.errors import RunError
+from training.observe import MetricSums, summarize
+from training.step import BatchArithmetic, set_learning_rate, step_counts
 
 log = logging.getLogger("training.ipu")
 
@@ -131,8 +132,8 @@ def _host_sum(tensor: torch.Tensor, instances: int) -> torch.Tensor:
 
 
 class IpuEngine:
-    """training.loop's engine on IPUs: one host process = one poprun instance, driving
-    its local replicas; a `train` call runs `device_iterations` optimizer steps."""
+    """The Engine on IPUs: one host process = one poprun instance, driving its local
+    replicas; a `train` call runs `device_iterations` optimizer steps."""
 
     def __init__(self, config: dict):
         self.config = config
@@ -141,15 +142,9 @@ class IpuEngine:
         self.data_rank, self.data_world = self.rank, self.instances
         self.inference = None
 
-    def attach(self, model, factor: float):
-        try:
-            self.plan = make_plan(self.config, factor, self.instances)
-        except IpuPlanError as err:
-            raise RunError(str(err)) from None
-        o, adjusted = self.config["optim"], self.plan.adjusted
-        shape = StepShape(
-            self.plan.micro_batch_packs, self.plan.gradient_accumulation, self.plan.replicas, factor
-        )
+    def attach(self, model, packing_factor: float) -> BatchArithmetic:
+        self.plan = make_plan(self.config, packing_factor, self.instances)  # IpuPlanError is a RunError
+        optim, adjusted = self.config["optim"], self.plan.adjusted
         self.steps_per_call = self.plan.device_iterations
         self.micro_batches_per_call = self.plan.micro_batches_per_call
         if self.rank == 0:
@@ -161,12 +156,12 @@ class IpuEngine:
         self.step = PretrainingStep(self.model, lambda loss: poptorch.identity_loss(loss, reduction="none"))
         place_stages(poptorch, self.step, self.plan)
         kwargs = poptorch_lamb_kwargs(
-            weight_decay_groups(self.model.named_parameters(), o["weight_decay"]),
+            weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),
             lr=0.0,
             adjusted=adjusted,
-            eps=o["eps"],
-            weight_decay=o["weight_decay"],
-            bias_correction=o["bias_correction"],
+            eps=optim["eps"],
+            weight_decay=optim["weight_decay"],
+            bias_correction=optim["bias_correction"],
             loss_scaling=self.plan.loss_scaling,
             accum_type=self.plan.optimizer_accum_type,
             first_order_type=self.plan.optimizer_accum_type,
@@ -176,7 +171,7 @@ class IpuEngine:
         self.training = poptorch.trainingModel(
             self.step, build_options(poptorch, self.plan, True), self.optimizer
         )
-        return adjusted, shape
+        return self.plan.batch
 
     def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
         steps = self.plan.device_iterations
@@ -185,8 +180,7 @@ class IpuEngine:
         for i in range(steps):
             group = micro_batches[i * per_step : (i + 1) * per_step]
             counts.append(_host_sum(step_counts(group, "per_token", "cpu"), self.instances))
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(self.optimizer, lr)
         self.training.setOptimizer(self.optimizer)  # pushes the new lr; state stays on device
         _, device_sums = self.training(**step_inputs(micro_batches, steps, counts))
         sums.add_vector(device_sums.double().reshape(-1, device_sums.shape[-1]).sum(0))
@@ -200,12 +194,8 @@ class IpuEngine:
         self.training.detachFromDevice()
         self.model.eval()
         sums = MetricSums()
-        group = plan.local_replicas  # one micro-batch per local replica per call
-        for start in range(0, len(batches), group):
-            packs = batches[start : start + group]
-            micro = [pad_micro_batch(shards[p], plan.micro_batch_packs) for p in packs]
-            while len(micro) < group:  # empty micro-batches keep the shape static
-                micro.append({k: torch.zeros_like(v) for k, v in micro[0].items()})
+        # One micro-batch per local replica per call; static shapes.
+        for micro in padded_groups(shards, batches, plan.local_replicas, plan.micro_batch_packs):
             zero = [torch.zeros(2, dtype=torch.float64)]
             _, device_sums = self.inference(**step_inputs(micro, 1, zero))
             sums.add_vector(device_sums.double().reshape(-1, device_sums.shape[-1]).sum(0))
@@ -214,23 +204,13 @@ class IpuEngine:
         return summarize(self.reduce(sums))
 
     def reduce(self, sums: MetricSums) -> dict:
-        totals = sums.totals if sums.totals is not None else torch.zeros(len(SUM_KEYS), dtype=torch.float64)
-        return dict(zip(SUM_KEYS, _host_sum(totals.cpu(), self.instances).tolist()))
+        return sums.reduce(lambda totals: _host_sum(totals, self.instances))
 
-    def state(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict()}  # PopTorch reads the state back from the IPUs
-
-    def load_state(self, saved: dict) -> None:
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.training.setOptimizer(self.optimizer)
-
-    def host_model(self):
+    def snapshot(self) -> Snapshot:
         self.training.copyWeightsToHost()
-        return self.model
+        # PopTorch reads the optimizer state back from the IPUs.
+        return Snapshot(self.model, {"optimizer": self.optimizer.state_dict()})
 
-
-def run_ipu(config: dict, output, resume: bool) -> int:
-    require_poptorch(config["execution"]["device"])  # before any data is read
-    from training.loop import run_training
-
-    return run_training(config, output, resume, engine_class=IpuEngine)
+    def load_state(self, engine_state: dict) -> None:
+        self.optimizer.load_state_dict(engine_state["optimizer"])
+        self.training.setOptimizer(self.optimizer)

@@ -8,10 +8,8 @@ on IPU 0, the other layers as `execution.layers_per_stage` lists them (one stage
 and the pretraining heads back on IPU 0, where the MLM decoder shares its weight with the
 word embeddings (a tied weight must live on one IPU).
 
-Batch arithmetic, per optimizer step:
-    packs per step     = micro_batch_packs x gradient_accumulation x replicas
+Batch arithmetic: training.step.BatchArithmetic (the torch engines' own), plus
     packs per host call = packs per step x device_iterations
-    sequences per step ~= packs per step x packing factor (from the packed metadata.json)
 """
 
 from __future__ import annotations
@@ -19,11 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from model.config import bert_config
-from model.stages import stage_layer_ranges
-from optim import AdjustedHyperparameters, adjust_for_packing
+from model.stages import nonempty_stage_ranges
+from optim import AdjustedHyperparameters
+from training.errors import RunError
+from training.step import BatchArithmetic
 
 
-class IpuPlanError(ValueError):
+class IpuPlanError(RunError):
     """A config that cannot run on IPUs; the message names the key to change."""
 
 
@@ -44,10 +44,8 @@ class IpuPlan:
     ipus_per_replica: int
     use_ipu_model: bool
     # batch
-    micro_batch_packs: int
-    adjusted: AdjustedHyperparameters  # GA and betas after the packing adjustment
+    batch: BatchArithmetic  # packs, GA and betas after the packing adjustment
     device_iterations: int
-    packing_factor: float
     # pipeline
     layers_per_stage: tuple[int, ...]
     placements: tuple[Placement, ...]
@@ -67,12 +65,24 @@ class IpuPlan:
     executable_cache_dir: str | None = None
 
     @property
+    def micro_batch_packs(self) -> int:
+        return self.batch.micro_batch_packs
+
+    @property
+    def adjusted(self) -> AdjustedHyperparameters:
+        return self.batch.adjusted
+
+    @property
+    def packing_factor(self) -> float:
+        return self.batch.packing_factor
+
+    @property
     def gradient_accumulation(self) -> int:
-        return self.adjusted.gradient_accumulation
+        return self.batch.gradient_accumulation
 
     @property
     def betas(self) -> tuple[float, float]:
-        return tuple(self.adjusted.betas)
+        return self.batch.betas
 
     @property
     def local_replicas(self) -> int:
@@ -81,7 +91,7 @@ class IpuPlan:
 
     @property
     def packs_per_step(self) -> int:
-        return self.micro_batch_packs * self.gradient_accumulation * self.replicas
+        return self.batch.packs_per_step
 
     @property
     def packs_per_call(self) -> int:
@@ -94,7 +104,7 @@ class IpuPlan:
 
     @property
     def sequences_per_step(self) -> float:
-        return self.packs_per_step * self.packing_factor
+        return self.batch.sequences_per_step
 
     @property
     def total_ipus(self) -> int:
@@ -162,24 +172,18 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
             f"execution.layers_per_stage must list the encoder layers of each IPU (the model has {layers} "
             f"layers), e.g. {even_split(layers, ipu['ipus_per_replica'])}"
         )
-    try:
-        ranges = stage_layer_ranges(layers, list(split))
-    except ValueError as err:
-        raise IpuPlanError(f"execution.layers_per_stage: {err}") from None
     if len(split) > ipu["ipus_per_replica"]:
         raise IpuPlanError(
             f"execution.layers_per_stage has {len(split)} stages but ipu.ipus_per_replica is "
             f"{ipu['ipus_per_replica']}: one stage per IPU"
         )
-    if any(count == 0 for count in split):
-        raise IpuPlanError(f"execution.layers_per_stage {split}: a stage without layers idles its IPU")
+    try:
+        ranges = nonempty_stage_ranges(layers, split)
+    except ValueError as err:
+        raise IpuPlanError(f"execution.layers_per_stage: {err}") from None
 
-    adjusted = adjust_for_packing(
-        config["optim"]["packing_adjustment"],
-        packing_factor,
-        config["optim"]["gradient_accumulation"],
-        tuple(config["optim"]["betas"]),
-    )
+    batch = BatchArithmetic.from_config(config, packing_factor, ipu["replicas"])
+    adjusted = batch.adjusted
     needed = training_pipeline_stages(len(split))
     if len(split) > 1 and adjusted.gradient_accumulation < needed:
         raise IpuPlanError(
@@ -215,10 +219,8 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
         instances=instances,
         ipus_per_replica=ipu["ipus_per_replica"],
         use_ipu_model=execution["device"] == "ipu-model",
-        micro_batch_packs=config["data"]["micro_batch_packs"],
-        adjusted=adjusted,
+        batch=batch,
         device_iterations=ipu["device_iterations"],
-        packing_factor=packing_factor,
         layers_per_stage=tuple(split),
         placements=tuple(placements),
         recompute_layers=recompute,

@@ -6,8 +6,8 @@ check that the IPU graph computes what the torch path's `train_step` computes.
 A compiled graph cannot divide by the step's global masked-token count (it sees one
 micro-batch at a time), so the host passes the step's normalisers as per-row inputs
 (`mlm_scale`, `nsp_scale`: the same value on every row of a step), and the graph's loss
-is `mlm_loss_sum * mlm_scale + nsp_loss_sum * nsp_scale` with gradient accumulation and
-replication reduced by SUM. Summed over the step's micro-batches and replicas that is
+is training.step.micro_batch_loss (the torch engines' own) with gradient accumulation
+and replication reduced by SUM. Summed over the step's micro-batches and replicas that is
 exactly the torch path's loss: token losses / global masked tokens + NSP losses / global
 sequences.
 """
@@ -21,6 +21,7 @@ from torch import nn
 
 from model.pretraining import HEAD_INPUTS
 from training.observe import SUM_KEYS
+from training.step import loss_scales, micro_batch_loss
 
 # Fields the graph takes; source_index (int64 bookkeeping) stays on the host.
 GRAPH_FIELDS = ("input_ids", "segment_ids", "position_ids", "sequence_ids", *HEAD_INPUTS)
@@ -78,7 +79,7 @@ class PretrainingStep(nn.Module):
         )
         out["tokens"] = (sequence_ids > 0).sum()
         # Every row of a step carries the same scale; row 0 stands for the micro-batch.
-        loss = out["mlm_loss_sum"] * mlm_scale[0] + out["nsp_loss_sum"] * nsp_scale[0]
+        loss = micro_batch_loss(out["mlm_loss_sum"], out["nsp_loss_sum"], mlm_scale[0], nsp_scale[0])
         sums = torch.stack([out[key].float() for key in SUM_KEYS]).unsqueeze(0)
         return self.loss_marker(loss), sums
 
@@ -96,7 +97,8 @@ def step_inputs(micro_batches: list[dict], steps: int, step_counts: list[torch.T
         )
     combined = {name: torch.cat([b[name] for b in micro_batches]) for name in GRAPH_FIELDS}
     rows = [b["input_ids"].shape[0] * per_step for b in micro_batches[::per_step]]
-    mlm = torch.cat([torch.full((r,), 1.0 / max(float(c[0]), 1.0)) for r, c in zip(rows, step_counts)])
-    nsp = torch.cat([torch.full((r,), 1.0 / max(float(c[1]), 1.0)) for r, c in zip(rows, step_counts)])
+    scales = [loss_scales(c) for c in step_counts]
+    mlm = torch.cat([torch.full((r,), scale[0]) for r, scale in zip(rows, scales)])
+    nsp = torch.cat([torch.full((r,), scale[1]) for r, scale in zip(rows, scales)])
     combined["mlm_scale"], combined["nsp_scale"] = mlm, nsp
     return combined

@@ -7,10 +7,11 @@ Layout: rank = replica * stages + stage, so one pipeline's stages are neighbouri
 heads, as on IPUs. Every rank builds the whole model from the same seed (so weights agree
 without a broadcast) and moves only its stage to the device.
 
-The step is training.loop.train_step's computation, spread out:
+The step is the torch engine's computation (training.step), spread out:
   * the step's micro-batches (gradient accumulation) are the schedule's micro-batches;
-  * the last stage's loss function runs the heads and normalises each micro-batch's sums
-    by the step's global masked-token and sequence counts (scale_grads=False);
+  * the last stage's loss function (`HeadLoss`) runs the heads and normalises each
+    micro-batch's sums by the step's global counts: training.step.micro_batch_loss,
+    summed by the schedule (scale_grads=False);
   * gradients are summed over replicas (dp group); the MLM decoder weight, tied to the
     word embeddings of stage 0, gets the sum of both stages' gradients (tied group), so
     both copies take the same update;
@@ -30,11 +31,14 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 
 from model.config import bert_config
 from model.pretraining import HEAD_INPUTS
-from model.stages import stage_layer_ranges
-from training.build import RunError, build_optimizer
-from training.data import pad_micro_batch
-from training.loop import setup_replica, step_counts
+from model.stages import nonempty_stage_ranges
+from training.backends.engine import Snapshot
+from training.build import build_lamb
+from training.data import padded_groups
+from training.distributed import setup_replica
+from training.errors import RunError
 from training.observe import SUM_KEYS, MetricSums, summarize
+from training.step import BatchArithmetic, loss_scales, micro_batch_loss, set_learning_rate, step_counts
 
 log = logging.getLogger("training.pipeline")
 
@@ -110,8 +114,39 @@ class StageModule(nn.Module):
         return {id(p) for p in self.parameters()}
 
 
+class HeadLoss:
+    """The last stage's loss function for the schedule: the heads on a micro-batch's
+    sequence output, its sums recorded, its share of the step's loss returned.
+
+    `begin(scales)` before a schedule pass; `outputs(n)` after it gives the n
+    micro-batches' sums (the schedule's first pass also calls the loss once on the whole
+    batch, for shape inference: the micro-batches' calls are the last n)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.scales = (1.0, 1.0)
+        self.head_widths: list[int] = []
+        self.recorded: list[dict] = []
+
+    def begin(self, scales: tuple[float, float], batch: dict) -> None:
+        self.scales, self.recorded = scales, []
+        self.head_widths = [batch[name].shape[1] for name in HEAD_INPUTS]
+
+    def __call__(self, sequence_output, target):
+        fields = torch.split(target, self.head_widths, dim=1)
+        out = self.model.heads(sequence_output, *fields)
+        self.recorded.append({k: out[k].detach() for k in SUM_KEYS[:-1]})
+        return micro_batch_loss(out["mlm_loss_sum"], out["nsp_loss_sum"], *self.scales)
+
+    def outputs(self, micro_batches: int) -> list[dict]:
+        calls = len(self.recorded)
+        if calls not in (micro_batches, micro_batches + 1):
+            raise RuntimeError(f"the schedule computed {calls} losses for {micro_batches} micro-batches")
+        return self.recorded[calls - micro_batches :]
+
+
 class PipelineEngine:
-    """training.loop's engine for pipelined (x replicated) torch training."""
+    """training.backends.engine.Engine for pipelined (x replicated) torch training."""
 
     steps_per_call = 1
 
@@ -120,13 +155,9 @@ class PipelineEngine:
         split = config["execution"]["layers_per_stage"]
         layers = bert_config(config["model"]["preset"]).num_hidden_layers
         try:
-            self.ranges = stage_layer_ranges(layers, list(split))
+            self.ranges = nonempty_stage_ranges(layers, split)
         except ValueError as err:
             raise RunError(f"execution.layers_per_stage: {err}") from None
-        if any(len(r) == 0 for r in self.ranges):
-            raise RunError(
-                f"execution.layers_per_stage {split}: a stage without layers; every stage needs one"
-            )
         self.replica_info = setup_replica(config)
         if not dist.is_initialized():
             raise RunError(
@@ -138,52 +169,40 @@ class PipelineEngine:
         self.data_rank, self.data_world = self.topology.replica, self.topology.replicas
         self.device = self.replica_info.device
 
-    def attach(self, model, factor: float):
+    def attach(self, model, packing_factor: float) -> BatchArithmetic:
         cfg, topo = self.config, self.topology
-        try:
-            ranges = stage_layer_ranges(
-                model.config.num_hidden_layers, list(cfg["execution"]["layers_per_stage"])
-            )
-        except ValueError as err:
-            raise RunError(f"execution.layers_per_stage: {err}") from None
-        if any(len(r) == 0 for r in ranges):
-            raise RunError(
-                f"execution.layers_per_stage {cfg['execution']['layers_per_stage']}: a stage is empty"
-            )
         if cfg["model"]["mlm_loss_mode"] != "per_token":
             raise RunError("model.mlm_loss_mode: the torch pipeline supports per_token")
         if cfg["training"]["compile"] or cfg["training"]["precision"] == "fp16":
             raise RunError(
                 "the torch pipeline runs fp32 or bf16 without torch.compile (training.compile, precision)"
             )
+        batch = BatchArithmetic.from_config(cfg, packing_factor, topo.replicas)
         self.model = model
         # The optimizer covers the whole model (whole-model checkpoints); only this
         # stage's parameters ever get gradients, so only they take steps and hold state.
-        max_norm = cfg["optim"]["max_grad_norm"]
-        cfg_no_clip = {**cfg, "optim": {**cfg["optim"], "max_grad_norm": None}}
-        self.optimizer, adjusted, shape = build_optimizer(model, cfg_no_clip, factor, topo.replicas)
-        self.max_grad_norm = max_norm
-        self.micro_batches_per_call = shape.gradient_accumulation
+        # It does not clip: the global norm spans stages (_clip).
+        self.max_grad_norm = cfg["optim"]["max_grad_norm"]
+        self.optimizer = build_lamb(model, cfg, batch, max_grad_norm=None)
+        self.micro_batches_per_call = batch.gradient_accumulation
         schedule_name = cfg["execution"]["pipeline_schedule"]
-        if schedule_name == "1f1b" and shape.gradient_accumulation < topo.stages:
+        if schedule_name == "1f1b" and batch.gradient_accumulation < topo.stages:
             raise RunError(
                 f"execution.pipeline_schedule 1f1b needs at least as many micro-batches per step (gradient "
-                f"accumulation {shape.gradient_accumulation}, after the packing adjustment) as stages "
+                f"accumulation {batch.gradient_accumulation}, after the packing adjustment) as stages "
                 f"({topo.stages}); raise optim.gradient_accumulation or use gpipe"
             )
-        self.stage_module = StageModule(model, ranges[topo.stage], topo.first, topo.last).to(self.device)
+        self.stage_module = StageModule(model, self.ranges[topo.stage], topo.first, topo.last).to(self.device)
         model.train()
         self.owned = self.stage_module.owned_parameters()
         self.tied = model.bert.embeddings.word_embeddings.weight
         self.stage = PipelineStage(
             self.stage_module, topo.stage, topo.stages, self.device, group=topo.pp_group
         )
+        self.head_loss = HeadLoss(model)
         self.schedule = SCHEDULES[schedule_name](
-            self.stage, shape.gradient_accumulation, loss_fn=self._loss, scale_grads=False
+            self.stage, batch.gradient_accumulation, loss_fn=self.head_loss, scale_grads=False
         )
-        self._scales = (1.0, 1.0)
-        self._sums: MetricSums | None = None
-        self._outputs: list[dict] = []
         if self.rank == 0:
             log.info(
                 "pipeline: %d stages x %d replicas, layers %s, %s schedule, %d micro-batches per step",
@@ -191,50 +210,33 @@ class PipelineEngine:
                 topo.replicas,
                 cfg["execution"]["layers_per_stage"],
                 schedule_name,
-                shape.gradient_accumulation,
+                batch.gradient_accumulation,
             )
-        return adjusted, shape
+        return batch
 
-    # ----- the last stage's loss --------------------------------------------------------
-    def _loss(self, sequence_output, target):
-        fields = torch.split(target, self._head_widths, dim=1)
-        out = self.model.heads(sequence_output, *fields)
-        self._outputs.append({k: out[k].detach() for k in SUM_KEYS[:-1]})
-        return out["mlm_loss_sum"] * self._scales[0] + out["nsp_loss_sum"] * self._scales[1]
-
-    def _run(self, micro_batches, train: bool):
-        """One schedule pass over a step's micro-batches (forward+backward or forward)."""
+    def _run(self, micro_batches, scales: tuple[float, float], sums: MetricSums | None, train: bool):
+        """One schedule pass over a step's micro-batches (forward+backward or forward);
+        the last stage adds their sums to `sums`."""
         batch = {k: torch.cat([b[k] for b in micro_batches]).to(self.device) for k in micro_batches[0]}
-        self._outputs: list[dict] = []
-        self._head_widths = [batch[name].shape[1] for name in HEAD_INPUTS]
+        self.head_loss.begin(scales, batch)
         args = ()
         if self.topology.first:
             args = (batch["input_ids"], batch["position_ids"], batch["segment_ids"], batch["sequence_ids"])
         target = _pack_heads(batch) if self.topology.last else None
         run = self.schedule.step if train else self.schedule.eval
         run(*args, target=target, losses=[] if self.topology.last else None)
-        # The schedule's first call also runs the loss once for shape inference (on the
-        # whole batch): the micro-batches' losses are the last len(micro_batches) calls.
-        calls = len(self._outputs)
-        if self.topology.last and calls not in (len(micro_batches), len(micro_batches) + 1):
-            raise RuntimeError(f"the schedule computed {calls} losses for {len(micro_batches)} micro-batches")
-        if self._sums is not None:
-            for out in self._outputs[calls - len(micro_batches) :]:
-                self._sums.add(out, 0)  # real tokens are counted on the host, below
+        if self.topology.last and sums is not None:
+            for out in self.head_loss.outputs(len(micro_batches)):
+                sums.add(out, 0)  # real tokens are counted on the host, below
             tokens = sum(int((b["sequence_ids"] > 0).sum()) for b in micro_batches)
-            self._sums.add_vector(
-                torch.tensor([0.0] * (len(SUM_KEYS) - 1) + [float(tokens)], device=self.device)
-            )
+            sums.add_vector(torch.tensor([0.0] * (len(SUM_KEYS) - 1) + [float(tokens)], device=self.device))
 
     def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
         counts = step_counts(micro_batches, "per_token", self.device, self.topology.dp_group)
-        self._scales = (1.0 / max(counts[0].item(), 1.0), 1.0 / max(counts[1].item(), 1.0))
-        self._sums = sums if self.topology.last else None
-        self._run(micro_batches, train=True)
+        self._run(micro_batches, loss_scales(counts), sums, train=True)
         self._sync_gradients()
         self._clip()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(self.optimizer, lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return counts
@@ -277,27 +279,21 @@ class PipelineEngine:
         self.stage_module.eval()
         sums = MetricSums()
         micro = self.micro_batches_per_call
-        rows = self.config["data"]["micro_batch_packs"]
         # Every pipeline must make the same number of schedule passes.
         per_replica = torch.tensor([len(batches)], device=self.device)
         dist.all_reduce(per_replica, op=dist.ReduceOp.MAX)
         passes = -(-int(per_replica.item()) // micro)
-        for p in range(passes):
-            group = [pad_micro_batch(shards[b], rows) for b in batches[p * micro : (p + 1) * micro]]
-            while len(group) < micro:  # empty packs keep the shapes static and add nothing
-                like = group[0] if group else pad_micro_batch(shards[[0]], rows)  # shapes only
-                group.append({k: torch.zeros_like(v) for k, v in like.items()})
-            self._scales, self._sums = (0.0, 0.0), (sums if self.topology.last else None)
-            self._run(group, train=False)
-        self._sums = None
+        rows = self.config["data"]["micro_batch_packs"]
+        for group in padded_groups(shards, batches, micro, rows, groups=passes):
+            self._run(group, (0.0, 0.0), sums, train=False)
         self.stage_module.train()
-        return summarize(sums.all_reduce())
+        return summarize(sums.reduce())
 
     def reduce(self, sums: MetricSums) -> dict:
-        return sums.all_reduce()  # only last stages hold sums; the others add zeros
+        return sums.reduce()  # only last stages hold sums; the others add zeros
 
     # ----- whole-model checkpoints ------------------------------------------------------
-    def state(self) -> dict:
+    def snapshot(self) -> Snapshot:
         """Collective: rank 0 gets every stage's weights (into its whole model) and a
         whole-model optimizer state, the same format the plain torch engine writes."""
         mine_weights = {n: p.detach().cpu() for n, p in self.model.named_parameters() if id(p) in self.owned}
@@ -313,7 +309,7 @@ class PipelineEngine:
         # Replica 0's stages are ranks 0..stages-1; other replicas hold identical copies.
         dist.gather_object((self.topology.replica, mine_weights, mine_state), gathered, dst=0)
         if self.rank != 0:
-            return {"optimizer": None}
+            return Snapshot(None, None)
         merged_state = {}
         with torch.no_grad():
             named = dict(self.model.named_parameters())
@@ -324,27 +320,20 @@ class PipelineEngine:
                     named[n].copy_(w.to(named[n].device))
                 merged_state.update(state)
         # The whole model's clipping setting (this engine clips by hand, across stages).
-        return {"optimizer": {**full, "state": merged_state, "max_grad_norm": self.max_grad_norm}}
+        return Snapshot(
+            self.model, {"optimizer": {**full, "state": merged_state, "max_grad_norm": self.max_grad_norm}}
+        )
 
-    def load_state(self, saved: dict) -> None:
-        self.optimizer.load_state_dict(saved["optimizer"])
+    def load_state(self, engine_state: dict) -> None:
+        self.optimizer.load_state_dict(engine_state["optimizer"])
         self.optimizer.max_grad_norm = None  # clipped by hand across stages (_clip)
         # Keep only this stage's moments (the file holds the whole model's).
         for p in list(self.optimizer.state):
             if id(p) not in self.owned:
                 del self.optimizer.state[p]
 
-    def host_model(self):
-        return self.model  # rank 0, after state() gathered every stage into it
-
 
 def _pack_heads(batch: dict) -> torch.Tensor:
     """The heads' six int fields side by side, [B, 3M + 3K]: the schedule's `target` is
     one tensor, split into micro-batches along dim 0 like the inputs."""
     return torch.cat([batch[name].long() for name in HEAD_INPUTS], dim=1)
-
-
-def run_pipeline(config: dict, output, resume: bool) -> int:
-    from training.loop import run_training
-
-    return run_training(config, output, resume, engine_class=PipelineEngine)

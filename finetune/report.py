@@ -1,6 +1,6 @@
 """Side-by-side table of fine-tuning runs (their OUTPUT/summary.json), ratios against padded.
 
-python -m training.finetune_report runs/bbc_padded runs/bbc_dynamic runs/bbc_uniform runs/bbc_packed
+python -m finetune.report runs/bbc_padded runs/bbc_dynamic runs/bbc_uniform runs/bbc_packed
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 def load(folder: Path) -> dict:
     path = folder / "summary.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found; expected a finished `python -m training.finetune` run")
+        raise FileNotFoundError(f"{path}: not found; expected a finished `python -m finetune.train` run")
     return json.loads(path.read_text())
 
 
@@ -51,7 +51,7 @@ def table(summaries: list[dict]) -> str:
 def main(argv=None) -> int:
     folders = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
     if not folders:
-        print("usage: python -m training.finetune_report RUN_DIR...", file=sys.stderr)
+        print("usage: python -m finetune.report RUN_DIR...", file=sys.stderr)
         return 2
     try:
         summaries = [load(f) for f in folders]

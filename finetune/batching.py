@@ -28,7 +28,7 @@ import torch
 from packing.errors import PackingInputError
 from packing.tokenized import check_table, pack_examples, pack_rows, pad_table, unpacked_table
 
-MODES = ("padded", "dynamic", "uniform", "packed")
+BATCHING_MODES = ("padded", "dynamic", "uniform", "packed")
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class Batcher:
     """Holds a dataset's lengths (and, packed, its packs); hands out one epoch of tables."""
 
     def __init__(self, lengths: np.ndarray, spec: BatchingSpec, seed: int):
-        if spec.mode not in MODES:
-            raise ValueError(f"batching mode must be one of {MODES}, got {spec.mode!r}")
+        if spec.mode not in BATCHING_MODES:
+            raise ValueError(f"batching mode must be one of {BATCHING_MODES}, got {spec.mode!r}")
         self.spec, self.seed = spec, seed
         self.lengths = np.asarray(lengths, dtype=np.int64)
         if spec.mode == "packed":

@@ -1,8 +1,9 @@
-"""Atomic file writing: readers never see a half-written file."""
+"""Files that readers never see half-written (atomic rename), and their sha256."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -43,3 +44,12 @@ def atomic_folder(path):
 def write_json_atomic(path, data) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def sha256_file(path, block: int = 1 << 22) -> str:
+    """Hex sha256 of a file, read in `block`-byte pieces."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()

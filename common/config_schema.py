@@ -1,0 +1,189 @@
+"""Config files checked against a schema: YAML loading, `--set` overrides, validation,
+and the Markdown key table. Every command (pretraining, fine-tuning) declares its own
+schema of `Key`s and shares this machinery.
+
+An unknown key names the closest valid key, a bad value names its key, a required key
+left unset says what it is for. Values are checked before any data is read.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the key. CLI exit code 2."""
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: Any  # int, float, bool, str, "betas", "int_list", "float_list", "str_list"
+    default: Any
+    doc: str
+    choices: tuple | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    optional: bool = False  # None allowed
+
+
+def defaults(schema: dict) -> dict:
+    return {
+        section: {k: copy.deepcopy(v.default) for k, v in keys.items()} for section, keys in schema.items()
+    }
+
+
+def _closest(name: str, options) -> str:
+    match = difflib.get_close_matches(name, list(options), n=1, cutoff=0.4)
+    return f"; did you mean '{match[0]}'?" if match else f"; valid: {', '.join(sorted(options))}"
+
+
+# Names users bring from other trainers -> ours.
+ALIASES = {
+    "learning_rate": "lr",
+    "batch_size": "micro_batch_packs",
+    "micro_batch_size": "micro_batch_packs",
+    "num_workers": "loader_workers",
+    "grad_accum": "gradient_accumulation",
+    "gradient_accumulation_steps": "gradient_accumulation",
+    "steps": "max_steps",
+    "train_steps": "max_steps",
+}
+
+
+def _suggest(section: str, name: str, schema: dict) -> str:
+    """'; did you mean ...' for an unknown key: an alias, a near spelling in the section, or anywhere."""
+    keys = schema[section]
+    if ALIASES.get(name) in keys:
+        return f"; did you mean '{section}.{ALIASES[name]}'?"
+    match = difflib.get_close_matches(name, list(keys), n=1, cutoff=0.6)
+    if match:
+        return f"; did you mean '{section}.{match[0]}'?"
+    return _closest(f"{section}.{name}", _all_keys(schema))
+
+
+def _all_keys(schema: dict) -> list[str]:
+    return [f"{s}.{k}" for s, keys in schema.items() for k in keys]
+
+
+def _check_value(path: str, key: Key, value):
+    if value is None:
+        # A key without a default is required: `resolve` names it when it is still unset.
+        if key.optional or key.default is None:
+            return None
+        raise ConfigError(f"{path}: must be set (got null)")
+    if key.kind in ("int_list", "float_list"):
+        item = Key(int if key.kind == "int_list" else float, 0, "", minimum=0)
+        if not isinstance(value, list | tuple) or not value:
+            raise ConfigError(f"{path}: expected a non-empty list of numbers, got {value!r}")
+        return [_check_value(path, item, v) for v in value]
+    if key.kind == "str_list":
+        if not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{path}: expected a non-empty list of strings, got {value!r}")
+        return list(value)
+    if key.kind == "betas":
+        if not isinstance(value, list | tuple) or len(value) != 2:
+            raise ConfigError(f"{path}: expected a list of two numbers in [0, 1), got {value!r}")
+        out = [_check_value(path, Key(float, 0, "", minimum=0, maximum=0.999999999), v) for v in value]
+        return out
+    if key.kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if key.kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+    elif key.kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}: must be finite, got {value!r}")
+    elif key.kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+    if key.choices is not None and value not in key.choices:
+        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(str, key.choices))}")
+    if key.minimum is not None and value < key.minimum:
+        raise ConfigError(f"{path}: must be >= {key.minimum}, got {value!r}")
+    if key.maximum is not None and value > key.maximum:
+        raise ConfigError(f"{path}: must be <= {key.maximum}, got {value!r}")
+    return value
+
+
+def resolve(raw: dict, source: str, schema: dict) -> dict:
+    """Merge `raw` over `schema`'s defaults and check every key; required keys (no default,
+    not optional) must be set. Shared by every command's schema."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections, got {type(raw).__name__}")
+    resolved = defaults(schema)
+    for section, values in raw.items():
+        if section not in schema:
+            raise ConfigError(f"{source}: unknown section '{section}'{_closest(section, schema)}")
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: section '{section}' must be a mapping")
+        for name, value in values.items():
+            if name not in schema[section]:
+                raise ConfigError(
+                    f"{source}: unknown key '{section}.{name}'" + _suggest(section, name, schema)
+                )
+            resolved[section][name] = _check_value(f"{section}.{name}", schema[section][name], value)
+    for section, keys in schema.items():
+        for name, key in keys.items():
+            if key.default is None and not key.optional and resolved[section][name] is None:
+                raise ConfigError(f"{source}: {section}.{name} must be set ({key.doc})")
+    return resolved
+
+
+def apply_overrides(raw: dict, assignments: list[str], schema: dict) -> dict:
+    """`section.key=value` strings (values parsed as YAML) applied to a raw config."""
+    raw = copy.deepcopy(raw)
+    for item in assignments:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected section.key=value")
+        path, text = item.split("=", 1)
+        if path.count(".") != 1:
+            raise ConfigError(
+                f"--set {item!r}: expected section.key=value{_closest(path, _all_keys(schema))}"
+            )
+        section, name = path.split(".")
+        if section not in schema:
+            raise ConfigError(f"--set: unknown section in '{path}'{_closest(path, _all_keys(schema))}")
+        if name not in schema[section]:
+            raise ConfigError(f"--set: unknown key '{path}'{_suggest(section, name, schema)}")
+        raw.setdefault(section, {})
+        if raw[section] is None:
+            raw[section] = {}
+        raw[section][name] = yaml.safe_load(text)
+    return raw
+
+
+def read_yaml(path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: file not found")
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML ({err})") from None
+
+
+def markdown(schema: dict) -> str:
+    lines = []
+    for section, keys in schema.items():
+        lines += [f"### `{section}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+        for name, key in keys.items():
+            kind = key.kind if isinstance(key.kind, str) else key.kind.__name__
+            if key.choices:
+                kind = " \\| ".join(map(str, key.choices))
+            lines.append(f"| `{name}` | {kind} | `{key.default}` | {key.doc} |")
+        lines.append("")
+    return "\n".join(lines)

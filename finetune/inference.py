@@ -1,0 +1,90 @@
+"""Inference in any batching mode, scoring and prediction files: what fine-tuning's
+validation and `python -m finetune.predict` share. Predictions come back in input order
+(packs hold examples out of order; the example indices put them back)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.files import atomic_path
+from finetune.batching import Batcher, collate
+from model.classification import classification_metrics
+from packing.tokenized import unpack_outputs
+
+
+@torch.inference_mode()
+def predict_logits(model, data, batcher: Batcher) -> tuple[np.ndarray, dict]:
+    """Logits float32 [n, C] in input order, and timing/padding figures of the pass."""
+    model.eval()
+    device = next(model.parameters(), torch.empty(0)).device
+    batches = batcher.epoch(0, shuffle=False)
+    start = time.perf_counter()
+    logits, index = [], []
+    for table in batches:
+        batch = to_device(collate(data, table, batcher.width(table), with_labels=False), device)
+        logits.append(model(**batch)["logits"].float().cpu().numpy())  # .cpu() waits for the device
+        index.append(table)
+    seconds = time.perf_counter() - start
+    # Dynamic widths differ per batch, but every mode's slots are [rows, K]: concatenate slots.
+    in_order = unpack_outputs(np.concatenate(logits), np.concatenate(index), len(data))
+    n = len(data)
+    return in_order, {
+        "examples": n,
+        "seconds": seconds,
+        "examples_per_second": n / seconds,
+        "batches": len(batches),
+        "padding_fraction": batcher.padding_fraction(batches),
+    }
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {name: value.to(device, non_blocking=True) for name, value in batch.items()}
+
+
+def score(logits: np.ndarray, labels: np.ndarray, multi_label: bool) -> dict:
+    """Loss, accuracy (multi-label: per label) and macro ROC-AUC of input-order logits [n, C]."""
+    from sklearn.metrics import roc_auc_score
+
+    logits_t = torch.from_numpy(logits)[:, None]
+    labels_t = torch.from_numpy(labels)[:, None]
+    present = torch.ones(logits_t.shape[:2], dtype=torch.bool)
+    metrics = classification_metrics(logits_t, labels_t, present, multi_label)
+    out = {
+        "loss": float(metrics["loss_sum"] / metrics["count"]),
+        "accuracy": float(metrics["correct"]) / float(metrics["correct_count"]),
+    }
+    if multi_label:
+        truth, scores = labels.astype(np.int64), 1 / (1 + np.exp(-logits))
+    else:
+        truth = np.eye(logits.shape[1], dtype=np.int64)[labels]
+        scores = torch.softmax(torch.from_numpy(logits), -1).numpy()
+    # ROC-AUC needs both outcomes in a column; classes with one are left out and counted.
+    usable = [c for c in range(truth.shape[1]) if 0 < truth[:, c].sum() < len(truth)]
+    out["roc_auc"] = (
+        float(roc_auc_score(truth[:, usable], scores[:, usable], average="macro")) if usable else None
+    )
+    out["roc_auc_classes"] = len(usable)
+    return out
+
+
+def write_predictions(path: Path, logits: np.ndarray, label_names: list[str], multi_label: bool) -> None:
+    """JSON lines in input order, written to a temporary name and renamed."""
+    if multi_label:
+        scores = 1 / (1 + np.exp(-logits))
+    else:
+        scores = torch.softmax(torch.from_numpy(logits), -1).numpy()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp, tmp.open("w") as f:
+        for i, row in enumerate(scores):
+            record = {"index": i}
+            if multi_label:
+                record["labels"] = [label_names[c] for c in np.flatnonzero(row > 0.5)]
+            else:
+                record["label"] = label_names[int(row.argmax())]
+            record["scores"] = [round(float(x), 6) for x in row]
+            f.write(json.dumps(record) + "\n")

@@ -1,0 +1,85 @@
+"""Inference with any batching mode; predictions come back in input order.
+
+    python -m finetune.predict --model runs/bbc_packed/model --input texts.jsonl \
+        --output predictions.jsonl [--batching packed] [--batch-size 64]
+
+--model is a folder written by `python -m finetune.train` (Hugging Face weights +
+vocab.txt + finetune.json). --input is JSON lines with the text (and optional text pair)
+fields the model was trained with; labels, when present, are scored. Each output line is
+{"index": i, "label": name, "scores": [...]} (multi-label: "labels": [names]) for the i-th
+input line, in input order whatever the batching (packs hold examples out of order; the
+example indices put them back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.files import write_json_atomic
+from data.classification_data import ExampleError, encode_labels, read_jsonl, tokenize
+from data.tokenizer import DataInputError
+from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec
+from finetune.folder import load_finetuned
+from finetune.inference import predict_logits, score, write_predictions
+from model.hf_checkpoint import quiet_transformers
+from packing.errors import PackingInputError
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m finetune.predict", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True, type=Path, help="finetune.train output model folder")
+    parser.add_argument("--input", required=True, type=Path, help="JSON lines to classify")
+    parser.add_argument("--output", required=True, type=Path, help="predictions, JSON lines, input order")
+    parser.add_argument("--batching", default="packed", choices=BATCHING_MODES)
+    parser.add_argument("--batch-size", type=int, default=64, help="examples per batch")
+    parser.add_argument("--max-sequences-per-pack", type=int, default=6)
+    parser.add_argument("--algorithm", default="lpfhp", choices=("spfhp", "lpfhp", "nnlshp", "lp"))
+    parser.add_argument(
+        "--pack-length", type=int, default=None, help="tokens per pack (default: the model's)"
+    )
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    args = parser.parse_args(argv)
+    quiet_transformers()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: torch sees no GPU on this machine", file=sys.stderr)
+        return 2
+    try:
+        model, info, tokenizer, vocab = load_finetuned(args.model)
+        fields = info["fields"]
+        examples = read_jsonl(args.input, fields["text"], fields["pair"], fields["label"], need_labels=False)
+        has_labels = all(label is not None for label in examples.labels)
+        labels = (
+            encode_labels(examples, info["labels"], info["multi_label"])
+            if has_labels
+            else np.zeros(len(examples), dtype=np.int64)
+        )
+        data = tokenize(examples, tokenizer, vocab, labels, info["max_sequence_length"], info["too_long"])
+        spec = BatchingSpec(
+            args.batching,
+            args.batch_size,
+            info["max_sequence_length"],
+            args.max_sequences_per_pack,
+            args.algorithm,
+            pack_length=args.pack_length or info.get("pack_length"),
+        )
+        logits, timing = predict_logits(model.to(args.device), data, Batcher(data.lengths, spec, seed=0))
+    except (ExampleError, DataInputError, FileNotFoundError, PackingInputError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    write_predictions(args.output, logits, info["labels"], info["multi_label"])
+    report = {"batching": args.batching, **timing, "truncated": data.truncated}
+    if has_labels:
+        report.update(score(logits, labels, info["multi_label"]))
+    write_json_atomic(args.output.with_suffix(".summary.json"), report)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

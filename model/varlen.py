@@ -1,0 +1,143 @@
+"""Attention per packed sequence: cost proportional to the sum of l_i^2, not S^2 per pack.
+
+The `varlen` attention backend. Tokens are flattened to [T = B*S]; each pack's
+sequences are contiguous runs (sequence_ids 1, 2, ..., K from position 0, then padding),
+so a pack is K + 1 segments: its sequences in slot order, then its padding tail.
+
+* CUDA, bf16/fp16: FlashAttention's variable-length kernel over `cu_seqlens`, padded to a
+  static length B*(K+1)+1 (absent slots are empty segments) and `max_seqlen` = S, so the
+  shapes never depend on the data: torch.compile and CUDA graphs capture it. Without
+  dropout through `torch.nn.attention.varlen.varlen_attn` (a custom op); with attention
+  dropout through `aten._flash_attention_forward`, the kernel behind it (varlen_attn
+  hard-codes dropout 0). NVIDIA's MLPerf BERT runs the same kernel family over packs.
+* Otherwise (CPU, or fp32 on CUDA, where flash kernels do not run): sequences are
+  grouped into a few length buckets; each bucket is one dense SDPA call over
+  [sequences, heads, L, d] with a key mask, L the bucket's length (a multiple of
+  `granularity`), so the cost is about sum_i roundup(l_i)^2.
+
+Padding tokens attend only to themselves in `dense`, so their context is their own value
+vector; both paths return exactly that, so every output equals `dense` (to float
+rounding), padding positions included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class VarlenLayout:
+    """Where each pack's sequences are, built once per batch and shared by all layers.
+
+    tokens: T = B * S positions of the flattened batch."""
+
+    batch: int  # B
+    length: int  # S
+    padding: torch.Tensor  # bool [T]: padding tokens
+    # flash path
+    cu_seqlens: torch.Tensor | None  # int32 [B*(K+1) + 1]: segment starts (sequences, then padding tail)
+    # bucket path
+    # (gather index [n, L], key valid [n, L], SDPA key mask [n, 1, 1, L] or None when all valid)
+    buckets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None
+    order: torch.Tensor | None  # int64 [T]: bucket outputs + padding back to token order
+
+
+def varlen_layout(
+    sequence_ids: torch.Tensor, slots: int | None, flash: bool, granularity: int = 0
+) -> VarlenLayout:
+    """sequence_ids [B, S] (1..K per sequence, 0 padding) -> the layout for one path.
+
+    slots: K, the number of sequence slots per pack (static: the width of the batch's
+    next_sentence_positions / cls_positions); None reads it from the data (a host sync)."""
+    b, s = sequence_ids.shape
+    ids = sequence_ids.long()
+    padding = (ids == 0).reshape(-1)
+    if slots is None:
+        slots = int(ids.max()) if ids.numel() else 0
+    if flash:
+        # lengths of slots 1..K, then the padding tail: [B, K+1]
+        lengths = torch.zeros(b, slots + 1, dtype=torch.int32, device=ids.device)
+        lengths.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.int32))
+        segments = torch.cat([lengths[:, 1:], lengths[:, :1]], dim=1).reshape(-1)
+        cu = F.pad(torch.cumsum(segments, 0, dtype=torch.int32), (1, 0))
+        return VarlenLayout(b, s, padding, cu, None, None)
+    return _bucket_layout(ids, padding, slots, granularity or _default_granularity(s))
+
+
+def _default_granularity(s: int) -> int:
+    """Bucket lengths are multiples of this: at most 8 buckets, multiples of 8."""
+    return max(8, -(-s // 8 // 8) * 8)
+
+
+def _bucket_layout(ids: torch.Tensor, padding: torch.Tensor, slots: int, granularity: int) -> VarlenLayout:
+    b, s = ids.shape
+    # Sequence j of pack p starts at the count of tokens of slots < j (contiguous runs).
+    counts = torch.zeros(b, slots + 1, dtype=torch.int64, device=ids.device)
+    counts.scatter_add_(1, ids, torch.ones_like(ids))
+    lengths = counts[:, 1:]  # [B, K]
+    starts = torch.cumsum(lengths, 1) - lengths
+    present = lengths > 0
+    flat_start = (starts + torch.arange(b, device=ids.device)[:, None] * s)[present]  # [N]
+    flat_length = lengths[present]  # [N]
+    bucket_of = (flat_length + granularity - 1) // granularity  # bucket index = rounded length / g
+    buckets, placed = [], []
+    for key in torch.unique(bucket_of).tolist():  # a handful of buckets: host loop is cheap
+        members = torch.nonzero(bucket_of == key).squeeze(1)
+        width = min(int(key) * granularity, s)
+        offsets = torch.arange(width, device=ids.device)
+        valid = offsets[None, :] < flat_length[members, None]  # [n, L]
+        # Invalid slots read the sequence's first token: any real index will do, they are masked.
+        index = flat_start[members, None] + torch.where(valid, offsets[None, :], 0)
+        mask = None if bool(valid.all()) else valid[:, None, None, :]
+        buckets.append((index, valid, mask))
+        placed.append(index[valid])
+    placed.append(torch.nonzero(padding).squeeze(1))
+    order = torch.empty(b * s, dtype=torch.int64, device=ids.device)
+    order[torch.cat(placed)] = torch.arange(b * s, device=ids.device)
+    return VarlenLayout(b, s, padding, None, buckets, order)
+
+
+def varlen_attention(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
+    """q, k, v [B, heads, S, d] -> context [B, heads, S, d], attention within each sequence."""
+    b, heads, s, d = q.shape
+    q_t, k_t, v_t = (x.transpose(1, 2).reshape(b * s, heads, d) for x in (q, k, v))  # [T, heads, d]
+    if layout.cu_seqlens is not None:
+        context = _flash(q_t, k_t, v_t, layout, dropout)
+    else:
+        context = _buckets(q_t, k_t, v_t, layout, dropout)
+    # Padding attends only to itself (as in dense): its context is its own value.
+    context = torch.where(layout.padding[:, None, None], v_t, context)
+    return context.reshape(b, s, heads, d).transpose(1, 2)
+
+
+def _flash(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
+    cu, s = layout.cu_seqlens, layout.length
+    if dropout > 0:
+        out = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, s, s, dropout, False, False)
+        return out[0]
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(q, k, v, cu, cu, s, s)
+
+
+def _buckets(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
+    outputs = []
+    for index, valid, mask in layout.buckets:
+        # [n, L, heads, d] -> [n, heads, L, d]
+        qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))
+        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout)
+        outputs.append(out.transpose(1, 2)[valid])  # [tokens of the bucket, heads, d]
+    outputs.append(v[layout.padding])  # padding rows: replaced by `v` in varlen_attention anyway
+    return torch.cat(outputs)[layout.order]
+
+
+def flash_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether q, k, v will be fp16/bf16 on CUDA (hidden states in half precision, or
+    autocast to it): FlashAttention's varlen kernel runs there only."""
+    if device.type != "cuda":
+        return False
+    half = (torch.float16, torch.bfloat16)
+    return dtype in half or (torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") in half)

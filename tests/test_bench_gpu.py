@@ -1,0 +1,54 @@
+"""bench/bench_gpu.py's CPU-side logic: the batches it feeds and the FLOP count behind its
+model-FLOPs-utilisation column (the GPU run itself needs a GPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from .conftest import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+from bench_gpu import K, M, S, make_batches, model_flops  # noqa: E402
+
+from model import bert_config  # noqa: E402
+
+
+def test_flop_count_by_hand():
+    """Two sequences (3 and 2 tokens, one masked token) through a 1-layer model."""
+    config = bert_config("bert-tiny", num_hidden_layers=1, vocab_size=10)  # H=64, I=128
+    ids = torch.tensor([[1, 1, 1, 2, 2, 0]])
+    batch = {
+        "sequence_ids": ids,
+        "next_sentence_weights": torch.tensor([[1, 1, 0]]),
+        "masked_lm_weights": torch.tensor([[1, 0]]),
+    }
+    h, i, v = 64, 128, 10
+    forward = (
+        2 * (4 * h * h + 2 * h * i) * 5 + 4 * h * (9 + 4) + 2 * (h * h + h * v) * 1 + 2 * (h * h + 2 * h) * 2
+    )
+    assert model_flops(batch, config) == 3 * forward
+
+
+def test_batches_are_packed_and_padded_rows_of_the_same_shape():
+    packed = make_batches(4, 2, True, 0, 30522)
+    padded = make_batches(4, 2, False, 1, 30522)
+    for batch in packed + padded:
+        assert batch["input_ids"].shape == (4, S) and batch["masked_lm_positions"].shape == (4, M)
+        assert batch["next_sentence_weights"].shape == (4, K)
+    assert all(int(b["next_sentence_weights"].sum()) == 4 for b in padded)  # one sequence per row
+    assert sum(int(b["next_sentence_weights"].sum()) for b in packed) > 8 * 1.5  # ~2 per pack
+
+
+def test_dry_run_plans_without_a_gpu():
+    out = subprocess.run(
+        [sys.executable, "bench/bench_gpu.py", "--dry-run", "--rows", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "packed: 4 rows" in out.stdout and "sampled packing factor" in out.stdout

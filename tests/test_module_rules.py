@@ -1,0 +1,60 @@
+"""ARCHITECTURE.md's module rules, checked in a fresh interpreter per package: importing a
+package loads none of what it must never use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+# package -> module prefixes it must never load (directly or through its imports)
+RULES = {
+    "common": ["torch", "numpy", "packing", "model", "optim", "training", "finetune", "data"],
+    "packing": ["torch", "model", "optim", "training", "finetune", "poptorch"],
+    "model": ["packing", "scipy", "poptorch", "training", "finetune", "optim", "data"],
+    "optim": ["model", "packing", "training", "finetune", "poptorch"],
+    "data": ["torch", "model", "training", "finetune", "optim"],
+    "finetune.train": ["training", "poptorch"],
+    "finetune.predict": ["training", "poptorch"],
+    "training.run": ["poptorch", "finetune", "horovod", "popdist"],
+    "training.backends": ["poptorch", "finetune", "horovod", "popdist"],
+    "training.backends.ipu": ["poptorch", "horovod", "popdist"],  # imported only inside functions
+    "training.backends.ipu_plan": ["poptorch", "horovod", "popdist"],
+    "run_pretraining": ["poptorch", "training", "finetune"],  # parses first, then imports the run
+}
+
+
+def loaded_modules(package: str) -> set[str]:
+    code = f"import sys, json, {package}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("package", sorted(RULES))
+def test_package_loads_nothing_it_must_never_use(package):
+    loaded = loaded_modules(package)
+    broken = sorted(
+        name
+        for name in loaded
+        for banned in RULES[package]
+        if (name == banned or name.startswith(banned + ".")) and not package.startswith(banned)
+    )
+    assert not broken, f"importing {package} loads {broken}"
+
+
+def test_engines_do_not_import_the_run():
+    """Engines sit side by side under the run; none imports training.run."""
+    for engine in ("torch_engine", "pipeline", "ipu", "ipu_plan", "ipu_step", "engine"):
+        source = (REPO / "training" / "backends" / f"{engine}.py").read_text()
+        assert "from training.run" not in source and "import training.run" not in source, engine
+    importers = [
+        p.relative_to(REPO).as_posix()
+        for p in REPO.rglob("*.py")
+        if ".venv" not in p.parts
+        and any(line.strip() == "import poptorch" for line in p.read_text().splitlines())
+    ]
+    assert importers == ["training/backends/ipu.py"]

@@ -1,0 +1,369 @@
+"""The run: the same for every engine (training.backends: torch, pipeline, ipu).
+
+    checks (data, output folder, model)  ->  engine.attach  ->  restore a checkpoint
+    loop:  micro-batches from the resumable loader  ->  engine.train (one place for the
+           step's math: training.step)  ->  log window  ->  evaluation when due  ->
+           checkpoint when due  ->  stop on max_steps / max_samples / max_seconds / signal
+    end:   evaluation at the end, final checkpoint, MLPerf RUN_STOP
+
+A batch goes: packed shard rows (training.data) -> dict of [B, S] / [B, M] / [B, K] int
+tensors -> engine -> PackedBertForPreTraining -> sums and counts -> loss normalised by
+the step's GLOBAL masked-token and sequence counts -> backward -> LAMB step.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from tqdm import tqdm
+
+from common.files import atomic_path
+from model import PackedBertForPreTraining, validate_batch
+from training import checkpoint as ckpt
+from training.backends.engine import Engine
+from training.build import (
+    build_model,
+    build_schedule,
+    check_model_fits_data,
+    mlperf_eval_interval,
+    open_packed,
+    packing_factor,
+)
+from training.data import LoaderPosition, PackedShards, ReplicaSampler, advance, eval_batches, make_loader
+from training.distributed import any_process, barrier, gather_rng_states
+from training.errors import RunError
+from training.observe import MetricSums, Reporter, summarize
+
+log = logging.getLogger("training")
+EXIT_INTERRUPTED = 143
+
+
+@dataclass
+class RunState:
+    """Everything besides weights and optimizer that a checkpoint restores."""
+
+    step: int = 0
+    samples: int = 0  # real sequences trained on, all replicas
+    position: LoaderPosition = field(default_factory=LoaderPosition)
+    next_eval_samples: int = 0
+    best_eval_accuracy: float = 0.0
+    reached_target: bool = False
+
+    def to_checkpoint(self) -> dict:
+        return {
+            "step": self.step,
+            "samples": self.samples,
+            "position": self.position.as_dict(),
+            "next_eval_samples": self.next_eval_samples,
+            "best_eval_accuracy": self.best_eval_accuracy,
+        }
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict) -> RunState:
+        return cls(
+            step=saved["step"],
+            samples=saved["samples"],
+            position=LoaderPosition(**saved["position"]),
+            next_eval_samples=saved["next_eval_samples"],
+            best_eval_accuracy=saved["best_eval_accuracy"],
+        )
+
+
+@dataclass(frozen=True)
+class EvalSchedule:
+    """Evaluate each time the samples trained pass the next multiple of `every_samples`
+    (an interval of eval.every_samples or MLPerf's rule); the next point is run state."""
+
+    every_samples: int
+
+    def first(self) -> int:
+        return self.every_samples
+
+    def due(self, state: RunState) -> bool:
+        return state.samples >= state.next_eval_samples
+
+    def following(self, state: RunState) -> int:
+        """The first evaluation point after `state.samples`."""
+        next_at = state.next_eval_samples
+        while next_at <= state.samples:
+            next_at += self.every_samples
+        return next_at
+
+
+class StopSignal:
+    """SIGTERM / SIGINT -> finish the current step, checkpoint, exit 143."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def agreed(self) -> bool:
+        """Any replica's signal stops all of them at the same step."""
+        return any_process(self.requested)
+
+
+def prepare_output(output: Path, config: dict, resume: bool, rank: int) -> None:
+    """Refuse a folder that holds another run (or, on resume, a run of other model / data /
+    optim settings); then rank 0 writes config.yaml."""
+    saved = output / "config.yaml"
+    if saved.is_file():
+        if not resume:
+            raise RunError(
+                f"--output-dir {output} holds another run (config.yaml); pass --resume to continue it "
+                "or choose another directory"
+            )
+        previous = yaml.safe_load(saved.read_text())
+        for section in ("model", "data", "optim"):
+            if previous.get(section) != config[section]:
+                raise RunError(
+                    f"--resume: section '{section}' differs from the run in {output}; only training/eval/"
+                    "logging/execution settings may change on resume"
+                )
+    elif output.is_dir() and any(output.iterdir()) and not resume:
+        raise RunError(f"--output-dir {output} is not empty and holds no run")
+    # Every rank checks before rank 0 writes: otherwise a slower rank finds the config.yaml
+    # rank 0 just wrote and refuses the folder as "another run".
+    barrier()
+    if rank == 0:
+        output.mkdir(parents=True, exist_ok=True)
+        with atomic_path(saved) as tmp:
+            tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+class Run:
+    """One run on this process: built by __init__ (every user-input check first), driven
+    by `train`, each piece a method."""
+
+    def __init__(self, config: dict, output: Path, resume: bool, engine_class: type[Engine]):
+        self.config, self.output = config, output
+        self.limits = config["training"]
+        train_data = open_packed(config["data"]["train_dir"], config, "train")
+        eval_data = (
+            open_packed(config["data"]["eval_dir"], config, "eval") if config["data"]["eval_dir"] else None
+        )
+        self.engine = engine = engine_class(config)
+        prepare_output(output, config, resume, engine.rank)
+        self.model = build_model(config, self.limits["seed"])
+        check_model_fits_data(self.model, train_data)
+        self.checkpoints = output / "checkpoints"
+        restored = ckpt.latest_valid_checkpoint(self.checkpoints) if resume else None
+        saved = ckpt.load_training_state(restored) if restored is not None else None
+        if saved is not None:
+            weights = PackedBertForPreTraining.from_pretrained(restored / "model").state_dict()
+            self.model.load_state_dict(weights)
+        self.batch = engine.attach(self.model, packing_factor(train_data))
+        self.schedule = build_schedule(config)
+        self.state = RunState()
+        if saved is not None:
+            engine.load_state(saved)
+            self.state = RunState.from_checkpoint(saved)
+            rng = saved["rng"]
+            ckpt.set_rng_state(rng[engine.rank] if engine.rank < len(rng) else rng[0])
+
+        self.shards = PackedShards(train_data)
+        self.sampler = ReplicaSampler(
+            len(self.shards),
+            self.batch.micro_batch_packs,
+            config["data"]["shuffle_seed"],
+            engine.data_rank,
+            engine.data_world,
+            self.state.position,
+        )
+        self.loader = iter(make_loader(self.shards, self.sampler, config["data"]["loader_workers"]))
+        every = config["eval"]["every_samples"] or mlperf_eval_interval(self.batch.sequences_per_step)
+        self.eval_schedule = EvalSchedule(int(every))
+        if self.state.next_eval_samples == 0:
+            self.state.next_eval_samples = self.eval_schedule.first()
+        self.eval_set = (
+            eval_batches(
+                eval_data,
+                self.batch.micro_batch_packs,
+                config["eval"]["max_sequences"],
+                engine.data_rank,
+                engine.data_world,
+            )
+            if eval_data
+            else None
+        )
+        self.reporter = Reporter(output, config, engine.rank)
+        self.stop = StopSignal()
+        self.progress = tqdm(
+            total=self.limits["max_steps"],
+            initial=self.state.step,
+            unit="step",
+            dynamic_ncols=True,
+            disable=engine.rank != 0 or not config["logging"]["progress"],
+        )
+
+    # ----- the loop --------------------------------------------------------------------
+    def train(self) -> int:
+        """Train until a limit, the target or a signal. Returns the process exit code."""
+        state, config, engine = self.state, self.config, self.engine
+        if engine.rank == 0:
+            log.info(self.batch.adjusted.describe())
+            log.info("%s; eval every %d sequences", self.batch.describe(), self.eval_schedule.every_samples)
+            self.reporter.mlperf("RUN_START")
+            self.reporter.mlperf("GLOBAL_BATCH_SIZE", value=self.batch.sequences_per_step)
+        status, exit_code, self.started = "aborted", 0, time.perf_counter()
+        self._new_window()
+        try:
+            while not self._limit_reached():
+                lr = self._train_call()
+                if state.step % self.limits["log_every_steps"] < engine.steps_per_call or (
+                    state.step >= self.limits["max_steps"]
+                ):
+                    self._log_window(lr)
+                if self.eval_schedule.due(state):
+                    state.next_eval_samples = self.eval_schedule.following(state)
+                    if self._evaluate() and config["eval"]["stop_at_target"]:
+                        state.reached_target, status = True, "success"
+                        break
+                every = self.limits["checkpoint_every_steps"]
+                if every and state.step % every < engine.steps_per_call:
+                    self._save()
+                if self.stop.agreed():
+                    log.warning("stop requested (signal): checkpointing at step %d", state.step)
+                    exit_code = EXIT_INTERRUPTED
+                    break
+            if (
+                exit_code == 0
+                and not state.reached_target
+                and config["eval"]["at_end"]
+                and self.eval_set is not None
+            ):
+                if self._evaluate() and config["eval"]["stop_at_target"]:
+                    state.reached_target, status = True, "success"
+            self._save()
+        finally:
+            self._close(status)
+        return exit_code
+
+    def _limit_reached(self) -> bool:
+        state, limits = self.state, self.limits
+        if state.step >= limits["max_steps"]:
+            return True
+        if limits["max_samples"] is not None and state.samples >= limits["max_samples"]:
+            return True
+        return (
+            limits["max_seconds"] is not None and time.perf_counter() - self.started >= limits["max_seconds"]
+        )
+
+    def _train_call(self) -> float:
+        """One engine call: its micro-batches, the lr for the samples so far, the steps it
+        makes; advances the run state. Returns the lr used."""
+        state, engine = self.state, self.engine
+        micro_batches = [next(self.loader) for _ in range(engine.micro_batches_per_call)]
+        if self.config["data"]["validate_batches"]:
+            for batch in micro_batches:
+                validate_batch(batch, self.model.config.vocab_size, self.model.config.max_position_embeddings)
+        lr = self.schedule(state.samples)
+        counts = engine.train(micro_batches, lr, self.window)
+        sequences = int(counts[1].item())
+        state.step += engine.steps_per_call
+        state.samples += sequences
+        self.window_samples += sequences
+        state.position = advance(
+            state.position, engine.micro_batches_per_call * engine.data_world, self.sampler.per_epoch
+        )
+        self.progress.update(engine.steps_per_call)
+        return lr
+
+    # ----- reporting -------------------------------------------------------------------
+    def _new_window(self) -> None:
+        self.window, self.window_start, self.window_samples = MetricSums(), time.perf_counter(), 0
+
+    def _log_window(self, lr: float) -> None:
+        totals = self.engine.reduce(self.window)
+        seconds = time.perf_counter() - self.window_start
+        record = {
+            "step": self.state.step,
+            "samples": self.state.samples,
+            "epoch": self.state.position.epoch,
+            "lr": lr,
+            **summarize(totals),
+            "sequences_per_second": self.window_samples / seconds,
+            "tokens_per_second": totals["tokens"] / seconds,
+        }
+        self.reporter.log(record)
+        self.progress.set_postfix(
+            loss=f"{record['loss']:.3f}",
+            mlm_acc=f"{record['mlm_accuracy']:.3f}",
+            seq_s=f"{record['sequences_per_second']:.1f}",
+            tok_s=f"{record['tokens_per_second']:.0f}",
+        )
+        self._new_window()
+
+    def _evaluate(self) -> bool:
+        """Evaluate, log; True when the target MLM accuracy is reached."""
+        if self.eval_set is None:
+            return False
+        state = self.state
+        metrics = self.engine.evaluate(*self.eval_set)
+        state.best_eval_accuracy = max(state.best_eval_accuracy, metrics["mlm_accuracy"])
+        self.reporter.log({"step": state.step, "samples": state.samples, **metrics}, "eval")
+        self.reporter.mlperf(
+            "EVAL_ACCURACY", value=metrics["mlm_accuracy"], metadata={"epoch_num": state.samples}
+        )
+        if self.engine.rank == 0:
+            self.progress.write(
+                f"eval at {state.samples} sequences: MLM accuracy {metrics['mlm_accuracy']:.4f} "
+                f"over {metrics['masked_tokens']} masked tokens of {metrics['sequences']} sequences"
+            )
+        return metrics["mlm_accuracy"] >= self.config["eval"]["target_mlm_accuracy"]
+
+    # ----- checkpoints and the end -----------------------------------------------------
+    def _save(self) -> None:
+        """Collective: a checkpoint of this step (rank 0 writes it)."""
+        snapshot = self.engine.snapshot()
+        rng = gather_rng_states()
+        if self.engine.rank == 0:
+            training_state = {
+                **snapshot.engine_state,
+                **self.state.to_checkpoint(),
+                "rng": rng,
+                "config": self.config,
+            }
+            path = ckpt.save_checkpoint(
+                self.checkpoints,
+                self.state.step,
+                snapshot.model,
+                training_state,
+                self.limits["keep_checkpoints"],
+            )
+            log.info("checkpoint %s", path)
+        barrier()
+
+    def _close(self, status: str) -> None:
+        self.progress.close()
+        self.reporter.mlperf("RUN_STOP", metadata={"status": status}, end=True)
+        self.reporter.log(
+            {
+                "step": self.state.step,
+                "samples": self.state.samples,
+                "status": status,
+                "seconds": time.perf_counter() - self.started,
+            },
+            "end",
+        )
+        self.reporter.close()
+
+
+def run_training(
+    config: dict, output: Path, resume: bool = False, engine_class: type[Engine] | None = None
+) -> int:
+    """The whole run on this process with `engine_class` (default: the torch engine).
+    Returns the process exit code."""
+    if engine_class is None:
+        from training.backends.torch_engine import TorchEngine
+
+        engine_class = TorchEngine
+    return Run(config, output, resume, engine_class).train()
