@@ -91,7 +91,10 @@ def run(config: Path, output: Path, *extra, torchrun: int = 0, wait=True):
     else:
         cmd = [sys.executable, "run_pretraining.py"]
     cmd += ["--config", str(config), "--output-dir", str(output), *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    # The repository first, then whatever the caller's PYTHONPATH holds (packages installed
+    # with --target, as on the GPU machine): replacing it would hide them from the run.
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
     if not wait:
         return subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
