@@ -17,7 +17,7 @@ from model.config import ATTENTION_BACKENDS
 SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
         "init_checkpoint": Key(str, None, "Hugging Face BERT folder to fine-tune (asset:model = MiniLM-L6)"),
-        "attention_backend": Key(str, "dense", "block-diagonal attention kernel", ATTENTION_BACKENDS),
+        "attention_backend": Key(str, "varlen", "block-diagonal attention kernel", ATTENTION_BACKENDS),
         "hidden_dropout": Key(float, 0.1, "dropout after attention and FFN", minimum=0, maximum=1),
         "attention_dropout": Key(float, 0.1, "dropout on attention probabilities", minimum=0, maximum=1),
         "classifier_dropout": Key(float, 0.1, "dropout before the classifier", minimum=0, maximum=1),

@@ -40,8 +40,10 @@ class VarlenLayout:
     # flash path
     cu_seqlens: torch.Tensor | None  # int32 [B*(K+1) + 1]: segment starts (sequences, then padding tail)
     # bucket path
-    # (gather index [n, L], key valid [n, L], SDPA key mask [n, 1, 1, L] or None when all valid)
-    buckets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]] | None
+    # (gather index [n, L], key valid [n, L], SDPA key mask [n, 1, 1, L] or None when all
+    # valid, flat positions of the valid slots in [n * L])
+    buckets: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]] | None
+    padding_index: torch.Tensor | None  # int64 [padding tokens]
     order: torch.Tensor | None  # int64 [T]: bucket outputs + padding back to token order
 
 
@@ -63,7 +65,7 @@ def varlen_layout(
         lengths.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.int32))
         segments = torch.cat([lengths[:, 1:], lengths[:, :1]], dim=1).reshape(-1)
         cu = F.pad(torch.cumsum(segments, 0, dtype=torch.int32), (1, 0))
-        return VarlenLayout(b, s, padding, cu, None, None)
+        return VarlenLayout(b, s, padding, cu_seqlens=cu, buckets=None, padding_index=None, order=None)
     return _bucket_layout(ids, padding, slots, granularity or _default_granularity(s))
 
 
@@ -92,12 +94,15 @@ def _bucket_layout(ids: torch.Tensor, padding: torch.Tensor, slots: int, granula
         # Invalid slots read the sequence's first token: any real index will do, they are masked.
         index = flat_start[members, None] + torch.where(valid, offsets[None, :], 0)
         mask = None if bool(valid.all()) else valid[:, None, None, :]
-        buckets.append((index, valid, mask))
+        buckets.append((index, valid, mask, torch.nonzero(valid.reshape(-1)).squeeze(1)))
         placed.append(index[valid])
-    placed.append(torch.nonzero(padding).squeeze(1))
+    padding_index = torch.nonzero(padding).squeeze(1)
+    placed.append(padding_index)
     order = torch.empty(b * s, dtype=torch.int64, device=ids.device)
     order[torch.cat(placed)] = torch.arange(b * s, device=ids.device)
-    return VarlenLayout(b, s, padding, None, buckets, order)
+    return VarlenLayout(
+        b, s, padding, cu_seqlens=None, buckets=buckets, padding_index=padding_index, order=order
+    )
 
 
 def varlen_attention(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
@@ -124,14 +129,20 @@ def _flash(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
 
 
 def _buckets(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
+    # index_select everywhere, not advanced indexing: its backward (index_add_) is much
+    # cheaper on CPU than advanced indexing's accumulate-scatter.
+    heads, d = q.shape[1], q.shape[2]
     outputs = []
-    for index, valid, mask in layout.buckets:
+    for index, _, mask, valid_flat in layout.buckets:
+        n, width = index.shape
+        flat = index.reshape(-1)
         # [n, L, heads, d] -> [n, heads, L, d]
-        qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))
+        qb, kb, vb = (x.index_select(0, flat).view(n, width, heads, d).transpose(1, 2) for x in (q, k, v))
         out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout)
-        outputs.append(out.transpose(1, 2)[valid])  # [tokens of the bucket, heads, d]
-    outputs.append(v[layout.padding])  # padding rows: replaced by `v` in varlen_attention anyway
-    return torch.cat(outputs)[layout.order]
+        out = out.transpose(1, 2).reshape(n * width, heads, d)
+        outputs.append(out.index_select(0, valid_flat))  # [tokens of the bucket, heads, d]
+    outputs.append(v.index_select(0, layout.padding_index))  # replaced by `v` in varlen_attention anyway
+    return torch.cat(outputs).index_select(0, layout.order)
 
 
 def flash_available(device: torch.device, dtype: torch.dtype) -> bool:

@@ -127,9 +127,9 @@ def test_bucket_layout_puts_every_token_back_once():
     ids = pack_ids([[30, 2, 17], [64], [1, 1, 1, 60], []], 64)
     layout = varlen_layout(ids, slots=4, flash=False, granularity=16)
     assert sorted(layout.order.tolist()) == list(range(ids.numel()))
-    covered = torch.cat([index[valid] for index, valid, _ in layout.buckets])
+    covered = torch.cat([index[valid] for index, valid, _, _ in layout.buckets])
     assert sorted(covered.tolist()) == torch.nonzero(ids.reshape(-1)).squeeze(1).tolist()
-    for index, valid, _ in layout.buckets:  # a bucket holds sequences of similar length
+    for index, valid, _, _ in layout.buckets:  # a bucket holds sequences of similar length
         assert index.shape[1] % 16 == 0 or index.shape[1] == 64
         assert (valid.sum(1) > index.shape[1] - 16).all()
 

@@ -26,7 +26,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "init_checkpoint": Key(
             str, None, "Hugging Face BERT folder to start from (phase 2 starts from phase 1)", optional=True
         ),
-        "attention_backend": Key(str, "sdpa", "block-diagonal attention kernel", ATTENTION_BACKENDS),
+        "attention_backend": Key(str, "varlen", "block-diagonal attention kernel", ATTENTION_BACKENDS),
         "mlm_loss_mode": Key(str, "per_token", "MLM loss normalisation", MLM_LOSS_MODES),
         "recompute_layers": Key(bool, False, "activation checkpointing of every encoder layer"),
         "hidden_dropout": Key(float, 0.1, "dropout after attention and FFN", minimum=0, maximum=1),
