@@ -144,6 +144,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "progress": Key(bool, True, "tqdm progress bar"),
         "tensorboard": Key(bool, True, "TensorBoard event files in OUTPUT/tensorboard"),
         "mlperf": Key(bool, True, "MLPerf log lines (mlperf-logging) in OUTPUT/mlperf.log"),
+        "submission_org": Key(str, "unknown", "MLPerf log: submitting organisation"),
+        "submission_division": Key(str, "closed", "MLPerf log: division", ("closed", "open")),
+        "submission_status": Key(
+            str, "research", "MLPerf log: system status", ("onprem", "cloud", "preview", "research")
+        ),
+        "submission_platform": Key(
+            str, None, "MLPerf log: platform; null = '<replicas>x<device name>'", optional=True
+        ),
     },
 }
 

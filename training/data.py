@@ -131,7 +131,8 @@ def eval_batches(dataset: PackedDataset, micro_batch: int, max_sequences: int, r
     """The first packs (file order) holding at most max_sequences sequences, split over replicas.
 
     Deterministic and identical for every evaluation; replica r takes micro-batches r, r+W, ...
-    Returns (the shards, this replica's micro-batches as lists of pack indices)."""
+    Returns (the shards, this replica's micro-batches as lists of pack indices, the
+    sequences all replicas evaluate together)."""
     import h5py
 
     shards = PackedShards(dataset)
@@ -144,7 +145,7 @@ def eval_batches(dataset: PackedDataset, micro_batch: int, max_sequences: int, r
     packs = int(np.searchsorted(cumulative, max_sequences, side="right"))
     packs = max(packs, 1)
     batches = [list(range(a, min(packs, a + micro_batch))) for a in range(0, packs, micro_batch)]
-    return shards, batches[rank::world]
+    return shards, batches[rank::world], int(cumulative[packs - 1])
 
 
 def pad_micro_batch(batch: dict, rows: int) -> dict:

@@ -7,12 +7,12 @@ all-reduced before they are divided, so accumulation and replicas never average 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import torch
 
 from training.distributed import all_reduce_host
+from training.mlperf_log import MlperfLog
 from training.step import loss_scales, micro_batch_loss
 
 SUM_KEYS = ("mlm_loss_sum", "mlm_count", "mlm_correct", "nsp_loss_sum", "nsp_count", "nsp_correct", "tokens")
@@ -60,13 +60,13 @@ def summarize(totals: dict) -> dict:
 
 
 class Reporter:
-    """metrics.jsonl + TensorBoard + MLPerf log on rank 0; silent elsewhere."""
+    """metrics.jsonl + TensorBoard + MLPerf log (`mlperf`, training.mlperf_log) on rank 0; silent elsewhere."""
 
     def __init__(self, output: Path, config: dict, rank: int):
         self.enabled = rank == 0
         self.output = output
         self.tb = None
-        self.mllogger = None
+        self.mlperf = MlperfLog(None)  # silent unless rank 0 with logging.mlperf
         if not self.enabled:
             return
         self.metrics = open(output / "metrics.jsonl", "a", buffering=1)
@@ -74,24 +74,7 @@ class Reporter:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb = SummaryWriter(str(output / "tensorboard"))
-        if config["logging"]["mlperf"]:
-            from mlperf_logging import mllog
-
-            mllog.config(filename=str(output / "mlperf.log"))
-            self.mllog = mllog
-            self.mllogger = mllog.get_mllogger()
-            logging.getLogger("mllog").propagate = False
-
-    def mlperf(self, key: str, value=None, metadata=None, end: bool = False) -> None:
-        if self.mllogger is None:
-            return
-        constant = getattr(self.mllog.constants, key)
-        if end:
-            self.mllogger.end(key=constant, value=value, metadata=metadata)
-        elif key.endswith("_START"):
-            self.mllogger.start(key=constant, value=value, metadata=metadata)
-        else:
-            self.mllogger.event(key=constant, value=value, metadata=metadata)
+        self.mlperf = MlperfLog(output / "mlperf.log" if config["logging"]["mlperf"] else None)
 
     def log(self, record: dict, prefix: str = "train") -> None:
         if not self.enabled:

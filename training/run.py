@@ -152,6 +152,9 @@ class Run:
         )
         self.engine = engine = engine_class(config)
         prepare_output(output, config, resume, engine.rank)
+        # MLPerf's init phase starts at the model build; its lines are written once every
+        # check has passed (no log file for a run that is refused).
+        init_started_ms = time.time() * 1000
         self.model = build_model(config, self.limits["seed"])
         check_model_fits_data(self.model, train_data)
         self.checkpoints = output / "checkpoints"
@@ -183,7 +186,7 @@ class Run:
         self.eval_schedule = EvalSchedule(int(every))
         if self.state.next_eval_samples == 0:
             self.state.next_eval_samples = self.eval_schedule.first()
-        self.eval_set = (
+        eval_set = (
             eval_batches(
                 eval_data,
                 self.batch.micro_batch_packs,
@@ -194,7 +197,16 @@ class Run:
             if eval_data
             else None
         )
+        self.eval_set = eval_set[:2] if eval_set else None  # (shards, this replica's batches)
         self.reporter = Reporter(output, config, engine.rank)
+        self.reporter.mlperf.init(
+            config,
+            platform_name(config, engine),
+            init_started_ms,
+            self.batch,
+            train_samples=train_data.sequences,
+            eval_samples=eval_set[2] if eval_set else 0,
+        )
         self.stop = StopSignal()
         self.progress = tqdm(
             total=self.limits["max_steps"],
@@ -211,8 +223,7 @@ class Run:
         if engine.rank == 0:
             log.info(self.batch.adjusted.describe())
             log.info("%s; eval every %d sequences", self.batch.describe(), self.eval_schedule.every_samples)
-            self.reporter.mlperf("RUN_START")
-            self.reporter.mlperf("GLOBAL_BATCH_SIZE", value=self.batch.sequences_per_step)
+        self.reporter.mlperf.run_start(state.samples)
         status, exit_code, self.started = "aborted", 0, time.perf_counter()
         self._new_window()
         try:
@@ -227,6 +238,7 @@ class Run:
                     if self._evaluate() and config["eval"]["stop_at_target"]:
                         state.reached_target, status = True, "success"
                         break
+                    self.reporter.mlperf.block_start(state.samples)
                 every = self.limits["checkpoint_every_steps"]
                 if every and state.step % every < engine.steps_per_call:
                     self._save()
@@ -310,9 +322,7 @@ class Run:
         metrics = self.engine.evaluate(*self.eval_set)
         state.best_eval_accuracy = max(state.best_eval_accuracy, metrics["mlm_accuracy"])
         self.reporter.log({"step": state.step, "samples": state.samples, **metrics}, "eval")
-        self.reporter.mlperf(
-            "EVAL_ACCURACY", value=metrics["mlm_accuracy"], metadata={"epoch_num": state.samples}
-        )
+        self.reporter.mlperf.evaluation(state.samples, metrics["mlm_accuracy"])
         if self.engine.rank == 0:
             self.progress.write(
                 f"eval at {state.samples} sequences: MLM accuracy {metrics['mlm_accuracy']:.4f} "
@@ -344,7 +354,7 @@ class Run:
 
     def _close(self, status: str) -> None:
         self.progress.close()
-        self.reporter.mlperf("RUN_STOP", metadata={"status": status}, end=True)
+        self.reporter.mlperf.run_stop(self.state.samples, status)
         self.reporter.log(
             {
                 "step": self.state.step,
@@ -355,6 +365,16 @@ class Run:
             "end",
         )
         self.reporter.close()
+
+
+def platform_name(config: dict, engine) -> str:
+    """'<processes>x<device>' for the MLPerf log's submission_platform default."""
+    device = config["execution"]["device"]
+    if device == "cuda":
+        import torch
+
+        device = torch.cuda.get_device_name().replace(" ", "_")
+    return f"{engine.data_world}x{device}"
 
 
 def run_training(
