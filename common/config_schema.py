@@ -100,6 +100,12 @@ def _check_value(path: str, key: Key, value):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{path}: expected an integer, got {value!r}")
     elif key.kind is float:
+        if isinstance(value, str):
+            # YAML 1.1 (PyYAML) reads 1e-3 and 2E5 (no dot) as strings; users write them so.
+            try:
+                value = float(value.strip())
+            except ValueError:
+                raise ConfigError(f"{path}: expected a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         value = float(value)

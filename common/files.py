@@ -26,16 +26,22 @@ def atomic_path(path):
 
 @contextlib.contextmanager
 def atomic_folder(path):
-    """Yield a new temporary folder beside `path`; on success it replaces `path` (an older
-    folder of that name is removed), on failure it is deleted and `path` is untouched."""
+    """Yield a new temporary folder beside `path`; on success it replaces `path`, on failure
+    it is deleted and `path` is untouched. An older folder of that name is first renamed
+    aside, the new one renamed in, and only then the old one removed: at every instant one
+    complete folder exists under its own or an aside name (`.NAME.old-*`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    aside = None
     try:
         yield tmp
         if path.exists():
-            shutil.rmtree(path)
+            aside = path.with_name(f".{path.name}.old-{os.getpid()}")
+            os.replace(path, aside)
         os.replace(tmp, path)
+        if aside is not None:
+            shutil.rmtree(aside, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

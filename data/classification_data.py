@@ -126,12 +126,13 @@ def read_jsonl(
 
 # ----- labels -----------------------------------------------------------------------------
 def label_names_of(examples: Examples) -> list[str]:
-    """Sorted distinct label names (strings) found in the examples."""
-    names = set()
-    for label in examples.labels:
-        for item in label if isinstance(label, list) else [label]:
-            names.add(str(item))
-    return sorted(names)
+    """The class names of the examples. Integer labels are class indices (encode_labels),
+    so their names are "0" .. str(largest) in numeric order (sorting them as strings would
+    put "10" before "2" and name class 2 "10"); other labels: sorted distinct names."""
+    items = [item for label in examples.labels for item in (label if isinstance(label, list) else [label])]
+    if items and all(isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in items):
+        return [str(i) for i in range(max(items) + 1)]
+    return sorted({str(item) for item in items})
 
 
 def encode_labels(examples: Examples, label_names: list[str], multi_label: bool) -> np.ndarray:

@@ -49,6 +49,15 @@ def main(argv=None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda: torch sees no GPU on this machine", file=sys.stderr)
         return 2
+    for name in ("batch_size", "max_sequences_per_pack", "pack_length"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"error: --{name.replace('_', '-')} must be >= 1, got {value}", file=sys.stderr)
+            return 2
+    summary_path = args.output.with_suffix(".summary.json")
+    if args.input.resolve() in (args.output.resolve(), summary_path.resolve()):
+        print(f"error: --output {args.output} would overwrite --input {args.input}", file=sys.stderr)
+        return 2
     try:
         model, info, tokenizer, vocab = load_finetuned(args.model)
         fields = info["fields"]
@@ -76,7 +85,7 @@ def main(argv=None) -> int:
     report = {"batching": args.batching, **timing, "truncated": data.truncated}
     if has_labels:
         report.update(score(logits, labels, info["multi_label"]))
-    write_json_atomic(args.output.with_suffix(".summary.json"), report)
+    write_json_atomic(summary_path, report)
     print(json.dumps(report, indent=1))
     return 0
 

@@ -211,6 +211,11 @@ def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float) -> d
     model.train()
     out = model(**to_device(batch, next(model.parameters()).device))
     out["loss"].backward()
+    if not bool(torch.isfinite(out["loss"])):
+        optimizer.zero_grad(set_to_none=True)
+        raise FinetuneError(
+            f"non-finite training loss ({float(out['loss'].detach())}): the run diverged (lower optim.lr?)"
+        )
     if max_grad_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
@@ -260,7 +265,10 @@ def run_finetune(config: dict, output: Path) -> dict:
             for table in bar:
                 start = time.perf_counter()
                 batch = collate(task.train, table, batcher.width(table))
-                step = finetune_step(model, batch, optimizer, scheduler, config["optim"]["max_grad_norm"])
+                try:
+                    step = finetune_step(model, batch, optimizer, scheduler, config["optim"]["max_grad_norm"])
+                except FinetuneError as err:
+                    raise FinetuneError(f"epoch {epoch}, step {steps + 1}: {err}") from None
                 train_seconds += time.perf_counter() - start
                 steps += 1
                 train_examples += int(step["count"])

@@ -215,7 +215,14 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
     """Run (or resume, or confirm) a pack job. Returns the metadata written."""
     started = time.perf_counter()
     output = Path(job.output)
-    limits = Limits(job.max_sequence_length, job.max_predictions_per_seq, job.vocab_size)
+    # Without --vocab-size tokens are stored as uint16: an id past it must be refused, not
+    # wrapped (70000 would be stored as 4464).
+    limits = Limits(
+        job.max_sequence_length,
+        job.max_predictions_per_seq,
+        job.vocab_size or 1 << 16,
+        "" if job.vocab_size else " (ids are stored as uint16 without --vocab-size: pass --vocab-size)",
+    )
     sources = [open_source(path) for path in job.inputs]
     for source in sources:
         check_source_shape(source, limits)

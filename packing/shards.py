@@ -188,14 +188,45 @@ class PackedDataset:
         for key in ("S", "K", "M", "sequences", "packs", "shards"):
             if key not in metadata:
                 raise PackingInputError(f"{meta_path}: field '{key}' is missing")
-        for shard in metadata["shards"]:
-            if not (folder / shard["name"]).is_file():
-                raise PackingInputError(f"{folder / shard['name']} is listed in {METADATA} but missing")
+        check_shard_records(folder, metadata)
         return cls(folder, metadata)
 
     @property
     def shards(self) -> list[dict]:
         return self.metadata["shards"]
+
+    def check_contents(self, sha256: bool) -> None:
+        """Every shard's rows and field widths against metadata.json (opening each file),
+        and with `sha256` its digest (reading every byte). PackingInputError naming the
+        shard and what differs."""
+        import h5py
+
+        from common.files import sha256_file
+
+        widths = {"S": self.metadata["S"], "K": self.metadata["K"], "M": self.metadata["M"]}
+        for record in self.shards:
+            path = self.folder / record["name"]
+            try:
+                with h5py.File(path, "r") as f:
+                    for name, (dim, _) in PACKED_FIELDS.items():
+                        if name not in f:
+                            raise PackingInputError(f"{path}: field '{name}' is missing")
+                        shape = f[name].shape
+                        if shape[0] != record["packs"]:
+                            raise PackingInputError(
+                                f"{path}: '{name}' has {shape[0]} rows, {METADATA} says {record['packs']} packs"
+                            )
+                        width = widths[dim]
+                        if len(shape) != 2 or shape[1] != width:
+                            raise PackingInputError(
+                                f"{path}: '{name}' has shape {shape}, expected [packs, {width}] from {METADATA}"
+                            )
+            except OSError as err:
+                raise PackingInputError(f"{path}: not a readable HDF5 shard ({err})") from None
+            if sha256 and sha256_file(path) != record.get("sha256"):
+                raise PackingInputError(
+                    f"{path}: sha256 differs from {METADATA} (the file changed after packing)"
+                )
 
     @property
     def packs(self) -> int:
@@ -231,3 +262,44 @@ class PackedDataset:
                     f.close()
         except (OSError, KeyError) as err:
             raise PackingInputError(f"{path}: packs {start}..{stop - 1} cannot be read ({err})") from None
+
+
+def check_shard_records(folder: Path, metadata: dict) -> None:
+    """metadata.json's shard list, checked without reading shard contents: every name a
+    plain file name inside the folder, every file present at its recorded size, and the
+    totals (packs, sequences, packing factor) equal to what the shard records add up to.
+    Counts are derived and compared, never trusted."""
+    meta_path = folder / METADATA
+    packs = sequences = 0
+    for i, record in enumerate(metadata["shards"]):
+        name = record.get("name") if isinstance(record, dict) else None
+        if not isinstance(name, str) or name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            raise PackingInputError(
+                f"{meta_path}: shards[{i}].name {name!r} must be a plain file name inside {folder}"
+            )
+        path = folder / name
+        if not path.is_file():
+            raise PackingInputError(f"{path} is listed in {METADATA} but missing")
+        for key in ("packs", "sequences", "bytes"):
+            if not isinstance(record.get(key), int) or record[key] < 0:
+                raise PackingInputError(f"{meta_path}: shards[{i}].{key} must be an integer >= 0")
+        if path.stat().st_size != record["bytes"]:
+            raise PackingInputError(
+                f"{path}: {path.stat().st_size} bytes, {METADATA} says {record['bytes']} (truncated or replaced)"
+            )
+        packs += record["packs"]
+        sequences += record["sequences"]
+    if metadata["packs"] != packs or metadata["sequences"] != sequences:
+        raise PackingInputError(
+            f"{meta_path}: packs {metadata['packs']} / sequences {metadata['sequences']}, but the shards "
+            f"hold {packs} / {sequences}"
+        )
+    factor = metadata.get("packing_factor")
+    if (
+        packs
+        and isinstance(factor, int | float)
+        and abs(factor - sequences / packs) > 1e-9 * max(1.0, factor)
+    ):
+        raise PackingInputError(
+            f"{meta_path}: packing_factor {factor}, but the shards hold {sequences} sequences in {packs} packs"
+        )

@@ -237,6 +237,7 @@ class Limits:
     max_sequence_length: int
     max_predictions_per_seq: int
     vocab_size: int | None = None
+    vocab_note: str = ""  # said after a token-id complaint (where the bound comes from)
 
 
 def check_source_shape(source, limits: Limits) -> None:
@@ -277,7 +278,9 @@ def validate_rows(rows: dict, limits: Limits, path, row0: int):
         flag(
             "input_ids",
             ((ids >= limits.vocab_size) & inside).any(axis=1),
-            lambda r: f"holds token id {int(ids[r].max())}, outside the vocabulary of {limits.vocab_size}",
+            lambda r: (
+                f"holds token id {int(ids[r].max())}, outside the vocabulary of {limits.vocab_size}{limits.vocab_note}"
+            ),
         )
     segments = rows["segment_ids"]
     flag(
@@ -314,7 +317,9 @@ def validate_rows(rows: dict, limits: Limits, path, row0: int):
         flag(
             "masked_lm_ids",
             (labels >= limits.vocab_size).any(axis=1),
-            lambda r: f"holds token id {int(labels[r].max())}, outside the vocabulary of {limits.vocab_size}",
+            lambda r: (
+                f"holds token id {int(labels[r].max())}, outside the vocabulary of {limits.vocab_size}{limits.vocab_note}"
+            ),
         )
     nsp = rows["next_sentence_labels"]
     flag("next_sentence_labels", (nsp != 0) & (nsp != 1), lambda r: f"is {int(nsp[r])}, expected 0 or 1")

@@ -359,3 +359,21 @@ def test_assignment_uses_every_sequence_once_in_matching_slots(counts, algorithm
     fill = np.where(table >= 0, lengths_with_skips[np.maximum(table, 0)], 0).sum(axis=1)
     assert fill.max() <= len(counts) and (table[:, 0] >= 0).all()
     assert np.array_equal(table, assign_sequences(plan, lengths_with_skips, seed, k))
+
+
+def test_token_ids_past_uint16_are_refused_without_vocab_size(tmp_path, capsys):
+    """Issue 22, D12: without --vocab-size, an id >= 65,536 used to be stored wrapped
+    (70000 as 4464); now the row is refused, naming the flag, and nothing is written."""
+    from data.synthetic import synthetic_rows
+    from data.unpacked_hdf5 import write_unpacked_shard
+
+    rng = np.random.default_rng(0)
+    rows = synthetic_rows(rng.integers(8, S + 1, size=20), S, P, rng, vocab_size=5000)
+    rows["input_ids"][3, 1] = 70000
+    (tmp_path / "in").mkdir()
+    write_unpacked_shard(tmp_path / "in" / "part-00000.h5", rows, vocab_size=100000)
+    assert run_cli(*pack_args(tmp_path / "in", tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert "70000" in err and "--vocab-size" in err and "row 3" in err, err
+    assert not (tmp_path / "out" / "metadata.json").exists()
+    assert run_cli(*pack_args(tmp_path / "in", tmp_path / "wide", "--vocab-size", 100000)) == 0

@@ -256,3 +256,30 @@ def test_bbc_demo_config_runs_on_the_real_model(tmp_path):
     assert len((out / "validation_predictions.jsonl").read_text().splitlines()) == 445
     info = json.loads((out / "model" / "finetune.json").read_text())
     assert info["labels"] == ["business", "entertainment", "politics", "sports", "tech"]
+
+
+def test_diverging_finetune_stops_at_the_step_with_one_line(tmp_path, checkpoint, capsys):
+    """Issue 22, D1: a learning rate that blows the loss up stops the run at the first
+    non-finite loss, naming the epoch and step (it used to die later in scikit-learn)."""
+    config = write_config(
+        tmp_path, checkpoint, optim={"lr": 1e6, "max_grad_norm": 0.0}, training={"epochs": 3}
+    )
+    err = run_expecting_error(tmp_path, config, capsys)
+    assert "non-finite training loss" in err and "step" in err and "epoch" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_predict_refuses_to_overwrite_its_input_and_bad_sizes(tmp_path, checkpoint, capsys):
+    """Issue 22, D18 and D13: --output equal to --input, and --batch-size 0, exit 2 with
+    one line; the input is untouched."""
+    config = write_config(tmp_path, checkpoint, training={"epochs": 1})
+    assert finetune.main(["--config", str(config), "--output-dir", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    texts = write_jsonl(tmp_path / "texts.jsonl", 5, 3, labels=False)
+    before = texts.read_text()
+    model = str(tmp_path / "run" / "model")
+    assert predict.main(["--model", model, "--input", str(texts), "--output", str(texts)]) == 2
+    assert "would overwrite --input" in capsys.readouterr().err and texts.read_text() == before
+    out = str(tmp_path / "p.jsonl")
+    assert predict.main(["--model", model, "--input", str(texts), "--output", out, "--batch-size", "0"]) == 2
+    assert "--batch-size must be >= 1" in capsys.readouterr().err

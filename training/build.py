@@ -39,6 +39,10 @@ def open_packed(folder, config: dict, role: str) -> PackedDataset:
         )
     if dataset.packs < 1:
         raise RunError(f"data.{role}_dir {folder}: holds no pack")
+    try:  # before any compute: a truncated, edited or bit-flipped shard is refused here
+        dataset.check_contents(sha256=config["data"]["check_sha256"])
+    except PackingInputError as err:
+        raise RunError(f"data.{role}_dir: {err}") from None
     return dataset
 
 

@@ -33,9 +33,18 @@ class CheckpointError(RuntimeError):
 
 
 def rng_state() -> dict:
+    """Every RNG's state, in types `torch.load(weights_only=True)` accepts (numpy's key
+    array travels as a tensor)."""
+    name, keys, position, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (
+            name,
+            torch.from_numpy(keys.astype(np.int64)),
+            int(position),
+            int(has_gauss),
+            float(cached),
+        ),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -45,7 +54,10 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state(
+        (name, np.asarray(keys, dtype=np.int64).astype(np.uint32), position, has_gauss, cached)
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -68,6 +80,23 @@ def save_checkpoint(folder: Path, step: int, model, training_state: dict, keep: 
     for old in list_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def remove_leftovers(folder: Path) -> list[Path]:
+    """Clean up after a crash mid-save: a checkpoint renamed aside (`.step-N.old-*`, see
+    common.files.atomic_folder) whose replacement never arrived is renamed back; every
+    other `.step-*` folder is a half-written temporary and is removed. Returns those."""
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("." + PREFIX)):
+        name = path.name[1:].split(".")[0]
+        if ".old-" in path.name and not (folder / name).exists():
+            path.rename(folder / name)
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def list_checkpoints(folder: Path) -> list[Path]:
@@ -105,4 +134,14 @@ def latest_valid_checkpoint(folder: Path) -> Path | None:
 
 
 def load_training_state(path: Path) -> dict:
-    return torch.load(path / "training_state.pt", map_location="cpu", weights_only=False)
+    """The optimizer, run and RNG state of a checkpoint. Loaded with weights_only=True:
+    a checkpoint may come from anyone, and unpickling arbitrary objects runs their code
+    (the sha256 manifest beside the file proves integrity, not origin)."""
+    file = path / "training_state.pt"
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle.UnpicklingError for forbidden objects, and corrupt files
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(
+            f"{file}: refused: it holds something other than tensors and plain values ({first[:200]})"
+        ) from None

@@ -37,6 +37,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "train_dir": Key(str, None, "packed training data (metadata.json + part-*.h5)"),
         "eval_dir": Key(str, None, "packed evaluation data; null = no evaluation", optional=True),
         "micro_batch_packs": Key(int, 8, "packs per replica per forward pass", minimum=1),
+        "check_sha256": Key(
+            bool,
+            True,
+            "check every shard's sha256 against metadata.json before training (reads the data once)",
+        ),
         "loader_workers": Key(int, 2, "DataLoader worker processes per replica", minimum=0),
         "shuffle_seed": Key(int, 12345, "seed of the per-epoch pack order", minimum=0),
         "max_sequences_per_pack": Key(
@@ -69,6 +74,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
     },
     "training": {
+        "on_nonfinite": Key(
+            str,
+            "stop",
+            "a step with a non-finite loss or gradient norm: stop the run, or skip the step",
+            ("stop", "skip"),
+        ),
+        "max_skipped_steps": Key(
+            int, 10, "with on_nonfinite skip: stop after this many skipped steps", minimum=0
+        ),
         "max_steps": Key(int, 100, "optimizer steps to run (the budget)", minimum=1),
         "max_samples": Key(
             float, None, "stop after this many sequences; null = no limit", optional=True, minimum=1

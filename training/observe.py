@@ -7,6 +7,7 @@ all-reduced before they are divided, so accumulation and replicas never average 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -79,7 +80,9 @@ class Reporter:
     def log(self, record: dict, prefix: str = "train") -> None:
         if not self.enabled:
             return
-        self.metrics.write(json.dumps({"kind": prefix, **record}) + "\n")
+        # Strict JSON: a non-finite figure is written as null, never as a bare NaN.
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self.metrics.write(json.dumps({"kind": prefix, **clean}, allow_nan=False) + "\n")
         if self.tb is not None:
             for key, value in record.items():
                 if isinstance(value, int | float) and key not in ("step", "samples"):

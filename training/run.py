@@ -13,12 +13,16 @@ the step's GLOBAL masked-token and sequence counts -> backward -> LAMB step.
 
 from __future__ import annotations
 
+import json
 import logging
+import math
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 import yaml
 from tqdm import tqdm
 
@@ -38,9 +42,11 @@ from training.data import LoaderPosition, PackedShards, ReplicaSampler, advance,
 from training.distributed import any_process, barrier, gather_rng_states
 from training.errors import RunError
 from training.observe import MetricSums, Reporter, summarize
+from training.step import NonFiniteStep
 
 log = logging.getLogger("training")
 EXIT_INTERRUPTED = 143
+EXIT_DIVERGED = 3  # a non-finite loss, gradient norm or weight: no checkpoint written
 
 
 @dataclass
@@ -93,6 +99,11 @@ class EvalSchedule:
         while next_at <= state.samples:
             next_at += self.every_samples
         return next_at
+
+
+class Diverged(RuntimeError):
+    """The run stops on a non-finite step or weights (training.on_nonfinite); the message
+    names the step. No checkpoint is written for it."""
 
 
 class StopSignal:
@@ -158,8 +169,19 @@ class Run:
         self.model = build_model(config, self.limits["seed"])
         check_model_fits_data(self.model, train_data)
         self.checkpoints = output / "checkpoints"
+        if engine.rank == 0:
+            for leftover in ckpt.remove_leftovers(self.checkpoints):
+                log.warning("removed %s, a checkpoint a crash left half-written", leftover)
         restored = ckpt.latest_valid_checkpoint(self.checkpoints) if resume else None
-        saved = ckpt.load_training_state(restored) if restored is not None else None
+        if resume and restored is None:
+            raise RunError(
+                f"--resume: {self.checkpoints} holds no intact checkpoint to resume from; to start "
+                f"over, run without --resume in a new --output-dir (or delete {output})"
+            )
+        try:
+            saved = ckpt.load_training_state(restored) if restored is not None else None
+        except ckpt.CheckpointError as err:
+            raise RunError(f"--resume: {err}") from None
         if saved is not None:
             weights = PackedBertForPreTraining.from_pretrained(restored / "model").state_dict()
             self.model.load_state_dict(weights)
@@ -169,6 +191,8 @@ class Run:
         if saved is not None:
             engine.load_state(saved)
             self.state = RunState.from_checkpoint(saved)
+            if engine.rank == 0:  # lines logged after the checkpoint are trained again
+                forget_metrics_after(output / "metrics.jsonl", self.state.step)
             rng = saved["rng"]
             ckpt.set_rng_state(rng[engine.rank] if engine.rank < len(rng) else rng[0])
 
@@ -208,6 +232,8 @@ class Run:
             eval_samples=eval_set[2] if eval_set else 0,
         )
         self.stop = StopSignal()
+        self.skipped_steps = 0
+        self.saved_step = self.state.step if saved is not None else None
         self.progress = tqdm(
             total=self.limits["max_steps"],
             initial=self.state.step,
@@ -227,37 +253,53 @@ class Run:
         status, exit_code, self.started = "aborted", 0, time.perf_counter()
         self._new_window()
         try:
-            while not self._limit_reached():
-                lr = self._train_call()
-                if state.step % self.limits["log_every_steps"] < engine.steps_per_call or (
-                    state.step >= self.limits["max_steps"]
+            try:
+                while not self._limit_reached():
+                    lr = self._train_call()
+                    if state.step % self.limits["log_every_steps"] < engine.steps_per_call or (
+                        state.step >= self.limits["max_steps"]
+                    ):
+                        self._log_window(lr)
+                    if self.eval_schedule.due(state):
+                        state.next_eval_samples = self.eval_schedule.following(state)
+                        if self._evaluate() and config["eval"]["stop_at_target"]:
+                            state.reached_target, status = True, "success"
+                            break
+                        self.reporter.mlperf.block_start(state.samples)
+                    every = self.limits["checkpoint_every_steps"]
+                    if every and state.step % every < engine.steps_per_call:
+                        self._save()
+                    if self.stop.agreed():
+                        log.warning("stop requested (signal): checkpointing at step %d", state.step)
+                        exit_code = EXIT_INTERRUPTED
+                        break
+                if (
+                    exit_code == 0
+                    and not state.reached_target
+                    and config["eval"]["at_end"]
+                    and self.eval_set is not None
                 ):
-                    self._log_window(lr)
-                if self.eval_schedule.due(state):
-                    state.next_eval_samples = self.eval_schedule.following(state)
                     if self._evaluate() and config["eval"]["stop_at_target"]:
                         state.reached_target, status = True, "success"
-                        break
-                    self.reporter.mlperf.block_start(state.samples)
-                every = self.limits["checkpoint_every_steps"]
-                if every and state.step % every < engine.steps_per_call:
+                if self.saved_step != state.step:  # not twice for the same step
                     self._save()
-                if self.stop.agreed():
-                    log.warning("stop requested (signal): checkpointing at step %d", state.step)
-                    exit_code = EXIT_INTERRUPTED
-                    break
-            if (
-                exit_code == 0
-                and not state.reached_target
-                and config["eval"]["at_end"]
-                and self.eval_set is not None
-            ):
-                if self._evaluate() and config["eval"]["stop_at_target"]:
-                    state.reached_target, status = True, "success"
-            self._save()
+            except Diverged as err:
+                print(f"error: {err}", file=sys.stderr)
+                exit_code = EXIT_DIVERGED
         finally:
             self._close(status)
         return exit_code
+
+    def _nonfinite(self, what: str) -> None:
+        """A step the engine refused (non-finite loss or gradient norm; weights untouched):
+        skip it while training.on_nonfinite allows, else stop (Diverged)."""
+        self.skipped_steps += 1
+        policy, allowed = self.limits["on_nonfinite"], self.limits["max_skipped_steps"]
+        if policy == "skip" and self.skipped_steps <= allowed:
+            log.warning("%s: step skipped (%d of at most %d)", what, self.skipped_steps, allowed)
+            return
+        reason = "training.on_nonfinite is stop" if policy == "stop" else f"more than {allowed} skipped steps"
+        raise Diverged(f"{what}; stopping ({reason}); the newest checkpoint is the last good one")
 
     def _limit_reached(self) -> bool:
         state, limits = self.state, self.limits
@@ -278,7 +320,11 @@ class Run:
             for batch in micro_batches:
                 validate_batch(batch, self.model.config.vocab_size, self.model.config.max_position_embeddings)
         lr = self.schedule(state.samples)
-        counts = engine.train(micro_batches, lr, self.window)
+        try:
+            counts = engine.train(micro_batches, lr, self.window)
+        except NonFiniteStep as err:
+            self._nonfinite(f"step {state.step + 1}: non-finite {err}")
+            counts = torch.zeros(2)  # a skipped step: its data is consumed, nothing learned
         sequences = int(counts[1].item())
         state.step += engine.steps_per_call
         state.samples += sequences
@@ -295,6 +341,8 @@ class Run:
 
     def _log_window(self, lr: float) -> None:
         totals = self.engine.reduce(self.window)
+        if not math.isfinite(summarize(totals)["loss"]):  # engines that cannot check per step
+            raise Diverged(f"step {self.state.step}: non-finite loss in the last logging window")
         seconds = time.perf_counter() - self.window_start
         record = {
             "step": self.state.step,
@@ -332,7 +380,10 @@ class Run:
 
     # ----- checkpoints and the end -----------------------------------------------------
     def _save(self) -> None:
-        """Collective: a checkpoint of this step (rank 0 writes it)."""
+        """Collective: a checkpoint of this step (rank 0 writes it). Never of non-finite weights."""
+        bad = not all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+        if any_process(bad):
+            raise Diverged(f"step {self.state.step}: non-finite weights; refusing to checkpoint them")
         snapshot = self.engine.snapshot()
         rng = gather_rng_states()
         if self.engine.rank == 0:
@@ -350,6 +401,7 @@ class Run:
                 self.limits["keep_checkpoints"],
             )
             log.info("checkpoint %s", path)
+        self.saved_step = self.state.step
         barrier()
 
     def _close(self, status: str) -> None:
@@ -365,6 +417,15 @@ class Run:
             "end",
         )
         self.reporter.close()
+
+
+def forget_metrics_after(path: Path, step: int) -> None:
+    """Drop metrics.jsonl lines of steps after `step` (a resumed run logs them again)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
+    with atomic_path(path) as tmp:
+        tmp.write_text("".join(line + "\n" for line in kept))
 
 
 def platform_name(config: dict, engine) -> str:

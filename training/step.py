@@ -61,6 +61,28 @@ def micro_batch_loss(mlm_loss_sum, nsp_loss_sum, mlm_scale, nsp_scale):
     return mlm_loss_sum * mlm_scale + nsp_loss_sum * nsp_scale
 
 
+class NonFiniteStep(RuntimeError):
+    """A step whose loss or gradient norm is not finite, detected before the optimizer
+    moved the weights (the run stops or skips it: training.on_nonfinite)."""
+
+
+def check_finite_step(step_loss: torch.Tensor, parameters, check_gradients: bool) -> None:
+    """Raise NonFiniteStep unless the step's summed loss (and, with `check_gradients`,
+    the global gradient norm) is finite. One host sync per step: a diverging run must
+    stop at its first bad step, not after its good checkpoints were rotated out."""
+    values = [step_loss.detach().float().reshape(1)]
+    if check_gradients:
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if grads:
+            values.append(
+                torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float()).reshape(1)
+            )
+    values = torch.cat([v.to(values[0].device) for v in values]).cpu()
+    if not bool(torch.isfinite(values).all()):
+        what = f"loss {values[0].item()}" + (f", gradient norm {values[1].item()}" if len(values) > 1 else "")
+        raise NonFiniteStep(what)
+
+
 # --------------------------------------------------------------------------------------
 # What every step does around the loss
 # --------------------------------------------------------------------------------------

@@ -15,10 +15,12 @@ import torch
 from training.backends.engine import Snapshot
 from training.build import build_lamb
 from training.distributed import setup_replica
-from training.observe import MetricSums, summarize
+from training.observe import SUM_KEYS, MetricSums, summarize
 from training.step import (
     BatchArithmetic,
+    NonFiniteStep,
     autocast_context,
+    check_finite_step,
     loss_scales,
     micro_batch_loss,
     set_learning_rate,
@@ -31,6 +33,8 @@ def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, w
     counts = step_counts(micro_batches, mode, device)
     mlm_scale, nsp_scale = loss_scales(counts)
     loss_key = "mlm_sequence_loss_sum" if mode == "per_sequence" else "mlm_loss_sum"
+    step_loss = torch.zeros((), device=device)
+    pending = []  # metric sums join `sums` only for a step that passes the finiteness check
     for i, host_batch in enumerate(micro_batches):
         batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items()}
         last = i == len(micro_batches) - 1
@@ -41,12 +45,27 @@ def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, w
             # DDP averages gradients over replicas; * world turns that into the global sum.
             loss = micro_batch_loss(out[loss_key], out["nsp_loss_sum"], mlm_scale, nsp_scale) * world
             scaler.scale(loss).backward()
-        sums.add(out, int((host_batch["sequence_ids"] > 0).sum()))  # host tensor: no device sync
+        step_loss = step_loss + loss.detach().float()
+        pending.append(
+            ({k: out[k].detach() for k in SUM_KEYS[:-1]}, int((host_batch["sequence_ids"] > 0).sum()))
+        )
+    try:
+        # fp16: the GradScaler skips steps with inf/NaN gradients by design; check the loss.
+        check_finite_step(step_loss, optimizer_parameters(optimizer), check_gradients=not scaler.is_enabled())
+    except NonFiniteStep:
+        optimizer.zero_grad(set_to_none=True)
+        raise
+    for model_sums, tokens in pending:
+        sums.add(model_sums, tokens)  # host token count: no device sync
     set_learning_rate(optimizer, lr)
     scaler.step(optimizer)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return counts
+
+
+def optimizer_parameters(optimizer):
+    return (p for group in optimizer.param_groups for p in group["params"])
 
 
 @torch.no_grad()
