@@ -62,6 +62,10 @@ def _suggest(section: str, name: str, schema: dict) -> str:
     keys = schema[section]
     if ALIASES.get(name) in keys:
         return f"; did you mean '{section}.{ALIASES[name]}'?"
+    # a misspelt alias ('learnig_rate') means the alias's key, not a near spelling of another
+    alias = difflib.get_close_matches(name, [a for a, key in ALIASES.items() if key in keys], n=1, cutoff=0.8)
+    if alias:
+        return f"; did you mean '{section}.{ALIASES[alias[0]]}'?"
     match = difflib.get_close_matches(name, list(keys), n=1, cutoff=0.6)
     if match:
         return f"; did you mean '{section}.{match[0]}'?"

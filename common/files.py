@@ -17,7 +17,12 @@ def atomic_path(path):
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        yield tmp
+        try:
+            yield tmp
+        except OSError as err:
+            if err.filename is None:  # e.g. numpy's short write: name the file being written
+                raise OSError(err.errno, err.strerror or str(err), str(path)) from err
+            raise
         os.replace(tmp, path)
     finally:
         if tmp.exists():
@@ -59,3 +64,44 @@ def sha256_file(path, block: int = 1 << 22) -> str:
         while chunk := f.read(block):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def describe_os_error(err: OSError) -> str:
+    """One line for an error of the operating system (no space left, permission denied, not
+    a directory, file too large): the path and the reason, never a traceback."""
+    import errno
+
+    where = err.filename if err.filename is not None else "a file"
+    reason = err.strerror or str(err)
+    if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "written" in reason:
+        reason += " (no space left on the device, or a file-size limit)"
+    return f"{where}: {reason}"
+
+
+class FolderInUse(RuntimeError):
+    """Another process holds the folder's lock."""
+
+
+def lock_folder(folder, what: str):
+    """Take the exclusive lock of `folder` for this process's lifetime (released by the OS
+    when the process ends, even on kill -9). The lock file sits beside the folder
+    (`.NAME.lock`), so the folder itself holds only what the job writes. Returns the open
+    lock file (keep a reference); FolderInUse if another process holds it."""
+    import fcntl
+
+    folder = Path(folder).absolute()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    path = folder.parent / f".{folder.name}.lock"
+    if str(path) in _HELD:  # this process holds it already (a job run twice in one process)
+        return _HELD[str(path)]
+    handle = open(path, "a+")  # noqa: SIM115 - held open on purpose
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise FolderInUse(f"{folder} is in use by another {what} (lock {path}); wait for it to end") from None
+    _HELD[str(path)] = handle
+    return handle
+
+
+_HELD: dict = {}  # lock file path -> open file, for this process's lifetime

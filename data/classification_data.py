@@ -96,8 +96,12 @@ def read_jsonl(
     if not path.is_file():
         raise ExampleError(f"{path}: file not found")
     out = Examples([], [], [], [])
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ExampleError(f"{path}:{number}: not UTF-8 ({err.reason} at byte {err.start})") from None
             if not line.strip():
                 continue
             where = f"{path}:{number}"

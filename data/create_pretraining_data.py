@@ -247,8 +247,12 @@ def create(args) -> dict:
     rng = random.Random(args.seed)
     documents = tokenize_documents(files, tokenizer)
     rng.shuffle(documents)
+    if not documents:
+        raise DataInputError(f"--input: the {len(files)} file(s) hold no text (every document is empty)")
     if args.eval_documents >= len(documents):
-        raise DataInputError(f"--eval-documents {args.eval_documents} leaves no training document")
+        raise DataInputError(
+            f"--eval-documents {args.eval_documents} leaves no training document ({len(documents)} in the input)"
+        )
     held_out = documents[len(documents) - args.eval_documents :] if args.eval_documents else []
     documents = documents[: len(documents) - len(held_out)]
     instances = []

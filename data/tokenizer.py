@@ -14,7 +14,7 @@ def load_tokenizer(vocab_file: Path):
     from tokenizers import BertWordPieceTokenizer
 
     if not vocab_file.is_file():
-        raise DataInputError(f"--vocab {vocab_file}: file not found")
+        raise DataInputError(f"{vocab_file}: vocabulary file not found")
     vocab = {}
     for i, line in enumerate(vocab_file.read_text(encoding="utf-8").splitlines()):
         vocab.setdefault(line.strip(), i)

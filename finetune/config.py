@@ -72,7 +72,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_seconds": Key(float, None, "stop training after this many seconds", optional=True, minimum=0),
         "seed": Key(int, 42, "seed of the model init (classifier) and dropout", minimum=0),
         "device": Key(str, "cpu", "where the model runs", ("cpu", "cuda")),
-        "threads": Key(int, None, "torch CPU threads; null = torch's default", optional=True, minimum=1),
+        "threads": Key(
+            int, None, "torch CPU threads; null = torch's default", optional=True, minimum=1, maximum=1024
+        ),
         "progress": Key(bool, True, "tqdm progress bar"),
     },
 }

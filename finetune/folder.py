@@ -45,7 +45,19 @@ def load_finetuned(folder: Path):
     info_path = folder / FINETUNE_INFO
     if not info_path.is_file():
         raise ExampleError(f"{folder}: no {FINETUNE_INFO}; expected a folder written by finetune.train")
-    info = json.loads(info_path.read_text())
+    try:
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+        missing = [
+            key for key in ("labels", "multi_label", "max_sequence_length", "fields") if key not in info
+        ]
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as err:
+        raise ExampleError(f"{info_path}: not a {FINETUNE_INFO} written by finetune.train ({err})") from None
+    if missing:
+        raise ExampleError(f"{info_path}: fields {missing} are missing")
     tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
-    model = PackedBertForSequenceClassification.from_pretrained(folder)
+    try:
+        model = PackedBertForSequenceClassification.from_pretrained(folder)
+    except (OSError, ValueError, RuntimeError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ExampleError(f"{folder}: the model cannot be loaded ({first[:200]})") from None
     return model, info, tokenizer, vocab

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.files import write_json_atomic
+from common.files import describe_os_error, write_json_atomic
 from data.classification_data import ExampleError, encode_labels, read_jsonl, tokenize
 from data.tokenizer import DataInputError
 from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec
@@ -78,8 +78,11 @@ def main(argv=None) -> int:
             pack_length=args.pack_length or info.get("pack_length"),
         )
         logits, timing = predict_logits(model.to(args.device), data, Batcher(data.lengths, spec, seed=0))
-    except (ExampleError, DataInputError, FileNotFoundError, PackingInputError) as err:
+    except (ExampleError, DataInputError, PackingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     write_predictions(args.output, logits, info["labels"], info["multi_label"])
     report = {"batching": args.batching, **timing, "truncated": data.truncated}

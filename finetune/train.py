@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from common.config_schema import ConfigError
-from common.files import write_json_atomic
+from common.files import describe_os_error, write_json_atomic
 from data.classification_data import (
     ExampleError,
     Examples,
@@ -330,6 +330,9 @@ def main(argv=None) -> int:
         summary = run_finetune(config, args.output_dir)
     except (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=1))
     return 0

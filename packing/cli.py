@@ -189,3 +189,10 @@ def main(argv=None) -> int:
     except PackingInputError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a full disk, a file-size limit, an unwritable folder, ...
+        from common.files import describe_os_error
+
+        if err.filename is None and getattr(args, "output", None) is not None:
+            err = OSError(err.errno, err.strerror or str(err), f"writing into {args.output}")
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        return 2

@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from common.constants import BERT_VOCAB_SIZE
-from common.files import atomic_path, write_json_atomic
+from common.files import FolderInUse, atomic_path, lock_folder, write_json_atomic
 from packing.algorithms import pack
 from packing.assign import assign_sequences
 from packing.compact import SequenceStore, compact_rows, narrow_rows, select_rows
@@ -227,6 +227,10 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
     for source in sources:
         check_source_shape(source, limits)
     fingerprint = _job_fingerprint(job, sources)
+    try:  # one pack per folder at a time; held until this process exits
+        lock_folder(output, "pack")
+    except FolderInUse as err:
+        raise PackingInputError(f"--output: {err}") from None
     work = output / WORK
     if _prepare_output(output, work, fingerprint):
         say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
@@ -260,6 +264,11 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
             problems.extend((f, row, field, message) for row, field, message in problem)
         if problems and not job.skip_invalid:
             f, row, field, message = problems[0]
+            # Nothing was written but the job record: remove it, so that the same command
+            # runs again once the input is fixed (its fingerprint changes with the file).
+            shutil.rmtree(work, ignore_errors=True)
+            if output.is_dir() and not any(output.iterdir()):
+                output.rmdir()
             raise PackingInputError(
                 describe_problem(sources[f].path, row, field, message)
                 + " (use --skip-invalid to skip bad rows with a report)"

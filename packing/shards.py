@@ -188,6 +188,12 @@ class PackedDataset:
         for key in ("S", "K", "M", "sequences", "packs", "shards"):
             if key not in metadata:
                 raise PackingInputError(f"{meta_path}: field '{key}' is missing")
+        for key in ("S", "K", "M", "sequences", "packs"):
+            value = metadata[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise PackingInputError(f"{meta_path}: field '{key}' must be an integer >= 0, got {value!r}")
+        if not isinstance(metadata["shards"], list):
+            raise PackingInputError(f"{meta_path}: field 'shards' must be a list")
         check_shard_records(folder, metadata)
         return cls(folder, metadata)
 

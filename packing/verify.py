@@ -188,8 +188,10 @@ def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool =
         d = task.shard
         if error:
             problems.append(f"malformed pack: {error}")
-        if digest != dataset.shards[d]["sha256"]:
-            problems.append(f"{dataset.shards[d]['name']}: sha256 differs from {packed}/metadata.json")
+        if digest != dataset.shards[d].get("sha256"):
+            problems.append(
+                f"{dataset.shards[d]['name']}: sha256 differs from (or is missing in) {packed}/metadata.json"
+            )
     found = _concat([r[0] for r in results])
     shard_of = np.concatenate([np.full(r[0].source.size, t.shard) for t, r in zip(tasks, results)] or [[]])
 

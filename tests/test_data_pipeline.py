@@ -377,3 +377,22 @@ def test_token_ids_past_uint16_are_refused_without_vocab_size(tmp_path, capsys):
     assert "70000" in err and "--vocab-size" in err and "row 3" in err, err
     assert not (tmp_path / "out" / "metadata.json").exists()
     assert run_cli(*pack_args(tmp_path / "in", tmp_path / "wide", "--vocab-size", 100000)) == 0
+
+
+def test_pack_after_fixing_a_bad_input_in_place_runs(tmp_path, capsys):
+    """Issue 22, D17: a pack refused for a bad row leaves nothing behind, so the same
+    command succeeds once the input is fixed in place."""
+    from data.synthetic import synthetic_rows
+    from data.unpacked_hdf5 import write_unpacked_shard
+
+    rng = np.random.default_rng(0)
+    rows = synthetic_rows(rng.integers(8, S + 1, size=20), S, P, rng, vocab_size=5000)
+    good = {k: v.copy() for k, v in rows.items()}
+    rows["input_ids"][2, 1] = 70000
+    (tmp_path / "in").mkdir()
+    write_unpacked_shard(tmp_path / "in" / "part-00000.h5", rows, vocab_size=100000)
+    assert run_cli(*pack_args(tmp_path / "in", tmp_path / "out")) == 2
+    assert not (tmp_path / "out").exists()
+    write_unpacked_shard(tmp_path / "in" / "part-00000.h5", good, vocab_size=100000)
+    assert run_cli(*pack_args(tmp_path / "in", tmp_path / "out", "--vocab-size", 5000)) == 0
+    capsys.readouterr()

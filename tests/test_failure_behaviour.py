@@ -11,6 +11,7 @@ import torch
 
 from common.files import sha256_file
 
+from .conftest import REPO
 from .training_helpers import make_packed, metrics, run, write_config
 
 
@@ -296,3 +297,201 @@ def test_integer_labels_name_their_own_class():
     assert names == [str(i) for i in range(12)]
     encoded = encode_labels(examples, names, multi_label=False)
     assert [names[c] for c in encoded] == [str(label) for label in labels]
+
+
+def test_one_run_per_output_folder(packed, tmp_path):
+    """D8: while a run trains in a folder, a second run (or --resume) on it exits 2; a pack
+    into a folder another process is packing into is refused the same way."""
+    import subprocess
+    import sys
+    import time
+
+    config = write_config(
+        tmp_path / "c.yaml",
+        packed,
+        training={"max_steps": 100000, "max_seconds": 120},
+        data={"loader_workers": 0},
+    )
+    first = run(config, tmp_path / "run", wait=False)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (tmp_path / "run" / "metrics.jsonl").is_file():
+            time.sleep(0.1)
+        second = run(config, tmp_path / "run", "--resume")
+        assert second.returncode == 2 and "in use by another run" in second.stderr, second.stderr
+    finally:
+        first.kill()
+        first.communicate()
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from common.files import lock_folder; lock_folder({str(tmp_path / 'p')!r}, 'pack');"
+            "import time; print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        from packing.errors import PackingInputError
+        from packing.pipeline import PackJob, run_pack
+
+        job = PackJob(
+            inputs=(str(packed / "raw-train" / "part-00000.h5"),),
+            output=str(tmp_path / "p"),
+            algorithm="lpfhp",
+            max_sequences_per_pack=3,
+            max_sequence_length=64,
+            max_predictions_per_seq=10,
+            seed=1,
+            shard_size=100,
+            vocab_size=1200,
+        )
+        with pytest.raises(PackingInputError, match="in use by another pack"):
+            run_pack(job, quiet=True)
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        ({"data": {"micro_batch_packs": 100000}}, "data.micro_batch_packs"),
+        ({"model": {"vocab_size": 100}}, "vocabulary"),
+    ],
+)
+def test_refused_run_leaves_nothing_that_refuses_its_rerun(packed, tmp_path, bad, key):
+    """D11: checks that fail after the output folder was set up used to leave config.yaml
+    behind, so the corrected command was refused with and without --resume."""
+    config = write_config(tmp_path / "bad.yaml", packed, training={"max_steps": 1}, **bad)
+    done = run(config, tmp_path / "run")
+    assert done.returncode == 2 and key in done.stderr, done.stderr
+    assert not (tmp_path / "run" / "config.yaml").exists()
+    fixed = write_config(tmp_path / "good.yaml", packed, training={"max_steps": 1})
+    again = run(fixed, tmp_path / "run")
+    assert again.returncode == 0, again.stderr
+
+
+def test_environment_errors_are_one_line_exit_2(packed, tmp_path):
+    """D13: an output folder under a file, and a file-size limit hit while packing, end in
+    one `error:` line naming the path and the reason, exit 2, no traceback."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    (tmp_path / "afile").write_text("x")
+    config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 1})
+    done = run(config, tmp_path / "afile" / "run")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert [line for line in done.stderr.splitlines() if line.startswith("error:")][0].count("afile") >= 1
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    packed_raw = packed / "raw-train" / "part-00000.h5"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "packing",
+            "pack",
+            "--input",
+            str(packed_raw),
+            "--output",
+            str(tmp_path / "p"),
+            "--max-sequence-length",
+            "64",
+            "--max-predictions-per-seq",
+            "10",
+            "--vocab-size",
+            "1200",
+            "--quiet",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=small_files,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert ("File too large" in out.stderr or "file-size limit" in out.stderr) and str(
+        tmp_path / "p"
+    ) in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert not (tmp_path / "p" / "metadata.json").exists()
+
+
+def test_bad_received_files_are_one_line_errors(tmp_path):
+    """D13: non-UTF-8 JSON lines name the line; a garbage finetune.json or weights file is
+    refused in one line."""
+    from data.classification_data import ExampleError, read_jsonl
+    from finetune.folder import FINETUNE_INFO, load_finetuned
+
+    bad = tmp_path / "x.jsonl"
+    bad.write_bytes(b'{"text": "fine", "label": "a"}\n{"text": "caf\xe9", "label": "a"}\n')
+    with pytest.raises(ExampleError, match=r"x.jsonl:2: not UTF-8"):
+        read_jsonl(bad, "text", None, "label")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / FINETUNE_INFO).write_text("{not json")
+    with pytest.raises(ExampleError, match=FINETUNE_INFO):
+        load_finetuned(folder)
+
+
+def test_messages_name_what_is_wrong(packed, tmp_path):
+    """D16: the misleading messages, each now naming the real cause."""
+    from common.config_schema import ConfigError
+    from data.tokenizer import DataInputError, load_tokenizer
+    from training.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {train_dir: x}\noptim: {learnig_rate: 0.1}\n")
+    with pytest.raises(ConfigError, match=r"did you mean 'optim.lr'"):
+        load_config(path)
+    with pytest.raises(DataInputError) as caught:
+        load_tokenizer(tmp_path / "missing-vocab.txt")
+    assert "--vocab" not in str(caught.value) and "missing-vocab.txt" in str(caught.value)
+
+    data = _copy_packed(packed, tmp_path)
+
+    def s_as_text(meta):
+        meta["S"] = str(meta["S"])
+
+    _edit_metadata(data, s_as_text)
+    done = run(write_config(tmp_path / "s.yaml", data, training={"max_steps": 1}), tmp_path / "s-run")
+    assert done.returncode == 2 and "field 'S' must be an integer" in done.stderr, done.stderr
+
+    config = write_config(tmp_path / "r.yaml", packed, training={"max_steps": 2})
+    assert run(config, tmp_path / "run").returncode == 0
+    changed = run(config, tmp_path / "run", "--resume", "--set", "optim.lr=0.02")
+    assert changed.returncode == 2 and "optim.lr is 0.02" in changed.stderr, changed.stderr
+    workers = run(
+        config,
+        tmp_path / "run",
+        "--resume",
+        "--set",
+        "data.loader_workers=1",
+        "--set",
+        "training.max_steps=3",
+    )
+    assert workers.returncode == 0, workers.stderr
+
+
+def test_verify_reports_a_shard_record_without_sha256(packed, tmp_path):
+    """D13: a shard record without sha256 is a verify failure (exit 1, named), not a traceback."""
+    data = _copy_packed(packed, tmp_path)
+
+    def drop(meta):
+        del meta["shards"][0]["sha256"]
+
+    _edit_metadata(data, drop)
+    checked = _verify(data)
+    assert checked.returncode == 1 and "Traceback" not in checked.stderr, checked
+    assert "part-00000.h5: sha256 differs from (or is missing in)" in checked.stdout + checked.stderr

@@ -114,7 +114,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "execution": {
         "device": Key(str, "cpu", "where to train", DEVICES),
-        "threads": Key(int, None, "CPU threads per process; null = torch default", optional=True, minimum=1),
+        "threads": Key(
+            int, None, "CPU threads per process; null = torch default", optional=True, minimum=1, maximum=1024
+        ),
         "distributed_backend": Key(
             str, None, "torchrun backend; null = nccl on CUDA, gloo on CPU", ("nccl", "gloo"), optional=True
         ),

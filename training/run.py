@@ -26,7 +26,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from common.files import atomic_path
+from common.files import FolderInUse, atomic_path, lock_folder
 from model import PackedBertForPreTraining, validate_batch
 from training import checkpoint as ckpt
 from training.backends.engine import Engine
@@ -122,10 +122,19 @@ class StopSignal:
         return any_process(self.requested)
 
 
+# Keys of the fixed sections that change how the run is done, not what it computes.
+CHANGEABLE_ON_RESUME = {("data", "loader_workers"), ("data", "validate_batches"), ("data", "check_sha256")}
+
+
 def prepare_output(output: Path, config: dict, resume: bool, rank: int) -> None:
-    """Refuse a folder that holds another run (or, on resume, a run of other model / data /
-    optim settings); then rank 0 writes config.yaml."""
+    """Lock the folder and refuse one that holds another run (or, on resume, a run of other
+    model / data / optim settings). config.yaml is written later (write_run_config)."""
     saved = output / "config.yaml"
+    if rank == 0:  # one run per folder: a second --resume on it must not train beside this one
+        try:
+            lock_folder(output, "run")
+        except FolderInUse as err:
+            raise RunError(f"--output-dir: {err}") from None
     if saved.is_file():
         if not resume:
             raise RunError(
@@ -134,20 +143,32 @@ def prepare_output(output: Path, config: dict, resume: bool, rank: int) -> None:
             )
         previous = yaml.safe_load(saved.read_text())
         for section in ("model", "data", "optim"):
-            if previous.get(section) != config[section]:
+            before, now = previous.get(section) or {}, config[section]
+            changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+            changed = [k for k in changed if (section, k) not in CHANGEABLE_ON_RESUME]
+            if changed:
+                key = changed[0]
                 raise RunError(
-                    f"--resume: section '{section}' differs from the run in {output}; only training/eval/"
-                    "logging/execution settings may change on resume"
+                    f"--resume: {section}.{key} is {now.get(key)!r}, the run in {output} has "
+                    f"{before.get(key)!r}; model, data and optim settings cannot change on resume "
+                    "(training/eval/logging/execution settings and data.loader_workers, "
+                    "data.validate_batches, data.check_sha256 can)"
                 )
     elif output.is_dir() and any(output.iterdir()) and not resume:
         raise RunError(f"--output-dir {output} is not empty and holds no run")
     # Every rank checks before rank 0 writes: otherwise a slower rank finds the config.yaml
     # rank 0 just wrote and refuses the folder as "another run".
     barrier()
+
+
+def write_run_config(output: Path, config: dict, rank: int) -> None:
+    """OUTPUT/config.yaml, written once every check of the run has passed: a refused
+    command leaves nothing that would refuse its corrected rerun."""
     if rank == 0:
         output.mkdir(parents=True, exist_ok=True)
-        with atomic_path(saved) as tmp:
+        with atomic_path(output / "config.yaml") as tmp:
             tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+    barrier()
 
 
 class Run:
@@ -197,14 +218,17 @@ class Run:
             ckpt.set_rng_state(rng[engine.rank] if engine.rank < len(rng) else rng[0])
 
         self.shards = PackedShards(train_data)
-        self.sampler = ReplicaSampler(
-            len(self.shards),
-            self.batch.micro_batch_packs,
-            config["data"]["shuffle_seed"],
-            engine.data_rank,
-            engine.data_world,
-            self.state.position,
-        )
+        try:
+            self.sampler = ReplicaSampler(
+                len(self.shards),
+                self.batch.micro_batch_packs,
+                config["data"]["shuffle_seed"],
+                engine.data_rank,
+                engine.data_world,
+                self.state.position,
+            )
+        except ValueError as err:
+            raise RunError(f"data.micro_batch_packs {self.batch.micro_batch_packs}: {err}") from None
         self.loader = iter(make_loader(self.shards, self.sampler, config["data"]["loader_workers"]))
         every = config["eval"]["every_samples"] or mlperf_eval_interval(self.batch.sequences_per_step)
         self.eval_schedule = EvalSchedule(int(every))
@@ -222,6 +246,7 @@ class Run:
             else None
         )
         self.eval_set = eval_set[:2] if eval_set else None  # (shards, this replica's batches)
+        write_run_config(output, config, engine.rank)
         self.reporter = Reporter(output, config, engine.rank)
         self.reporter.mlperf.init(
             config,

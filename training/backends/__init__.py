@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from common.files import describe_os_error
 from training.distributed import shut_down_process_group
 from training.errors import RunError
 
@@ -40,6 +41,9 @@ def run(config: dict, output: Path, resume: bool) -> int:
         return run_training(config, output, resume, engine_class(config))
     except RunError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk, an unwritable or misplaced output folder, ...
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     finally:
         shut_down_process_group()
