@@ -202,9 +202,9 @@ class PackedDataset:
         return self.metadata["shards"]
 
     def check_contents(self, sha256: bool) -> None:
-        """Every shard's rows and field widths against metadata.json (opening each file),
-        and with `sha256` its digest (reading every byte). PackingInputError naming the
-        shard and what differs."""
+        """Every shard's size, rows and field widths against metadata.json (opening each
+        file), and with `sha256` its digest (reading every byte). PackingInputError naming
+        the shard and what differs."""
         import h5py
 
         from common.files import sha256_file
@@ -212,6 +212,10 @@ class PackedDataset:
         widths = {"S": self.metadata["S"], "K": self.metadata["K"], "M": self.metadata["M"]}
         for record in self.shards:
             path = self.folder / record["name"]
+            if path.stat().st_size != record["bytes"]:
+                raise PackingInputError(
+                    f"{path}: {path.stat().st_size} bytes, {METADATA} says {record['bytes']} (truncated or replaced)"
+                )
             try:
                 with h5py.File(path, "r") as f:
                     for name, (dim, _) in PACKED_FIELDS.items():
@@ -272,9 +276,10 @@ class PackedDataset:
 
 def check_shard_records(folder: Path, metadata: dict) -> None:
     """metadata.json's shard list, checked without reading shard contents: every name a
-    plain file name inside the folder, every file present at its recorded size, and the
-    totals (packs, sequences, packing factor) equal to what the shard records add up to.
-    Counts are derived and compared, never trusted."""
+    plain file name inside the folder, every file present, and the totals (packs,
+    sequences, packing factor) equal to what the shard records add up to. Counts are
+    derived and compared, never trusted. (Sizes and contents: `check_contents`, which
+    training runs; verify compares contents and sha256 itself and reports them.)"""
     meta_path = folder / METADATA
     packs = sequences = 0
     for i, record in enumerate(metadata["shards"]):
@@ -289,10 +294,6 @@ def check_shard_records(folder: Path, metadata: dict) -> None:
         for key in ("packs", "sequences", "bytes"):
             if not isinstance(record.get(key), int) or record[key] < 0:
                 raise PackingInputError(f"{meta_path}: shards[{i}].{key} must be an integer >= 0")
-        if path.stat().st_size != record["bytes"]:
-            raise PackingInputError(
-                f"{path}: {path.stat().st_size} bytes, {METADATA} says {record['bytes']} (truncated or replaced)"
-            )
         packs += record["packs"]
         sequences += record["sequences"]
     if metadata["packs"] != packs or metadata["sequences"] != sequences:
