@@ -60,13 +60,18 @@ def varlen_layout(
     if slots is None:
         slots = int(ids.max()) if ids.numel() else 0
     if flash:
-        # lengths of slots 1..K, then the padding tail: [B, K+1]
-        lengths = torch.zeros(b, slots + 1, dtype=torch.int32, device=ids.device)
-        lengths.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.int32))
+        lengths = slot_lengths(ids, slots, torch.int32)
+        # slots 1..K, then the padding tail (slot 0) last: [B, K+1]
         segments = torch.cat([lengths[:, 1:], lengths[:, :1]], dim=1).reshape(-1)
         cu = F.pad(torch.cumsum(segments, 0, dtype=torch.int32), (1, 0))
         return VarlenLayout(b, s, padding, cu_seqlens=cu, buckets=None, padding_index=None, order=None)
     return _bucket_layout(ids, padding, slots, granularity or _default_granularity(s))
+
+
+def slot_lengths(ids: torch.Tensor, slots: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, K+1] token counts per pack: column j of sequence j, column 0 of the padding."""
+    lengths = torch.zeros(ids.shape[0], slots + 1, dtype=dtype, device=ids.device)
+    return lengths.scatter_add_(1, ids, torch.ones_like(ids, dtype=dtype))
 
 
 def _default_granularity(s: int) -> int:
@@ -77,9 +82,7 @@ def _default_granularity(s: int) -> int:
 def _bucket_layout(ids: torch.Tensor, padding: torch.Tensor, slots: int, granularity: int) -> VarlenLayout:
     b, s = ids.shape
     # Sequence j of pack p starts at the count of tokens of slots < j (contiguous runs).
-    counts = torch.zeros(b, slots + 1, dtype=torch.int64, device=ids.device)
-    counts.scatter_add_(1, ids, torch.ones_like(ids))
-    lengths = counts[:, 1:]  # [B, K]
+    lengths = slot_lengths(ids, slots, torch.int64)[:, 1:]  # [B, K]
     starts = torch.cumsum(lengths, 1) - lengths
     present = lengths > 0
     flat_start = (starts + torch.arange(b, device=ids.device)[:, None] * s)[present]  # [N]

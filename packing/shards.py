@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.files import sha256_file
 from packing.compact import SequenceStore, _ranges, _starts
 from packing.errors import PackingInputError
 from packing.format import FORMAT_NAME, FORMAT_VERSION, PACKED_FIELDS, empty_packs, field_dtypes
@@ -206,8 +207,6 @@ class PackedDataset:
         file), and with `sha256` its digest (reading every byte). PackingInputError naming
         the shard and what differs."""
         import h5py
-
-        from common.files import sha256_file
 
         widths = {"S": self.metadata["S"], "K": self.metadata["K"], "M": self.metadata["M"]}
         for record in self.shards:

@@ -366,7 +366,8 @@ class Run:
 
     def _log_window(self, lr: float) -> None:
         totals = self.engine.reduce(self.window)
-        if not math.isfinite(summarize(totals)["loss"]):  # engines that cannot check per step
+        figures = summarize(totals)
+        if not math.isfinite(figures["loss"]):  # engines that cannot check per step
             raise Diverged(f"step {self.state.step}: non-finite loss in the last logging window")
         seconds = time.perf_counter() - self.window_start
         record = {
@@ -374,7 +375,7 @@ class Run:
             "samples": self.state.samples,
             "epoch": self.state.position.epoch,
             "lr": lr,
-            **summarize(totals),
+            **figures,
             "sequences_per_second": self.window_samples / seconds,
             "tokens_per_second": totals["tokens"] / seconds,
         }
@@ -406,7 +407,8 @@ class Run:
     # ----- checkpoints and the end -----------------------------------------------------
     def _save(self) -> None:
         """Collective: a checkpoint of this step (rank 0 writes it). Never of non-finite weights."""
-        bad = not all(bool(torch.isfinite(p).all()) for p in self.model.parameters())
+        # One reduction on the device, one host sync (not one per parameter).
+        bad = not bool(torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all())
         if any_process(bad):
             raise Diverged(f"step {self.state.step}: non-finite weights; refusing to checkpoint them")
         snapshot = self.engine.snapshot()
@@ -457,8 +459,6 @@ def platform_name(config: dict, engine) -> str:
     """'<processes>x<device>' for the MLPerf log's submission_platform default."""
     device = config["execution"]["device"]
     if device == "cuda":
-        import torch
-
         device = torch.cuda.get_device_name().replace(" ", "_")
     return f"{engine.data_world}x{device}"
 
