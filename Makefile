@@ -23,7 +23,7 @@ DEMO ?= demo_out
 demo-data: install
 	rm -rf $(DEMO)
 	$(PY) -m data.create_pretraining_data --input "$$($(PY) -m data.assets corpus)" \
-		--vocab "$$($(PY) -m data.assets vocab)" --output $(DEMO)/unpacked \
+		--input-format one-document-per-file --vocab "$$($(PY) -m data.assets vocab)" --output $(DEMO)/unpacked \
 		--max-seq-length 512 --max-predictions-per-seq 76 --dupe-factor 1 --eval-documents 100
 	$(PY) -m packing pack --input '$(DEMO)/unpacked/part-*.h5' --output $(DEMO)/packed \
 		--algorithm lp --max-sequences-per-pack 3 --max-sequence-length 512 --max-predictions-per-seq 76 \

@@ -26,7 +26,8 @@ def created(tmp_path_factory):
         pytest.skip(str(err))
     out = tmp_path_factory.mktemp("created")
     chosen = files[::7]  # ~318 articles across the five categories
-    argv = ["--input", *map(str, chosen), "--vocab", str(vocab), "--output", str(out)]
+    argv = ["--input", *map(str, chosen), "--input-format", "one-document-per-file"]
+    argv += ["--vocab", str(vocab), "--output", str(out), "--quiet"]
     argv += ["--max-seq-length", str(S), "--max-predictions-per-seq", str(P), "--dupe-factor", "2"]
     argv += ["--eval-documents", "20", "--rows-per-shard", "1500", "--seed", "3"]
     assert create_main(argv) == 0
