@@ -44,7 +44,7 @@ class SpecialIds:
     vocab_size: int  # random words are drawn from ids 0 .. vocab_size - 1
 
     @classmethod
-    def from_vocab(cls, vocab: dict[str, int]) -> "SpecialIds":
+    def from_vocab(cls, vocab: dict[str, int]) -> SpecialIds:
         return cls(vocab["[CLS]"], vocab["[SEP]"], vocab["[MASK]"], len(vocab))
 
 

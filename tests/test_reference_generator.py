@@ -20,7 +20,6 @@ from data.create_pretraining_data import read_document, split_sentences
 from data.reference_tokenizer import ReferenceTokenizer, read_vocab
 from tests import reference_bert
 
-
 FIELDS = (
     "input_ids",
     "input_mask",
