@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packing/histograms/wikipedia_512.json
 
-.PHONY: install test demo demo-data bench lint clean finetune-demo
+.PHONY: install install-tf test demo demo-data bench lint clean finetune-demo
 
 install: $(STAMP)
 
@@ -15,7 +15,18 @@ $(STAMP): requirements.txt requirements-assets.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-assets.txt
 	touch $(STAMP)
 
-test: install
+# Optional TensorFlow environment (reading TF1 checkpoints); the tests build it to run the
+# converter's test against real TensorFlow.
+TF_VENV := .venv-tf
+TF_STAMP := $(TF_VENV)/.installed
+install-tf: $(TF_STAMP)
+
+$(TF_STAMP): requirements-tf.txt
+	test -x $(TF_VENV)/bin/python || $(PYTHON) -m venv $(TF_VENV)
+	$(TF_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-tf.txt
+	touch $(TF_STAMP)
+
+test: install install-tf
 	$(PY) -m pytest -q
 
 # The demo: real text -> unpacked shards -> packed (and unpacked-baseline) shards -> verified.
