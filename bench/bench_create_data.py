@@ -45,13 +45,22 @@ def main() -> None:
         reference_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         argv = ["--input", str(text), "--vocab", str(vocab), "--output", f"{tmp}/out", "--quiet"]
-        argv += ["--max-seq-length", str(s), "--max-predictions-per-seq", str(p), "--dupe-factor", str(args.dupe_factor)]
+        argv += [
+            "--max-seq-length",
+            str(s),
+            "--max-predictions-per-seq",
+            str(p),
+            "--dupe-factor",
+            str(args.dupe_factor),
+        ]
         assert create_main(argv) == 0
         ours_s = time.perf_counter() - t0
         with h5py.File(f"{tmp}/out/part-00000.h5") as f:
             same = all(np.array_equal(f[name][:].astype(np.int64), reference[name]) for name in reference)
     n = len(reference["input_ids"])
-    print(f"\n{len(files)} documents, dupe factor {args.dupe_factor}, S={s}, P={p}: {n:,} sequences, identical: {same}\n")
+    print(
+        f"\n{len(files)} documents, dupe factor {args.dupe_factor}, S={s}, P={p}: {n:,} sequences, identical: {same}\n"
+    )
     print("| generator | seconds | sequences/s |")
     print("|---|---|---|")
     print(f"| reference (google-research/bert) | {reference_s:.1f} | {n / reference_s:,.0f} |")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import subprocess
 import sys
 import time
@@ -92,7 +93,10 @@ def test_ipu_model_config_selects_the_simulator():
         ({"execution__layers_per_stage": [4, 4, 4, 4, 4, 4]}, r"6 stages but ipu.ipus_per_replica is 4"),
         ({"execution__layers_per_stage": [0, 8, 8, 8]}, r"a stage without layers"),
         ({"execution__layers_per_stage": None}, r"must list the encoder layers.*\[6, 6, 6, 6\]"),
-        ({"optim__gradient_accumulation": 6}, r"gradient accumulation 6 .* 7 training pipeline stages"),
+        (
+            {"optim__gradient_accumulation": 6},
+            r"gradient accumulation 6 .* 9 training pipeline stages .* 5 forward stages",
+        ),
         ({"model__attention_backend": "sdpa"}, r"attention_backend 'sdpa'.*dense"),
         ({"model__mlm_loss_mode": "per_sequence"}, r"per_sequence"),
         ({"optim__max_grad_norm": 1.0}, r"max_grad_norm.*no global gradient-norm clipping"),
@@ -137,11 +141,34 @@ def test_ipu_model_config_exits_2_quickly_without_poptorch(tmp_path):
         timeout=120,
     )
     assert done.returncode == 2
-    assert "needs poptorch, which is not installed" in done.stderr
-    assert "Poplar SDK" in done.stderr and "Traceback" not in done.stderr
+    assert "needs poptorch, which does not import here (No module named 'poptorch')" in done.stderr
+    assert "Poplar SDK 3.4" in done.stderr and "torch 2.0.1" in done.stderr and "Traceback" not in done.stderr
     assert "/nonexistent" not in done.stderr  # refused before the data was looked at
     assert not (tmp_path / "out").exists()
     assert time.perf_counter() - started < 60
+
+
+def test_poptorch_version_assertion_is_one_line_exit_2(tmp_path):
+    """poptorch 3.4's python/__init__.py asserts the torch version at import (AssertionError,
+    not ImportError): still exit 2 and one line naming the versions."""
+    fake = tmp_path / "site" / "poptorch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        'import torch\nassert torch.__version__ == "2.0.1", "PopTorch 3.4 needs torch 2.0.1, found " + torch.__version__\n'
+    )
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}"}
+    done = subprocess.run(
+        [sys.executable, "run_pretraining.py", "--config", "configs/ipu_model_tiny.yaml"]
+        + ["--output-dir", str(tmp_path / "out"), "--set", "data.train_dir=/nonexistent/packed"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "PopTorch 3.4 needs torch 2.0.1, found" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 # --------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ IPUModel tests in tests/ipu/ skip where poptorch is missing.
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
@@ -38,31 +39,52 @@ from training.step import BatchArithmetic, set_learning_rate, step_counts
 
 log = logging.getLogger("training.ipu")
 
-POPTORCH_MISSING = (
-    "execution.device {device} needs poptorch, which is not installed: install the poptorch wheel of "
-    "Graphcore's Poplar SDK (source <sdk>/enable.sh; pip install <sdk>/poptorch-*.whl) or choose "
-    "execution.device cpu or cuda"
-)
+SDK_VERSIONS = "Poplar SDK 3.4: Python 3.8/3.10, torch 2.0.1 (requirements-ipu.txt)"
 
 
 def require_poptorch(device: str = "ipu"):
-    """Import poptorch or raise RunError (exit code 2) before any data is read."""
+    """Import poptorch or raise RunError (exit code 2) before any data is read. Any failure
+    counts: poptorch's own import asserts torch == 2.0.1 (python/__init__.py) and raises
+    AssertionError under another torch, not ImportError."""
+    import platform
+
     try:
         import poptorch
-    except ImportError:
-        raise RunError(POPTORCH_MISSING.format(device=device)) from None
+    except Exception as err:  # ImportError, or the version AssertionError, or a missing .so
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise RunError(
+            f"execution.device {device} needs poptorch, which does not import here ({reason}); this "
+            f"environment has Python {platform.python_version()} and torch {torch.__version__}, an SDK "
+            f"environment needs {SDK_VERSIONS}: source <sdk>/enable.sh, pip install <sdk>/poptorch-*.whl "
+            "-r requirements-ipu.txt; or choose execution.device cpu or cuda"
+        ) from None
     return poptorch
 
 
 def instance_topology() -> tuple[int, int]:
-    """(instance index, instances) under poprun (PopDist), (0, 1) otherwise."""
+    """(instance index, instances) under poprun (PopDist), (0, 1) otherwise. Under poprun,
+    popdist.init() and hvd.init() come first, as Graphcore's BERT does (Horovod refuses any
+    collective before init: "Horovod has not been initialized; use hvd.init()")."""
     try:
         import popdist
     except ImportError:
         return 0, 1
     if not popdist.isPopdistEnvSet():
         return 0, 1
+    popdist.init()
+    import horovod.torch as hvd
+
+    hvd.init()
     return popdist.getInstanceIndex(), popdist.getNumInstances()
+
+
+def poprun_replicas() -> int | None:
+    """Replicas poprun launched in total (None without poprun)."""
+    try:
+        import popdist
+    except ImportError:
+        return None
+    return popdist.getNumTotalReplicas() if popdist.isPopdistEnvSet() else None
 
 
 def build_options(poptorch, plan: IpuPlan, training: bool):
@@ -75,17 +97,21 @@ def build_options(poptorch, plan: IpuPlan, training: bool):
         opts = poptorch.Options()
         opts.replicationFactor(plan.local_replicas)
     opts.autoRoundNumIPUs(True)
-    opts.randomSeed(plan.seed)
+    # Options.randomSeed also calls torch.manual_seed (poptorch/options.py): building
+    # options mid-run must not reseed the host, or resume stops being exact.
+    with torch.random.fork_rng(devices=[]):
+        opts.randomSeed(plan.seed)
     if plan.use_ipu_model:
         opts.useIpuModel(True)
     if plan.executable_cache_dir:
         opts.enableExecutableCaching(plan.executable_cache_dir)
     if plan.available_memory_proportion:
         opts.setAvailableMemoryProportion(plan.available_memory_proportion)
-    opts.Precision.enableStochasticRounding(plan.stochastic_rounding)
+    # Stochastic rounding is for weight updates; inference keeps round-to-nearest.
+    opts.Precision.enableStochasticRounding(plan.stochastic_rounding and training)
     if plan.half_partials:
         opts.Precision.setPartialsType(torch.float16)
-    if len(plan.layers_per_stage) > 1:
+    if plan.pipelined:
         opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
     if training:
         opts.deviceIterations(plan.device_iterations)
@@ -99,7 +125,8 @@ def build_options(poptorch, plan: IpuPlan, training: bool):
             .useReplicatedTensorSharding(plan.replicated_tensor_sharding)
         )
     else:
-        opts.deviceIterations(1)
+        # Compiler.cpp: a pipelined graph needs deviceIterations >= its pipeline stages.
+        opts.deviceIterations(plan.inference_device_iterations)
         opts.outputMode(poptorch.OutputMode.All)
     return opts
 
@@ -122,13 +149,27 @@ def place_stages(poptorch, step: PretrainingStep, plan: IpuPlan) -> None:
         )
 
 
-def _host_sum(tensor: torch.Tensor, instances: int) -> torch.Tensor:
-    """Sum over poprun instances (Horovod ships with the Poplar SDK)."""
+def _host_sum(tensor: torch.Tensor, instances: int, op: str = "sum") -> torch.Tensor:
+    """Sum (or max) over poprun instances; Horovod was initialised by instance_topology."""
     if instances == 1:
         return tensor
     import horovod.torch as hvd
 
-    return hvd.allreduce(tensor, op=hvd.Sum)
+    return hvd.allreduce(tensor, op=hvd.Sum if op == "sum" else hvd.Max)
+
+
+def _relax_layer_norm_eps(model, eps: float) -> int:
+    """fp16: LayerNorm eps 1e-12 underflows to 0 in half precision; Graphcore's BERT configs
+    use layer_norm_eps 0.001. Returns how many LayerNorms were changed."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm) and module.eps < eps:
+            module.eps = eps
+            changed += 1
+    return changed
+
+
+FP16_LAYER_NORM_EPS = 1e-3
 
 
 class IpuEngine:
@@ -144,6 +185,11 @@ class IpuEngine:
 
     def attach(self, model, packing_factor: float) -> BatchArithmetic:
         self.plan = make_plan(self.config, packing_factor, self.instances)  # IpuPlanError is a RunError
+        launched = poprun_replicas()
+        if launched is not None and launched != self.plan.replicas:
+            raise RunError(
+                f"ipu.replicas is {self.plan.replicas} but poprun launched {launched} replicas: make them agree"
+            )
         optim, adjusted = self.config["optim"], self.plan.adjusted
         self.steps_per_call = self.plan.device_iterations
         self.micro_batches_per_call = self.plan.micro_batches_per_call
@@ -152,6 +198,14 @@ class IpuEngine:
 
         poptorch = self.poptorch
         self.model = model.half() if self.plan.half else model
+        if self.plan.half:
+            changed = _relax_layer_norm_eps(self.model, FP16_LAYER_NORM_EPS)
+            if self.rank == 0 and changed:
+                log.info(
+                    "fp16: LayerNorm eps raised to %g in %d modules (as Graphcore's BERT)",
+                    FP16_LAYER_NORM_EPS,
+                    changed,
+                )
         self.model.train()
         self.step = PretrainingStep(self.model, lambda loss: poptorch.identity_loss(loss, reduction="none"))
         place_stages(poptorch, self.step, self.plan)
@@ -162,7 +216,7 @@ class IpuEngine:
             eps=optim["eps"],
             weight_decay=optim["weight_decay"],
             bias_correction=optim["bias_correction"],
-            loss_scaling=self.plan.loss_scaling,
+            loss_scaling=self.plan.effective_loss_scaling,
             accum_type=self.plan.optimizer_accum_type,
             first_order_type=self.plan.optimizer_accum_type,
             second_order_type="float32",
@@ -171,6 +225,9 @@ class IpuEngine:
         self.training = poptorch.trainingModel(
             self.step, build_options(poptorch, self.plan, True), self.optimizer
         )
+        # Built now, not at the first evaluation: building options touches the host RNG.
+        self.inference_options = build_options(poptorch, self.plan, False)
+        self.pending_rng_state = None  # IPU RNG state from a checkpoint, set once compiled
         return self.plan.batch
 
     def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
@@ -182,24 +239,47 @@ class IpuEngine:
             counts.append(_host_sum(step_counts(group, "per_token", "cpu"), self.instances))
         set_learning_rate(self.optimizer, lr)
         self.training.setOptimizer(self.optimizer)  # pushes the new lr; state stays on device
-        _, device_sums = self.training(**step_inputs(micro_batches, steps, counts))
+        inputs = step_inputs(micro_batches, steps, counts)
+        if not self.training.isCompiled():
+            self._compile(inputs)
+        _, device_sums = self.training(**inputs)
         sums.add_vector(device_sums.double().reshape(-1, device_sums.shape[-1]).sum(0))
         return torch.stack(counts).sum(0)
+
+    def _compile(self, inputs: dict) -> None:
+        """Ahead of the first step: compile (timed), then restore a checkpoint's IPU RNG
+        state, which PopTorch accepts only once there is an executable (rng_state setter)."""
+        started = time.perf_counter()
+        self.training.compile(**inputs)
+        if self.rank == 0:
+            log.info("IPU training graph compiled in %.1f s", time.perf_counter() - started)
+        if self.pending_rng_state is not None:
+            self.training.rng_state = self.pending_rng_state
+            self.pending_rng_state = None
 
     @torch.no_grad()
     def evaluate(self, shards, batches) -> dict:
         poptorch, plan = self.poptorch, self.plan
         if self.inference is None:
-            self.inference = poptorch.inferenceModel(self.step, build_options(poptorch, plan, False))
-        self.training.detachFromDevice()
+            self.inference = poptorch.inferenceModel(self.step, self.inference_options)
+        # One set of IPUs: the training executable lets go before the inference one attaches.
+        # Only if attached: an evaluation right after another finds it detached already, and
+        # PopTorch raises "Device is not attached" on a second detach.
+        if self.training.isAttachedToDevice():
+            self.training.detachFromDevice()  # also copies the weights and optimizer state to the host
         self.model.eval()
         sums = MetricSums()
-        # One micro-batch per local replica per call; static shapes.
-        for micro in padded_groups(shards, batches, plan.local_replicas, plan.micro_batch_packs):
-            zero = [torch.zeros(2, dtype=torch.float64)]
-            _, device_sums = self.inference(**step_inputs(micro, 1, zero))
+        # Static shapes: each call takes inference_device_iterations micro-batches per local
+        # replica. Every instance makes the same number of calls (the most any instance
+        # needs, empty groups after its own), since each call is a collective across replicas.
+        group_size = plan.local_replicas * plan.inference_device_iterations
+        calls = int(_host_sum(torch.tensor(-(-len(batches) // group_size)), self.instances, op="max"))
+        for micro in padded_groups(shards, batches, group_size, plan.micro_batch_packs, groups=calls):
+            zero = [torch.zeros(2, dtype=torch.float64)] * plan.inference_device_iterations
+            _, device_sums = self.inference(**step_inputs(micro, plan.inference_device_iterations, zero))
             sums.add_vector(device_sums.double().reshape(-1, device_sums.shape[-1]).sum(0))
-        self.inference.detachFromDevice()
+        if self.inference.isAttachedToDevice():
+            self.inference.detachFromDevice()
         self.model.train()
         return summarize(self.reduce(sums))
 
@@ -207,10 +287,14 @@ class IpuEngine:
         return sums.reduce(lambda totals: _host_sum(totals, self.instances))
 
     def snapshot(self) -> Snapshot:
-        self.training.copyWeightsToHost()
-        # PopTorch reads the optimizer state back from the IPUs.
-        return Snapshot(self.model, {"optimizer": self.optimizer.state_dict()})
+        # PopTorch's own way: a no-op when detaching already brought the weights back.
+        self.training.copyWeightsToHostIfNeeded()
+        state = {"optimizer": self.optimizer.state_dict()}  # PopTorch reads it back from the IPUs
+        if self.training.isCompiled():
+            state["ipu_rng_state"] = list(self.training.rng_state)
+        return Snapshot(self.model, state)
 
     def load_state(self, engine_state: dict) -> None:
         self.optimizer.load_state_dict(engine_state["optimizer"])
         self.training.setOptimizer(self.optimizer)
+        self.pending_rng_state = engine_state.get("ipu_rng_state")

@@ -50,6 +50,7 @@ class IpuPlan:
     layers_per_stage: tuple[int, ...]
     placements: tuple[Placement, ...]
     recompute_layers: tuple[int, ...]  # encoder layers followed by a recomputation checkpoint
+    forward_stages: int  # PopTorch's count: 1 + IPU changes along the placements
     # numerics
     half: bool
     loss_scaling: float
@@ -107,6 +108,26 @@ class IpuPlan:
         return self.batch.sequences_per_step
 
     @property
+    def pipelined(self) -> bool:
+        return len(self.layers_per_stage) > 1
+
+    @property
+    def inference_device_iterations(self) -> int:
+        """A pipelined inference graph needs deviceIterations >= its pipeline stages
+        (popart_compiler Compiler.cpp: "deviceIterations must be greater than or equal to
+        the number of pipeline stages"); one call then evaluates this many micro-batches
+        per replica."""
+        return self.forward_stages if self.pipelined else 1
+
+    @property
+    def effective_loss_scaling(self) -> float:
+        """The scale PopTorch applies to our graph loss. `ipu.loss_scaling` is meant as in
+        Graphcore's configs, on a per-micro-batch MEAN loss; ours is already divided by the
+        whole step's counts (GA x replicas micro-batches), about GA x replicas times smaller,
+        so the same headroom against fp16 underflow needs the scale times GA x replicas."""
+        return self.loss_scaling * self.gradient_accumulation * self.replicas
+
+    @property
     def total_ipus(self) -> int:
         return self.replicas * self.ipus_per_replica
 
@@ -125,11 +146,19 @@ class IpuPlan:
         )
 
 
-def training_pipeline_stages(ipu_stages: int) -> int:
-    """Pipeline stages of a training graph: forward stages + backward stages, the last
-    forward and first backward sharing one (PopART: 2N - 1). The gradient accumulation
-    must fill them, or the pipeline never reaches its steady state."""
-    return 2 * ipu_stages - 1
+def forward_stages(placements) -> int:
+    """Forward pipeline stages of placements in execution order: PopTorch's AutoIncrement
+    starts a new stage wherever the IPU changes (poptorch popart_compiler
+    CompilerImpl.cpp), so emb+L0 on IPU0 -> L1 on IPU1 -> heads back on IPU0 is 3."""
+    ipus = [p.ipu for p in placements]
+    return 1 + sum(a != b for a, b in zip(ipus, ipus[1:]))
+
+
+def training_pipeline_stages(forward: int) -> int:
+    """Pipeline stages of a training graph: every forward stage has a backward stage, the
+    last forward and first backward share one (PopART: 2F - 1). Gradient accumulation
+    must be at least this, or PopART refuses to compile the pipeline."""
+    return 2 * forward - 1
 
 
 def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPlan:
@@ -183,14 +212,6 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
         raise IpuPlanError(f"execution.layers_per_stage: {err}") from None
 
     batch = BatchArithmetic.from_config(config, packing_factor, ipu["replicas"])
-    adjusted = batch.adjusted
-    needed = training_pipeline_stages(len(split))
-    if len(split) > 1 and adjusted.gradient_accumulation < needed:
-        raise IpuPlanError(
-            f"gradient accumulation {adjusted.gradient_accumulation} (optim.gradient_accumulation after the "
-            f"packing adjustment) is smaller than the {needed} training pipeline stages of "
-            f"{len(split)} IPUs (2N-1): raise optim.gradient_accumulation"
-        )
     proportions = ipu["available_memory_proportion"]
     if proportions is not None:
         if len(proportions) not in (1, ipu["ipus_per_replica"]):
@@ -211,6 +232,15 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
         for layer in layer_range:
             placements.append(Placement(f"model.bert.encoder.layer.{layer}", stage, f"encoder{layer}"))
     placements.append(Placement("heads", 0, "heads"))
+    forward = forward_stages(placements)
+    needed = training_pipeline_stages(forward)
+    if len(split) > 1 and batch.adjusted.gradient_accumulation < needed:
+        raise IpuPlanError(
+            f"gradient accumulation {batch.adjusted.gradient_accumulation} (optim.gradient_accumulation after "
+            f"the packing adjustment) is smaller than the {needed} training pipeline stages (PopTorch counts "
+            f"{forward} forward stages: a new one at every IPU change, the heads back on IPU 0 included; "
+            f"training needs 2 x {forward} - 1): raise optim.gradient_accumulation"
+        )
     # Checkpoint every layer output but the last: in a pipeline, activations between
     # checkpoints are recomputed in the backward pass instead of stashed.
     recompute = tuple(range(layers - 1)) if ipu["recompute_checkpoints"] else ()
@@ -229,6 +259,7 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
         stochastic_rounding=ipu["stochastic_rounding"],
         half_partials=ipu["half_partials"],
         optimizer_accum_type=ipu["optimizer_accum_type"],
+        forward_stages=forward,
         replicated_tensor_sharding=ipu["replicated_tensor_sharding"] and ipu["replicas"] > 1,
         optimizer_state_offchip=ipu["optimizer_state_offchip"],
         available_memory_proportion=memory,
