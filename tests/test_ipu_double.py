@@ -31,7 +31,10 @@ def poptorch_double(monkeypatch):
     poptorch._ATTACHED.clear()
     from training.backends.ipu import IpuEngine
 
-    return IpuEngine
+    yield IpuEngine
+    # Leave no double behind: other tests look for a real poptorch.
+    for name in [m for m in sys.modules if m == "poptorch" or m.startswith("poptorch.")]:
+        del sys.modules[name]
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ def test_engines_do_not_import_the_run():
     importers = [
         p.relative_to(REPO).as_posix()
         for p in REPO.rglob("*.py")
-        if ".venv" not in p.parts
+        if not {".venv", ".venv-tf", "tests"} & set(p.parts)  # tests/ hold the PopTorch double
         and any(line.strip() == "import poptorch" for line in p.read_text().splitlines())
     ]
     assert importers == ["training/backends/ipu.py"]
