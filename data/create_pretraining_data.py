@@ -241,7 +241,7 @@ def _part_name(path: Path) -> str:
 def create(args) -> dict:
     validate_args(args)
     files = expand(args.input)
-    read_vocab(args.vocab)  # a bad vocabulary is reported before any work
+    vocab_size = len(read_vocab(args.vocab))  # a bad vocabulary is reported before any work
     recipe = Recipe(
         args.max_seq_length, args.max_predictions_per_seq, args.masked_lm_prob, args.short_seq_prob
     )
@@ -276,7 +276,7 @@ def create(args) -> dict:
     summary.update(
         seconds=round(seconds, 2),
         sequences_per_second=round(summary["sequences"] / max(seconds, 1e-9), 1),
-        vocab_size=len(read_vocab(args.vocab)),
+        vocab_size=vocab_size,
         options={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
     )
     write_json_atomic(args.output / "creation.json", summary)

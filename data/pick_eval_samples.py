@@ -49,12 +49,11 @@ def pick(patterns: list[str], output: Path, count: int, vocab_size: int) -> dict
     columns: dict[str, list] = {name: [] for name in FIELDS}
     for index, source in enumerate(sources):
         local = [r - starts[index] for r in rows if starts[index] <= r < starts[index + 1]]
-        if not local:
-            continue
-        block = source.read(int(local[0]), int(local[-1]) + 1)  # one contiguous read per file
-        offsets = np.asarray(local) - local[0]
-        for name in FIELDS:
-            columns[name].append(block[name][offsets])
+        if local:
+            block = source.read(int(local[0]), int(local[-1]) + 1)  # one contiguous read per file
+            offsets = np.asarray(local) - local[0]
+            for name in FIELDS:
+                columns[name].append(block[name][offsets])
         source.close()
     arrays = {name: np.concatenate(parts) for name, parts in columns.items()}
     if int(arrays["input_ids"].max(initial=0)) >= vocab_size:

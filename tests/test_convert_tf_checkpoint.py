@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from data.convert_tf_checkpoint import CONFIG_KEYS
 from data.convert_tf_checkpoint import main as convert_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,20 +74,8 @@ def tf1_variables(model) -> dict[str, np.ndarray]:
 
 
 def bert_config_json(config) -> dict:
-    keys = (
-        "vocab_size",
-        "hidden_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "intermediate_size",
-        "hidden_act",
-        "hidden_dropout_prob",
-        "attention_probs_dropout_prob",
-        "max_position_embeddings",
-        "type_vocab_size",
-        "initializer_range",
-    )
-    return {k: getattr(config, k) for k in keys}
+    """The checkpoint's bert_config.json, as Google's BERT writes it."""
+    return {k: getattr(config, k) for k in CONFIG_KEYS}
 
 
 @pytest.fixture(scope="module")

@@ -124,6 +124,19 @@ def test_one_memory_proportion_applies_to_every_ipu():
 # --------------------------------------------------------------------------------------
 # Missing poptorch: exit 2, one clear line, before any data is read
 # --------------------------------------------------------------------------------------
+def _run_tiny_ipu_config(tmp_path, env=None):
+    """run_pretraining.py on the IPUModel config with data that does not exist."""
+    return subprocess.run(
+        [sys.executable, "run_pretraining.py", "--config", "configs/ipu_model_tiny.yaml"]
+        + ["--output-dir", str(tmp_path / "out"), "--set", "data.train_dir=/nonexistent/packed"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
 def test_ipu_model_config_exits_2_quickly_without_poptorch(tmp_path):
     try:
         import poptorch  # noqa: F401
@@ -132,14 +145,7 @@ def test_ipu_model_config_exits_2_quickly_without_poptorch(tmp_path):
     except ImportError:
         pass
     started = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "run_pretraining.py", "--config", "configs/ipu_model_tiny.yaml"]
-        + ["--output-dir", str(tmp_path / "out"), "--set", "data.train_dir=/nonexistent/packed"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _run_tiny_ipu_config(tmp_path)
     assert done.returncode == 2
     assert "needs poptorch, which does not import here (No module named 'poptorch')" in done.stderr
     assert "Poplar SDK 3.4" in done.stderr and "torch 2.0.1" in done.stderr and "Traceback" not in done.stderr
@@ -157,15 +163,7 @@ def test_poptorch_version_assertion_is_one_line_exit_2(tmp_path):
         'import torch\nassert torch.__version__ == "2.0.1", "PopTorch 3.4 needs torch 2.0.1, found " + torch.__version__\n'
     )
     env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{REPO}"}
-    done = subprocess.run(
-        [sys.executable, "run_pretraining.py", "--config", "configs/ipu_model_tiny.yaml"]
-        + ["--output-dir", str(tmp_path / "out"), "--set", "data.train_dir=/nonexistent/packed"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    done = _run_tiny_ipu_config(tmp_path, env)
     assert done.returncode == 2, done.stderr
     assert "PopTorch 3.4 needs torch 2.0.1, found" in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1

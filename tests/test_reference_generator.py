@@ -18,16 +18,8 @@ from data import assets
 from data.create_pretraining_data import main as create_main
 from data.create_pretraining_data import read_document, split_sentences
 from data.reference_tokenizer import ReferenceTokenizer, read_vocab
+from packing.sources import FIELDS
 from tests import reference_bert
-
-FIELDS = (
-    "input_ids",
-    "input_mask",
-    "segment_ids",
-    "masked_lm_positions",
-    "masked_lm_ids",
-    "next_sentence_labels",
-)
 
 # Text that trips tokenizers: special-token strings, words of 150 and 250 characters (the
 # reference's limit is 200), accents and combining marks, CJK, controls, format characters,

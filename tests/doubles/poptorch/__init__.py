@@ -256,9 +256,12 @@ class PoplarExecutor:
         _ATTACHED.append(self)
         self._attached = True
 
-    def detachFromDevice(self):
+    def _require_compiled(self):
         if not self.isCompiled():
             raise RuntimeError("Model has not been compiled or has been destroyed.")
+
+    def detachFromDevice(self):
+        self._require_compiled()
         if not self._attached:  # R5
             raise RuntimeError("Device is not attached")
         _ATTACHED.remove(self)
@@ -276,14 +279,12 @@ class PoplarExecutor:
 
     @property
     def rng_state(self):
-        if not self.isCompiled():  # R7
-            raise RuntimeError("Model has not been compiled or has been destroyed.")
+        self._require_compiled()  # R7
         return list(self._rng)
 
     @rng_state.setter
     def rng_state(self, state):
-        if not self.isCompiled():  # R7
-            raise RuntimeError("Model has not been compiled or has been destroyed.")
+        self._require_compiled()  # R7
         self._rng = list(state)
 
     def __call__(self, **inputs):
