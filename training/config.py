@@ -96,6 +96,14 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "max_seconds": Key(
             float, None, "stop (and checkpoint) after this wall time", optional=True, minimum=0
         ),
+        "max_train_seconds": Key(
+            float,
+            None,
+            "stop after this much training time (evaluations and checkpoints not counted; "
+            "equal-time comparisons)",
+            optional=True,
+            minimum=0,
+        ),
     },
     "eval": {
         "every_samples": Key(

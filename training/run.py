@@ -13,6 +13,7 @@ the step's GLOBAL masked-token and sequence counts -> backward -> LAMB step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -59,6 +60,7 @@ class RunState:
     next_eval_samples: int = 0
     best_eval_accuracy: float = 0.0
     reached_target: bool = False
+    train_seconds: float = 0.0  # training time so far, all processes of the run (see Run.train_seconds)
 
     def to_checkpoint(self) -> dict:
         return {
@@ -67,6 +69,7 @@ class RunState:
             "position": self.position.as_dict(),
             "next_eval_samples": self.next_eval_samples,
             "best_eval_accuracy": self.best_eval_accuracy,
+            "train_seconds": self.train_seconds,
         }
 
     @classmethod
@@ -77,6 +80,7 @@ class RunState:
             position=LoaderPosition(**saved["position"]),
             next_eval_samples=saved["next_eval_samples"],
             best_eval_accuracy=saved["best_eval_accuracy"],
+            train_seconds=saved.get("train_seconds", 0.0),  # absent in checkpoints before it was kept
         )
 
 
@@ -258,6 +262,7 @@ class Run:
         )
         self.stop = StopSignal()
         self.skipped_steps = 0
+        self.evaluated_step = None
         self.saved_step = self.state.step if saved is not None else None
         self.progress = tqdm(
             total=self.limits["max_steps"],
@@ -276,6 +281,7 @@ class Run:
             log.info("%s; eval every %d sequences", self.batch.describe(), self.eval_schedule.every_samples)
         self.reporter.mlperf.run_start(state.samples)
         status, exit_code, self.started = "aborted", 0, time.perf_counter()
+        self.resumed_train_seconds, self.paused_seconds = state.train_seconds, 0.0
         self._new_window()
         try:
             try:
@@ -303,6 +309,7 @@ class Run:
                     and not state.reached_target
                     and config["eval"]["at_end"]
                     and self.eval_set is not None
+                    and self.evaluated_step != state.step  # not twice for the same weights
                 ):
                     if self._evaluate() and config["eval"]["stop_at_target"]:
                         state.reached_target, status = True, "success"
@@ -332,9 +339,27 @@ class Run:
             return True
         if limits["max_samples"] is not None and state.samples >= limits["max_samples"]:
             return True
+        if limits["max_train_seconds"] is not None and self.train_seconds() >= limits["max_train_seconds"]:
+            return True
         return (
             limits["max_seconds"] is not None and time.perf_counter() - self.started >= limits["max_seconds"]
         )
+
+    def train_seconds(self) -> float:
+        """Seconds spent training: wall time since the start (plus the resumed run's) less
+        evaluations and checkpoints. The clock of `max_train_seconds`, of each record's
+        `train_seconds` and of the throughput figures: equal-time comparisons of packed
+        and unpacked runs must not charge the run that evaluates more often."""
+        return self.resumed_train_seconds + time.perf_counter() - self.started - self.paused_seconds
+
+    @contextlib.contextmanager
+    def _paused(self):
+        """Time inside does not count as training time (evaluation, checkpoints)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_seconds += time.perf_counter() - start
 
     def _train_call(self) -> float:
         """One engine call: its micro-batches, the lr for the samples so far, the steps it
@@ -362,17 +387,19 @@ class Run:
 
     # ----- reporting -------------------------------------------------------------------
     def _new_window(self) -> None:
-        self.window, self.window_start, self.window_samples = MetricSums(), time.perf_counter(), 0
+        self.window, self.window_start, self.window_samples = MetricSums(), self.train_seconds(), 0
 
     def _log_window(self, lr: float) -> None:
         totals = self.engine.reduce(self.window)
         figures = summarize(totals)
         if not math.isfinite(figures["loss"]):  # engines that cannot check per step
             raise Diverged(f"step {self.state.step}: non-finite loss in the last logging window")
-        seconds = time.perf_counter() - self.window_start
+        now = self.train_seconds()
+        seconds = now - self.window_start
         record = {
             "step": self.state.step,
             "samples": self.state.samples,
+            "train_seconds": now,
             "epoch": self.state.position.epoch,
             "lr": lr,
             **figures,
@@ -393,9 +420,13 @@ class Run:
         if self.eval_set is None:
             return False
         state = self.state
-        metrics = self.engine.evaluate(*self.eval_set)
+        train_seconds = self.train_seconds()
+        with self._paused():
+            metrics = self.engine.evaluate(*self.eval_set)
+        self.evaluated_step = state.step
         state.best_eval_accuracy = max(state.best_eval_accuracy, metrics["mlm_accuracy"])
-        self.reporter.log({"step": state.step, "samples": state.samples, **metrics}, "eval")
+        record = {"step": state.step, "samples": state.samples, "train_seconds": train_seconds, **metrics}
+        self.reporter.log(record, "eval")
         self.reporter.mlperf.evaluation(state.samples, metrics["mlm_accuracy"])
         if self.engine.rank == 0:
             self.progress.write(
@@ -407,6 +438,11 @@ class Run:
     # ----- checkpoints and the end -----------------------------------------------------
     def _save(self) -> None:
         """Collective: a checkpoint of this step (rank 0 writes it). Never of non-finite weights."""
+        self.state.train_seconds = self.train_seconds()
+        with self._paused():
+            self._write_checkpoint()
+
+    def _write_checkpoint(self) -> None:
         # One reduction on the device, one host sync (not one per parameter).
         bad = not bool(torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all())
         if any_process(bad):
@@ -440,6 +476,7 @@ class Run:
                 "samples": self.state.samples,
                 "status": status,
                 "seconds": time.perf_counter() - self.started,
+                "train_seconds": self.train_seconds(),
             },
             "end",
         )

@@ -1,8 +1,11 @@
-"""`python -m training.summary --packed RUN --unpacked RUN`: packed vs unpacked, side by side.
+"""`python -m training.summary --packed RUN --unpacked RUN [--plot PNG]`: packed vs unpacked.
 
 Reads each run's metrics.jsonl and config.yaml (and the data's metadata.json) and prints
-the packing factor, training throughput in real sequences and tokens per second (steps
-after the first, to leave out start-up), the realized speed-up and the last eval accuracy.
+the packing factor, training throughput in real sequences and tokens per second (the
+logging windows after the first, to leave out start-up; evaluation time is not training
+time), the realized speed-up, the eval MLM accuracy at the end and at the unpacked run's
+end time, and the unigram baseline (always predicting the most frequent masked token).
+--plot draws eval MLM accuracy against training seconds and against sequences seen.
 """
 
 from __future__ import annotations
@@ -11,23 +14,27 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
 import yaml
+
+from training.curves import eval_curve, plot_curves, read_records, unigram_baseline
 
 
 def run_figures(run: Path) -> dict:
     config = yaml.safe_load((run / "config.yaml").read_text())
     meta = json.loads((Path(config["data"]["train_dir"]) / "metadata.json").read_text())
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if r["kind"] == "train"]
-    evals = [r for r in records if r["kind"] == "eval"]
+    records = read_records(run)
+    train, evals = records.get("train", []), records.get("eval", [])
     steady = train[1:] or train
     seconds = sum(r["sequences"] / r["sequences_per_second"] for r in steady)
     tokens = sum(r["tokens_per_second"] * r["sequences"] / r["sequences_per_second"] for r in steady)
     return {
         "run": str(run),
+        "config": config,
         "packing_factor": meta["packing_factor"],
         "steps": train[-1]["step"] if train else 0,
         "sequences": train[-1]["samples"] if train else 0,
+        "train_seconds": train[-1]["train_seconds"] if train else 0.0,
         "sequences_per_second": sum(r["sequences"] for r in steady) / seconds if seconds else 0.0,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "final_train_loss": train[-1]["loss"] if train else None,
@@ -35,20 +42,29 @@ def run_figures(run: Path) -> dict:
     }
 
 
+def accuracy_at(run: Path, seconds: float) -> float | None:
+    """Eval MLM accuracy of the last evaluation at or before `seconds` of training."""
+    curve = eval_curve(run)
+    before = np.flatnonzero(curve["train_seconds"] <= seconds + 1e-9)
+    return float(curve["mlm_accuracy"][before[-1]]) if before.size else None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--packed", required=True, type=Path)
     parser.add_argument("--unpacked", required=True, type=Path)
+    parser.add_argument("--plot", type=Path, help="write the learning curves here (PNG)")
     args = parser.parse_args(argv)
     packed, unpacked = run_figures(args.packed), run_figures(args.unpacked)
     print(
-        "| run | packing factor | steps | sequences | sequences/s | real tokens/s | train loss | eval MLM acc |"
+        "| run | packing factor | steps | sequences | training s | sequences/s | real tokens/s "
+        "| train loss | eval MLM acc |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, f in (("unpacked", unpacked), ("packed", packed)):
         acc = "-" if f["eval_mlm_accuracy"] is None else f"{f['eval_mlm_accuracy']:.4f}"
         print(
-            f"| {name} | {f['packing_factor']:.3f} | {f['steps']} | {f['sequences']} | "
+            f"| {name} | {f['packing_factor']:.3f} | {f['steps']} | {f['sequences']} | {f['train_seconds']:.0f} | "
             f"{f['sequences_per_second']:.1f} | {f['tokens_per_second']:.0f} | {f['final_train_loss']:.3f} | {acc} |"
         )
     speedup = packed["sequences_per_second"] / unpacked["sequences_per_second"]
@@ -56,6 +72,26 @@ def main(argv=None) -> int:
         f"\nrealized speed-up {speedup:.3f} (sequences/s packed / unpacked) = "
         f"{speedup / packed['packing_factor']:.3f} x packing factor {packed['packing_factor']:.3f}"
     )
+    eval_config = unpacked["config"]["eval"]
+    data = unpacked["config"]["data"]
+    baseline = None
+    if data["eval_dir"]:
+        token, baseline = unigram_baseline(data["train_dir"], data["eval_dir"], eval_config["max_sequences"])
+        print(f"unigram baseline (always predict token id {token}): eval MLM accuracy {baseline:.4f}")
+        equal_time = accuracy_at(args.packed, unpacked["train_seconds"])
+        if equal_time is not None and unpacked["eval_mlm_accuracy"] is not None:
+            print(
+                f"at {unpacked['train_seconds']:.0f} training seconds: packed {equal_time:.4f} vs "
+                f"unpacked {unpacked['eval_mlm_accuracy']:.4f} eval MLM accuracy"
+            )
+    if args.plot:
+        series = {"unpacked": [eval_curve(args.unpacked)], "packed": [eval_curve(args.packed)]}
+        title = (
+            f"{unpacked['config']['model']['preset']}, S={data['max_sequence_length']}: packed "
+            f"(packing factor {packed['packing_factor']:.2f}) vs unpacked, same training time"
+        )
+        plot_curves(series, baseline, args.plot, title)
+        print(f"wrote {args.plot}")
     return 0
 
 

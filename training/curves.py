@@ -1,0 +1,105 @@
+"""Learning curves of finished runs: their metrics.jsonl, the unigram baseline, plots.
+
+Used by `training.summary` (the demo's packed vs unpacked table and plot) and by
+`bench/bench_convergence.py` (the convergence study over seeds).
+
+A run's curve is its eval records (kind "eval" in metrics.jsonl), each with the
+sequences trained so far (`samples`) and the training time so far (`train_seconds`:
+wall time less evaluations and checkpoints, training.run.Run.train_seconds).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from packing.shards import PackedDataset
+from training.data import PackedShards, eval_batches
+
+
+def read_records(run: Path) -> dict[str, list[dict]]:
+    """{kind: records in file order} of `run`/metrics.jsonl (kinds: train, eval, end)."""
+    records: dict[str, list[dict]] = {}
+    for line in (Path(run) / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        records.setdefault(record["kind"], []).append(record)
+    return records
+
+
+def eval_curve(run: Path) -> dict[str, np.ndarray]:
+    """float64 arrays of equal length, one entry per evaluation: samples (sequences
+    trained), train_seconds, mlm_accuracy, mlm_loss."""
+    evals = read_records(run).get("eval", [])
+    keys = ("samples", "train_seconds", "mlm_accuracy", "mlm_loss")
+    return {key: np.array([float(r[key]) for r in evals]) for key in keys}
+
+
+def masked_labels(dataset: PackedDataset, packs: list[int] | None = None) -> np.ndarray:
+    """int64 [masked tokens]: the labels of every used masked-LM slot of `packs` (all packs
+    when None), read in blocks."""
+    shards = PackedShards(dataset)
+    packs = list(range(len(shards))) if packs is None else packs
+    labels = []
+    for start in range(0, len(packs), 4096):
+        batch = shards[packs[start : start + 4096]]
+        weights = batch["masked_lm_weights"].numpy()
+        labels.append(batch["masked_lm_ids"].numpy()[weights > 0])
+    return np.concatenate(labels).astype(np.int64) if labels else np.zeros(0, np.int64)
+
+
+def unigram_baseline(train_dir, eval_dir, max_sequences: int) -> tuple[int, float]:
+    """(token id, accuracy): the most frequent masked label of the training data and the
+    MLM accuracy of always predicting it on the evaluation a run performs (the first
+    packs holding at most `max_sequences` sequences, as training.data.eval_batches picks).
+    A model has learned something beyond token frequencies only above this accuracy."""
+    train = masked_labels(PackedDataset.open(train_dir))
+    most_frequent = int(np.bincount(train).argmax())
+    eval_data = PackedDataset.open(eval_dir)
+    _, batches, _ = eval_batches(eval_data, 1, max_sequences, rank=0, world=1)
+    labels = masked_labels(eval_data, [p for batch in batches for p in batch])
+    return most_frequent, float((labels == most_frequent).mean()) if labels.size else 0.0
+
+
+def plot_curves(series: dict[str, list[dict[str, np.ndarray]]], baseline: float | None, path: Path, title: str):
+    """Eval MLM accuracy against training seconds (left) and sequences trained (right).
+
+    series: {label: [curve per seed]} (eval_curve dicts). One seed: its line; several:
+    the mean over seeds at each evaluation (curves must share their `samples` points)
+    with a band of +- one standard deviation, drawn against sequences only (seconds
+    differ from seed to seed). Written to `path` (PNG) by atomic rename."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from common.files import atomic_path
+
+    fig, (by_time, by_sequences) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for label, curves in series.items():
+        if len(curves) == 1:
+            c = curves[0]
+            (line,) = by_sequences.plot(c["samples"], c["mlm_accuracy"], marker="o", ms=3, label=label)
+            by_time.plot(c["train_seconds"], c["mlm_accuracy"], marker="o", ms=3, color=line.get_color())
+            continue
+        points = min(len(c["samples"]) for c in curves)
+        samples = curves[0]["samples"][:points]
+        accuracy = np.stack([c["mlm_accuracy"][:points] for c in curves])
+        mean, sd = accuracy.mean(0), accuracy.std(0, ddof=1)
+        (line,) = by_sequences.plot(samples, mean, label=f"{label} (mean of {len(curves)} seeds)")
+        by_sequences.fill_between(samples, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+        seconds = np.stack([c["train_seconds"][:points] for c in curves]).mean(0)
+        by_time.plot(seconds, mean, color=line.get_color())
+    for axis, xlabel in ((by_time, "training seconds (evaluation not counted)"), (by_sequences, "sequences seen")):
+        if baseline is not None:
+            axis.axhline(baseline, color="grey", ls="--", lw=1, label="unigram baseline")
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel("eval MLM accuracy")
+        axis.grid(alpha=0.3)
+    by_sequences.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    with atomic_path(Path(path)) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
