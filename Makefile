@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packing/histograms/wikipedia_512.json
 
-.PHONY: install install-tf test demo demo-data bench lint clean finetune-demo
+.PHONY: install install-tf test demo demo-data convergence bench lint clean finetune-demo
 
 install: $(STAMP)
 
@@ -74,6 +74,14 @@ demo: demo-data
 	$(PY) -m training.summary --packed runs/demo_packed --unpacked runs/demo_unpacked \
 		--plot $(DEMO)/learning_curves.png
 
+# Does packed training learn as unpacked training does, per sequence seen? Unpacked vs
+# packed with each packing adjustment, several seeds, the same sequences (Krell et al.,
+# Fig. 3 left): bench/bench_convergence.py. --quick: 3 seeds x 2,000 sequences, ~5 min
+# on 2 cores; CONVERGENCE_ARGS= (empty) runs the full study (5 seeds x 15,000 sequences).
+CONVERGENCE_ARGS ?= --quick
+convergence: demo-data
+	$(PY) bench/bench_convergence.py $(CONVERGENCE_ARGS)
+
 # Fine-tuning demo: BBC News topics from the real MiniLM-L6 BERT, the four batching modes for
 # the same budget (FINETUNE_EPOCHS passes) on CPU, then one table.
 FINETUNE_EPOCHS ?= 2
@@ -95,6 +103,7 @@ bench: install
 	$(PY) bench/bench_model.py --preset bert-base --rows 2 --steps 3
 	$(MAKE) demo-data
 	$(PY) bench/bench_loader.py --packed $(DEMO)/packed
+	$(PY) bench/bench_demo_speedup.py --profile
 	$(PY) bench/bench_stages.py
 	$(PY) bench/bench_finetune.py
 

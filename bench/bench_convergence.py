@@ -52,18 +52,28 @@ VARIANTS = {
     "packed_same_sequences": ("packed", "same_sequences_per_step"),
     "packed_same_packs": ("packed", "same_packs_per_step"),
 }
+# Diagnostics (run only when named in --variants): where same_packs_per_step differs, is
+# it its p times fewer optimizer steps at an unchanged learning rate (lr x p restores the
+# distance LAMB moves the weights per sequence), or the beta^p heuristic (betas kept)?
+DIAGNOSTICS = {
+    "packed_same_packs_lr_x_p": ("packed", "same_packs_per_step"),
+    "packed_same_packs_plain_betas": ("packed", "none"),
+}
 HEADLINE = ("packed_same_sequences", "unpacked")
 
 
 def run_config(args, variant: str, seed: int) -> list[str]:
     """--set overrides of configs/demo.yaml for one run."""
-    folder, adjustment = VARIANTS[variant]
+    folder, adjustment = {**VARIANTS, **DIAGNOSTICS}[variant]
     warmup = max(1, int(args.sequences * args.warmup_fraction))
+    lr = args.lr
+    if variant == "packed_same_packs_lr_x_p":
+        lr *= json.loads((args.data / folder / "metadata.json").read_text())["packing_factor"]
     return [
         f"data.train_dir={args.data / folder}",
         f"data.eval_dir={args.data / 'eval'}",
         f"optim.packing_adjustment={adjustment}",
-        f"optim.lr={args.lr}",
+        f"optim.lr={lr}",
         f"optim.warmup_samples={warmup}",
         f"optim.total_samples={args.sequences}",
         f"training.seed={seed}",
@@ -129,26 +139,40 @@ def welch_interval(a: np.ndarray, b: np.ndarray, confidence: float) -> tuple[flo
 
 
 def verdict(a: np.ndarray, b: np.ndarray, margin: float) -> tuple[str, tuple[float, float, float]]:
+    """Both tests, both named: a difference can be real (the 95% interval excludes 0) and
+    still smaller than the margin that matters (the 90% interval inside +-margin)."""
     diff, lo90, hi90 = welch_interval(a, b, 0.90)
     _, lo95, hi95 = welch_interval(a, b, 0.95)
-    if -margin < lo90 and hi90 < margin:
-        return f"equivalent within +-{margin}", (diff, lo95, hi95)
-    if lo95 > 0 or hi95 < 0:
-        return "different", (diff, lo95, hi95)
-    return f"inconclusive at margin +-{margin}", (diff, lo95, hi95)
+    equivalent = -margin < lo90 and hi90 < margin
+    different = lo95 > 0 or hi95 < 0
+    if equivalent and different:
+        text = f"different, but equivalent within +-{margin}"
+    elif equivalent:
+        text = f"equivalent within +-{margin}"
+    elif different:
+        text = "different"
+    else:
+        text = f"inconclusive at margin +-{margin}"
+    return text, (diff, lo95, hi95)
 
 
-def main() -> int:
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 seeds x 1,800 sequences (~5 min on 2 cores)")
+    parser.add_argument("--quick", action="store_true", help="3 seeds x 2,000 sequences (~5 min on 2 cores)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per variant (default 3 quick, 5 full)")
-    parser.add_argument("--sequences", type=int, default=None, help="sequences per run (default 1,800 quick, 15,000 full)")
+    parser.add_argument(
+        "--sequences", type=int, default=None, help="sequences per run (default 2,000 quick, 15,000 full)"
+    )
     parser.add_argument("--eval-every", type=int, default=None, help="sequences between evaluations")
     parser.add_argument("--eval-sequences", type=int, default=400, help="held-out sequences per evaluation")
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--warmup-fraction", type=float, default=0.05, help="warm-up, a fraction of --sequences")
-    parser.add_argument("--margin", type=float, default=0.01, help="equivalence margin, MLM accuracy (absolute)")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument(
+        "--warmup-fraction", type=float, default=0.05, help="warm-up, a fraction of --sequences"
+    )
+    parser.add_argument(
+        "--margin", type=float, default=0.01, help="equivalence margin, MLM accuracy (absolute)"
+    )
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=[*VARIANTS, *DIAGNOSTICS])
     parser.add_argument("--data", type=Path, default=ROOT / "demo_out", help="`make demo-data`'s folder")
     parser.add_argument("--out", type=Path, default=ROOT / "bench_out" / "convergence")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
@@ -157,21 +181,29 @@ def main() -> int:
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--reuse", action="store_true", help="read finished runs of the same config in OUT")
     parser.add_argument(
-        "--report-only", action="store_true", help="train nothing: report the seeds every variant finished in OUT"
+        "--report-only",
+        action="store_true",
+        help="train nothing: report the seeds every variant finished in OUT",
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        nargs="+",
+        help="train nothing: report the curves of earlier studies' convergence.json (a variant's first file wins)",
+    )
+    args = parser.parse_args(argv)
     args.seeds = args.seeds or (3 if args.quick else 5)
-    args.sequences = args.sequences or (1800 if args.quick else 15000)
+    args.sequences = args.sequences or (2000 if args.quick else 15000)
     args.eval_every = args.eval_every or max(1, args.sequences // (6 if args.quick else 15))
     if args.seeds < 2:
         parser.error("--seeds must be >= 2 (a spread is needed to compare variants)")
-    if not (args.data / "packed" / "metadata.json").is_file():
-        print(f"error: {args.data}/packed holds no packed dataset; run `make demo-data` first", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.WARNING)
-    from training.curves import eval_curve, plot_curves, unigram_baseline
+    return args
 
-    started = time.perf_counter()
+
+def train_all(args) -> dict[str, list[dict]] | None:
+    """{variant: [eval curve per seed]} over the seeds every variant finished."""
+    from training.curves import eval_curve
+
     curves: dict[str, list[dict]] = {v: [] for v in args.variants}
     for seed in range(args.seeds):  # seeds outermost: an interrupted study still compares variants
         folders = {}
@@ -191,16 +223,52 @@ def main() -> int:
             continue
         for variant, folder in folders.items():
             curves[variant].append(eval_curve(folder))
-    done = len(curves[args.variants[0]])
+    return curves
+
+
+def read_json_curves(files: list[Path]) -> tuple[dict[str, list[dict]], float, dict]:
+    """Curves, unigram baseline and arguments of earlier studies (the first file's args)."""
+    curves, baseline, first_args = {}, None, None
+    for path in files:
+        record = json.loads(path.read_text())
+        first_args = first_args or record["args"]
+        baseline = record["unigram_baseline"] if baseline is None else baseline
+        for variant, runs in record["curves"].items():
+            curves.setdefault(variant, [{k: np.array(v) for k, v in run.items()} for run in runs])
+    return curves, baseline, first_args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    from training.curves import plot_curves, unigram_baseline
+
+    started = time.perf_counter()
+    if args.from_json:
+        curves, baseline, earlier = read_json_curves(args.from_json)
+        args.variants = [v for v in [*VARIANTS, *DIAGNOSTICS] if v in curves]
+        args.sequences, args.device = earlier["sequences"], earlier["device"]
+    else:
+        if not (args.data / "packed" / "metadata.json").is_file():
+            print(
+                f"error: {args.data}/packed holds no packed dataset; run `make demo-data` first",
+                file=sys.stderr,
+            )
+            return 2
+        curves = train_all(args)
+        _, baseline = unigram_baseline(args.data / "packed", args.data / "eval", args.eval_sequences)
+    done = min(len(curves[v]) for v in args.variants)
     if done < 2:
         print(f"error: {done} seed(s) finished by every variant in {args.out}; 2 are needed", file=sys.stderr)
         return 2
     args.seeds = done
-    _, baseline = unigram_baseline(args.data / "packed", args.data / "eval", args.eval_sequences)
+    curves = {v: curves[v][:done] for v in args.variants}
     final = {v: np.array([c["mlm_accuracy"][-1] for c in cs]) for v, cs in curves.items()}
     final_loss = {v: np.array([c["mlm_loss"][-1] for c in cs]) for v, cs in curves.items()}
 
-    print(f"\n{args.seeds} seeds x {args.sequences} sequences, device {args.device}; unigram baseline {baseline:.4f}")
+    print(
+        f"\n{args.seeds} seeds x {args.sequences} sequences, device {args.device}; unigram baseline {baseline:.4f}"
+    )
     print("| variant | final eval MLM accuracy (mean +- sd) | final eval MLM loss | training s per run |")
     print("|---|---|---|---|")
     for v in args.variants:
@@ -218,9 +286,15 @@ def main() -> int:
 
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"{args.seeds} seeds x {args.sequences} sequences per run, bert-tiny, S=512, {args.device}"
-    plot_curves({v: curves[v] for v in args.variants}, baseline, args.out / "convergence.png", title)
+    plot_curves(
+        {v: curves[v] for v in args.variants},
+        baseline,
+        args.out / "convergence.png",
+        title,
+        metrics=("mlm_accuracy", "mlm_loss"),
+    )
     record = {
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "args": json.loads(json.dumps(vars(args), default=str)),
         "unigram_baseline": baseline,
         "comparisons": comparisons,
         "curves": {v: [{k: a.tolist() for k, a in c.items()} for c in cs] for v, cs in curves.items()},
@@ -229,7 +303,9 @@ def main() -> int:
 
     with atomic_path(args.out / "convergence.json") as tmp:
         tmp.write_text(json.dumps(record, indent=1))
-    print(f"wrote {args.out / 'convergence.png'} and convergence.json ({time.perf_counter() - started:.0f} s)")
+    print(
+        f"wrote {args.out / 'convergence.png'} and convergence.json ({time.perf_counter() - started:.0f} s)"
+    )
     packed, unpacked = HEADLINE
     if packed in final and unpacked in final:
         p, u = final[packed], final[unpacked]

@@ -50,8 +50,12 @@ def train_vocab(files: list[Path], vocab_size: int, min_frequency: int) -> list[
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--input", required=True, nargs="+", help="text files or globs (one document per file)")
-    parser.add_argument("--vocab-size", type=int, default=4096, help="tokens in the vocabulary, specials included")
+    parser.add_argument(
+        "--input", required=True, nargs="+", help="text files or globs (one document per file)"
+    )
+    parser.add_argument(
+        "--vocab-size", type=int, default=4096, help="tokens in the vocabulary, specials included"
+    )
     parser.add_argument("--min-frequency", type=int, default=2, help="a piece must occur this often")
     parser.add_argument("--output", required=True, type=Path, help="vocab.txt to write")
     args = parser.parse_args(argv)

@@ -109,7 +109,9 @@ def test_training_time_leaves_out_evaluation_and_survives_resume(packed, tmp_pat
 
 
 def test_max_train_seconds_stops_the_run(packed, tmp_path):
-    config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 10**6, "max_train_seconds": 2.0})
+    config = write_config(
+        tmp_path / "c.yaml", packed, training={"max_steps": 10**6, "max_train_seconds": 2.0}
+    )
     done = run(config, tmp_path / "run")
     assert done.returncode == 0, done.stderr
     end = metrics(tmp_path / "run", "end")[-1]
@@ -135,7 +137,9 @@ def test_summary_prints_speedup_baseline_and_plots(packed, tmp_path):
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_convergence", REPO / "bench" / "bench_convergence.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_convergence", REPO / "bench" / "bench_convergence.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -183,7 +187,10 @@ def test_corpus_vocabulary_feeds_data_creation(tmp_path):
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     bad = subprocess.run(
-        [*cmd[:-1], "3", "--output", str(tmp_path / "bad" / "vocab.txt")], cwd=REPO, capture_output=True, text=True
+        [*cmd[:-1], "3", "--output", str(tmp_path / "bad" / "vocab.txt")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode == 2 and "--vocab-size" in bad.stderr and bad.stderr.count("\n") == 1
     assert not (tmp_path / "bad" / "vocab.txt").exists()

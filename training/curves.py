@@ -62,13 +62,21 @@ def unigram_baseline(train_dir, eval_dir, max_sequences: int) -> tuple[int, floa
     return most_frequent, float((labels == most_frequent).mean()) if labels.size else 0.0
 
 
-def plot_curves(series: dict[str, list[dict[str, np.ndarray]]], baseline: float | None, path: Path, title: str):
-    """Eval MLM accuracy against training seconds (left) and sequences trained (right).
+def plot_curves(
+    series: dict[str, list[dict[str, np.ndarray]]],
+    baseline: float | None,
+    path: Path,
+    title: str,
+    metrics: tuple[str, ...] = ("mlm_accuracy",),
+):
+    """One row per metric (eval MLM accuracy, loss): against training seconds (left) and
+    sequences trained (right).
 
     series: {label: [curve per seed]} (eval_curve dicts). One seed: its line; several:
-    the mean over seeds at each evaluation (curves must share their `samples` points)
-    with a band of +- one standard deviation, drawn against sequences only (seconds
-    differ from seed to seed). Written to `path` (PNG) by atomic rename."""
+    the mean over seeds at each evaluation (the k-th evaluations of a variant's seeds
+    happen within one step of each other) with a band of +- one standard deviation, drawn
+    against sequences; against seconds, the mean line. The unigram baseline is drawn on
+    the accuracy row. Written to `path` (PNG) by atomic rename."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,30 +84,34 @@ def plot_curves(series: dict[str, list[dict[str, np.ndarray]]], baseline: float 
 
     from common.files import atomic_path
 
-    fig, (by_time, by_sequences) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, curves in series.items():
-        if len(curves) == 1:
-            c = curves[0]
-            (line,) = by_sequences.plot(c["samples"], c["mlm_accuracy"], marker="o", ms=3, label=label)
-            by_time.plot(c["train_seconds"], c["mlm_accuracy"], marker="o", ms=3, color=line.get_color())
-            continue
-        points = min(len(c["samples"]) for c in curves)
-        samples = curves[0]["samples"][:points]
-        accuracy = np.stack([c["mlm_accuracy"][:points] for c in curves])
-        mean, sd = accuracy.mean(0), accuracy.std(0, ddof=1)
-        (line,) = by_sequences.plot(samples, mean, label=f"{label} (mean of {len(curves)} seeds)")
-        by_sequences.fill_between(samples, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
-        seconds = np.stack([c["train_seconds"][:points] for c in curves]).mean(0)
-        by_time.plot(seconds, mean, color=line.get_color())
-    for axis, xlabel in ((by_time, "training seconds (evaluation not counted)"), (by_sequences, "sequences seen")):
-        if baseline is not None:
-            axis.axhline(baseline, color="grey", ls="--", lw=1, label="unigram baseline")
-        axis.set_xlabel(xlabel)
-        axis.set_ylabel("eval MLM accuracy")
-        axis.grid(alpha=0.3)
-    by_sequences.legend(fontsize=8)
+    labels = {"mlm_accuracy": "eval MLM accuracy", "mlm_loss": "eval MLM loss"}
+    fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 4.2 * len(metrics)), squeeze=False)
+    for row, metric in enumerate(metrics):
+        by_time, by_sequences = axes[row]
+        for label, curves in series.items():
+            points = min(len(c["samples"]) for c in curves)
+            samples = np.stack([c["samples"][:points] for c in curves]).mean(0)
+            seconds = np.stack([c["train_seconds"][:points] for c in curves]).mean(0)
+            values = np.stack([c[metric][:points] for c in curves])
+            mean = values.mean(0)
+            name = label if len(curves) == 1 else f"{label} (mean of {len(curves)} seeds)"
+            (line,) = by_sequences.plot(samples, mean, marker="o", ms=3, label=name)
+            if len(curves) > 1:
+                sd = values.std(0, ddof=1)
+                by_sequences.fill_between(samples, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+            by_time.plot(seconds, mean, marker="o", ms=3, color=line.get_color())
+        for axis, xlabel in (
+            (by_time, "training seconds (evaluation not counted)"),
+            (by_sequences, "sequences seen"),
+        ):
+            if baseline is not None and metric == "mlm_accuracy":
+                axis.axhline(baseline, color="grey", ls="--", lw=1, label="unigram baseline")
+            axis.set_xlabel(xlabel)
+            axis.set_ylabel(labels.get(metric, metric))
+            axis.grid(alpha=0.3)
+        by_sequences.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     with atomic_path(Path(path)) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
+        fig.savefig(tmp, format="png", dpi=100)
     plt.close(fig)

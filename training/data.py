@@ -54,7 +54,9 @@ class PackedShards(Dataset):
                 if offset is None or data.chunks is not None or data.compression is not None:
                     fields[name] = data
                 else:
-                    fields[name] = np.memmap(path, dtype=data.dtype, mode="r", offset=offset, shape=data.shape)
+                    fields[name] = np.memmap(
+                        path, dtype=data.dtype, mode="r", offset=offset, shape=data.shape
+                    )
             self._fields[shard] = fields
         return self._fields[shard]
 
@@ -68,10 +70,9 @@ class PackedShards(Dataset):
             for name, data in self._shard_fields(shard).items():
                 if isinstance(data, np.ndarray):
                     values = data[local]
-                else:  # h5py wants increasing indices
-                    order = np.argsort(local)
-                    values = np.empty((local.size, *data.shape[1:]), data.dtype)
-                    values[order] = data[local[order].tolist()]
+                else:  # h5py wants strictly increasing indices
+                    unique, inverse = np.unique(local, return_inverse=True)
+                    values = data[unique.tolist()][inverse]
                 if name not in out:
                     out[name] = np.empty((packs.size, *data.shape[1:]), data.dtype)
                 out[name][where] = values
