@@ -84,15 +84,15 @@ def _check_value(path: str, key: Key, value):
         raise ConfigError(f"{path}: must be set (got null)")
     if key.kind in ("int_list", "float_list"):
         item = Key(int if key.kind == "int_list" else float, 0, "", minimum=0)
-        if not isinstance(value, list | tuple) or not value:
+        if not isinstance(value, (list, tuple)) or not value:
             raise ConfigError(f"{path}: expected a non-empty list of numbers, got {value!r}")
         return [_check_value(path, item, v) for v in value]
     if key.kind == "str_list":
-        if not isinstance(value, list | tuple) or not value or not all(isinstance(v, str) for v in value):
+        if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{path}: expected a non-empty list of strings, got {value!r}")
         return list(value)
     if key.kind == "betas":
-        if not isinstance(value, list | tuple) or len(value) != 2:
+        if not isinstance(value, (list, tuple)) or len(value) != 2:
             raise ConfigError(f"{path}: expected a list of two numbers in [0, 1), got {value!r}")
         out = [_check_value(path, Key(float, 0, "", minimum=0, maximum=0.999999999), v) for v in value]
         return out
@@ -110,7 +110,7 @@ def _check_value(path: str, key: Key, value):
                 value = float(value.strip())
             except ValueError:
                 raise ConfigError(f"{path}: expected a number, got {value!r}") from None
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
         value = float(value)
         if not math.isfinite(value):

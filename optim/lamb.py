@@ -25,7 +25,7 @@ import torch
 
 
 def _check_hyperparameters(lr, betas, eps, weight_decay, max_grad_norm, max_weight_norm):
-    if not (isinstance(lr, float | int) and math.isfinite(lr) and lr >= 0):
+    if not (isinstance(lr, (float, int)) and math.isfinite(lr) and lr >= 0):
         raise ValueError(f"Lamb: lr must be a finite number >= 0, got {lr!r}")
     if len(betas) != 2 or not all(math.isfinite(b) and 0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"Lamb: betas must both be in [0, 1), got {betas!r}")

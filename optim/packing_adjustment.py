@@ -43,7 +43,7 @@ class AdjustedHyperparameters:
 
 
 def check_packing_factor(packing_factor) -> float:
-    if isinstance(packing_factor, bool) or not isinstance(packing_factor, int | float):
+    if isinstance(packing_factor, bool) or not isinstance(packing_factor, (int, float)):
         raise ValueError(f"packing factor must be a number >= 1, got {packing_factor!r}")
     if not math.isfinite(packing_factor) or packing_factor < 1.0:
         raise ValueError(

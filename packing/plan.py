@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from packing.errors import PackingBugError, PackingInputError
 from packing.histogram import Histogram
 
 # K = None means "unlimited": any number of sequences per pack (at most N).
-MaxPerPack = int | None
+MaxPerPack = Optional[int]  # noqa: UP045 -- a runtime alias: `int | None` needs Python 3.10 (the IPU stack runs 3.8)
 
 
 def parse_max_sequences_per_pack(value) -> MaxPerPack:

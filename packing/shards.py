@@ -303,7 +303,7 @@ def check_shard_records(folder: Path, metadata: dict) -> None:
     factor = metadata.get("packing_factor")
     if (
         packs
-        and isinstance(factor, int | float)
+        and isinstance(factor, (int, float))
         and abs(factor - sequences / packs) > 1e-9 * max(1.0, factor)
     ):
         raise PackingInputError(

@@ -85,7 +85,7 @@ class Reporter:
         self.metrics.write(json.dumps({"kind": prefix, **clean}, allow_nan=False) + "\n")
         if self.tb is not None:
             for key, value in record.items():
-                if isinstance(value, int | float) and key not in ("step", "samples"):
+                if isinstance(value, (int, float)) and key not in ("step", "samples"):
                     self.tb.add_scalar(f"{prefix}/{key}", value, record.get("samples", 0))
 
     def close(self) -> None:
