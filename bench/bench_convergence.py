@@ -206,23 +206,23 @@ def train_all(args) -> dict[str, list[dict]] | None:
 
     curves: dict[str, list[dict]] = {v: [] for v in args.variants}
     for seed in range(args.seeds):  # seeds outermost: an interrupted study still compares variants
-        folders = {}
+        seed_curves = {}
         for variant in args.variants:
             run_started = time.perf_counter()
-            folders[variant] = train(args, variant, seed)
-            if folders[variant] is None:
+            folder = train(args, variant, seed)
+            if folder is None:
                 break
-            curve = eval_curve(folders[variant])
+            curve = seed_curves[variant] = eval_curve(folder)
             print(
                 f"{variant} seed {seed}: eval MLM accuracy {curve['mlm_accuracy'][-1]:.4f} after "
                 f"{int(curve['samples'][-1])} sequences ({time.perf_counter() - run_started:.0f} s)",
                 flush=True,
             )
-        if any(folder is None for folder in folders.values()) or len(folders) < len(args.variants):
+        if len(seed_curves) < len(args.variants):
             print(f"seed {seed}: not finished by every variant; left out", flush=True)
             continue
-        for variant, folder in folders.items():
-            curves[variant].append(eval_curve(folder))
+        for variant, curve in seed_curves.items():
+            curves[variant].append(curve)
     return curves
 
 

@@ -47,11 +47,11 @@ class Side:
         self.config = load_config(config_path, sets)
         dataset = PackedDataset.open(self.config["data"]["train_dir"])
         self.shards = PackedShards(dataset)
+        self.packing_factor = packing_factor(dataset)
         self.engine = TorchEngine(self.config)
-        self.batch = self.engine.attach(build_model(self.config, seed), packing_factor(dataset))
+        self.batch = self.engine.attach(build_model(self.config, seed), self.packing_factor)
         self.order = np.random.default_rng(seed).permutation(len(self.shards))
         self.cursor, self.seconds, self.sequences = 0, 0.0, 0
-        self.packing_factor = packing_factor(dataset)
 
     def step(self, timed: bool) -> None:
         rows = self.batch.micro_batch_packs

@@ -29,9 +29,13 @@ def read_records(run: Path) -> dict[str, list[dict]]:
 
 
 def eval_curve(run: Path) -> dict[str, np.ndarray]:
-    """float64 arrays of equal length, one entry per evaluation: samples (sequences
+    """The eval curve of `run`'s metrics.jsonl (curve_from_records)."""
+    return curve_from_records(read_records(run).get("eval", []))
+
+
+def curve_from_records(evals: list[dict]) -> dict[str, np.ndarray]:
+    """float64 arrays of equal length, one entry per eval record: samples (sequences
     trained), train_seconds, mlm_accuracy, mlm_loss."""
-    evals = read_records(run).get("eval", [])
     keys = ("samples", "train_seconds", "mlm_accuracy", "mlm_loss")
     return {key: np.array([float(r[key]) for r in evals]) for key in keys}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from training.curves import eval_curve, plot_curves, read_records, unigram_baseline
+from training.curves import curve_from_records, plot_curves, read_records, unigram_baseline
 
 
 def run_figures(run: Path) -> dict:
@@ -39,12 +39,12 @@ def run_figures(run: Path) -> dict:
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "final_train_loss": train[-1]["loss"] if train else None,
         "eval_mlm_accuracy": evals[-1]["mlm_accuracy"] if evals else None,
+        "curve": curve_from_records(evals),
     }
 
 
-def accuracy_at(run: Path, seconds: float) -> float | None:
+def accuracy_at(curve: dict, seconds: float) -> float | None:
     """Eval MLM accuracy of the last evaluation at or before `seconds` of training."""
-    curve = eval_curve(run)
     before = np.flatnonzero(curve["train_seconds"] <= seconds + 1e-9)
     return float(curve["mlm_accuracy"][before[-1]]) if before.size else None
 
@@ -78,14 +78,14 @@ def main(argv=None) -> int:
     if data["eval_dir"]:
         token, baseline = unigram_baseline(data["train_dir"], data["eval_dir"], eval_config["max_sequences"])
         print(f"unigram baseline (always predict token id {token}): eval MLM accuracy {baseline:.4f}")
-        equal_time = accuracy_at(args.packed, unpacked["train_seconds"])
+        equal_time = accuracy_at(packed["curve"], unpacked["train_seconds"])
         if equal_time is not None and unpacked["eval_mlm_accuracy"] is not None:
             print(
                 f"at {unpacked['train_seconds']:.0f} training seconds: packed {equal_time:.4f} vs "
                 f"unpacked {unpacked['eval_mlm_accuracy']:.4f} eval MLM accuracy"
             )
     if args.plot:
-        series = {"unpacked": [eval_curve(args.unpacked)], "packed": [eval_curve(args.packed)]}
+        series = {"unpacked": [unpacked["curve"]], "packed": [packed["curve"]]}
         title = (
             f"{unpacked['config']['model']['preset']}, S={data['max_sequence_length']}: packed "
             f"(packing factor {packed['packing_factor']:.2f}) vs unpacked, same training time"
