@@ -1,7 +1,7 @@
 """BERT phase-2 pretraining with packed sequences, driven by a YAML config.
 
     python run_pretraining.py --config configs/demo.yaml [--set section.key=value ...]
-                              [--output-dir DIR] [--resume]
+                              [--output-dir DIR] [--resume] [--compile-only]
     torchrun --nproc-per-node N run_pretraining.py --config ...      (DDP replicas)
 
 Exit codes: 0 done, 2 bad config / data / checkpoint / output folder (nothing computed),
@@ -24,6 +24,12 @@ def parse_args(argv=None):
     )
     parser.add_argument("--output-dir", help="run folder (default: runs/<config name>)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    parser.add_argument(
+        "--compile-only",
+        action="store_true",
+        help="IPU: compile the executables (timed; cached in ipu.executable_cache_dir) and stop; "
+        "the output folder is not written",
+    )
     return parser.parse_args(argv)
 
 
@@ -33,7 +39,8 @@ def main(argv=None) -> int:
     from training.config import ConfigError, load_config
 
     try:
-        config = load_config(args.config, args.set)
+        overrides = args.set + (["execution.compile_only=true"] if args.compile_only else [])
+        config = load_config(args.config, overrides)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

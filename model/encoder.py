@@ -106,16 +106,27 @@ class Pooler(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = nn.Tanh()
+        self.gather = PositionGather()
 
     def forward(self, sequence_output, cls_positions):
         """sequence_output [B, S, H], cls_positions [B, K] -> [B, K, H]."""
-        return self.activation(self.dense(gather_positions(sequence_output, cls_positions)))
+        return self.activation(self.dense(self.gather(sequence_output, cls_positions)))
 
 
 def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """hidden [B, S, H], positions [B, P] (int) -> hidden at those positions, [B, P, H]."""
     index = positions.long()[:, :, None].expand(-1, -1, hidden.shape[-1])
     return torch.gather(hidden, 1, index)
+
+
+class PositionGather(nn.Module):
+    """`gather_positions` as a module without parameters: the one place where rows of the
+    sequence output are picked ([CLS] for the pooler, masked positions for MLM), so that a
+    backend can put in an equivalent of its own (the IPU backend's one-hot matmul) without
+    the model knowing about it. The state dict is unchanged."""
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return gather_positions(hidden, positions)
 
 
 class PackedBertModel(nn.Module):

@@ -21,6 +21,17 @@ class _Transform(nn.Module):
         return self.LayerNorm(self.transform_act_fn(self.dense(x)))
 
 
+class TiedProjection(nn.Module):
+    """hidden [..., H] @ weight[V, H].T + bias [V] -> [..., V], holding no parameters (the
+    weight is the word embeddings', passed in), so that a backend can put in an equivalent
+    of its own (the IPU backend's serialized matmul) without changing the state dict."""
+
+    def forward(self, hidden, weight, bias):
+        # One fused matmul + bias (addmm): a separate `+ bias` is one more pass over the
+        # [B, M, V] logits, the largest tensor of a small model's step.
+        return F.linear(hidden, weight, bias)
+
+
 class MlmHead(nn.Module):
     """HF's BertLMPredictionHead: transform, then a decoder tied to the word embeddings."""
 
@@ -29,12 +40,11 @@ class MlmHead(nn.Module):
         self.transform = _Transform(config)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.project = TiedProjection()
 
     def forward(self, masked_hidden):
         """[B, M, H] -> logits [B, M, V]."""
-        # One fused matmul + bias (addmm): a separate `+ bias` is one more pass over the
-        # [B, M, V] logits, the largest tensor of a small model's step.
-        return F.linear(self.transform(masked_hidden), self.decoder.weight, self.bias)
+        return self.project(self.transform(masked_hidden), self.decoder.weight, self.bias)
 
 
 class PretrainingHeads(nn.Module):

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import BertConfig
 
 from model.config import check_packing_options
-from model.encoder import PackedBertModel, gather_positions
+from model.encoder import PackedBertModel, PositionGather
 from model.heads import PretrainingHeads, mlm_metrics, nsp_metrics
 from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
 
@@ -42,6 +42,7 @@ class PackedBertForPreTraining(nn.Module):
         self.bert = PackedBertModel(config)
         self.cls = PretrainingHeads(config)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # tied
+        self.mlm_gather = PositionGather()  # the masked positions' rows of the sequence output
         self.loading_report: dict = {}
         self.apply(self._init_weights)
 
@@ -100,7 +101,7 @@ class PackedBertForPreTraining(nn.Module):
     ) -> dict:
         """The last pipeline stage: MLM on gathered masked positions, NSP per [CLS]."""
         pooled = self.bert.pooler(sequence_output, next_sentence_positions)  # [B, K, H]
-        mlm_logits = self.cls.predictions(gather_positions(sequence_output, masked_lm_positions))
+        mlm_logits = self.cls.predictions(self.mlm_gather(sequence_output, masked_lm_positions))
         nsp_logits = self.cls.seq_relationship(pooled)  # [B, K, 2]
         out = {
             "sequence_output": sequence_output,

@@ -1,12 +1,17 @@
 """IpuEngine through the real run loop on CPU, against the PopTorch-rules double in
 tests/doubles/poptorch (never product code; its docstring lists each rule and its source,
-and what a double cannot show). Evaluation in the loop and at the end, checkpoints,
---resume, 1 and 2 replicas, a 2-IPU pipeline. Losses must equal the torch CPU engine's."""
+and what a double cannot show), with doubles of popart's enums, PopDist and Horovod for
+poprun's instances. Evaluation in the loop and at the end, checkpoints, --resume, 1 and 2
+replicas, 2 poprun instances, a 2-IPU pipeline and an empty IPU 0, the serialized MLM
+decoder, --compile-only, synthetic data. Losses must equal the torch CPU engine's."""
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,14 +20,20 @@ import pytest
 from training.config import validate
 from training.run import run_training
 
+from .conftest import REPO
 from .training_helpers import base_config, make_packed
 
 DOUBLES = Path(__file__).resolve().parent / "doubles"
+DOUBLE_MODULES = ("poptorch", "popart", "popdist", "horovod")
+
+
+def _double_modules():
+    return [m for m in sys.modules if m.split(".")[0] in DOUBLE_MODULES]
 
 
 @pytest.fixture
 def poptorch_double(monkeypatch):
-    for name in [m for m in sys.modules if m == "poptorch" or m.startswith("poptorch.")]:
+    for name in _double_modules():
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(DOUBLES))
     import poptorch
@@ -33,7 +44,7 @@ def poptorch_double(monkeypatch):
 
     yield IpuEngine
     # Leave no double behind: other tests look for a real poptorch.
-    for name in [m for m in sys.modules if m == "poptorch" or m.startswith("poptorch.")]:
+    for name in _double_modules():
         del sys.modules[name]
 
 
@@ -42,26 +53,31 @@ def packed(tmp_path_factory):
     return make_packed(tmp_path_factory.mktemp("ipu-double-data"))
 
 
-def _configs(packed, replicas=1, **training):
+def _configs(packed, replicas=1, layers=(1, 1), ipu_keys=None, gradient_accumulation=5, **training):
     common = dict(
         model={"attention_backend": "dense", "hidden_dropout": 0.0, "attention_dropout": 0.0},
-        optim={"max_grad_norm": None, "gradient_accumulation": 5, "bias_correction": False},
+        optim={
+            "max_grad_norm": None,
+            "gradient_accumulation": gradient_accumulation,
+            "bias_correction": False,
+        },
         training={"max_steps": 4, **training},
         # Evaluation every step: the last in-loop evaluation is followed by the at-end one.
         eval={"at_end": True, "every_samples": 1},
     )
     ipu = base_config(packed, **copy.deepcopy(common))
-    ipu["execution"] = {"device": "ipu-model", "layers_per_stage": [1, 1], "threads": 1}
+    ipu["execution"] = {"device": "ipu-model", "layers_per_stage": list(layers), "threads": 1}
     ipu["ipu"] = dict(
         replicas=replicas,
-        ipus_per_replica=2,
+        ipus_per_replica=len(layers),
         half=False,
         stochastic_rounding=False,
         replicated_tensor_sharding=False,
         recompute_checkpoints=False,
+        **(ipu_keys or {}),
     )
     cpu = base_config(packed, **copy.deepcopy(common))
-    cpu["optim"]["gradient_accumulation"] = 5 * replicas  # the same global batch
+    cpu["optim"]["gradient_accumulation"] = gradient_accumulation * replicas  # the same global batch
     return validate(ipu), validate(cpu)
 
 
@@ -69,12 +85,8 @@ def _rows(output):
     return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_ipu_engine_trains_and_evaluates_like_the_cpu_engine(packed, tmp_path, poptorch_double, replicas):
-    ipu, cpu = _configs(packed, replicas)
-    assert run_training(cpu, tmp_path / "cpu") == 0
-    assert run_training(ipu, tmp_path / "ipu", engine_class=poptorch_double) == 0
-    a, b = _rows(tmp_path / "cpu"), _rows(tmp_path / "ipu")
+def _assert_same_run(cpu_output, ipu_output):
+    a, b = _rows(cpu_output), _rows(ipu_output)
     train = lambda rows: [r["loss"] for r in rows if r["kind"] == "train"]  # noqa: E731
     evals = lambda rows: [r for r in rows if r["kind"] == "eval"]  # noqa: E731
     assert train(b) == pytest.approx(train(a), abs=1e-5)
@@ -82,7 +94,28 @@ def test_ipu_engine_trains_and_evaluates_like_the_cpu_engine(packed, tmp_path, p
     for x, y in zip(evals(a), evals(b)):
         assert y["mlm_accuracy"] == pytest.approx(x["mlm_accuracy"], abs=1e-5)
         assert y["masked_tokens"] == x["masked_tokens"]  # padded micro-batches add nothing
-    assert list((tmp_path / "ipu" / "checkpoints").glob("step-*"))
+    assert list((ipu_output / "checkpoints").glob("step-*"))
+
+
+@pytest.mark.parametrize(
+    "replicas, layers, ipu_keys, ga",
+    [
+        (1, (1, 1), None, 5),
+        (2, (1, 1), None, 5),
+        # Index gathers and an unsplit decoder: the one-hot and serialized kernels are options.
+        (1, (1, 1), {"onehot_gather": False, "popart_performance_options": False}, 5),
+        # Graphcore BERT-Large's decoder split, an empty IPU 0 (4 forward stages: GA >= 7).
+        (1, (0, 1, 1), {"embedding_serialization_factor": 4}, 7),
+    ],
+    ids=["1-replica", "2-replicas", "plain-kernels", "empty-ipu0-serialized"],
+)
+def test_ipu_engine_trains_and_evaluates_like_the_cpu_engine(
+    packed, tmp_path, poptorch_double, replicas, layers, ipu_keys, ga
+):
+    ipu, cpu = _configs(packed, replicas, layers, ipu_keys, ga)
+    assert run_training(cpu, tmp_path / "cpu") == 0
+    assert run_training(ipu, tmp_path / "ipu", engine_class=poptorch_double) == 0
+    _assert_same_run(tmp_path / "cpu", tmp_path / "ipu")
 
 
 def test_resume_on_the_ipu_engine_is_exact(packed, tmp_path, poptorch_double):
@@ -112,3 +145,98 @@ def test_the_double_refuses_what_poptorch_refuses(poptorch_double):
         executor.detachFromDevice()
     with pytest.raises(RuntimeError, match="not been compiled"):
         _ = executor.rng_state  # R7
+
+
+def test_the_double_refuses_offline_targets_on_the_ipu_model_and_unknown_popart_options(poptorch_double):
+    import poptorch
+    import torch
+
+    model = torch.nn.Linear(2, 2)
+    opts = poptorch.Options()
+    opts.useIpuModel(True)
+    opts.useOfflineIpuTarget(2)
+    with pytest.raises(RuntimeError, match="offline IPU target cannot be used if the IPU model"):
+        poptorch.inferenceModel(model, opts).compile(input=torch.zeros(1, 2))  # R11
+    opts = poptorch.Options()
+    opts._Popart.set("noSuchSessionOption", True)
+    with pytest.raises(RuntimeError, match="Unknown PopART option"):
+        poptorch.inferenceModel(model, opts).compile(input=torch.zeros(1, 2))  # R13
+    with pytest.raises(RuntimeError, match="does not divide"):
+        poptorch.serializedMatMul(
+            torch.zeros(2, 3), torch.zeros(3, 5), poptorch.MatMulSerializationMode.OutputChannels, 2
+        )
+
+
+@pytest.mark.parametrize("device", ["ipu", "ipu-model"])
+def test_compile_only_compiles_both_graphs_and_writes_nothing(
+    packed, tmp_path, poptorch_double, device, caplog
+):
+    ipu, _ = _configs(packed, 2)
+    ipu["execution"]["device"] = device
+    ipu["execution"]["compile_only"] = True
+    ipu = validate(ipu)
+    caplog.set_level("INFO")
+    assert run_training(ipu, tmp_path / "out", engine_class=poptorch_double) == 0
+    assert not (tmp_path / "out").exists()  # a later real run there finds no "other run"
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert "IPU training graph compiled" in messages and "IPU inference graph compiled" in messages
+    import poptorch
+
+    assert not poptorch._ATTACHED  # nothing left holding the IPUs
+
+
+def test_synthetic_data_trains_on_the_ipu_engine_without_reading_data(packed, tmp_path, poptorch_double):
+    ipu, _ = _configs(packed, 1)
+    ipu["data"].update(
+        synthetic=True,
+        train_dir="/nonexistent",
+        eval_dir=None,
+        max_sequences_per_pack=3,
+        synthetic_packing_factor=2.5,
+    )
+    ipu["logging"]["mlperf"] = False
+    assert run_training(validate(ipu), tmp_path / "out", engine_class=poptorch_double) == 0
+    rows = [r for r in _rows(tmp_path / "out") if r["kind"] == "train"]
+    assert len(rows) == 4 and all(r["loss"] > 0 for r in rows)
+    # 4 packs x GA 5 per step at a packing factor of 2.5 on average
+    assert 30 <= rows[0]["samples"] <= 70
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_poprun_instances_train_like_one_process(packed, tmp_path):
+    """Two host processes, one replica each, joined by the Horovod double; the same run as
+    the CPU engine with GA x 2, evaluation synchronised, only instance 0 writes."""
+    ipu, cpu = _configs(packed, replicas=2, checkpoint_every_steps=2)
+    assert run_training(cpu, tmp_path / "cpu") == 0
+    config_file = tmp_path / "ipu.json"
+    config_file.write_text(json.dumps(ipu))
+    port = str(_free_port())
+    processes = []
+    for instance in range(2):
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join([str(DOUBLES), str(REPO)]),
+            DOUBLE_POPDIST_INSTANCES="2",
+            DOUBLE_POPDIST_INSTANCE=str(instance),
+            DOUBLE_POPDIST_REPLICAS="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.ipu_instance", str(config_file), str(tmp_path / "ipu")],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=600)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    _assert_same_run(tmp_path / "cpu", tmp_path / "ipu")

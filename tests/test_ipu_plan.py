@@ -15,7 +15,15 @@ import torch
 from model import PackedBertForPreTraining, bert_config
 from optim import Lamb, weight_decay_groups
 from training.backends.ipu_plan import IpuPlanError, make_plan
-from training.backends.ipu_step import GRAPH_FIELDS, PretrainingStep, step_inputs
+from training.backends.ipu_step import (
+    GRAPH_FIELDS,
+    OneHotGather,
+    PretrainingStep,
+    SerializedProjection,
+    adapt_for_ipu,
+    split_matmul,
+    step_inputs,
+)
 from training.backends.torch_engine import train_step
 from training.build import open_packed
 from training.config import load_config, validate
@@ -58,8 +66,21 @@ def test_pod16_plan_places_and_counts_like_graphcores_bert():
     assert order == list(range(24))
     assert plan.recompute_layers == tuple(range(23))
     assert plan.betas == (0.62, 0.996) and plan.half and plan.loss_scaling == 512.0
-    assert plan.available_memory_proportion == {"IPU0": 0.15, "IPU1": 0.25, "IPU2": 0.25, "IPU3": 0.25}
+    # Graphcore's BERT-Large S=512 memory settings (configs_pretraining.yml pretrain_large_512)
+    assert plan.available_memory_proportion == {"IPU0": 0.10, "IPU1": 0.15, "IPU2": 0.15, "IPU3": 0.15}
+    assert plan.embedding_serialization_factor == 2 and plan.optimizer_state_offchip
+    assert plan.onehot_gather and plan.popart_performance_options and not plan.synthetic_data
     assert plan.replicated_tensor_sharding and not plan.use_ipu_model
+
+
+def test_an_empty_ipu_0_holds_the_embeddings_and_the_heads():
+    """Graphcore's BERT-Base layout [0, 4, 4, 4]: IPU 0 runs the embeddings and the heads only.
+    Forward stages: emb (IPU0) -> IPU1 -> IPU2 -> IPU3 -> heads (IPU0) = 5; training 9."""
+    plan = make_plan(pod16(execution__layers_per_stage=[0, 8, 8, 8]), 2.0)
+    by_ipu = {i: [p.module for p in plan.placements if p.ipu == i] for i in range(4)}
+    assert by_ipu[0] == ["model.bert.embeddings", "heads"]
+    assert [len(by_ipu[i]) for i in (1, 2, 3)] == [8, 8, 8]
+    assert plan.forward_stages == 5
 
 
 def test_pod64_plan_splits_replicas_over_instances():
@@ -91,7 +112,12 @@ def test_ipu_model_config_selects_the_simulator():
     [
         ({"execution__layers_per_stage": [3, 7, 7, 6]}, r"sums to 23, but the model has 24"),
         ({"execution__layers_per_stage": [4, 4, 4, 4, 4, 4]}, r"6 stages but ipu.ipus_per_replica is 4"),
-        ({"execution__layers_per_stage": [0, 8, 8, 8]}, r"a stage without layers"),
+        ({"execution__layers_per_stage": [8, 0, 8, 8]}, r"a stage without layers after IPU 0"),
+        ({"execution__layers_per_stage": [0, 0, 12, 12]}, r"a stage without layers after IPU 0"),
+        (
+            {"ipu__embedding_serialization_factor": 7, "model__init_checkpoint": None},
+            r"7 does not divide the vocabulary \(30522",
+        ),
         ({"execution__layers_per_stage": None}, r"must list the encoder layers.*\[6, 6, 6, 6\]"),
         (
             {"optim__gradient_accumulation": 6},
@@ -257,3 +283,32 @@ def test_padding_packs_add_nothing_to_eval_sums(packed):
     assert pad_micro_batch(batch, 5)["input_ids"].shape[0] == 5
     assert torch.allclose(plain, padded, rtol=1e-6, atol=1e-6)
     assert not torch.isnan(padded).any()
+
+
+def test_ipu_kernels_compute_what_the_model_computes(packed):
+    """adapt_for_ipu (one-hot gathers, the decoder split over the vocabulary) leaves the
+    state dict, the outputs and the gradients of the model as they were."""
+    batch = _micro_batches(packed, 1)[0]
+    plain = _tiny_model()
+    adapted = adapt_for_ipu(copy.deepcopy(plain), serialization_factor=4, onehot_gather=True)
+    assert isinstance(adapted.mlm_gather, OneHotGather) and isinstance(
+        adapted.bert.pooler.gather, OneHotGather
+    )
+    assert isinstance(adapted.cls.predictions.project, SerializedProjection)
+    assert list(adapted.state_dict()) == list(plain.state_dict())
+    assert (
+        adapted.cls.predictions.decoder.weight is adapted.bert.embeddings.word_embeddings.weight
+    )  # still tied
+    a, b = plain(**batch), adapted(**batch)
+    for key in ("mlm_logits", "nsp_logits", "loss", "mlm_correct"):
+        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-5)
+    a["loss"].backward()
+    b["loss"].backward()
+    for (name, p), q in zip(plain.named_parameters(), adapted.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_split_matmul_is_the_matmul():
+    lhs, rhs = torch.randn(3, 5, 8, dtype=torch.float64), torch.randn(8, 12, dtype=torch.float64)
+    for factor in (1, 2, 3, 4, 6, 12):
+        torch.testing.assert_close(split_matmul(lhs, rhs, factor), lhs @ rhs)

@@ -34,7 +34,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "vocab_size": Key(int, BERT_VOCAB_SIZE, "vocabulary size (random init only)", minimum=1),
     },
     "data": {
-        "train_dir": Key(str, None, "packed training data (metadata.json + part-*.h5)"),
+        "train_dir": Key(
+            str,
+            None,
+            "packed training data (metadata.json + part-*.h5); not read when synthetic",
+            optional=True,
+        ),
         "eval_dir": Key(str, None, "packed evaluation data; null = no evaluation", optional=True),
         "micro_batch_packs": Key(int, 8, "packs per replica per forward pass", minimum=1),
         "check_sha256": Key(
@@ -51,6 +56,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
             int, 512, "expected S of the data (checked against metadata.json)", minimum=1
         ),
         "validate_batches": Key(bool, False, "check every batch against the packed format (debugging)"),
+        "synthetic": Key(
+            bool,
+            False,
+            "throughput check: random packs made in memory (S, K from this section), no data read; "
+            "on IPUs no host I/O at all; no evaluation, no MLPerf log",
+        ),
+        "synthetic_packing_factor": Key(
+            float, 2.0, "mean sequences per synthetic pack (at most max_sequences_per_pack)", minimum=1
+        ),
     },
     "optim": {
         "lr": Key(float, 4e-4, "peak learning rate", minimum=0),
@@ -135,6 +149,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "heads to the last (torch) or IPU 0 (ipu); null = no pipeline",
             optional=True,
         ),
+        "compile_only": Key(
+            bool,
+            False,
+            "compile the IPU executables (timed, into ipu.executable_cache_dir) and stop; "
+            "run_pretraining.py --compile-only",
+        ),
         "pipeline_schedule": Key(
             str, "1f1b", "torch pipeline micro-batch schedule", ("gpipe", "1f1b"), optional=False
         ),
@@ -159,6 +179,18 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "half_partials": Key(bool, False, "fp16 partials in matmuls"),
         "replicated_tensor_sharding": Key(bool, True, "shard optimizer state over replicas"),
         "optimizer_state_offchip": Key(bool, False, "optimizer state in streaming memory"),
+        "embedding_serialization_factor": Key(
+            int,
+            1,
+            "MLM decoder matmul split into this many over the vocabulary (serializedMatMul)",
+            minimum=1,
+        ),
+        "onehot_gather": Key(
+            bool, True, "gather masked and [CLS] rows as one-hot matmuls (Graphcore's BERT)"
+        ),
+        "popart_performance_options": Key(
+            bool, True, "Graphcore BERT's PopART options (tied gather, outer-fragment schedule, JIT copies)"
+        ),
         "recompute_checkpoints": Key(bool, True, "recomputation checkpoint after every encoder layer"),
         "optimizer_accum_type": Key(
             str, "float32", "LAMB accumulator and moment type", ("float32", "float16")
@@ -183,6 +215,34 @@ SCHEMA: dict[str, dict[str, Key]] = {
 def validate(raw: dict, source: str = "config") -> dict:
     """Merge `raw` over the pretraining defaults and check every key. Returns the resolved config."""
     resolved = resolve(raw, source, SCHEMA)
+    data = resolved["data"]
+    if data["synthetic"]:
+        if data["eval_dir"] is not None:
+            raise ConfigError(
+                f"{source}: data.eval_dir: evaluation measures nothing on synthetic data (data.synthetic "
+                "is true); set data.eval_dir null"
+            )
+        if resolved["logging"]["mlperf"]:
+            raise ConfigError(
+                f"{source}: logging.mlperf: a synthetic-data run must not write an MLPerf log; set it false"
+            )
+        k = data["max_sequences_per_pack"]
+        if k is None:
+            raise ConfigError(f"{source}: data.max_sequences_per_pack: synthetic packs need K; give it")
+        if data["synthetic_packing_factor"] > k:
+            raise ConfigError(
+                f"{source}: data.synthetic_packing_factor {data['synthetic_packing_factor']} is more than "
+                f"data.max_sequences_per_pack {k}"
+            )
+    if resolved["execution"]["compile_only"] and resolved["execution"]["device"] not in ("ipu", "ipu-model"):
+        raise ConfigError(
+            f"{source}: execution.compile_only: only PopTorch compiles ahead of time; execution.device is "
+            f"{resolved['execution']['device']!r} (use ipu or ipu-model)"
+        )
+    if not data["synthetic"] and data["train_dir"] is None:
+        raise ConfigError(
+            f"{source}: data.train_dir: give the packed training data (or data.synthetic: true)"
+        )
     if resolved["training"]["precision"] == "fp16" and resolved["execution"]["device"] == "cpu":
         raise ConfigError(
             "training.precision: fp16 with loss scaling needs execution.device cuda (use bf16 or fp32)"

@@ -1,5 +1,10 @@
 """torch.distributed for the torch engines: this process's replica, sums over processes,
-the stop flag every replica agrees on, RNG states of every rank, and tear-down."""
+the stop flag every replica agrees on, RNG states of every rank, and tear-down.
+
+Host collectives (sums, the stop flag, barriers) go through torch.distributed when a
+process group exists; a launcher without one (poprun: the IPU engine's instances talk
+through Horovod) registers its own sum with `use_host_sum`, and barriers become a sum
+every process must join."""
 
 from __future__ import annotations
 
@@ -50,10 +55,19 @@ def all_reduce_(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return tensor
 
 
+_host_sum = None  # a launcher's own sum over processes (no torch.distributed group)
+
+
+def use_host_sum(sum_over_processes) -> None:
+    """Register `sum_over_processes(tensor) -> tensor` for host collectives (None: off)."""
+    global _host_sum
+    _host_sum = sum_over_processes
+
+
 def all_reduce_host(values: torch.Tensor) -> torch.Tensor:
     """Sum a host tensor over every process (through the GPU where the backend is NCCL)."""
     if not (dist.is_available() and dist.is_initialized()):
-        return values
+        return _host_sum(values) if _host_sum is not None else values
     device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     values = values.to(device)
     dist.all_reduce(values)
@@ -78,11 +92,14 @@ def gather_rng_states() -> list:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+    elif _host_sum is not None:  # every process must join a sum: a barrier
+        _host_sum(torch.zeros(1))
 
 
 def shut_down_process_group() -> None:
     """Tear torch.distributed down before the interpreter exits. Left to interpreter
     shutdown, a gloo group's threads can outlive it: seen once as 'terminate called without
     an active exception' (SIGABRT) in a finished 2-stage pipeline run on a loaded machine."""
+    use_host_sum(None)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

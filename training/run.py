@@ -39,11 +39,20 @@ from training.build import (
     open_packed,
     packing_factor,
 )
-from training.data import LoaderPosition, PackedShards, ReplicaSampler, advance, eval_batches, make_loader
+from training.data import (
+    LoaderPosition,
+    PackedShards,
+    ReplicaSampler,
+    advance,
+    eval_batches,
+    make_loader,
+    padded_groups,
+)
 from training.distributed import any_process, barrier, gather_rng_states
 from training.errors import RunError
 from training.observe import MetricSums, Reporter, summarize
 from training.step import NonFiniteStep
+from training.synthetic import SyntheticPacks
 
 log = logging.getLogger("training")
 EXIT_INTERRUPTED = 143
@@ -182,16 +191,32 @@ class Run:
     def __init__(self, config: dict, output: Path, resume: bool, engine_class: type[Engine]):
         self.config, self.output = config, output
         self.limits = config["training"]
-        train_data = open_packed(config["data"]["train_dir"], config, "train")
+        # --compile-only builds and checks everything but writes nothing to the run folder
+        # (a later real run there must not find "another run").
+        self.compile_only = config["execution"]["compile_only"]
+        synthetic = config["data"]["synthetic"]
+        train_data = None if synthetic else open_packed(config["data"]["train_dir"], config, "train")
         eval_data = (
             open_packed(config["data"]["eval_dir"], config, "eval") if config["data"]["eval_dir"] else None
         )
         self.engine = engine = engine_class(config)
-        prepare_output(output, config, resume, engine.rank)
+        if not self.compile_only:
+            prepare_output(output, config, resume, engine.rank)
         # MLPerf's init phase starts at the model build; its lines are written once every
         # check has passed (no log file for a run that is refused).
         init_started_ms = time.time() * 1000
         self.model = build_model(config, self.limits["seed"])
+        if synthetic:  # made for this model's vocabulary
+            data = config["data"]
+            train_data = SyntheticPacks(
+                data["max_sequence_length"],
+                data["max_sequences_per_pack"],
+                data["synthetic_packing_factor"],
+                self.model.config.vocab_size,
+                data["shuffle_seed"],
+            )
+            if engine.rank == 0:
+                log.warning("data.synthetic: random packs, no data read; throughput check only")
         check_model_fits_data(self.model, train_data)
         self.checkpoints = output / "checkpoints"
         if engine.rank == 0:
@@ -221,7 +246,7 @@ class Run:
             rng = saved["rng"]
             ckpt.set_rng_state(rng[engine.rank] if engine.rank < len(rng) else rng[0])
 
-        self.shards = PackedShards(train_data)
+        self.shards = train_data if synthetic else PackedShards(train_data)
         try:
             self.sampler = ReplicaSampler(
                 len(self.shards),
@@ -250,6 +275,8 @@ class Run:
             else None
         )
         self.eval_set = eval_set[:2] if eval_set else None  # (shards, this replica's batches)
+        if self.compile_only:
+            return
         write_run_config(output, config, engine.rank)
         self.reporter = Reporter(output, config, engine.rank)
         self.reporter.mlperf.init(
@@ -271,6 +298,20 @@ class Run:
             dynamic_ncols=True,
             disable=engine.rank != 0 or not config["logging"]["progress"],
         )
+
+    def compile(self) -> int:
+        """--compile-only: the engine compiles from one call's micro-batches (and one
+        evaluation call's), timed; nothing trains, nothing is written to the run folder."""
+        micro_batches = [next(self.loader) for _ in range(self.engine.micro_batches_per_call)]
+        eval_group = None
+        if self.eval_set is not None:
+            shards, batches = self.eval_set
+            size = self.engine.eval_group_size()
+            eval_group = next(padded_groups(shards, batches, size, self.batch.micro_batch_packs, groups=1))
+        times = self.engine.compile(micro_batches, eval_group)
+        if self.engine.rank == 0:
+            log.info("compile only: %s", ", ".join(f"{k} graph {v:.1f} s" for k, v in times.items()))
+        return 0
 
     # ----- the loop --------------------------------------------------------------------
     def train(self) -> int:
@@ -509,4 +550,5 @@ def run_training(
         from training.backends.torch_engine import TorchEngine
 
         engine_class = TorchEngine
-    return Run(config, output, resume, engine_class).train()
+    run = Run(config, output, resume, engine_class)
+    return run.compile() if run.compile_only else run.train()

@@ -30,9 +30,10 @@ import torch
 
 from optim import poptorch_lamb_kwargs, weight_decay_groups
 from training.backends.engine import Snapshot
-from training.backends.ipu_plan import IpuPlan, make_plan
-from training.backends.ipu_step import PretrainingStep, step_inputs
+from training.backends.ipu_plan import IpuPlan, check_serialization, make_plan
+from training.backends.ipu_step import PretrainingStep, adapt_for_ipu, step_inputs
 from training.data import padded_groups
+from training.distributed import use_host_sum
 from training.errors import RunError
 from training.observe import MetricSums, summarize
 from training.step import BatchArithmetic, set_learning_rate, step_counts
@@ -87,7 +88,33 @@ def poprun_replicas() -> int | None:
     return popdist.getNumTotalReplicas() if popdist.isPopdistEnvSet() else None
 
 
-def build_options(poptorch, plan: IpuPlan, training: bool):
+def set_popart_performance_options(opts, pipelined: bool) -> None:
+    """The PopART session options and patterns of Graphcore's BERT (nlp/bert/pytorch
+    ipu_options.py, SDK 3.4), for the training executable: stream back only the tensors
+    the host reads, overlap the weight update across IPUs (IPU 0, which also holds the
+    embeddings and the heads, excluded), copy subgraph inputs just in time, schedule
+    gradient consumers early, and the tied-gather patterns that let the MLM decoder and the
+    word embeddings share one weight without a second copy of its gradient."""
+    import popart  # shipped with the Poplar SDK next to poptorch
+
+    opts._Popart.set("disableGradAccumulationTensorStreams", True)
+    if pipelined:
+        opts._Popart.set(
+            "accumulateOuterFragmentSettings.schedule",
+            int(popart.AccumulateOuterFragmentSchedule.OverlapMemoryOptimized),
+        )
+        opts._Popart.set("accumulateOuterFragmentSettings.excludedVirtualGraphs", ["0"])
+    opts._Popart.set("subgraphCopyingStrategy", int(popart.SubgraphCopyingStrategy.JustInTime))
+    opts._Popart.set("scheduleNonWeightUpdateGradientConsumersEarly", True)
+    opts._Popart.setPatterns(
+        {"TiedGather": True, "TiedGatherAccumulate": True, "UpdateInplacePrioritiesForIpu": True}
+    )
+    opts._Popart.set(
+        "engineOptions", {"opt.useAutoloader": "true", "target.syncReplicasIndependently": "true"}
+    )
+
+
+def build_options(poptorch, plan: IpuPlan, training: bool, compile_only: bool = False):
     """IpuPlan -> poptorch.Options (popdist.poptorch.Options under poprun)."""
     if plan.instances > 1:
         import popdist.poptorch
@@ -103,6 +130,14 @@ def build_options(poptorch, plan: IpuPlan, training: bool):
         opts.randomSeed(plan.seed)
     if plan.use_ipu_model:
         opts.useIpuModel(True)
+    elif compile_only:
+        # Compile for a Mk2 IPU without attaching to one (options.py useOfflineIpuTarget;
+        # it "cannot be used if the IPU model is enabled", hence only for real IPUs).
+        opts.useOfflineIpuTarget(2)
+    if plan.synthetic_data:
+        # No host I/O: PopTorch makes the inputs on the IPUs (popart SyntheticDataMode
+        # RandomNormal); the host's synthetic packs only give the graph its shapes.
+        opts.enableSyntheticData(True)
     if plan.executable_cache_dir:
         opts.enableExecutableCaching(plan.executable_cache_dir)
     if plan.available_memory_proportion:
@@ -124,6 +159,8 @@ def build_options(poptorch, plan: IpuPlan, training: bool):
             .useOnChipStorage(not plan.optimizer_state_offchip)
             .useReplicatedTensorSharding(plan.replicated_tensor_sharding)
         )
+        if plan.popart_performance_options:
+            set_popart_performance_options(opts, plan.pipelined)
     else:
         # Compiler.cpp: a pipelined graph needs deviceIterations >= its pipeline stages.
         opts.deviceIterations(plan.inference_device_iterations)
@@ -178,9 +215,14 @@ class IpuEngine:
 
     def __init__(self, config: dict):
         self.config = config
+        self.compile_only = config["execution"]["compile_only"]
         self.poptorch = require_poptorch(config["execution"]["device"])
         self.rank, self.instances = instance_topology()
         self.data_rank, self.data_world = self.rank, self.instances
+        if self.instances > 1:
+            # No torch.distributed under poprun: the run's own collectives (the output-folder
+            # barrier, the stop flag every instance must agree on) go through Horovod too.
+            use_host_sum(lambda values: _host_sum(values, self.instances))
         self.inference = None
 
     def attach(self, model, packing_factor: float) -> BatchArithmetic:
@@ -206,6 +248,15 @@ class IpuEngine:
                     FP16_LAYER_NORM_EPS,
                     changed,
                 )
+        check_serialization(self.plan.embedding_serialization_factor, self.model.config.vocab_size)
+        adapt_for_ipu(
+            self.model,
+            self.plan.embedding_serialization_factor,
+            self.plan.onehot_gather,
+            lambda lhs, rhs, factor: poptorch.serializedMatMul(
+                lhs, rhs, poptorch.MatMulSerializationMode.OutputChannels, factor
+            ),
+        )
         self.model.train()
         self.step = PretrainingStep(self.model, lambda loss: poptorch.identity_loss(loss, reduction="none"))
         place_stages(poptorch, self.step, self.plan)
@@ -223,39 +274,70 @@ class IpuEngine:
         )
         self.optimizer = poptorch.optim.LAMB(**kwargs)
         self.training = poptorch.trainingModel(
-            self.step, build_options(poptorch, self.plan, True), self.optimizer
+            self.step, build_options(poptorch, self.plan, True, self.compile_only), self.optimizer
         )
         # Built now, not at the first evaluation: building options touches the host RNG.
-        self.inference_options = build_options(poptorch, self.plan, False)
+        self.inference_options = build_options(poptorch, self.plan, False, self.compile_only)
         self.pending_rng_state = None  # IPU RNG state from a checkpoint, set once compiled
         return self.plan.batch
 
-    def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
+    def _training_inputs(self, micro_batches) -> tuple[dict, list[torch.Tensor]]:
+        """One call's combined batch and each step's global [masked tokens, sequences]."""
         steps = self.plan.device_iterations
         per_step = len(micro_batches) // steps
         counts = []
         for i in range(steps):
             group = micro_batches[i * per_step : (i + 1) * per_step]
             counts.append(_host_sum(step_counts(group, "per_token", "cpu"), self.instances))
+        return step_inputs(micro_batches, steps, counts), counts
+
+    def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
+        inputs, counts = self._training_inputs(micro_batches)
         set_learning_rate(self.optimizer, lr)
         self.training.setOptimizer(self.optimizer)  # pushes the new lr; state stays on device
-        inputs = step_inputs(micro_batches, steps, counts)
         if not self.training.isCompiled():
             self._compile(inputs)
         _, device_sums = self.training(**inputs)
         sums.add_vector(device_sums.double().reshape(-1, device_sums.shape[-1]).sum(0))
         return torch.stack(counts).sum(0)
 
-    def _compile(self, inputs: dict) -> None:
-        """Ahead of the first step: compile (timed), then restore a checkpoint's IPU RNG
-        state, which PopTorch accepts only once there is an executable (rng_state setter)."""
+    def _compile(self, inputs: dict) -> float:
+        """Ahead of the first step: compile (timed, seconds returned), then restore a
+        checkpoint's IPU RNG state, which PopTorch accepts only once there is an executable
+        (rng_state setter). Not on an offline target: there is no device state to set."""
         started = time.perf_counter()
         self.training.compile(**inputs)
+        seconds = time.perf_counter() - started
         if self.rank == 0:
-            log.info("IPU training graph compiled in %.1f s", time.perf_counter() - started)
-        if self.pending_rng_state is not None:
+            log.info("IPU training graph compiled in %.1f s", seconds)
+        if self.pending_rng_state is not None and not self.compile_only:
             self.training.rng_state = self.pending_rng_state
             self.pending_rng_state = None
+        return seconds
+
+    def compile(self, micro_batches, eval_group: list[dict] | None) -> dict:
+        """--compile-only: the training executable from one call's micro-batches and, when
+        the run evaluates, the inference executable from one call's eval micro-batches.
+        Nothing runs. Returns {"train": seconds, "eval": seconds}."""
+        times = {"train": self._compile(self._training_inputs(micro_batches)[0])}
+        # An IPUModel compile attaches; the inference executable needs the IPUs free (R6).
+        if self.training.isAttachedToDevice():
+            self.training.detachFromDevice()
+        if eval_group is not None:
+            self.inference = self.poptorch.inferenceModel(self.step, self.inference_options)
+            zero = [torch.zeros(2, dtype=torch.float64)] * self.plan.inference_device_iterations
+            started = time.perf_counter()
+            self.inference.compile(**step_inputs(eval_group, self.plan.inference_device_iterations, zero))
+            times["eval"] = time.perf_counter() - started
+            if self.rank == 0:
+                log.info("IPU inference graph compiled in %.1f s", times["eval"])
+            if self.inference.isAttachedToDevice():
+                self.inference.detachFromDevice()
+        return times
+
+    def eval_group_size(self) -> int:
+        """Micro-batches of one inference call on this instance."""
+        return self.plan.local_replicas * self.plan.inference_device_iterations
 
     @torch.no_grad()
     def evaluate(self, shards, batches) -> dict:
@@ -272,7 +354,7 @@ class IpuEngine:
         # Static shapes: each call takes inference_device_iterations micro-batches per local
         # replica. Every instance makes the same number of calls (the most any instance
         # needs, empty groups after its own), since each call is a collective across replicas.
-        group_size = plan.local_replicas * plan.inference_device_iterations
+        group_size = self.eval_group_size()
         calls = int(_host_sum(torch.tensor(-(-len(batches) // group_size)), self.instances, op="max"))
         for micro in padded_groups(shards, batches, group_size, plan.micro_batch_packs, groups=calls):
             zero = [torch.zeros(2, dtype=torch.float64)] * plan.inference_device_iterations

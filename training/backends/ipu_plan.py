@@ -6,7 +6,8 @@ tested on any machine; `training.backends.ipu` applies a plan with the real PopT
 Placement follows Graphcore's pipelined BERT: the embeddings and the first encoder layers
 on IPU 0, the other layers as `execution.layers_per_stage` lists them (one stage per IPU),
 and the pretraining heads back on IPU 0, where the MLM decoder shares its weight with the
-word embeddings (a tied weight must live on one IPU).
+word embeddings (a tied weight must live on one IPU). IPU 0 may hold no encoder layer
+([0, 4, 4, 4], Graphcore's BERT-Base layout): then it holds the embeddings and the heads.
 
 Batch arithmetic: training.step.BatchArithmetic (the torch engines' own), plus
     packs per host call = packs per step x device_iterations
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from model.config import bert_config
-from model.stages import nonempty_stage_ranges
+from model.stages import stage_layer_ranges
 from optim import AdjustedHyperparameters
 from training.errors import RunError
 from training.step import BatchArithmetic
@@ -60,6 +61,10 @@ class IpuPlan:
     # memory and execution
     replicated_tensor_sharding: bool
     optimizer_state_offchip: bool
+    embedding_serialization_factor: int  # MLM decoder matmul split over the vocabulary
+    onehot_gather: bool  # gathers as one-hot matmuls (training.backends.ipu_step.OneHotGather)
+    popart_performance_options: bool  # Graphcore BERT's PopART session options and patterns
+    synthetic_data: bool  # no host I/O: PopTorch generates the inputs on the IPUs
     available_memory_proportion: dict[str, float] = field(default_factory=dict)
     output_mode: str = "sum"
     seed: int = 42
@@ -207,9 +212,23 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
             f"{ipu['ipus_per_replica']}: one stage per IPU"
         )
     try:
-        ranges = nonempty_stage_ranges(layers, split)
+        ranges = stage_layer_ranges(layers, split)
     except ValueError as err:
         raise IpuPlanError(f"execution.layers_per_stage: {err}") from None
+    # IPU 0 always runs the embeddings and the heads, so it may go without encoder layers;
+    # any other empty stage would be an IPU with nothing to do.
+    if any(len(r) == 0 for r in ranges[1:]) or (len(ranges) == 1 and not ranges[0]):
+        raise IpuPlanError(
+            f"execution.layers_per_stage {list(split)}: a stage without layers after IPU 0; only IPU 0 "
+            "(embeddings and heads) may hold none"
+        )
+    factor = ipu["embedding_serialization_factor"]
+    vocab = model_vocab_size(config)
+    if vocab is not None and vocab % factor:
+        raise IpuPlanError(
+            f"ipu.embedding_serialization_factor {factor} does not divide the vocabulary ({vocab} tokens): "
+            "poptorch.serializedMatMul needs a factor of the dimension it splits"
+        )
 
     batch = BatchArithmetic.from_config(config, packing_factor, ipu["replicas"])
     proportions = ipu["available_memory_proportion"]
@@ -229,7 +248,7 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
     # AutoIncrement starts a new pipeline stage only where the IPU changes).
     placements = [Placement("model.bert.embeddings", 0, "embeddings")]
     for stage, layer_range in enumerate(ranges):
-        for layer in layer_range:
+        for layer in layer_range:  # an empty IPU 0 adds no placement
             placements.append(Placement(f"model.bert.encoder.layer.{layer}", stage, f"encoder{layer}"))
     placements.append(Placement("heads", 0, "heads"))
     forward = forward_stages(placements)
@@ -262,11 +281,32 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
         forward_stages=forward,
         replicated_tensor_sharding=ipu["replicated_tensor_sharding"] and ipu["replicas"] > 1,
         optimizer_state_offchip=ipu["optimizer_state_offchip"],
+        embedding_serialization_factor=factor,
+        onehot_gather=ipu["onehot_gather"],
+        popart_performance_options=ipu["popart_performance_options"],
+        synthetic_data=config["data"]["synthetic"],
         available_memory_proportion=memory,
         output_mode=ipu["output_mode"],
         seed=config["training"]["seed"],
         executable_cache_dir=ipu["executable_cache_dir"],
     )
+
+
+def model_vocab_size(config: dict) -> int | None:
+    """The vocabulary of a randomly initialised model; None when a checkpoint decides it
+    (the engine checks the built model then)."""
+    if config["model"]["init_checkpoint"] is not None:
+        return None
+    return config["model"]["vocab_size"]
+
+
+def check_serialization(factor: int, vocab_size: int) -> None:
+    """The built model's vocabulary against ipu.embedding_serialization_factor."""
+    if vocab_size % factor:
+        raise IpuPlanError(
+            f"ipu.embedding_serialization_factor {factor} does not divide the model's vocabulary "
+            f"({vocab_size} tokens): poptorch.serializedMatMul needs a factor of the dimension it splits"
+        )
 
 
 def even_split(layers: int, stages: int) -> list[int]:

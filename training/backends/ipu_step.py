@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model.pretraining import HEAD_INPUTS
@@ -25,6 +26,56 @@ from training.step import loss_scales, micro_batch_loss
 
 # Fields the graph takes; source_index (int64 bookkeeping) stays on the host.
 GRAPH_FIELDS = ("input_ids", "segment_ids", "position_ids", "sequence_ids", *HEAD_INPUTS)
+
+
+class OneHotGather(nn.Module):
+    """model.encoder.PositionGather as a matmul: one_hot(positions) [B, P, S] @ hidden
+    [B, S, H]. The same numbers (each row sums exactly one hidden row); Graphcore's BERT
+    gathers this way on IPUs, where a matmul maps onto the tiles better than a dynamic
+    gather and its gradient is a matmul rather than a scatter-add (modeling.py,
+    OnehotGather). The one-hot matrix takes the hidden dtype (fp16 under ipu.half)."""
+
+    def forward(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        one_hot = F.one_hot(positions.long(), hidden.shape[1]).to(hidden.dtype)
+        return torch.matmul(one_hot.detach(), hidden)
+
+
+def split_matmul(lhs: torch.Tensor, rhs: torch.Tensor, factor: int) -> torch.Tensor:
+    """lhs [..., H] @ rhs [H, V] computed as `factor` matmuls over slices of V, concatenated:
+    what poptorch.serializedMatMul(lhs, rhs, OutputChannels, factor) computes (the CPU
+    stand-in; the IPU backend passes PopTorch's own)."""
+    return torch.cat([lhs @ part for part in rhs.chunk(factor, dim=1)], dim=-1)
+
+
+class SerializedProjection(nn.Module):
+    """model.heads.TiedProjection with the [H] x [V] decoder matmul split into `factor`
+    matmuls over the vocabulary (output channels), as Graphcore's BERT-Large does
+    (embedding_serialization_factor 2, modeling.py SerializedLinear): the full [rows, V]
+    product and its gradient never exist at once on IPU 0. No parameters: the tied weight
+    is still the word embeddings'.
+
+    matmul(lhs, rhs, factor): poptorch.serializedMatMul with OutputChannels on IPUs,
+    `split_matmul` on CPU."""
+
+    def __init__(self, factor: int, matmul: Callable = split_matmul):
+        super().__init__()
+        self.factor = factor
+        self.matmul = matmul
+
+    def forward(self, hidden, weight, bias):
+        return self.matmul(hidden, weight.t(), self.factor) + bias
+
+
+def adapt_for_ipu(model, serialization_factor: int, onehot_gather: bool, matmul: Callable = split_matmul):
+    """Put the IPU kernels into a PackedBertForPreTraining in place (state dict unchanged):
+    one-hot gathers for the masked positions and the pooler's [CLS] rows, and the
+    serialized MLM decoder when `serialization_factor` > 1. Returns the model."""
+    if onehot_gather:
+        model.mlm_gather = OneHotGather()
+        model.bert.pooler.gather = OneHotGather()
+    if serialization_factor > 1:
+        model.cls.predictions.project = SerializedProjection(serialization_factor, matmul)
+    return model
 
 
 class HeadsBlock(nn.Module):

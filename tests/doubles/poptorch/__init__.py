@@ -27,9 +27,25 @@ R9 poptorch.optim.LAMB takes exactly these keywords (python/optim.py): params, l
    first_order_momentum_accum_type, second_order_momentum_accum_type.
 R10 ReductionType.Sum: gradients of the micro-batches and replicas are summed;
    OutputMode.Sum returns outputs summed over the call, OutputMode.All every micro-batch's.
+R11 useOfflineIpuTarget (python/options.py): connection type Never; "the offline IPU target
+   cannot be used if the IPU model is enabled"; such an executable compiles but never
+   attaches, so it cannot run.
+R12 serializedMatMul (python/ops.py): asserts an int factor and a MatMulSerializationMode;
+   the factor must divide the dimension it splits (its docstring); result = lhs @ rhs.
+R13 Options._Popart.set takes PopART SessionOptions names (popart/sessionoptions.hpp);
+   PopART refuses an unknown name when the session is built (here: at compile).
+   setPatterns takes PopART pattern names (popart/patterns).
+R15 replicas of a popdist.poptorch.Options run (poprun instances) reduce gradients across ALL
+   replicas, not only this instance's (PopDist's replicated graph spans the instances); the
+   double carries that sum over the Horovod double's transport (on hardware: GCL over
+   IPU-Links, no host involved).
+R14 enableSyntheticData(bool) sets the PopART option syntheticDataMode 2 (RandomNormal) or 0
+   (python/options.py).
 
 What it cannot show: compilation, memory, fp16 numerics, real replicas in parallel, Poplar
-errors this file does not encode. Numerics are CPU float32.
+errors this file does not encode, what PopART's options and patterns do (only that their
+names exist), synthetic data (the double computes on the host's inputs). Numerics are CPU
+float32.
 """
 
 from __future__ import annotations
@@ -62,6 +78,57 @@ class AutoStage(enum.Enum):
 class PipelinedExecution:
     def __init__(self, auto_stage=AutoStage.SameAsIpu):
         self.auto_stage = auto_stage
+
+
+class MatMulSerializationMode(enum.Enum):
+    InputChannels = "input_channels"
+    ReducingDim = "reducing_dim"
+    OutputChannels = "output_channels"
+    Disabled = "none"
+
+
+class ConnectionType(enum.Enum):
+    Always = 0
+    OnDemand = 1
+    Never = 2
+
+
+def serializedMatMul(lhs, rhs, mode, factor=0, keep_precision=False):
+    assert isinstance(keep_precision, bool)  # R12, as python/ops.py
+    assert isinstance(factor, int)
+    assert isinstance(mode, MatMulSerializationMode)
+    split = {
+        MatMulSerializationMode.InputChannels: lhs.shape[-2],
+        MatMulSerializationMode.ReducingDim: lhs.shape[-1],
+        MatMulSerializationMode.OutputChannels: rhs.shape[-1],
+    }.get(mode)
+    if split is not None and factor and split % factor:
+        raise RuntimeError(f"serialization factor {factor} does not divide the split dimension {split}")
+    return torch.matmul(lhs, rhs)
+
+
+# R13: the PopART session options and patterns the project sets (all exist in PopART 3.4).
+POPART_SESSION_OPTIONS = {
+    "disableGradAccumulationTensorStreams",
+    "accumulateOuterFragmentSettings.schedule",
+    "accumulateOuterFragmentSettings.excludedVirtualGraphs",
+    "subgraphCopyingStrategy",
+    "scheduleNonWeightUpdateGradientConsumersEarly",
+    "engineOptions",
+    "syntheticDataMode",
+}
+POPART_PATTERNS = {"TiedGather", "TiedGatherAccumulate", "UpdateInplacePrioritiesForIpu"}
+
+
+class _Popart:
+    def __init__(self):
+        self.options, self.patterns = {}, {}
+
+    def set(self, key, value):
+        self.options[key] = value
+
+    def setPatterns(self, patterns: dict, level=None):
+        self.patterns.update(patterns)
 
 
 class TensorLocationSettings:
@@ -108,6 +175,16 @@ class Options:
         self.Training = _Training()
         self.Precision = _Precision()
         self.TensorLocations = _TensorLocations()
+        self._Popart = _Popart()
+        self.connection_type = ConnectionType.Always
+        self.ipu_model = False
+
+    def useOfflineIpuTarget(self, ipu_version: int = 2):
+        self.connection_type = ConnectionType.Never  # R11
+        self.ipu_version = ipu_version
+
+    def enableSyntheticData(self, enabled: bool):
+        self._Popart.set("syntheticDataMode", 2 if enabled else 0)  # R14
 
     def deviceIterations(self, n: int):
         self.device_iterations = n
@@ -217,6 +294,13 @@ class PoplarExecutor:
         return [{k: v[i * rows : (i + 1) * rows] for k, v in inputs.items()} for i in range(n)]
 
     def compile(self, **inputs):
+        unknown = set(self.options._Popart.options) - POPART_SESSION_OPTIONS
+        unknown |= set(self.options._Popart.patterns) - POPART_PATTERNS
+        if unknown:  # R13
+            raise RuntimeError(f"Unknown PopART option or pattern: {sorted(unknown)}")
+        offline = self.options.connection_type == ConnectionType.Never
+        if offline and self.options.ipu_model:  # R11
+            raise RuntimeError("the offline IPU target cannot be used if the IPU model is enabled")
         for name, value in inputs.items():  # R1
             if value.shape[0] % self._factor():
                 raise RuntimeError(
@@ -240,7 +324,8 @@ class PoplarExecutor:
             )  # R4
         self.forward_stages = stages
         self._rng = [self.options.__dict__.get("seed", 0), 0]
-        self.attachToDevice()
+        if not offline:  # R11: an offline executable never attaches
+            self.attachToDevice()
 
     def isCompiled(self) -> bool:
         return self._signature is not None
@@ -249,6 +334,8 @@ class PoplarExecutor:
         return self.isCompiled() and self._attached
 
     def attachToDevice(self):
+        if self.options.connection_type == ConnectionType.Never:  # R11
+            raise RuntimeError("Cannot attach: the executable was compiled for an offline IPU target")
         if self._attached:
             raise RuntimeError("Device is already attached")
         if _ATTACHED:  # R6
@@ -314,10 +401,15 @@ class PoplarExecutor:
                 losses.append(loss.detach())
                 sums.append(s.detach())
             if self.training:
-                for group_ in self.optimizer.param_groups:
-                    for p in group_["params"]:
-                        if p.grad is not None:
-                            p.grad /= self.optimizer.loss_scaling
+                params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+                if getattr(self.options, "distributed", False):  # R15
+                    import horovod.torch as hvd
+
+                    flat = hvd.allreduce(torch.cat([p.grad.reshape(-1) for p in params]), op=hvd.Sum)
+                    for p, g in zip(params, flat.split([p.numel() for p in params])):
+                        p.grad.copy_(g.view_as(p.grad))
+                for p in params:
+                    p.grad /= self.optimizer.loss_scaling
                 self.optimizer.step()
         if self.options.output_mode == OutputMode.Sum:
             return torch.stack(losses).sum(0), torch.stack(sums).sum(0)

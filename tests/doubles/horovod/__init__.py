@@ -1,0 +1,1 @@
+"""A test double of Horovod: tests only (see horovod/torch)."""

@@ -1,0 +1,86 @@
+"""A test double of horovod.torch (0.24) for the IPU engine's poprun instances: tests only.
+
+Processes meet through a torch.distributed TCPStore (not a process group: under poprun
+there is none, and the run must not find one). Rules encoded, from horovod/torch/mpi_ops.py
+and horovod/common/operations.cc:
+H1 every collective before init() raises ValueError("Horovod has not been initialized; use
+   hvd.init().").
+H2 allreduce's default op is Average; Sum, Max and Min as asked.
+H3 collectives are matched across processes in submission order; a tensor of another
+   shape or dtype at the same position is an error ("Mismatched allreduce tensor shapes").
+H4 allreduce returns a new tensor and leaves its input unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import numpy as np
+import torch
+
+Average, Sum, Adasum, Min, Max = "Average", "Sum", "Adasum", "Min", "Max"
+
+_state: dict = {}
+
+
+def init() -> None:
+    from torch.distributed import TCPStore
+
+    rank, size = int(os.environ["DOUBLE_POPDIST_INSTANCE"]), int(os.environ["DOUBLE_POPDIST_INSTANCES"])
+    store = TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        size,
+        rank == 0,
+        timeout=timedelta(seconds=120),
+    )
+    _state.update(store=store, rank=rank, size=size, calls=0)
+
+
+def _require_init():
+    if "store" not in _state:  # H1
+        raise ValueError("Horovod has not been initialized; use hvd.init().")
+
+
+def rank() -> int:
+    _require_init()
+    return _state["rank"]
+
+
+def size() -> int:
+    _require_init()
+    return _state["size"]
+
+
+def allreduce(tensor: torch.Tensor, average=None, name=None, op=None) -> torch.Tensor:
+    _require_init()
+    op = op or (Sum if average is False else Average)  # H2
+    store, me, n = _state["store"], _state["rank"], _state["size"]
+    call = _state["calls"]
+    _state["calls"] += 1
+    values = tensor.detach().cpu().contiguous()
+    header = f"{tuple(values.shape)}|{values.dtype}"
+    store.set(f"{call}/{me}/header", header)
+    store.set(f"{call}/{me}/data", values.numpy().tobytes())
+    parts = []
+    for other in range(n):
+        theirs = store.get(f"{call}/{other}/header").decode()
+        if theirs != header:  # H3
+            raise RuntimeError(
+                f"Mismatched allreduce tensor shapes: {header} on rank {me}, {theirs} on {other}"
+            )
+        data = np.frombuffer(store.get(f"{call}/{other}/data"), dtype=values.numpy().dtype)
+        parts.append(torch.from_numpy(data.copy()).reshape(values.shape))
+    stacked = torch.stack(parts)
+    if op == Sum:
+        out = stacked.sum(0)
+    elif op == Average:
+        out = stacked.sum(0) / n
+    elif op == Max:
+        out = stacked.max(0).values
+    elif op == Min:
+        out = stacked.min(0).values
+    else:
+        raise ValueError(f"op {op} is not supported by this double")
+    return out.to(tensor.dtype)  # H4: a new tensor

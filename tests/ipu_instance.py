@@ -1,0 +1,21 @@
+"""One poprun instance for tests/test_ipu_double.py: the IPU engine on the doubles in
+tests/doubles (PYTHONPATH puts them first), with a validated config from a JSON file.
+
+    python -m tests.ipu_instance CONFIG.json OUTPUT_DIR     (exit code: the run's)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import poptorch
+
+from training.backends.ipu import IpuEngine
+from training.run import run_training
+
+if __name__ == "__main__":
+    assert "doubles" in poptorch.__file__, "the double, never a real poptorch"
+    config = json.loads(Path(sys.argv[1]).read_text())
+    sys.exit(run_training(config, Path(sys.argv[2]), engine_class=IpuEngine))
