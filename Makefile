@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packing/histograms/wikipedia_512.json
 
-.PHONY: install install-tf test demo demo-data convergence bench lint clean finetune-demo
+.PHONY: test-sdk-stack install install-tf test demo demo-data convergence bench lint clean finetune-demo
 
 install: $(STAMP)
 
@@ -28,6 +28,13 @@ $(TF_STAMP): requirements-tf.txt
 
 test: install install-tf
 	$(PY) -m pytest -q
+
+# Opt-in: the IPU path (on the PopTorch-rules double) under the SDK 3.4 stack's versions
+# (torch 2.0.1, transformers 4.38.2), given an interpreter that has them (several GB):
+#   SDK_PYTHON=/path/to/sdk-venv/bin/python make test-sdk-stack
+test-sdk-stack: install
+	test -n "$(SDK_PYTHON)" || (echo "set SDK_PYTHON to an SDK 3.4 stack interpreter (requirements-ipu.txt)"; exit 2)
+	SDK_PYTHON=$(SDK_PYTHON) $(PY) -m pytest -q tests/test_ipu_sdk_stack.py
 
 # The demo: real text -> a corpus vocabulary -> unpacked shards -> packed (and
 # unpacked-baseline) shards -> verified. The 4,096-token vocabulary is learned from the
