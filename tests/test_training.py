@@ -37,7 +37,7 @@ def test_config_errors_name_the_key(tmp_path):
         validate({**base, "optim": {"betas": [0.9, 1.5]}})
     with pytest.raises(ConfigError, match=r"training.precision: 'fp8' is not one of"):
         validate({**base, "training": {"precision": "fp8"}})
-    with pytest.raises(ConfigError, match=r"data.train_dir must be set"):
+    with pytest.raises(ConfigError, match=r"data.train_dir: give the packed training data"):
         validate({})
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(base))

@@ -219,7 +219,7 @@ class Run:
                 log.warning("data.synthetic: random packs, no data read; throughput check only")
         check_model_fits_data(self.model, train_data)
         self.checkpoints = output / "checkpoints"
-        if engine.rank == 0:
+        if engine.rank == 0 and not self.compile_only:
             for leftover in ckpt.remove_leftovers(self.checkpoints):
                 log.warning("removed %s, a checkpoint a crash left half-written", leftover)
         restored = ckpt.latest_valid_checkpoint(self.checkpoints) if resume else None
@@ -241,7 +241,9 @@ class Run:
         if saved is not None:
             engine.load_state(saved)
             self.state = RunState.from_checkpoint(saved)
-            if engine.rank == 0:  # lines logged after the checkpoint are trained again
+            if (
+                engine.rank == 0 and not self.compile_only
+            ):  # lines logged after the checkpoint are trained again
                 forget_metrics_after(output / "metrics.jsonl", self.state.step)
             rng = saved["rng"]
             ckpt.set_rng_state(rng[engine.rank] if engine.rank < len(rng) else rng[0])
