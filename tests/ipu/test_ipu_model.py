@@ -50,7 +50,9 @@ def _losses(output):
     return [r["loss"] for r in rows if r["kind"] == "train"], [r for r in rows if r["kind"] == "eval"]
 
 
-@pytest.mark.parametrize("ipu", [{}, {"replicas": 2}])
+@pytest.mark.parametrize(
+    "ipu", [{}, {"replicas": 2}, {"embedding_serialization_factor": 2, "onehot_gather": False}]
+)
 def test_ipu_model_trains_like_the_cpu_backend(packed, tmp_path, ipu):
     cpu_config = _config(packed, "cpu")
     if ipu.get("replicas") == 2:  # same global batch: GA 5 x 2 replicas on IPU, GA 10 on CPU
@@ -62,3 +64,12 @@ def test_ipu_model_trains_like_the_cpu_backend(packed, tmp_path, ipu):
     assert ipu_losses == pytest.approx(cpu_losses, abs=1e-5)
     assert ipu_eval[-1]["mlm_accuracy"] == pytest.approx(cpu_eval[-1]["mlm_accuracy"], abs=1e-5)
     assert ipu_eval[-1]["masked_tokens"] == cpu_eval[-1]["masked_tokens"]  # padding packs add nothing
+
+
+def test_compile_only_on_the_ipu_model_writes_no_run(packed, tmp_path, caplog):
+    config = _config(packed, "ipu-model")
+    config["execution"]["compile_only"] = True
+    caplog.set_level("INFO")
+    assert run_training(config, tmp_path / "out", engine_class=IpuEngine) == 0
+    assert not (tmp_path / "out").exists()
+    assert "IPU inference graph compiled" in " ".join(r.getMessage() for r in caplog.records)
