@@ -208,13 +208,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_poprun_instances_train_like_one_process(packed, tmp_path):
-    """Two host processes, one replica each, joined by the Horovod double; the same run as
-    the CPU engine with GA x 2, evaluation synchronised, only instance 0 writes."""
-    ipu, cpu = _configs(packed, replicas=2, checkpoint_every_steps=2)
-    assert run_training(cpu, tmp_path / "cpu") == 0
-    config_file = tmp_path / "ipu.json"
-    config_file.write_text(json.dumps(ipu))
+def _poprun(config: dict, output: Path, workdir: Path, resume: bool = False) -> None:
+    """Two poprun instances of `config` (one replica each) as two processes."""
+    config_file = workdir / f"{output.name}.json"
+    config_file.write_text(json.dumps(config))
     port = str(_free_port())
     processes = []
     for instance in range(2):
@@ -226,10 +223,12 @@ def test_two_poprun_instances_train_like_one_process(packed, tmp_path):
             DOUBLE_POPDIST_REPLICAS="2",
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=port,
+            DOUBLE_HOROVOD_LATE_SECONDS="0" if instance == 0 else "4",
         )
+        command = [sys.executable, "-m", "tests.ipu_instance", str(config_file), str(output)]
         processes.append(
             subprocess.Popen(
-                [sys.executable, "-m", "tests.ipu_instance", str(config_file), str(tmp_path / "ipu")],
+                command + (["--resume"] if resume else []),
                 cwd=REPO,
                 env=env,
                 stdout=subprocess.PIPE,
@@ -238,5 +237,20 @@ def test_two_poprun_instances_train_like_one_process(packed, tmp_path):
             )
         )
     outputs = [p.communicate(timeout=600)[0] for p in processes]
-    assert [p.returncode for p in processes] == [0, 0], outputs
+    assert [p.returncode for p in processes] == [0, 0], [o[-3000:] for o in outputs]
+
+
+def test_two_poprun_instances_train_and_resume_like_one_process(packed, tmp_path):
+    """Two host processes, one replica each, joined by the Horovod double: the same run as
+    the CPU engine with GA x 2, evaluation synchronised, only instance 0 writes; stopped
+    after 2 steps and resumed on both instances, it trains the same 4 steps."""
+    ipu, cpu = _configs(packed, replicas=2, checkpoint_every_steps=2)
+    assert run_training(cpu, tmp_path / "cpu") == 0
+    _poprun(ipu, tmp_path / "ipu", tmp_path)
     _assert_same_run(tmp_path / "cpu", tmp_path / "ipu")
+    first = copy.deepcopy(ipu)
+    first["training"]["max_steps"] = 2
+    _poprun(first, tmp_path / "split", tmp_path)
+    _poprun(ipu, tmp_path / "split", tmp_path, resume=True)
+    train = lambda rows: [(r["step"], r["loss"]) for r in rows if r["kind"] == "train"]  # noqa: E731
+    assert train(_rows(tmp_path / "split")) == train(_rows(tmp_path / "ipu"))

@@ -14,6 +14,7 @@ H4 allreduce returns a new tensor and leaves its input unchanged.
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -36,6 +37,9 @@ def init() -> None:
         timeout=timedelta(seconds=120),
     )
     _state.update(store=store, rank=rank, size=size, calls=0)
+    # Tests make one instance late after joining (a loaded host): its peers must not get
+    # ahead of it through the run's barriers.
+    time.sleep(float(os.environ.get("DOUBLE_HOROVOD_LATE_SECONDS", "0")))
 
 
 def _require_init():
