@@ -241,9 +241,8 @@ class Run:
         if saved is not None:
             engine.load_state(saved)
             self.state = RunState.from_checkpoint(saved)
-            if (
-                engine.rank == 0 and not self.compile_only
-            ):  # lines logged after the checkpoint are trained again
+            # Lines logged after the checkpoint are trained again.
+            if engine.rank == 0 and not self.compile_only:
                 forget_metrics_after(output / "metrics.jsonl", self.state.step)
             rng = saved["rng"]
             ckpt.set_rng_state(rng[engine.rank] if engine.rank < len(rng) else rng[0])

@@ -34,7 +34,7 @@ import torch
 
 from optim import poptorch_lamb_kwargs, weight_decay_groups
 from training.backends.engine import Snapshot
-from training.backends.ipu_plan import IpuPlan, check_serialization, make_plan
+from training.backends.ipu_plan import IpuPlan, make_plan
 from training.backends.ipu_step import PretrainingStep, adapt_for_ipu, step_inputs
 from training.data import padded_groups
 from training.distributed import use_host_sum
@@ -230,7 +230,9 @@ class IpuEngine:
         self.inference = None
 
     def attach(self, model, packing_factor: float) -> BatchArithmetic:
-        self.plan = make_plan(self.config, packing_factor, self.instances)  # IpuPlanError is a RunError
+        # IpuPlanError is a RunError; the built model's vocabulary (a checkpoint may set it)
+        # is checked against the decoder's serialization factor.
+        self.plan = make_plan(self.config, packing_factor, self.instances, model.config.vocab_size)
         launched = poprun_replicas()
         if launched is not None and launched != self.plan.replicas:
             raise RunError(
@@ -252,7 +254,6 @@ class IpuEngine:
                     FP16_LAYER_NORM_EPS,
                     changed,
                 )
-        check_serialization(self.plan.embedding_serialization_factor, self.model.config.vocab_size)
         adapt_for_ipu(
             self.model,
             self.plan.embedding_serialization_factor,

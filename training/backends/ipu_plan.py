@@ -166,8 +166,12 @@ def training_pipeline_stages(forward: int) -> int:
     return 2 * forward - 1
 
 
-def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPlan:
-    """Config (validated by training.config) -> IpuPlan, or IpuPlanError naming the key."""
+def make_plan(
+    config: dict, packing_factor: float, instances: int = 1, vocab_size: int | None = None
+) -> IpuPlan:
+    """Config (validated by training.config) -> IpuPlan, or IpuPlanError naming the key.
+    `vocab_size`: the built model's (the engine passes it; a checkpoint may decide it);
+    None = the config's `model.vocab_size` when the model starts from random weights."""
     ipu, execution, model_cfg = config["ipu"], config["execution"], config["model"]
     if execution["device"] not in ("ipu", "ipu-model"):
         raise IpuPlanError(f"execution.device is {execution['device']!r}: an IPU plan needs ipu or ipu-model")
@@ -223,11 +227,12 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
             "(embeddings and heads) may hold none"
         )
     factor = ipu["embedding_serialization_factor"]
-    vocab = model_vocab_size(config)
-    if vocab is not None and vocab % factor:
+    if vocab_size is None and config["model"]["init_checkpoint"] is None:
+        vocab_size = config["model"]["vocab_size"]
+    if vocab_size is not None and vocab_size % factor:
         raise IpuPlanError(
-            f"ipu.embedding_serialization_factor {factor} does not divide the vocabulary ({vocab} tokens): "
-            "poptorch.serializedMatMul needs a factor of the dimension it splits"
+            f"ipu.embedding_serialization_factor {factor} does not divide the vocabulary ({vocab_size} "
+            "tokens): poptorch.serializedMatMul needs a factor of the dimension it splits"
         )
 
     batch = BatchArithmetic.from_config(config, packing_factor, ipu["replicas"])
@@ -290,23 +295,6 @@ def make_plan(config: dict, packing_factor: float, instances: int = 1) -> IpuPla
         seed=config["training"]["seed"],
         executable_cache_dir=ipu["executable_cache_dir"],
     )
-
-
-def model_vocab_size(config: dict) -> int | None:
-    """The vocabulary of a randomly initialised model; None when a checkpoint decides it
-    (the engine checks the built model then)."""
-    if config["model"]["init_checkpoint"] is not None:
-        return None
-    return config["model"]["vocab_size"]
-
-
-def check_serialization(factor: int, vocab_size: int) -> None:
-    """The built model's vocabulary against ipu.embedding_serialization_factor."""
-    if vocab_size % factor:
-        raise IpuPlanError(
-            f"ipu.embedding_serialization_factor {factor} does not divide the model's vocabulary "
-            f"({vocab_size} tokens): poptorch.serializedMatMul needs a factor of the dimension it splits"
-        )
 
 
 def even_split(layers: int, stages: int) -> list[int]:
