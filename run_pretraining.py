@@ -15,9 +15,13 @@ import logging
 import sys
 from pathlib import Path
 
+from common.cli import DefaultsHelpFormatter
+
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--config", required=True, help="YAML run configuration (see configs/README.md)")
     parser.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a key"
@@ -45,7 +49,7 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     output = Path(args.output_dir or Path("runs") / Path(args.config).stem)
-    from training.backends import run
+    from training.run import run
 
     return run(config, output, args.resume)
 

@@ -48,7 +48,9 @@ def timed(fn, backward: bool) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--preset", default="bert-mini", help="model of the whole-step rows")
     parser.add_argument("--rows", type=int, default=8, help="packs per batch")
     parser.add_argument("--repeats", type=int, default=5)

@@ -108,7 +108,7 @@ def train(args, variant: str, seed: int) -> Path | None:
     """One run in this process (the same code path as run_pretraining.py); its folder.
     With --reuse, a finished run of the same config is read instead of trained again
     (several processes may share a study: one per variant, then one to report)."""
-    from training.backends import run
+    from training.run import run
 
     output = args.out / "runs" / f"{variant}-seed{seed}"
     config = load_config(ROOT / "configs" / "demo.yaml", run_config(args, variant, seed))
@@ -157,7 +157,9 @@ def verdict(a: np.ndarray, b: np.ndarray, margin: float) -> tuple[str, tuple[flo
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="3 seeds x 2,000 sequences (~5 min on 2 cores)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per variant (default 3 quick, 5 full)")
     parser.add_argument(

@@ -29,7 +29,7 @@ from tests import reference_bert  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--documents", type=int, default=2225)
     parser.add_argument("--dupe-factor", type=int, default=2)
     parser.add_argument("--max-seq-length", type=int, default=512)

@@ -49,12 +49,12 @@ class Side:
         self.shards = PackedShards(dataset)
         self.packing_factor = packing_factor(dataset)
         self.engine = TorchEngine(self.config)
-        self.batch = self.engine.attach(build_model(self.config, seed), self.packing_factor)
+        self.arithmetic = self.engine.attach(build_model(self.config, seed), self.packing_factor)
         self.order = np.random.default_rng(seed).permutation(len(self.shards))
         self.cursor, self.seconds, self.sequences = 0, 0.0, 0
 
     def step(self, timed: bool) -> None:
-        rows = self.batch.micro_batch_packs
+        rows = self.arithmetic.micro_batch_packs
         start = time.perf_counter()
         micro_batches = []
         for _ in range(self.engine.micro_batches_per_call):
@@ -93,7 +93,9 @@ def profile_per_sequence(side: Side, steps: int) -> Counter:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "demo.yaml")
     parser.add_argument("--steps", type=int, default=60, help="timed steps per side")
     parser.add_argument("--warmup", type=int, default=5)
@@ -116,7 +118,7 @@ def main() -> int:
     factor = packed.packing_factor
     print(
         f"{args.steps} interleaved steps each, {torch.get_num_threads()} threads; "
-        f"{packed.batch.describe()} | unpacked: {unpacked.batch.describe()}"
+        f"{packed.arithmetic.describe()} | unpacked: {unpacked.arithmetic.describe()}"
     )
     print("| run | sequences | seconds | sequences/s |")
     print("|---|---|---|---|")

@@ -72,7 +72,9 @@ def time_inference(model, task, config, mode: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--train-examples", type=int, default=640)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--modes", nargs="+", default=list(BATCHING_MODES), choices=BATCHING_MODES)

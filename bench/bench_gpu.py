@@ -131,7 +131,9 @@ def measure(backend: str, mode: str, batches: list[dict], steps: int, preset: st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--rows", type=int, default=32, help="rows (packs or padded sequences) per step")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
     parser.add_argument("--preset", default="bert-large")

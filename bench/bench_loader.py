@@ -26,7 +26,9 @@ from training.data import LoaderPosition, PackedShards, ReplicaSampler, make_loa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--packed", type=Path, default=REPO / "demo_out" / "packed")
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--workers", type=int, default=1)

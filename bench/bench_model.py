@@ -59,7 +59,7 @@ def time_step(model, batch, optimizer):
 
 
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--preset", default="bert-base")
     parser.add_argument("--rows", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)

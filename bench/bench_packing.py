@@ -48,7 +48,9 @@ CASES = [
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     histograms = {

@@ -52,7 +52,9 @@ def run_measured(cmd: list[str]) -> tuple[float, float, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--algorithm", default="lpfhp")

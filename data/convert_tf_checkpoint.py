@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.cli import DefaultsHelpFormatter
 from common.files import atomic_folder
 
 SKIPPED = re.compile(
@@ -242,7 +243,9 @@ def write_folder(output: Path, tensors: dict, config: dict, report: dict) -> Non
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m data.convert_tf_checkpoint", description=__doc__.splitlines()[0]
+        formatter_class=DefaultsHelpFormatter,
+        prog="python -m data.convert_tf_checkpoint",
+        description=__doc__.split("\n\n")[0],
     )
     p.add_argument("--checkpoint", required=True, help="TF1 prefix (model.ckpt-28252) or NVIDIA .pt file")
     p.add_argument("--bert-config", required=True, type=Path, help="the checkpoint's bert_config.json")

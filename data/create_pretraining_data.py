@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.cli import DefaultsHelpFormatter
 from common.files import write_json_atomic
 from data.pretraining_instances import Recipe, SpecialIds, create_instances
 from data.reference_tokenizer import ReferenceTokenizer, read_vocab
@@ -172,19 +173,32 @@ def write_shards(store, order: list[int], job: Job, vocab_size: int) -> list[str
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m data.create_pretraining_data", description=__doc__.splitlines()[0]
+        formatter_class=DefaultsHelpFormatter,
+        prog="python -m data.create_pretraining_data",
+        description=__doc__.split("\n\n")[0],
     )
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="text files or globs")
-    p.add_argument("--input-format", choices=INPUT_FORMATS, default="lines")
+    p.add_argument(
+        "--input-format",
+        choices=INPUT_FORMATS,
+        default="lines",
+        help="lines: a sentence per line, a blank line between documents (a file without a final blank "
+        "line runs its last document on into the next file, as MLPerf's reference does); "
+        "one-document-per-file: each file is one document",
+    )
     p.add_argument("--vocab", required=True, type=Path, help="BERT vocab.txt (uncased WordPiece)")
     p.add_argument("--output", required=True, type=Path, metavar="DIR")
-    p.add_argument("--max-seq-length", type=int, default=512)
-    p.add_argument("--max-predictions-per-seq", type=int, default=76)
-    p.add_argument("--masked-lm-prob", type=float, default=0.15)
-    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--max-seq-length", type=int, default=512, help="S, tokens per sequence")
+    p.add_argument("--max-predictions-per-seq", type=int, default=76, help="P, masked-LM slots per sequence")
+    p.add_argument("--masked-lm-prob", type=float, default=0.15, help="share of tokens masked")
+    p.add_argument(
+        "--short-seq-prob", type=float, default=0.1, help="chance of a shorter random target length"
+    )
     p.add_argument("--dupe-factor", type=int, default=10, help="passes over the documents, each masked anew")
-    p.add_argument("--seed", type=int, default=12345)
-    p.add_argument("--rows-per-shard", type=int, default=1 << 16)
+    p.add_argument(
+        "--seed", type=int, default=12345, help="seed of every random draw (the reference's order)"
+    )
+    p.add_argument("--rows-per-shard", type=int, default=1 << 16, help="sequences per output shard")
     p.add_argument(
         "--eval-documents",
         type=int,

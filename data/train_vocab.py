@@ -24,6 +24,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from common.cli import DefaultsHelpFormatter
 from common.files import atomic_path
 from data.create_pretraining_data import _read_text, expand
 from data.reference_tokenizer import read_vocab
@@ -49,7 +50,9 @@ def train_vocab(files: list[Path], vocab_size: int, min_frequency: int) -> list[
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument(
         "--input", required=True, nargs="+", help="text files or globs (one document per file)"
     )

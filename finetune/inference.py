@@ -13,8 +13,8 @@ import torch
 
 from common.files import atomic_path
 from finetune.batching import Batcher, collate
+from finetune.rows import unpack_outputs
 from model.classification import classification_metrics
-from packing.tokenized import unpack_outputs
 
 
 @torch.inference_mode()

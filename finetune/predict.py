@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.cli import DefaultsHelpFormatter
 from common.files import describe_os_error, write_json_atomic
 from data.classification_data import ExampleError, encode_labels, read_jsonl, tokenize
 from data.tokenizer import DataInputError
@@ -32,7 +33,11 @@ from packing.errors import PackingInputError
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m finetune.predict", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter,
+        prog="python -m finetune.predict",
+        description=__doc__.split("\n\n")[0],
+    )
     parser.add_argument("--model", required=True, type=Path, help="finetune.train output model folder")
     parser.add_argument("--input", required=True, type=Path, help="JSON lines to classify")
     parser.add_argument("--output", required=True, type=Path, help="predictions, JSON lines, input order")

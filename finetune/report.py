@@ -5,6 +5,7 @@ python -m finetune.report runs/bbc_padded runs/bbc_dynamic runs/bbc_uniform runs
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -49,10 +50,9 @@ def table(summaries: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    folders = [Path(a) for a in (sys.argv[1:] if argv is None else argv)]
-    if not folders:
-        print("usage: python -m finetune.report RUN_DIR...", file=sys.stderr)
-        return 2
+    parser = argparse.ArgumentParser(prog="python -m finetune.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="finetune.train output folders")
+    folders = parser.parse_args(argv).runs
     try:
         summaries = [load(f) for f in folders]
     except FileNotFoundError as err:

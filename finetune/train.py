@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from common.cli import DefaultsHelpFormatter
 from common.config_schema import ConfigError
 from common.files import describe_os_error, write_json_atomic
 from data.classification_data import (
@@ -318,7 +319,11 @@ def run_finetune(config: dict, output: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m finetune.train", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter,
+        prog="python -m finetune.train",
+        description=__doc__.split("\n\n")[0],
+    )
     parser.add_argument("--config", required=True, help="fine-tuning YAML (see configs/README.md)")
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.cli import DefaultsHelpFormatter
 from packing.algorithms import ALGORITHMS, pack
 from packing.errors import PackingInputError
 from packing.histogram import Histogram
@@ -27,7 +28,9 @@ from packing.verify import run_verify
 
 
 def _add_report(sub) -> None:
-    p = sub.add_parser("report", help="plan a histogram and print efficiency figures")
+    p = sub.add_parser(
+        "report", formatter_class=DefaultsHelpFormatter, help="plan a histogram and print efficiency figures"
+    )
     p.add_argument("--histogram", required=True, help="JSON {max_sequence_length, counts}")
     p.add_argument(
         "--algorithm",
@@ -72,7 +75,11 @@ def _default_workers() -> int:
 
 
 def _add_pack(sub) -> None:
-    p = sub.add_parser("pack", help="pack unpacked shards into static-shape packed shards")
+    p = sub.add_parser(
+        "pack",
+        formatter_class=DefaultsHelpFormatter,
+        help="pack unpacked shards into static-shape packed shards",
+    )
     _add_inputs(p)
     p.add_argument("--output", required=True, metavar="DIR", help="folder for part-NNNNN.h5 + metadata.json")
     p.add_argument("--algorithm", default="lpfhp", choices=sorted(ALGORITHMS))
@@ -125,7 +132,11 @@ def cmd_pack(args) -> int:
 
 
 def _add_verify(sub) -> None:
-    p = sub.add_parser("verify", help="prove every input sequence is packed exactly once, unchanged")
+    p = sub.add_parser(
+        "verify",
+        formatter_class=DefaultsHelpFormatter,
+        help="prove every input sequence is packed exactly once, unchanged",
+    )
     _add_inputs(p)
     p.add_argument("--packed", required=True, metavar="DIR")
     p.add_argument("--workers", type=int, default=_default_workers())
@@ -137,7 +148,11 @@ def cmd_verify(args) -> int:
 
 
 def _add_unpack(sub) -> None:
-    p = sub.add_parser("unpack", help="write the packed sequences back in the unpacked HDF5 layout")
+    p = sub.add_parser(
+        "unpack",
+        formatter_class=DefaultsHelpFormatter,
+        help="write the packed sequences back in the unpacked HDF5 layout",
+    )
     p.add_argument("--packed", required=True, metavar="DIR")
     p.add_argument("--output", required=True, metavar="DIR")
 
@@ -148,7 +163,11 @@ def cmd_unpack(args) -> int:
 
 
 def _add_describe(sub) -> None:
-    p = sub.add_parser("describe", help="before/after table of packed datasets (from metadata.json)")
+    p = sub.add_parser(
+        "describe",
+        formatter_class=DefaultsHelpFormatter,
+        help="before/after table of packed datasets (from metadata.json)",
+    )
     p.add_argument("--packed", nargs="+", required=True, metavar="DIR")
     p.add_argument("--plot", metavar="FILE.png", help="length and pack-fill histograms of the first dataset")
 
@@ -175,7 +194,9 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m packing", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=DefaultsHelpFormatter, prog="python -m packing", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for add, _ in COMMANDS.values():
         add(sub)

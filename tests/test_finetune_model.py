@@ -8,8 +8,9 @@ from transformers import BertConfig, BertForSequenceClassification
 from data.classification_data import TokenizedExamples
 from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec
 from finetune.inference import predict_logits
+from finetune.rows import pack_rows, unpack_outputs
 from model.classification import PackedBertForSequenceClassification, classification_metrics
-from packing.tokenized import pack_examples, pack_rows, unpack_outputs
+from packing.tokenized import pack_examples
 
 VOCAB = 97
 CLASSES = 4

@@ -312,3 +312,32 @@ def test_split_matmul_is_the_matmul():
     lhs, rhs = torch.randn(3, 5, 8, dtype=torch.float64), torch.randn(8, 12, dtype=torch.float64)
     for factor in (1, 2, 3, 4, 6, 12):
         torch.testing.assert_close(split_matmul(lhs, rhs, factor), lhs @ rhs)
+
+
+def test_an_ipu_config_the_ipu_cannot_compile_exits_2_before_any_data_is_read(tmp_path):
+    """The engine's config check runs before the data is opened: a varlen-attention IPU
+    config over a training folder that does not exist is refused for its attention backend
+    (exit 2, one line naming the key), within seconds, with or without poptorch."""
+    started = time.perf_counter()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "run_pretraining.py",
+            "--config",
+            "configs/ipu_model_tiny.yaml",
+            "--set",
+            "model.attention_backend=varlen",
+            "--set",
+            f"data.train_dir={tmp_path / 'absent'}",
+            "--output-dir",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "model.attention_backend 'varlen'" in result.stderr
+    assert "absent" not in result.stderr
+    assert not (tmp_path / "out").exists()
+    assert time.perf_counter() - started < 30

@@ -27,7 +27,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from common.files import FolderInUse, atomic_path, lock_folder
+from common.files import FolderInUse, atomic_path, describe_os_error, lock_folder
 from model import PackedBertForPreTraining, validate_batch
 from training import checkpoint as ckpt
 from training.backends.engine import Engine
@@ -48,7 +48,7 @@ from training.data import (
     make_loader,
     padded_groups,
 )
-from training.distributed import any_process, barrier, gather_rng_states
+from training.distributed import any_process, barrier, gather_rng_states, shut_down_process_group
 from training.errors import RunError
 from training.observe import MetricSums, Reporter, summarize
 from training.step import NonFiniteStep
@@ -189,109 +189,145 @@ class Run:
     by `train`, each piece a method."""
 
     def __init__(self, config: dict, output: Path, resume: bool, engine_class: type[Engine]):
-        self.config, self.output = config, output
-        self.limits = config["training"]
+        """The run's phases, in order: data opened and checked, the engine, the output
+        folder, the model, a checkpoint restored, the loader, the evaluation set, logging.
+        Every user-input check happens before config.yaml is written (the last phase)."""
+        self.config, self.output, self.limits = config, output, config["training"]
         # --compile-only builds and checks everything but writes nothing to the run folder
         # (a later real run there must not find "another run").
         self.compile_only = config["execution"]["compile_only"]
-        synthetic = config["data"]["synthetic"]
-        train_data = None if synthetic else open_packed(config["data"]["train_dir"], config, "train")
-        eval_data = (
-            open_packed(config["data"]["eval_dir"], config, "eval") if config["data"]["eval_dir"] else None
-        )
-        self.engine = engine = engine_class(config)
+        train_data, eval_data = self._open_data()
+        self.engine = engine_class(config)
         if not self.compile_only:
-            prepare_output(output, config, resume, engine.rank)
+            prepare_output(output, config, resume, self.engine.rank)
         # MLPerf's init phase starts at the model build; its lines are written once every
         # check has passed (no log file for a run that is refused).
         init_started_ms = time.time() * 1000
         self.model = build_model(config, self.limits["seed"])
-        if synthetic:  # made for this model's vocabulary
-            data = config["data"]
-            train_data = SyntheticPacks(
-                data["max_sequence_length"],
-                data["max_sequences_per_pack"],
-                data["synthetic_packing_factor"],
-                self.model.config.vocab_size,
-                data["shuffle_seed"],
-            )
-            if engine.rank == 0:
-                log.warning("data.synthetic: random packs, no data read; throughput check only")
+        if train_data is None:
+            train_data = self._synthetic_packs()
         check_model_fits_data(self.model, train_data)
-        self.checkpoints = output / "checkpoints"
-        if engine.rank == 0 and not self.compile_only:
-            for leftover in ckpt.remove_leftovers(self.checkpoints):
-                log.warning("removed %s, a checkpoint a crash left half-written", leftover)
-        restored = ckpt.latest_valid_checkpoint(self.checkpoints) if resume else None
-        if resume and restored is None:
-            raise RunError(
-                f"--resume: {self.checkpoints} holds no intact checkpoint to resume from; to start "
-                f"over, run without --resume in a new --output-dir (or delete {output})"
-            )
-        try:
-            saved = ckpt.load_training_state(restored) if restored is not None else None
-        except ckpt.CheckpointError as err:
-            raise RunError(f"--resume: {err}") from None
-        if saved is not None:
-            weights = PackedBertForPreTraining.from_pretrained(restored / "model").state_dict()
-            self.model.load_state_dict(weights)
-        self.batch = engine.attach(self.model, packing_factor(train_data))
+        saved = self._restore_checkpoint(resume)
+        # What the step is made of, after the packing adjustment (training.step.BatchArithmetic).
+        self.arithmetic = self.engine.attach(self.model, packing_factor(train_data))
         self.schedule = build_schedule(config)
         self.state = RunState()
         if saved is not None:
-            engine.load_state(saved)
-            self.state = RunState.from_checkpoint(saved)
-            # Lines logged after the checkpoint are trained again.
-            if engine.rank == 0 and not self.compile_only:
-                forget_metrics_after(output / "metrics.jsonl", self.state.step)
-            rng = saved["rng"]
-            ckpt.set_rng_state(rng[engine.rank] if engine.rank < len(rng) else rng[0])
-
-        self.shards = train_data if synthetic else PackedShards(train_data)
-        try:
-            self.sampler = ReplicaSampler(
-                len(self.shards),
-                self.batch.micro_batch_packs,
-                config["data"]["shuffle_seed"],
-                engine.data_rank,
-                engine.data_world,
-                self.state.position,
-            )
-        except ValueError as err:
-            raise RunError(f"data.micro_batch_packs {self.batch.micro_batch_packs}: {err}") from None
-        self.loader = iter(make_loader(self.shards, self.sampler, config["data"]["loader_workers"]))
-        every = config["eval"]["every_samples"] or mlperf_eval_interval(self.batch.sequences_per_step)
+            self._restore_state(saved)
+        self.shards = train_data if config["data"]["synthetic"] else PackedShards(train_data)
+        self.loader = self._make_loader()
+        every = config["eval"]["every_samples"] or mlperf_eval_interval(self.arithmetic.sequences_per_step)
         self.eval_schedule = EvalSchedule(int(every))
         if self.state.next_eval_samples == 0:
             self.state.next_eval_samples = self.eval_schedule.first()
-        eval_set = (
-            eval_batches(
-                eval_data,
-                self.batch.micro_batch_packs,
-                config["eval"]["max_sequences"],
-                engine.data_rank,
-                engine.data_world,
-            )
-            if eval_data
-            else None
-        )
+        eval_set = self._eval_set(eval_data)
         self.eval_set = eval_set[:2] if eval_set else None  # (shards, this replica's batches)
         if self.compile_only:
             return
-        write_run_config(output, config, engine.rank)
-        self.reporter = Reporter(output, config, engine.rank)
+        write_run_config(output, config, self.engine.rank)
+        self._start_logging(init_started_ms, train_data.sequences, eval_set[2] if eval_set else 0)
+        self.saved_step = self.state.step if saved is not None else None
+
+    # ----- the phases of __init__ ------------------------------------------------------
+    def _open_data(self):
+        """(train data or None when synthetic, eval data or None), each checked against the
+        config (S, K, shard names, sizes, counts, sha256)."""
+        data = self.config["data"]
+        train = None if data["synthetic"] else open_packed(data["train_dir"], self.config, "train")
+        evaluation = open_packed(data["eval_dir"], self.config, "eval") if data["eval_dir"] else None
+        return train, evaluation
+
+    def _synthetic_packs(self) -> SyntheticPacks:
+        """data.synthetic: random well-formed packs, made for this model's vocabulary."""
+        data = self.config["data"]
+        if self.engine.rank == 0:
+            log.warning("data.synthetic: random packs, no data read; throughput check only")
+        return SyntheticPacks(
+            data["max_sequence_length"],
+            data["max_sequences_per_pack"],
+            data["synthetic_packing_factor"],
+            self.model.config.vocab_size,
+            data["shuffle_seed"],
+        )
+
+    def _restore_checkpoint(self, resume: bool) -> dict | None:
+        """With --resume: the newest intact checkpoint's weights into the model and its
+        training state returned (None without --resume). Half-written checkpoints a crash
+        left are removed first."""
+        self.checkpoints = self.output / "checkpoints"
+        if self.engine.rank == 0 and not self.compile_only:
+            for leftover in ckpt.remove_leftovers(self.checkpoints):
+                log.warning("removed %s, a checkpoint a crash left half-written", leftover)
+        if not resume:
+            return None
+        restored = ckpt.latest_valid_checkpoint(self.checkpoints)
+        if restored is None:
+            raise RunError(
+                f"--resume: {self.checkpoints} holds no intact checkpoint to resume from; to start "
+                f"over, run without --resume in a new --output-dir (or delete {self.output})"
+            )
+        try:
+            saved = ckpt.load_training_state(restored)
+        except ckpt.CheckpointError as err:
+            raise RunError(f"--resume: {err}") from None
+        weights = PackedBertForPreTraining.from_pretrained(restored / "model").state_dict()
+        self.model.load_state_dict(weights)
+        return saved
+
+    def _restore_state(self, saved: dict) -> None:
+        """The engine's state (optimizer), the run state and this replica's RNG state."""
+        engine = self.engine
+        engine.load_state(saved)
+        self.state = RunState.from_checkpoint(saved)
+        # Lines logged after the checkpoint are trained again.
+        if engine.rank == 0 and not self.compile_only:
+            forget_metrics_after(self.output / "metrics.jsonl", self.state.step)
+        rng = saved["rng"]
+        ckpt.set_rng_state(rng[engine.rank] if engine.rank < len(rng) else rng[0])
+
+    def _make_loader(self):
+        """This replica's resumable iterator of micro-batches, from the restored position."""
+        data = self.config["data"]
+        try:
+            self.sampler = ReplicaSampler(
+                len(self.shards),
+                self.arithmetic.micro_batch_packs,
+                data["shuffle_seed"],
+                self.engine.data_rank,
+                self.engine.data_world,
+                self.state.position,
+            )
+        except ValueError as err:
+            raise RunError(f"data.micro_batch_packs {self.arithmetic.micro_batch_packs}: {err}") from None
+        return iter(make_loader(self.shards, self.sampler, data["loader_workers"]))
+
+    def _eval_set(self, eval_data):
+        """(shards, this replica's batches, sequences) of the evaluation set, or None."""
+        if not eval_data:
+            return None
+        return eval_batches(
+            eval_data,
+            self.arithmetic.micro_batch_packs,
+            self.config["eval"]["max_sequences"],
+            self.engine.data_rank,
+            self.engine.data_world,
+        )
+
+    def _start_logging(self, init_started_ms: float, train_samples: int, eval_samples: int) -> None:
+        """metrics.jsonl / TensorBoard / MLPerf init lines, the signal handler, the progress bar."""
+        config, engine = self.config, self.engine
+        self.reporter = Reporter(self.output, config, engine.rank)
         self.reporter.mlperf.init(
             config,
             platform_name(config, engine),
             init_started_ms,
-            self.batch,
-            train_samples=train_data.sequences,
-            eval_samples=eval_set[2] if eval_set else 0,
+            self.arithmetic,
+            train_samples=train_samples,
+            eval_samples=eval_samples,
         )
         self.stop = StopSignal()
         self.skipped_steps = 0
         self.evaluated_step = None
-        self.saved_step = self.state.step if saved is not None else None
         self.progress = tqdm(
             total=self.limits["max_steps"],
             initial=self.state.step,
@@ -308,7 +344,9 @@ class Run:
         if self.eval_set is not None:
             shards, batches = self.eval_set
             size = self.engine.eval_group_size()
-            eval_group = next(padded_groups(shards, batches, size, self.batch.micro_batch_packs, groups=1))
+            eval_group = next(
+                padded_groups(shards, batches, size, self.arithmetic.micro_batch_packs, groups=1)
+            )
         times = self.engine.compile(micro_batches, eval_group)
         if self.engine.rank == 0:
             log.info("compile only: %s", ", ".join(f"{k} graph {v:.1f} s" for k, v in times.items()))
@@ -319,8 +357,10 @@ class Run:
         """Train until a limit, the target or a signal. Returns the process exit code."""
         state, config, engine = self.state, self.config, self.engine
         if engine.rank == 0:
-            log.info(self.batch.adjusted.describe())
-            log.info("%s; eval every %d sequences", self.batch.describe(), self.eval_schedule.every_samples)
+            log.info(self.arithmetic.adjusted.describe())
+            log.info(
+                "%s; eval every %d sequences", self.arithmetic.describe(), self.eval_schedule.every_samples
+            )
         self.reporter.mlperf.run_start(state.samples)
         status, exit_code, self.started = "aborted", 0, time.perf_counter()
         self.resumed_train_seconds, self.paused_seconds = state.train_seconds, 0.0
@@ -542,14 +582,33 @@ def platform_name(config: dict, engine) -> str:
     return f"{engine.data_world}x{device}"
 
 
+def run(config: dict, output: Path, resume: bool) -> int:
+    """The run with the engine the config selects, as a process exit code: user-input and
+    environment errors become exit code 2 with one line (run_pretraining.py's contract)."""
+    from training.backends import engine_class
+
+    try:
+        return run_training(config, output, resume, engine_class(config))
+    except RunError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk, an unwritable or misplaced output folder, ...
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
+    finally:
+        shut_down_process_group()
+
+
 def run_training(
     config: dict, output: Path, resume: bool = False, engine_class: type[Engine] | None = None
 ) -> int:
     """The whole run on this process with `engine_class` (default: the torch engine).
+    The engine's config checks come first, before any data is opened or hashed.
     Returns the process exit code."""
     if engine_class is None:
         from training.backends.torch_engine import TorchEngine
 
         engine_class = TorchEngine
+    engine_class.check_config(config)
     run = Run(config, output, resume, engine_class)
     return run.compile() if run.compile_only else run.train()

@@ -1,9 +1,9 @@
-"""`python -m training.summary --packed RUN --unpacked RUN [--plot PNG]`: packed vs unpacked.
+"""`python -m training.summary --packed RUN [--unpacked RUN] [--plot PNG]`: a run, or packed vs unpacked.
 
 Reads each run's metrics.jsonl and config.yaml (and the data's metadata.json) and prints
 the packing factor, training throughput in real sequences and tokens per second (the
 logging windows after the first, to leave out start-up; evaluation time is not training
-time), the realized speed-up, the eval MLM accuracy at the end and at the unpacked run's
+time), with --unpacked the realized speed-up, the eval MLM accuracy at the end and at the unpacked run's
 end time, and the unigram baseline (always predicting the most frequent masked token).
 --plot draws eval MLM accuracy against training seconds and against sequences seen.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from common.cli import DefaultsHelpFormatter
 from training.curves import curve_from_records, plot_curves, read_records, unigram_baseline
 
 
@@ -49,13 +50,46 @@ def accuracy_at(curve: dict, seconds: float) -> float | None:
     return float(curve["mlm_accuracy"][before[-1]]) if before.size else None
 
 
+def print_single(figures: dict, plot: Path | None) -> int:
+    """One run's table row, its unigram baseline and (optionally) its learning curve."""
+    print(
+        "| run | packing factor | steps | sequences | training s | sequences/s | real tokens/s | train loss | eval MLM acc |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    acc = "-" if figures["eval_mlm_accuracy"] is None else f"{figures['eval_mlm_accuracy']:.4f}"
+    loss = "-" if figures["final_train_loss"] is None else f"{figures['final_train_loss']:.3f}"
+    print(
+        f"| {figures['run']} | {figures['packing_factor']:.3f} | {figures['steps']} | {figures['sequences']} | "
+        f"{figures['train_seconds']:.0f} | {figures['sequences_per_second']:.1f} | {figures['tokens_per_second']:.0f} "
+        f"| {loss} | {acc} |"
+    )
+    data, baseline = figures["config"]["data"], None
+    if data["eval_dir"]:
+        token, baseline = unigram_baseline(
+            data["train_dir"], data["eval_dir"], figures["config"]["eval"]["max_sequences"]
+        )
+        print(f"unigram baseline (always predict token id {token}): eval MLM accuracy {baseline:.4f}")
+    if plot:
+        title = f"{figures['config']['model']['preset']}, S={data['max_sequence_length']}"
+        plot_curves({"run": [figures["curve"]]}, baseline, plot, title)
+        print(f"wrote {plot}")
+    return 0
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--packed", required=True, type=Path)
-    parser.add_argument("--unpacked", required=True, type=Path)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter
+    )
+    parser.add_argument(
+        "--packed", required=True, type=Path, help="run folder (run_pretraining.py --output-dir)"
+    )
+    parser.add_argument("--unpacked", type=Path, help="the unpacked baseline's run folder, to compare with")
     parser.add_argument("--plot", type=Path, help="write the learning curves here (PNG)")
     args = parser.parse_args(argv)
-    packed, unpacked = run_figures(args.packed), run_figures(args.unpacked)
+    packed = run_figures(args.packed)
+    if args.unpacked is None:
+        return print_single(packed, args.plot)
+    unpacked = run_figures(args.unpacked)
     print(
         "| run | packing factor | steps | sequences | training s | sequences/s | real tokens/s "
         "| train loss | eval MLM acc |"

@@ -33,6 +33,13 @@ class Engine(Protocol):
     micro_batches_per_call: int  # micro-batches this process feeds to one `train` call
     steps_per_call: int  # optimizer steps one `train` call makes
 
+    @staticmethod
+    def check_config(config: dict) -> None:
+        """Every refusal of this engine that the config alone decides (RunError naming the
+        key); the run calls it before any data is opened or hashed and the model built."""
+
+    def __init__(self, config: dict): ...
+
     def attach(self, model, packing_factor: float) -> BatchArithmetic:
         """Place the model, build the optimizer; the step's batch arithmetic."""
 

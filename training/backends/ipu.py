@@ -33,6 +33,7 @@ import time
 import torch
 
 from optim import poptorch_lamb_kwargs, weight_decay_groups
+from training.backends import ipu_plan
 from training.backends.engine import Snapshot
 from training.backends.ipu_plan import IpuPlan, make_plan
 from training.backends.ipu_step import PretrainingStep, adapt_for_ipu, step_inputs
@@ -217,6 +218,13 @@ class IpuEngine:
     """The Engine on IPUs: one host process = one poprun instance, driving its local
     replicas; a `train` call runs `device_iterations` optimizer steps."""
 
+    @staticmethod
+    def check_config(config: dict) -> None:
+        """The config's IPU refusals (ipu_plan.check_config), then poptorch's import: a
+        config PopTorch could never compile is refused where poptorch is missing too."""
+        ipu_plan.check_config(config)
+        require_poptorch(config["execution"]["device"])
+
     def __init__(self, config: dict):
         self.config = config
         self.compile_only = config["execution"]["compile_only"]
@@ -284,7 +292,7 @@ class IpuEngine:
         # Built now, not at the first evaluation: building options touches the host RNG.
         self.inference_options = build_options(poptorch, self.plan, False, self.compile_only)
         self.pending_rng_state = None  # IPU RNG state from a checkpoint, set once compiled
-        return self.plan.batch
+        return self.plan.arithmetic
 
     def _training_inputs(self, micro_batches) -> tuple[dict, list[torch.Tensor]]:
         """One call's combined batch and each step's global [masked tokens, sequences]."""

@@ -45,7 +45,7 @@ class IpuPlan:
     ipus_per_replica: int
     use_ipu_model: bool
     # batch
-    batch: BatchArithmetic  # packs, GA and betas after the packing adjustment
+    arithmetic: BatchArithmetic  # packs, GA and betas after the packing adjustment
     device_iterations: int
     # pipeline
     layers_per_stage: tuple[int, ...]
@@ -72,23 +72,23 @@ class IpuPlan:
 
     @property
     def micro_batch_packs(self) -> int:
-        return self.batch.micro_batch_packs
+        return self.arithmetic.micro_batch_packs
 
     @property
     def adjusted(self) -> AdjustedHyperparameters:
-        return self.batch.adjusted
+        return self.arithmetic.adjusted
 
     @property
     def packing_factor(self) -> float:
-        return self.batch.packing_factor
+        return self.arithmetic.packing_factor
 
     @property
     def gradient_accumulation(self) -> int:
-        return self.batch.gradient_accumulation
+        return self.arithmetic.gradient_accumulation
 
     @property
     def betas(self) -> tuple[float, float]:
-        return self.batch.betas
+        return self.arithmetic.betas
 
     @property
     def local_replicas(self) -> int:
@@ -97,7 +97,7 @@ class IpuPlan:
 
     @property
     def packs_per_step(self) -> int:
-        return self.batch.packs_per_step
+        return self.arithmetic.packs_per_step
 
     @property
     def packs_per_call(self) -> int:
@@ -110,7 +110,7 @@ class IpuPlan:
 
     @property
     def sequences_per_step(self) -> float:
-        return self.batch.sequences_per_step
+        return self.arithmetic.sequences_per_step
 
     @property
     def pipelined(self) -> bool:
@@ -166,19 +166,16 @@ def training_pipeline_stages(forward: int) -> int:
     return 2 * forward - 1
 
 
-def make_plan(
-    config: dict, packing_factor: float, instances: int = 1, vocab_size: int | None = None
-) -> IpuPlan:
-    """Config (validated by training.config) -> IpuPlan, or IpuPlanError naming the key.
-    `vocab_size`: the built model's (the engine passes it; a checkpoint may decide it);
-    None = the config's `model.vocab_size` when the model starts from random weights."""
-    ipu, execution, model_cfg = config["ipu"], config["execution"], config["model"]
+def check_config(config: dict) -> None:
+    """Every refusal of an IPU run that the config alone decides (IpuPlanError naming the
+    key); the engine calls it before any data is opened or hashed."""
+    execution, model_cfg = config["execution"], config["model"]
     if execution["device"] not in ("ipu", "ipu-model"):
         raise IpuPlanError(f"execution.device is {execution['device']!r}: an IPU plan needs ipu or ipu-model")
     if model_cfg["attention_backend"] != "dense":
         raise IpuPlanError(
             f"model.attention_backend {model_cfg['attention_backend']!r}: PopTorch compiles the dense "
-            "additive-mask attention only (sdpa and flex are CPU/CUDA kernels); set it to dense"
+            "additive-mask attention only (sdpa, flex and varlen are CPU/CUDA kernels); set it to dense"
         )
     if model_cfg["mlm_loss_mode"] != "per_token":
         raise IpuPlanError(
@@ -199,12 +196,17 @@ def make_plan(
             "optim.max_grad_norm: poptorch.optim.LAMB has no global gradient-norm clipping; set it to null "
             "(Graphcore's MLPerf BERT trains without it)"
         )
-    if instances < 1 or ipu["replicas"] % instances:
-        raise IpuPlanError(
-            f"ipu.replicas {ipu['replicas']} is not a multiple of the {instances} poprun instance(s)"
-        )
+    stage_ranges(config)
+    if model_cfg["init_checkpoint"] is None:  # else the checkpoint decides the vocabulary (make_plan)
+        check_serialization(config["ipu"]["embedding_serialization_factor"], model_cfg["vocab_size"])
+    memory_proportions(config["ipu"])
+
+
+def stage_ranges(config: dict) -> list[range]:
+    """The encoder layers of each IPU, from execution.layers_per_stage (checked)."""
+    ipu, model_cfg = config["ipu"], config["model"]
     layers = bert_config(model_cfg["preset"]).num_hidden_layers
-    split = execution["layers_per_stage"]
+    split = config["execution"]["layers_per_stage"]
     if split is None:
         raise IpuPlanError(
             f"execution.layers_per_stage must list the encoder layers of each IPU (the model has {layers} "
@@ -226,16 +228,20 @@ def make_plan(
             f"execution.layers_per_stage {list(split)}: a stage without layers after IPU 0; only IPU 0 "
             "(embeddings and heads) may hold none"
         )
-    factor = ipu["embedding_serialization_factor"]
-    if vocab_size is None and config["model"]["init_checkpoint"] is None:
-        vocab_size = config["model"]["vocab_size"]
-    if vocab_size is not None and vocab_size % factor:
+    return ranges
+
+
+def check_serialization(factor: int, vocab_size: int) -> None:
+    """The MLM decoder is split over the vocabulary into `factor` equal parts."""
+    if vocab_size % factor:
         raise IpuPlanError(
             f"ipu.embedding_serialization_factor {factor} does not divide the vocabulary ({vocab_size} "
             "tokens): poptorch.serializedMatMul needs a factor of the dimension it splits"
         )
 
-    batch = BatchArithmetic.from_config(config, packing_factor, ipu["replicas"])
+
+def memory_proportions(ipu: dict) -> dict[str, float]:
+    """{"IPU<i>": proportion} from ipu.available_memory_proportion (one value or one per IPU)."""
     proportions = ipu["available_memory_proportion"]
     if proportions is not None:
         if len(proportions) not in (1, ipu["ipus_per_replica"]):
@@ -247,24 +253,51 @@ def make_plan(
             raise IpuPlanError(f"ipu.available_memory_proportion {proportions}: values must be in (0, 1]")
         if len(proportions) == 1:
             proportions = proportions * ipu["ipus_per_replica"]
-    memory = {f"IPU{i}": float(p) for i, p in enumerate(proportions or [])}
+    return {f"IPU{i}": float(p) for i, p in enumerate(proportions or [])}
 
-    # As Graphcore's pipelined BERT: a block per encoder layer on its IPU (PopTorch's
-    # AutoIncrement starts a new pipeline stage only where the IPU changes).
+
+def placements_of(ranges: list[range]) -> list[Placement]:
+    """As Graphcore's pipelined BERT: a block per encoder layer on its IPU (PopTorch's
+    AutoIncrement starts a new pipeline stage only where the IPU changes); the embeddings
+    and the heads on IPU 0, next to the tied word embeddings."""
     placements = [Placement("model.bert.embeddings", 0, "embeddings")]
     for stage, layer_range in enumerate(ranges):
         for layer in layer_range:  # an empty IPU 0 adds no placement
             placements.append(Placement(f"model.bert.encoder.layer.{layer}", stage, f"encoder{layer}"))
     placements.append(Placement("heads", 0, "heads"))
+    return placements
+
+
+def make_plan(
+    config: dict, packing_factor: float, instances: int = 1, vocab_size: int | None = None
+) -> IpuPlan:
+    """Config (validated by training.config) -> IpuPlan, or IpuPlanError naming the key.
+    Repeats `check_config`, then what needs the data (its packing factor sets gradient
+    accumulation, which the pipeline depth bounds), the launch (poprun instances) or the
+    built model (`vocab_size`: a checkpoint may decide it; None = the config's)."""
+    check_config(config)
+    ipu, execution = config["ipu"], config["execution"]
+    if instances < 1 or ipu["replicas"] % instances:
+        raise IpuPlanError(
+            f"ipu.replicas {ipu['replicas']} is not a multiple of the {instances} poprun instance(s)"
+        )
+    ranges = stage_ranges(config)
+    factor = ipu["embedding_serialization_factor"]
+    if vocab_size is not None:
+        check_serialization(factor, vocab_size)
+    arithmetic = BatchArithmetic.from_config(config, packing_factor, ipu["replicas"])
+    placements = placements_of(ranges)
     forward = forward_stages(placements)
     needed = training_pipeline_stages(forward)
-    if len(split) > 1 and batch.adjusted.gradient_accumulation < needed:
+    split = execution["layers_per_stage"]
+    if len(split) > 1 and arithmetic.adjusted.gradient_accumulation < needed:
         raise IpuPlanError(
-            f"gradient accumulation {batch.adjusted.gradient_accumulation} (optim.gradient_accumulation after "
-            f"the packing adjustment) is smaller than the {needed} training pipeline stages (PopTorch counts "
-            f"{forward} forward stages: a new one at every IPU change, the heads back on IPU 0 included; "
-            f"training needs 2 x {forward} - 1): raise optim.gradient_accumulation"
+            f"gradient accumulation {arithmetic.adjusted.gradient_accumulation} (optim.gradient_accumulation "
+            f"after the packing adjustment) is smaller than the {needed} training pipeline stages (PopTorch "
+            f"counts {forward} forward stages: a new one at every IPU change, the heads back on IPU 0 "
+            f"included; training needs 2 x {forward} - 1): raise optim.gradient_accumulation"
         )
+    layers = sum(len(r) for r in ranges)
     # Checkpoint every layer output but the last: in a pipeline, activations between
     # checkpoints are recomputed in the backward pass instead of stashed.
     recompute = tuple(range(layers - 1)) if ipu["recompute_checkpoints"] else ()
@@ -273,7 +306,7 @@ def make_plan(
         instances=instances,
         ipus_per_replica=ipu["ipus_per_replica"],
         use_ipu_model=execution["device"] == "ipu-model",
-        batch=batch,
+        arithmetic=arithmetic,
         device_iterations=ipu["device_iterations"],
         layers_per_stage=tuple(split),
         placements=tuple(placements),
@@ -290,7 +323,7 @@ def make_plan(
         onehot_gather=ipu["onehot_gather"],
         popart_performance_options=ipu["popart_performance_options"],
         synthetic_data=config["data"]["synthetic"],
-        available_memory_proportion=memory,
+        available_memory_proportion=memory_proportions(ipu),
         output_mode=ipu["output_mode"],
         seed=config["training"]["seed"],
         executable_cache_dir=ipu["executable_cache_dir"],

@@ -45,6 +45,15 @@ log = logging.getLogger("training.pipeline")
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
+def stage_ranges(config: dict) -> list[range]:
+    """The encoder layers of each stage, from execution.layers_per_stage (none empty)."""
+    layers = bert_config(config["model"]["preset"]).num_hidden_layers
+    try:
+        return nonempty_stage_ranges(layers, config["execution"]["layers_per_stage"])
+    except ValueError as err:
+        raise RunError(f"execution.layers_per_stage: {err}") from None
+
+
 class Topology:
     """Where this process sits in the (replicas x stages) grid, and its process groups."""
 
@@ -150,14 +159,21 @@ class PipelineEngine:
 
     steps_per_call = 1
 
+    @staticmethod
+    def check_config(config: dict) -> None:
+        """The stage split, the loss mode and the precision a torch pipeline runs with."""
+        stage_ranges(config)
+        if config["model"]["mlm_loss_mode"] != "per_token":
+            raise RunError("model.mlm_loss_mode: the torch pipeline supports per_token")
+        if config["training"]["compile"] or config["training"]["precision"] == "fp16":
+            raise RunError(
+                "the torch pipeline runs fp32 or bf16 without torch.compile (training.compile, precision)"
+            )
+
     def __init__(self, config: dict):
         self.config = config
         split = config["execution"]["layers_per_stage"]
-        layers = bert_config(config["model"]["preset"]).num_hidden_layers
-        try:
-            self.ranges = nonempty_stage_ranges(layers, split)
-        except ValueError as err:
-            raise RunError(f"execution.layers_per_stage: {err}") from None
+        self.ranges = stage_ranges(config)
         self.replica_info = setup_replica(config)
         if not dist.is_initialized():
             raise RunError(
@@ -171,12 +187,6 @@ class PipelineEngine:
 
     def attach(self, model, packing_factor: float) -> BatchArithmetic:
         cfg, topo = self.config, self.topology
-        if cfg["model"]["mlm_loss_mode"] != "per_token":
-            raise RunError("model.mlm_loss_mode: the torch pipeline supports per_token")
-        if cfg["training"]["compile"] or cfg["training"]["precision"] == "fp16":
-            raise RunError(
-                "the torch pipeline runs fp32 or bf16 without torch.compile (training.compile, precision)"
-            )
         batch = BatchArithmetic.from_config(cfg, packing_factor, topo.replicas)
         self.model = model
         # The optimizer covers the whole model (whole-model checkpoints); only this

@@ -89,6 +89,10 @@ class TorchEngine:
 
     steps_per_call = 1
 
+    @staticmethod
+    def check_config(config: dict) -> None:
+        """Nothing beyond training.config's own checks (precision and device, compile-only)."""
+
     def __init__(self, config: dict):
         self.config = config
         self.replica = setup_replica(config)
