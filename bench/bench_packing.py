@@ -1,5 +1,5 @@
 """Packing benchmark: efficiency and solve time of every algorithm on the published
-histograms, beside the published figures (Krell et al. 2021; shared/DESIGN.md section 6).
+histograms, beside the published figures (Krell et al. 2021; docs/packing.md, measured).
 
     python bench/bench_packing.py            # prints a markdown table
 

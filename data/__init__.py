@@ -1,1 +1,1 @@
-"""Raw text -> unpacked pretraining shards (DESIGN.md section 2). Knows nothing of packs."""
+"""Raw text -> unpacked pretraining shards (ARCHITECTURE.md section 2). Knows nothing of packs."""

@@ -1,4 +1,4 @@
-"""Writing unpacked pretraining shards in the NVIDIA/MLCommons HDF5 layout (DESIGN.md section 2)."""
+"""Writing unpacked pretraining shards in the NVIDIA/MLCommons HDF5 layout (ARCHITECTURE.md section 2)."""
 
 from __future__ import annotations
 

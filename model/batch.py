@@ -14,7 +14,7 @@ class BatchError(ValueError):
 
 
 def validate_batch(batch: dict, vocab_size: int | None = None, max_positions: int | None = None) -> None:
-    """Raise BatchError unless `batch` is a well-formed packed batch (DESIGN.md section 3)."""
+    """Raise BatchError unless `batch` is a well-formed packed batch (ARCHITECTURE.md section 3)."""
     for name in FIELDS_S + FIELDS_M + FIELDS_K:
         if name not in batch:
             raise BatchError(f"batch has no field '{name}'")

@@ -2,7 +2,7 @@
 
 from model import PackedBertForPreTraining
 m = PackedBertForPreTraining.from_pretrained(folder)     # any HF BERT folder
-out = m(**batch)   # packed fields of DESIGN.md section 3, as tensors
+out = m(**batch)   # packed fields of ARCHITECTURE.md section 3, as tensors
 out["loss"], out["mlm_correct"], out["mlm_count"], ...
 """
 

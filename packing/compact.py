@@ -86,7 +86,7 @@ class SequenceStore:
 
 
 def compact_rows(rows: dict, lengths, predictions, source_index, token_dtype) -> SequenceStore:
-    """Unpacked rows (DESIGN.md section 2, padded [n, S] / [n, P]) -> a store of all n rows."""
+    """Unpacked rows (ARCHITECTURE.md section 2, padded [n, S] / [n, P]) -> a store of all n rows."""
     lengths = np.asarray(lengths)
     predictions = np.asarray(predictions)
     real = np.arange(rows["input_ids"].shape[1])[None, :] < lengths[:, None]

@@ -1,4 +1,4 @@
-"""The packed format of DESIGN.md section 3, in numpy: field specs and row assembly.
+"""The packed format of ARCHITECTURE.md section 3, in numpy: field specs and row assembly.
 
 One row per pack, static shapes: S tokens, K sequence slots, M masked-token slots.
 `pack_sequences` lays sequences back to back from position 0 and fills every field.

@@ -1,4 +1,4 @@
-"""Packed shards (DESIGN.md section 3): assembling, writing, reading and unpacking them.
+"""Packed shards (ARCHITECTURE.md section 3): assembling, writing, reading and unpacking them.
 
 `assemble` turns an assignment block [p, K] plus the compact sequences it names into
 packed rows; `extract` is its inverse (packs -> compact sequences), used by verify,

@@ -1,4 +1,4 @@
-"""Unpacked pretraining shards (DESIGN.md section 2): finding, reading and validating them.
+"""Unpacked pretraining shards (ARCHITECTURE.md section 2): finding, reading and validating them.
 
 Two on-disk layouts are read, both one row per sequence, zero padded to width S:
   * HDF5 (NVIDIA / MLCommons conversion) through h5py, any integer dtypes;
@@ -7,7 +7,7 @@ Two on-disk layouts are read, both one row per sequence, zero padded to width S:
     record so that later passes can read any row range.
 
 Every reader returns row ranges as a dict of numpy arrays with the field names of
-DESIGN.md section 2 (`next_sentence_labels` flattened to [n]). `validate_rows` checks a
+ARCHITECTURE.md section 2 (`next_sentence_labels` flattened to [n]). `validate_rows` checks a
 range and returns per-row lengths and prediction counts, or the first bad row.
 """
 
@@ -249,7 +249,7 @@ def check_source_shape(source, limits: Limits) -> None:
 
 
 def validate_rows(rows: dict, limits: Limits, path, row0: int):
-    """Check every row of a range (DESIGN.md section 2).
+    """Check every row of a range (ARCHITECTURE.md section 2).
 
     Returns (lengths int32 [n], predictions int32 [n], problems) where problems lists
     (row, field, message) for bad rows, first problem per row. Lengths count real tokens;

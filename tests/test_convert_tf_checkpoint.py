@@ -21,6 +21,9 @@ import torch
 from data.convert_tf_checkpoint import CONFIG_KEYS
 from data.convert_tf_checkpoint import main as convert_main
 
+# End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 TF_PYTHON = ROOT / ".venv-tf" / "bin" / "python"
 

@@ -23,6 +23,9 @@ from training.run import run_training
 from .conftest import REPO
 from .training_helpers import base_config, make_packed
 
+# End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
+pytestmark = pytest.mark.slow
+
 DOUBLES = Path(__file__).resolve().parent / "doubles"
 DOUBLE_MODULES = ("poptorch", "popart", "popdist", "horovod")
 

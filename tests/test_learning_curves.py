@@ -21,6 +21,9 @@ from training.data import PackedShards
 from .conftest import REPO
 from .training_helpers import make_packed, metrics, run, write_config
 
+# End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):

@@ -15,6 +15,9 @@ from training.step import BatchArithmetic
 
 from .training_helpers import make_packed, metrics, run, write_config
 
+# End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
+pytestmark = pytest.mark.slow
+
 CHECK = [
     sys.executable,
     "-m",

@@ -11,6 +11,9 @@ import pytest
 
 from .conftest import REPO
 
+# End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
+pytestmark = pytest.mark.slow
+
 # package -> module prefixes it must never load (directly or through its imports)
 RULES = {
     "common": ["torch", "numpy", "packing", "model", "optim", "training", "finetune", "data"],

@@ -1,5 +1,5 @@
 """Efficiency regression on the published histograms: at least the published figures
-(shared/DESIGN.md section 6). Never asserts time: speed lives in bench/."""
+(docs/packing.md, measured). Never asserts time: speed lives in bench/."""
 
 import pytest
 

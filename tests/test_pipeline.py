@@ -7,6 +7,9 @@ import pytest
 
 from .training_helpers import final_weights, make_packed, metrics, run, write_config
 
+# End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
+pytestmark = pytest.mark.slow
+
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
 
 

@@ -150,6 +150,7 @@ _text = st.text(
 ) | st.sampled_from(HOSTILE_LINES)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(lines=st.lists(_text, min_size=1, max_size=8))
 def test_tokenizer_equals_the_reference_on_any_text(corpus, lines):

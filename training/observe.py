@@ -1,6 +1,6 @@
 """What a run reports: exact metric sums, a JSON-lines file, TensorBoard, MLPerf log lines.
 
-Only rank 0 writes. Metrics are carried as sums and counts (DESIGN.md section 4) and
+Only rank 0 writes. Metrics are carried as sums and counts (ARCHITECTURE.md section 4) and
 all-reduced before they are divided, so accumulation and replicas never average means.
 """
 

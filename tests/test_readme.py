@@ -1,0 +1,103 @@
+"""The README's recipes run as written, at tiny scale, so the README cannot drift from the code.
+
+Every ```bash block preceded by `<!-- readme-test: NAME -->` is run command by command
+(continuation lines joined, comments dropped) in a scratch folder that holds the
+repository's configs/, examples/, packing/ and run_pretraining.py, with .venv's python first
+on PATH, as a user who followed "Install" would. The only changes are scale: fewer
+passes over the text, a few training steps, one fine-tuning epoch (TINY below). The
+user's own text ("my_text/*.txt") is BBC News written in the documented input format.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from data.assets import corpus_files
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+TESTED = ("own-text", "finetune", "pack")
+
+# (command prefix, what is appended or replaced) -> the same command at tiny scale
+TINY = {
+    "python -m data.create_pretraining_data": [("--dupe-factor 5", "--dupe-factor 1")],
+    "python run_pretraining.py": [
+        (
+            "",
+            " --set model.preset=bert-tiny --set training.max_steps=4 --set training.log_every_steps=1"
+            " --set eval.every_samples=64 --set eval.max_sequences=64 --set logging.progress=false",
+        )
+    ],
+    "python -m finetune.train": [("", " --set training.epochs=1 --set training.progress=false")],
+}
+
+
+def readme_blocks() -> dict[str, list[str]]:
+    """{name: [command, ...]} of the README's marked bash blocks."""
+    text = (REPO / "README.md").read_text()
+    blocks = {}
+    for match in re.finditer(r"<!-- readme-test: ([\w-]+) -->\n```bash\n(.*?)```", text, re.S):
+        joined = match.group(2).replace("\\\n", " ")
+        commands = [line.split("  #")[0].strip() for line in joined.splitlines()]
+        blocks[match.group(1)] = [c for c in commands if c and not c.startswith("#")]
+    return blocks
+
+
+def at_tiny_scale(command: str) -> str:
+    for prefix, changes in TINY.items():
+        if command.startswith(prefix):
+            for old, new in changes:
+                if old:
+                    assert old in command, f"the README no longer says {old!r}: update TINY"
+                    command = command.replace(old, new)
+                else:
+                    command += new
+    return command
+
+
+def write_my_text(folder: Path, documents: int = 400) -> None:
+    """BBC News articles in the documented format: a sentence per line, a blank line after
+    every document, four files."""
+    folder.mkdir()
+    articles = sorted(corpus_files())[:documents]
+    parts = [[] for _ in range(4)]
+    for i, article in enumerate(articles):
+        text = article.read_bytes().decode("cp1252", errors="replace")
+        sentences = [s.strip() for line in text.splitlines() for s in re.split(r"(?<=[.!?])\s+", line)]
+        parts[i % 4].append("\n".join(s for s in sentences if s) + "\n\n")
+    for i, docs in enumerate(parts):
+        (folder / f"part-{i}.txt").write_text("".join(docs))
+
+
+def test_every_recipe_is_marked_for_this_test():
+    assert set(readme_blocks()) == set(TESTED)
+
+
+def test_readme_recipes_run_as_written(tmp_path):
+    for name in ("configs", "examples", "packing", "run_pretraining.py"):
+        (tmp_path / name).symlink_to(REPO / name)
+    write_my_text(tmp_path / "my_text")
+    env = dict(os.environ, PYTHONPATH=str(REPO), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    blocks = readme_blocks()
+    for name in TESTED:
+        for command in blocks[name]:
+            command = at_tiny_scale(command)
+            result = subprocess.run(
+                ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+            )
+            assert result.returncode == 0, (
+                f"README {name}: {command}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+            )
+    # What the recipes promise to leave behind.
+    assert (tmp_path / "runs/own_text/metrics.jsonl").is_file()
+    assert (tmp_path / "runs/my_classifier/model/config.json").is_file()
+    predictions = (tmp_path / "work/predictions.jsonl").read_text().splitlines()
+    assert len(predictions) == len((REPO / "examples/classify/new_texts.jsonl").read_text().splitlines())
