@@ -160,6 +160,14 @@ def main() -> None:
             print(f"{kind}: {args.rows} rows, {tflop:.2f} model TFLOP per step")
         print(f"sampled packing factor {factor:.3f}")
         return
+    if not torch.cuda.is_available():
+        print(
+            f"error: bench_gpu.py needs a CUDA GPU, and torch {torch.__version__} sees none here (a CPU "
+            "build, or no device); install the CUDA wheel (README: Install) on a GPU machine, or run "
+            "--dry-run to plan the batches without one",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}; {args.preset} "
         f"S={S} bf16, {args.rows} rows per step, {args.steps} timed steps; sampled packing factor {factor:.3f}"

@@ -55,6 +55,13 @@ def main():
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(
+            f"error: --device cuda: torch {torch.__version__} sees no CUDA GPU here; use --device cpu, or the "
+            "CUDA wheel (README: Install) on a GPU machine",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     torch.manual_seed(0)
     device = torch.device(args.device)
     params = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in bert_large_shapes()]

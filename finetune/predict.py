@@ -5,7 +5,9 @@
 
 --model is a folder written by `python -m finetune.train` (Hugging Face weights +
 vocab.txt + finetune.json). --input is JSON lines with the text (and optional text pair)
-fields the model was trained with; labels, when present, are scored. Each output line is
+fields the model was trained with; labels, when present, are scored. Any text is taken
+up to the model's maximum length (its position embeddings; longer ones are truncated and
+counted): rows and packs widen to the longest input when it exceeds the training length. Each output line is
 {"index": i, "label": name, "scores": [...]} (multi-label: "labels": [names]) for the i-th
 input line, in input order whatever the batching (packs hold examples out of order; the
 example indices put them back).
@@ -73,14 +75,27 @@ def main(argv=None) -> int:
             if has_labels
             else np.zeros(len(examples), dtype=np.int64)
         )
-        data = tokenize(examples, tokenizer, vocab, labels, info["max_sequence_length"], info["too_long"])
+        # New text may be longer than anything seen in training: take it up to the model's
+        # own maximum (its position embeddings), truncating beyond (counted in the report),
+        # and widen rows and packs to the longest input rather than refuse the file.
+        limit = model.config.max_position_embeddings
+        data = tokenize(examples, tokenizer, vocab, labels, limit, "truncate")
+        longest = int(data.lengths.max())
+        if args.pack_length is not None and args.pack_length < longest:
+            print(
+                f"error: --pack-length {args.pack_length} is shorter than the longest input "
+                f"({longest} tokens); give at least {longest}, or leave it out",
+                file=sys.stderr,
+            )
+            return 2
+        width = max(info["max_sequence_length"], longest)
         spec = BatchingSpec(
             args.batching,
             args.batch_size,
-            info["max_sequence_length"],
+            width,
             args.max_sequences_per_pack,
             args.algorithm,
-            pack_length=args.pack_length or info.get("pack_length"),
+            pack_length=args.pack_length or max(info.get("pack_length") or width, longest),
         )
         logits, timing = predict_logits(model.to(args.device), data, Batcher(data.lengths, spec, seed=0))
     except (ExampleError, DataInputError, PackingInputError) as err:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from .conftest import REPO
@@ -52,3 +53,13 @@ def test_dry_run_plans_without_a_gpu():
     )
     assert out.returncode == 0, out.stderr
     assert "packed: 4 rows" in out.stdout and "sampled packing factor" in out.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message needs a machine without one")
+@pytest.mark.parametrize(
+    "command", [["bench/bench_gpu.py", "--steps", "1"], ["bench/bench_lamb.py", "--device", "cuda"]]
+)
+def test_gpu_benchmarks_say_there_is_no_gpu_in_one_line(command):
+    out = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error:") and "CUDA" in out.stderr and "Traceback" not in out.stderr

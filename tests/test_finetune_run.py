@@ -283,3 +283,23 @@ def test_predict_refuses_to_overwrite_its_input_and_bad_sizes(tmp_path, checkpoi
     out = str(tmp_path / "p.jsonl")
     assert predict.main(["--model", model, "--input", str(texts), "--output", out, "--batch-size", "0"]) == 2
     assert "--batch-size must be >= 1" in capsys.readouterr().err
+
+
+def test_predict_takes_texts_longer_than_training_up_to_the_models_maximum(tmp_path, checkpoint):
+    """Issue 28: a new text longer than the training length (32, also the pack length) is
+    predicted, not a refusal of the whole file; one beyond the model's 64 positions is
+    truncated to them and counted. Every mode gives the same predictions."""
+    config = write_config(tmp_path, checkpoint, training={"epochs": 1}, batching={"pack_length": 32})
+    assert finetune.main(["--config", str(config), "--output-dir", str(tmp_path / "run")]) == 0
+    texts = tmp_path / "long.jsonl"
+    lines = [{"text": "market shares"}, {"text": " ".join(["film"] * 50)}, {"text": " ".join(["goal"] * 200)}]
+    texts.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    scores = {}
+    for mode in BATCHING_MODES:
+        out = tmp_path / f"{mode}.jsonl"
+        argv = ["--model", str(tmp_path / "run" / "model"), "--input", str(texts), "--output", str(out)]
+        assert predict.main([*argv, "--batching", mode]) == 0
+        scores[mode] = [json.loads(line)["scores"] for line in out.read_text().splitlines()]
+        assert json.loads(out.with_suffix(".summary.json").read_text())["truncated"] == 1
+    for mode in BATCHING_MODES:
+        np.testing.assert_allclose(scores[mode], scores["padded"], atol=1e-4)

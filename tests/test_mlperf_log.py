@@ -165,3 +165,19 @@ def test_hyperparameters_are_logged_after_the_packing_adjustment():
         {**config, "optim": {**config["optim"], "packing_adjustment": "none"}}, 1.0, 8
     )
     assert mlperf_global_batch_size(unpacked) == 48 * 4 * 8
+
+
+def test_mlperf_lines_go_to_the_log_not_the_terminal(packed, tmp_path):
+    """Issue 28: mlperf-logging echoes every line to stdout by default; a run's terminal
+    shows progress and its own messages, the MLPerf lines only OUTPUT/mlperf.log."""
+    config = write_config(
+        tmp_path / "c.yaml",
+        packed,
+        training={"max_steps": 2},
+        eval={"every_samples": 40, "max_sequences": 20},
+        logging={"progress": False, "tensorboard": False, "mlperf": True},
+    )
+    done = run(config, tmp_path / "run")
+    assert done.returncode == 0, done.stderr
+    assert ":::MLLOG" not in done.stdout + done.stderr
+    assert any(line["key"] == "run_stop" for line in log_lines(tmp_path / "run" / "mlperf.log"))

@@ -70,7 +70,13 @@ class MlperfLog:
         from mlperf_logging import mllog
 
         mllog.config(filename=str(path))
-        logging.getLogger("mllog").propagate = False
+        mllog_logger = mllog.get_mllogger().logger
+        mllog_logger.propagate = False
+        # mlperf-logging also echoes every line to stdout (a StreamHandler of its own): the
+        # log belongs in OUTPUT/mlperf.log, not between the progress lines of the terminal.
+        for handler in list(mllog_logger.handlers):
+            if type(handler) is logging.StreamHandler:
+                mllog_logger.removeHandler(handler)
         self.constants = mllog.constants
         self.logger = mllog.get_mllogger()
 
