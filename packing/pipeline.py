@@ -211,41 +211,104 @@ def _write_shard(task: ShardTask):
 # --------------------------------------------------------------------------------------
 # The job
 # --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Inputs:
+    """The opened inputs of a job: sources, their global row offsets, and the pieces
+    (file index, first row, end row) the workers read."""
+
+    sources: list
+    starts: np.ndarray  # [files + 1] global index of each file's first row
+    pieces: list[tuple[int, int, int]]
+
+    @property
+    def rows(self) -> int:
+        return int(self.starts[-1])
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the plan and the assignment decide about the output."""
+
+    plan: object  # PackingPlan
+    histogram: Histogram
+    k: int  # sequences per pack (the [p, K] fields)
+    m: int  # masked-token slots per pack
+    packs: int
+    shards: int
+
+
 def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
-    """Run (or resume, or confirm) a pack job. Returns the metadata written."""
+    """Run (or resume, or confirm) a pack job. Returns the metadata written.
+
+    Phases, each a function: open and check the inputs; lock and prepare the output;
+    pass 1 (lengths and validation); plan and assignment; pass 2 (group by shard, write
+    shards); metadata.json."""
     started = time.perf_counter()
     output = Path(job.output)
-    # Without --vocab-size tokens are stored as uint16: an id past it must be refused, not
-    # wrapped (70000 would be stored as 4464).
-    limits = Limits(
-        job.max_sequence_length,
-        job.max_predictions_per_seq,
-        job.vocab_size or 1 << 16,
-        "" if job.vocab_size else " (ids are stored as uint16 without --vocab-size: pass --vocab-size)",
-    )
-    sources = [open_source(path) for path in job.inputs]
-    for source in sources:
-        check_source_shape(source, limits)
-    fingerprint = _job_fingerprint(job, sources)
+    limits = _limits(job)
+    inputs = _open_inputs(job, limits)
+    fingerprint = _job_fingerprint(job, inputs.sources)
     try:  # one pack per folder at a time; held until this process exits
         lock_folder(output, "pack")
     except FolderInUse as err:
         raise PackingInputError(f"--output: {err}") from None
     work = output / WORK
     if _prepare_output(output, work, fingerprint):
-        say = (lambda *a: None) if quiet else (lambda *a: print(*a, file=sys.stderr))
-        say(f"{output}: already holds this packed dataset (metadata.json matches); nothing to do")
+        if not quiet:
+            print(
+                f"{output}: already holds this packed dataset (metadata.json matches); nothing to do",
+                file=sys.stderr,
+            )
         return json.loads((output / METADATA).read_text())
     bar = dict(disable=quiet, unit="seq", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
+    summary1 = _pass1(job, inputs, limits, work, workers, bar)
+    lengths = np.load(work / "lengths.npy")
+    predictions = np.load(work / "predictions.npy")
+    layout = _plan_and_assign(job, lengths, predictions, work, summary1["skipped"])
+    shard_records = _pass2(job, inputs, layout, work, workers, bar, int(np.count_nonzero(lengths)))
+    metadata = _metadata(job, layout, lengths, predictions, summary1, inputs, shard_records, fingerprint)
+    metadata["seconds"] = time.perf_counter() - started
+    write_json_atomic(output / METADATA, metadata)
+    shutil.rmtree(work, ignore_errors=True)
+    return metadata
 
-    # ---- pass 1: lengths and validation ----
+
+def _limits(job: PackJob) -> Limits:
+    """What every input row is checked against. Without --vocab-size tokens are stored as
+    uint16: an id past it must be refused, not wrapped (70000 would be stored as 4464)."""
+    return Limits(
+        job.max_sequence_length,
+        job.max_predictions_per_seq,
+        job.vocab_size or 1 << 16,
+        "" if job.vocab_size else " (ids are stored as uint16 without --vocab-size: pass --vocab-size)",
+    )
+
+
+def _open_inputs(job: PackJob, limits: Limits) -> Inputs:
+    """Open every input (shapes checked) and cut it into pieces of at most PIECE_ROWS rows."""
+    sources = [open_source(path) for path in job.inputs]
+    for source in sources:
+        check_source_shape(source, limits)
     starts = np.cumsum([0] + [s.rows for s in sources])
-    n = int(starts[-1])
     pieces = [
         (f, a, min(s.rows, a + PIECE_ROWS))
         for f, s in enumerate(sources)
         for a in range(0, s.rows, PIECE_ROWS)
     ]
+    return Inputs(sources, starts, pieces)
+
+
+def _pass1(job: PackJob, inputs: Inputs, limits: Limits, work: Path, workers: int, bar: dict) -> dict:
+    """Pass 1: read and validate every row; keep lengths and prediction counts (in
+    work/lengths.npy, predictions.npy; length 0 = a skipped row) and each input's record.
+    A bad row stops the job (nothing left behind) unless --skip-invalid."""
+    output, sources, starts, pieces, n = (
+        Path(job.output),
+        inputs.sources,
+        inputs.starts,
+        inputs.pieces,
+        inputs.rows,
+    )
     pass1 = work / "pass1.json"
     if pass1.is_file():
         summary1 = json.loads(pass1.read_text())
@@ -253,7 +316,7 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
         tasks = [ScanTask(f, a, b, limits, job.skip_invalid) for f, a, b in pieces]
         with tqdm(total=n, desc="pass 1: read + validate", **bar) as progress:
             results = run_tasks(_scan_piece, tasks, workers, sources, progress, lambda t, r: t.stop - t.start)
-            inputs = run_tasks(_hash_input, list(range(len(sources))), workers, sources)
+            records = run_tasks(_hash_input, list(range(len(sources))), workers, sources)
         lengths = np.zeros(n, dtype=np.int16)
         predictions = np.zeros(n, dtype=np.int16)
         problems = []
@@ -286,16 +349,12 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
                 }
             )
         for name, array in (("lengths", lengths), ("predictions", predictions)):
-            with atomic_path(work / f"{name}.npy") as tmp:
-                with open(tmp, "wb") as fh:
-                    np.save(fh, array)
+            _save_npy(work / f"{name}.npy", array)
         if skipped:
             with atomic_path(output / SKIPPED) as tmp:
                 tmp.write_text("".join(json.dumps(r) + "\n" for r in skipped))
-        summary1 = {"inputs": inputs, "skipped": len(skipped)}
+        summary1 = {"inputs": records, "skipped": len(skipped)}
         write_json_atomic(pass1, summary1)
-    lengths = np.load(work / "lengths.npy")
-    predictions = np.load(work / "predictions.npy")
     for record, source in zip(summary1["inputs"], sources):
         record["rows"] = int(source.rows)
         record["format"] = source.kind
@@ -305,13 +364,18 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
             "P": int(source.predictions_width),
             "NSP_ndim": len(source.shapes["next_sentence_labels"]),
         }
+    return summary1
 
-    # ---- plan and assignment ----
+
+def _plan_and_assign(
+    job: PackJob, lengths: np.ndarray, predictions: np.ndarray, work: Path, skipped: int
+) -> Layout:
+    """The plan from the length histogram, and the assignment of every valid sequence to
+    one slot (work/assignment.npy, and each sequence's output shard in dest_shard.npy)."""
+    n = lengths.size
     valid = lengths[lengths > 0]
     if valid.size == 0:
-        raise PackingInputError(
-            f"the inputs hold no valid sequence ({n} rows, {summary1['skipped']} skipped)"
-        )
+        raise PackingInputError(f"the inputs hold no valid sequence ({n} rows, {skipped} skipped)")
     histogram = Histogram.from_lengths(valid, job.max_sequence_length)
     plan = pack(histogram, job.algorithm, job.max_sequences_per_pack)
     # K of the data: as asked (static shapes shared by datasets of one config), the plan's
@@ -339,46 +403,49 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
         raise PackingInputError(
             f"--max-predictions-per-pack {m} is too small: a pack of this plan holds {needed} masked tokens"
         )
-    shards = -(-packs // job.shard_size)
-    del per_pack, table  # the workers read the assignment from disk
+    return Layout(plan, histogram, int(k), int(m), int(packs), -(-packs // job.shard_size))
 
-    # ---- pass 2a: compact + group by shard ----
+
+def _pass2(job: PackJob, inputs: Inputs, layout: Layout, work: Path, workers: int, bar: dict, sequences: int):
+    """Pass 2: re-read each piece, keep real tokens grouped by output shard (2a), then
+    assemble and write every shard (2b). Returns the shards' records."""
     (work / "pieces").mkdir(exist_ok=True)
     token_dtype = field_dtypes(job.vocab_size or BERT_VOCAB_SIZE)["input_ids"]
     tasks = [
-        CompactTask(i, f, a, b, int(starts[f]), str(work), shards, token_dtype)
-        for i, (f, a, b) in enumerate(pieces)
+        CompactTask(i, f, a, b, int(inputs.starts[f]), str(work), layout.shards, token_dtype)
+        for i, (f, a, b) in enumerate(inputs.pieces)
     ]
-    with tqdm(total=n, desc="pass 2: group by shard", **bar) as progress:
-        run_tasks(_compact_piece, tasks, workers, sources, progress, lambda t, r: r)
-
-    # ---- pass 2b: write shards ----
+    with tqdm(total=inputs.rows, desc="pass 2: group by shard", **bar) as progress:
+        run_tasks(_compact_piece, tasks, workers, inputs.sources, progress, lambda t, r: r)
     tasks = [
         ShardTask(
             shard=d,
-            pieces=len(pieces),
+            pieces=len(inputs.pieces),
             work=str(work),
-            output=str(output),
+            output=job.output,
             shard_size=job.shard_size,
             s=job.max_sequence_length,
-            m=m,
+            m=layout.m,
             vocab_size=job.vocab_size or BERT_VOCAB_SIZE,
         )
-        for d in range(shards)
+        for d in range(layout.shards)
     ]
-    with tqdm(total=int(valid.size), desc="pass 2: write shards", **bar) as progress:
-        shard_records = run_tasks(
-            _write_shard, tasks, workers, sources, progress, lambda t, r: r["sequences"]
-        )
+    with tqdm(total=sequences, desc="pass 2: write shards", **bar) as progress:
+        return run_tasks(_write_shard, tasks, workers, inputs.sources, progress, lambda t, r: r["sequences"])
 
-    # ---- metadata ----
-    seconds = time.perf_counter() - started
-    metadata = {
+
+def _metadata(
+    job, layout: Layout, lengths, predictions, summary1, inputs: Inputs, shard_records, fingerprint
+) -> dict:
+    """metadata.json: format, shapes, counts derived from the data, every input and shard."""
+    valid = lengths[lengths > 0]
+    plan, histogram = layout.plan, layout.histogram
+    return {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "S": job.max_sequence_length,
-        "K": int(k),
-        "M": int(m),
+        "K": layout.k,
+        "M": layout.m,
         "P": job.max_predictions_per_seq,
         "algorithm": job.algorithm,
         "max_sequences_per_pack": "max" if job.max_sequences_per_pack is None else job.max_sequences_per_pack,
@@ -386,26 +453,23 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
         "shard_size": job.shard_size,
         "vocab_size": job.vocab_size,
         "sequences": int(valid.size),
-        "packs": int(packs),
+        "packs": layout.packs,
         "real_tokens": int(valid.sum(dtype=np.int64)),
         "efficiency": plan.efficiency,
         "packing_factor": plan.packing_factor,
         "padding_fraction_unpacked": histogram.padding_fraction_unpacked,
         "theoretical_speedup": plan.theoretical_speedup,
         "masked_tokens": int(predictions[lengths > 0].sum(dtype=np.int64)),
-        "input_rows": n,
+        "input_rows": inputs.rows,
         "skipped_rows": int(summary1["skipped"]),
         "skipped_rows_report": SKIPPED if summary1["skipped"] else None,
         "plan_seconds": plan.seconds,
-        "seconds": seconds,
+        "seconds": None,  # set by run_pack
         "length_histogram": histogram.counts.tolist(),
         "inputs": summary1["inputs"],
         "shards": shard_records,
         "job": fingerprint,
     }
-    write_json_atomic(output / METADATA, metadata)
-    shutil.rmtree(work, ignore_errors=True)
-    return metadata
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:

@@ -156,9 +156,12 @@ def _concat(parts: list[Fingerprints]) -> Fingerprints:
 
 
 def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool = False, out=None) -> int:
-    """Compare inputs and packs; print counts. Returns 0 if identical, 1 on any mismatch."""
+    """Compare inputs and packs; print counts. Returns 0 if identical, 1 on any mismatch.
+
+    Phases, each a function: fingerprint every input sequence; read every pack (structure,
+    sha256, fingerprints); presence (each expected sequence exactly once); content (every
+    packed copy equal to its input); the report."""
     started = time.perf_counter()
-    out = out or sys.stdout
     dataset = PackedDataset.open(packed)
     meta = dataset.metadata
     limits = Limits(meta["S"], meta.get("P", 1 << 15), meta.get("vocab_size"))
@@ -166,21 +169,56 @@ def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool =
     for source in sources:
         check_source_shape(source, limits)
     starts = np.cumsum([0] + [s.rows for s in sources])
-    n = int(starts[-1])
     bar = dict(disable=quiet, unit="seq", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
-    problems: list[str] = []
+    expected, invalid_inputs = _input_fingerprints(sources, starts, limits, workers, bar)
+    found, shard_of, problems = _packed_fingerprints(dataset, packed, sources, workers, bar)
+    located = _Locator(sources, starts, dataset, found, shard_of)
+    presence = _presence(expected, found, int(starts[-1]))
+    changed = _content(expected, found, int(starts[-1]))
+    problems += located.presence_problems(presence) + located.content_problems(changed)
+    seconds = time.perf_counter() - started
+    n = int(starts[-1])
+    changed_count = int(_any_changed(changed).sum())
+    report = {
+        "input_sequences": n,
+        "invalid_input_rows": invalid_inputs,
+        "skipped_by_pack": int(len(_skipped_sources(dataset))),
+        "packed_sequences": int(found.source.size),
+        "packs": dataset.packs,
+        "shards": len(dataset.shards),
+        "exactly_once": presence["exactly_once"],
+        "missing": int(presence["missing"].size),
+        "duplicated": int(presence["duplicated"].size),
+        "unexpected": int(presence["unexpected"].size),
+        "changed": changed_count,
+        "unknown_source": presence["unknown"],
+        "seconds": round(seconds, 3),
+        "sequences_per_second": round(n / seconds, 1) if seconds else None,
+        "ok": not problems and changed_count == 0,
+    }
+    out = out or sys.stdout
+    print(json.dumps(report), file=out)
+    for line in problems[:50]:
+        print(f"MISMATCH {line}", file=out)
+    return 0 if report["ok"] else 1
 
+
+def _input_fingerprints(sources, starts, limits: Limits, workers: int, bar: dict):
+    """(fingerprints of every valid input sequence, count of invalid input rows)."""
     tasks = [
         InputPieceTask(f, a, min(s.rows, a + PIECE_ROWS), int(starts[f]), limits)
         for f, s in enumerate(sources)
         for a in range(0, s.rows, PIECE_ROWS)
     ]
-    with tqdm(total=n, desc="verify: inputs", **bar) as progress:
+    with tqdm(total=int(starts[-1]), desc="verify: inputs", **bar) as progress:
         results = run_tasks(_input_piece, tasks, workers, sources, progress, lambda t, r: t.stop - t.start)
-    expected = _concat([r[0] for r in results])
-    invalid_inputs = sum(r[1] for r in results)
-    skipped = _skipped_sources(dataset)
+    return _concat([r[0] for r in results]), sum(r[1] for r in results)
 
+
+def _packed_fingerprints(dataset: PackedDataset, packed: Path, sources, workers: int, bar: dict):
+    """(fingerprints of every packed sequence, the shard each lies in, problems): each
+    shard's structure checked and its sha256 compared with metadata.json."""
+    problems: list[str] = []
     tasks = [ShardCheckTask(dataset, d) for d in range(len(dataset.shards))]
     with tqdm(total=dataset.sequences, desc="verify: packs", **bar) as progress:
         results = run_tasks(_pack_shard, tasks, workers, sources, progress, lambda t, r: r[0].source.size)
@@ -194,76 +232,95 @@ def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool =
             )
     found = _concat([r[0] for r in results])
     shard_of = np.concatenate([np.full(r[0].source.size, t.shard) for t, r in zip(tasks, results)] or [[]])
+    return found, shard_of, problems
 
-    # ---- presence: each expected sequence exactly once ----
+
+def _presence(expected, found, n: int) -> dict:
+    """Each expected sequence exactly once: counts per source index and the exceptions."""
     present = np.zeros(n, dtype=bool)
     present[expected.source] = True
     in_range = (found.source >= 0) & (found.source < n)
     counts = np.bincount(found.source[in_range], minlength=n)
-    duplicated = np.flatnonzero(counts > 1)
-    missing = np.flatnonzero(present & (counts == 0))  # skipped rows are not valid inputs: not expected
-    unexpected = np.flatnonzero(~present & (counts > 0))
-    unknown = int((~in_range).sum())
+    return {
+        "counts": counts,
+        "exactly_once": int(((counts == 1) & present).sum()),
+        "duplicated": np.flatnonzero(counts > 1),
+        "missing": np.flatnonzero(present & (counts == 0)),  # skipped rows are not valid inputs: not expected
+        "unexpected": np.flatnonzero(~present & (counts > 0)),
+        "unknown": int((~in_range).sum()),
+    }
 
-    # ---- content: every packed copy equals its input ----
+
+def _content(expected, found, n: int) -> dict:
+    """Every packed copy against its input: {what: bool [matched copies]} and the packed
+    index of each matched copy (under "_index")."""
+    in_range = (found.source >= 0) & (found.source < n)
     lookup = np.full(n, -1, dtype=np.int64)
     lookup[expected.source] = np.arange(expected.source.size)
     j = np.where(in_range, lookup[np.clip(found.source, 0, max(n - 1, 0))], -1)
     ok = j >= 0
     jj = j[ok]
-    mismatch = {
+    return {
+        "_index": np.flatnonzero(ok),
         "length": found.lengths[ok] != expected.lengths[jj],
         "masked-LM count": found.predictions[ok] != expected.predictions[jj],
         "NSP label": found.nsp[ok] != expected.nsp[jj],
         "tokens/segments/masked-LM content": (found.hashes[ok] != expected.hashes[jj]).any(axis=1),
     }
-    changed = np.zeros(int(ok.sum()), dtype=bool)
-    for bad in mismatch.values():
-        changed |= bad
 
-    def locate(source):
-        f = int(np.searchsorted(starts, source, side="right") - 1)
-        return f"sequence {source} ({sources[f].path} row {source - int(starts[f])})"
 
-    def where_packed(i):
-        return f"{dataset.shards[int(shard_of[i])]['name']} pack {int(found.where[i])}"
+def _any_changed(changed: dict) -> np.ndarray:
+    """bool [matched copies]: any field differs."""
+    out = np.zeros(changed["_index"].size, dtype=bool)
+    for what, bad in changed.items():
+        if what != "_index":
+            out |= bad
+    return out
 
-    for s in duplicated[:5].tolist():
-        places = ", ".join(where_packed(i) for i in np.flatnonzero(found.source == s)[:3])
-        problems.append(f"duplicated: {locate(s)} appears {counts[s]} times ({places})")
-    for s in missing[:5].tolist():
-        problems.append(f"missing: {locate(s)} is in no pack")
-    for s in unexpected[:5].tolist():
-        problems.append(f"unexpected: {locate(s)} is packed but is not a valid input sequence")
-    ok_index = np.flatnonzero(ok)
-    for what, bad in mismatch.items():
-        for i in ok_index[np.flatnonzero(bad)[:3]].tolist():
-            problems.append(f"changed {what}: {locate(int(found.source[i]))} in {where_packed(i)}")
-    if unknown:
-        problems.append(f"{unknown} packed sequences carry a source_index outside 0..{n - 1}")
 
-    seconds = time.perf_counter() - started
-    report = {
-        "input_sequences": n,
-        "invalid_input_rows": invalid_inputs,
-        "skipped_by_pack": int(len(skipped)),
-        "packed_sequences": int(found.source.size),
-        "packs": dataset.packs,
-        "shards": len(dataset.shards),
-        "exactly_once": int(((counts == 1) & present).sum()),
-        "missing": int(missing.size),
-        "duplicated": int(duplicated.size),
-        "unexpected": int(unexpected.size),
-        "changed": int(changed.sum()),
-        "unknown_source": unknown,
-        "seconds": round(seconds, 3),
-        "sequences_per_second": round(n / seconds, 1) if seconds else None,
-        "ok": not problems and int(changed.sum()) == 0,
-    }
-    print(json.dumps(report), file=out)
-    for line in problems[:50]:
-        print(f"MISMATCH {line}", file=out)
-    return 0 if report["ok"] else 1
+class _Locator:
+    """Names a sequence by its input file and row, and a packed copy by its shard and pack."""
+
+    def __init__(self, sources, starts, dataset, found, shard_of):
+        self.sources, self.starts, self.dataset, self.found, self.shard_of = (
+            sources,
+            starts,
+            dataset,
+            found,
+            shard_of,
+        )
+
+    def source(self, index: int) -> str:
+        f = int(np.searchsorted(self.starts, index, side="right") - 1)
+        return f"sequence {index} ({self.sources[f].path} row {index - int(self.starts[f])})"
+
+    def packed(self, i: int) -> str:
+        return f"{self.dataset.shards[int(self.shard_of[i])]['name']} pack {int(self.found.where[i])}"
+
+    def presence_problems(self, presence: dict) -> list[str]:
+        problems, counts = [], presence["counts"]
+        for s in presence["duplicated"][:5].tolist():
+            places = ", ".join(self.packed(i) for i in np.flatnonzero(self.found.source == s)[:3])
+            problems.append(f"duplicated: {self.source(s)} appears {counts[s]} times ({places})")
+        for s in presence["missing"][:5].tolist():
+            problems.append(f"missing: {self.source(s)} is in no pack")
+        for s in presence["unexpected"][:5].tolist():
+            problems.append(f"unexpected: {self.source(s)} is packed but is not a valid input sequence")
+        if presence["unknown"]:
+            n = counts.size
+            problems.append(f"{presence['unknown']} packed sequences carry a source_index outside 0..{n - 1}")
+        return problems
+
+    def content_problems(self, changed: dict) -> list[str]:
+        problems, index = [], changed["_index"]
+        for what, bad in changed.items():
+            if what == "_index":
+                continue
+            for i in index[np.flatnonzero(bad)[:3]].tolist():
+                problems.append(
+                    f"changed {what}: {self.source(int(self.found.source[i]))} in {self.packed(i)}"
+                )
+        return problems
 
 
 def _skipped_sources(dataset: PackedDataset) -> np.ndarray:
