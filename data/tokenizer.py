@@ -23,5 +23,5 @@ def load_tokenizer(vocab_file: Path):
             raise DataInputError(
                 f"--vocab {vocab_file}: the token {token} is missing (not a BERT vocabulary)"
             )
-    # vocab= (a dict), not vocab_file=: see the README's note on transformers/tokenizers traps.
+    # vocab= (a dict), not vocab_file=: BertTokenizerFast(vocab_file=...) ignores the file under transformers 5.x.
     return BertWordPieceTokenizer(vocab=vocab, lowercase=True), vocab
