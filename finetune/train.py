@@ -176,12 +176,15 @@ def build_classifier(config: dict, task: Task) -> PackedBertForSequenceClassific
 
 def build_adamw(model, optim: dict, total_steps: int):
     """AdamW without decay on biases and LayerNorm (optim.weight_decay_groups, the rule
-    pretraining uses); linear warmup then linear decay to 0."""
+    pretraining uses); linear warmup then linear decay to 0. The fused kernel (one pass
+    over all parameters, on CPU and CUDA; what transformers' Trainer picks by default):
+    torch's default for-loop AdamW was ~13% of a MiniLM step on 2 CPU cores."""
     optimizer = torch.optim.AdamW(
         weight_decay_groups(model.named_parameters(), optim["weight_decay"]),
         lr=optim["lr"],
         betas=tuple(optim["betas"]),
         eps=optim["eps"],
+        fused=True,
     )
     warmup = max(1, math.ceil(optim["warmup_fraction"] * total_steps))
 
@@ -218,7 +221,7 @@ def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float) -> d
             f"non-finite training loss ({float(out['loss'].detach())}): the run diverged (lower optim.lr?)"
         )
     if max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm, foreach=True)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from model.dropout import attention as sdpa_attention
+from model.dropout import dropout as dropout_
 from model.varlen import flash_available, varlen_attention, varlen_layout
 
 
@@ -69,10 +70,10 @@ class PackedSelfAttention(nn.Module):
         dropout = self.dropout_p if self.training else 0.0
         if self.backend == "dense":
             scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size) + mask
-            probs = F.dropout(torch.softmax(scores, dim=-1), p=dropout, training=self.training)
+            probs = dropout_(torch.softmax(scores, dim=-1), dropout, self.training)
             context = probs @ v
         elif self.backend == "sdpa":
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+            context = sdpa_attention(q, k, v, mask, dropout, self.training)
         elif self.backend == "varlen":
             context = varlen_attention(q, k, v, mask, dropout)
         else:
@@ -87,6 +88,31 @@ class PackedSelfAttention(nn.Module):
             context = flex_attention(q, k, v, block_mask=mask)
         b, _, s, _ = context.shape
         return context.transpose(1, 2).reshape(b, s, self.heads * self.head_size)
+
+
+def rows_attention(attention: PackedSelfAttention, hidden: torch.Tensor, rows: torch.Tensor, row_mask):
+    """Self-attention whose queries are only `rows` of the sequence: the last layer of a model
+    that reads a few positions (a classifier's [CLS]) needs no other query.
+
+    hidden [B, S, H] (keys and values), rows [B, R, H] (the queries' hidden states),
+    row_mask bool [B, 1, R, S] (`rows_mask`) -> context [B, R, H]. Every backend's
+    attention within a sequence is this same softmax over the query's own sequence."""
+    b, s, _ = hidden.shape
+    r = rows.shape[1]
+    heads, size = attention.heads, attention.head_size
+    q = attention.query(rows).view(b, r, heads, size).transpose(1, 2)
+    k = attention._split(attention.key(hidden))
+    v = attention._split(attention.value(hidden))
+    dropout = attention.dropout_p if attention.training else 0.0
+    context = sdpa_attention(q, k, v, row_mask, dropout, attention.training)
+    return context.transpose(1, 2).reshape(b, r, heads * size)
+
+
+def rows_mask(sequence_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """bool [B, 1, R, S]: the query at `positions` [B, R] may attend to the tokens of its own
+    sequence (padding: to padding, which is never read; never an empty row)."""
+    own = torch.gather(sequence_ids, 1, positions.long())  # [B, R]
+    return (sequence_ids[:, None, :] == own[:, :, None])[:, None]
 
 
 def build_mask(backend: str, sequence_ids: torch.Tensor, dtype: torch.dtype, slots: int | None = None):

@@ -23,6 +23,7 @@ from torch import nn
 from transformers import BertConfig
 
 from model.config import check_packing_options
+from model.dropout import Dropout
 from model.encoder import PackedBertModel
 from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
 
@@ -40,7 +41,7 @@ class PackedBertForSequenceClassification(nn.Module):
         self.config = config
         self.bert = PackedBertModel(config)
         dropout = config.classifier_dropout
-        self.dropout = nn.Dropout(config.hidden_dropout_prob if dropout is None else dropout)
+        self.dropout = Dropout(config.hidden_dropout_prob if dropout is None else dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.loading_report: dict = {}
 
@@ -64,8 +65,13 @@ class PackedBertForSequenceClassification(nn.Module):
         labels: int [B, K] class ids (single-label) or {0, 1} [B, K, C] (multi-label); any
         value in absent slots (example_index < 0) is ignored."""
         slots = cls_positions.shape[1]
-        sequence_output = self.bert(input_ids, position_ids, segment_ids, sequence_ids, slots)
-        pooled = self.bert.pooler(sequence_output, cls_positions)  # [B, K, H]
+        # Only the [CLS] rows are read: the last layer computes those alone (its queries,
+        # attention output and feed-forward block; keys and values from every token), about
+        # 5/6 of a layer's work saved, with the same logits and gradients.
+        cls_hidden = self.bert(
+            input_ids, position_ids, segment_ids, sequence_ids, slots, read_positions=cls_positions
+        )
+        pooled = self.bert.pooler.pool(cls_hidden)  # [B, K, H]
         logits = self.classifier(self.dropout(pooled))
         out = {"logits": logits, "present": example_index >= 0}
         if labels is not None:

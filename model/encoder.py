@@ -8,7 +8,8 @@ import torch.utils.checkpoint
 from torch import nn
 from transformers.activations import ACT2FN
 
-from model.attention import PackedSelfAttention, build_mask
+from model.attention import PackedSelfAttention, build_mask, rows_attention, rows_mask
+from model.dropout import Dropout
 
 
 class Embeddings(nn.Module):
@@ -22,7 +23,7 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, input_ids, position_ids, segment_ids):
         """[B, S] integer ids each -> [B, S, H]."""
@@ -41,7 +42,7 @@ class _Output(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, x, residual):
         return self.LayerNorm(self.dropout(self.dense(x)) + residual)
@@ -55,6 +56,10 @@ class _Attention(nn.Module):
 
     def forward(self, hidden, mask):
         return self.output(self.self(hidden, mask), hidden)
+
+    def forward_rows(self, hidden, rows, row_mask):
+        """Queries (and the residual) at `rows` [B, R, H] only -> [B, R, H]."""
+        return self.output(rows_attention(self.self, hidden, rows, row_mask), rows)
 
 
 class _Intermediate(nn.Module):
@@ -87,15 +92,28 @@ class EncoderLayer(nn.Module):
             return torch.utils.checkpoint.checkpoint(self._forward, hidden, mask, use_reentrant=False)
         return self._forward(hidden, mask)
 
+    def forward_rows(self, hidden, positions, row_mask):
+        """The layer's output at `positions` [B, R] only -> [B, R, H]: keys and values from
+        every token, but queries, the attention output, the residual and the feed-forward
+        block only where they are read. Exactly those rows of `forward`."""
+        rows = gather_positions(hidden, positions)
+        attended = self.attention.forward_rows(hidden, rows, row_mask)
+        return self.output(self.intermediate(attended), attended)
+
 
 class Encoder(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.layer = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, hidden, mask):
-        for layer in self.layer:
+    def forward(self, hidden, mask, rows=None):
+        """hidden [B, S, H] -> [B, S, H]; with `rows` = (positions [B, R], row mask), the last
+        layer runs at those positions only and the result is [B, R, H]."""
+        last = len(self.layer) - 1 if rows is not None else len(self.layer)
+        for layer in self.layer[:last]:
             hidden = layer(hidden, mask)
+        if rows is not None:
+            hidden = self.layer[-1].forward_rows(hidden, *rows)
         return hidden
 
 
@@ -110,7 +128,11 @@ class Pooler(nn.Module):
 
     def forward(self, sequence_output, cls_positions):
         """sequence_output [B, S, H], cls_positions [B, K] -> [B, K, H]."""
-        return self.activation(self.dense(self.gather(sequence_output, cls_positions)))
+        return self.pool(self.gather(sequence_output, cls_positions))
+
+    def pool(self, cls_hidden):
+        """[CLS] hidden states already gathered, [B, K, H] -> [B, K, H]."""
+        return self.activation(self.dense(cls_hidden))
 
 
 def gather_positions(hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -142,8 +164,20 @@ class PackedBertModel(nn.Module):
     def attention_mask(self, sequence_ids, dtype, slots: int | None = None):
         return build_mask(self.config.attention_backend, sequence_ids, dtype, slots)
 
-    def forward(self, input_ids, position_ids, segment_ids, sequence_ids, slots: int | None = None):
+    def forward(
+        self,
+        input_ids,
+        position_ids,
+        segment_ids,
+        sequence_ids,
+        slots: int | None = None,
+        read_positions=None,
+    ):
         """[B, S] ids -> sequence_output [B, S, H]. slots: K sequences per pack (the width
-        of the batch's [B, K] fields), which the varlen backend needs as a static number."""
+        of the batch's [B, K] fields), which the varlen backend needs as a static number.
+        read_positions [B, R]: the only positions the caller reads (a classifier's [CLS]);
+        the last layer then computes those rows only and the output is [B, R, H]."""
         hidden = self.embeddings(input_ids.long(), position_ids.long(), segment_ids.long())
-        return self.encoder(hidden, self.attention_mask(sequence_ids, hidden.dtype, slots))
+        mask = self.attention_mask(sequence_ids, hidden.dtype, slots)
+        rows = None if read_positions is None else (read_positions, rows_mask(sequence_ids, read_positions))
+        return self.encoder(hidden, mask, rows)

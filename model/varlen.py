@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from model.dropout import attention as sdpa_attention
+
 
 @dataclass
 class VarlenLayout:
@@ -141,7 +143,7 @@ def _buckets(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
         flat = index.reshape(-1)
         # [n, L, heads, d] -> [n, heads, L, d]
         qb, kb, vb = (x.index_select(0, flat).view(n, width, heads, d).transpose(1, 2) for x in (q, k, v))
-        out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, dropout_p=dropout)
+        out = sdpa_attention(qb, kb, vb, mask, dropout, dropout > 0)
         out = out.transpose(1, 2).reshape(n * width, heads, d)
         outputs.append(out.index_select(0, valid_flat))  # [tokens of the bucket, heads, d]
     outputs.append(v.index_select(0, layout.padding_index))  # replaced by `v` in varlen_attention anyway

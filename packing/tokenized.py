@@ -24,7 +24,8 @@ def pack_examples(
     lengths: np.ndarray, max_tokens: int, max_per_pack: int, algorithm: str, seed: int
 ) -> np.ndarray:
     """int64 [packs, K] of example indices into `lengths` (-1 = empty slot), packs in random
-    order (seeded). lengths: int [n], tokens per example, each in 1..max_tokens."""
+    order (seeded); K = the plan's deepest pack (at most max_per_pack). lengths: int [n],
+    tokens per example, each in 1..max_tokens."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.ndim != 1 or lengths.size == 0:
         raise PackingInputError(f"expected a non-empty 1-D array of lengths, got shape {lengths.shape}")
@@ -37,7 +38,10 @@ def pack_examples(
         )
     counts = np.bincount(lengths - 1, minlength=max_tokens)
     plan = pack(Histogram(counts), algorithm, max_per_pack)
-    table = assign_sequences(plan, lengths, seed, max_per_pack)
+    # K = the deepest pack of the plan, not the limit asked for: every [packs, K] field and
+    # every per-slot computation (a classifier's last layer, pooler, head) scales with K,
+    # and a limit of 8 where packs hold at most 3 would do 8/3 times that work for nothing.
+    table = assign_sequences(plan, lengths, seed, min(max_per_pack, plan.max_depth))
     check_table(table, lengths.size)
     return table
 
