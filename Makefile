@@ -113,6 +113,7 @@ bench: install
 	$(PY) bench/bench_demo_speedup.py --profile
 	$(PY) bench/bench_stages.py
 	$(PY) bench/bench_finetune.py
+	$(PY) bench/bench_vs_transformers.py
 
 lint: install
 	$(PY) -m ruff check .

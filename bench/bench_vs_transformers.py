@@ -117,7 +117,7 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
             per_device_eval_batch_size=config["batching"]["eval_batch_size"],
             learning_rate=optim["lr"],
             weight_decay=optim["weight_decay"],
-            warmup_ratio=optim["warmup_fraction"],
+            warmup_steps=optim["warmup_fraction"],  # a float below 1: a share of the steps
             max_grad_norm=optim["max_grad_norm"],
             lr_scheduler_type="linear",
             num_train_epochs=epochs,
@@ -141,8 +141,10 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
                 "labels": task.validation.labels.tolist(),
             }
         )
-        predictions = trainer.predict(validation, metric_key_prefix="validation").predictions
-    accuracy = float((predictions.argmax(-1) == task.validation.labels).mean())
+        # Scored against the labels Trainer returns with them: its evaluation loader may
+        # reorder the examples (it does under group_by_length).
+        output = trainer.predict(validation, metric_key_prefix="validation")
+    accuracy = float((output.predictions.argmax(-1) == output.label_ids).mean())
     return {"examples_per_second": len(train) * epochs / clock.seconds, "accuracy": accuracy}
 
 

@@ -4,12 +4,15 @@ and the classification model."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import model.varlen
 from model.attention import PackedSelfAttention, build_mask
 from model.classification import PackedBertForSequenceClassification
 from model.config import bert_config
@@ -76,20 +79,26 @@ def test_varlen_equals_dense_outputs_and_every_gradient(batch, slots_known):
     ids, k = batch
     x = torch.randn(*ids.shape, 32, generator=torch.Generator().manual_seed(int(ids.sum())))
     dense = _run("dense", ids, k, x)
-    varlen = _run("varlen", ids, k, x, slots_known=slots_known)
-    torch.testing.assert_close(varlen[0], dense[0], atol=1e-5, rtol=1e-5)  # padding rows included
-    torch.testing.assert_close(varlen[1], dense[1], atol=1e-5, rtol=1e-5)
-    for name in dense[2]:
-        torch.testing.assert_close(varlen[2][name], dense[2][name], atol=5e-5, rtol=1e-5, msg=name)
     with torch.autocast("cpu", enabled=False):
         dense64 = _run("dense", ids, k, x.double(), dtype=torch.float64)
-        varlen64 = _run("varlen", ids, k, x.double(), slots_known=slots_known, dtype=torch.float64)
-    torch.testing.assert_close(varlen64[0], dense64[0], atol=1e-10, rtol=1e-10)
-    for name in dense64[2]:
-        torch.testing.assert_close(varlen64[2][name], dense64[2][name], atol=1e-10, rtol=1e-10, msg=name)
+    # Both CPU paths: one block-diagonal call (short packs) and length buckets (long ones).
+    for block_below in (model.varlen.BLOCK_DIAGONAL_MAX_LENGTH, 0):
+        with mock.patch.object(model.varlen, "BLOCK_DIAGONAL_MAX_LENGTH", block_below):
+            varlen = _run("varlen", ids, k, x, slots_known=slots_known)
+            with torch.autocast("cpu", enabled=False):
+                varlen64 = _run("varlen", ids, k, x.double(), slots_known=slots_known, dtype=torch.float64)
+        torch.testing.assert_close(varlen[0], dense[0], atol=1e-5, rtol=1e-5)  # padding rows included
+        torch.testing.assert_close(varlen[1], dense[1], atol=1e-5, rtol=1e-5)
+        for name in dense[2]:
+            torch.testing.assert_close(varlen[2][name], dense[2][name], atol=5e-5, rtol=1e-5, msg=name)
+        torch.testing.assert_close(varlen64[0], dense64[0], atol=1e-10, rtol=1e-10)
+        for name in dense64[2]:
+            torch.testing.assert_close(varlen64[2][name], dense64[2][name], atol=1e-10, rtol=1e-10, msg=name)
 
 
-def test_varlen_dropout_agrees_with_dense_in_distribution():
+@pytest.mark.parametrize("block_below", [model.varlen.BLOCK_DIAGONAL_MAX_LENGTH, 0])
+def test_varlen_dropout_agrees_with_dense_in_distribution(block_below, monkeypatch):
+    monkeypatch.setattr(model.varlen, "BLOCK_DIAGONAL_MAX_LENGTH", block_below)
     ids = pack_ids([[10, 20, 2], [31], [5, 5, 5]], 32)
     x = torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(0))
     samples = {}
