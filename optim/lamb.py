@@ -100,20 +100,27 @@ class Lamb(torch.optim.Optimizer):
         return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, grad_norm: torch.Tensor | None = None):
+        """One LAMB step. grad_norm: the global gradient norm when the caller already has it
+        (the run's finiteness check computes it), so that clipping does not compute it
+        again. Clipping scales the gradients in place by a device tensor: no host sync."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grad_scale = None
         if self.max_grad_norm is not None:
-            norm = self.global_grad_norm()
-            grad_scale = min(1.0, self.max_grad_norm / max(float(norm), 1e-12))
+            grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+            if grads:
+                norm = self.global_grad_norm() if grad_norm is None else grad_norm
+                coefficient = (self.max_grad_norm / norm.to(grads[0].device).float().clamp(min=1e-12)).clamp(
+                    max=1.0
+                )
+                torch._foreach_mul_(grads, coefficient)
         for group in self.param_groups:
-            self._step_group(group, grad_scale)
+            self._step_group(group)
         return loss
 
-    def _step_group(self, group, grad_scale):
+    def _step_group(self, group):
         params = [p for p in group["params"] if p.grad is not None]
         if not params:
             return
@@ -133,16 +140,9 @@ class Lamb(torch.optim.Optimizer):
             exp_avg_sqs.append(state["exp_avg_sq"])
         step = float(self.state[params[0]]["step"])  # all tensors of a group step together
 
-        if grad_scale is None:
-            torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = beta1 m + (1-beta1) g
-        else:
-            # Clipping folds into the moment updates: no scaled copy of the gradients.
-            torch._foreach_mul_(exp_avgs, beta1)
-            torch._foreach_add_(exp_avgs, grads, alpha=(1.0 - beta1) * grad_scale)
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = beta1 m + (1-beta1) g
         torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(
-            exp_avg_sqs, grads, grads, value=(1.0 - beta2) * (1.0 if grad_scale is None else grad_scale**2)
-        )
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
         del grads
 
         # Bias corrections are folded into scalars so that no extra pass over memory is

@@ -223,3 +223,23 @@ def test_poptorch_mapping_without_poptorch():
     assert [g["weight_decay"] for g in kwargs["params"]] == [0.01, 0.0]
     with pytest.raises(ValueError, match="accum_type"):
         poptorch_lamb_kwargs(groups, 1e-3, adjusted, accum_type="int8")
+
+
+def test_clipping_with_a_shared_gradient_norm_equals_computing_it():
+    """The run's finiteness check hands LAMB the global gradient norm it computed; the
+    step is then bit for bit the step that computes the norm itself."""
+    torch.manual_seed(0)
+    weights = [torch.randn(7, 5), torch.randn(5)]
+    grads = [torch.randn(7, 5) * 3, torch.randn(5) * 3]
+    results = []
+    for share in (False, True):
+        params = [torch.nn.Parameter(w.clone()) for w in weights]
+        optimizer = Lamb(params, lr=0.01, max_grad_norm=1.0)
+        for _ in range(3):
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm([p.grad for p in params])))
+            optimizer.step(grad_norm=norm if share else None)
+        results.append([p.detach().clone() for p in params])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

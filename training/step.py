@@ -66,21 +66,24 @@ class NonFiniteStep(RuntimeError):
     moved the weights (the run stops or skips it: training.on_nonfinite)."""
 
 
-def check_finite_step(step_loss: torch.Tensor, parameters, check_gradients: bool) -> None:
+def check_finite_step(step_loss: torch.Tensor, parameters, check_gradients: bool) -> torch.Tensor | None:
     """Raise NonFiniteStep unless the step's summed loss (and, with `check_gradients`,
     the global gradient norm) is finite. One host sync per step: a diverging run must
-    stop at its first bad step, not after its good checkpoints were rotated out."""
+    stop at its first bad step, not after its good checkpoints were rotated out.
+    Returns the global gradient norm (a 0-d tensor on the gradients' device) when it was
+    computed, for the optimizer's clipping to reuse."""
     values = [step_loss.detach().float().reshape(1)]
+    norm = None
     if check_gradients:
         grads = [p.grad for p in parameters if p.grad is not None]
         if grads:
-            values.append(
-                torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float()).reshape(1)
-            )
+            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
+            values.append(norm.reshape(1))
     values = torch.cat([v.to(values[0].device) for v in values]).cpu()
     if not bool(torch.isfinite(values).all()):
         what = f"loss {values[0].item()}" + (f", gradient norm {values[1].item()}" if len(values) > 1 else "")
         raise NonFiniteStep(what)
+    return norm
 
 
 # --------------------------------------------------------------------------------------

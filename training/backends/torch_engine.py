@@ -12,6 +12,7 @@ import contextlib
 
 import torch
 
+from optim import Lamb
 from training.backends.engine import Snapshot
 from training.build import build_lamb
 from training.distributed import setup_replica
@@ -51,14 +52,18 @@ def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, w
         )
     try:
         # fp16: the GradScaler skips steps with inf/NaN gradients by design; check the loss.
-        check_finite_step(step_loss, optimizer_parameters(optimizer), check_gradients=not scaler.is_enabled())
+        grad_norm = check_finite_step(
+            step_loss, optimizer_parameters(optimizer), check_gradients=not scaler.is_enabled()
+        )
     except NonFiniteStep:
         optimizer.zero_grad(set_to_none=True)
         raise
     for model_sums, tokens in pending:
         sums.add(model_sums, tokens)  # host token count: no device sync
     set_learning_rate(optimizer, lr)
-    scaler.step(optimizer)
+    # LAMB's clipping reuses the norm the finiteness check computed (one pass, not two).
+    shared = {"grad_norm": grad_norm} if grad_norm is not None and isinstance(optimizer, Lamb) else {}
+    scaler.step(optimizer, **shared)
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return counts
