@@ -24,15 +24,7 @@ from torch import nn
 
 from model.dropout import attention as sdpa_attention
 from model.dropout import dropout as dropout_
-from model.varlen import flash_available, varlen_attention, varlen_layout
-
-
-def allowed_pairs(sequence_ids: torch.Tensor) -> torch.Tensor:
-    """bool [B, S, S]: True where query token i may attend to key token j."""
-    same = sequence_ids[:, :, None] == sequence_ids[:, None, :]
-    real = (sequence_ids != 0)[:, :, None]
-    eye = torch.eye(sequence_ids.shape[1], dtype=torch.bool, device=sequence_ids.device)
-    return (same & real) | eye
+from model.varlen import allowed_pairs, flash_available, varlen_attention, varlen_layout
 
 
 def additive_mask(sequence_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

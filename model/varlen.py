@@ -59,6 +59,15 @@ class VarlenLayout:
     block_mask: torch.Tensor | None = None
 
 
+def allowed_pairs(sequence_ids: torch.Tensor) -> torch.Tensor:
+    """bool [B, S, S]: True where query token i may attend to key token j (the same
+    non-zero sequence id; a padding token only to itself). The one definition of the mask."""
+    same = sequence_ids[:, :, None] == sequence_ids[:, None, :]
+    real = (sequence_ids != 0)[:, :, None]
+    eye = torch.eye(sequence_ids.shape[1], dtype=torch.bool, device=sequence_ids.device)
+    return (same & real) | eye
+
+
 def varlen_layout(
     sequence_ids: torch.Tensor, slots: int | None, flash: bool, granularity: int = 0
 ) -> VarlenLayout:
