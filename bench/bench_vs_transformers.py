@@ -223,7 +223,6 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     quiet_transformers()
-    torch.set_num_threads(torch.get_num_threads())
     config = bbc_config(args.set)
     task = prepare_task(config)
     results: dict[str, list[dict]] = {r: [] for r in args.recipes}
@@ -260,7 +259,7 @@ def main() -> int:
             one = copy.deepcopy(config)
             one["training"]["epochs"] = 1
             run_finetune(one, Path(folder) / "run")
-            texts = [t for t in _texts(config)]
+            texts = _texts(config)
             speeds = {name: [] for name in ("pipeline", "sorted_loop", "ours_packed")}
             labels = {}
             for _ in range(args.rounds):

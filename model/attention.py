@@ -48,6 +48,22 @@ class PackedSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
         self.backend = config.attention_backend
 
+    def forward_rows(self, hidden: torch.Tensor, rows: torch.Tensor, row_mask) -> torch.Tensor:
+        """Attention whose queries are only `rows` of the sequence: the last layer of a model
+        that reads a few positions (a classifier's [CLS]) needs no other query.
+
+        hidden [B, S, H] (keys and values), rows [B, R, H] (the queries' hidden states),
+        row_mask bool [B, 1, R, S] (`rows_mask`) -> context [B, R, H]. Every backend's
+        attention within a sequence is this same softmax over the query's own sequence."""
+        q, k, v = (
+            self._split(self.query(rows)),
+            self._split(self.key(hidden)),
+            self._split(self.value(hidden)),
+        )
+        context = sdpa_attention(q, k, v, row_mask, self.dropout_p if self.training else 0.0)
+        b, _, r, _ = context.shape
+        return context.transpose(1, 2).reshape(b, r, self.heads * self.head_size)
+
     def _split(self, x):  # [B, S, H] -> [B, heads, S, head_size]
         b, s, _ = x.shape
         return x.view(b, s, self.heads, self.head_size).transpose(1, 2)
@@ -65,7 +81,7 @@ class PackedSelfAttention(nn.Module):
             probs = dropout_(torch.softmax(scores, dim=-1), dropout, self.training)
             context = probs @ v
         elif self.backend == "sdpa":
-            context = sdpa_attention(q, k, v, mask, dropout, self.training)
+            context = sdpa_attention(q, k, v, mask, dropout)
         elif self.backend == "varlen":
             context = varlen_attention(q, k, v, mask, dropout)
         else:
@@ -80,24 +96,6 @@ class PackedSelfAttention(nn.Module):
             context = flex_attention(q, k, v, block_mask=mask)
         b, _, s, _ = context.shape
         return context.transpose(1, 2).reshape(b, s, self.heads * self.head_size)
-
-
-def rows_attention(attention: PackedSelfAttention, hidden: torch.Tensor, rows: torch.Tensor, row_mask):
-    """Self-attention whose queries are only `rows` of the sequence: the last layer of a model
-    that reads a few positions (a classifier's [CLS]) needs no other query.
-
-    hidden [B, S, H] (keys and values), rows [B, R, H] (the queries' hidden states),
-    row_mask bool [B, 1, R, S] (`rows_mask`) -> context [B, R, H]. Every backend's
-    attention within a sequence is this same softmax over the query's own sequence."""
-    b, s, _ = hidden.shape
-    r = rows.shape[1]
-    heads, size = attention.heads, attention.head_size
-    q = attention.query(rows).view(b, r, heads, size).transpose(1, 2)
-    k = attention._split(attention.key(hidden))
-    v = attention._split(attention.value(hidden))
-    dropout = attention.dropout_p if attention.training else 0.0
-    context = sdpa_attention(q, k, v, row_mask, dropout, attention.training)
-    return context.transpose(1, 2).reshape(b, r, heads * size)
 
 
 def rows_mask(sequence_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -43,15 +43,15 @@ class Dropout(nn.Module):
         return f"p={self.p}"
 
 
-def attention(q, k, v, mask, p: float, training: bool) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v with dropout on the probabilities.
+def attention(q, k, v, mask, p: float) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d) + mask) v with dropout p on the probabilities (0 in eval).
 
     q [..., Lq, d], k and v [..., Lk, d]; mask: bool (True = may attend), an additive float
     mask, or None. Without dropout (or off the CPU) this is scaled_dot_product_attention,
     whose fused kernels need no probabilities; with dropout on CPU, SDPA would take its
     math path anyway (softmax, bernoulli_, matmul): the same steps with the cheaper mask."""
-    if not training or p == 0.0 or q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p if training else 0.0)
+    if p == 0.0 or q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
     scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     if mask is not None:
         if mask.dtype == torch.bool:

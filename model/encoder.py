@@ -8,7 +8,7 @@ import torch.utils.checkpoint
 from torch import nn
 from transformers.activations import ACT2FN
 
-from model.attention import PackedSelfAttention, build_mask, rows_attention, rows_mask
+from model.attention import PackedSelfAttention, build_mask, rows_mask
 from model.dropout import Dropout
 
 
@@ -59,7 +59,7 @@ class _Attention(nn.Module):
 
     def forward_rows(self, hidden, rows, row_mask):
         """Queries (and the residual) at `rows` [B, R, H] only -> [B, R, H]."""
-        return self.output(rows_attention(self.self, hidden, rows, row_mask), rows)
+        return self.output(self.self.forward_rows(hidden, rows, row_mask), rows)
 
 
 class _Intermediate(nn.Module):

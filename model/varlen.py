@@ -15,9 +15,9 @@ so a pack is K + 1 segments: its sequences in slot order, then its padding tail.
   mask. At such lengths (fine-tuning's packs) a single call measured faster on CPU than
   gathering length buckets (BBC News, packs of 72: inference 1.04x, training 1.02x), the
   attention FLOPs saved being a few percent of a step.
-* Longer packs (pretraining's 512): sequences are grouped into a few length buckets; each bucket is one dense SDPA call over
-  [sequences, heads, L, d] with a key mask, L the bucket's length (a multiple of
-  `granularity`), so the cost is about sum_i roundup(l_i)^2.
+* Longer packs (pretraining's 512): sequences are grouped into a few length buckets;
+  each bucket is one dense SDPA call over [sequences, heads, L, d] with a key mask, L the
+  bucket's length (a multiple of `granularity`), so the cost is about sum_i roundup(l_i)^2.
 
 Padding tokens attend only to themselves in `dense`, so their context is their own value
 vector; both paths return exactly that, so every output equals `dense` (to float
@@ -88,9 +88,6 @@ def varlen_layout(
         cu = F.pad(torch.cumsum(segments, 0, dtype=torch.int32), (1, 0))
         return VarlenLayout(b, s, padding, cu_seqlens=cu, buckets=None, padding_index=None, order=None)
     if s <= BLOCK_DIAGONAL_MAX_LENGTH and not granularity:
-        same = ids[:, :, None] == ids[:, None, :]
-        eye = torch.eye(s, dtype=torch.bool, device=ids.device)
-        block = (same & (ids != 0)[:, :, None]) | eye
         return VarlenLayout(
             b,
             s,
@@ -99,7 +96,7 @@ def varlen_layout(
             buckets=None,
             padding_index=None,
             order=None,
-            block_mask=block[:, None],
+            block_mask=allowed_pairs(ids)[:, None],
         )
     return _bucket_layout(ids, padding, slots, granularity or _default_granularity(s))
 
@@ -147,7 +144,7 @@ def _bucket_layout(ids: torch.Tensor, padding: torch.Tensor, slots: int, granula
 def varlen_attention(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
     """q, k, v [B, heads, S, d] -> context [B, heads, S, d], attention within each sequence."""
     if layout.block_mask is not None:  # a short pack: one block-diagonal call
-        return sdpa_attention(q, k, v, layout.block_mask, dropout, dropout > 0)
+        return sdpa_attention(q, k, v, layout.block_mask, dropout)
     b, heads, s, d = q.shape
     q_t, k_t, v_t = (x.transpose(1, 2).reshape(b * s, heads, d) for x in (q, k, v))  # [T, heads, d]
     if layout.cu_seqlens is not None:
@@ -179,7 +176,7 @@ def _buckets(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
         flat = index.reshape(-1)
         # [n, L, heads, d] -> [n, heads, L, d]
         qb, kb, vb = (x.index_select(0, flat).view(n, width, heads, d).transpose(1, 2) for x in (q, k, v))
-        out = sdpa_attention(qb, kb, vb, mask, dropout, dropout > 0)
+        out = sdpa_attention(qb, kb, vb, mask, dropout)
         out = out.transpose(1, 2).reshape(n * width, heads, d)
         outputs.append(out.index_select(0, valid_flat))  # [tokens of the bucket, heads, d]
     outputs.append(v.index_select(0, layout.padding_index))  # replaced by `v` in varlen_attention anyway

@@ -266,8 +266,10 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
     predictions = np.load(work / "predictions.npy")
     layout = _plan_and_assign(job, lengths, predictions, work, summary1["skipped"])
     shard_records = _pass2(job, inputs, layout, work, workers, bar, int(np.count_nonzero(lengths)))
-    metadata = _metadata(job, layout, lengths, predictions, summary1, inputs, shard_records, fingerprint)
-    metadata["seconds"] = time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    metadata = _metadata(
+        job, layout, lengths, predictions, summary1, inputs, shard_records, fingerprint, seconds
+    )
     write_json_atomic(output / METADATA, metadata)
     shutil.rmtree(work, ignore_errors=True)
     return metadata
@@ -435,7 +437,15 @@ def _pass2(job: PackJob, inputs: Inputs, layout: Layout, work: Path, workers: in
 
 
 def _metadata(
-    job, layout: Layout, lengths, predictions, summary1, inputs: Inputs, shard_records, fingerprint
+    job,
+    layout: Layout,
+    lengths,
+    predictions,
+    summary1,
+    inputs: Inputs,
+    shard_records,
+    fingerprint,
+    seconds: float,
 ) -> dict:
     """metadata.json: format, shapes, counts derived from the data, every input and shard."""
     valid = lengths[lengths > 0]
@@ -464,7 +474,7 @@ def _metadata(
         "skipped_rows": int(summary1["skipped"]),
         "skipped_rows_report": SKIPPED if summary1["skipped"] else None,
         "plan_seconds": plan.seconds,
-        "seconds": None,  # set by run_pack
+        "seconds": seconds,
         "length_histogram": histogram.counts.tolist(),
         "inputs": summary1["inputs"],
         "shards": shard_records,

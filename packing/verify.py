@@ -174,11 +174,11 @@ def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool =
     found, shard_of, problems = _packed_fingerprints(dataset, packed, sources, workers, bar)
     located = _Locator(sources, starts, dataset, found, shard_of)
     presence = _presence(expected, found, int(starts[-1]))
-    changed = _content(expected, found, int(starts[-1]))
-    problems += located.presence_problems(presence) + located.content_problems(changed)
+    matched, mismatch = _content(expected, found, int(starts[-1]))
+    problems += located.presence_problems(presence) + located.content_problems(matched, mismatch)
     seconds = time.perf_counter() - started
     n = int(starts[-1])
-    changed_count = int(_any_changed(changed).sum())
+    changed_count = int(np.logical_or.reduce(list(mismatch.values())).sum())
     report = {
         "input_sequences": n,
         "invalid_input_rows": invalid_inputs,
@@ -251,31 +251,21 @@ def _presence(expected, found, n: int) -> dict:
     }
 
 
-def _content(expected, found, n: int) -> dict:
-    """Every packed copy against its input: {what: bool [matched copies]} and the packed
-    index of each matched copy (under "_index")."""
+def _content(expected, found, n: int) -> tuple[np.ndarray, dict]:
+    """Every packed copy against its input: (the packed index of each copy whose source is
+    a valid input [matched], {what: bool [matched] where that field differs})."""
     in_range = (found.source >= 0) & (found.source < n)
     lookup = np.full(n, -1, dtype=np.int64)
     lookup[expected.source] = np.arange(expected.source.size)
     j = np.where(in_range, lookup[np.clip(found.source, 0, max(n - 1, 0))], -1)
     ok = j >= 0
     jj = j[ok]
-    return {
-        "_index": np.flatnonzero(ok),
+    return np.flatnonzero(ok), {
         "length": found.lengths[ok] != expected.lengths[jj],
         "masked-LM count": found.predictions[ok] != expected.predictions[jj],
         "NSP label": found.nsp[ok] != expected.nsp[jj],
         "tokens/segments/masked-LM content": (found.hashes[ok] != expected.hashes[jj]).any(axis=1),
     }
-
-
-def _any_changed(changed: dict) -> np.ndarray:
-    """bool [matched copies]: any field differs."""
-    out = np.zeros(changed["_index"].size, dtype=bool)
-    for what, bad in changed.items():
-        if what != "_index":
-            out |= bad
-    return out
 
 
 class _Locator:
@@ -311,12 +301,10 @@ class _Locator:
             problems.append(f"{presence['unknown']} packed sequences carry a source_index outside 0..{n - 1}")
         return problems
 
-    def content_problems(self, changed: dict) -> list[str]:
-        problems, index = [], changed["_index"]
-        for what, bad in changed.items():
-            if what == "_index":
-                continue
-            for i in index[np.flatnonzero(bad)[:3]].tolist():
+    def content_problems(self, matched: np.ndarray, mismatch: dict) -> list[str]:
+        problems = []
+        for what, bad in mismatch.items():
+            for i in matched[np.flatnonzero(bad)[:3]].tolist():
                 problems.append(
                     f"changed {what}: {self.source(int(self.found.source[i]))} in {self.packed(i)}"
                 )
