@@ -121,11 +121,14 @@ class Batcher:
 
 def collate(data, table: np.ndarray, width: int, with_labels: bool = True) -> dict[str, torch.Tensor]:
     """Model inputs for one batch table: pack_rows' fields [rows, width] / [rows, K] and labels
-    [rows, K] (or [rows, K, C] multi-label; zeros in empty slots)."""
+    [rows, K] (or [rows, K, C] multi-label, [rows, K, 2] span positions; zeros in empty slots)."""
     rows = pack_rows(data.token_ids, table, width, data.segment_ids)
     batch = {name: torch.from_numpy(value) for name, value in rows.items()}
     if with_labels:
         labels = data.labels[np.maximum(table, 0)]
         labels[table < 0] = 0
-        batch["labels"] = torch.from_numpy(labels.astype(np.int64 if labels.ndim == 2 else np.float32))
+        # multi-hot labels (uint8) are BCE targets; class ids and span positions are int64
+        batch["labels"] = torch.from_numpy(
+            labels.astype(np.float32 if labels.dtype == np.uint8 else np.int64)
+        )
     return batch

@@ -14,6 +14,9 @@ from common.config_schema import ConfigError, Key, apply_overrides, markdown, re
 from finetune.batching import BATCHING_MODES
 from model.config import ATTENTION_BACKENDS
 
+TASKS = ("classification", "question_answering")
+SOURCES = ("jsonl", "bbc_news", "squad")
+
 SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
         "init_checkpoint": Key(str, None, "Hugging Face BERT folder to fine-tune (asset:model = MiniLM-L6)"),
@@ -23,8 +26,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "classifier_dropout": Key(float, 0.1, "dropout before the classifier", minimum=0, maximum=1),
     },
     "data": {
-        "source": Key(str, "jsonl", "input format", ("jsonl", "bbc_news")),
-        "train_file": Key(str, None, "jsonl file, or a glob of BBC files (asset:corpus)"),
+        "task": Key(str, "classification", "what is learned", TASKS),
+        "source": Key(str, "jsonl", "input format (squad: SQuAD JSON or its JSON lines)", SOURCES),
+        "train_file": Key(str, None, "jsonl / SQuAD file, or a glob of BBC files (asset:corpus)"),
         "validation_file": Key(
             str, None, "jsonl validation file; null = split train_file by split_seed", optional=True
         ),
@@ -56,6 +60,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
         "pad_last_batch": Key(bool, False, "pad the last batch with empty rows (static shapes)"),
         "shuffle_seed": Key(int, 12345, "seed of the per-epoch batch order and of the packing", minimum=0),
+    },
+    "qa": {
+        "doc_stride": Key(int, 128, "tokens shared by a question's overlapping context windows", minimum=0),
+        "n_best_size": Key(int, 20, "start and end candidates per window", minimum=1),
+        "max_answer_length": Key(int, 30, "longest answer in tokens", minimum=1),
+        "version_2_with_negative": Key(bool, False, "SQuAD v2.0: questions may have no answer"),
+        "null_score_diff_threshold": Key(
+            float, 0.0, "v2.0: answer '' when null score - best span score exceeds this"
+        ),
     },
     "optim": {
         "lr": Key(float, 5e-5, "peak learning rate (AdamW)", minimum=0),
@@ -95,6 +108,17 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
         )
     if data["multi_label"] and data["source"] == "bbc_news":
         raise ConfigError(f"{source}: data.multi_label: BBC News has one label per article")
+    qa_task = data["task"] == "question_answering"
+    if qa_task != (data["source"] == "squad"):
+        raise ConfigError(
+            f"{source}: data.source: {data['source']} does not go with data.task {data['task']} "
+            f"(question_answering reads source squad; classification reads jsonl or bbc_news)"
+        )
+    if qa_task and config["qa"]["doc_stride"] >= data["max_sequence_length"] - 4:
+        raise ConfigError(
+            f"{source}: qa.doc_stride {config['qa']['doc_stride']} must be below "
+            f"data.max_sequence_length - 4 = {data['max_sequence_length'] - 4}"
+        )
     if data["labels"] is not None and len(set(data["labels"])) != len(data["labels"]):
         raise ConfigError(f"{source}: data.labels: names must be distinct, got {data['labels']}")
     return config

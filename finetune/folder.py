@@ -1,10 +1,16 @@
 """The fine-tuned model folder: what `finetune.train` writes and `finetune.predict` reads.
 
 FOLDER/
-    config.json, model.safetensors   Hugging Face BertForSequenceClassification
+    config.json, model.safetensors   Hugging Face BertForSequenceClassification, or
+                                     BertForQuestionAnswering (task question_answering)
     vocab.txt                        the vocabulary the model was trained with
-    finetune.json                    labels, multi_label, max_sequence_length, pack_length,
-                                     too_long, input field names, the whole run config
+    tokenizer.json, tokenizer_config.json   question answering: the fast tokenizer, so that
+                                     transformers' AutoTokenizer loads the folder as is
+    finetune.json                    task; classification: labels, multi_label,
+                                     max_sequence_length, pack_length, too_long, input field
+                                     names; QA: max_sequence_length, pack_length and the qa
+                                     settings (doc_stride, n_best_size, max_answer_length,
+                                     v2.0); the whole run config
 """
 
 from __future__ import annotations
@@ -17,18 +23,39 @@ from common.files import write_json_atomic
 from data.classification_data import ExampleError
 from data.tokenizer import load_tokenizer
 from model.classification import PackedBertForSequenceClassification
+from model.question_answering import PackedBertForQuestionAnswering
 
 FINETUNE_INFO = "finetune.json"
+REQUIRED_INFO = {
+    "classification": ("labels", "multi_label", "max_sequence_length", "fields"),
+    "question_answering": ("max_sequence_length", "qa"),
+}
 
 
-def save_finetuned(model, config: dict, label_names: list[str], vocab_file: Path, folder: Path) -> None:
+def save_finetuned(
+    model, config: dict, label_names: list[str] | None, vocab_file: Path, folder: Path, tokenizer=None
+) -> None:
     """HF weights, then the vocabulary and what predict needs to read new text the same way."""
     model.save_pretrained(folder)
     shutil.copyfile(vocab_file, folder / "vocab.txt")
     data = config["data"]
+    if data["task"] == "question_answering":
+        tokenizer.save_pretrained(folder)
+        write_json_atomic(
+            folder / FINETUNE_INFO,
+            {
+                "task": data["task"],
+                "max_sequence_length": data["max_sequence_length"],
+                "pack_length": config["batching"]["pack_length"],
+                "qa": config["qa"],
+                "config": config,
+            },
+        )
+        return
     write_json_atomic(
         folder / FINETUNE_INFO,
         {
+            "task": data["task"],
             "labels": label_names,
             "multi_label": data["multi_label"],
             "max_sequence_length": data["max_sequence_length"],
@@ -47,16 +74,24 @@ def load_finetuned(folder: Path):
         raise ExampleError(f"{folder}: no {FINETUNE_INFO}; expected a folder written by finetune.train")
     try:
         info = json.loads(info_path.read_text(encoding="utf-8"))
-        missing = [
-            key for key in ("labels", "multi_label", "max_sequence_length", "fields") if key not in info
-        ]
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as err:
+        task = info.get("task", "classification")  # folders from before QA carry no task
+        needed = REQUIRED_INFO.get(task)
+        if needed is None:
+            raise ExampleError(f"{info_path}: task {task!r} is not one of {sorted(REQUIRED_INFO)}")
+        missing = [key for key in needed if key not in info]
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, AttributeError) as err:
         raise ExampleError(f"{info_path}: not a {FINETUNE_INFO} written by finetune.train ({err})") from None
     if missing:
         raise ExampleError(f"{info_path}: fields {missing} are missing")
+    info["task"] = task
     tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
+    model_class = (
+        PackedBertForQuestionAnswering
+        if task == "question_answering"
+        else PackedBertForSequenceClassification
+    )
     try:
-        model = PackedBertForSequenceClassification.from_pretrained(folder)
+        model = model_class.from_pretrained(folder)
     except (OSError, ValueError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ExampleError(f"{folder}: the model cannot be loaded ({first[:200]})") from None

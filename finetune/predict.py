@@ -11,6 +11,12 @@ counted): rows and packs widen to the longest input when it exceeds the training
 {"index": i, "label": name, "scores": [...]} (multi-label: "labels": [names]) for the i-th
 input line, in input order whatever the batching (packs hold examples out of order; the
 example indices put them back).
+
+Question answering (a folder written with data.task: question_answering): --input is
+SQuAD JSON or its JSON lines; every question is answered once, with the window length,
+doc_stride, n_best_size, max_answer_length and v2.0 settings the model was trained with
+(finetune.json). --output is SQuAD's predictions file {question id: answer text};
+--nbest-output adds the n-best file; gold answers, when present, are scored (EM / F1).
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ def main(argv=None) -> int:
         "--pack-length", type=int, default=None, help="tokens per pack (default: the model's)"
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--nbest-output", type=Path, default=None, help="question answering: also write the n-best file"
+    )
     args = parser.parse_args(argv)
     quiet_transformers()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -62,11 +71,14 @@ def main(argv=None) -> int:
             print(f"error: --{name.replace('_', '-')} must be >= 1, got {value}", file=sys.stderr)
             return 2
     summary_path = args.output.with_suffix(".summary.json")
-    if args.input.resolve() in (args.output.resolve(), summary_path.resolve()):
+    outputs = [args.output, summary_path] + ([args.nbest_output] if args.nbest_output else [])
+    if args.input.resolve() in [path.resolve() for path in outputs]:
         print(f"error: --output {args.output} would overwrite --input {args.input}", file=sys.stderr)
         return 2
     try:
         model, info, tokenizer, vocab = load_finetuned(args.model)
+        if info["task"] == "question_answering":
+            return predict_answers(args, model, info, vocab, summary_path)
         fields = info["fields"]
         examples = read_jsonl(args.input, fields["text"], fields["pair"], fields["label"], need_labels=False)
         has_labels = all(label is not None for label in examples.labels)
@@ -108,6 +120,42 @@ def main(argv=None) -> int:
     report = {"batching": args.batching, **timing, "truncated": data.truncated}
     if has_labels:
         report.update(score(logits, labels, info["multi_label"]))
+    write_json_atomic(summary_path, report)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+def predict_answers(args, model, info: dict, vocab: dict, summary_path: Path) -> int:
+    """Question answering: SQuAD questions -> windows -> batches -> answers, files."""
+    from data.qa_data import read_squad
+    from finetune.qa_task import QaSplit, answer_questions, answer_settings, score_answers, write_answer_files
+    from finetune.qa_windows import fast_tokenizer, make_windows
+
+    qa = info["qa"]
+    examples = read_squad(args.input)
+    width = info["max_sequence_length"]
+    windows = make_windows(examples, fast_tokenizer(vocab), width, qa["doc_stride"])
+    pack_length = args.pack_length or info.get("pack_length") or width
+    if pack_length < width:
+        raise ExampleError(
+            f"--pack-length {pack_length} is shorter than the model's windows ({width} tokens)"
+        )
+    spec = BatchingSpec(
+        args.batching,
+        args.batch_size,
+        width,
+        args.max_sequences_per_pack,
+        args.algorithm,
+        pack_length=pack_length,
+    )
+    settings = answer_settings(qa, keep_nbest=args.nbest_output is not None)
+    answers, timing = answer_questions(
+        model.to(args.device), QaSplit(examples, windows), Batcher(windows.lengths, spec, seed=0), settings
+    )
+    write_answer_files(args.output, answers, examples, args.nbest_output)
+    report = {"task": "question_answering", "batching": args.batching, **timing}
+    if examples.has_answers:
+        report.update(score_answers(answers, examples, qa["version_2_with_negative"]))
     write_json_atomic(summary_path, report)
     print(json.dumps(report, indent=1))
     return 0

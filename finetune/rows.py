@@ -74,3 +74,24 @@ def unpack_outputs(per_slot: np.ndarray, example_index: np.ndarray, n: int) -> n
     out = np.empty((n, *per_slot.shape[2:]), dtype=per_slot.dtype)
     out[example_index[present]] = per_slot[present]
     return out
+
+
+def unpack_token_outputs(
+    row_values: np.ndarray, cls_positions: np.ndarray, example_index: np.ndarray, lengths: np.ndarray
+) -> np.ndarray:
+    """Per-token outputs of packed rows back to one row per example, in input order.
+
+    row_values [R, S] (a start or end logit per row token); cls_positions, example_index
+    [R, K]; lengths [n] tokens per example -> float32 [n, max(lengths)], -inf past each
+    example's end. Raises unless every example 0..n-1 is present exactly once."""
+    n = len(lengths)
+    check_table(np.where(example_index >= 0, example_index, -1), n)
+    longest = int(lengths.max()) if n else 0
+    rows, slots = np.nonzero(example_index >= 0)
+    example = example_index[rows, slots]
+    steps = np.arange(longest)[None, :]
+    inside = steps < lengths[example][:, None]
+    columns = np.where(inside, cls_positions[rows, slots][:, None] + steps, 0)
+    out = np.full((n, longest), -np.inf, dtype=np.float32)
+    out[example] = np.where(inside, row_values[rows[:, None], columns], -np.inf)
+    return out

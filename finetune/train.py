@@ -1,18 +1,22 @@
-"""Fine-tune a BERT checkpoint for text classification with packed (or padded) batches.
+"""Fine-tune a BERT checkpoint for text classification or extractive question answering
+with packed (or padded) batches.
 
     python -m finetune.train --config configs/finetune_bbc.yaml --output-dir runs/bbc \
         [--set batching.mode=dynamic ...]
 
-Data flow: examples (jsonl or BBC News) -> labels checked -> WordPiece ids -> train /
-validation split -> batch tables (finetune.batching: padded | dynamic | uniform | packed)
--> collate -> PackedBertForSequenceClassification -> per-example loss -> AdamW step.
-After training, the validation set goes through inference in the same batching mode,
-timed, and its predictions are written in input order.
+Data flow (classification): examples (jsonl or BBC News) -> labels checked -> WordPiece
+ids -> train / validation split -> batch tables (finetune.batching: padded | dynamic |
+uniform | packed) -> collate -> PackedBertForSequenceClassification -> per-example loss
+-> AdamW step. Question answering (data.task: question_answering, finetune.qa_task):
+SQuAD questions -> overlapping context windows with span labels -> the same batch tables
+and step -> PackedBertForQuestionAnswering. After every epoch the validation set goes
+through inference in the same batching mode, timed; the last pass's predictions are
+written (classification in input order; QA as SQuAD's {question id: answer} file).
 
 OUTPUT/
   model/                      Hugging Face folder (+ vocab.txt, finetune.json) for predict
   metrics.jsonl               one line per epoch: train loss/accuracy, validation metrics
-  validation_predictions.jsonl
+  validation_predictions.jsonl   classification; QA: validation_predictions.json
   summary.json                mode, examples/s (training, inference), padding fractions, accuracy
 """
 
@@ -228,6 +232,87 @@ def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float) -> d
     return {k: float(out[k]) for k in ("loss_sum", "count", "correct", "correct_count")}
 
 
+@dataclass
+class Job:
+    """What the shared loop needs from a task (classification here, QA in finetune.qa_task):
+    the training and validation rows (anything with token_ids, segment_ids, labels and
+    lengths), the model, and how to evaluate, write and save."""
+
+    train: object
+    validation: object
+    model: torch.nn.Module
+    evaluate: object  # (model, eval batcher) -> (metrics dict, inference timing, outputs)
+    write_outputs: object  # (output folder, outputs) -> None
+    save: object  # (model, model folder) -> None
+    description: str  # "5 classes" / "1,203 questions"
+
+
+def classification_job(config: dict) -> Job:
+    task = prepare_task(config)
+    model = build_classifier(config, task)
+    multi_label = config["data"]["multi_label"]
+
+    def evaluate(model, batcher):
+        logits, inference = predict_logits(model, task.validation, batcher)
+        return score(logits, task.validation.labels, multi_label), inference, logits
+
+    return Job(
+        task.train,
+        task.validation,
+        model,
+        evaluate,
+        lambda output, logits: write_predictions(
+            output / "validation_predictions.jsonl", logits, task.label_names, multi_label
+        ),
+        lambda model, folder: save_finetuned(model, config, task.label_names, task.vocab_file, folder),
+        f"{len(task.label_names)} classes",
+    )
+
+
+def qa_job(config: dict) -> Job:
+    from finetune.qa_task import (
+        answer_questions,
+        answer_settings,
+        build_qa_model,
+        prepare_qa,
+        score_answers,
+        write_answer_files,
+    )
+
+    checkpoint = resolve_asset(config["model"]["init_checkpoint"])
+    vocab_file = Path(resolve_asset(config["data"]["vocab_file"]) or Path(checkpoint) / "vocab.txt")
+    if not vocab_file.is_file():
+        raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
+    check_vocabulary(Path(checkpoint), vocab_file)
+    _, vocab = load_tokenizer(vocab_file)
+    train, validation, tokenizer = prepare_qa(config, vocab, resolve_asset)
+    model = build_qa_model(config, checkpoint)
+    longest = int(max(train.windows.lengths.max(), validation.windows.lengths.max()))
+    if longest > model.config.max_position_embeddings:
+        raise FinetuneError(
+            f"data.max_sequence_length: windows of {longest} tokens exceed the checkpoint's "
+            f"{model.config.max_position_embeddings} positions"
+        )
+    qa = config["qa"]
+    settings = answer_settings(qa)
+
+    def evaluate(model, batcher):
+        answers, inference = answer_questions(model, validation, batcher, settings)
+        return score_answers(answers, validation.examples, qa["version_2_with_negative"]), inference, answers
+
+    return Job(
+        train.windows,
+        validation.windows,
+        model,
+        evaluate,
+        lambda output, answers: write_answer_files(
+            output / "validation_predictions.json", answers, validation.examples
+        ),
+        lambda model, folder: save_finetuned(model, config, None, vocab_file, folder, tokenizer),
+        f"{len(train.examples)} / {len(validation.examples)} questions",
+    )
+
+
 def run_finetune(config: dict, output: Path) -> dict:
     """Train, evaluate each epoch, time inference, save. Returns the summary."""
     if (output / "summary.json").exists() or (output / "model").exists():
@@ -238,27 +323,25 @@ def run_finetune(config: dict, output: Path) -> dict:
         torch.set_num_threads(training["threads"])
     if training["device"] == "cuda" and not torch.cuda.is_available():
         raise FinetuneError("training.device: cuda is not available on this machine (torch sees no GPU)")
-    task = prepare_task(config)
-    model = build_classifier(config, task).to(training["device"])
-    multi_label = config["data"]["multi_label"]
+    job = qa_job(config) if config["data"]["task"] == "question_answering" else classification_job(config)
+    model = job.model.to(training["device"])
     seed = config["batching"]["shuffle_seed"]
-    batcher = Batcher(task.train.lengths, batching_spec(config, config["batching"]["batch_size"]), seed)
+    batcher = Batcher(job.train.lengths, batching_spec(config, config["batching"]["batch_size"]), seed)
     steps_per_epoch = batcher.batches_per_epoch
     optimizer, scheduler = build_adamw(model, config["optim"], training["epochs"] * steps_per_epoch)
     eval_batcher = Batcher(
-        task.validation.lengths, batching_spec(config, config["batching"]["eval_batch_size"]), seed
+        job.validation.lengths, batching_spec(config, config["batching"]["eval_batch_size"]), seed
     )
     log.info(
-        "%s batching: %d train / %d validation examples, %d classes, %d steps per epoch, "
-        "%.2f examples per row",
+        "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row",
         batcher.spec.mode,
-        len(task.train),
-        len(task.validation),
-        len(task.label_names),
+        len(job.train),
+        len(job.validation),
+        job.description,
         steps_per_epoch,
         batcher.packing_factor,
     )
-    torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the classifier init
+    torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
     train_seconds, train_examples, padding, steps, stopped = 0.0, 0, [], 0, False
     with (output / "metrics.jsonl").open("w") as metrics_file:
         for epoch in range(training["epochs"]):
@@ -268,7 +351,7 @@ def run_finetune(config: dict, output: Path) -> dict:
             bar = tqdm(batches, desc=f"epoch {epoch}", disable=not training["progress"], leave=False)
             for table in bar:
                 start = time.perf_counter()
-                batch = collate(task.train, table, batcher.width(table))
+                batch = collate(job.train, table, batcher.width(table))
                 try:
                     step = finetune_step(model, batch, optimizer, scheduler, config["optim"]["max_grad_norm"])
                 except FinetuneError as err:
@@ -283,8 +366,7 @@ def run_finetune(config: dict, output: Path) -> dict:
                     break
             # Timed inference in the same batching mode; the last epoch's pass (the model does
             # not change after it) is the run's inference figure and its predictions.
-            logits, inference = predict_logits(model, task.validation, eval_batcher)
-            validation = score(logits, task.validation.labels, multi_label)
+            validation, inference, outputs = job.evaluate(model, eval_batcher)
             record = {
                 "epoch": epoch,
                 "step": steps,
@@ -301,9 +383,10 @@ def run_finetune(config: dict, output: Path) -> dict:
                 log.info("stopped after training.max_seconds=%s", training["max_seconds"])
                 break
 
-    write_predictions(output / "validation_predictions.jsonl", logits, task.label_names, multi_label)
-    save_finetuned(model, config, task.label_names, task.vocab_file, output / "model")
+    job.write_outputs(output, outputs)
+    job.save(model, output / "model")
     summary = {
+        "task": config["data"]["task"],
         "batching": batcher.spec.mode,
         "train_examples": train_examples,
         "train_steps": steps,
@@ -314,7 +397,7 @@ def run_finetune(config: dict, output: Path) -> dict:
         "inference_examples_per_second": inference["examples_per_second"],
         "inference_padding_fraction": inference["padding_fraction"],
         "inference_seconds": inference["seconds"],
-        "truncated": task.train.truncated + task.validation.truncated,
+        "truncated": job.train.truncated + job.validation.truncated,
         **{f"validation_{k}": v for k, v in validation.items()},
     }
     write_json_atomic(output / "summary.json", summary)

@@ -152,14 +152,16 @@ class PositionGather(nn.Module):
 
 
 class PackedBertModel(nn.Module):
-    """Embeddings + encoder (+ pooler used by the heads). Exposes the pieces for stages."""
+    """Embeddings + encoder (+ pooler used by the heads). Exposes the pieces for stages.
+    add_pooling_layer=False: no pooler (question answering reads every token, and
+    Hugging Face's BertForQuestionAnswering checkpoints have no pooler weights)."""
 
-    def __init__(self, config):
+    def __init__(self, config, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
         self.encoder = Encoder(config)
-        self.pooler = Pooler(config)
+        self.pooler = Pooler(config) if add_pooling_layer else None
 
     def attention_mask(self, sequence_ids, dtype, slots: int | None = None):
         return build_mask(self.config.attention_backend, sequence_ids, dtype, slots)

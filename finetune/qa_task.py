@@ -1,0 +1,194 @@
+"""Extractive question answering as a fine-tuning task: SQuAD questions -> windows ->
+batches in any mode -> packed QA model -> per-token logits -> answers -> SQuAD metrics.
+
+    questions (data.qa_data.read_squad)
+      -> windows, labels and offsets (finetune.qa_windows.make_windows)
+      -> batch tables of windows (finetune.batching.Batcher: padded | dynamic | uniform | packed)
+      -> rows (finetune.batching.collate) -> PackedBertForQuestionAnswering
+      -> start/end logits per window (predict_spans) -> answers (finetune.qa_answers)
+      -> {question id: answer} and EM / F1 (finetune.squad_metrics)
+
+`finetune.train` runs the loop; this module holds what is particular to QA. A window is
+the unit the model sees (what "examples/s" counts in training and inference), a question
+the unit that is answered and scored.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.files import atomic_path
+from data.qa_data import QaExamples, read_squad
+from finetune.batching import Batcher, collate
+from finetune.qa_answers import Answers, AnswerSettings, best_answers
+from finetune.qa_windows import QaWindows, fast_tokenizer, make_windows
+from finetune.rows import unpack_token_outputs
+from finetune.squad_metrics import squad_scores
+from model.question_answering import PackedBertForQuestionAnswering
+
+log = logging.getLogger("finetune")
+
+
+@dataclass
+class QaSplit:
+    """The questions of one split and their windows."""
+
+    examples: QaExamples
+    windows: QaWindows
+
+
+def answer_settings(qa: dict, keep_nbest: bool = False) -> AnswerSettings:
+    return AnswerSettings(
+        qa["n_best_size"],
+        qa["max_answer_length"],
+        qa["version_2_with_negative"],
+        qa["null_score_diff_threshold"],
+        keep_nbest,
+    )
+
+
+def check_answers_present(examples: QaExamples, version_2: bool, name: str) -> None:
+    """Training and validation need gold answers; v1.1 needs at least one per question."""
+    for answers, where in zip(examples.answers, examples.where):
+        if answers is None:
+            raise ValueError(f"{where}: field 'answers' is missing ({name} questions need gold answers)")
+        if not answers[0] and not version_2:
+            raise ValueError(
+                f"{where}: field 'answers' is empty: an unanswerable question needs "
+                f"qa.version_2_with_negative: true (SQuAD v2.0)"
+            )
+
+
+def prepare_qa(config: dict, vocab: dict, resolve) -> tuple[QaSplit, QaSplit, object]:
+    """Read, check and window the train and validation questions -> (train, validation, tokenizer)."""
+    from data.classification_data import ExampleError, split_by_seed
+
+    data, qa = config["data"], config["qa"]
+    tokenizer = fast_tokenizer(vocab)
+    train = read_squad(resolve(data["train_file"]))
+    if data["validation_file"] is None:
+        train_rows, val_rows = split_by_seed(len(train), data["validation_fraction"], data["split_seed"])
+        train, validation = train.subset(train_rows), train.subset(val_rows)
+    else:
+        validation = read_squad(resolve(data["validation_file"]))
+    splits = []
+    for name, examples in (("train", train), ("validation", validation)):
+        try:
+            check_answers_present(examples, qa["version_2_with_negative"], name)
+        except ValueError as err:
+            raise ExampleError(str(err)) from None
+        windows = make_windows(examples, tokenizer, data["max_sequence_length"], qa["doc_stride"])
+        log.info(
+            "%s: %d questions -> %d windows of %d..%d tokens (%d questions span several windows)",
+            name,
+            len(examples),
+            len(windows),
+            windows.lengths.min(),
+            windows.lengths.max(),
+            int((np.bincount(windows.example_of_window) > 1).sum()),
+        )
+        splits.append(QaSplit(examples, windows))
+    return splits[0], splits[1], tokenizer
+
+
+def build_qa_model(config: dict, checkpoint: str) -> PackedBertForQuestionAnswering:
+    model_cfg = config["model"]
+    torch.manual_seed(config["training"]["seed"])  # qa_outputs' init
+    return PackedBertForQuestionAnswering.from_pretrained(
+        checkpoint,
+        attention_backend=model_cfg["attention_backend"],
+        hidden_dropout_prob=model_cfg["hidden_dropout"],
+        attention_probs_dropout_prob=model_cfg["attention_dropout"],
+    )
+
+
+@torch.inference_mode()
+def predict_spans(model, windows: QaWindows, batcher: Batcher) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Start and end logits float32 [W, longest window] in window order (-inf past each
+    window's end), and the pass's timing and padding figures."""
+    model.eval()
+    device = next(model.parameters()).device
+    batches = batcher.epoch(0, shuffle=False)
+    start_time = time.perf_counter()
+    outputs = []
+    for table in batches:
+        batch = collate(windows, table, batcher.width(table), with_labels=False)
+        out = model(**{name: value.to(device, non_blocking=True) for name, value in batch.items()})
+        # .cpu() waits for the device: the timing covers the model's work.
+        outputs.append((out["start_logits"].cpu().numpy(), out["end_logits"].cpu().numpy(), batch))
+    seconds = time.perf_counter() - start_time
+    width = max(o[0].shape[1] for o in outputs)
+
+    def widen(rows):  # dynamic widths differ per batch: one width for all rows
+        return np.pad(rows, ((0, 0), (0, width - rows.shape[1])), constant_values=-np.inf)
+
+    cls = np.concatenate([o[2]["cls_positions"].numpy() for o in outputs])
+    index = np.concatenate([o[2]["example_index"].numpy() for o in outputs])
+    lengths = windows.lengths
+    start = unpack_token_outputs(np.concatenate([widen(o[0]) for o in outputs]), cls, index, lengths)
+    end = unpack_token_outputs(np.concatenate([widen(o[1]) for o in outputs]), cls, index, lengths)
+    return (
+        start,
+        end,
+        {
+            "examples": len(windows),
+            "seconds": seconds,
+            "examples_per_second": len(windows) / seconds,
+            "batches": len(batches),
+            "padding_fraction": batcher.padding_fraction(batches),
+        },
+    )
+
+
+def offsets_table(windows: QaWindows, width: int) -> np.ndarray:
+    """Per-window offsets stacked into int32 [W, width, 2], -1 past each window's end."""
+    out = np.full((len(windows), width, 2), -1, dtype=np.int32)
+    for w, spans in enumerate(windows.offsets):
+        out[w, : len(spans)] = spans
+    return out
+
+
+def answer_questions(
+    model, split: QaSplit, batcher: Batcher, settings: AnswerSettings
+) -> tuple[Answers, dict]:
+    """Inference over a split's windows, then one answer per question; timing figures."""
+    start, end, timing = predict_spans(model, split.windows, batcher)
+    began = time.perf_counter()
+    answers = best_answers(
+        start,
+        end,
+        offsets_table(split.windows, start.shape[1]),
+        split.windows.example_of_window,
+        split.examples.contexts,
+        settings,
+    )
+    timing["postprocess_seconds"] = time.perf_counter() - began
+    timing["questions"] = len(split.examples)
+    return answers, timing
+
+
+def score_answers(answers: Answers, examples: QaExamples, version_2: bool) -> dict:
+    predictions = dict(zip(examples.ids, answers.text))
+    gold = {qid: list(a[0]) for qid, a in zip(examples.ids, examples.answers)}
+    return squad_scores(predictions, gold, version_2)
+
+
+def write_answer_files(path: Path, answers: Answers, examples: QaExamples, nbest_path: Path | None = None):
+    """The official predictions file {question id: answer text} (atomic), and optionally
+    the n-best file {question id: [{text, probability, start_logit, end_logit}]}."""
+    for target, content in (
+        (path, dict(zip(examples.ids, answers.text))),
+        (nbest_path, dict(zip(examples.ids, answers.nbest or []))),
+    ):
+        if target is None:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(target) as tmp:
+            tmp.write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -1,0 +1,127 @@
+"""Packed extractive question answering: start/end logits for every token of a pack, each
+window's answer distribution taken over its own tokens only.
+
+from model.question_answering import PackedBertForQuestionAnswering
+m = PackedBertForQuestionAnswering.from_pretrained(folder)
+out = m(**rows)              # finetune.rows.pack_rows fields, as tensors, + labels [B, K, 2]
+out["start_logits"], out["end_logits"]    # [B, S], one per token of the row
+out["loss_sum"], out["count"], out["correct"], out["correct_count"]
+
+Parameter names are Hugging Face's BertForQuestionAnswering (`bert.*` without a pooler,
+`qa_outputs.*`): checkpoints move both ways by name. A window's start/end labels are token
+positions inside the window (0 = its [CLS], the reference's "no answer here"); the model
+moves them to the window's place in the row through cls_positions.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import BertConfig
+
+from model.config import check_packing_options
+from model.encoder import PackedBertModel
+from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
+
+
+class PackedBertForQuestionAnswering(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        config.attention_backend = getattr(config, "attention_backend", "dense")
+        config.recompute_layers = getattr(config, "recompute_layers", False)
+        config.num_labels = 2
+        check_packing_options(config)
+        self.config = config
+        self.bert = PackedBertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.loading_report: dict = {}
+
+    def forward(
+        self,
+        input_ids,
+        segment_ids,
+        position_ids,
+        sequence_ids,
+        cls_positions,
+        example_index,
+        labels=None,
+        **unused,
+    ) -> dict:
+        """Rows [B, S] and slots [B, K] -> start_logits, end_logits [B, S] (fp32), and with
+        labels int [B, K, 2] (start, end inside each window) the loss and metric sums."""
+        slots = cls_positions.shape[1]
+        hidden = self.bert(input_ids, position_ids, segment_ids, sequence_ids, slots)
+        start_logits, end_logits = self.qa_outputs(hidden).float().unbind(-1)
+        out = {"start_logits": start_logits, "end_logits": end_logits, "present": example_index >= 0}
+        if labels is not None:
+            out.update(
+                span_metrics(start_logits, end_logits, sequence_ids, cls_positions, labels, out["present"])
+            )
+        return out
+
+    # ----- Hugging Face checkpoints -----------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, folder, **overrides) -> PackedBertForQuestionAnswering:
+        """Read an HF BERT folder: a fine-tuned BertForQuestionAnswering, or any BERT
+        encoder (BertModel, BertForPreTraining) whose qa_outputs is then initialised (named
+        in `loading_report` and the log); a pooler in the checkpoint is not used."""
+        folder = Path(folder)
+        config = read_config(folder, overrides)
+        config.num_labels = 2
+        reference, info = hf_model_class("BertForQuestionAnswering").from_pretrained(
+            folder, config=config, output_loading_info=True
+        )
+        model = cls(config)
+        adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
+        return model
+
+    def save_pretrained(self, folder) -> None:
+        """A folder transformers.BertForQuestionAnswering loads as is (safetensors). Atomic."""
+        reference = reference_model(hf_model_class("BertForQuestionAnswering"), self.config)
+        missing, unexpected = reference.load_state_dict(self.state_dict(), strict=False)
+        if unexpected or [k for k in missing if not k.endswith("position_ids")]:
+            raise RuntimeError(f"save_pretrained: names differ: missing {missing}, unexpected {unexpected}")
+        save_folder(reference, folder)
+
+
+def window_log_probs(logits, sequence_ids, slots: int):
+    """Row logits [B, S] -> log-softmax of each slot's window over its own tokens, [B, K, S].
+
+    Tokens of other windows and padding get the most negative finite float, not -inf: an
+    absent slot (no tokens) then gives a finite uniform row instead of NaN, and for a
+    present window exp(min - max) is exactly 0, so its distribution is the one computed
+    on the window alone."""
+    own = sequence_ids[:, None, :] == torch.arange(1, slots + 1, device=logits.device)[None, :, None]
+    floor = torch.finfo(logits.dtype).min
+    return torch.where(own, logits[:, None, :], floor).log_softmax(-1)
+
+
+def span_metrics(start_logits, end_logits, sequence_ids, cls_positions, labels, present) -> dict:
+    """Loss = mean over present windows of (CE(start) + CE(end)) / 2, each CE over the
+    window's own tokens: what BertForQuestionAnswering computes on each window alone.
+    correct counts windows whose arg-max start and end both hit their labels.
+
+    start_logits, end_logits [B, S] fp32; cls_positions [B, K]; labels int [B, K, 2]
+    (positions inside the window; anything in absent slots); present bool [B, K]."""
+    slots = cls_positions.shape[1]
+    targets = torch.where(present[..., None], labels.long() + cls_positions[..., None].long(), 0)
+    per_window, hits = [], []
+    for column, logits in enumerate((start_logits, end_logits)):
+        log_probs = window_log_probs(logits, sequence_ids, slots)  # [B, K, S]
+        target = targets[..., column]
+        per_window.append(-log_probs.gather(-1, target[..., None]).squeeze(-1))
+        hits.append(log_probs.argmax(-1) == target)
+    loss = (per_window[0] + per_window[1]) / 2
+    zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
+    loss_sum = torch.where(present, loss, zero).sum()
+    count = present.sum()
+    return {
+        "loss": loss_sum / count.clamp(min=1),
+        "loss_sum": loss_sum.detach(),
+        "count": count,
+        "correct": (present & hits[0] & hits[1]).sum(),
+        "correct_count": count,
+    }
