@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packing/histograms/wikipedia_512.json
 
-.PHONY: test-sdk-stack install install-tf test demo demo-data convergence bench lint clean finetune-demo
+.PHONY: test-sdk-stack install install-tf test demo demo-data convergence bench lint clean finetune-demo qa-demo
 
 install: $(STAMP)
 
@@ -103,6 +103,26 @@ finetune-demo: install
 	done
 	$(PY) -m finetune.report $(addprefix runs/finetune_,$(FINETUNE_MODES))
 
+# Question-answering demo: cloze questions built from BBC News in SQuAD's layouts
+# (data/qa_cloze.py; windows with SQuAD's length histogram), MiniLM fine-tuned packed and
+# padded for the same QA_EPOCHS on CPU, then EM / F1 and windows/s side by side. The same
+# commands take real SQuAD files: --set data.train_file=... --set data.validation_file=...
+QA_DEMO ?= demo_qa
+QA_EPOCHS ?= 1
+QA_MODES ?= packed padded
+qa-demo: install
+	rm -rf $(QA_DEMO)
+	$(PY) -m data.qa_cloze --input "$$($(PY) -m data.assets corpus)" --output-dir $(QA_DEMO)
+	mkdir -p runs
+	for mode in $(QA_MODES); do \
+		rm -rf runs/qa_$$mode; \
+		$(PY) -m finetune.train --config configs/finetune_qa_bbc.yaml --output-dir runs/qa_$$mode \
+			--set data.train_file=$(QA_DEMO)/train.jsonl --set data.validation_file=$(QA_DEMO)/dev.json \
+			--set batching.mode=$$mode --set training.epochs=$(QA_EPOCHS) --set training.progress=false \
+			> runs/qa_$$mode.log || exit 1; \
+	done
+	$(PY) -m finetune.report $(addprefix runs/qa_,$(QA_MODES))
+
 bench: install
 	$(PY) bench/bench_packing.py
 	$(PY) bench/bench_pipeline.py --sizes 1000000 4000000 --workers 2
@@ -114,6 +134,7 @@ bench: install
 	$(PY) bench/bench_stages.py
 	$(PY) bench/bench_finetune.py
 	$(PY) bench/bench_vs_transformers.py
+	$(PY) bench/bench_qa.py
 
 lint: install
 	$(PY) -m ruff check .

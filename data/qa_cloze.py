@@ -148,10 +148,40 @@ def baseline_answer(question: str, context: str) -> str:
     """The trivial baseline: the context's most frequent candidate absent from the question
     (ties: the earliest)."""
     counts = Counter(m.group(0).rstrip(".,") for m in CANDIDATE.finditer(context))
-    options = [(value, start) for value, start in candidates(context, skip_first=False) if value not in question]
+    options = [
+        (value, start) for value, start in candidates(context, skip_first=False) if value not in question
+    ]
     if not options:
         return ""
     return max(options, key=lambda item: (counts[item[0]], -item[1]))[0]
+
+
+def packing_factors(questions: list[dict], vocab_file: Path) -> dict:
+    """Sequences per pack (lp, K = 3, 384 tokens) of these questions' windows (the
+    reference's windowing, doc_stride 128) and of SQuAD v1.1's published histogram."""
+    from data.qa_data import QaExamples
+    from data.qa_windows import fast_tokenizer, make_windows
+    from data.tokenizer import load_tokenizer
+    from packing.algorithms import pack
+    from packing.histogram import Histogram
+
+    examples = QaExamples(
+        [q["id"] for q in questions],
+        [q["question"] for q in questions],
+        [q["context"] for q in questions],
+        [None] * len(questions),
+        [q["id"] for q in questions],
+    )
+    _, vocab = load_tokenizer(vocab_file)
+    lengths = make_windows(examples, fast_tokenizer(vocab), 384, 128).lengths
+    ours = Histogram.from_lengths(lengths, 384)
+    squad = Histogram.from_json_file(HISTOGRAM)
+    return {
+        "this_set": round(pack(ours, "lp", 3).packing_factor, 3),
+        "squad_1_1": round(pack(squad, "lp", 3).packing_factor, 3),
+        "this_set_mean_window_tokens": round(float(lengths.mean()), 1),
+        "squad_1_1_mean_window_tokens": round(squad.real_tokens / squad.sequences, 1),
+    }
 
 
 def official_layout(questions: list[dict]) -> dict:
@@ -162,20 +192,27 @@ def official_layout(questions: list[dict]) -> dict:
         paragraphs = article["paragraphs"]
         if not paragraphs or paragraphs[-1]["context"] != q["context"]:
             paragraphs.append({"context": q["context"], "qas": []})
-        answers = [{"text": t, "answer_start": s} for t, s in zip(q["answers"]["text"], q["answers"]["answer_start"])]
+        answers = [
+            {"text": t, "answer_start": s} for t, s in zip(q["answers"]["text"], q["answers"]["answer_start"])
+        ]
         paragraphs[-1]["qas"].append({"id": q["id"], "question": q["question"], "answers": answers})
     return {"version": "1.1", "data": list(articles.values())}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        formatter_class=DefaultsHelpFormatter, prog="python -m data.qa_cloze", description=__doc__.split("\n\n")[0]
+        formatter_class=DefaultsHelpFormatter,
+        prog="python -m data.qa_cloze",
+        description=__doc__.split("\n\n")[0],
     )
     parser.add_argument("--input", required=True, help="glob of BBC News <class>/<nnn>.txt files")
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=2015)
     parser.add_argument("--questions-per-article", type=int, default=4)
     parser.add_argument("--dev-fraction", type=float, default=0.15)
+    parser.add_argument(
+        "--vocab", type=Path, default=None, help="vocab.txt for the window statistics (default: MiniLM's)"
+    )
     args = parser.parse_args(argv)
     files = sorted(Path(p) for p in glob.glob(args.input))
     if not files:
@@ -184,13 +221,17 @@ def main(argv=None) -> int:
     if not 0 < args.dev_fraction < 1 or args.questions_per_article < 1:
         print("error: --dev-fraction must be in (0, 1) and --questions-per-article >= 1", file=sys.stderr)
         return 2
+    if args.vocab is None:
+        from data import assets
+
+        args.vocab = assets.vocab_file()
     train, dev, notes = build(files, args.seed, args.questions_per_article, args.dev_fraction)
     args.output_dir.mkdir(parents=True, exist_ok=True)
     with atomic_path(args.output_dir / "train.jsonl") as tmp:
         tmp.write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in train), encoding="utf-8")
     with atomic_path(args.output_dir / "dev.json") as tmp:
         tmp.write_text(json.dumps(official_layout(dev), ensure_ascii=False), encoding="utf-8")
-    from finetune.squad_metrics import squad_scores
+    from data.squad_metrics import squad_scores
 
     baseline = squad_scores(
         {q["id"]: baseline_answer(q["question"], q["context"]) for q in dev},
@@ -202,6 +243,7 @@ def main(argv=None) -> int:
         "dev_questions": len(dev),
         "notes": notes,
         "dev_baseline_most_frequent_candidate": baseline,
+        "packing_factor_lp_k3_384": packing_factors(train + dev, args.vocab),
     }
     print(json.dumps(stats, indent=1))
     return 0

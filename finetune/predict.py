@@ -128,8 +128,8 @@ def main(argv=None) -> int:
 def predict_answers(args, model, info: dict, vocab: dict, summary_path: Path) -> int:
     """Question answering: SQuAD questions -> windows -> batches -> answers, files."""
     from data.qa_data import read_squad
+    from data.qa_windows import fast_tokenizer, make_windows
     from finetune.qa_task import QaSplit, answer_questions, answer_settings, score_answers, write_answer_files
-    from finetune.qa_windows import fast_tokenizer, make_windows
 
     qa = info["qa"]
     examples = read_squad(args.input)

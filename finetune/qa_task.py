@@ -2,11 +2,11 @@
 batches in any mode -> packed QA model -> per-token logits -> answers -> SQuAD metrics.
 
     questions (data.qa_data.read_squad)
-      -> windows, labels and offsets (finetune.qa_windows.make_windows)
+      -> windows, labels and offsets (data.qa_windows.make_windows)
       -> batch tables of windows (finetune.batching.Batcher: padded | dynamic | uniform | packed)
       -> rows (finetune.batching.collate) -> PackedBertForQuestionAnswering
       -> start/end logits per window (predict_spans) -> answers (finetune.qa_answers)
-      -> {question id: answer} and EM / F1 (finetune.squad_metrics)
+      -> {question id: answer} and EM / F1 (data.squad_metrics)
 
 `finetune.train` runs the loop; this module holds what is particular to QA. A window is
 the unit the model sees (what "examples/s" counts in training and inference), a question
@@ -26,11 +26,11 @@ import torch
 
 from common.files import atomic_path
 from data.qa_data import QaExamples, read_squad
+from data.qa_windows import QaWindows, fast_tokenizer, make_windows
+from data.squad_metrics import squad_scores
 from finetune.batching import Batcher, collate
 from finetune.qa_answers import Answers, AnswerSettings, best_answers
-from finetune.qa_windows import QaWindows, fast_tokenizer, make_windows
 from finetune.rows import unpack_token_outputs
-from finetune.squad_metrics import squad_scores
 from model.question_answering import PackedBertForQuestionAnswering
 
 log = logging.getLogger("finetune")

@@ -1,0 +1,188 @@
+"""Question answering end to end: `finetune.train` and `finetune.predict` on a tiny BERT
+with the real vocabulary, cloze questions from real BBC text; the saved folder in
+transformers; every batching mode answering identically; bad input refused."""
+
+import glob
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, BertModel
+
+from data import assets
+from data.qa_cloze import build, official_layout
+from data.qa_windows import fast_tokenizer
+from finetune import predict
+from finetune import train as finetune
+from finetune.batching import BATCHING_MODES
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny random BERT encoder over the real bert-base-uncased vocabulary."""
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    vocab = assets.vocab_file().read_text(encoding="utf-8")
+    (folder / "vocab.txt").write_text(vocab, encoding="utf-8")
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=len(vocab.splitlines()),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
+    BertModel(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def squad_files(tmp_path_factory):
+    """Cloze questions over 120 BBC articles: train as JSON lines, dev as official JSON."""
+    folder = tmp_path_factory.mktemp("qa_data")
+    files = [Path(f) for f in sorted(glob.glob(assets.corpus_glob()))[::18]]
+    train, dev, _ = build(files, seed=3, per_article=2, dev_fraction=0.3)
+    (folder / "train.jsonl").write_text("".join(json.dumps(q) + "\n" for q in train))
+    (folder / "dev.json").write_text(json.dumps(official_layout(dev)))
+    return folder, train, dev
+
+
+def write_config(tmp_path, checkpoint, squad_files, **sections):
+    folder = squad_files[0]
+    config = {
+        "model": {"init_checkpoint": str(checkpoint), "attention_backend": "sdpa"},
+        "data": {
+            "task": "question_answering",
+            "source": "squad",
+            "train_file": str(folder / "train.jsonl"),
+            "validation_file": str(folder / "dev.json"),
+            "max_sequence_length": 96,
+        },
+        "qa": {"doc_stride": 32},
+        "batching": {"mode": "packed", "batch_size": 16, "max_sequences_per_pack": 3, "pack_length": 192},
+        "optim": {"lr": 1e-3},
+        "training": {"epochs": 1, "progress": False, "threads": 2},
+    }
+    for section, values in sections.items():
+        config[section].update(values)
+    path = tmp_path / "qa.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, checkpoint, squad_files):
+    tmp = tmp_path_factory.mktemp("qa_run")
+    config = write_config(tmp, checkpoint, squad_files)
+    assert finetune.main(["--config", str(config), "--output-dir", str(tmp / "out")]) == 0
+    return tmp / "out"
+
+
+def test_training_writes_summary_predictions_and_a_transformers_folder(trained, squad_files):
+    _, _, dev = squad_files
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["task"] == "question_answering" and summary["batching"] == "packed"
+    assert summary["examples_per_row"] > 1.5  # windows really packed
+    assert 0 <= summary["validation_f1"] <= 100 and summary["validation_total"] == len(dev)
+    predictions = json.loads((trained / "validation_predictions.json").read_text())
+    assert set(predictions) == {q["id"] for q in dev}
+    info = json.loads((trained / "model" / "finetune.json").read_text())
+    assert info["task"] == "question_answering" and info["qa"]["doc_stride"] == 32
+
+
+def test_saved_folder_loads_unchanged_in_transformers(trained):
+    """BertForQuestionAnswering and AutoTokenizer read the folder as is, and give the
+    logits and ids that our model and windows use."""
+    folder = trained / "model"
+    reference = BertForQuestionAnswering.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    ours = fast_tokenizer(tokenizer.get_vocab())
+    question, context = "Who won @placeholder?", "The Denver Broncos won Super Bowl 50 in Santa Clara."
+    assert tokenizer(question, context)["input_ids"] == ours(question, context)["input_ids"]
+    from model.question_answering import PackedBertForQuestionAnswering
+
+    packed = PackedBertForQuestionAnswering.from_pretrained(folder).eval()
+    ids = torch.tensor([tokenizer(question, context)["input_ids"]])
+    types = torch.tensor([tokenizer(question, context)["token_type_ids"]])
+    n = ids.shape[1]
+    with torch.no_grad():
+        theirs = reference(input_ids=ids, token_type_ids=types)
+        mine = packed(
+            input_ids=ids,
+            segment_ids=types,
+            position_ids=torch.arange(n)[None],
+            sequence_ids=torch.ones_like(ids),
+            cls_positions=torch.zeros(1, 1, dtype=torch.long),
+            example_index=torch.zeros(1, 1, dtype=torch.long),
+        )
+    np.testing.assert_allclose(mine["start_logits"].numpy(), theirs.start_logits.numpy(), atol=1e-5)
+    np.testing.assert_allclose(mine["end_logits"].numpy(), theirs.end_logits.numpy(), atol=1e-5)
+
+
+def test_every_batching_mode_writes_the_same_predictions_file(trained, squad_files, tmp_path):
+    dev_file = squad_files[0] / "dev.json"
+    files = {}
+    for mode in BATCHING_MODES:
+        out = tmp_path / f"{mode}.json"
+        args = ["--model", str(trained / "model"), "--input", str(dev_file), "--output", str(out)]
+        assert (
+            predict.main(
+                [
+                    *args,
+                    "--batching",
+                    mode,
+                    "--batch-size",
+                    "8",
+                    "--nbest-output",
+                    str(tmp_path / f"{mode}.nbest.json"),
+                ]
+            )
+            == 0
+        )
+        files[mode] = out.read_text()
+    assert len(set(files.values())) == 1
+    predictions = json.loads(files["packed"])
+    assert set(predictions) == {q["id"] for q in squad_files[2]}
+    # The training run's own validation predictions are the same answers.
+    assert predictions == json.loads((trained / "validation_predictions.json").read_text())
+    nbest = json.loads((tmp_path / "packed.nbest.json").read_text())
+    for qid, entries in nbest.items():
+        assert entries[0]["text"] == predictions[qid]
+        assert sum(e["probability"] for e in entries) == pytest.approx(1.0)
+    report = json.loads((tmp_path / "packed.summary.json").read_text())
+    assert report["questions"] == len(predictions) and "f1" in report
+
+
+def test_bad_question_exits_2_and_writes_nothing(tmp_path, checkpoint, squad_files, capsys):
+    folder = squad_files[0]
+    lines = (folder / "train.jsonl").read_text().splitlines()
+    record = json.loads(lines[3])
+    record["answers"]["answer_start"][0] += 1
+    lines[3] = json.dumps(record)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    config = write_config(tmp_path, checkpoint, squad_files, data={"train_file": str(bad)})
+    assert finetune.main(["--config", str(config), "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0] and record["id"] in err[0] and "answer_start" in err[0]
+    assert not (tmp_path / "out" / "model").exists() and not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_task_and_source_must_agree(tmp_path, checkpoint, squad_files, capsys):
+    config = write_config(tmp_path, checkpoint, squad_files, data={"task": "classification"})
+    assert finetune.main(["--config", str(config), "--output-dir", str(tmp_path / "out")]) == 2
+    assert "data.source: squad does not go with data.task classification" in capsys.readouterr().err
+
+
+def test_predict_refuses_bad_input_without_writing(trained, tmp_path, capsys):
+    bad = tmp_path / "dev.jsonl"
+    bad.write_text(json.dumps({"id": "x", "question": "", "context": "some text"}) + "\n")
+    out = tmp_path / "pred.json"
+    assert predict.main(["--model", str(trained / "model"), "--input", str(bad), "--output", str(out)]) == 2
+    assert "question 'x': field 'question'" in capsys.readouterr().err
+    assert not out.exists()
