@@ -10,6 +10,7 @@ user's own text ("my_text/*.txt") is BBC News written in the documented input fo
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -24,7 +25,7 @@ from .conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-TESTED = ("own-text", "finetune", "pack")
+TESTED = ("own-text", "finetune", "qa", "pack")
 
 # (command prefix, what is appended or replaced) -> the same command at tiny scale
 TINY = {
@@ -37,6 +38,9 @@ TINY = {
         )
     ],
     "python -m finetune.train": [("", " --set training.epochs=1 --set training.progress=false")],
+    "python -m finetune.train --config configs/finetune_qa_bbc.yaml": [
+        ("", " --set training.max_seconds=5")
+    ],
 }
 
 
@@ -99,5 +103,8 @@ def test_readme_recipes_run_as_written(tmp_path):
     # What the recipes promise to leave behind.
     assert (tmp_path / "runs/own_text/metrics.jsonl").is_file()
     assert (tmp_path / "runs/my_classifier/model/config.json").is_file()
+    answers = json.loads((tmp_path / "work/qa_predictions.json").read_text())
+    dev = json.loads((tmp_path / "demo_qa/dev.json").read_text())
+    assert len(answers) == sum(len(p["qas"]) for a in dev["data"] for p in a["paragraphs"]) > 100
     predictions = (tmp_path / "work/predictions.jsonl").read_text().splitlines()
     assert len(predictions) == len((REPO / "examples/classify/new_texts.jsonl").read_text().splitlines())
