@@ -38,9 +38,7 @@ TINY = {
         )
     ],
     "python -m finetune.train": [("", " --set training.epochs=1 --set training.progress=false")],
-    "python -m finetune.train --config configs/finetune_qa_bbc.yaml": [
-        ("", " --set training.max_seconds=5")
-    ],
+    "python -m finetune.train --config configs/finetune_qa_bbc.yaml": [("", " --set training.max_seconds=5")],
 }
 
 
