@@ -42,6 +42,8 @@ class Answers:
     text: list[str]  # per question
     score_diff: np.ndarray  # float64 [questions]: null score - best span score (v2.0; nan in v1.1)
     nbest: list[list[dict]] | None
+    spans: np.ndarray  # int64 [questions, 2]: the answer's characters [start, end) in its context
+    probability: np.ndarray  # float64 [questions]: the answer's share of the n-best softmax
 
 
 def span_candidates(start: np.ndarray, end: np.ndarray, context: np.ndarray, settings: AnswerSettings):
@@ -104,6 +106,7 @@ def best_answers(
         null_score, null_start, null_end = cls_score[lowest], start[lowest, 0], end[lowest, 0]
 
     texts, diffs, nbest = [], np.full(questions, np.nan), [] if settings.keep_nbest else None
+    spans, probability = np.zeros((questions, 2), dtype=np.int64), np.zeros(questions)
     for q in range(questions):
         picked = range(first[q], min(stop[q], first[q] + settings.n_best_size))
         entries = [
@@ -113,6 +116,7 @@ def best_answers(
                 "end_logit": end[window[c], e_tok[c]],
                 "score": score[c],
                 "null": False,
+                "span": (int(offsets[window[c], s_tok[c], 0]), int(offsets[window[c], e_tok[c], 1])),
             }
             for c in picked
         ]
@@ -123,6 +127,7 @@ def best_answers(
                 "end_logit": null_end[q],
                 "score": null_score[q],
                 "null": True,
+                "span": (0, 0),
             }
             # The null answer joins the candidates before the cut; it is added after the
             # cut when it did not make it (the reference does both).
@@ -132,18 +137,31 @@ def best_answers(
         if not entries or (len(entries) == 1 and entries[0]["text"] == ""):
             zero = np.float32(0.0)
             entries.insert(
-                0, {"text": EMPTY, "start_logit": zero, "end_logit": zero, "score": zero, "null": False}
+                0,
+                {
+                    "text": EMPTY,
+                    "start_logit": zero,
+                    "end_logit": zero,
+                    "score": zero,
+                    "null": False,
+                    "span": (0, 0),
+                },
             )
+        scores = np.array([p["score"] for p in entries], dtype=np.float64)
+        probabilities = np.exp(scores - scores.max())
+        probabilities /= probabilities.sum()
         if null_score is None:
-            texts.append(entries[0]["text"])
+            chosen = 0
         else:
-            best = next(p for p in entries if p["text"] != "")
+            chosen = next(i for i, p in enumerate(entries) if p["text"] != "")
+            best = entries[chosen]
             diffs[q] = float(null_score[q] - best["start_logit"] - best["end_logit"])  # float32, as theirs
-            texts.append("" if diffs[q] > settings.null_score_diff_threshold else best["text"])
+            if diffs[q] > settings.null_score_diff_threshold:
+                chosen = next(i for i, p in enumerate(entries) if p["null"])
+        texts.append(entries[chosen]["text"])
+        spans[q] = entries[chosen]["span"]
+        probability[q] = probabilities[chosen]
         if nbest is not None:
-            scores = np.array([p["score"] for p in entries], dtype=np.float64)
-            probabilities = np.exp(scores - scores.max())
-            probabilities /= probabilities.sum()
             nbest.append(
                 [
                     {
@@ -155,4 +173,4 @@ def best_answers(
                     for p, prob in zip(entries, probabilities)
                 ]
             )
-    return Answers(texts, diffs, nbest)
+    return Answers(texts, diffs, nbest, spans, probability)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig
+from transformers import BertConfig, BertPreTrainedModel
 
 from model.config import check_packing_options
 from model.dropout import Dropout
@@ -28,11 +28,28 @@ from model.encoder import PackedBertModel
 from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
+# Outputs transformers' Trainer must not gather as predictions (metric sums, masks).
+TRAINER_IGNORED_OUTPUTS = ["present", "loss_sum", "count", "correct", "correct_count"]
 
 
-class PackedBertForSequenceClassification(nn.Module):
+def examples_in(num_items_in_batch, items_per_example: int):
+    """transformers' Trainer counts a step's items as `labels != -100` over its micro-batches
+    (its num_items_in_batch): examples x items_per_example. -> examples, or None."""
+    if num_items_in_batch is None:
+        return None
+    return num_items_in_batch / items_per_example
+
+
+class PackedBertForSequenceClassification(BertPreTrainedModel):
+    """A transformers PreTrainedModel, so that `Trainer` saves it as a folder and
+    checkpoints and resumes it; it accepts Trainer's `num_items_in_batch` (gradient
+    accumulation normalises by the examples of the whole step)."""
+
+    accepts_loss_kwargs = True
+
     def __init__(self, config: BertConfig):
-        super().__init__()
+        super().__init__(config)
+        config.keys_to_ignore_at_inference = TRAINER_IGNORED_OUTPUTS
         config.attention_backend = getattr(config, "attention_backend", "dense")
         config.recompute_layers = getattr(config, "recompute_layers", False)
         if config.problem_type not in PROBLEM_TYPES:
@@ -58,12 +75,15 @@ class PackedBertForSequenceClassification(nn.Module):
         cls_positions,
         example_index,
         labels=None,
+        num_items_in_batch=None,
         **unused,
     ) -> dict:
         """Rows [B, S] and slots [B, K] -> logits [B, K, C] (+ loss and metric sums with labels).
 
         labels: int [B, K] class ids (single-label) or {0, 1} [B, K, C] (multi-label); any
-        value in absent slots (example_index < 0) is ignored."""
+        value in absent slots (example_index < 0) is ignored (finetune.hf writes -100).
+        Outputs also `example_index` and, with labels, `example_loss` [B, K] (0 where
+        absent): per-example values that transformers' Trainer gathers for evaluation."""
         slots = cls_positions.shape[1]
         # Only the [CLS] rows are read: the last layer computes those alone (its queries,
         # attention output and feed-forward block; keys and values from every token), about
@@ -76,6 +96,10 @@ class PackedBertForSequenceClassification(nn.Module):
         out = {"logits": logits, "present": example_index >= 0}
         if labels is not None:
             out.update(classification_metrics(logits, labels, out["present"], self.multi_label))
+            examples = examples_in(num_items_in_batch, logits.shape[-1] if self.multi_label else 1)
+            if examples is not None:
+                out["loss"] = out["loss"] * out["count"] / examples  # = the loss sum / examples
+        out["example_index"] = example_index
         return out
 
     # ----- Hugging Face checkpoints -----------------------------------------------------
@@ -103,9 +127,10 @@ class PackedBertForSequenceClassification(nn.Module):
         adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
         return model
 
-    def save_pretrained(self, folder) -> None:
+    def save_pretrained(self, folder, **trainer_options) -> None:
         """A folder transformers.BertForSequenceClassification loads as is (safetensors,
-        id2label in config.json). Atomic: temporary folder, then rename."""
+        id2label in config.json). Atomic: temporary folder, then rename. Trainer's options
+        (state_dict, safe_serialization) are accepted; the weights saved are the model's."""
         reference = reference_model(hf_model_class("BertForSequenceClassification"), self.config)
         missing, unexpected = reference.load_state_dict(self.state_dict(), strict=False)
         if unexpected or [k for k in missing if not k.endswith("position_ids")]:
@@ -137,8 +162,10 @@ def classification_metrics(logits, labels, present, multi_label: bool) -> dict:
         hits = logits.argmax(-1) == target
         correct_count = count
     zero = torch.zeros((), dtype=per_example.dtype, device=per_example.device)
-    loss_sum = torch.where(present, per_example, zero).sum()
+    example_loss = torch.where(present, per_example, zero)
+    loss_sum = example_loss.sum()
     return {
+        "example_loss": example_loss.detach(),
         "loss": loss_sum / count.clamp(min=1),
         "loss_sum": loss_sum.detach(),
         "count": count,

@@ -5,6 +5,8 @@ loading report, atomic save."""
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -74,9 +76,19 @@ def reference_model(reference_class, config):
 
 
 def save_folder(reference, folder) -> None:
-    """reference.save_pretrained into a temporary folder, then renamed over `folder`."""
-    with atomic_folder(folder) as tmp:
+    """reference.save_pretrained into a temporary folder, then renamed in as `folder`. A
+    folder that already holds files (transformers' Trainer saves into its output and
+    checkpoint folders, beside its own state) keeps them: each saved file is renamed in
+    over its namesake, one by one, and nothing else there is touched."""
+    folder = Path(folder)
+    if not folder.is_dir() or not any(folder.iterdir()):
+        with atomic_folder(folder) as tmp:
+            reference.save_pretrained(tmp)
+        return
+    with tempfile.TemporaryDirectory(prefix=f".{folder.name}.", dir=folder.parent) as tmp:
         reference.save_pretrained(tmp)
+        for item in sorted(Path(tmp).iterdir()):
+            os.replace(item, folder / item.name)
 
 
 def quiet_transformers() -> None:

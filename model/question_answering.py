@@ -20,16 +20,23 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import BertConfig
+from transformers import BertConfig, BertPreTrainedModel
 
+from model.classification import TRAINER_IGNORED_OUTPUTS, examples_in
 from model.config import check_packing_options
 from model.encoder import PackedBertModel
 from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
 
 
-class PackedBertForQuestionAnswering(nn.Module):
+class PackedBertForQuestionAnswering(BertPreTrainedModel):
+    """A transformers PreTrainedModel (Trainer saves, checkpoints and resumes it; it
+    accepts Trainer's num_items_in_batch, which counts 2 label items per window)."""
+
+    accepts_loss_kwargs = True
+
     def __init__(self, config: BertConfig):
-        super().__init__()
+        super().__init__(config)
+        config.keys_to_ignore_at_inference = TRAINER_IGNORED_OUTPUTS
         config.attention_backend = getattr(config, "attention_backend", "dense")
         config.recompute_layers = getattr(config, "recompute_layers", False)
         config.num_labels = 2
@@ -48,10 +55,13 @@ class PackedBertForQuestionAnswering(nn.Module):
         cls_positions,
         example_index,
         labels=None,
+        num_items_in_batch=None,
         **unused,
     ) -> dict:
         """Rows [B, S] and slots [B, K] -> start_logits, end_logits [B, S] (fp32), and with
-        labels int [B, K, 2] (start, end inside each window) the loss and metric sums."""
+        labels int [B, K, 2] (start, end inside each window; anything in absent slots) the
+        loss, metric sums and `example_loss` [B, K]. Also `example_index` and
+        `sequence_ids`: what maps a row's logits to its windows, for transformers' Trainer."""
         slots = cls_positions.shape[1]
         hidden = self.bert(input_ids, position_ids, segment_ids, sequence_ids, slots)
         start_logits, end_logits = self.qa_outputs(hidden).float().unbind(-1)
@@ -60,6 +70,11 @@ class PackedBertForQuestionAnswering(nn.Module):
             out.update(
                 span_metrics(start_logits, end_logits, sequence_ids, cls_positions, labels, out["present"])
             )
+            examples = examples_in(num_items_in_batch, 2)
+            if examples is not None:
+                out["loss"] = out["loss"] * out["count"] / examples  # = the loss sum / windows
+        out["example_index"] = example_index
+        out["sequence_ids"] = sequence_ids
         return out
 
     # ----- Hugging Face checkpoints -----------------------------------------------------
@@ -78,8 +93,10 @@ class PackedBertForQuestionAnswering(nn.Module):
         adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
         return model
 
-    def save_pretrained(self, folder) -> None:
-        """A folder transformers.BertForQuestionAnswering loads as is (safetensors). Atomic."""
+    def save_pretrained(self, folder, **trainer_options) -> None:
+        """A folder transformers.BertForQuestionAnswering loads as is (safetensors). Atomic.
+        Trainer's options (state_dict, safe_serialization) are accepted; the model's own
+        weights are saved."""
         reference = reference_model(hf_model_class("BertForQuestionAnswering"), self.config)
         missing, unexpected = reference.load_state_dict(self.state_dict(), strict=False)
         if unexpected or [k for k in missing if not k.endswith("position_ids")]:
@@ -116,9 +133,11 @@ def span_metrics(start_logits, end_logits, sequence_ids, cls_positions, labels, 
         hits.append(log_probs.argmax(-1) == target)
     loss = (per_window[0] + per_window[1]) / 2
     zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
-    loss_sum = torch.where(present, loss, zero).sum()
+    window_loss = torch.where(present, loss, zero)
+    loss_sum = window_loss.sum()
     count = present.sum()
     return {
+        "example_loss": window_loss.detach(),
         "loss": loss_sum / count.clamp(min=1),
         "loss_sum": loss_sum.detach(),
         "count": count,

@@ -1,0 +1,234 @@
+"""Packed inference with transformers' pipeline interface: texts in, the pipeline's
+output format out, in input order.
+
+    classify = packed_pipeline("text-classification", model="runs/out")   # a saved folder
+    classify(["first text", ("a text", "its pair"), ...])
+        -> [{"label": "sport", "score": 0.93}, ...]            (top_k=None: every label)
+    answer = packed_pipeline("question-answering", model=folder)
+    answer([{"question": ..., "context": ...}, ...]) -> [{"answer", "score", "start", "end"}, ...]
+    tag = packed_pipeline("token-classification", model=folder)
+    tag(["a sentence", ...]) -> [[{"entity", "score", "index", "word", "start", "end"}, ...], ...]
+
+Inputs are tokenized without padding, packed (packing.tokenized.pack_examples) and run
+in batches of packs; outputs return to input order through each slot's example index.
+Scores follow transformers' pipelines: softmax for single-label classification, sigmoid
+for multi-label (problem_type multi_label_classification) and one-label models; QA answers
+are chosen by the reference post-processing (finetune.qa_answers), the same as
+`python -m finetune.predict`; token classification reports every token whose label is
+not in ignore_labels ("O"), special tokens left out, as aggregation_strategy="none".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from finetune.rows import pack_rows, unpack_outputs, unpack_token_outputs
+from packing.tokenized import pack_examples
+
+PIPELINE_TASKS = {
+    "text-classification": "PackedBertForSequenceClassification",
+    "question-answering": "PackedBertForQuestionAnswering",
+    "token-classification": "PackedBertForTokenClassification",
+}
+
+
+def packed_pipeline(
+    task: str,
+    model,
+    tokenizer=None,
+    batch_size: int = 64,
+    max_sequences_per_pack: int = 6,
+    algorithm: str = "lpfhp",
+    max_length: int | None = None,
+    device: str = "cpu",
+    **options,
+):
+    """A callable for `task` (PIPELINE_TASKS). model: a saved folder or a packed model;
+    tokenizer: a transformers fast tokenizer or a folder (default: the model folder).
+    batch_size counts examples (packs per batch = batch_size / packing factor).
+    Options: top_k (text-classification), ignore_labels (token-classification),
+    doc_stride, n_best_size, max_answer_length, version_2_with_negative,
+    null_score_diff_threshold (question-answering)."""
+    if task not in PIPELINE_TASKS:
+        raise ValueError(f"task {task!r}: expected one of {', '.join(PIPELINE_TASKS)}")
+    from transformers import AutoTokenizer
+
+    from model.classification import PackedBertForSequenceClassification
+    from model.question_answering import PackedBertForQuestionAnswering
+    from model.token_classification import PackedBertForTokenClassification
+
+    classes = {
+        "text-classification": PackedBertForSequenceClassification,
+        "question-answering": PackedBertForQuestionAnswering,
+        "token-classification": PackedBertForTokenClassification,
+    }
+    if isinstance(model, str | Path):
+        folder = Path(model)
+        model = classes[task].from_pretrained(folder)
+        tokenizer = tokenizer or folder
+    if tokenizer is None:
+        raise ValueError("tokenizer: give a tokenizer (or a folder) when model is not a folder")
+    if isinstance(tokenizer, str | Path):
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+    runner = _Runner(
+        model.to(device).eval(), tokenizer, batch_size, max_sequences_per_pack, algorithm, max_length
+    )
+    if task == "text-classification":
+        default_top_k = options.get("top_k", 1)
+        return lambda inputs, top_k=default_top_k: runner.classify(inputs, top_k)
+    if task == "token-classification":
+        ignore = options.get("ignore_labels", ["O"])
+        return lambda inputs: runner.tag(inputs, ignore)
+    # QA windows: max_length tokens (384 unless given, the reference's), doc_stride overlap.
+    return lambda inputs: runner.answer(inputs, {**options, "max_length": max_length or 384})
+
+
+class _Runner:
+    def __init__(self, model, tokenizer, batch_size, max_per_pack, algorithm, max_length):
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.max_per_pack, self.algorithm = batch_size, max_per_pack, algorithm
+        self.max_length = max_length or model.config.max_position_embeddings
+        self.device = next(model.parameters()).device
+
+    @torch.inference_mode()
+    def run(self, token_ids: list, segment_ids: list) -> list[tuple[dict, dict]]:
+        """Pack the examples, run every batch of packs -> [(rows, outputs)] (numpy)."""
+        lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
+        width = int(lengths.max())
+        table = pack_examples(lengths, width, self.max_per_pack, self.algorithm, seed=0)
+        packs_per_batch = max(1, round(self.batch_size * len(table) / len(lengths)))
+        results = []
+        for first in range(0, len(table), packs_per_batch):
+            rows = pack_rows(token_ids, table[first : first + packs_per_batch], width, segment_ids)
+            batch = {name: torch.from_numpy(value).to(self.device) for name, value in rows.items()}
+            out = self.model(**batch)
+            results.append(
+                (rows, {k: v.float().cpu().numpy() for k, v in out.items() if k.endswith("logits")})
+            )
+        return results
+
+    def encode(self, first, second=None, **options):
+        return self.tokenizer(first, second, truncation=True, max_length=self.max_length, **options)
+
+    # ----- the three tasks ---------------------------------------------------------------
+    def classify(self, inputs, top_k):
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        firsts = [
+            t[0] if isinstance(t, tuple | list) else t.get("text") if isinstance(t, dict) else t
+            for t in texts
+        ]
+        seconds = [
+            t[1] if isinstance(t, tuple | list) else t.get("text_pair") if isinstance(t, dict) else None
+            for t in texts
+        ]
+        if all(s is None for s in seconds):
+            encoded = self.encode(firsts)
+        else:
+            encoded = self.encode(firsts, [s or "" for s in seconds])
+        results = self.run(encoded["input_ids"], encoded.get("token_type_ids"))
+        logits = np.concatenate([out["logits"] for _, out in results])
+        index = np.concatenate([rows["example_index"] for rows, _ in results])
+        logits = unpack_outputs(logits, index, len(texts))
+        config = self.model.config
+        if config.problem_type == "multi_label_classification" or config.num_labels == 1:
+            scores = 1 / (1 + np.exp(-logits))
+        else:
+            scores = np.exp(logits - logits.max(-1, keepdims=True))
+            scores /= scores.sum(-1, keepdims=True)
+        names = [config.id2label.get(i, f"LABEL_{i}") for i in range(scores.shape[1])]
+        out = []
+        for row in scores:
+            ranked = [{"label": names[c], "score": float(row[c])} for c in np.argsort(-row, kind="stable")]
+            out.append(ranked[:top_k] if top_k is not None else ranked)
+        if top_k == 1:
+            out = [r[0] for r in out]
+        return out[0] if isinstance(inputs, str) else out
+
+    def answer(self, inputs, options):
+        from data.qa_data import QaExamples
+        from data.qa_windows import make_windows
+        from finetune.qa_answers import AnswerSettings, best_answers
+        from finetune.qa_task import offsets_table
+
+        items = [inputs] if isinstance(inputs, dict) else list(inputs)
+        examples = QaExamples(
+            [str(i) for i in range(len(items))],
+            [item["question"] for item in items],
+            [item["context"] for item in items],
+            [None] * len(items),
+            [f"input {i}" for i in range(len(items))],
+        )
+        windows = make_windows(
+            examples, self.tokenizer, options.get("max_length", 384), options.get("doc_stride", 128)
+        )
+        results = self.run(windows.token_ids, windows.segment_ids)
+        width = max(r[1]["start_logits"].shape[1] for r in results)
+        spread = {}
+        for name in ("start_logits", "end_logits"):
+            rows = np.concatenate(
+                [
+                    np.pad(out[name], ((0, 0), (0, width - out[name].shape[1])), constant_values=-np.inf)
+                    for _, out in results
+                ]
+            )
+            cls = np.concatenate([r["cls_positions"] for r, _ in results])
+            index = np.concatenate([r["example_index"] for r, _ in results])
+            spread[name] = unpack_token_outputs(rows, cls, index, windows.lengths)
+        settings = AnswerSettings(
+            options.get("n_best_size", 20),
+            options.get("max_answer_length", 30),
+            options.get("version_2_with_negative", False),
+            options.get("null_score_diff_threshold", 0.0),
+        )
+        start = spread["start_logits"]
+        answers = best_answers(
+            start, spread["end_logits"], offsets_table(windows, start.shape[1]), windows.example_of_window,
+            examples.contexts, settings,
+        )  # fmt: skip
+        out = [
+            {"score": float(p), "start": int(s), "end": int(e), "answer": text}
+            for text, (s, e), p in zip(answers.text, answers.spans, answers.probability)
+        ]
+        return out[0] if isinstance(inputs, dict) else out
+
+    def tag(self, inputs, ignore_labels):
+        texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        encoded = self.encode(texts, return_offsets_mapping=True, return_special_tokens_mask=True)
+        results = self.run(encoded["input_ids"], encoded.get("token_type_ids"))
+        names = self.model.config.id2label
+        out = [None] * len(texts)
+        for rows, logits in results:
+            for pack, slots in enumerate(rows["example_index"]):
+                for slot, example in enumerate(slots):
+                    if example < 0:
+                        continue
+                    first = rows["cls_positions"][pack, slot]
+                    n = len(encoded["input_ids"][example])
+                    scores = logits["logits"][pack, first : first + n]
+                    scores = np.exp(scores - scores.max(-1, keepdims=True))
+                    scores /= scores.sum(-1, keepdims=True)
+                    entities = []
+                    for i in range(n):
+                        if encoded["special_tokens_mask"][example][i]:
+                            continue
+                        label = names.get(int(scores[i].argmax()), str(int(scores[i].argmax())))
+                        if label in ignore_labels:
+                            continue
+                        start, end = encoded["offset_mapping"][example][i]
+                        entities.append(
+                            {
+                                "entity": label,
+                                "score": float(scores[i].max()),
+                                "index": i,
+                                "word": self.tokenizer.convert_ids_to_tokens(
+                                    encoded["input_ids"][example][i]
+                                ),
+                                "start": int(start),
+                                "end": int(end),
+                            }
+                        )
+                    out[example] = entities
+        return out[0] if isinstance(inputs, str) else out

@@ -1,0 +1,382 @@
+"""Packing for Hugging Face users (finetune.hf, finetune.hf_pipeline): `datasets` in, a real
+transformers `Trainer` and pipeline-style inference out, judged by the stock transformers
+classes run unpacked on the same examples."""
+
+import glob
+import json
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+    Trainer,
+    TrainingArguments,
+)
+
+from data import assets
+from data.qa_windows import fast_tokenizer
+from data.tokenizer import load_tokenizer
+from finetune.hf import (
+    PackedDataCollator,
+    PackedDatasetError,
+    pack_dataset,
+    packed_metrics,
+    unpack_predictions,
+)
+from finetune.hf_pipeline import packed_pipeline
+from finetune.rows import pack_rows
+from model.classification import PackedBertForSequenceClassification
+from model.token_classification import PackedBertForTokenClassification
+from packing.tokenized import pack_examples
+
+from .test_model_equivalence import BACKENDS
+
+CLASSES = ["business", "entertainment", "politics", "sport", "tech"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return fast_tokenizer(load_tokenizer(assets.vocab_file())[1])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tokenizer):
+    """A tiny random BERT over the real vocabulary, no dropout, with its tokenizer files."""
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    BertModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bbc(tokenizer):
+    """BBC News titles + first lines, labelled by topic, tokenized without padding."""
+    files = sorted(glob.glob(assets.corpus_glob()))[::9]
+    texts, labels = [], []
+    for path in files:
+        lines = [line.strip() for line in open(path, encoding="utf-8", errors="replace") if line.strip()]
+        texts.append(lines[0] + " " + lines[1][:200])
+        labels.append(CLASSES.index(path.split("/")[-2]) if path.split("/")[-2] in CLASSES else 3)
+    data = Dataset.from_dict({"text": texts, "label": labels})
+    return data.map(lambda b: tokenizer(b["text"], truncation=True, max_length=64), batched=True)
+
+
+def accuracy(rows):
+    return {"accuracy": float((rows.predictions.argmax(-1) == rows.labels).mean())}
+
+
+def stock_logits_and_losses(folder, data):
+    """Each example alone through transformers' BertForSequenceClassification."""
+    stock = BertForSequenceClassification.from_pretrained(folder).eval()
+    logits, losses = [], []
+    with torch.no_grad():
+        for ids, types, label in zip(data["input_ids"], data["token_type_ids"], data["label"]):
+            out = stock(
+                input_ids=torch.tensor([ids]),
+                token_type_ids=torch.tensor([types]),
+                labels=torch.tensor([label]),
+            )
+            logits.append(out.logits[0].numpy())
+            losses.append(float(out.loss))
+    return np.stack(logits), np.array(losses)
+
+
+def trainer_for(model, args_dir, train, evaluation=None, **arguments):
+    options = dict(
+        output_dir=str(args_dir),
+        per_device_train_batch_size=8,
+        per_device_eval_batch_size=8,
+        learning_rate=1e-3,
+        max_steps=30,
+        logging_steps=5,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        data_seed=0,
+    )
+    options.update(arguments)
+    return Trainer(
+        model=model,
+        args=TrainingArguments(**options),
+        train_dataset=train,
+        eval_dataset=evaluation,
+        data_collator=PackedDataCollator(),
+        compute_metrics=packed_metrics("single_label_classification", accuracy),
+    )
+
+
+pytestmark = pytest.mark.slow
+
+
+def test_trainer_trains_evaluates_predicts_and_saves_a_stock_folder(checkpoint, bbc, tmp_path):
+    train, held_out = bbc.select(range(0, 200)), bbc.select(range(200, len(bbc)))
+    packed = pack_dataset(train, "single_label_classification", 128, 6, num_labels=5, verbose=False)
+    packed_eval = pack_dataset(held_out, "single_label_classification", 128, 6, num_labels=5, verbose=False)
+    assert len(packed) < len(train) / 2  # really packed
+    model = PackedBertForSequenceClassification.from_pretrained(checkpoint, num_labels=5)
+    trainer = trainer_for(model, tmp_path / "run", packed, packed_eval)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses[-1] < losses[0]
+
+    out = tmp_path / "saved"
+    trainer.save_model(str(out))
+    logits, per_example = stock_logits_and_losses(out, held_out)
+    metrics = trainer.evaluate()
+    # eval_loss: the mean over examples of the stock model's own loss, not a mean per batch.
+    assert metrics["eval_loss"] == pytest.approx(per_example.mean(), abs=1e-5)
+    assert metrics["eval_accuracy"] == pytest.approx(
+        float((logits.argmax(-1) == np.array(held_out["label"])).mean())
+    )
+
+    prediction = trainer.predict(packed_eval)
+    rows = unpack_predictions("single_label_classification", prediction.predictions, prediction.label_ids)
+    np.testing.assert_allclose(rows.predictions, logits, atol=1e-5, rtol=0)  # input order
+    np.testing.assert_array_equal(rows.labels, held_out["label"])
+
+
+def test_gradient_accumulation_and_resume_give_the_same_weights(checkpoint, bbc, tmp_path):
+    """Trainer's num_items_in_batch reaches the model: 2 micro-batches of 4 packs make the
+    step of one batch of 8; and a run resumed from its checkpoint ends where an
+    uninterrupted one does."""
+    packed = pack_dataset(
+        bbc.select(range(160)), "single_label_classification", 128, 6, num_labels=5, verbose=False
+    )
+
+    def fresh_model():
+        torch.manual_seed(0)  # the classifier's initialisation
+        return PackedBertForSequenceClassification.from_pretrained(checkpoint, num_labels=5)
+
+    def final_weights(folder, **arguments):
+        model = fresh_model()
+        # Plain SGD without clipping: the update is proportional to the gradient, so a loss
+        # normalised over the wrong count shows (Adam and clipping would hide a scale).
+        trainer = trainer_for(model, folder, packed, optim="sgd", max_grad_norm=0.0, **arguments)
+        trainer.train()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    one = final_weights(tmp_path / "a", max_steps=3, per_device_train_batch_size=8, learning_rate=1e-2)
+    two = final_weights(
+        tmp_path / "b",
+        max_steps=3,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+    )
+    for name in one:
+        torch.testing.assert_close(one[name], two[name], atol=2e-6, rtol=1e-5, msg=name)
+
+    final_weights(tmp_path / "c", max_steps=3, save_strategy="steps", save_steps=2, learning_rate=1e-2)
+    model = fresh_model()
+    trainer = trainer_for(
+        model, tmp_path / "c", packed, max_steps=3, learning_rate=1e-2, optim="sgd", max_grad_norm=0.0
+    )
+    trainer.train(resume_from_checkpoint=str(tmp_path / "c" / "checkpoint-2"))
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, one[name], atol=2e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_token_classification_equals_transformers_per_example(backend, tmp_path):
+    """Packed NER head vs BertForTokenClassification, each sentence alone: logits, loss and
+    gradients (fp32, real MiniLM weights, -100 labels ignored)."""
+    torch.manual_seed(0)
+    stock = BertForTokenClassification.from_pretrained(assets.model_dir(), num_labels=7).eval()
+    stock.save_pretrained(tmp_path)
+    ours = PackedBertForTokenClassification.from_pretrained(tmp_path, attention_backend=backend).eval()
+    rng = np.random.default_rng(0)
+    tokens = [
+        np.concatenate([[101], rng.integers(2000, 9000, size=n), [102]]) for n in rng.integers(3, 30, size=9)
+    ]
+    labels = [np.where(rng.random(len(t)) < 0.2, -100, rng.integers(0, 7, size=len(t))) for t in tokens]
+    for label in labels:
+        label[0] = label[-1] = -100
+    lengths = np.array([len(t) for t in tokens])
+    table = pack_examples(lengths, 64, 3, "lpfhp", seed=0)
+    rows = pack_rows(tokens, table, 64)
+    packed_labels = np.full((len(table), 64), -100)
+    for pack, slots in enumerate(table):
+        for slot, example in enumerate(slots):
+            if example >= 0:
+                first = rows["cls_positions"][pack, slot]
+                packed_labels[pack, first : first + lengths[example]] = labels[example]
+    batch = {k: torch.from_numpy(v) for k, v in rows.items()}
+    with torch.set_grad_enabled(backend != "flex"):
+        out = ours(**batch, labels=torch.from_numpy(packed_labels))
+    sums, count = [], 0
+    for pack, slots in enumerate(table):
+        for slot, example in enumerate(slots):
+            if example < 0:
+                continue
+            first = rows["cls_positions"][pack, slot]
+            theirs = stock(
+                input_ids=torch.from_numpy(tokens[example])[None],
+                labels=torch.from_numpy(labels[example])[None],
+            )
+            got = out["logits"][pack, first : first + lengths[example]].detach().numpy()
+            np.testing.assert_allclose(got, theirs.logits[0].detach().numpy(), atol=1e-5, rtol=0)
+            labelled = int((labels[example] != -100).sum())
+            sums.append(theirs.loss * labelled)
+            count += labelled
+    hf_loss = torch.stack(sums).sum() / count
+    assert float(out["loss"].detach()) == pytest.approx(float(hf_loss.detach()), abs=1e-5)
+    if backend == "flex":  # no CPU backward in torch
+        return
+    out["loss"].backward()
+    hf_loss.backward()
+    reference = dict(stock.named_parameters())
+    for name, parameter in ours.named_parameters():
+        expected = reference[name].grad
+        assert float((parameter.grad - expected).abs().max()) <= 1e-5 * max(
+            float(expected.abs().max()), 1.0
+        ), name
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=30), multi=st.booleans())
+def test_classification_pipeline_keeps_input_order(lengths, multi, checkpoint_with_head):
+    folder = checkpoint_with_head[multi]
+    words = "market film vote goal phone bank star party team chip".split()
+    texts = [" ".join(words[(i + j) % len(words)] for j in range(n)) for i, n in enumerate(lengths)]
+    predict = packed_pipeline(
+        "text-classification", model=folder, batch_size=8, max_sequences_per_pack=4, top_k=None
+    )
+    got = predict(texts)
+    stock = BertForSequenceClassification.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    with torch.no_grad():
+        for text, ranked in zip(texts, got):
+            logits = stock(**tokenizer(text, return_tensors="pt")).logits[0].numpy()
+            scores = 1 / (1 + np.exp(-logits)) if multi else np.exp(logits) / np.exp(logits).sum()
+            assert {r["label"]: r["score"] for r in ranked} == pytest.approx(
+                {stock.config.id2label[c]: float(scores[c]) for c in range(len(scores))}, abs=1e-5
+            )
+
+
+@pytest.fixture(scope="module")
+def checkpoint_with_head(tmp_path_factory, checkpoint):
+    """{multi_label: folder} of fine-tuning-shaped classifiers saved by our model."""
+    out = {}
+    for multi in (False, True):
+        torch.manual_seed(1)
+        model = PackedBertForSequenceClassification.from_pretrained(
+            checkpoint,
+            num_labels=3,
+            problem_type="multi_label_classification" if multi else None,
+            id2label={0: "a", 1: "b", 2: "c"},
+            label2id={"a": 0, "b": 1, "c": 2},
+        )
+        folder = tmp_path_factory.mktemp(f"head_{multi}")
+        model.save_pretrained(folder)
+        AutoTokenizer.from_pretrained(checkpoint).save_pretrained(folder)
+        out[multi] = folder
+    return out
+
+
+def test_token_classification_pipeline_equals_transformers_pipeline(checkpoint, tmp_path):
+    from transformers import pipeline
+
+    torch.manual_seed(2)
+    names = {0: "O", 1: "B-ORG", 2: "I-ORG"}
+    model = PackedBertForTokenClassification.from_pretrained(
+        checkpoint, num_labels=3, id2label=names, label2id={v: k for k, v in names.items()}
+    )
+    model.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(tmp_path)
+    texts = ["Time Warner profits jumped at the firm", "Google bought shares", "a b c d e f g h i j k l m n"]
+    ours = packed_pipeline("token-classification", model=tmp_path)(texts)
+    theirs = pipeline("token-classification", model=str(tmp_path), device="cpu")(texts)
+    for mine, stock in zip(ours, theirs):
+        assert [(e["entity"], e["index"], e["word"], e["start"], e["end"]) for e in mine] == [
+            (e["entity"], e["index"], e["word"], e["start"], e["end"]) for e in stock
+        ]
+        np.testing.assert_allclose([e["score"] for e in mine], [e["score"] for e in stock], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.remove_columns(["input_ids"]), "no column 'input_ids'"),
+        (lambda d: d.map(lambda r, i: {"label": 9 if i == 3 else r["label"]}, with_indices=True), "column 'label', row 3: label 9"),
+        (lambda d: d.map(lambda r, i: {"input_ids": r["input_ids"] * 10 if i == 2 else r["input_ids"]}, with_indices=True), "column 'input_ids', row 2"),
+    ],
+)  # fmt: skip
+def test_bad_datasets_are_refused_naming_column_and_row(bbc, change, message):
+    data = change(bbc.select(range(10)))
+    if "attention_mask" in data.column_names:
+        data = data.remove_columns(["attention_mask"])
+    with pytest.raises(PackedDatasetError, match=message):
+        pack_dataset(data, "single_label_classification", 128, num_labels=5, verbose=False)
+
+
+def test_question_answering_pipeline_answers_as_predict(tmp_path, checkpoint):
+    """The QA pipeline's answers are finetune.predict's on the same folder and questions."""
+    from data.qa_cloze import build, official_layout
+    from finetune import predict
+    from model.question_answering import PackedBertForQuestionAnswering
+
+    torch.manual_seed(3)
+    model = PackedBertForQuestionAnswering.from_pretrained(checkpoint)
+    folder = tmp_path / "qa"
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(checkpoint).save_pretrained(folder)
+    (folder / "vocab.txt").write_text(assets.vocab_file().read_text())
+    (folder / "finetune.json").write_text(
+        json.dumps(
+            {
+                "task": "question_answering",
+                "max_sequence_length": 96,
+                "qa": {
+                    "doc_stride": 32,
+                    "n_best_size": 20,
+                    "max_answer_length": 30,
+                    "version_2_with_negative": False,
+                    "null_score_diff_threshold": 0.0,
+                },
+            }
+        )  # fmt: skip
+    )
+    from pathlib import Path
+
+    files = [Path(f) for f in sorted(glob.glob(assets.corpus_glob()))[::60]]
+    _, dev, _ = build(files, seed=4, per_article=2, dev_fraction=0.5)
+    (tmp_path / "dev.json").write_text(json.dumps(official_layout(dev)))
+    assert (
+        predict.main(
+            [
+                "--model",
+                str(folder),
+                "--input",
+                str(tmp_path / "dev.json"),
+                "--output",
+                str(tmp_path / "p.json"),
+            ]
+        )
+        == 0
+    )
+    expected = json.loads((tmp_path / "p.json").read_text())
+    answer = packed_pipeline("question-answering", model=folder, max_length=96, doc_stride=32)
+    got = answer([{"question": q["question"], "context": q["context"]} for q in dev])
+    assert [g["answer"] for g in got] == [expected[q["id"]] for q in dev]
+    for g, q in zip(got, dev):
+        assert q["context"][g["start"] : g["end"]] == g["answer"]
