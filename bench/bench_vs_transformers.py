@@ -11,6 +11,9 @@ so a slow spell of the machine falls on all of them; the median is reported):
   trainer_padded    transformers.Trainer, DataCollatorWithPadding to 128 tokens
   trainer_dynamic   transformers.Trainer, DataCollatorWithPadding (pad to the batch's longest)
   trainer_grouped   transformers.Trainer, train_sampling_strategy="group_by_length"
+  trainer_packed    transformers.Trainer, unchanged, on finetune.hf.pack_dataset's packs
+                    (the config's pack length, K and algorithm) with PackedDataCollator and
+                    our PackedBertForSequenceClassification; batch = 32 / packing factor packs
   ours_<mode>       python -m finetune.train's loop, batching.mode = packed | uniform | dynamic
 Trainer runs BertForSequenceClassification with SDPA attention; its time is the training
 loop (on_train_begin .. on_train_end, data loading and collation included), ours the
@@ -21,6 +24,7 @@ batch 64, the same weights: ours fine-tuned for one epoch, saved, loaded by tran
   pipeline          transformers.pipeline("text-classification")
   sorted_loop       tokenize, sort by length, pad each batch to its longest, forward, unsort
   ours_packed       finetune.predict's path (tokenize, pack, forward, back to input order)
+  packed_pipeline   finetune.hf_pipeline.packed_pipeline("text-classification") on the folder
 Predictions of the three are compared (the share of identical labels is printed).
 """
 
@@ -48,7 +52,7 @@ from finetune.train import prepare_task, run_finetune  # noqa: E402
 from model.hf_checkpoint import quiet_transformers  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
-TRAINER_RECIPES = ("trainer_padded", "trainer_dynamic", "trainer_grouped")
+TRAINER_RECIPES = ("trainer_padded", "trainer_dynamic", "trainer_grouped", "trainer_packed")
 OUR_RECIPES = ("ours_packed", "ours_uniform", "ours_dynamic")
 
 
@@ -90,16 +94,35 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
         }
     )
     tokenizer = BertTokenizerFast.from_pretrained(str(model_dir()))
-    if recipe == "trainer_padded":
+    batch_size = config["batching"]["batch_size"]
+    if recipe == "trainer_packed":
+        from finetune.hf import PackedDataCollator, pack_dataset
+        from model.classification import PackedBertForSequenceClassification
+
+        batching = config["batching"]
+        width = batching["pack_length"] or config["data"]["max_sequence_length"]
+        pack = dict(max_sequences_per_pack=batching["max_sequences_per_pack"], algorithm=batching["algorithm"],
+                    label_column="labels", num_labels=len(task.label_names), verbose=False)  # fmt: skip
+        dataset = pack_dataset(dataset, "single_label_classification", width, **pack)
+        batch_size = max(1, round(batch_size * len(dataset) / len(train)))
+        collator = PackedDataCollator()
+    elif recipe == "trainer_padded":
         collator = DataCollatorWithPadding(
             tokenizer, padding="max_length", max_length=config["data"]["max_sequence_length"]
         )
     else:
         collator = DataCollatorWithPadding(tokenizer)
     torch.manual_seed(config["training"]["seed"])
-    model = BertForSequenceClassification.from_pretrained(
-        str(model_dir()), num_labels=len(task.label_names), attn_implementation="sdpa"
-    )
+    if recipe == "trainer_packed":
+        model = PackedBertForSequenceClassification.from_pretrained(
+            str(model_dir()),
+            num_labels=len(task.label_names),
+            attention_backend=config["model"]["attention_backend"],
+        )
+    else:
+        model = BertForSequenceClassification.from_pretrained(
+            str(model_dir()), num_labels=len(task.label_names), attn_implementation="sdpa"
+        )
     optim = config["optim"]
 
     class LoopClock(TrainerCallback):
@@ -113,7 +136,7 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         args = TrainingArguments(
             output_dir=folder,
-            per_device_train_batch_size=config["batching"]["batch_size"],
+            per_device_train_batch_size=batch_size,
             per_device_eval_batch_size=config["batching"]["eval_batch_size"],
             learning_rate=optim["lr"],
             weight_decay=optim["weight_decay"],
@@ -141,10 +164,19 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
                 "labels": task.validation.labels.tolist(),
             }
         )
-        # Scored against the labels Trainer returns with them: its evaluation loader may
-        # reorder the examples (it does under group_by_length).
-        output = trainer.predict(validation, metric_key_prefix="validation")
-    accuracy = float((output.predictions.argmax(-1) == output.label_ids).mean())
+        if recipe == "trainer_packed":
+            from finetune.hf import unpack_predictions
+
+            validation = pack_dataset(validation, "single_label_classification", width, **pack)
+            output = trainer.predict(validation, metric_key_prefix="validation")
+            rows = unpack_predictions("single_label_classification", output.predictions, output.label_ids)
+            predictions, label_ids = rows.predictions, rows.labels
+        else:
+            # Scored against the labels Trainer returns with them: its evaluation loader may
+            # reorder the examples (it does under group_by_length).
+            output = trainer.predict(validation, metric_key_prefix="validation")
+            predictions, label_ids = output.predictions, output.label_ids
+    accuracy = float((predictions.argmax(-1) == label_ids).mean())
     return {"examples_per_second": len(train) * epochs / clock.seconds, "accuracy": accuracy}
 
 
@@ -201,6 +233,17 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
         len(texts) / (time.perf_counter() - start),
         [info["labels"][i] for i in logits.argmax(-1)],
     )
+    # ours through the pipeline interface (transformers' tokenizer, packed batches)
+    from finetune.hf_pipeline import packed_pipeline
+
+    hf_tokenizer.save_pretrained(folder)
+    classify = packed_pipeline(
+        "text-classification", model=folder, batch_size=batch, max_length=config["data"]["max_sequence_length"],
+        max_sequences_per_pack=batching["max_sequences_per_pack"], algorithm=batching["algorithm"],
+    )  # fmt: skip
+    start = time.perf_counter()
+    results = classify(texts)
+    out["packed_pipeline"] = (len(texts) / (time.perf_counter() - start), [r["label"] for r in results])
     return out
 
 
@@ -213,7 +256,7 @@ def main() -> int:
     parser.add_argument(
         "--recipes",
         nargs="+",
-        default=["trainer_dynamic", "trainer_grouped", "ours_packed", "ours_uniform"],
+        default=["trainer_dynamic", "trainer_grouped", "trainer_packed", "ours_packed", "ours_uniform"],
         choices=TRAINER_RECIPES + OUR_RECIPES,
     )
     parser.add_argument("--no-inference", action="store_true", help="training recipes only")
@@ -248,11 +291,13 @@ def main() -> int:
         accuracy = statistics.median(r["accuracy"] for r in runs)
         print(f"| {recipe} | {medians[recipe]:.1f} ({min(speeds):.1f}-{max(speeds):.1f}) | {accuracy:.3f} |")
     trainers = [r for r in medians if r.startswith("trainer")]
-    if "ours_packed" in medians and trainers:
-        best = max(trainers, key=medians.get)
-        print(
-            f"\nours_packed / {best} (the fastest Trainer recipe): {medians['ours_packed'] / medians[best]:.2f}x"
-        )
+    trainers = [r for r in trainers if r != "trainer_packed"]
+    for ours in ("ours_packed", "trainer_packed"):
+        if ours in medians and trainers:
+            best = max(trainers, key=medians.get)
+            print(
+                f"\n{ours} / {best} (the fastest stock Trainer recipe): {medians[ours] / medians[best]:.2f}x"
+            )
     summary = {"training": results}
     if not args.no_inference:
         with tempfile.TemporaryDirectory() as folder:
@@ -260,7 +305,7 @@ def main() -> int:
             one["training"]["epochs"] = 1
             run_finetune(one, Path(folder) / "run")
             texts = _texts(config)
-            speeds = {name: [] for name in ("pipeline", "sorted_loop", "ours_packed")}
+            speeds = {name: [] for name in ("pipeline", "sorted_loop", "ours_packed", "packed_pipeline")}
             labels = {}
             for _ in range(args.rounds):
                 for name, (speed, predicted) in inference_round(
@@ -279,6 +324,8 @@ def main() -> int:
             )
         ratio = statistics.median(speeds["ours_packed"]) / statistics.median(speeds["sorted_loop"])
         print(f"\nours_packed / sorted_loop: {ratio:.2f}x")
+        ratio = statistics.median(speeds["packed_pipeline"]) / statistics.median(speeds["pipeline"])
+        print(f"packed_pipeline / pipeline: {ratio:.2f}x")
         summary["inference"] = speeds
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
