@@ -25,7 +25,7 @@ from transformers import BertConfig, BertPreTrainedModel
 from model.config import check_packing_options
 from model.dropout import Dropout
 from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
+from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, save_as_reference
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
 # Outputs transformers' Trainer must not gather as predictions (metric sums, masks).
@@ -131,11 +131,7 @@ class PackedBertForSequenceClassification(BertPreTrainedModel):
         """A folder transformers.BertForSequenceClassification loads as is (safetensors,
         id2label in config.json). Atomic: temporary folder, then rename. Trainer's options
         (state_dict, safe_serialization) are accepted; the weights saved are the model's."""
-        reference = reference_model(hf_model_class("BertForSequenceClassification"), self.config)
-        missing, unexpected = reference.load_state_dict(self.state_dict(), strict=False)
-        if unexpected or [k for k in missing if not k.endswith("position_ids")]:
-            raise RuntimeError(f"save_pretrained: names differ: missing {missing}, unexpected {unexpected}")
-        save_folder(reference, folder)
+        save_as_reference(self, "BertForSequenceClassification", folder)
 
 
 def classification_metrics(logits, labels, present, multi_label: bool) -> dict:

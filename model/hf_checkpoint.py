@@ -75,6 +75,16 @@ def reference_model(reference_class, config):
         return reference_class(config)
 
 
+def save_as_reference(model, reference_class_name: str, folder) -> None:
+    """Save a packed head as the transformers class it mirrors (names must map one to one;
+    HF's position_ids buffer aside), through `save_folder`."""
+    reference = reference_model(hf_model_class(reference_class_name), model.config)
+    missing, unexpected = reference.load_state_dict(model.state_dict(), strict=False)
+    if unexpected or [k for k in missing if not k.endswith("position_ids")]:
+        raise RuntimeError(f"save_pretrained: names differ: missing {missing}, unexpected {unexpected}")
+    save_folder(reference, folder)
+
+
 def save_folder(reference, folder) -> None:
     """reference.save_pretrained into a temporary folder, then renamed in as `folder`. A
     folder that already holds files (transformers' Trainer saves into its output and

@@ -25,7 +25,7 @@ from transformers import BertConfig, BertPreTrainedModel
 from model.classification import TRAINER_IGNORED_OUTPUTS, examples_in
 from model.config import check_packing_options
 from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
+from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, save_as_reference
 
 
 class PackedBertForQuestionAnswering(BertPreTrainedModel):
@@ -97,11 +97,7 @@ class PackedBertForQuestionAnswering(BertPreTrainedModel):
         """A folder transformers.BertForQuestionAnswering loads as is (safetensors). Atomic.
         Trainer's options (state_dict, safe_serialization) are accepted; the model's own
         weights are saved."""
-        reference = reference_model(hf_model_class("BertForQuestionAnswering"), self.config)
-        missing, unexpected = reference.load_state_dict(self.state_dict(), strict=False)
-        if unexpected or [k for k in missing if not k.endswith("position_ids")]:
-            raise RuntimeError(f"save_pretrained: names differ: missing {missing}, unexpected {unexpected}")
-        save_folder(reference, folder)
+        save_as_reference(self, "BertForQuestionAnswering", folder)
 
 
 def window_log_probs(logits, sequence_ids, slots: int):

@@ -24,7 +24,7 @@ from model.classification import TRAINER_IGNORED_OUTPUTS
 from model.config import check_packing_options
 from model.dropout import Dropout
 from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
+from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, save_as_reference
 
 
 class PackedBertForTokenClassification(BertPreTrainedModel):
@@ -106,8 +106,4 @@ class PackedBertForTokenClassification(BertPreTrainedModel):
     def save_pretrained(self, folder, **trainer_options) -> None:
         """A folder transformers.BertForTokenClassification loads as is. Trainer's options
         are accepted; the model's own weights are saved."""
-        reference = reference_model(hf_model_class("BertForTokenClassification"), self.config)
-        missing, unexpected = reference.load_state_dict(self.state_dict(), strict=False)
-        if unexpected or [k for k in missing if not k.endswith("position_ids")]:
-            raise RuntimeError(f"save_pretrained: names differ: missing {missing}, unexpected {unexpected}")
-        save_folder(reference, folder)
+        save_as_reference(self, "BertForTokenClassification", folder)
