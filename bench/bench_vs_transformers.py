@@ -15,6 +15,8 @@ so a slow spell of the machine falls on all of them; the median is reported):
                     (the config's pack length, K and algorithm) with PackedDataCollator and
                     our PackedBertForSequenceClassification; batch = 32 / packing factor packs
   ours_<mode>       python -m finetune.train's loop, batching.mode = packed | uniform | dynamic
+Each Trainer recipe also times Trainer.predict over the 445 validation examples (eval batch 64
+examples; for trainer_packed 64 / packing factor packs, packing included in its time).
 Trainer runs BertForSequenceClassification with SDPA attention; its time is the training
 loop (on_train_begin .. on_train_end, data loading and collation included), ours the
 loop's steps (collation included), both without evaluation.
@@ -95,6 +97,7 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
     )
     tokenizer = BertTokenizerFast.from_pretrained(str(model_dir()))
     batch_size = config["batching"]["batch_size"]
+    eval_batch_size = config["batching"]["eval_batch_size"]
     if recipe == "trainer_packed":
         from finetune.hf import PackedDataCollator, pack_dataset
         from model.classification import PackedBertForSequenceClassification
@@ -104,7 +107,9 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
         pack = dict(max_sequences_per_pack=batching["max_sequences_per_pack"], algorithm=batching["algorithm"],
                     label_column="labels", num_labels=len(task.label_names), verbose=False)  # fmt: skip
         dataset = pack_dataset(dataset, "single_label_classification", width, **pack)
+        # The same examples per step: batch 32 examples = 32 / packing factor packs.
         batch_size = max(1, round(batch_size * len(dataset) / len(train)))
+        eval_batch_size = max(1, round(eval_batch_size * len(dataset) / len(train)))
         collator = PackedDataCollator()
     elif recipe == "trainer_padded":
         collator = DataCollatorWithPadding(
@@ -137,7 +142,7 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
         args = TrainingArguments(
             output_dir=folder,
             per_device_train_batch_size=batch_size,
-            per_device_eval_batch_size=config["batching"]["eval_batch_size"],
+            per_device_eval_batch_size=eval_batch_size,
             learning_rate=optim["lr"],
             weight_decay=optim["weight_decay"],
             warmup_steps=optim["warmup_fraction"],  # a float below 1: a share of the steps
@@ -167,17 +172,26 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
         if recipe == "trainer_packed":
             from finetune.hf import unpack_predictions
 
+            start = time.perf_counter()
             validation = pack_dataset(validation, "single_label_classification", width, **pack)
             output = trainer.predict(validation, metric_key_prefix="validation")
+            predict_seconds = time.perf_counter() - start
             rows = unpack_predictions("single_label_classification", output.predictions, output.label_ids)
             predictions, label_ids = rows.predictions, rows.labels
         else:
             # Scored against the labels Trainer returns with them: its evaluation loader may
             # reorder the examples (it does under group_by_length).
+            start = time.perf_counter()
             output = trainer.predict(validation, metric_key_prefix="validation")
+            predict_seconds = time.perf_counter() - start
             predictions, label_ids = output.predictions, output.label_ids
     accuracy = float((predictions.argmax(-1) == label_ids).mean())
-    return {"examples_per_second": len(train) * epochs / clock.seconds, "accuracy": accuracy}
+    return {
+        "examples_per_second": len(train) * epochs / clock.seconds,
+        "accuracy": accuracy,
+        # Trainer.predict over the validation set (packing included for trainer_packed)
+        "predict_examples_per_second": len(label_ids) / predict_seconds,
+    }
 
 
 def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
@@ -256,7 +270,7 @@ def main() -> int:
     parser.add_argument(
         "--recipes",
         nargs="+",
-        default=["trainer_dynamic", "trainer_grouped", "trainer_packed", "ours_packed", "ours_uniform"],
+        default=["trainer_padded", "trainer_dynamic", "trainer_grouped", "trainer_packed", "ours_packed"],
         choices=TRAINER_RECIPES + OUR_RECIPES,
     )
     parser.add_argument("--no-inference", action="store_true", help="training recipes only")
@@ -282,14 +296,20 @@ def main() -> int:
     print(
         f"# torch {torch.__version__}, {torch.get_num_threads()} threads; {args.rounds} rounds, {args.epochs} epoch(s)"
     )
-    print("| recipe | train examples/s, median (range) | validation accuracy, median |")
-    print("|---|---|---|")
+    print(
+        "| recipe | train examples/s, median (range) | validation accuracy, median | Trainer.predict examples/s, median |"
+    )
+    print("|---|---|---|---|")
     medians = {}
     for recipe, runs in results.items():
         speeds = [r["examples_per_second"] for r in runs]
         medians[recipe] = statistics.median(speeds)
         accuracy = statistics.median(r["accuracy"] for r in runs)
-        print(f"| {recipe} | {medians[recipe]:.1f} ({min(speeds):.1f}-{max(speeds):.1f}) | {accuracy:.3f} |")
+        predict = [r["predict_examples_per_second"] for r in runs if "predict_examples_per_second" in r]
+        predict = f"{statistics.median(predict):.1f}" if predict else "-"
+        print(
+            f"| {recipe} | {medians[recipe]:.1f} ({min(speeds):.1f}-{max(speeds):.1f}) | {accuracy:.3f} | {predict} |"
+        )
     trainers = [r for r in medians if r.startswith("trainer")]
     trainers = [r for r in trainers if r != "trainer_packed"]
     for ours in ("ours_packed", "trainer_packed"):

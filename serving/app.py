@@ -1,0 +1,179 @@
+"""The ASGI app (FastAPI): routes, request lifecycle, start-up and graceful shutdown.
+
+    POST /predict   classification, TEI's API (serving/api.py)
+    POST /qa        question answering
+    GET  /health    200 while the worker thread is alive
+    GET  /ready     200 while requests are admitted; 503 before start-up and from shutdown on
+    GET  /metrics   Prometheus text (serving/metrics.py)
+    GET  /info      the model, its labels, the policy and the limits
+
+A request, from bytes to answer: the body is read up to the byte limit (413 beyond) →
+parsed strictly (422 / 413 with one line) → tokenized in a thread pool, off the event loop
+→ admitted to the scheduler's bounded queue (429 when full) → batched by the policy and run
+on the worker thread → answered in input order, or 504 past its timeout. Errors use TEI's
+body, {"error": "...", "error_type": "..."}. Every request read counts once in
+packed_requests_total under the status it got.
+
+Shutdown (SIGTERM): uvicorn stops accepting connections and waits for the requests in
+flight; their tickets are still run, because the worker stops only afterwards, in the
+lifespan's exit, after draining the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from serving.api import RequestError, RequestLimits, parse_predict, parse_qa, read_json
+from serving.metrics import ServerMetrics
+from serving.policies import PolicySettings
+from serving.scheduler import QueueFull, QueueLimits, Scheduler, TicketFailed
+
+ERROR_TYPES = {413: "validation", 422: "validation", 429: "overloaded", 503: "unhealthy", 504: "timeout"}
+
+
+def create_app(
+    engine,
+    policy: PolicySettings,
+    queue: QueueLimits,
+    limits: RequestLimits,
+    tokenizer_threads: int = 1,
+) -> FastAPI:
+    metrics = ServerMetrics()
+    scheduler = Scheduler(engine, policy, queue, metrics)
+    tokenizers = ThreadPoolExecutor(tokenizer_threads, thread_name_prefix="serving-tokenizer")
+    state = {"ready": False}
+
+    @asynccontextmanager
+    async def lifespan(app):
+        scheduler.start()
+        state["ready"] = True
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            await asyncio.get_running_loop().run_in_executor(None, scheduler.stop, queue.timeout_s)
+            tokenizers.shutdown(wait=True)
+
+    app = FastAPI(title="packed BERT inference", lifespan=lifespan)
+    app.state.scheduler, app.state.metrics = scheduler, metrics
+
+    async def body_of(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise RequestError(
+                413, f"the body has {declared} bytes; at most {limits.max_body_bytes} are accepted"
+            )
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limits.max_body_bytes:
+                raise RequestError(413, f"the body exceeds {limits.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def serve(request: Request, task: str, parse, respond) -> Response:
+        """The lifecycle shared by /predict and /qa; parse(data) -> (prepare args, respond args)."""
+        started = time.monotonic()
+        status = 200
+        try:
+            if engine.task != task:
+                raise RequestError(404, f"this server runs a {engine.task} model; use {ROUTES[engine.task]}")
+            if not state["ready"]:
+                raise TicketFailed(503, "the server is not ready (starting or shutting down)")
+            data = read_json(await body_of(request), limits)
+            prepare_args, respond_args = parse(data)
+            loop = asyncio.get_running_loop()
+            prepared = await loop.run_in_executor(tokenizers, engine.prepare, *prepare_args)
+            ticket = scheduler.submit(prepared.token_ids, prepared.segment_ids)
+            ticket.future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
+            left = ticket.deadline - time.monotonic()
+            try:
+                outputs = await asyncio.wait_for(asyncio.shield(ticket.future), timeout=max(left, 0.0))
+            except TimeoutError:
+                ticket.give_up(f"not answered within the {queue.timeout_s:g} s timeout")
+                outputs = await ticket.future  # the give-up (or a result that just won) decides
+            body = respond(prepared, outputs, *respond_args)
+            response = JSONResponse(body)
+            response.headers["x-queue-time"] = f"{ticket.queue_seconds * 1000:.1f}"
+            response.headers["x-total-time"] = f"{(time.monotonic() - started) * 1000:.1f}"
+        except RequestError as err:
+            status, response = err.status, _error(err.status, err.message)
+        except QueueFull as err:
+            status, response = 429, _error(429, f"overloaded: {err}")
+        except TicketFailed as err:
+            status, response = err.status, _error(err.status, str(err))
+        metrics.requests.labels(status=str(status)).inc()
+        if status == 200:
+            metrics.latency.observe(time.monotonic() - started)
+        return response
+
+    @app.post("/predict")
+    async def predict(request: Request):
+        def parse(data):
+            sequences, single, truncate, raw_scores = parse_predict(data, limits)
+            return (sequences, truncate), (single, raw_scores)
+
+        def respond(prepared, outputs, single, raw_scores):
+            answers = engine.answer(outputs, raw_scores)
+            return answers[0] if single else answers
+
+        return await serve(request, "classification", parse, respond)
+
+    @app.post("/qa")
+    async def qa(request: Request):
+        def parse(data):
+            questions, single = parse_qa(data, limits)
+            return (questions,), (single,)
+
+        def respond(prepared, outputs, single):
+            answers = engine.answer(prepared, outputs)
+            return answers[0] if single else answers
+
+        return await serve(request, "question_answering", parse, respond)
+
+    @app.get("/health")
+    async def health():
+        alive = scheduler.alive
+        return JSONResponse(
+            {"status": "ok" if alive else "worker stopped"}, status_code=200 if alive else 503
+        )
+
+    @app.get("/ready")
+    async def ready():
+        ok = state["ready"] and scheduler.alive
+        return JSONResponse({"ready": ok, "queued": scheduler.queued}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/info")
+    async def info():
+        return {
+            "task": engine.task,
+            "labels": getattr(engine, "labels", None),
+            "max_input_length": engine.max_length,
+            "policy": policy.policy,
+            "max_batch_tokens": policy.max_batch_tokens,
+            "widths": list(policy.widths),
+            "max_queue_sequences": queue.max_queue_sequences,
+            "timeout_s": queue.timeout_s,
+            "max_client_batch_size": limits.max_inputs,
+        }
+
+    return app
+
+
+ROUTES = {"classification": "POST /predict", "question_answering": "POST /qa"}
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": message, "error_type": ERROR_TYPES.get(status, "backend")}, status_code=status
+    )

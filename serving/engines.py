@@ -1,0 +1,188 @@
+"""What the server runs: a fine-tuned folder (`finetune.train`'s output) as three steps.
+
+    engine = load_engine(folder)                         # classification or question answering
+    prepared = engine.prepare(request)                   # tokenizer thread: sequences + context
+    outputs = engine.run(token_ids, segment_ids, table, width)   # worker thread: one forward
+    answer = engine.answer(prepared, outputs, request)   # per request, in its input order
+
+Tokenization and scoring are `finetune.predict`'s (the folder's vocabulary and
+data.classification_data.tokenize; QA windows by data.qa_windows with the folder's
+window length and stride, answers by finetune.qa_answers), so the server answers what
+`python -m finetune.predict` writes for the same texts. The engine runs whatever table the
+policy gives: packed rows (K > 1) and one-sequence rows alike, through the same model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.classification_data import ExampleError, Examples, tokenize
+from finetune.folder import load_finetuned
+from finetune.rows import pack_rows, unpack_outputs
+from serving.api import RequestError
+
+
+@dataclass
+class Prepared:
+    """A request's sequences (int64 arrays) and whatever answering needs afterwards."""
+
+    token_ids: list
+    segment_ids: list
+    context: object = None
+
+
+def load_engine(folder: Path, device: str = "cpu"):
+    """The engine for a `finetune.train` model folder (raises ExampleError for a bad one)."""
+    model, info, tokenizer, vocab = load_finetuned(folder)
+    model = model.to(device).eval()
+    if info["task"] == "question_answering":
+        return QaEngine(model, info, vocab)
+    return ClassificationEngine(model, info, tokenizer, vocab)
+
+
+class _Engine:
+    task: str
+
+    def __init__(self, model, info: dict):
+        self.model, self.info = model, info
+        self.device = next(model.parameters()).device
+        self.max_length = model.config.max_position_embeddings
+
+    @torch.inference_mode()
+    def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int):
+        rows = pack_rows(token_ids, table, width, segment_ids)
+        batch = {name: torch.from_numpy(value).to(self.device) for name, value in rows.items()}
+        return rows, self.model(**batch)
+
+
+class ClassificationEngine(_Engine):
+    """Single- and multi-label classification: TEI's /predict."""
+
+    task = "classification"
+
+    def __init__(self, model, info: dict, tokenizer, vocab: dict):
+        super().__init__(model, info)
+        self.tokenizer, self.vocab = tokenizer, vocab
+        self.labels = list(info["labels"])
+        self.multi_label = bool(info["multi_label"])
+
+    def prepare(self, sequences: list[tuple[str, str | None]], truncate: bool) -> Prepared:
+        """[(text, pair or None)] -> token ids as finetune.predict makes them. Too long
+        without truncate: 413, as TEI answers."""
+        where = [f"inputs[{i}]" for i in range(len(sequences))]
+        examples = Examples(
+            [s[0] for s in sequences], [s[1] for s in sequences], [None] * len(sequences), where
+        )
+        labels = np.zeros(len(sequences), dtype=np.int64)
+        try:
+            data = tokenize(examples, self.tokenizer, self.vocab, labels, self.max_length,
+                            "truncate" if truncate else "error")  # fmt: skip
+        except ExampleError as err:
+            message = (
+                str(err)
+                .replace("data.max_sequence_length", "the model's maximum")
+                .replace("(set data.too_long: truncate to cut it)", '(send "truncate": true to cut it)')
+            )
+            raise RequestError(413, message) from None
+        as_int64 = [t.astype(np.int64) for t in data.token_ids]
+        return Prepared(as_int64, [s.astype(np.int64) for s in data.segment_ids])
+
+    def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
+        """Logits float32 [C] per sequence, in the order of token_ids."""
+        rows, out = self._forward(token_ids, segment_ids, table, width)
+        logits = out["logits"].float().cpu().numpy()
+        return list(unpack_outputs(logits, rows["example_index"], len(token_ids)))
+
+    def scores(self, logits: np.ndarray, raw_scores: bool) -> np.ndarray:
+        """[n, C]: logits (raw_scores), sigmoid (multi-label) or softmax, as finetune.predict."""
+        if raw_scores:
+            return logits
+        if self.multi_label:
+            return 1 / (1 + np.exp(-logits))
+        shifted = np.exp(logits - logits.max(-1, keepdims=True))
+        return shifted / shifted.sum(-1, keepdims=True)
+
+    def answer(self, outputs: list, raw_scores: bool) -> list[list[dict]]:
+        """Per input: every label with its score, best first (TEI's order)."""
+        scores = self.scores(np.stack(outputs), raw_scores)
+        return [
+            [{"score": float(row[c]), "label": self.labels[c]} for c in np.argsort(-row, kind="stable")]
+            for row in scores
+        ]
+
+
+class QaEngine(_Engine):
+    """Extractive question answering: windows of the folder's length and stride."""
+
+    task = "question_answering"
+
+    def __init__(self, model, info: dict, vocab: dict):
+        from data.qa_windows import fast_tokenizer
+        from finetune.qa_task import answer_settings
+
+        super().__init__(model, info)
+        self.tokenizer = fast_tokenizer(vocab)
+        self.window = int(info["max_sequence_length"])
+        self.doc_stride = int(info["qa"]["doc_stride"])
+        self.settings = answer_settings(info["qa"])
+
+    def prepare(self, questions: list[dict]) -> Prepared:
+        """[{"question", "context"}] -> every window of every question."""
+        from data.qa_data import QaExamples
+        from data.qa_windows import make_windows
+
+        n = len(questions)
+        examples = QaExamples(
+            [str(i) for i in range(n)],
+            [q["question"] for q in questions],
+            [q["context"] for q in questions],
+            [None] * n,
+            [f"inputs[{i}]" for i in range(n)],
+        )
+        try:
+            windows = make_windows(examples, self.tokenizer, self.window, self.doc_stride)
+        except ExampleError as err:
+            raise RequestError(413, str(err)) from None
+        return Prepared(
+            [t.astype(np.int64) for t in windows.token_ids],
+            [s.astype(np.int64) for s in windows.segment_ids],
+            (examples, windows),
+        )
+
+    def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
+        """(start, end) logits float32 [length] per window, in the order of token_ids."""
+        rows, out = self._forward(token_ids, segment_ids, table, width)
+        start, end = out["start_logits"].float().cpu().numpy(), out["end_logits"].float().cpu().numpy()
+        outputs = [None] * len(token_ids)
+        for row, slot in zip(*np.nonzero(table >= 0)):
+            first, n = rows["cls_positions"][row, slot], len(token_ids[table[row, slot]])
+            outputs[table[row, slot]] = (start[row, first : first + n], end[row, first : first + n])
+        return outputs
+
+    def answer(self, prepared: Prepared, outputs: list) -> list[dict]:
+        """Per question: the transformers pipeline's {"score", "start", "end", "answer"}."""
+        from finetune.qa_answers import best_answers
+        from finetune.qa_task import offsets_table
+
+        examples, windows = prepared.context
+        width = max(len(s) for s, _ in outputs)
+        start = np.full((len(outputs), width), -np.inf, dtype=np.float32)
+        end = start.copy()
+        for w, (s, e) in enumerate(outputs):
+            start[w, : len(s)], end[w, : len(e)] = s, e
+        answers = best_answers(
+            start,
+            end,
+            offsets_table(windows, width),
+            windows.example_of_window,
+            examples.contexts,
+            self.settings,
+        )
+        return [
+            {"score": float(p), "start": int(s), "end": int(e), "answer": text}
+            for text, (s, e), p in zip(answers.text, answers.spans, answers.probability)
+        ]

@@ -1,0 +1,233 @@
+"""The online server on 127.0.0.1: real HTTP (uvicorn), concurrent clients, every policy.
+
+Answers must equal `python -m finetune.predict` on the same texts, in request order; an
+overloaded queue refuses with 429 and answers everything it admitted; bad input is one
+line and the server keeps serving; SIGTERM under load answers or rejects every admitted
+request and exits 0. A tiny checkpoint is fine-tuned once for the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import pytest
+import uvicorn
+
+from finetune import predict
+from finetune import train as finetune
+from serving.api import RequestLimits
+from serving.app import create_app
+from serving.engines import load_engine
+from serving.policies import POLICIES, PolicySettings
+from serving.scheduler import QueueLimits
+
+from .conftest import REPO
+from .test_finetune_run import checkpoint, write_config  # noqa: F401 - the module's fixture
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, checkpoint):  # noqa: F811
+    folder = tmp_path_factory.mktemp("serve")
+    config = write_config(folder, checkpoint, training={"epochs": 2, "progress": False})
+    assert finetune.main(["--config", str(config), "--output-dir", str(folder / "run")]) == 0
+    return folder
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """An in-process uvicorn server on a free port, in a thread."""
+
+    def __init__(self, folder, policy="packed", queue=None, limits=None, **settings):
+        engine = load_engine(folder)
+        policy_settings = PolicySettings(policy, max_length=engine.max_length, **settings)
+        self.app = create_app(engine, policy_settings, queue or QueueLimits(), limits or RequestLimits())
+        self.port = free_port()
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/ready").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def read_records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def predict_file(trained, records, tmp_path):
+    """finetune.predict's scores for `records` (JSON lines), in input order."""
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert (
+        predict.main(
+            ["--model", str(trained / "run" / "model"), "--input", str(source), "--output", str(out)]
+        )
+        == 0
+    )
+    return read_records(out)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_concurrent_clients_get_predicts_answers_in_request_order(trained, tmp_path, policy):
+    records = read_records(trained / "val.jsonl")
+    expected = predict_file(trained, records, tmp_path)
+    labels = json.loads((trained / "run" / "model" / "finetune.json").read_text())["labels"]
+
+    def as_input(r):
+        return [r["text"], r["text_pair"]] if "text_pair" in r else [r["text"]]
+
+    # 30 texts in requests of 1..4 inputs, sent by 6 clients at once
+    rng = np.random.default_rng(0)
+    cuts = np.cumsum(rng.integers(1, 5, size=30))
+    groups = [list(range(a, b)) for a, b in zip([0, *cuts], cuts) if a < len(records)]
+    groups = [[i for i in g if i < len(records)] for g in groups]
+    with Server(trained / "run" / "model", policy, max_batch_tokens=256, batch_size=4) as server:
+
+        def send(group):
+            body = {"inputs": [as_input(records[i]) for i in group]}
+            response = httpx.post(server.url + "/predict", json=body, timeout=30)
+            assert response.status_code == 200, response.text
+            return group, response.json()
+
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(send, groups))
+        single = httpx.post(server.url + "/predict", json={"inputs": as_input(records[0])}).json()
+        metrics = httpx.get(server.url + "/metrics").text
+    for group, answer in answers:
+        assert len(answer) == len(group)
+        for i, ranked in zip(group, answer):
+            assert ranked[0]["label"] == expected[i]["label"]
+            scores = {item["label"]: item["score"] for item in ranked}
+            np.testing.assert_allclose([scores[name] for name in labels], expected[i]["scores"], atol=1e-5)
+            assert [item["score"] for item in ranked] == sorted(scores.values(), reverse=True)
+    assert isinstance(single, list) and single[0]["label"] == expected[0]["label"]
+    assert f'packed_requests_total{{status="200"}} {len(groups) + 1}.0' in metrics
+
+
+def test_overload_refuses_with_429_and_answers_everything_admitted(trained):
+    texts = [["the market shares " * 4]] * 4
+    queue = QueueLimits(max_queue_sequences=8, max_wait_ms=0, timeout_s=60)
+    with Server(trained / "run" / "model", "padded", queue, batch_size=1) as server:
+
+        def send(_):
+            return httpx.post(server.url + "/predict", json={"inputs": texts}, timeout=60).status_code
+
+        with ThreadPoolExecutor(16) as pool:
+            statuses = list(pool.map(send, range(48)))
+        metrics = httpx.get(server.url + "/metrics").text
+    assert set(statuses) <= {200, 429}
+    assert statuses.count(429) > 0 and statuses.count(200) > 0
+    for status in (200, 429):
+        assert f'packed_requests_total{{status="{status}"}} {statuses.count(status)}.0' in metrics
+    # every admitted request ran: 4 sequences each, one per batch of the padded policy
+    assert f"packed_batches_total {4 * statuses.count(200)}.0" in metrics
+
+
+@pytest.mark.parametrize(
+    "body, status, says",
+    [
+        (b"{not json", 422, "not JSON"),
+        (b'{"inputs": ""}', 422, "empty"),
+        (b'{"inputs": 3}', 422, "expected a string"),
+        (b'{"inputs": [["a", "b", "c"]]}', 422, "inputs[0]"),
+        (b'{"inputs": "a", "truncate": "yes"}', 422, "truncate"),
+        (b'{"text": "a"}', 422, '"inputs"'),
+        (b'{"inputs": "' + b"x" * (11 << 20) + b'"}', 413, "bytes"),
+        (json.dumps({"inputs": [["the"]] * 33}).encode(), 413, "at most 32"),
+        (json.dumps({"inputs": "the " * 100}).encode(), 413, "truncate"),
+    ],
+)
+def test_bad_input_is_one_line_and_the_server_keeps_serving(trained, body, status, says):
+    with Server(trained / "run" / "model", limits=RequestLimits(max_body_bytes=1 << 20)) as server:
+        response = httpx.post(
+            server.url + "/predict", content=body, headers={"content-type": "application/json"}
+        )
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert says in error and "\n" not in error
+        ok = httpx.post(server.url + "/predict", json={"inputs": "the film", "truncate": True})
+        assert ok.status_code == 200
+
+
+def test_long_text_with_truncate_is_answered(trained):
+    with Server(trained / "run" / "model") as server:
+        response = httpx.post(server.url + "/predict", json={"inputs": "the " * 100, "truncate": True})
+    assert response.status_code == 200 and len(response.json()) == 3
+
+
+def test_sigterm_under_load_answers_or_rejects_everything_and_exits_0(trained):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "finetune.serve", "--model", str(trained / "run" / "model"), "--port", str(port),
+         "--policy", "padded", "--batch-size", "1", "--max-queue", "64"],
+        cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        results = []
+
+        def send(_):
+            try:
+                response = httpx.post(
+                    url + "/predict", json={"inputs": [["the market " * 8]] * 4}, timeout=60
+                )
+                results.append(response.status_code)
+            except httpx.TransportError as err:  # refused: sent after the listener closed
+                results.append(type(err).__name__)
+
+        with ThreadPoolExecutor(12) as pool:
+            futures = [pool.submit(send, i) for i in range(24)]
+            time.sleep(0.3)
+            server.send_signal(signal.SIGTERM)
+            for f in futures:
+                f.result()
+        assert server.wait(60) == 0, server.stderr.read()
+        log = server.stderr.read()
+    finally:
+        server.kill()
+    assert "stopped by signal 15" in log
+    answered = [r for r in results if r == 200]
+    assert answered, results
+    # nothing admitted was lost: every request got an HTTP answer or was refused at connect
+    assert all(r in (200, 429, 503, "ConnectError") for r in results), results
+    # the server's own count of answers agrees with what the clients received
+    for status in (200, 429, 503):
+        if status in results:
+            assert f"'{status}': {results.count(status)}" in log, (log, results)
