@@ -1,7 +1,7 @@
 """Serve a fine-tuned folder over HTTP, packing requests as they arrive.
 
     python -m finetune.serve --model runs/bbc_packed/model [--host 127.0.0.1 --port 8080]
-        [--policy packed | fifo-tokens | padded] [--max-batch-tokens 16384] [--max-wait-ms 5]
+        [--policy packed | fifo-tokens | padded] [--max-batch-tokens 16384] [--max-wait-ms 0]
 
 Classification folders answer text-embeddings-inference's `POST /predict` (its clients work
 unchanged; multi-label scores are sigmoids, where TEI applies softmax); question-answering
@@ -9,7 +9,7 @@ folders answer `POST /qa`. Also /health, /ready, /metrics (Prometheus), /info. T
 policies (serving/policies.py): `packed` packs what is waiting into rows of a few fixed
 widths, longest first, the starving first; `fifo-tokens` is TEI's (first come, first
 served up to the token budget, padded to the longest); `padded` is a fixed batch padded
-to the maximum length. Overload is refused with 429 (a bounded queue), never queued
+to the length the model was fine-tuned at. Overload is refused with 429 (a bounded queue), never queued
 without bound; SIGTERM answers what was admitted, then exits 0. The pieces live in
 serving/.
 """
@@ -38,7 +38,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--max-batch-tokens", type=int, default=16384, help="tokens per forward (TEI's default)"
     )
-    parser.add_argument("--max-wait-ms", type=float, default=5.0, help="packed: how long a batch may fill")
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=0.0, help="packed: how long a batch may fill before it runs"
+    )
     parser.add_argument(
         "--widths", type=int, nargs="+", default=[64, 128, 256, 512], help="packed row widths"
     )
@@ -85,7 +87,7 @@ def main(argv=None) -> int:
         engine = load_engine(args.model, args.device)
         policy = PolicySettings(
             args.policy, args.max_batch_tokens, engine.max_length, tuple(args.widths), args.batch_size,
-            args.max_sequences_per_pack, args.algorithm,
+            args.max_sequences_per_pack, args.algorithm, pad_to=engine.info["max_sequence_length"],
         )  # fmt: skip
     except (ExampleError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)

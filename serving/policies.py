@@ -8,14 +8,17 @@ whenever the model is free.
 
   packed       length-aware packing (this project): sequences that waited longer than
                `starve_after_s` first, oldest first; then the rest longest first, while their
-               tokens fit the budget; then packed into rows of the smallest fixed width
-               that holds the longest (packing/tokenized.pack_examples; a few widths, so a
-               compiled or CUDA-graph model sees a handful of shapes)
+               tokens fit the budget; then packed (packing/tokenized.pack_examples) into
+               rows of the width, among the fixed ones that hold the longest and the
+               longest rounded up to 16, that needs the fewest padded tokens (row widths
+               come from a small fixed set, so a compiled or CUDA-graph model sees few
+               shapes)
   fifo-tokens  text-embeddings-inference's policy for padded models (core/src/queue.rs):
                first come, first served while (longest so far) x (sequences + 1) fits the
                token budget; one sequence per row, padded to the batch's longest
-  padded       a fixed batch: the first `batch_size` sequences, one per row, padded to the
-               model's maximum length (what a naive server does)
+  padded       a fixed batch: the first `batch_size` sequences, one per row, padded to
+               `pad_to` (the length the model was fine-tuned at; wider if a sequence is
+               longer): what a naive server does
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 from packing.tokenized import pack_examples
 
 POLICIES = ("packed", "fifo-tokens", "padded")
+TIGHT_STEP = 16  # packed rows may also be the longest sequence rounded up to this
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,8 @@ class PolicySettings:
     """max_batch_tokens: the token budget of one forward (TEI's --max-batch-tokens; padded
     tokens for fifo-tokens, real tokens for packed); max_length: the longest sequence
     accepted; widths: packed row widths (ascending, the last = max_length); batch_size:
-    rows of the padded policy; max_sequences_per_pack: K of packed rows."""
+    rows of the padded policy; pad_to: its row width (None: max_length);
+    max_sequences_per_pack: K of packed rows."""
 
     policy: str = "packed"
     max_batch_tokens: int = 16384
@@ -44,6 +49,7 @@ class PolicySettings:
     max_sequences_per_pack: int = 6
     algorithm: str = "lpfhp"
     starve_after_s: float = 0.1
+    pad_to: int | None = None
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -94,9 +100,23 @@ def _packed(lengths, waited_s, settings: PolicySettings) -> Plan:
     take = max(1, int(fits.sum()))
     chosen = np.sort(order[:take])  # sorted: a deterministic table for the same queue
     chosen_lengths = lengths[chosen]
-    width = next(w for w in settings.widths if w >= chosen_lengths.max())
-    table = pack_examples(chosen_lengths, width, settings.max_sequences_per_pack, settings.algorithm, seed=0)
-    return Plan(chosen, table, width)
+    # The width with the fewest padded tokens among those that hold the longest: the
+    # narrowest is not always it (rows of 64 hold one 40-token sequence, rows of 128 three).
+    # Candidates: the configured widths that hold the longest, and the longest rounded up to
+    # a multiple of 16 (one sequence per row, as tight as padding to the longest: what a
+    # light load wants); none wider than the first that holds every chosen token.
+    longest, total = int(chosen_lengths.max()), int(chosen_lengths.sum())
+    tight = min(-(-longest // TIGHT_STEP) * TIGHT_STEP, settings.max_length)
+    candidates = sorted({tight, *(w for w in settings.widths if w >= longest)})
+    enough = next((i for i, w in enumerate(candidates) if w >= total), len(candidates) - 1)
+    best = None
+    for width in candidates[: enough + 1]:
+        table = pack_examples(
+            chosen_lengths, width, settings.max_sequences_per_pack, settings.algorithm, seed=0
+        )
+        if best is None or len(table) * width < best.padded_tokens:
+            best = Plan(chosen, table, width)
+    return best
 
 
 def _fifo_tokens(lengths, settings: PolicySettings) -> Plan:
@@ -112,4 +132,5 @@ def _fifo_tokens(lengths, settings: PolicySettings) -> Plan:
 
 def _padded(lengths, settings: PolicySettings) -> Plan:
     chosen = np.arange(min(len(lengths), settings.batch_size), dtype=np.int64)
-    return Plan(chosen, chosen[:, None].copy(), settings.max_length)
+    width = max(settings.pad_to or settings.max_length, int(lengths[chosen].max()))
+    return Plan(chosen, chosen[:, None].copy(), width)

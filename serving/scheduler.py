@@ -43,12 +43,13 @@ class TicketFailed(Exception):
 @dataclass(frozen=True)
 class QueueLimits:
     """max_queue_sequences: sequences waiting at most (admission refuses beyond);
-    max_wait_ms: how long the packed policy lets a batch fill (the other policies, like
-    TEI, take what is there as soon as the model is free); timeout_s: a request's
+    max_wait_ms: how long the packed policy lets a batch fill before it runs (0: like
+    TEI, every policy takes what is waiting as soon as the model is free, so the batch is
+    what arrived during the last forward); timeout_s: a request's
     deadline from admission."""
 
     max_queue_sequences: int = 1024
-    max_wait_ms: float = 5.0
+    max_wait_ms: float = 0.0
     timeout_s: float = 30.0
 
 

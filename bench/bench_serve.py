@@ -1,0 +1,271 @@
+"""The online server under load: the three batching policies side by side, real HTTP.
+
+    python bench/bench_serve.py [--model FOLDER] [--seconds 20] [--overload-seconds 30]
+
+The model: a `finetune.train` folder (--model), or configs/finetune_bbc.yaml fine-tuned
+for one epoch here (MiniLM-L6). Requests: one BBC News input each, drawn at random with
+replacement: --workload pairs (title + first sentence, what the model was fine-tuned on;
+a narrow spread of lengths) or mixed (title + the first 1-8 sentences; a wide spread).
+For each policy a fresh `python -m finetune.serve` subprocess on 127.0.0.1:
+
+  saturation   closed loop: --concurrency clients, each sending its next request when the
+               last is answered, for --seconds; answered requests per second
+  load         open loop: Poisson arrivals at 50% and 80% of the padded policy's
+               saturation rate for --seconds; p50 / p99 latency of answered requests
+               (arrival to answer, measured by the client)
+  real-token fraction   from the server's /metrics (real / padded tokens over the run)
+
+Then the packed policy at 2x its saturation rate for --overload-seconds: statuses, p99 of
+the answered, the server's peak resident memory, and whether the server's count of
+answers equals the client's (nothing admitted lost). Prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from finetune.config import load_finetune_config  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
+REPO = Path(__file__).resolve().parent.parent
+POLICIES = ("padded", "fifo-tokens", "packed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, model: Path, policy: str, extra: list[str]):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "finetune.serve", "--model", str(model), "--port", str(self.port),
+                "--policy", policy, *extra]  # fmt: skip
+        self.process = subprocess.Popen(argv, cwd=REPO, stderr=subprocess.PIPE, text=True)
+
+    def __enter__(self):
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/ready").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.2)
+        raise RuntimeError(f"server did not start: {self.process.stderr.read()}")
+
+    def peak_rss_mib(self) -> float:
+        import psutil
+
+        # Linux: VmHWM is the peak resident set of the process so far.
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return psutil.Process(self.process.pid).memory_info().rss / 2**20
+
+    def metrics(self) -> dict[str, float]:
+        import httpx
+
+        out = {}
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+        return out
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+async def closed_loop(url: str, texts: list[str], clients: int, seconds: float, seed: int) -> dict:
+    import httpx
+
+    stop = time.monotonic() + seconds
+    done, latencies = [], []
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+
+        async def one_client(k):
+            local = np.random.default_rng(seed + k)
+            while time.monotonic() < stop:
+                text = texts[int(local.integers(len(texts)))]
+                began = time.monotonic()
+                response = await client.post(url + "/predict", json={"inputs": text, "truncate": True})
+                done.append(response.status_code)
+                latencies.append(time.monotonic() - began)
+
+        began = time.monotonic()
+        await asyncio.gather(*(one_client(k) for k in range(clients)))
+        elapsed = time.monotonic() - began
+    ok = done.count(200)
+    return {"rate": ok / elapsed, "statuses": {s: done.count(s) for s in set(done)}, "p50": _q(latencies, 50)}
+
+
+async def open_loop(url: str, texts: list[str], rate: float, seconds: float, seed: int) -> dict:
+    """Poisson arrivals at `rate` per second for `seconds` (at most rate * seconds * 1.5)."""
+    import httpx
+
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1 / rate, size=int(rate * seconds * 1.5) + 1)
+    arrivals = np.cumsum(gaps)
+    arrivals = arrivals[arrivals < seconds]
+    results = []
+    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
+        async def one(at, text):
+            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+            sent = time.monotonic()
+            try:
+                response = await client.post(url + "/predict", json={"inputs": text, "truncate": True})
+                results.append((response.status_code, time.monotonic() - sent))
+            except httpx.HTTPError as err:
+                results.append((type(err).__name__, time.monotonic() - sent))
+
+        start = time.monotonic()
+        picks = rng.integers(len(texts), size=len(arrivals))
+        await asyncio.gather(*(one(at, texts[int(i)]) for at, i in zip(arrivals, picks)))
+        elapsed = time.monotonic() - start
+    ok = [latency for status, latency in results if status == 200]
+    statuses = {}
+    for status, _ in results:
+        statuses[status] = statuses.get(status, 0) + 1
+    return {
+        "sent": len(results),
+        "answered_per_second": len(ok) / elapsed,
+        "p50": _q(ok, 50),
+        "p99": _q(ok, 99),
+        "statuses": statuses,
+    }
+
+
+def _q(values, q):
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def fine_tuned_model(folder: Path) -> Path:
+    from finetune.train import run_finetune
+
+    config = load_finetune_config(CONFIG, ["training.progress=false"])
+    one = copy.deepcopy(config)
+    one["training"]["epochs"] = 1
+    run_finetune(one, folder / "run")
+    return folder / "run" / "model"
+
+
+def bbc_texts(workload: str = "pairs", seed: int = 0) -> list:
+    """One TEI input per BBC News article. pairs: [title, first sentence] (the pair the
+    model was fine-tuned on; 23-63 tokens); mixed: [title, the first k sentences], k drawn
+    from 1..8 (about 25-400 tokens: a wide spread of lengths, cut at 512 by truncate)."""
+    import glob
+
+    from data.create_pretraining_data import read_document, split_sentences
+    from finetune.train import resolve_asset
+
+    config = load_finetune_config(CONFIG, ["training.progress=false"])
+    rng = np.random.default_rng(seed)
+    out = []
+    for path in sorted(glob.glob(resolve_asset(config["data"]["train_file"]))):
+        lines = [line.strip() for line in read_document(Path(path))[0].splitlines() if line.strip()]
+        body = split_sentences("\n".join(lines[1:]))
+        k = 1 if workload == "pairs" else int(rng.integers(1, 9))
+        out.append([lines[0], " ".join(body[:k])] if body else lines[0])
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="a finetune.train model folder (default: fine-tune one)")
+    parser.add_argument("--seconds", type=float, default=20, help="per measurement")
+    parser.add_argument("--overload-seconds", type=float, default=30)
+    parser.add_argument("--concurrency", type=int, default=128, help="closed-loop clients at saturation")
+    parser.add_argument("--workload", default="pairs", choices=("pairs", "mixed"), help="see bbc_texts")
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    parser.add_argument("--server-args", default="", help="extra finetune.serve options, one string")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    extra = args.server_args.split()
+    texts = bbc_texts(args.workload)
+    with tempfile.TemporaryDirectory() as scratch:
+        model = args.model or fine_tuned_model(Path(scratch))
+        results = {}
+        for policy in args.policies:
+            with ServerProcess(model, policy, extra) as server:
+                results[policy] = {
+                    "saturation": asyncio.run(
+                        closed_loop(server.url, texts, args.concurrency, args.seconds, 1)
+                    )
+                }
+                print(f"{policy}: saturation {results[policy]['saturation']}", file=sys.stderr, flush=True)
+        reference = results.get("padded", next(iter(results.values())))["saturation"]["rate"]
+        for policy in args.policies:
+            with ServerProcess(model, policy, extra) as server:
+                for share in (0.5, 0.8):
+                    run = asyncio.run(open_loop(server.url, texts, share * reference, args.seconds, 2))
+                    results[policy][f"load_{share}"] = run
+                    print(f"{policy} at {share:.0%}: {run}", file=sys.stderr, flush=True)
+                m = server.metrics()
+                results[policy]["real_token_fraction"] = (
+                    m["packed_real_tokens_total"] / m["packed_padded_tokens_total"]
+                )
+        overload = None
+        if "packed" in results and args.overload_seconds > 0:
+            rate = 2 * results["packed"]["saturation"]["rate"]
+            with ServerProcess(model, "packed", extra) as server:
+                run = asyncio.run(open_loop(server.url, texts, rate, args.overload_seconds, 3))
+                m = server.metrics()
+                counted = {k: int(v) for k, v in m.items() if k.startswith("packed_requests_total")}
+                overload = {
+                    "rate": rate,
+                    **run,
+                    "server_counts": counted,
+                    "peak_rss_mib": server.peak_rss_mib(),
+                }
+    print(
+        f"# {len(texts)} BBC News inputs ({args.workload}), one per request; {args.seconds:g} s per measurement"
+    )
+    print(
+        "| policy | saturation, requests/s | p50 / p99 at 50% load, ms | p50 / p99 at 80% load, ms | real-token fraction |"
+    )
+    print("|---|---|---|---|---|")
+    for policy, r in results.items():
+        loads = [r[f"load_{s}"] for s in (0.5, 0.8)]
+        cells = " | ".join(f"{x['p50'] * 1000:.0f} / {x['p99'] * 1000:.0f}" for x in loads)
+        print(f"| {policy} | {r['saturation']['rate']:.1f} | {cells} | {r['real_token_fraction']:.3f} |")
+    for policy in ("padded", "fifo-tokens"):
+        if policy in results and "packed" in results:
+            ratio = results["packed"]["saturation"]["rate"] / results[policy]["saturation"]["rate"]
+            print(f"\npacked / {policy} at saturation: {ratio:.2f}x")
+    if overload:
+        print(f"\noverload: packed at {overload['rate']:.0f} requests/s (2x its saturation) for {args.overload_seconds:g} s: "
+              f"{overload['sent']} sent, statuses {overload['statuses']}, p99 of answered {overload['p99'] * 1000:.0f} ms, "
+              f"server peak RSS {overload['peak_rss_mib']:.0f} MiB, server's counts {overload['server_counts']}")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"policies": results, "overload": overload}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
