@@ -134,7 +134,10 @@ bench: install
 	$(PY) bench/bench_stages.py
 	$(PY) bench/bench_finetune.py
 	$(PY) bench/bench_vs_transformers.py
+	$(PY) bench/bench_flattening.py
 	$(PY) bench/bench_qa.py
+	$(PY) bench/bench_serve.py --workload pairs
+	$(PY) bench/bench_serve.py --workload mixed
 
 lint: install
 	$(PY) -m ruff check .

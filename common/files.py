@@ -78,6 +78,20 @@ def describe_os_error(err: OSError) -> str:
     return f"{where}: {reason}"
 
 
+def output_over_inputs(output, inputs=(), folders=()) -> str | None:
+    """One line if `output` resolves to one of the `inputs` files or into one of the
+    `folders` a command reads (symlinks followed), else None: an output never replaces an
+    input."""
+    target = Path(output).resolve()
+    for path in inputs:
+        if Path(path).resolve() == target:
+            return f"{output} is also an input ({path}); choose another output path"
+    for folder in folders:
+        if target.is_relative_to(Path(folder).resolve()):
+            return f"{output} is inside {folder}, which this command reads; write it elsewhere"
+    return None
+
+
 class FolderInUse(RuntimeError):
     """Another process holds the folder's lock."""
 
@@ -89,7 +103,8 @@ def lock_folder(folder, what: str):
     lock file (keep a reference); FolderInUse if another process holds it."""
     import fcntl
 
-    folder = Path(folder).absolute()
+    # The resolved folder: runs/A -> runs/B and runs/B are one folder with one lock.
+    folder = Path(folder).resolve()
     folder.parent.mkdir(parents=True, exist_ok=True)
     path = folder.parent / f".{folder.name}.lock"
     if str(path) in _HELD:  # this process holds it already (a job run twice in one process)

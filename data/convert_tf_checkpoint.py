@@ -122,18 +122,32 @@ def expected_names(config: dict) -> set[str]:
 
 
 def expected_shapes(config: dict) -> dict[str, tuple]:
+    """The shape of every variable of `expected_names(config)` (HF layout: Linear weights
+    [out, in]): all of them are checked, so a [64, 32] query kernel is refused here, not at
+    training start."""
     h, v, f = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
     shapes = {
         "bert.embeddings.word_embeddings.weight": (v, h),
         "bert.embeddings.position_embeddings.weight": (config["max_position_embeddings"], h),
         "bert.embeddings.token_type_embeddings.weight": (config["type_vocab_size"], h),
+        "bert.embeddings.LayerNorm.weight": (h,),
+        "bert.embeddings.LayerNorm.bias": (h,),
+        "bert.pooler.dense.weight": (h, h),
+        "bert.pooler.dense.bias": (h,),
+        "cls.predictions.transform.dense.weight": (h, h),
+        "cls.predictions.transform.dense.bias": (h,),
+        "cls.predictions.transform.LayerNorm.weight": (h,),
+        "cls.predictions.transform.LayerNorm.bias": (h,),
         "cls.predictions.bias": (v,),
         "cls.seq_relationship.weight": (2, h),
         "cls.seq_relationship.bias": (2,),
     }
+    per_module = {"intermediate.dense": ((f, h), (f,)), "output.dense": ((h, f), (h,))}
     for i in range(config["num_hidden_layers"]):
-        shapes[f"bert.encoder.layer.{i}.intermediate.dense.weight"] = (f, h)
-        shapes[f"bert.encoder.layer.{i}.output.dense.weight"] = (h, f)
+        for module in LAYER_NAMES.values():
+            weight, bias = per_module.get(module, ((h,), (h,)) if "LayerNorm" in module else ((h, h), (h,)))
+            shapes[f"bert.encoder.layer.{i}.{module}.weight"] = weight
+            shapes[f"bert.encoder.layer.{i}.{module}.bias"] = bias
     return shapes
 
 
@@ -209,8 +223,9 @@ def convert(
                 continue
         tensors[target] = np.ascontiguousarray(value, dtype=np.float32)
     expected = expected_names(config)
-    if source != "tf":
-        unknown = [name for name in tensors if name not in expected]
+    # Both paths: a name the config has no place for (a layer beyond num_hidden_layers) is
+    # refused, never dropped: a 3-layer checkpoint with a 2-layer config is a mismatch.
+    unknown += [name for name in tensors if name not in expected]
     if unknown:
         raise ConversionError(
             f"{len(unknown)} variable(s) of the checkpoint have no place in BERT: {', '.join(unknown[:10])}"

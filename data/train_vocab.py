@@ -25,12 +25,15 @@ import sys
 from pathlib import Path
 
 from common.cli import DefaultsHelpFormatter
-from common.files import atomic_path
+from common.files import atomic_path, describe_os_error, output_over_inputs
 from data.create_pretraining_data import _read_text, expand
 from data.reference_tokenizer import read_vocab
 from data.tokenizer import DataInputError
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# Far above any BERT vocabulary (bert-base 30,522; XLM-R 250,002), far below what makes the
+# trainer allocate tens of GB inside Rust and abort the process.
+MAX_VOCAB_SIZE = 1_000_000
 
 
 def train_vocab(files: list[Path], vocab_size: int, min_frequency: int) -> list[str]:
@@ -63,17 +66,28 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True, type=Path, help="vocab.txt to write")
     args = parser.parse_args(argv)
     try:
-        if args.vocab_size < len(SPECIAL_TOKENS) + 1:
-            raise DataInputError(f"--vocab-size must be > {len(SPECIAL_TOKENS)}, got {args.vocab_size}")
+        if not len(SPECIAL_TOKENS) < args.vocab_size <= MAX_VOCAB_SIZE:
+            raise DataInputError(
+                f"--vocab-size must be in {len(SPECIAL_TOKENS) + 1}..{MAX_VOCAB_SIZE}, got {args.vocab_size}"
+            )
         if args.min_frequency < 1:
             raise DataInputError(f"--min-frequency must be >= 1, got {args.min_frequency}")
-        tokens = train_vocab(expand(args.input), args.vocab_size, args.min_frequency)
+        files = expand(args.input)
+        clash = output_over_inputs(args.output, files)
+        if clash:
+            raise DataInputError(clash)
+        tokens = train_vocab(files, args.vocab_size, args.min_frequency)
+        if len(tokens) <= len(SPECIAL_TOKENS):
+            raise DataInputError(f"{' '.join(args.input)}: no text to learn from (the files are empty)")
         args.output.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(args.output) as tmp:
             tmp.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
             read_vocab(tmp)  # data creation's reader accepts it (no repeated token), or no file
     except DataInputError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     print(f"wrote {args.output}: {len(tokens)} tokens")
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 
 from common.cli import DefaultsHelpFormatter
-from common.files import describe_os_error, write_json_atomic
+from common.files import describe_os_error, output_over_inputs, write_json_atomic
 from data.classification_data import ExampleError, encode_labels, read_jsonl, tokenize
 from data.tokenizer import DataInputError
 from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec
@@ -72,8 +73,19 @@ def main(argv=None) -> int:
             return 2
     summary_path = args.output.with_suffix(".summary.json")
     outputs = [args.output, summary_path] + ([args.nbest_output] if args.nbest_output else [])
-    if args.input.resolve() in [path.resolve() for path in outputs]:
-        print(f"error: --output {args.output} would overwrite --input {args.input}", file=sys.stderr)
+    for output in outputs:  # an output never replaces an input, nor lands in the model folder
+        clash = output_over_inputs(output, [args.input], [args.model])
+        if clash:
+            print(f"error: {clash}", file=sys.stderr)
+            return 2
+    try:
+        # Before any compute: an unwritable output would otherwise lose a finished inference.
+        for output in outputs:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            if not os.access(output.parent, os.W_OK):
+                raise PermissionError(13, "Permission denied (cannot write here)", str(output.parent))
+    except OSError as err:
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     try:
         model, info, tokenizer, vocab = load_finetuned(args.model)
@@ -116,11 +128,15 @@ def main(argv=None) -> int:
     except OSError as err:
         print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
-    write_predictions(args.output, logits, info["labels"], info["multi_label"])
     report = {"batching": args.batching, **timing, "truncated": data.truncated}
     if has_labels:
         report.update(score(logits, labels, info["multi_label"]))
-    write_json_atomic(summary_path, report)
+    try:
+        write_predictions(args.output, logits, info["labels"], info["multi_label"])
+        write_json_atomic(summary_path, report)
+    except OSError as err:
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=1))
     return 0
 
@@ -152,11 +168,15 @@ def predict_answers(args, model, info: dict, vocab: dict, summary_path: Path) ->
     answers, timing = answer_questions(
         model.to(args.device), QaSplit(examples, windows), Batcher(windows.lengths, spec, seed=0), settings
     )
-    write_answer_files(args.output, answers, examples, args.nbest_output)
     report = {"task": "question_answering", "batching": args.batching, **timing}
     if examples.has_answers:
         report.update(score_answers(answers, examples, qa["version_2_with_negative"]))
-    write_json_atomic(summary_path, report)
+    try:
+        write_answer_files(args.output, answers, examples, args.nbest_output)
+        write_json_atomic(summary_path, report)
+    except OSError as err:
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=1))
     return 0
 

@@ -65,8 +65,12 @@ def mlm_metrics(mlm_logits, masked_lm_ids, masked_lm_weights, mode: str) -> dict
     """
     valid = masked_lm_weights > 0
     labels = masked_lm_ids.long()
+    # fp16 logits (the IPU's half precision) stay fp16, as in Graphcore's BERT (modeling.py):
+    # an fp32 copy of the [B*M, V] logits is tens of MB of temporaries on IPU 0, the fullest
+    # IPU. Other dtypes (bf16 autocast, fp32) go through fp32. The per-token losses are fp32.
+    logits = mlm_logits if mlm_logits.dtype == torch.float16 else mlm_logits.float()
     token_loss = (
-        F.cross_entropy(mlm_logits.float().flatten(0, 1), labels.flatten(), reduction="none").view_as(labels)
+        F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").float().view_as(labels)
         * valid
     )
     count = valid.sum()

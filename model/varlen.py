@@ -64,8 +64,11 @@ def allowed_pairs(sequence_ids: torch.Tensor) -> torch.Tensor:
     non-zero sequence id; a padding token only to itself). The one definition of the mask."""
     same = sequence_ids[:, :, None] == sequence_ids[:, None, :]
     real = (sequence_ids != 0)[:, :, None]
-    eye = torch.eye(sequence_ids.shape[1], dtype=torch.bool, device=sequence_ids.device)
-    return (same & real) | eye
+    # The diagonal from arange and eq, not torch.eye: PopTorch 3.4 has no handler for
+    # aten::eye (its supported_ops.rst lists no eye among the creation ops) and the dense
+    # mask is the IPU's form.
+    positions = torch.arange(sequence_ids.shape[1], device=sequence_ids.device)
+    return (same & real) | (positions[:, None] == positions[None, :])
 
 
 def varlen_layout(

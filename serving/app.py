@@ -108,6 +108,9 @@ def create_app(
             status, response = 429, _error(429, f"overloaded: {err}")
         except TicketFailed as err:
             status, response = err.status, _error(err.status, str(err))
+        except Exception as err:  # noqa: BLE001 - a bug must still answer, once, and be counted
+            first = str(err).splitlines()[0] if str(err) else ""
+            status, response = 500, _error(500, f"internal error: {type(err).__name__}: {first[:200]}")
         metrics.requests.labels(status=str(status)).inc()
         if status == 200:
             metrics.latency.observe(time.monotonic() - started)

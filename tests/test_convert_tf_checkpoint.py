@@ -221,3 +221,24 @@ def test_nvidia_pytorch_form(tmp_path):
     argv[3] = str(tmp_path / "evil.pt")
     argv[-1] = str(tmp_path / "hf2")
     assert convert_main(argv) == 2 and not (tmp_path / "hf2").exists()
+
+
+def test_extra_layers_and_any_wrong_shape_are_refused_without_tensorflow():
+    """Issue 34 #2: a 3-layer checkpoint with a 2-layer config is refused (it converted,
+    dropping a layer); a [64, 32] query kernel is refused at conversion, not at training."""
+    from transformers import BertConfig, BertForPreTraining
+
+    from data.convert_tf_checkpoint import ConversionError, convert
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=48, max_position_embeddings=16)  # fmt: skip
+    variables = tf1_variables(BertForPreTraining(config))
+    as_dict = {key: getattr(config, key) for key in CONFIG_KEYS}
+    convert(variables, as_dict, "tf")  # the matching config converts
+    with pytest.raises(ConversionError, match="layer.2"):
+        convert(variables, {**as_dict, "num_hidden_layers": 2}, "tf")
+    wrong = dict(variables)
+    wrong["bert/encoder/layer_0/attention/self/query/kernel"] = np.zeros((64, 32), dtype=np.float32)
+    with pytest.raises(ConversionError, match="attention.self.query.weight: shape"):
+        convert(wrong, as_dict, "tf")

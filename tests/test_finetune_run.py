@@ -279,7 +279,7 @@ def test_predict_refuses_to_overwrite_its_input_and_bad_sizes(tmp_path, checkpoi
     before = texts.read_text()
     model = str(tmp_path / "run" / "model")
     assert predict.main(["--model", model, "--input", str(texts), "--output", str(texts)]) == 2
-    assert "would overwrite --input" in capsys.readouterr().err and texts.read_text() == before
+    assert "also an input" in capsys.readouterr().err and texts.read_text() == before
     out = str(tmp_path / "p.jsonl")
     assert predict.main(["--model", model, "--input", str(texts), "--output", out, "--batch-size", "0"]) == 2
     assert "--batch-size must be >= 1" in capsys.readouterr().err

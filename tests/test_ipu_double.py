@@ -257,3 +257,84 @@ def test_two_poprun_instances_train_and_resume_like_one_process(packed, tmp_path
     _poprun(ipu, tmp_path / "split", tmp_path, resume=True)
     train = lambda rows: [(r["step"], r["loss"]) for r in rows if r["kind"] == "train"]  # noqa: E731
     assert train(_rows(tmp_path / "split")) == train(_rows(tmp_path / "ipu"))
+    # N8: the checkpoint holds each instance's own IPU RNG state (not instance 0's for all)
+    import torch
+
+    checkpoint = sorted((tmp_path / "split" / "checkpoints").glob("step-*"))[0]
+    states = torch.load(checkpoint / "training_state.pt", weights_only=True)["ipu_rng_states"]
+    assert [state[-1] for state in states] == [0, 1]
+
+
+def test_the_double_refuses_ops_poptorch_has_no_handler_for_and_the_dense_mask_uses_none(poptorch_double):
+    """R16: torch.eye stops the compile, as PopTorch 3.4 does; the dense mask (the IPU's
+    form) is built from supported ops only (it used torch.eye before issue 33's N2)."""
+    import poptorch
+    import torch
+
+    from model.attention import additive_mask
+
+    class WithEye(torch.nn.Module):
+        def forward(self, input):
+            return input @ torch.eye(2)
+
+    with pytest.raises(RuntimeError, match=r"Unsupported ops found in compiled model: \[aten::eye\]"):
+        poptorch.inferenceModel(WithEye(), poptorch.Options()).compile(input=torch.zeros(1, 2))
+
+    class Mask(torch.nn.Module):
+        def forward(self, sequence_ids):
+            return additive_mask(sequence_ids, torch.float16)
+
+    ids = torch.tensor([[1, 1, 2, 2, 2, 0, 0]])
+    ops = poptorch._aten_ops(Mask(), {"sequence_ids": ids})
+    assert ops and not ops & poptorch.UNSUPPORTED_ATEN, sorted(ops)
+    mask = additive_mask(ids, torch.float32)[0, 0]
+    assert (mask.diagonal() == 0).all()  # padding attends to itself: finite softmax
+    assert mask[0, 2] < 0 and mask[2, 4] == 0 and mask[5, 6] < 0
+
+
+def test_popart_session_options_need_no_popart_module(packed, tmp_path, poptorch_double, monkeypatch):
+    """N3: the PopART options are set from integer values (PopTorch's options.py takes the
+    integers), so a Poplar-only environment without `popart` trains; the values are PopART's."""
+    import popart
+
+    from training.backends import ipu as ipu_module
+
+    assert (
+        ipu_module.OVERLAP_MEMORY_OPTIMIZED == popart.AccumulateOuterFragmentSchedule.OverlapMemoryOptimized
+    )
+    assert ipu_module.JUST_IN_TIME == popart.SubgraphCopyingStrategy.JustInTime
+    monkeypatch.setitem(sys.modules, "popart", None)  # `import popart` raises ImportError
+    ipu, _ = _configs(packed, 1, (1, 1), {"popart_performance_options": True}, max_steps=2)
+    assert run_training(ipu, tmp_path / "ipu", engine_class=poptorch_double) == 0
+
+
+def test_fp16_mlm_loss_makes_no_fp32_copy_of_the_logits():
+    """N7: with fp16 logits (IPU half) the MLM cross-entropy runs on them; no float32
+    tensor of the logits' size is made (Graphcore's BERT: fp16 logits, the scalar cast)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from model.heads import mlm_metrics
+
+    b, m, v = 2, 4, 50
+    logits = torch.randn(b, m, v).half()
+    ids = torch.randint(0, v, (b, m))
+    weights = torch.tensor([[1, 1, 2, 0], [1, 2, 2, 2]])
+    made = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, tuple | list) else [out]:
+                if isinstance(t, torch.Tensor):
+                    made.append((t.dtype, t.numel()))
+            return out
+
+    with Watch():
+        out = mlm_metrics(logits, ids, weights, "per_token")
+    assert (torch.float32, b * m * v) not in made
+    reference = torch.nn.functional.cross_entropy(
+        logits.float().flatten(0, 1), ids.flatten(), reduction="none"
+    )
+    expected = (reference.view(b, m) * (weights > 0)).sum()
+    assert torch.allclose(out["mlm_loss_sum"].float(), expected, rtol=2e-3)

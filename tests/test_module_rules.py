@@ -23,6 +23,8 @@ RULES = {
     "data": ["torch", "model", "training", "finetune", "optim"],
     "finetune.train": ["training", "poptorch"],
     "finetune.predict": ["training", "poptorch"],
+    "finetune.serve": ["training", "poptorch", "torch", "uvicorn"],  # parses first, then imports
+    "serving.app": ["training", "poptorch"],
     "training.run": ["poptorch", "finetune", "horovod", "popdist"],
     "training.backends": ["poptorch", "finetune", "horovod", "popdist"],
     "training.backends.ipu": ["poptorch", "horovod", "popdist"],  # imported only inside functions

@@ -19,10 +19,35 @@ from packing.shards import PackedDataset
 from training.data import PackedShards, eval_batches
 
 
+class MetricsFileError(ValueError):
+    """metrics.jsonl cannot be read; the message names the file and line."""
+
+
+def read_metric_lines(path: Path) -> list[str]:
+    """The complete lines of a metrics.jsonl, each a JSON object. An unterminated last line
+    (the run was killed, or the disk filled, mid-write) is dropped: it was never a whole
+    record. Anything else unreadable raises MetricsFileError naming the file and line."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise MetricsFileError(f"{path}: not a metrics.jsonl (not UTF-8 text at byte {err.start})") from None
+    lines = text.split("\n")
+    complete, partial = lines[:-1], lines[-1]  # after the last newline: "" or a cut-off record
+    del partial
+    for number, line in enumerate(complete, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise MetricsFileError(f"{path}, line {number}: not a JSON record ({err.msg})") from None
+        if not isinstance(record, dict) or "kind" not in record:
+            raise MetricsFileError(f'{path}, line {number}: expected an object with a "kind"')
+    return complete
+
+
 def read_records(run: Path) -> dict[str, list[dict]]:
     """{kind: records in file order} of `run`/metrics.jsonl (kinds: train, eval, end)."""
     records: dict[str, list[dict]] = {}
-    for line in (Path(run) / "metrics.jsonl").read_text().splitlines():
+    for line in read_metric_lines(Path(run) / "metrics.jsonl"):
         record = json.loads(line)
         records.setdefault(record["kind"], []).append(record)
     return records

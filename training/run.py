@@ -27,7 +27,7 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from common.files import FolderInUse, atomic_path, describe_os_error, lock_folder
+from common.files import FolderInUse, atomic_path, describe_os_error, lock_folder, sha256_file
 from model import PackedBertForPreTraining, validate_batch
 from training import checkpoint as ckpt
 from training.backends.engine import Engine
@@ -39,6 +39,7 @@ from training.build import (
     open_packed,
     packing_factor,
 )
+from training.curves import MetricsFileError, read_metric_lines
 from training.data import (
     LoaderPosition,
     PackedShards,
@@ -139,6 +140,32 @@ class StopSignal:
 CHANGEABLE_ON_RESUME = {("data", "loader_workers"), ("data", "validate_batches"), ("data", "check_sha256")}
 
 
+def check_same_run(previous: dict, config: dict, what: str) -> None:
+    """RunError unless `config` keeps the model, data and optim settings of `previous`
+    (config.yaml, or the config a checkpoint holds)."""
+    for section in ("model", "data", "optim"):
+        before, now = (previous or {}).get(section) or {}, config[section]
+        changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+        changed = [k for k in changed if (section, k) not in CHANGEABLE_ON_RESUME]
+        if changed:
+            key = changed[0]
+            raise RunError(
+                f"--resume: {section}.{key} is {now.get(key)!r}, {what} has "
+                f"{before.get(key)!r}; model, data and optim settings cannot change on resume "
+                "(training/eval/logging/execution settings and data.loader_workers, "
+                "data.validate_batches, data.check_sha256 can)"
+            )
+
+
+def data_identity(config: dict) -> str | None:
+    """sha256 of the training data's metadata.json (its plan, packing factor, K, counts and
+    every shard's sha256): the same path holding re-packed data is other data. None for
+    synthetic data."""
+    if config["data"]["synthetic"]:
+        return None
+    return sha256_file(Path(config["data"]["train_dir"]) / "metadata.json")
+
+
 def prepare_output(output: Path, config: dict, resume: bool, rank: int) -> None:
     """Lock the folder and refuse one that holds another run (or, on resume, a run of other
     model / data / optim settings). config.yaml is written later (write_run_config)."""
@@ -154,19 +181,7 @@ def prepare_output(output: Path, config: dict, resume: bool, rank: int) -> None:
                 f"--output-dir {output} holds another run (config.yaml); pass --resume to continue it "
                 "or choose another directory"
             )
-        previous = yaml.safe_load(saved.read_text())
-        for section in ("model", "data", "optim"):
-            before, now = previous.get(section) or {}, config[section]
-            changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
-            changed = [k for k in changed if (section, k) not in CHANGEABLE_ON_RESUME]
-            if changed:
-                key = changed[0]
-                raise RunError(
-                    f"--resume: {section}.{key} is {now.get(key)!r}, the run in {output} has "
-                    f"{before.get(key)!r}; model, data and optim settings cannot change on resume "
-                    "(training/eval/logging/execution settings and data.loader_workers, "
-                    "data.validate_batches, data.check_sha256 can)"
-                )
+        check_same_run(yaml.safe_load(saved.read_text()), config, f"the run in {output}")
     elif output.is_dir() and any(output.iterdir()) and not resume:
         raise RunError(f"--output-dir {output} is not empty and holds no run")
     # Every rank checks before rank 0 writes: otherwise a slower rank finds the config.yaml
@@ -277,11 +292,25 @@ class Run:
     def _restore_state(self, saved: dict) -> None:
         """The engine's state (optimizer), the run state and this replica's RNG state."""
         engine = self.engine
+        # The checkpoint's own record, not only config.yaml (which a user can delete or
+        # edit): the same settings, and the same data at the data path.
+        if "config" in saved:
+            check_same_run(saved["config"], self.config, "the checkpoint")
+        before, now = saved.get("data_identity"), data_identity(self.config)
+        if before is not None and before != now:
+            raise RunError(
+                f"--resume: {self.config['data']['train_dir']}/metadata.json has sha256 {str(now)[:12]}..., "
+                f"the checkpoint was trained on {before[:12]}...: the data at data.train_dir changed "
+                "(re-packed or replaced) since; resume on the data it was trained on, or start a new run"
+            )
         engine.load_state(saved)
         self.state = RunState.from_checkpoint(saved)
         # Lines logged after the checkpoint are trained again.
         if engine.rank == 0 and not self.compile_only:
-            forget_metrics_after(self.output / "metrics.jsonl", self.state.step)
+            try:
+                forget_metrics_after(self.output / "metrics.jsonl", self.state.step)
+            except MetricsFileError as err:
+                raise RunError(f"--resume: {err}") from None
         rng = saved["rng"]
         ckpt.set_rng_state(rng[engine.rank] if engine.rank < len(rng) else rng[0])
 
@@ -537,6 +566,7 @@ class Run:
                 **self.state.to_checkpoint(),
                 "rng": rng,
                 "config": self.config,
+                "data_identity": data_identity(self.config),
             }
             path = ckpt.save_checkpoint(
                 self.checkpoints,
@@ -569,7 +599,8 @@ def forget_metrics_after(path: Path, step: int) -> None:
     """Drop metrics.jsonl lines of steps after `step` (a resumed run logs them again)."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text().splitlines() if json.loads(line).get("step", 0) <= step]
+    # Complete lines only: a last line cut off by a kill or a full disk is no record.
+    kept = [line for line in read_metric_lines(path) if json.loads(line).get("step", 0) <= step]
     with atomic_path(path) as tmp:
         tmp.write_text("".join(line + "\n" for line in kept))
 

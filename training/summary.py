@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import yaml
 
 from common.cli import DefaultsHelpFormatter
-from training.curves import curve_from_records, plot_curves, read_records, unigram_baseline
+from training.curves import MetricsFileError, curve_from_records, plot_curves, read_records, unigram_baseline
 
 
 def run_figures(run: Path) -> dict:
@@ -86,10 +87,17 @@ def main(argv=None) -> int:
     parser.add_argument("--unpacked", type=Path, help="the unpacked baseline's run folder, to compare with")
     parser.add_argument("--plot", type=Path, help="write the learning curves here (PNG)")
     args = parser.parse_args(argv)
-    packed = run_figures(args.packed)
-    if args.unpacked is None:
+    try:
+        packed = run_figures(args.packed)
+        unpacked = None if args.unpacked is None else run_figures(args.unpacked)
+    except (MetricsFileError, OSError, KeyError, TypeError, yaml.YAMLError, json.JSONDecodeError) as err:
+        # A missing, cut-off or foreign run folder: one line, not a traceback.
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        where = f"{err.filename}: " if isinstance(err, OSError) and err.filename else ""
+        print(f"error: {where}{reason} (expected a run_pretraining.py output folder)", file=sys.stderr)
+        return 2
+    if unpacked is None:
         return print_single(packed, args.plot)
-    unpacked = run_figures(args.unpacked)
     print(
         "| run | packing factor | steps | sequences | training s | sequences/s | real tokens/s "
         "| train loss | eval MLM acc |"

@@ -93,6 +93,16 @@ def poprun_replicas() -> int | None:
     return popdist.getNumTotalReplicas() if popdist.isPopdistEnvSet() else None
 
 
+# PopART enum values as integers, not `import popart`: PopTorch's options.py has no mapping
+# for PopART's enums and asks for their integer values, and `popart` imports only where
+# PopART's enable.sh was sourced too (a Poplar-only environment would fail at attach, after
+# the data was read). Values from popart/sessionoptions.hpp (SDK 3.4):
+# AccumulateOuterFragmentSchedule {Scheduler = 0, Serial, OverlapCycleOptimized,
+# OverlapMemoryOptimized}; SubgraphCopyingStrategy {OnEnterAndExit = 0, JustInTime, N}.
+OVERLAP_MEMORY_OPTIMIZED = 3
+JUST_IN_TIME = 1
+
+
 def set_popart_performance_options(opts, pipelined: bool) -> None:
     """The PopART session options and patterns of Graphcore's BERT (nlp/bert/pytorch
     ipu_options.py, SDK 3.4), for the training executable: stream back only the tensors
@@ -100,16 +110,11 @@ def set_popart_performance_options(opts, pipelined: bool) -> None:
     embeddings and the heads, excluded), copy subgraph inputs just in time, schedule
     gradient consumers early, and the tied-gather patterns that let the MLM decoder and the
     word embeddings share one weight without a second copy of its gradient."""
-    import popart  # shipped with the Poplar SDK next to poptorch
-
     opts._Popart.set("disableGradAccumulationTensorStreams", True)
     if pipelined:
-        opts._Popart.set(
-            "accumulateOuterFragmentSettings.schedule",
-            int(popart.AccumulateOuterFragmentSchedule.OverlapMemoryOptimized),
-        )
+        opts._Popart.set("accumulateOuterFragmentSettings.schedule", OVERLAP_MEMORY_OPTIMIZED)
         opts._Popart.set("accumulateOuterFragmentSettings.excludedVirtualGraphs", ["0"])
-    opts._Popart.set("subgraphCopyingStrategy", int(popart.SubgraphCopyingStrategy.JustInTime))
+    opts._Popart.set("subgraphCopyingStrategy", JUST_IN_TIME)
     opts._Popart.set("scheduleNonWeightUpdateGradientConsumersEarly", True)
     opts._Popart.setPatterns(
         {"TiedGather": True, "TiedGatherAccumulate": True, "UpdateInplacePrioritiesForIpu": True}
@@ -139,10 +144,11 @@ def build_options(poptorch, plan: IpuPlan, training: bool, compile_only: bool = 
         # Compile for a Mk2 IPU without attaching to one (options.py useOfflineIpuTarget;
         # it "cannot be used if the IPU model is enabled", hence only for real IPUs).
         opts.useOfflineIpuTarget(2)
-    if plan.synthetic_data:
-        # No host I/O: PopTorch makes the inputs on the IPUs (popart SyntheticDataMode
-        # RandomNormal); the host's synthetic packs only give the graph its shapes.
-        opts.enableSyntheticData(True)
+    # data.synthetic streams the host's random packs like real data. PopTorch's
+    # enableSyntheticData is not used: it stops every host transfer, weights and outputs
+    # included (python/options.py; PopART disables streaming and storing under it), so the
+    # host would read uninitialised losses (a false exit 3 or garbage metrics) and write
+    # checkpoints of stale weights (issue 33, N4). The cost: throughput includes host I/O.
     if plan.executable_cache_dir:
         opts.enableExecutableCaching(plan.executable_cache_dir)
     if plan.available_memory_proportion:
@@ -156,8 +162,15 @@ def build_options(poptorch, plan: IpuPlan, training: bool, compile_only: bool = 
     if training:
         opts.deviceIterations(plan.device_iterations)
         opts.Training.gradientAccumulation(plan.gradient_accumulation)
-        # The graph's loss is already normalised by the step's global counts: sum, not mean.
-        opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Sum)
+        # Mean over GA x replicas with the Running strategy, as Graphcore's BERT: fp16
+        # accumulators hold a running mean (one micro-batch's gradient size), not the sum of
+        # N, which left ~N times less overflow headroom (issue 33, N5). The host multiplies
+        # the graph's loss scales by N (ipu_step.step_inputs), so the step's gradient is
+        # unchanged.
+        opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Mean)
+        opts.Training.setMeanAccumulationAndReplicationReductionStrategy(
+            poptorch.MeanReductionStrategy.Running
+        )
         opts.outputMode(poptorch.OutputMode.Sum if plan.output_mode == "sum" else poptorch.OutputMode.All)
         opts.TensorLocations.setOptimizerLocation(
             poptorch.TensorLocationSettings()
@@ -191,13 +204,38 @@ def place_stages(poptorch, step: PretrainingStep, plan: IpuPlan) -> None:
         )
 
 
-def _host_sum(tensor: torch.Tensor, instances: int, op: str = "sum") -> torch.Tensor:
-    """Sum (or max) over poprun instances; Horovod was initialised by instance_topology."""
+def _host_sum(tensor: torch.Tensor, instances: int) -> torch.Tensor:
+    """Sum over poprun instances; Horovod was initialised by instance_topology."""
     if instances == 1:
         return tensor
     import horovod.torch as hvd
 
-    return hvd.allreduce(tensor, op=hvd.Sum if op == "sum" else hvd.Max)
+    return hvd.allreduce(tensor, op=hvd.Sum)
+
+
+def _host_max(value: int, instances: int) -> int:
+    """The largest of one integer per poprun instance. Horovod 0.24 (requirements-ipu.txt,
+    as Graphcore pins it) has no Max reduction: horovod/torch/mpi_ops.py v0.24.0 exports
+    Average, Sum and Adasum only (Min / Max came in 0.26.0, PR 3660). allgather is in
+    both: every instance's value, then the max here."""
+    if instances == 1:
+        return int(value)
+    import horovod.torch as hvd
+
+    return int(hvd.allgather(torch.tensor([int(value)], dtype=torch.int64)).max())
+
+
+def _gather_ints(values: list, instances: int) -> list:
+    """One list of non-negative integers per poprun instance, in instance order. PopTorch's
+    rng_state values are 64-bit unsigned (python/_poplar_executor.py); they travel as two
+    32-bit halves in int64, as Horovod's allgather carries int64 exactly."""
+    if instances == 1:
+        return [list(values)]
+    import horovod.torch as hvd
+
+    halves = torch.tensor([[v >> 32, v & 0xFFFFFFFF] for v in values], dtype=torch.int64).reshape(1, -1)
+    rows = hvd.allgather(halves).tolist()
+    return [[(row[2 * i] << 32) | row[2 * i + 1] for i in range(len(values))] for row in rows]
 
 
 def _relax_layer_norm_eps(model, eps: float) -> int:
@@ -280,7 +318,7 @@ class IpuEngine:
             eps=optim["eps"],
             weight_decay=optim["weight_decay"],
             bias_correction=optim["bias_correction"],
-            loss_scaling=self.plan.effective_loss_scaling,
+            loss_scaling=self.plan.loss_scaling,
             accum_type=self.plan.optimizer_accum_type,
             first_order_type=self.plan.optimizer_accum_type,
             second_order_type="float32",
@@ -302,7 +340,7 @@ class IpuEngine:
         for i in range(steps):
             group = micro_batches[i * per_step : (i + 1) * per_step]
             counts.append(_host_sum(step_counts(group, "per_token", "cpu"), self.instances))
-        return step_inputs(micro_batches, steps, counts), counts
+        return step_inputs(micro_batches, steps, counts, self.plan.mean_reduction_factor), counts
 
     def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
         inputs, counts = self._training_inputs(micro_batches)
@@ -368,7 +406,7 @@ class IpuEngine:
         # replica. Every instance makes the same number of calls (the most any instance
         # needs, empty groups after its own), since each call is a collective across replicas.
         group_size = self.eval_group_size()
-        calls = int(_host_sum(torch.tensor(-(-len(batches) // group_size)), self.instances, op="max"))
+        calls = _host_max(-(-len(batches) // group_size), self.instances)
         for micro in padded_groups(shards, batches, group_size, plan.micro_batch_packs, groups=calls):
             zero = [torch.zeros(2, dtype=torch.float64)] * plan.inference_device_iterations
             _, device_sums = self.inference(**step_inputs(micro, plan.inference_device_iterations, zero))
@@ -386,10 +424,23 @@ class IpuEngine:
         self.training.copyWeightsToHostIfNeeded()
         state = {"optimizer": self.optimizer.state_dict()}  # PopTorch reads it back from the IPUs
         if self.training.isCompiled():
-            state["ipu_rng_state"] = list(self.training.rng_state)
+            # Every instance's IPU RNG state (a collective: snapshot runs on every instance),
+            # so that each resumes its own stream: restoring instance 0's everywhere would
+            # give every instance the same dropout masks after --resume.
+            states = _gather_ints(list(self.training.rng_state), self.instances)
+            state["ipu_rng_states"] = states
         return Snapshot(self.model, state)
 
     def load_state(self, engine_state: dict) -> None:
         self.optimizer.load_state_dict(engine_state["optimizer"])
         self.training.setOptimizer(self.optimizer)
-        self.pending_rng_state = engine_state.get("ipu_rng_state")
+        states = engine_state.get("ipu_rng_states")
+        if states is not None and len(states) != self.instances:
+            raise RunError(
+                f"the checkpoint holds IPU RNG states of {len(states)} poprun instances; this run has "
+                f"{self.instances}: resume with the same number of instances"
+            )
+        # Checkpoints written before the per-instance states hold one, instance 0's.
+        self.pending_rng_state = (
+            states[self.rank] if states is not None else engine_state.get("ipu_rng_state")
+        )

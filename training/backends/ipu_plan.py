@@ -64,7 +64,7 @@ class IpuPlan:
     embedding_serialization_factor: int  # MLM decoder matmul split over the vocabulary
     onehot_gather: bool  # gathers as one-hot matmuls (training.backends.ipu_step.OneHotGather)
     popart_performance_options: bool  # Graphcore BERT's PopART session options and patterns
-    synthetic_data: bool  # no host I/O: PopTorch generates the inputs on the IPUs
+    synthetic_data: bool  # random packs made on the host (streamed like real data)
     available_memory_proportion: dict[str, float] = field(default_factory=dict)
     output_mode: str = "sum"
     seed: int = 42
@@ -125,12 +125,12 @@ class IpuPlan:
         return self.forward_stages if self.pipelined else 1
 
     @property
-    def effective_loss_scaling(self) -> float:
-        """The scale PopTorch applies to our graph loss. `ipu.loss_scaling` is meant as in
-        Graphcore's configs, on a per-micro-batch MEAN loss; ours is already divided by the
-        whole step's counts (GA x replicas micro-batches), about GA x replicas times smaller,
-        so the same headroom against fp16 underflow needs the scale times GA x replicas."""
-        return self.loss_scaling * self.gradient_accumulation * self.replicas
+    def mean_reduction_factor(self) -> int:
+        """N = GA x replicas (all instances): what PopTorch's Mean reduction divides the
+        accumulated gradient by, and what the host multiplies the graph's loss scales by.
+        Each micro-batch's graph loss is then about a micro-batch mean loss, as in
+        Graphcore's configs, so `ipu.loss_scaling` means what it means there."""
+        return self.gradient_accumulation * self.replicas
 
     @property
     def total_ipus(self) -> int:

@@ -6,10 +6,12 @@ check that the IPU graph computes what the torch path's `train_step` computes.
 A compiled graph cannot divide by the step's global masked-token count (it sees one
 micro-batch at a time), so the host passes the step's normalisers as per-row inputs
 (`mlm_scale`, `nsp_scale`: the same value on every row of a step), and the graph's loss
-is training.step.micro_batch_loss (the torch engines' own) with gradient accumulation
-and replication reduced by SUM. Summed over the step's micro-batches and replicas that is
-exactly the torch path's loss: token losses / global masked tokens + NSP losses / global
-sequences.
+is training.step.micro_batch_loss (the torch engines' own) times N = GA x replicas, with
+gradient accumulation and replication reduced by MEAN (running): the mean over the step's N
+micro-batches of N x its share is exactly the torch path's loss, token losses / global
+masked tokens + NSP losses / global sequences. Mean, not Sum: PopTorch's fp16 gradient
+accumulators then hold one micro-batch's gradient size, not N of them summed (Graphcore's
+BERT reduces by Mean with the Running strategy).
 """
 
 from __future__ import annotations
@@ -135,12 +137,16 @@ class PretrainingStep(nn.Module):
         return self.loss_marker(loss), sums
 
 
-def step_inputs(micro_batches: list[dict], steps: int, step_counts: list[torch.Tensor]) -> dict:
+def step_inputs(
+    micro_batches: list[dict], steps: int, step_counts: list[torch.Tensor], mean_over: int = 1
+) -> dict:
     """A host call's micro-batches -> one combined batch of GRAPH_FIELDS + scales.
 
     micro_batches: `steps` consecutive groups (one per optimizer step: device iterations
     are the outermost dimension of PopTorch's combined batch), each of [B, ...] dicts.
-    step_counts[i]: the global [masked tokens, sequences] of step i."""
+    step_counts[i]: the global [masked tokens, sequences] of step i. mean_over: the N the
+    training graph's Mean reduction divides by (GA x replicas); the scales are multiplied
+    by it (1 for evaluation, whose scales are unused)."""
     per_step = len(micro_batches) // steps
     if per_step * steps != len(micro_batches) or len(step_counts) != steps:
         raise ValueError(
@@ -148,7 +154,7 @@ def step_inputs(micro_batches: list[dict], steps: int, step_counts: list[torch.T
         )
     combined = {name: torch.cat([b[name] for b in micro_batches]) for name in GRAPH_FIELDS}
     rows = [b["input_ids"].shape[0] * per_step for b in micro_batches[::per_step]]
-    scales = [loss_scales(c) for c in step_counts]
+    scales = [[value * mean_over for value in loss_scales(c)] for c in step_counts]
     mlm = torch.cat([torch.full((r,), scale[0]) for r, scale in zip(rows, scales)])
     nsp = torch.cat([torch.full((r,), scale[1]) for r, scale in zip(rows, scales)])
     combined["mlm_scale"], combined["nsp_scale"] = mlm, nsp

@@ -21,11 +21,18 @@ R5 attach/detach: calling attaches if detached; detachFromDevice needs a compile
 R6 one set of IPUs: a second executable cannot attach while another holds the same IPUs
    (the training model must be detached before an inference model on the same IPUs runs).
 R7 rng_state can be read or set only once compiled (python/_poplar_executor.py, rng_state).
+   It is the state of this process's replicas (popart_compiler Compiler.cpp reads the local
+   replicas' seeds), so poprun instances hold different states: the double's is
+   [seed, calls, instance index].
 R8 Options.randomSeed also seeds the host: torch.manual_seed (python/options.py).
 R9 poptorch.optim.LAMB takes exactly these keywords (python/optim.py): params, lr, betas, eps,
    weight_decay, bias_correction, loss_scaling, max_weight_norm, accum_type,
    first_order_momentum_accum_type, second_order_momentum_accum_type.
-R10 ReductionType.Sum: gradients of the micro-batches and replicas are summed;
+R10 ReductionType.Sum: gradients of the micro-batches and replicas are summed; Mean (the
+   default, python/options.py _TrainingOptions) divides that sum by GA x replicas (all
+   instances: PopART's Optimizer::setFactorsFromOptions uses the global replication
+   factor); the Running strategy keeps a running mean in the accumulator, the same value
+   in exact arithmetic (popart sessionoptions.hpp MeanReductionStrategy).
    OutputMode.Sum returns outputs summed over the call, OutputMode.All every micro-batch's.
 R11 useOfflineIpuTarget (python/options.py): connection type Never; "the offline IPU target
    cannot be used if the IPU model is enabled"; such an executable compiles but never
@@ -40,7 +47,14 @@ R15 replicas of a popdist.poptorch.Options run (poprun instances) reduce gradien
    double carries that sum over the Horovod double's transport (on hardware: GCL over
    IPU-Links, no host involved).
 R14 enableSyntheticData(bool) sets the PopART option syntheticDataMode 2 (RandomNormal) or 0
-   (python/options.py).
+   (python/options.py). Its docstring: no data is streamed between host and IPUs at all, so
+   the host's output buffers are never written (the double returns NaN in them) and the
+   host's weights are never updated (the double trains a device-side copy of the model).
+R16 compiling a graph that calls an ATen op PopTorch has no handler for stops with
+   "Unsupported ops found in compiled model: [aten::...]" (poptorch/source/
+   ErrorOnUnsupportedAten.cpp), on the IPUModel too. The double records the forward's ATen
+   ops at compile and refuses those in UNSUPPORTED_ATEN, each with its source; it cannot
+   list every op PopTorch lacks, only the ones named there.
 
 What it cannot show: compilation, memory, fp16 numerics, real replicas in parallel, Poplar
 errors this file does not encode, what PopART's options and patterns do (only that their
@@ -51,6 +65,7 @@ float32.
 from __future__ import annotations
 
 import enum
+import os
 
 import torch
 
@@ -58,10 +73,40 @@ from optim.lamb import Lamb
 
 _ATTACHED: list = []  # executables holding the (one) set of IPUs
 
+# R16: ATen ops with no PopTorch 3.4 handler, each with its source.
+UNSUPPORTED_ATEN = {
+    # docs/user_guide/supported_ops.rst (sdk/poptorch/3.4.0), "Creation ops": arange, fill,
+    # full, full_like, new_ones, new_zeros, ones, ones_like, zeros, zeros_like; no eye
+    # (tests/tensor_ops_test.py lists torch.eye among the unsupported creation ops).
+    "aten::eye",
+}
+
+
+def _aten_ops(model, batch) -> set:
+    """The ATen ops one forward of `model` on `batch` calls (R16)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = set()
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func._schema.name)  # "aten::eye"
+            return func(*args, **(kwargs or {}))
+
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), Record():
+        model(**batch)
+    return seen
+
 
 class ReductionType(enum.Enum):
     Sum = 0
     Mean = 1
+
+
+class MeanReductionStrategy(enum.Enum):  # python/enums.py
+    Running = 0
+    Post = 1
+    PostAndLoss = 2
 
 
 class OutputMode(enum.Enum):
@@ -151,6 +196,11 @@ class _Training:
 
     def accumulationAndReplicationReductionType(self, t):
         self.reduction = t
+
+    def setMeanAccumulationAndReplicationReductionStrategy(self, strategy):
+        if not isinstance(strategy, MeanReductionStrategy):
+            raise TypeError("expected a poptorch.MeanReductionStrategy")
+        self.mean_strategy = strategy
 
 
 class _Precision:
@@ -307,6 +357,12 @@ class PoplarExecutor:
                     f"Invalid batch dimension: In the input {name}, the batch dimension "
                     f"({value.shape[0]}) must be a multiple of {self._factor()}"
                 )
+        unsupported = sorted(_aten_ops(self.model, self._micro_batches(inputs)[0]) & UNSUPPORTED_ATEN)
+        if unsupported:  # R16
+            raise RuntimeError(
+                f"Unsupported ops found in compiled model: [{', '.join(unsupported)}]. Not all operations "
+                "are supported yet by Graphcore's PyTorch compiler."
+            )
         self._signature = {k: (tuple(v.shape), v.dtype) for k, v in inputs.items()}
         stages = self._forward_stages(inputs) if self.options.pipelined else 1
         if (
@@ -323,7 +379,8 @@ class PoplarExecutor:
                 "deviceIterations must be greater than or equal to the number of pipeline stages"
             )  # R4
         self.forward_stages = stages
-        self._rng = [self.options.__dict__.get("seed", 0), 0]
+        instance = int(os.environ.get("DOUBLE_POPDIST_INSTANCE", "0"))  # R7: per instance
+        self._rng = [self.options.__dict__.get("seed", 0), 0, instance]
         if not offline:  # R11: an offline executable never attaches
             self.attachToDevice()
 
@@ -386,6 +443,9 @@ class PoplarExecutor:
             self.attachToDevice()
         self.calls += 1
         self._rng[1] += 1
+        synthetic = self.options._Popart.options.get("syntheticDataMode", 0) != 0  # R14
+        if synthetic:
+            host_weights = {k: v.clone() for k, v in self.model.state_dict().items()}
         micro = self._micro_batches(inputs)
         per_iteration = len(micro) // self.options.device_iterations
         losses, sums = [], []
@@ -408,12 +468,26 @@ class PoplarExecutor:
                     flat = hvd.allreduce(torch.cat([p.grad.reshape(-1) for p in params]), op=hvd.Sum)
                     for p, g in zip(params, flat.split([p.numel() for p in params])):
                         p.grad.copy_(g.view_as(p.grad))
+                divisor = self.optimizer.loss_scaling
+                if self.options.Training.reduction == ReductionType.Mean:  # R10
+                    instances = hvd_size() if getattr(self.options, "distributed", False) else 1
+                    divisor *= len(group) * instances
                 for p in params:
-                    p.grad /= self.optimizer.loss_scaling
+                    p.grad /= divisor
                 self.optimizer.step()
+        if synthetic:  # R14: no weight streams back, output buffers never written
+            self.model.load_state_dict(host_weights)
+            losses = [torch.full_like(x, float("nan")) for x in losses]
+            sums = [torch.full_like(x, float("nan")) for x in sums]
         if self.options.output_mode == OutputMode.Sum:
             return torch.stack(losses).sum(0), torch.stack(sums).sum(0)
         return torch.stack(losses), torch.cat(sums)
+
+
+def hvd_size() -> int:
+    import horovod.torch as hvd
+
+    return hvd.size()
 
 
 def trainingModel(model, options=None, optimizer=None):

@@ -1,0 +1,161 @@
+"""Defects of the third hostile test (issue 34) that are fixed, one test each; every test
+failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from common.files import FolderInUse, lock_folder, output_over_inputs
+
+from .training_helpers import make_packed, metrics, run, write_config
+
+
+def test_an_output_never_resolves_to_an_input_or_into_a_folder_read(tmp_path):
+    """#3: the shared check, symlinks followed."""
+    source = tmp_path / "corpus.txt"
+    source.write_text("x")
+    (tmp_path / "link.txt").symlink_to(source)
+    model = tmp_path / "model"
+    model.mkdir()
+    assert "also an input" in output_over_inputs(tmp_path / "link.txt", [source])
+    assert "inside" in output_over_inputs(model / "vocab.txt", [], [model])
+    assert output_over_inputs(tmp_path / "out.txt", [source], [model]) is None
+
+
+def test_train_vocab_refuses_its_corpus_as_output_an_empty_corpus_and_absurd_sizes(tmp_path, capsys):
+    """#3 and #11: the corpus survives; no specials-only vocabulary; no 70 GB allocation."""
+    from data import train_vocab
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat\n\nthe dog sat on the log\n")
+    before = corpus.read_text()
+    assert train_vocab.main(["--input", str(corpus), "--output", str(corpus), "--vocab-size", "50"]) == 2
+    assert corpus.read_text() == before and "also an input" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert (
+        train_vocab.main(["--input", str(empty), "--output", str(tmp_path / "v.txt"), "--vocab-size", "50"])
+        == 2
+    )
+    assert "no text" in capsys.readouterr().err and not (tmp_path / "v.txt").exists()
+    huge = ["--input", str(corpus), "--output", str(tmp_path / "v.txt"), "--vocab-size", "1000000000"]
+    assert train_vocab.main(huge) == 2 and "--vocab-size" in capsys.readouterr().err
+
+
+def test_predict_checks_its_output_can_be_written_before_inference(tmp_path, capsys):
+    """#10: an output that cannot be written (here: a folder under a file, which root cannot
+    write either) is one line before any compute, not a lost finished inference."""
+    from finetune import predict
+
+    (tmp_path / "a_file").write_text("x")
+    code = predict.main(["--model", str(tmp_path / "m"), "--input", str(tmp_path / "in.jsonl"),
+                         "--output", str(tmp_path / "a_file" / "p.jsonl")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "a_file" in err
+
+
+def test_predict_refuses_an_output_inside_the_model_folder(tmp_path, capsys):
+    """#3: `--output M/vocab.txt` no longer replaces the model's vocabulary."""
+    from finetune import predict
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "vocab.txt").write_text("[PAD]\n")
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a"}\n')
+    code = predict.main(["--model", str(model), "--input", str(source), "--output", str(model / "vocab.txt")])
+    assert code == 2 and "inside" in capsys.readouterr().err
+    assert (model / "vocab.txt").read_text() == "[PAD]\n"
+
+
+def test_the_folder_lock_follows_symlinks(tmp_path):
+    """#6: runs/A -> runs/B and runs/B take the same lock."""
+    import subprocess
+    import sys
+
+    real = tmp_path / "B"
+    real.mkdir()
+    (tmp_path / "A").symlink_to(real)
+    code = "import sys, time; from common.files import lock_folder; lock_folder(sys.argv[1], 'run'); print('held', flush=True); time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "A")], stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(os.path.dirname(__file__)))  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(FolderInUse):
+            lock_folder(real, "run")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.slow
+def test_a_cut_off_last_metrics_line_is_dropped_on_resume_and_in_summary(tmp_path):
+    """#5 and #13: a disk that filled mid-line left half a JSON record; --resume and
+    training.summary read the complete lines and go on."""
+    from training import summary
+
+    (tmp_path / "data").mkdir()
+    packed = make_packed(tmp_path / "data")
+    config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 4, "checkpoint_every_steps": 2})
+    assert run(config, tmp_path / "run").returncode == 0
+    path = tmp_path / "run" / "metrics.jsonl"
+    with path.open("a") as f:
+        f.write('{"kind": "train", "step": 5, "lo')  # no newline: cut off
+    assert summary.main(["--packed", str(tmp_path / "run")]) == 0
+    done = run(config, tmp_path / "run", "--resume", "--set", "training.max_steps=6")
+    assert done.returncode == 0, done.stderr
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3, 4, 5, 6]
+    for line in path.read_text().splitlines():
+        json.loads(line)
+
+
+def test_summary_of_a_foreign_or_broken_folder_is_one_line(tmp_path, capsys):
+    """#13: a missing folder, a binary metrics.jsonl: exit 2, one line."""
+    from training import summary
+
+    assert summary.main(["--packed", str(tmp_path / "nothing")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("data: {train_dir: " + str(tmp_path) + "}\n")
+    (tmp_path / "metadata.json").write_text('{"packing_factor": 1.0}')
+    (tmp_path / "run" / "metrics.jsonl").write_bytes(b"\x00\xff\xfe binary\n")
+    assert summary.main(["--packed", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "metrics.jsonl" in err
+
+
+@pytest.mark.slow
+def test_resume_refuses_other_data_at_the_same_path_and_reads_the_checkpoints_config(tmp_path):
+    """#1: re-packed with K 3 -> 2 at the same path, --resume went on (exit 0) with another
+    packing factor; #14: with config.yaml deleted, any change was accepted. Both exit 2 now."""
+    import shutil
+
+    from packing.pipeline import PackJob, run_pack
+
+    from .training_helpers import P, S, VOCAB
+
+    (tmp_path / "data").mkdir()
+    packed = make_packed(tmp_path / "data")
+    config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 2, "checkpoint_every_steps": 2})
+    assert run(config, tmp_path / "run").returncode == 0
+
+    shutil.copy(tmp_path / "run" / "config.yaml", tmp_path / "kept.yaml")
+    (tmp_path / "run" / "config.yaml").unlink()
+    other = write_config(tmp_path / "o.yaml", packed, training={"max_steps": 4}, optim={"lr": 0.5})
+    done = run(other, tmp_path / "run", "--resume")
+    assert done.returncode == 2 and "optim.lr" in done.stderr and "the checkpoint" in done.stderr
+    shutil.copy(tmp_path / "kept.yaml", tmp_path / "run" / "config.yaml")
+
+    for name in ("train", "eval"):  # re-packed in place with K = 2
+        shutil.rmtree(packed / name)
+        job = PackJob(inputs=(str(packed / f"raw-{name}" / "part-00000.h5"),), output=str(packed / name),
+                      algorithm="lpfhp", max_sequences_per_pack=2, max_sequence_length=S,
+                      max_predictions_per_seq=P, seed=1, shard_size=100, vocab_size=VOCAB)  # fmt: skip
+        run_pack(job, quiet=True)
+    done = run(config, tmp_path / "run", "--resume", "--set", "training.max_steps=4")
+    assert done.returncode == 2, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "metadata.json" in error[0] and "changed" in error[0]
