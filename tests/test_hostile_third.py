@@ -135,7 +135,7 @@ def test_resume_refuses_other_data_at_the_same_path_and_reads_the_checkpoints_co
 
     from packing.pipeline import PackJob, run_pack
 
-    from .training_helpers import P, S, VOCAB
+    from .training_helpers import VOCAB, P, S
 
     (tmp_path / "data").mkdir()
     packed = make_packed(tmp_path / "data")
