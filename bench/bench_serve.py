@@ -98,55 +98,97 @@ class ServerProcess:
             self.process.kill()
 
 
-async def closed_loop(url: str, texts: list[str], clients: int, seconds: float, seed: int) -> dict:
-    import httpx
+class Connections:
+    """Keep-alive HTTP/1.1 connections to the server, written by hand on asyncio streams:
+    on a 2-core machine the load generator shares the CPU with the server, and a full
+    client library costs about a millisecond of CPU per request, enough to starve the
+    server of requests. Requests are pre-encoded JSON; responses are read by Content-Length."""
 
+    def __init__(self, port: int, limit: int = 4096):
+        self.port, self.limit, self.idle, self.opened = port, limit, [], 0
+
+    async def post(self, path: str, body: bytes) -> int:
+        if self.idle:
+            reader, writer = self.idle.pop()
+        else:
+            self.opened += 1
+            reader, writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
+        head = f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        writer.write(head.encode() + body)
+        status_line = await reader.readline()
+        if not status_line:
+            writer.close()
+            raise ConnectionError("the server closed the connection")
+        status, length, keep = int(status_line.split()[1]), 0, True
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+            elif name.lower() == "connection" and value.strip().lower() == "close":
+                keep = False
+        await reader.readexactly(length)
+        if keep:
+            self.idle.append((reader, writer))
+        else:
+            writer.close()
+        return status
+
+    def close(self):
+        for _, writer in self.idle:
+            writer.close()
+
+
+def encode_requests(texts: list) -> list[bytes]:
+    return [json.dumps({"inputs": text, "truncate": True}).encode() for text in texts]
+
+
+async def closed_loop(port: int, bodies: list[bytes], clients: int, seconds: float, seed: int) -> dict:
+    """`clients` clients, each sending its next request when its last is answered."""
     stop = time.monotonic() + seconds
     done, latencies = [], []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+    connections = Connections(port)
 
-        async def one_client(k):
-            local = np.random.default_rng(seed + k)
-            while time.monotonic() < stop:
-                text = texts[int(local.integers(len(texts)))]
-                began = time.monotonic()
-                response = await client.post(url + "/predict", json={"inputs": text, "truncate": True})
-                done.append(response.status_code)
-                latencies.append(time.monotonic() - began)
+    async def one_client(k):
+        local = np.random.default_rng(seed + k)
+        while time.monotonic() < stop:
+            body = bodies[int(local.integers(len(bodies)))]
+            began = time.monotonic()
+            done.append(await connections.post("/predict", body))
+            latencies.append(time.monotonic() - began)
 
-        began = time.monotonic()
-        await asyncio.gather(*(one_client(k) for k in range(clients)))
-        elapsed = time.monotonic() - began
-    ok = done.count(200)
-    return {"rate": ok / elapsed, "statuses": {s: done.count(s) for s in set(done)}, "p50": _q(latencies, 50)}
+    began = time.monotonic()
+    await asyncio.gather(*(one_client(k) for k in range(clients)))
+    elapsed = time.monotonic() - began
+    connections.close()
+    return {
+        "rate": done.count(200) / elapsed,
+        "statuses": {s: done.count(s) for s in set(done)},
+        "p50": _q(latencies, 50),
+    }
 
 
-async def open_loop(url: str, texts: list[str], rate: float, seconds: float, seed: int) -> dict:
-    """Poisson arrivals at `rate` per second for `seconds` (at most rate * seconds * 1.5)."""
-    import httpx
-
+async def open_loop(port: int, bodies: list[bytes], rate: float, seconds: float, seed: int) -> dict:
+    """Poisson arrivals at `rate` per second for `seconds`, each on a free connection."""
     rng = np.random.default_rng(seed)
     gaps = rng.exponential(1 / rate, size=int(rate * seconds * 1.5) + 1)
     arrivals = np.cumsum(gaps)
     arrivals = arrivals[arrivals < seconds]
     results = []
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=256)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+    connections = Connections(port)
 
-        async def one(at, text):
-            await asyncio.sleep(max(0.0, start + at - time.monotonic()))
-            sent = time.monotonic()
-            try:
-                response = await client.post(url + "/predict", json={"inputs": text, "truncate": True})
-                results.append((response.status_code, time.monotonic() - sent))
-            except httpx.HTTPError as err:
-                results.append((type(err).__name__, time.monotonic() - sent))
+    async def one(at, body):
+        await asyncio.sleep(max(0.0, start + at - time.monotonic()))
+        sent = time.monotonic()
+        try:
+            results.append((await connections.post("/predict", body), time.monotonic() - sent))
+        except (OSError, ConnectionError, asyncio.IncompleteReadError) as err:
+            results.append((type(err).__name__, time.monotonic() - sent))
 
-        start = time.monotonic()
-        picks = rng.integers(len(texts), size=len(arrivals))
-        await asyncio.gather(*(one(at, texts[int(i)]) for at, i in zip(arrivals, picks)))
-        elapsed = time.monotonic() - start
+    start = time.monotonic()
+    picks = rng.integers(len(bodies), size=len(arrivals))
+    await asyncio.gather(*(one(at, bodies[int(i)]) for at, i in zip(arrivals, picks)))
+    elapsed = time.monotonic() - start
+    connections.close()
     ok = [latency for status, latency in results if status == 200]
     statuses = {}
     for status, _ in results:
@@ -208,6 +250,7 @@ def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     extra = args.server_args.split()
     texts = bbc_texts(args.workload)
+    bodies = encode_requests(texts)
     with tempfile.TemporaryDirectory() as scratch:
         model = args.model or fine_tuned_model(Path(scratch))
         results = {}
@@ -215,7 +258,7 @@ def main() -> int:
             with ServerProcess(model, policy, extra) as server:
                 results[policy] = {
                     "saturation": asyncio.run(
-                        closed_loop(server.url, texts, args.concurrency, args.seconds, 1)
+                        closed_loop(server.port, bodies, args.concurrency, args.seconds, 1)
                     )
                 }
                 print(f"{policy}: saturation {results[policy]['saturation']}", file=sys.stderr, flush=True)
@@ -223,7 +266,7 @@ def main() -> int:
         for policy in args.policies:
             with ServerProcess(model, policy, extra) as server:
                 for share in (0.5, 0.8):
-                    run = asyncio.run(open_loop(server.url, texts, share * reference, args.seconds, 2))
+                    run = asyncio.run(open_loop(server.port, bodies, share * reference, args.seconds, 2))
                     results[policy][f"load_{share}"] = run
                     print(f"{policy} at {share:.0%}: {run}", file=sys.stderr, flush=True)
                 m = server.metrics()
@@ -234,7 +277,7 @@ def main() -> int:
         if "packed" in results and args.overload_seconds > 0:
             rate = 2 * results["packed"]["saturation"]["rate"]
             with ServerProcess(model, "packed", extra) as server:
-                run = asyncio.run(open_loop(server.url, texts, rate, args.overload_seconds, 3))
+                run = asyncio.run(open_loop(server.port, bodies, rate, args.overload_seconds, 3))
                 m = server.metrics()
                 counted = {k: int(v) for k, v in m.items() if k.startswith("packed_requests_total")}
                 overload = {
