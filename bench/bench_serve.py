@@ -9,7 +9,8 @@ a narrow spread of lengths) or mixed (title + the first 1-8 sentences; a wide sp
 For each policy a fresh `python -m finetune.serve` subprocess on 127.0.0.1:
 
   saturation   closed loop: --concurrency clients, each sending its next request when the
-               last is answered, for --seconds; answered requests per second
+               last is answered, for --seconds; answered requests per second; --rounds
+               rounds, policies interleaved and rotated, a fresh server each; the median
   load         open loop: Poisson arrivals at 50% and 80% of the padded policy's
                saturation rate for --seconds; p50 / p99 latency of answered requests
                (arrival to answer, measured by the client)
@@ -108,6 +109,18 @@ class Connections:
         self.port, self.limit, self.idle, self.opened = port, limit, [], 0
 
     async def post(self, path: str, body: bytes) -> int:
+        reused = bool(self.idle)
+        try:
+            return await self._post(path, body)
+        except ConnectionError:
+            if not reused:
+                raise
+            # The server closed an idle keep-alive connection (uvicorn: after 5 s) before
+            # this request reached it: send it again on a new one, as HTTP clients do.
+            self.idle.clear()
+            return await self._post(path, body)
+
+    async def _post(self, path: str, body: bytes) -> int:
         if self.idle:
             reader, writer = self.idle.pop()
         else:
@@ -115,7 +128,11 @@ class Connections:
             reader, writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
         head = f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
         writer.write(head.encode() + body)
-        status_line = await reader.readline()
+        try:
+            await writer.drain()
+            status_line = await reader.readline()
+        except (ConnectionResetError, BrokenPipeError):
+            status_line = b""
         if not status_line:
             writer.close()
             raise ConnectionError("the server closed the connection")
@@ -242,6 +259,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=20, help="per measurement")
     parser.add_argument("--overload-seconds", type=float, default=30)
     parser.add_argument("--concurrency", type=int, default=128, help="closed-loop clients at saturation")
+    parser.add_argument("--rounds", type=int, default=3, help="saturation rounds (median kept)")
     parser.add_argument("--workload", default="pairs", choices=("pairs", "mixed"), help="see bbc_texts")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument("--server-args", default="", help="extra finetune.serve options, one string")
@@ -253,15 +271,27 @@ def main() -> int:
     bodies = encode_requests(texts)
     with tempfile.TemporaryDirectory() as scratch:
         model = args.model or fine_tuned_model(Path(scratch))
-        results = {}
-        for policy in args.policies:
-            with ServerProcess(model, policy, extra) as server:
-                results[policy] = {
-                    "saturation": asyncio.run(
-                        closed_loop(server.port, bodies, args.concurrency, args.seconds, 1)
+        results = {policy: {"saturation_rounds": []} for policy in args.policies}
+        # Saturation in interleaved rounds, the order rotated, a fresh server each time: the
+        # shared machine's speed drifts (2x between runs minutes apart); the median is kept.
+        for round_ in range(args.rounds):
+            order = (
+                args.policies[round_ % len(args.policies) :] + args.policies[: round_ % len(args.policies)]
+            )
+            for policy in order:
+                with ServerProcess(model, policy, extra) as server:
+                    run = asyncio.run(
+                        closed_loop(server.port, bodies, args.concurrency, args.seconds, round_)
                     )
-                }
-                print(f"{policy}: saturation {results[policy]['saturation']}", file=sys.stderr, flush=True)
+                results[policy]["saturation_rounds"].append(run["rate"])
+                print(f"round {round_}: {policy} saturation {run}", file=sys.stderr, flush=True)
+        for policy in args.policies:
+            rates = results[policy]["saturation_rounds"]
+            results[policy]["saturation"] = {
+                "rate": float(np.median(rates)),
+                "min": min(rates),
+                "max": max(rates),
+            }
         reference = results.get("padded", next(iter(results.values())))["saturation"]["rate"]
         for policy in args.policies:
             with ServerProcess(model, policy, extra) as server:
@@ -290,13 +320,17 @@ def main() -> int:
         f"# {len(texts)} BBC News inputs ({args.workload}), one per request; {args.seconds:g} s per measurement"
     )
     print(
-        "| policy | saturation, requests/s | p50 / p99 at 50% load, ms | p50 / p99 at 80% load, ms | real-token fraction |"
+        "| policy | saturation, requests/s, median (range) | p50 / p99 at 50% load, ms | p50 / p99 at 80% load, ms "
+        "| real-token fraction |"
     )
     print("|---|---|---|---|---|")
     for policy, r in results.items():
         loads = [r[f"load_{s}"] for s in (0.5, 0.8)]
         cells = " | ".join(f"{x['p50'] * 1000:.0f} / {x['p99'] * 1000:.0f}" for x in loads)
-        print(f"| {policy} | {r['saturation']['rate']:.1f} | {cells} | {r['real_token_fraction']:.3f} |")
+        sat = r["saturation"]
+        print(
+            f"| {policy} | {sat['rate']:.1f} ({sat['min']:.1f}-{sat['max']:.1f}) | {cells} | {r['real_token_fraction']:.3f} |"
+        )
     for policy in ("padded", "fifo-tokens"):
         if policy in results and "packed" in results:
             ratio = results["packed"]["saturation"]["rate"] / results[policy]["saturation"]["rate"]
