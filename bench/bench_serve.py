@@ -262,7 +262,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="saturation rounds (median kept)")
     parser.add_argument("--workload", default="pairs", choices=("pairs", "mixed"), help="see bbc_texts")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
-    parser.add_argument("--server-args", default="", help="extra finetune.serve options, one string")
+    parser.add_argument(
+        "--server-args",
+        default="--attention-backend sdpa",
+        help="finetune.serve options for every policy, one string (default: SDPA attention, the form "
+        "transformers and TEI use on CPU; it measured faster than varlen here for every policy)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -67,8 +67,9 @@ def save_finetuned(
     )
 
 
-def load_finetuned(folder: Path):
-    """(model, info, tokenizer, vocab) from a `finetune.train` output model folder."""
+def load_finetuned(folder: Path, **overrides):
+    """(model, info, tokenizer, vocab) from a `finetune.train` output model folder;
+    overrides set non-shape model options (attention_backend, ...)."""
     info_path = folder / FINETUNE_INFO
     if not info_path.is_file():
         raise ExampleError(f"{folder}: no {FINETUNE_INFO}; expected a folder written by finetune.train")
@@ -91,7 +92,7 @@ def load_finetuned(folder: Path):
         else PackedBertForSequenceClassification
     )
     try:
-        model = model_class.from_pretrained(folder)
+        model = model_class.from_pretrained(folder, **overrides)
     except (OSError, ValueError, RuntimeError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ExampleError(f"{folder}: the model cannot be loaded ({first[:200]})") from None

@@ -36,6 +36,12 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--policy", default="packed", choices=("packed", "fifo-tokens", "padded"))
     parser.add_argument(
+        "--attention-backend",
+        choices=("dense", "sdpa", "flex", "varlen"),
+        help="default: the folder's (varlen: packs of <= 128 tokens as one block-diagonal SDPA call, "
+        "longer ones per sequence); sdpa is transformers' and TEI's CPU form for padded batches",
+    )
+    parser.add_argument(
         "--max-batch-tokens", type=int, default=16384, help="tokens per forward (TEI's default)"
     )
     parser.add_argument(
@@ -84,7 +90,7 @@ def main(argv=None) -> int:
         print("error: --device cuda: torch sees no GPU on this machine", file=sys.stderr)
         return 2
     try:
-        engine = load_engine(args.model, args.device)
+        engine = load_engine(args.model, args.device, args.attention_backend)
         policy = PolicySettings(
             args.policy, args.max_batch_tokens, engine.max_length, tuple(args.widths), args.batch_size,
             args.max_sequences_per_pack, args.algorithm, pad_to=engine.info["max_sequence_length"],

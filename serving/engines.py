@@ -35,9 +35,11 @@ class Prepared:
     context: object = None
 
 
-def load_engine(folder: Path, device: str = "cpu"):
-    """The engine for a `finetune.train` model folder (raises ExampleError for a bad one)."""
-    model, info, tokenizer, vocab = load_finetuned(folder)
+def load_engine(folder: Path, device: str = "cpu", attention_backend: str | None = None):
+    """The engine for a `finetune.train` model folder (raises ExampleError for a bad one);
+    attention_backend overrides the folder's (every backend computes the same outputs)."""
+    overrides = {"attention_backend": attention_backend} if attention_backend else {}
+    model, info, tokenizer, vocab = load_finetuned(folder, **overrides)
     model = model.to(device).eval()
     if info["task"] == "question_answering":
         return QaEngine(model, info, vocab)
