@@ -7,8 +7,10 @@
     scheduler.stop()                           # answers what is queued, then rejects the rest
 
 A request becomes one `Ticket` holding its sequences (texts or QA windows). Admission is
-all or nothing: a ticket enters only if the queue has room for all its sequences, so the
-queue never holds more than `max_queue_sequences` (no unbounded backlog). One worker
+all or nothing: a ticket enters only if the queue has room for all its sequences (never more
+than `max_queue_sequences`) and, once the worker has measured its rate in tokens per second,
+only if the tokens queued ahead of it would run within half the timeout: an overloaded
+server answers 429 at once rather than 504 after the wait (no unbounded backlog). One worker
 thread takes batches by the policy (serving/policies.py) and runs the engine; the event
 loop never waits on the model. Every admitted ticket ends exactly once: with its outputs,
 or with an error (its deadline passed while queued: 504; the server stopped: 503; the
@@ -26,6 +28,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from serving.policies import PolicySettings, plan_batch
+
+
+# Admit a request only if the queue ahead of it, at the measured rate, runs within this
+# share of the timeout (the rest is slack for a slower spell of the machine).
+ADMIT_WITHIN = 0.5
 
 
 class QueueFull(Exception):
@@ -110,6 +117,8 @@ class Scheduler:
     def __init__(self, engine, settings: PolicySettings, limits: QueueLimits, metrics):
         self.engine, self.settings, self.limits, self.metrics = engine, settings, limits, metrics
         self._queue: deque[_Waiting] = deque()
+        self._queued_tokens = 0  # real tokens waiting
+        self._tokens_per_second = 0.0  # the worker's measured rate (EWMA over batches)
         self._condition = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="serving-worker", daemon=True)
@@ -134,6 +143,18 @@ class Scheduler:
                     f"the queue holds {len(self._queue)} of {self.limits.max_queue_sequences} "
                     f"sequences; this request has {len(token_ids)}"
                 )
+            # Refuse now what could not run before its deadline: the queue's tokens at the
+            # measured rate would take longer than the timeout allows (a 429 now, not a 504
+            # after waiting). Until a rate is measured, only the sequence bound applies.
+            tokens = sum(len(t) for t in token_ids)
+            if self._tokens_per_second:
+                wait = (self._queued_tokens + tokens) / self._tokens_per_second
+                if wait > ADMIT_WITHIN * self.limits.timeout_s:
+                    raise QueueFull(
+                        f"the queue would take {wait:.1f} s at the measured {self._tokens_per_second:.0f} "
+                        f"tokens/s; requests must run within {self.limits.timeout_s:g} s"
+                    )
+            self._queued_tokens += tokens
             for position, tokens in enumerate(token_ids):
                 self._queue.append(_Waiting(ticket, position, len(tokens), now))
             self.metrics.queue_size.set(len(self._queue))
@@ -198,6 +219,7 @@ class Scheduler:
             chosen = set(plan.chosen.tolist())
             taken = [queue[i] for i in plan.chosen]
             self._queue = deque(w for i, w in enumerate(queue) if i not in chosen)
+            self._queued_tokens -= sum(w.length for w in taken)
             self.metrics.queue_size.set(len(self._queue))
         for w in taken:
             self.metrics.queue_seconds.observe(now - w.arrived)
@@ -210,6 +232,7 @@ class Scheduler:
         ended = {id(w.ticket): w.ticket for w in self._queue if w.ticket.deadline <= now or w.ticket.finished}
         if not ended:
             return
+        self._queued_tokens -= sum(w.length for w in self._queue if id(w.ticket) in ended)
         self._queue = deque(w for w in self._queue if id(w.ticket) not in ended)
         for ticket in ended.values():
             ticket._finish(TicketFailed(504, f"not run within the {self.limits.timeout_s:g} s timeout"))
@@ -217,6 +240,7 @@ class Scheduler:
     def _run(self, taken: list[_Waiting], plan) -> None:
         token_ids = [w.ticket.token_ids[w.position] for w in taken]
         segment_ids = [w.ticket.segment_ids[w.position] for w in taken]
+        started = time.monotonic()
         try:
             outputs = self.engine.run(token_ids, segment_ids, plan.table, plan.width)
         except Exception as err:  # noqa: BLE001 - every ticket must end; the error is reported
@@ -227,6 +251,11 @@ class Scheduler:
                 ticket._finish(TicketFailed(500, message))
             return
         real = int(sum(len(t) for t in token_ids))
+        rate = real / max(time.monotonic() - started, 1e-6)
+        with self._condition:  # read by submit() on the event loop's thread
+            self._tokens_per_second = (
+                rate if not self._tokens_per_second else 0.8 * self._tokens_per_second + 0.2 * rate
+            )
         self.metrics.observe_batch(real, plan.padded_tokens, len(taken))
         for w, output in zip(taken, outputs):
             ticket = w.ticket

@@ -176,3 +176,34 @@ def test_qa_requests():
     for bad in ({"question": "q"}, {"question": "q", "context": " "}, [{"question": 1, "context": "c"}]):
         with pytest.raises(RequestError):
             parse_qa({"inputs": bad}, RequestLimits())
+
+
+def test_admission_refuses_what_the_measured_rate_cannot_run_before_the_timeout():
+    """429 at admission instead of a 504 later: once the worker has measured its tokens/s,
+    a request whose queue ahead would take over half the timeout is refused."""
+
+    async def scenario():
+        engine = EchoEngine(0.05)  # 100 tokens in 0.05 s: about 2,000 tokens/s
+        scheduler = Scheduler(engine, PolicySettings("fifo-tokens", max_length=512, max_batch_tokens=512),
+                              QueueLimits(10_000, 0, 1.0), ServerMetrics())  # fmt: skip
+        scheduler.start()
+        await scheduler.submit([np.zeros(100)], [None]).future  # measures the rate
+        admitted, refused = [], 0
+        for _ in range(40):  # 40 x 100 tokens = 2 s of work; half the 1 s timeout is 0.5 s
+            try:
+                admitted.append(scheduler.submit([np.zeros(100)], [None]))
+            except QueueFull:
+                refused += 1
+        statuses = []
+        for ticket in admitted:
+            try:
+                await ticket.future
+                statuses.append(200)
+            except TicketFailed as err:
+                statuses.append(err.status)
+        scheduler.stop()
+        return statuses, refused
+
+    statuses, refused = run_async(scenario())
+    assert refused > 0 and 5 <= len(statuses) <= 15
+    assert statuses == [200] * len(statuses)  # everything admitted ran before its deadline
