@@ -29,7 +29,6 @@ import numpy as np
 
 from serving.policies import PolicySettings, plan_batch
 
-
 # Admit a request only if the queue ahead of it, at the measured rate, runs within this
 # share of the timeout (the rest is slack for a slower spell of the machine).
 ADMIT_WITHIN = 0.5
