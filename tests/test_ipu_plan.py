@@ -341,3 +341,44 @@ def test_an_ipu_config_the_ipu_cannot_compile_exits_2_before_any_data_is_read(tm
     assert "absent" not in result.stderr
     assert not (tmp_path / "out").exists()
     assert time.perf_counter() - started < 30
+
+
+def test_the_graphcore_v2_config_has_graphcores_bert_large_512_layout():
+    """Issue 33, N6: configs/mlperf_graphcore_pod16_v2.0.yaml places and sizes BERT-Large at
+    S=512 as graphcore/examples' pretrain_large_512 does (it had 3 packs per micro-batch,
+    S=128's memory proportions and LAMB state on chip: out of memory on IPUs 1-3)."""
+    config = load_config(REPO / "configs" / "mlperf_graphcore_pod16_v2.0.yaml")
+    ipu = config["ipu"]
+    assert config["data"]["micro_batch_packs"] == 2
+    assert config["execution"]["layers_per_stage"] == [3, 7, 7, 7]
+    assert ipu["available_memory_proportion"] == [0.10, 0.15, 0.15, 0.15]
+    assert ipu["optimizer_state_offchip"] and ipu["embedding_serialization_factor"] == 2
+    assert ipu["recompute_checkpoints"] and ipu["replicated_tensor_sharding"]
+    plan = make_plan(config, packing_factor=2.0)
+    assert plan.packs_per_step == 1536  # the v2.0 submission's global batch, kept
+
+
+def test_training_options_reduce_by_running_mean_with_the_scales_times_n(monkeypatch):
+    """Issue 33, N5: Mean reduction, Running strategy (Graphcore's), and the host's loss
+    scales multiplied by GA x replicas so the step's gradient is the torch path's."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "doubles"))
+    for name in [m for m in sys.modules if m == "poptorch" or m.startswith("poptorch.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import poptorch
+
+    from training.backends.ipu import build_options
+
+    plan = make_plan(pod16(), packing_factor=2.0)
+    opts = build_options(poptorch, plan, training=True)
+    assert opts.Training.reduction == poptorch.ReductionType.Mean
+    assert opts.Training.mean_strategy == poptorch.MeanReductionStrategy.Running
+    assert plan.mean_reduction_factor == plan.gradient_accumulation * plan.replicas
+    counts = [torch.tensor([10.0, 4.0])]
+    batch = {name: torch.zeros(1, 8, dtype=torch.long) for name in GRAPH_FIELDS}
+    scaled = step_inputs([batch], 1, counts, plan.mean_reduction_factor)
+    plain = step_inputs([batch], 1, counts)
+    assert torch.allclose(scaled["mlm_scale"], plain["mlm_scale"] * plan.mean_reduction_factor)
+    for name in [m for m in sys.modules if m == "poptorch" or m.startswith("poptorch.")]:
+        del sys.modules[name]
