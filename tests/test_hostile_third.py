@@ -159,3 +159,56 @@ def test_resume_refuses_other_data_at_the_same_path_and_reads_the_checkpoints_co
     assert done.returncode == 2, done.stderr
     error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "metadata.json" in error[0] and "changed" in error[0]
+
+
+@pytest.mark.slow
+def test_eval_data_for_a_bigger_vocabulary_is_refused_at_start_naming_the_settings(tmp_path):
+    """#4: the eval set was not checked against the model (a traceback at the first
+    evaluation, hours in); the message now names model.vocab_size and packing's --vocab-size."""
+    import shutil
+
+    from packing.pipeline import PackJob, run_pack
+
+    from .training_helpers import VOCAB, P, S
+
+    (tmp_path / "data").mkdir()
+    packed = make_packed(tmp_path / "data")
+    shutil.rmtree(packed / "eval")
+    job = PackJob(inputs=(str(packed / "raw-eval" / "part-00000.h5"),), output=str(packed / "eval"),
+                  algorithm="lpfhp", max_sequences_per_pack=3, max_sequence_length=S,
+                  max_predictions_per_seq=P, seed=1, shard_size=100, vocab_size=VOCAB * 4)  # fmt: skip
+    run_pack(job, quiet=True)
+    config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 2})
+    done = run(config, tmp_path / "run")
+    assert done.returncode == 2, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "data.eval_dir" in error[0] and "model.vocab_size" in error[0]
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+@pytest.mark.slow
+def test_skipped_steps_are_logged_as_skipped_and_their_budget_survives_resume(tmp_path):
+    """#12: a window of skipped steps was logged as loss 0.0 (reads as perfect), broke
+    training.summary (ZeroDivisionError), and --resume reset the skip budget; the pipeline
+    engine accepted `skip` and never applied it."""
+    from training import summary
+
+    (tmp_path / "data").mkdir()
+    packed = make_packed(tmp_path / "data")
+    nan = {"optim": {"lr": 1e6}}  # every step's loss and gradients overflow
+    # lr 1e6: steps 1-2 finite, every later one non-finite (skipped, weights untouched)
+    config = write_config(tmp_path / "c.yaml", packed, **nan, training={
+        "max_steps": 4, "on_nonfinite": "skip", "max_skipped_steps": 3})  # fmt: skip
+    done = run(config, tmp_path / "run")
+    assert done.returncode == 0, done.stderr
+    rows = metrics(tmp_path / "run")
+    skipped = [r for r in rows if r.get("skipped_steps")]
+    assert [r["step"] for r in skipped] == [3, 4] and all(r["loss"] is None for r in skipped)
+    assert summary.main(["--packed", str(tmp_path / "run")]) == 0
+    done = run(config, tmp_path / "run", "--resume", "--set", "training.max_steps=6")
+    assert done.returncode == 3, done.stderr  # steps 3, 4 before; 5 is the 3rd of 3, 6 the 4th
+    assert "more than 3 skipped steps" in done.stderr
+    pipeline = write_config(tmp_path / "p.yaml", packed, training={"on_nonfinite": "skip"},
+                            execution={"device": "cpu", "threads": 1, "layers_per_stage": [1, 1]})  # fmt: skip
+    done = run(pipeline, tmp_path / "pipe")
+    assert done.returncode == 2 and "training.on_nonfinite skip" in done.stderr

@@ -82,16 +82,20 @@ def build_model(config: dict, seed: int) -> PackedBertForPreTraining:
         raise RunError(f"model.init_checkpoint {folder}: cannot be loaded ({err})") from None
 
 
-def check_model_fits_data(model, dataset: PackedDataset) -> None:
+def check_model_fits_data(model, dataset: PackedDataset, which: str = "data.train_dir") -> None:
+    """RunError, before any compute, if `dataset` (the training or the evaluation data:
+    `which` names its key) holds positions or token ids the model has no embedding for."""
     meta = dataset.metadata
     if model.config.max_position_embeddings < meta["S"]:
         raise RunError(
-            f"the model has {model.config.max_position_embeddings} positions, the data has S={meta['S']}"
+            f"{which}: the data has S={meta['S']}, the model {model.config.max_position_embeddings} positions"
         )
     vocab = meta.get("vocab_size")
     if vocab is not None and vocab > model.config.vocab_size:
         raise RunError(
-            f"the data's vocabulary ({vocab}) is larger than the model's ({model.config.vocab_size})"
+            f"{which}: the data was packed for a vocabulary of {vocab} tokens (packing's --vocab-size), "
+            f"larger than the model's model.vocab_size {model.config.vocab_size}; set model.vocab_size to "
+            f"{vocab} (or the init checkpoint's vocabulary), or pack with the vocabulary the model has"
         )
 
 

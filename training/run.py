@@ -71,9 +71,11 @@ class RunState:
     best_eval_accuracy: float = 0.0
     reached_target: bool = False
     train_seconds: float = 0.0  # training time so far, all processes of the run (see Run.train_seconds)
+    skipped_steps: int = 0  # non-finite steps skipped (training.on_nonfinite: skip), over resumes
 
     def to_checkpoint(self) -> dict:
         return {
+            "skipped_steps": self.skipped_steps,
             "step": self.step,
             "samples": self.samples,
             "position": self.position.as_dict(),
@@ -91,6 +93,7 @@ class RunState:
             next_eval_samples=saved["next_eval_samples"],
             best_eval_accuracy=saved["best_eval_accuracy"],
             train_seconds=saved.get("train_seconds", 0.0),  # absent in checkpoints before it was kept
+            skipped_steps=saved.get("skipped_steps", 0),
         )
 
 
@@ -222,6 +225,8 @@ class Run:
         if train_data is None:
             train_data = self._synthetic_packs()
         check_model_fits_data(self.model, train_data)
+        if eval_data is not None:  # checked like the training data: not hours in, at the first evaluation
+            check_model_fits_data(self.model, eval_data, "data.eval_dir")
         saved = self._restore_checkpoint(resume)
         # What the step is made of, after the packing adjustment (training.step.BatchArithmetic).
         self.arithmetic = self.engine.attach(self.model, packing_factor(train_data))
@@ -355,7 +360,6 @@ class Run:
             eval_samples=eval_samples,
         )
         self.stop = StopSignal()
-        self.skipped_steps = 0
         self.evaluated_step = None
         self.progress = tqdm(
             total=self.limits["max_steps"],
@@ -436,10 +440,12 @@ class Run:
     def _nonfinite(self, what: str) -> None:
         """A step the engine refused (non-finite loss or gradient norm; weights untouched):
         skip it while training.on_nonfinite allows, else stop (Diverged)."""
-        self.skipped_steps += 1
+        # The budget is the run's, kept in checkpoints: a --resume does not reset it.
+        self.state.skipped_steps += 1
+        self.window_skipped += 1
         policy, allowed = self.limits["on_nonfinite"], self.limits["max_skipped_steps"]
-        if policy == "skip" and self.skipped_steps <= allowed:
-            log.warning("%s: step skipped (%d of at most %d)", what, self.skipped_steps, allowed)
+        if policy == "skip" and self.state.skipped_steps <= allowed:
+            log.warning("%s: step skipped (%d of at most %d)", what, self.state.skipped_steps, allowed)
             return
         reason = "training.on_nonfinite is stop" if policy == "stop" else f"more than {allowed} skipped steps"
         raise Diverged(f"{what}; stopping ({reason}); the newest checkpoint is the last good one")
@@ -499,12 +505,17 @@ class Run:
     # ----- reporting -------------------------------------------------------------------
     def _new_window(self) -> None:
         self.window, self.window_start, self.window_samples = MetricSums(), self.train_seconds(), 0
+        self.window_skipped = 0
 
     def _log_window(self, lr: float) -> None:
         totals = self.engine.reduce(self.window)
         figures = summarize(totals)
         if not math.isfinite(figures["loss"]):  # engines that cannot check per step
             raise Diverged(f"step {self.state.step}: non-finite loss in the last logging window")
+        if figures["sequences"] == 0 and self.window_skipped:
+            # Every step of the window was skipped: no figure to report (a 0.0 loss would
+            # read as perfect), only that it was skipped.
+            figures = {key: None for key in figures} | {"sequences": 0, "masked_tokens": 0}
         now = self.train_seconds()
         seconds = now - self.window_start
         record = {
@@ -517,7 +528,12 @@ class Run:
             "sequences_per_second": self.window_samples / seconds,
             "tokens_per_second": totals["tokens"] / seconds,
         }
+        if self.window_skipped:
+            record["skipped_steps"] = self.window_skipped
         self.reporter.log(record)
+        if record["loss"] is None:
+            self._new_window()
+            return
         self.progress.set_postfix(
             loss=f"{record['loss']:.3f}",
             mlm_acc=f"{record['mlm_accuracy']:.3f}",

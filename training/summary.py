@@ -27,7 +27,9 @@ def run_figures(run: Path) -> dict:
     meta = json.loads((Path(config["data"]["train_dir"]) / "metadata.json").read_text())
     records = read_records(run)
     train, evals = records.get("train", []), records.get("eval", [])
-    steady = train[1:] or train
+    # Windows whose every step was skipped (non-finite) report no figures: not part of speed.
+    trained = [r for r in train if r.get("loss") is not None and r.get("sequences_per_second")]
+    steady = trained[1:] or trained
     seconds = sum(r["sequences"] / r["sequences_per_second"] for r in steady)
     tokens = sum(r["tokens_per_second"] * r["sequences"] / r["sequences_per_second"] for r in steady)
     return {
@@ -39,7 +41,7 @@ def run_figures(run: Path) -> dict:
         "train_seconds": train[-1]["train_seconds"] if train else 0.0,
         "sequences_per_second": sum(r["sequences"] for r in steady) / seconds if seconds else 0.0,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
-        "final_train_loss": train[-1]["loss"] if train else None,
+        "final_train_loss": trained[-1]["loss"] if trained else None,
         "eval_mlm_accuracy": evals[-1]["mlm_accuracy"] if evals else None,
         "curve": curve_from_records(evals),
     }
@@ -105,10 +107,14 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     for name, f in (("unpacked", unpacked), ("packed", packed)):
         acc = "-" if f["eval_mlm_accuracy"] is None else f"{f['eval_mlm_accuracy']:.4f}"
+        loss = "-" if f["final_train_loss"] is None else f"{f['final_train_loss']:.3f}"
         print(
             f"| {name} | {f['packing_factor']:.3f} | {f['steps']} | {f['sequences']} | {f['train_seconds']:.0f} | "
-            f"{f['sequences_per_second']:.1f} | {f['tokens_per_second']:.0f} | {f['final_train_loss']:.3f} | {acc} |"
+            f"{f['sequences_per_second']:.1f} | {f['tokens_per_second']:.0f} | {loss} | {acc} |"
         )
+    if not unpacked["sequences_per_second"]:
+        print(f"error: {args.unpacked}: no trained logging window to compare with", file=sys.stderr)
+        return 2
     speedup = packed["sequences_per_second"] / unpacked["sequences_per_second"]
     print(
         f"\nrealized speed-up {speedup:.3f} (sequences/s packed / unpacked) = "

@@ -191,6 +191,11 @@ def check_config(config: dict) -> None:
             f"training.precision {config['training']['precision']!r} is a torch autocast setting; on IPUs "
             "set training.precision fp32 and choose fp16 with ipu.half"
         )
+    if config["training"]["on_nonfinite"] == "skip":
+        raise IpuPlanError(
+            "training.on_nonfinite skip: on IPUs the optimizer steps on the device and the host sees the "
+            "loss once per logging window, so a step cannot be skipped; use stop"
+        )
     if config["optim"]["max_grad_norm"] is not None:
         raise IpuPlanError(
             "optim.max_grad_norm: poptorch.optim.LAMB has no global gradient-norm clipping; set it to null "

@@ -165,6 +165,11 @@ class PipelineEngine:
         stage_ranges(config)
         if config["model"]["mlm_loss_mode"] != "per_token":
             raise RunError("model.mlm_loss_mode: the torch pipeline supports per_token")
+        if config["training"]["on_nonfinite"] == "skip":
+            raise RunError(
+                "training.on_nonfinite skip: the pipeline engine checks the loss once per logging window, "
+                "after the optimizer stepped, so it cannot skip a step; use stop"
+            )
         if config["training"]["compile"] or config["training"]["precision"] == "fp16":
             raise RunError(
                 "the torch pipeline runs fp32 or bf16 without torch.compile (training.compile, precision)"
