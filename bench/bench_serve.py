@@ -105,8 +105,8 @@ class Connections:
     client library costs about a millisecond of CPU per request, enough to starve the
     server of requests. Requests are pre-encoded JSON; responses are read by Content-Length."""
 
-    def __init__(self, port: int, limit: int = 4096):
-        self.port, self.limit, self.idle, self.opened = port, limit, [], 0
+    def __init__(self, port: int):
+        self.port, self.idle = port, []
 
     async def post(self, path: str, body: bytes) -> int:
         reused = bool(self.idle)
@@ -124,7 +124,6 @@ class Connections:
         if self.idle:
             reader, writer = self.idle.pop()
         else:
-            self.opened += 1
             reader, writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
         head = f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
         writer.write(head.encode() + body)

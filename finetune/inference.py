@@ -72,12 +72,16 @@ def score(logits: np.ndarray, labels: np.ndarray, multi_label: bool) -> dict:
     return out
 
 
+def class_scores(logits: np.ndarray, multi_label: bool) -> np.ndarray:
+    """[n, C] logits -> per-label sigmoids (multi-label) or a softmax over the labels."""
+    if multi_label:
+        return 1 / (1 + np.exp(-logits))
+    return torch.softmax(torch.from_numpy(logits), -1).numpy()
+
+
 def write_predictions(path: Path, logits: np.ndarray, label_names: list[str], multi_label: bool) -> None:
     """JSON lines in input order, written to a temporary name and renamed."""
-    if multi_label:
-        scores = 1 / (1 + np.exp(-logits))
-    else:
-        scores = torch.softmax(torch.from_numpy(logits), -1).numpy()
+    scores = class_scores(logits, multi_label)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp, tmp.open("w") as f:
         for i, row in enumerate(scores):

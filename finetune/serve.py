@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from common.cli import DefaultsHelpFormatter
+from serving.policies import POLICIES
 
 
 def main(argv=None) -> int:
@@ -34,7 +35,7 @@ def main(argv=None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--policy", default="packed", choices=("packed", "fifo-tokens", "padded"))
+    parser.add_argument("--policy", default="packed", choices=POLICIES)
     parser.add_argument(
         "--attention-backend",
         choices=("dense", "sdpa", "flex", "varlen"),

@@ -22,6 +22,7 @@ import torch
 
 from data.classification_data import ExampleError, Examples, tokenize
 from finetune.folder import load_finetuned
+from finetune.inference import class_scores
 from finetune.rows import pack_rows, unpack_outputs
 from serving.api import RequestError
 
@@ -100,13 +101,8 @@ class ClassificationEngine(_Engine):
         return list(unpack_outputs(logits, rows["example_index"], len(token_ids)))
 
     def scores(self, logits: np.ndarray, raw_scores: bool) -> np.ndarray:
-        """[n, C]: logits (raw_scores), sigmoid (multi-label) or softmax, as finetune.predict."""
-        if raw_scores:
-            return logits
-        if self.multi_label:
-            return 1 / (1 + np.exp(-logits))
-        shifted = np.exp(logits - logits.max(-1, keepdims=True))
-        return shifted / shifted.sum(-1, keepdims=True)
+        """[n, C]: logits (raw_scores), else finetune.predict's own scores."""
+        return logits if raw_scores else class_scores(logits, self.multi_label)
 
     def answer(self, outputs: list, raw_scores: bool) -> list[list[dict]]:
         """Per input: every label with its score, best first (TEI's order)."""

@@ -66,7 +66,6 @@ class Ticket:
     token_ids: list
     segment_ids: list
     deadline: float
-    admitted: float = field(default_factory=time.monotonic)
     outputs: list = field(default_factory=list)
     remaining: int = 0
     loop: asyncio.AbstractEventLoop | None = None
@@ -130,7 +129,7 @@ class Scheduler:
         """Admit a request (all of its sequences) or raise QueueFull."""
         loop = asyncio.get_running_loop()
         now = time.monotonic()
-        ticket = Ticket(token_ids, segment_ids, deadline=now + self.limits.timeout_s, admitted=now)
+        ticket = Ticket(token_ids, segment_ids, deadline=now + self.limits.timeout_s)
         ticket.loop, ticket.future = loop, loop.create_future()
         ticket.outputs = [None] * len(token_ids)
         ticket.remaining = len(token_ids)
@@ -202,7 +201,7 @@ class Scheduler:
                     # Let the batch fill: until the budget is met or the oldest waited max_wait.
                     until = self._queue[0].arrived + self.limits.max_wait_ms / 1000
                     while (
-                        sum(w.length for w in self._queue) < self.settings.max_batch_tokens
+                        self._queued_tokens < self.settings.max_batch_tokens
                         and time.monotonic() < until
                         and not self._stopping
                     ):
