@@ -84,13 +84,16 @@ def varlen_layout(
     padding = (ids == 0).reshape(-1)
     if slots is None:
         slots = int(ids.max()) if ids.numel() else 0
+    block_diagonal = s <= BLOCK_DIAGONAL_MAX_LENGTH and not granularity and not flash
+    if not block_diagonal and _may_sync():
+        check_contiguous_runs(ids, slots)
     if flash:
         lengths = slot_lengths(ids, slots, torch.int32)
         # slots 1..K, then the padding tail (slot 0) last: [B, K+1]
         segments = torch.cat([lengths[:, 1:], lengths[:, :1]], dim=1).reshape(-1)
         cu = F.pad(torch.cumsum(segments, 0, dtype=torch.int32), (1, 0))
         return VarlenLayout(b, s, padding, cu_seqlens=cu, buckets=None, padding_index=None, order=None)
-    if s <= BLOCK_DIAGONAL_MAX_LENGTH and not granularity:
+    if block_diagonal:
         return VarlenLayout(
             b,
             s,
@@ -102,6 +105,32 @@ def varlen_layout(
             block_mask=allowed_pairs(ids)[:, None],
         )
     return _bucket_layout(ids, padding, slots, granularity or _default_granularity(s))
+
+
+def _may_sync() -> bool:
+    """False while tracing or capturing a CUDA graph, where a host read is not allowed
+    (the loader has checked the same rules on the host: packing.structure)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def check_contiguous_runs(ids: torch.Tensor, slots: int) -> None:
+    """ValueError unless every row of ids [B, S] is runs 1, 2, ..., k (k <= slots) from
+    position 0 followed by padding 0: the flash and bucket layouts place sequence j at
+    the count of tokens of slots < j, which is exact for that layout only. (The
+    block-diagonal path compares ids pairwise and is exact for any ids.) One host sync."""
+    real = ids > 0
+    prefix = torch.arange(ids.shape[1], device=ids.device)[None, :] < real.sum(1, keepdim=True)
+    step = ids[:, 1:] - ids[:, :-1]
+    jumps = real[:, 1:] & real[:, :-1] & (step != 0) & (step != 1)
+    starts_at_one = (ids[:, 0] == 1) | ~real[:, 0]
+    ok = (real == prefix).all() & ~jumps.any() & starts_at_one.all() & (ids.max() <= slots)
+    if not bool(ok):
+        raise ValueError(
+            f"varlen attention: sequence_ids must be contiguous runs 1, 2, ..., k <= {slots} from position 0 "
+            "with padding (0) after them; use the dense or sdpa backend for other layouts"
+        )
 
 
 def slot_lengths(ids: torch.Tensor, slots: int, dtype: torch.dtype) -> torch.Tensor:

@@ -212,3 +212,179 @@ def test_skipped_steps_are_logged_as_skipped_and_their_budget_survives_resume(tm
                             execution={"device": "cpu", "threads": 1, "layers_per_stage": [1, 1]})  # fmt: skip
     done = run(pipeline, tmp_path / "pipe")
     assert done.returncode == 2 and "training.on_nonfinite skip" in done.stderr
+
+
+def _block(packed, shard=0):
+    from packing.shards import PackedDataset
+
+    return PackedDataset.open(packed / "train").read(shard, 0, 40)
+
+
+def _hostile(kind: str, fields: dict) -> None:
+    """One pack (row 7) made hostile in a way metadata cannot show (#8)."""
+    ids, row = fields["sequence_ids"], 7
+    n = int((ids[row] > 0).sum())
+    if kind == "id above K":
+        ids[row, :n][ids[row, :n] == ids[row, :n].max()] = 9
+    elif kind == "hole":
+        ids[row, 1] = 0
+    elif kind == "non-contiguous":  # runs 1 and 2 interleaved, each still counted right
+        first = int((ids[row] == 1).sum())
+        ids[row, first - 1], ids[row, first] = ids[row, first], ids[row, first - 1]
+    elif kind == "positions":
+        fields["position_ids"][row, 2] += 1
+    elif kind == "cls":
+        fields["next_sentence_positions"][row, 0] = 3
+    elif kind == "vocabulary":
+        fields["input_ids"][row, 1] = 1300
+
+
+HOSTILE = {
+    "id above K": "above K=3",
+    "hole": "padding before a real token",
+    "non-contiguous": "not contiguous",
+    "positions": "position_ids",
+    "cls": "next_sentence_positions",
+    "vocabulary": "model.vocab_size 1200",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_every_hostile_pack_is_named_by_the_structure_check(tmp_path, kind):
+    """#8 and #4: each rule of the format, checked on a whole block at once."""
+    from packing.structure import first_malformed
+
+    (tmp_path / "data").mkdir()
+    fields = _block(make_packed(tmp_path / "data"))
+    assert first_malformed(fields, 1200, 2) is None
+    _hostile(kind, fields)
+    row, what = first_malformed(fields, 1200, 2)
+    assert row == 7 and HOSTILE[kind] in what
+
+
+def test_varlen_refuses_ids_its_layout_cannot_compute_exactly():
+    """#8: non-contiguous runs trained silently with attention unlike dense's; an id above K
+    crashed in scatter_add. The block-diagonal path (exact for any ids) is unaffected."""
+    import torch
+
+    from model.varlen import varlen_layout
+
+    good = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 2, 3, 0, 0, 0]])
+    varlen_layout(good, 3, flash=False, granularity=8)
+    for ids in ([[1, 2, 1, 2, 0, 0]], [[1, 1, 4, 0, 0, 0]], [[1, 0, 2, 2, 0, 0]], [[2, 2, 0, 0, 0, 0]]):
+        with pytest.raises(ValueError, match="contiguous runs"):
+            varlen_layout(torch.tensor(ids), 3, flash=False, granularity=8)
+    varlen_layout(torch.tensor([[1, 2, 1, 2, 0, 0]]), 3, flash=False)  # block-diagonal: exact
+
+
+def _rewrite_pack_in_place(shard, kind):
+    """Change one pack inside the HDF5 file (same size) and keep metadata.json consistent
+    with it (new sha256): the hostile pack of #8, which every file-level check passes."""
+    import h5py
+
+    from common.files import sha256_file
+
+    with h5py.File(shard, "r+") as f:
+        fields = {name: f[name][:] for name in f}
+        _hostile(kind, fields)
+        for name in f:
+            f[name][...] = fields[name]
+    meta_path = shard.parent / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    for record in meta["shards"]:
+        if record["name"] == shard.name:
+            assert record["bytes"] == shard.stat().st_size
+            record["sha256"] = sha256_file(shard)
+    meta_path.write_text(json.dumps(meta))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_hostile_pack_stops_training_with_one_line_naming_shard_and_pack(tmp_path, workers):
+    """#8 and #4: with consistent metadata, a non-contiguous pack trained silently and a
+    token id beyond the vocabulary was an IndexError mid-step; the reader now refuses
+    both, in the process or in a DataLoader worker, naming the shard and the pack."""
+    (tmp_path / "data").mkdir()
+    packed = make_packed(tmp_path / "data")
+    shards = sorted((packed / "train").glob("part-*.h5"))
+    _rewrite_pack_in_place(shards[0], "non-contiguous")
+    _rewrite_pack_in_place(shards[-1], "vocabulary")
+    config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 40},
+                          data={"loader_workers": workers})  # fmt: skip
+    done = run(config, tmp_path / "run")
+    assert done.returncode == 2, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "part-" in error[0] and "pack 7" in error[0], error[0]
+
+
+def test_a_shard_changed_under_the_reader_is_reported_not_a_sigbus(tmp_path):
+    """#7: a shard truncated under the memory map killed the job with SIGBUS (exit 135, no
+    message); one copied over in place was read silently as new bytes."""
+    import shutil
+
+    from packing.shards import PackedDataset
+    from training.data import PackedShards, ShardReadError
+
+    (tmp_path / "data").mkdir()
+    packed = make_packed(tmp_path / "data")
+    dataset = PackedDataset.open(packed / "train")
+    reader = PackedShards(dataset, 1200, 2)
+    reader[[0, 1, 2]]
+    shard = dataset.shard_path(0)
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    with pytest.raises(ShardReadError, match="changed while the job was reading it"):
+        reader[[0, 1, 2]]
+    # the same bytes copied over the file in place: same size, a new write
+    reader = PackedShards(PackedDataset.open(packed / "eval"), 1200, 2)
+    reader[[0]]
+    eval_shard = packed / "eval" / "part-00000.h5"
+    copy = tmp_path / "copy.h5"
+    shutil.copy(eval_shard, copy)
+    os.utime(copy, ns=(1, 1))
+    with open(copy, "rb") as src, open(eval_shard, "r+b") as dst:
+        dst.write(src.read())
+    with pytest.raises(ShardReadError, match="changed"):
+        reader[[0]]
+
+
+def test_a_flipped_bit_in_a_tfrecord_is_refused_by_its_crc(tmp_path, capsys):
+    """#9: TFRecord CRCs were never checked: one flipped bit (token 1477 -> 1476) passed
+    pick, pack and verify. The good file is written by the `tfrecord` package, so its
+    CRCs also judge our masked CRC-32C."""
+    import struct
+
+    import numpy as np
+    from tfrecord.writer import TFRecordWriter
+
+    from data.synthetic import synthetic_rows
+    from packing.cli import main as packing_main
+
+    from .training_helpers import P, S
+
+    rng = np.random.default_rng(3)
+    rows = synthetic_rows(rng.integers(3, S + 1, size=20), S, P, rng)
+    path = tmp_path / "data.tfrecord"
+    writer = TFRecordWriter(str(path))
+    for r in range(20):
+        writer.write({name: (np.atleast_1d(rows[name][r]).tolist(), "int") for name in rows})
+    writer.close()
+    args = ["pack", "--input", str(path), "--max-sequence-length", str(S),
+            "--max-predictions-per-seq", str(P), "--quiet", "--output"]  # fmt: skip
+    assert packing_main([*args, str(tmp_path / "good")]) == 0
+    blob = bytearray(path.read_bytes())
+    offset = 0
+    for _ in range(5):  # to record 5
+        offset += 12 + struct.unpack_from("<Q", blob, offset)[0] + 4
+    length = struct.unpack_from("<Q", blob, offset)[0]
+    blob[offset + 12 + length // 2] ^= 1
+    path.write_bytes(bytes(blob))
+    capsys.readouterr()
+    assert packing_main([*args, str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "row 5" in err and "CRC" in err and not (tmp_path / "bad" / "metadata.json").exists()
+    blob[offset + 3] ^= 1  # the length itself: refused at the scan
+    path.write_bytes(bytes(blob))
+    assert packing_main([*args, str(tmp_path / "bad")]) == 2
+    assert "record 5" in capsys.readouterr().err

@@ -10,14 +10,17 @@ dropped (static shapes and equal work on every replica); the count is logged.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from packing.errors import PackingInputError
 from packing.format import PACKED_FIELDS
-from packing.shards import PackedDataset
+from packing.shards import METADATA, PackedDataset
+from packing.structure import first_malformed
 
 
 class PackedShards(Dataset):
@@ -29,13 +32,22 @@ class PackedShards(Dataset):
     fancy index (~0.2 ms for a micro-batch) instead of h5py's per-selection machinery
     (~5 ms, which stalled every training step on 2 cores). A field h5py reports no
     offset for (chunked or compressed: a file written by another tool) is read through
-    h5py. Maps and handles are opened lazily in each DataLoader worker (they do not fork)."""
+    h5py. Maps and handles are opened lazily in each DataLoader worker (they do not fork).
 
-    def __init__(self, dataset: PackedDataset):
+    Every read is checked, cheaply enough to leave on (ShardReadError, naming the shard
+    and the pack): the shard file is still the one opened, at the size metadata.json
+    records (a file truncated under a memory map would otherwise kill the process with
+    SIGBUS, and one copied over in place would be read as new bytes silently), and every
+    pack read keeps the format's structure and the model's vocabulary
+    (packing.structure.first_malformed)."""
+
+    def __init__(self, dataset: PackedDataset, vocab_size: int | None = None, type_vocab_size: int | None = None):
         self.dataset = dataset
+        self.vocab_size, self.type_vocab_size = vocab_size, type_vocab_size
         rows = [int(s["packs"]) for s in dataset.shards]
         self.starts = np.cumsum([0] + rows)
         self._fields: dict[int, dict] = {}
+        self._identity: dict[int, tuple] = {}
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -46,6 +58,7 @@ class PackedShards(Dataset):
             import h5py
 
             path = self.dataset.shard_path(shard)
+            self._identity[shard] = self._check_unchanged(shard, None)
             handle = h5py.File(path, "r")
             fields = {}
             for name in PACKED_FIELDS:
@@ -60,6 +73,24 @@ class PackedShards(Dataset):
             self._fields[shard] = fields
         return self._fields[shard]
 
+    def _check_unchanged(self, shard: int, opened: tuple | None) -> tuple:
+        """The shard file's (inode, size, mtime); ShardReadError when the size is not the
+        recorded one or the file is no longer the one opened. A stat per shard per read:
+        microseconds. (A change between this stat and the read itself is not caught.)"""
+        path = self.dataset.shard_path(shard)
+        try:
+            info = os.stat(path)
+        except OSError as err:
+            raise ShardReadError(f"{path}: cannot be read any more ({err.strerror})") from None
+        identity = (info.st_ino, info.st_size, info.st_mtime_ns)
+        expected = self.dataset.shards[shard]["bytes"]
+        if info.st_size != expected or (opened is not None and identity != opened):
+            raise ShardReadError(
+                f"{path}: changed while the job was reading it ({info.st_size} bytes, "
+                f"{METADATA} says {expected}; truncated, rewritten or replaced under a running job)"
+            )
+        return identity
+
     def __getitem__(self, packs) -> dict:
         packs = np.asarray(packs, dtype=np.int64)
         shard_of = np.searchsorted(self.starts, packs, side="right") - 1
@@ -67,7 +98,9 @@ class PackedShards(Dataset):
         for shard in np.unique(shard_of).tolist():
             where = np.flatnonzero(shard_of == shard)
             local = packs[where] - self.starts[shard]
-            for name, data in self._shard_fields(shard).items():
+            fields = self._shard_fields(shard)
+            self._check_unchanged(shard, self._identity[shard])
+            for name, data in fields.items():
                 if isinstance(data, np.ndarray):
                     values = data[local]
                 else:  # h5py wants strictly increasing indices
@@ -76,6 +109,14 @@ class PackedShards(Dataset):
                 if name not in out:
                     out[name] = np.empty((packs.size, *data.shape[1:]), data.dtype)
                 out[name][where] = values
+        malformed = first_malformed(out, self.vocab_size, self.type_vocab_size)
+        if malformed is not None:
+            row, what = malformed
+            shard = int(shard_of[row])
+            raise ShardReadError(
+                f"{self.dataset.shard_path(shard)}: pack {int(packs[row] - self.starts[shard])} breaks the "
+                f"packed format: {what}"
+            )
         # int32/int64 tensors: uint16 has no torch arithmetic on every device
         return {
             name: torch.from_numpy(rows.astype(np.int64 if name == "source_index" else np.int32))
@@ -84,8 +125,24 @@ class PackedShards(Dataset):
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_fields"] = {}
+        state["_fields"], state["_identity"] = {}, {}
         return state
+
+
+class ShardReadError(PackingInputError):
+    """A packed shard that cannot be trusted at read time (changed under the job, or a
+    pack that breaks the format), naming the shard and the pack."""
+
+
+def one_line(err: BaseException) -> str:
+    """The message of `err` on one line. An error raised in a DataLoader worker arrives
+    re-raised with the worker's whole traceback as its message; its last line is
+    'module.Class: message'."""
+    text = str(err).strip()
+    if "Original Traceback" in text:
+        last = text.splitlines()[-1]
+        return last.split(": ", 1)[1] if ": " in last else last
+    return " ".join(text.splitlines())
 
 
 @dataclass
@@ -149,7 +206,9 @@ def make_loader(shards: PackedShards, sampler: ReplicaSampler, workers: int) -> 
     )
 
 
-def eval_batches(dataset: PackedDataset, micro_batch: int, max_sequences: int, rank: int, world: int):
+def eval_batches(
+    dataset: PackedDataset, micro_batch: int, max_sequences: int, rank: int, world: int, vocab_size: int | None = None
+):
     """The first packs (file order) holding at most max_sequences sequences, split over replicas.
 
     Deterministic and identical for every evaluation; replica r takes micro-batches r, r+W, ...
@@ -157,7 +216,7 @@ def eval_batches(dataset: PackedDataset, micro_batch: int, max_sequences: int, r
     sequences all replicas evaluate together)."""
     import h5py
 
-    shards = PackedShards(dataset)
+    shards = PackedShards(dataset, vocab_size)
     counts = []
     for s in range(len(dataset.shards)):
         with h5py.File(dataset.shard_path(s), "r") as f:

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from common.files import FolderInUse, atomic_path, describe_os_error, lock_folder, sha256_file
 from model import PackedBertForPreTraining, validate_batch
+from packing.errors import PackingInputError
 from training import checkpoint as ckpt
 from training.backends.engine import Engine
 from training.build import (
@@ -47,6 +48,7 @@ from training.data import (
     advance,
     eval_batches,
     make_loader,
+    one_line,
     padded_groups,
 )
 from training.distributed import any_process, barrier, gather_rng_states, shut_down_process_group
@@ -234,7 +236,11 @@ class Run:
         self.state = RunState()
         if saved is not None:
             self._restore_state(saved)
-        self.shards = train_data if config["data"]["synthetic"] else PackedShards(train_data)
+        self.shards = (
+            train_data
+            if config["data"]["synthetic"]
+            else PackedShards(train_data, self.model.config.vocab_size, self.model.config.type_vocab_size)
+        )
         self.loader = self._make_loader()
         every = config["eval"]["every_samples"] or mlperf_eval_interval(self.arithmetic.sequences_per_step)
         self.eval_schedule = EvalSchedule(int(every))
@@ -345,6 +351,7 @@ class Run:
             self.config["eval"]["max_sequences"],
             self.engine.data_rank,
             self.engine.data_world,
+            self.model.config.vocab_size,
         )
 
     def _start_logging(self, init_started_ms: float, train_samples: int, eval_samples: int) -> None:
@@ -638,6 +645,9 @@ def run(config: dict, output: Path, resume: bool) -> int:
         return run_training(config, output, resume, engine_class(config))
     except RunError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except PackingInputError as err:  # a shard that changed or breaks the format, found at read time
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk, an unwritable or misplaced output folder, ...
         print(f"error: {describe_os_error(err)}", file=sys.stderr)
