@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from common.cli import DefaultsHelpFormatter
-from common.files import atomic_folder
+from common.files import atomic_folder, describe_os_error
 
 SKIPPED = re.compile(
     r"(/adam_[mv]|/lamb_[mv]|/Momentum)$|^(global_step|good_steps|current_loss_scale|loss_scale)$"
@@ -251,7 +251,15 @@ def write_folder(output: Path, tensors: dict, config: dict, report: dict) -> Non
     from safetensors.numpy import save_file
 
     with atomic_folder(output) as tmp:
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        except OSError:
+            raise
+        except Exception as err:  # safetensors wraps a failed write in SafetensorError
+            raise ConversionError(
+                f"{output}: writing model.safetensors failed ({err}; no space left on the device or a "
+                "file-size limit?)"
+            ) from None
         (tmp / "config.json").write_text(json.dumps(hf_config(config), indent=2) + "\n")
         (tmp / "conversion.json").write_text(json.dumps(report, indent=2) + "\n")
 
@@ -278,11 +286,14 @@ def main(argv=None) -> int:
         reader = read_tf_checkpoint if args.source == "tf" else read_nvidia_checkpoint
         variables = reader(args.checkpoint)
         tensors, report = convert(variables, config, args.source)
+        report.update(checkpoint=str(args.checkpoint), source=args.source)
+        write_folder(args.output, tensors, config, report)
     except ConversionError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    report.update(checkpoint=str(args.checkpoint), source=args.source)
-    write_folder(args.output, tensors, config, report)
+    except OSError as err:  # an unreadable checkpoint, a full disk, an unwritable --output
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
     print(json.dumps({k: v for k, v in report.items() if k != "skipped_names"}))
     return 0
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from common.cli import DefaultsHelpFormatter
-from common.files import atomic_folder, write_json_atomic
+from common.files import atomic_folder, describe_os_error, write_json_atomic
 from data.unpacked_hdf5 import write_unpacked_shard
 from packing.errors import PackingInputError
-from packing.sources import FIELDS, expand_inputs, open_source
+from packing.sources import FIELDS, Limits, describe_problem, expand_inputs, open_source, validate_rows
 
 MLPERF_EVAL_SAMPLES = 10_000
 
@@ -53,14 +53,18 @@ def pick(patterns: list[str], output: Path, count: int, vocab_size: int) -> dict
         if local:
             block = source.read(int(local[0]), int(local[-1]) + 1)  # one contiguous read per file
             offsets = np.asarray(local) - local[0]
+            picked = {name: block[name][offsets] for name in FIELDS}
+            # Checked here, where the source row is known: a bad row is named in its own file,
+            # not later as row i of the picked set.
+            limits = Limits(source.width, source.predictions_width, vocab_size, " (--vocab-size)")
+            _, _, problems = validate_rows(picked, limits, source.path, 0)
+            if problems:
+                row, field, message = problems[0]
+                raise PackingInputError(describe_problem(source.path, int(local[row]), field, message))
             for name in FIELDS:
-                columns[name].append(block[name][offsets])
+                columns[name].append(picked[name])
         source.close()
     arrays = {name: np.concatenate(parts) for name, parts in columns.items()}
-    if int(arrays["input_ids"].max(initial=0)) >= vocab_size:
-        raise PackingInputError(
-            f"--input: token id {int(arrays['input_ids'].max())} >= --vocab-size {vocab_size}"
-        )
     with atomic_folder(output) as tmp:
         write_unpacked_shard(tmp / "part-00000.h5", arrays, vocab_size)
         summary = {
@@ -100,6 +104,9 @@ def main(argv=None) -> int:
         summary = pick(args.input, args.output, args.count, args.vocab_size)
     except PackingInputError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # an unreadable input, a full disk, an unwritable --output
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     print(json.dumps({k: v for k, v in summary.items() if k != "source_rows"}))
     return 0

@@ -388,3 +388,83 @@ def test_a_flipped_bit_in_a_tfrecord_is_refused_by_its_crc(tmp_path, capsys):
     path.write_bytes(bytes(blob))
     assert packing_main([*args, str(tmp_path / "bad")]) == 2
     assert "record 5" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit", [500_000, 1_000_000])
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_leaves_no_half_checkpoint(tmp_path, limit):
+    """#5: safetensors' SafetensorError (model.safetensors is 751 kB here: limit 500 kB)
+    and torch.save's "unexpected pos" (training_state.pt is 1.5 MB: limit 1 MB) are not
+    OSError: they were a traceback, exit 1, no path. A real file-size limit."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    (tmp_path / "data").mkdir()
+    packed = make_packed(tmp_path / "data")
+    config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 2})
+    done = subprocess.run(
+        [sys.executable, "run_pretraining.py", "--config", str(config), "--output-dir", str(tmp_path / "run")],
+        cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=small_files,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    error = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "step-00000002" in error[0] and "writing the checkpoint failed" in error[0]
+    assert list((tmp_path / "run" / "checkpoints").iterdir()) == []  # no half-written folder
+
+
+def test_pick_names_a_bad_row_in_its_source_and_os_errors_are_one_line(tmp_path, capsys):
+    """#14 and #10: pick copied invalid rows (the later error named the picked row, not the
+    source's), and an output it cannot write was a traceback."""
+    import numpy as np
+
+    from data.pick_eval_samples import main as pick_main
+    from data.pick_eval_samples import picked_rows
+    from data.synthetic import synthetic_rows
+    from data.unpacked_hdf5 import write_unpacked_shard
+
+    rng = np.random.default_rng(0)
+    rows = synthetic_rows(rng.integers(4, 32, size=50), 32, 5, rng)
+    bad_row = picked_rows(50, 10)[3]  # 15: picked as row 3
+    rows["segment_ids"][bad_row, 1] = 7
+    write_unpacked_shard(tmp_path / "a.h5", rows)
+    args = ["--input", str(tmp_path / "a.h5"), "--count", "10", "--output"]
+    assert pick_main([*args, str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"a.h5: row {bad_row}: field 'segment_ids'" in err and not (tmp_path / "o").exists()
+    rows["segment_ids"][bad_row, 1] = 0
+    write_unpacked_shard(tmp_path / "a.h5", rows)
+    (tmp_path / "afile").write_text("x")
+    assert pick_main([*args, str(tmp_path / "afile" / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "afile" in err
+
+
+def test_the_converter_reports_os_errors_in_one_line(tmp_path, capsys):
+    """#10: an unreadable checkpoint or an output under a file was a traceback."""
+    import torch
+    from transformers import BertConfig, BertForPreTraining
+
+    from data.convert_tf_checkpoint import main as convert_main
+
+    from .test_convert_tf_checkpoint import bert_config_json
+
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=24, max_position_embeddings=32)  # fmt: skip
+    torch.save({"model": BertForPreTraining(config).state_dict()}, tmp_path / "ckpt.pt")
+    (tmp_path / "bert_config.json").write_text(json.dumps(bert_config_json(config)))
+    (tmp_path / "afile").write_text("x")
+    base = ["--from", "nvidia-pt", "--bert-config", str(tmp_path / "bert_config.json"), "--checkpoint"]
+    for checkpoint, output in ((tmp_path / "missing.pt", tmp_path / "hf"), (tmp_path / "ckpt.pt", tmp_path / "afile" / "hf")):
+        assert convert_main([*base, str(checkpoint), "--output", str(output)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert convert_main([*base, str(tmp_path / "ckpt.pt"), "--output", str(tmp_path / "hf")]) == 0

@@ -67,8 +67,20 @@ def save_checkpoint(folder: Path, step: int, model, training_state: dict, keep: 
     """Write OUTPUT/checkpoints/step-N atomically; drop all but the newest `keep`."""
     final = folder / f"{PREFIX}{step:08d}"
     with atomic_folder(final) as tmp:
-        model.save_pretrained(tmp / "model")
-        torch.save(training_state, tmp / "training_state.pt")
+        try:
+            model.save_pretrained(tmp / "model")
+            torch.save(training_state, tmp / "training_state.pt")
+        except OSError:
+            raise
+        except Exception as err:
+            # safetensors (SafetensorError) and torch.save's zip writer (RuntimeError
+            # "unexpected pos") wrap a failed write in their own types: one line, the
+            # path and their reason. atomic_folder removes the half-written folder.
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise CheckpointError(
+                f"{final}: writing the checkpoint failed ({reason}; no space left on the device or a "
+                "file-size limit?); the older checkpoints are intact"
+            ) from None
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
         manifest = {
             "step": step,

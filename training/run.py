@@ -591,13 +591,16 @@ class Run:
                 "config": self.config,
                 "data_identity": data_identity(self.config),
             }
-            path = ckpt.save_checkpoint(
-                self.checkpoints,
-                self.state.step,
-                snapshot.model,
-                training_state,
-                self.limits["keep_checkpoints"],
-            )
+            try:
+                path = ckpt.save_checkpoint(
+                    self.checkpoints,
+                    self.state.step,
+                    snapshot.model,
+                    training_state,
+                    self.limits["keep_checkpoints"],
+                )
+            except ckpt.CheckpointError as err:
+                raise RunError(str(err)) from None
             log.info("checkpoint %s", path)
         self.saved_step = self.state.step
         barrier()
