@@ -32,6 +32,31 @@ REQUIRED_INFO = {
 }
 
 
+def _info_type_problem(info: dict, task: str) -> str | None:
+    """What is of the wrong type in a finetune.json, or None."""
+
+    def text_or_none(value):
+        return value is None or isinstance(value, str)
+
+    length = info["max_sequence_length"]
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        return f"'max_sequence_length' must be an integer >= 1, got {length!r}"
+    if task == "question_answering":
+        return None if isinstance(info["qa"], dict) else f"'qa' must be an object, got {info['qa']!r}"
+    labels, fields = info["labels"], info["fields"]
+    if not isinstance(labels, list) or not labels or not all(isinstance(x, str) for x in labels):
+        return f"'labels' must be a non-empty list of strings, got {labels!r}"
+    if not isinstance(info["multi_label"], bool):
+        return f"'multi_label' must be true or false, got {info['multi_label']!r}"
+    if (
+        not isinstance(fields, dict)
+        or not isinstance(fields.get("text"), str)
+        or not all(text_or_none(fields.get(key)) for key in ("pair", "label"))
+    ):
+        return f"'fields' must be an object with a string 'text' and string or null 'pair' and 'label', got {fields!r}"
+    return None
+
+
 def save_finetuned(
     model, config: dict, label_names: list[str] | None, vocab_file: Path, folder: Path, tokenizer=None
 ) -> None:
@@ -84,6 +109,9 @@ def load_finetuned(folder: Path, **overrides):
         raise ExampleError(f"{info_path}: not a {FINETUNE_INFO} written by finetune.train ({err})") from None
     if missing:
         raise ExampleError(f"{info_path}: fields {missing} are missing")
+    problem = _info_type_problem(info, task)
+    if problem:
+        raise ExampleError(f"{info_path}: {problem} (an edited or foreign {FINETUNE_INFO})")
     info["task"] = task
     tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
     model_class = (

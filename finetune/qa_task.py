@@ -101,12 +101,19 @@ def prepare_qa(config: dict, vocab: dict, resolve) -> tuple[QaSplit, QaSplit, ob
 def build_qa_model(config: dict, checkpoint: str) -> PackedBertForQuestionAnswering:
     model_cfg = config["model"]
     torch.manual_seed(config["training"]["seed"])  # qa_outputs' init
-    return PackedBertForQuestionAnswering.from_pretrained(
-        checkpoint,
-        attention_backend=model_cfg["attention_backend"],
-        hidden_dropout_prob=model_cfg["hidden_dropout"],
-        attention_probs_dropout_prob=model_cfg["attention_dropout"],
-    )
+    try:
+        return PackedBertForQuestionAnswering.from_pretrained(
+            checkpoint,
+            attention_backend=model_cfg["attention_backend"],
+            hidden_dropout_prob=model_cfg["hidden_dropout"],
+            attention_probs_dropout_prob=model_cfg["attention_dropout"],
+        )
+    except (OSError, ValueError, RuntimeError) as err:  # a missing, truncated or foreign folder
+        from data.classification_data import ExampleError
+
+        text = str(err).strip()
+        reason = text.splitlines()[0][:300] if text else type(err).__name__
+        raise ExampleError(f"model.init_checkpoint {checkpoint}: cannot be loaded ({reason})") from None
 
 
 @torch.inference_mode()

@@ -154,21 +154,33 @@ def prepare_task(config: dict) -> Task:
 
 
 # ----- model and optimizer -----------------------------------------------------------------
+def first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__
+
+
 def build_classifier(config: dict, task: Task) -> PackedBertForSequenceClassification:
     model_cfg, data = config["model"], config["data"]
     checkpoint = resolve_asset(model_cfg["init_checkpoint"])
     torch.manual_seed(config["training"]["seed"])  # the classifier's init
-    model = PackedBertForSequenceClassification.from_pretrained(
-        checkpoint,
-        num_labels=len(task.label_names),
-        problem_type="multi_label_classification" if data["multi_label"] else "single_label_classification",
-        attention_backend=model_cfg["attention_backend"],
-        hidden_dropout_prob=model_cfg["hidden_dropout"],
-        attention_probs_dropout_prob=model_cfg["attention_dropout"],
-        classifier_dropout=model_cfg["classifier_dropout"],
-        id2label=dict(enumerate(task.label_names)),
-        label2id={name: i for i, name in enumerate(task.label_names)},
-    )
+    try:
+        model = PackedBertForSequenceClassification.from_pretrained(
+            checkpoint,
+            num_labels=len(task.label_names),
+            problem_type="multi_label_classification"
+            if data["multi_label"]
+            else "single_label_classification",
+            attention_backend=model_cfg["attention_backend"],
+            hidden_dropout_prob=model_cfg["hidden_dropout"],
+            attention_probs_dropout_prob=model_cfg["attention_dropout"],
+            classifier_dropout=model_cfg["classifier_dropout"],
+            id2label=dict(enumerate(task.label_names)),
+            label2id={name: i for i, name in enumerate(task.label_names)},
+        )
+    except (OSError, ValueError, RuntimeError) as err:  # a missing, truncated or foreign folder
+        raise FinetuneError(
+            f"model.init_checkpoint {checkpoint}: cannot be loaded ({first_line(err)})"
+        ) from None
     longest = int(max(task.train.lengths.max(), task.validation.lengths.max()))
     if longest > model.config.max_position_embeddings:
         raise FinetuneError(

@@ -25,7 +25,7 @@ from transformers import BertConfig, BertPreTrainedModel
 from model.config import check_packing_options
 from model.dropout import Dropout
 from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, save_as_reference
+from model.hf_checkpoint import adopt_weights, load_reference, read_config, save_as_reference
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
 # Outputs transformers' Trainer must not gather as predictions (metric sums, masks).
@@ -119,8 +119,8 @@ class PackedBertForSequenceClassification(BertPreTrainedModel):
         for key in ("id2label", "label2id"):  # num_labels just reset them; overrides win
             if key in overrides:
                 setattr(config, key, overrides[key])
-        reference, info = hf_model_class("BertForSequenceClassification").from_pretrained(
-            folder, config=config, output_loading_info=True, ignore_mismatched_sizes=False
+        reference, info = load_reference(
+            "BertForSequenceClassification", folder, config=config, ignore_mismatched_sizes=False
         )
         model = cls(config)
         # A new task's classifier is always initialised: that is news, not a warning.

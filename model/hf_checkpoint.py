@@ -37,6 +37,20 @@ def hf_model_class(name: str):
     return getattr(transformers, name)
 
 
+def load_reference(class_name: str, folder: Path, **kwargs):
+    """(transformers model, loading info) of `class_name` from `folder`. A truncated or
+    foreign model.safetensors is a ValueError naming the folder: safetensors raises its own
+    SafetensorError, which callers that report OSError / ValueError would not catch."""
+    from safetensors import SafetensorError
+
+    try:
+        return hf_model_class(class_name).from_pretrained(folder, output_loading_info=True, **kwargs)
+    except SafetensorError as err:
+        raise ValueError(
+            f"{folder}: the weights cannot be read ({err}; a truncated or damaged file?)"
+        ) from None
+
+
 def read_config(folder: Path, overrides: dict) -> BertConfig:
     """folder/config.json with `overrides` set; shape fields must match the checkpoint."""
     if not (folder / "config.json").is_file():

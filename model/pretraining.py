@@ -16,7 +16,14 @@ from transformers import BertConfig
 from model.config import check_packing_options
 from model.encoder import PackedBertModel, PositionGather
 from model.heads import PretrainingHeads, mlm_metrics, nsp_metrics
-from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, reference_model, save_folder
+from model.hf_checkpoint import (
+    adopt_weights,
+    hf_model_class,
+    load_reference,
+    read_config,
+    reference_model,
+    save_folder,
+)
 
 # The packed fields `heads` takes after sequence_output, in its argument order (a pipeline's
 # last stage and the IPU graph feed them by this list).
@@ -123,9 +130,7 @@ class PackedBertForPreTraining(nn.Module):
         (dropout, attention_backend, ...); shape fields must match the checkpoint."""
         folder = Path(folder)
         config = read_config(folder, overrides)
-        reference, info = hf_model_class("BertForPreTraining").from_pretrained(
-            folder, config=config, output_loading_info=True
-        )
+        reference, info = load_reference("BertForPreTraining", folder, config=config)
         model = cls(config)
         state = reference.state_dict()
         state.pop("cls.predictions.decoder.bias", None)  # HF alias of cls.predictions.bias

@@ -25,7 +25,7 @@ from transformers import BertConfig, BertPreTrainedModel
 from model.classification import TRAINER_IGNORED_OUTPUTS, examples_in
 from model.config import check_packing_options
 from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, save_as_reference
+from model.hf_checkpoint import adopt_weights, load_reference, read_config, save_as_reference
 
 
 class PackedBertForQuestionAnswering(BertPreTrainedModel):
@@ -86,9 +86,7 @@ class PackedBertForQuestionAnswering(BertPreTrainedModel):
         folder = Path(folder)
         config = read_config(folder, overrides)
         config.num_labels = 2
-        reference, info = hf_model_class("BertForQuestionAnswering").from_pretrained(
-            folder, config=config, output_loading_info=True
-        )
+        reference, info = load_reference("BertForQuestionAnswering", folder, config=config)
         model = cls(config)
         adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
         return model

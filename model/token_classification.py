@@ -24,7 +24,7 @@ from model.classification import TRAINER_IGNORED_OUTPUTS
 from model.config import check_packing_options
 from model.dropout import Dropout
 from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, hf_model_class, read_config, save_as_reference
+from model.hf_checkpoint import adopt_weights, load_reference, read_config, save_as_reference
 
 
 class PackedBertForTokenClassification(BertPreTrainedModel):
@@ -96,9 +96,7 @@ class PackedBertForTokenClassification(BertPreTrainedModel):
         for key in ("id2label", "label2id"):
             if key in overrides:
                 setattr(config, key, overrides[key])
-        reference, info = hf_model_class("BertForTokenClassification").from_pretrained(
-            folder, config=config, output_loading_info=True
-        )
+        reference, info = load_reference("BertForTokenClassification", folder, config=config)
         model = cls(config)
         adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
         return model

@@ -193,6 +193,11 @@ class PackedDataset:
             value = metadata[key]
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise PackingInputError(f"{meta_path}: field '{key}' must be an integer >= 0, got {value!r}")
+        vocab = metadata.get("vocab_size")
+        if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
+            raise PackingInputError(
+                f"{meta_path}: field 'vocab_size' must be an integer >= 1 or null, got {vocab!r}"
+            )
         if not isinstance(metadata["shards"], list):
             raise PackingInputError(f"{meta_path}: field 'shards' must be a list")
         check_shard_records(folder, metadata)
@@ -224,6 +229,10 @@ class PackedDataset:
                         if shape[0] != record["packs"]:
                             raise PackingInputError(
                                 f"{path}: '{name}' has {shape[0]} rows, {METADATA} says {record['packs']} packs"
+                            )
+                        if f[name].external:  # read at step 1 from elsewhere: not our format
+                            raise PackingInputError(
+                                f"{path}: '{name}' keeps its data in external files; a shard holds its data itself"
                             )
                         width = widths[dim]
                         if len(shape) != 2 or shape[1] != width:

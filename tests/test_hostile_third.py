@@ -463,8 +463,170 @@ def test_the_converter_reports_os_errors_in_one_line(tmp_path, capsys):
     (tmp_path / "bert_config.json").write_text(json.dumps(bert_config_json(config)))
     (tmp_path / "afile").write_text("x")
     base = ["--from", "nvidia-pt", "--bert-config", str(tmp_path / "bert_config.json"), "--checkpoint"]
-    for checkpoint, output in ((tmp_path / "missing.pt", tmp_path / "hf"), (tmp_path / "ckpt.pt", tmp_path / "afile" / "hf")):
+    for checkpoint, output in (
+        (tmp_path / "missing.pt", tmp_path / "hf"),
+        (tmp_path / "ckpt.pt", tmp_path / "afile" / "hf"),
+    ):
         assert convert_main([*base, str(checkpoint), "--output", str(output)]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "Traceback" not in err, err
     assert convert_main([*base, str(tmp_path / "ckpt.pt"), "--output", str(tmp_path / "hf")]) == 0
+
+
+def test_summary_reports_the_runs_end_not_its_last_logging_window(tmp_path, capsys):
+    """#13: a 19-step, 60 s run stopped by a time limit between windows was reported as
+    10 steps / 36 s (its last logged window)."""
+    import yaml
+
+    from training import summary
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "metadata.json").write_text(json.dumps({"packing_factor": 1.5}))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = {"data": {"train_dir": str(data), "eval_dir": None, "max_sequence_length": 64},
+              "model": {"preset": "bert-tiny"}, "eval": {"max_sequences": 10}}  # fmt: skip
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    window = {
+        "kind": "train",
+        "loss": 7.0,
+        "sequences": 75,
+        "sequences_per_second": 4.2,
+        "tokens_per_second": 90.0,
+    }
+    lines = [
+        {**window, "step": 5, "samples": 75, "train_seconds": 18.0},
+        {**window, "step": 10, "samples": 150, "train_seconds": 36.0},
+        {
+            "kind": "end",
+            "step": 19,
+            "samples": 290,
+            "status": "aborted",
+            "seconds": 61.0,
+            "train_seconds": 60.0,
+        },
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert summary.main(["--packed", str(run_dir)]) == 0
+    assert "| 1.500 | 19 | 290 | 60 |" in capsys.readouterr().out
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines[:2]))
+    assert summary.main(["--packed", str(run_dir)]) == 0  # killed before its end record
+    assert "| 1.500 | 10 | 150 | 36 |" in capsys.readouterr().out
+
+
+def test_a_manifest_that_lists_nothing_proves_nothing(tmp_path):
+    """#14: a manifest without 'files' was a KeyError, one with {} was accepted as intact."""
+    from training.checkpoint import CheckpointError, check_checkpoint
+
+    checkpoint = tmp_path / "step-00000002"
+    (checkpoint / "model").mkdir(parents=True)
+    for manifest, match in (({"step": 2}, "'files' must list"), ({"step": 2, "files": {}}, "'files' must list"),
+                            ([], "'files' must list")):  # fmt: skip
+        (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(CheckpointError, match=match):
+            check_checkpoint(checkpoint)
+    names = ["model/model.safetensors", "model/config.json", "training_state.pt"]
+    for name in names:
+        (checkpoint / name).write_text("x")
+    (checkpoint / "manifest.json").write_text(json.dumps({"files": {name: {"bytes": "1"} for name in names}}))
+    with pytest.raises(CheckpointError, match="must hold 'bytes' and 'sha256'"):
+        check_checkpoint(checkpoint)
+
+
+def test_metadata_with_a_string_vocab_size_or_an_external_shard_is_refused_at_open(tmp_path):
+    """#14: metadata vocab_size "30522" was a TypeError later; a shard keeping a field in
+    external files failed at step 1, after config.yaml was written."""
+    import h5py
+
+    from common.files import sha256_file
+    from packing.errors import PackingInputError
+    from packing.shards import PackedDataset
+
+    (tmp_path / "data").mkdir()
+    packed = make_packed(tmp_path / "data") / "train"
+    meta = json.loads((packed / "metadata.json").read_text())
+    (packed / "metadata.json").write_text(json.dumps({**meta, "vocab_size": "1200"}))
+    with pytest.raises(PackingInputError, match="'vocab_size' must be an integer"):
+        PackedDataset.open(packed)
+    (packed / "metadata.json").write_text(json.dumps(meta))
+    shard = packed / meta["shards"][0]["name"]
+    with h5py.File(shard) as f:
+        fields = {name: f[name][:] for name in f}
+    shard.unlink()
+    with h5py.File(shard, "w") as f:
+        for name, values in fields.items():
+            if name == "input_ids":
+                values.tofile(tmp_path / "ids.bin")
+                f.create_dataset(name, values.shape, values.dtype,
+                                 external=[(str(tmp_path / "ids.bin"), 0, values.nbytes)])  # fmt: skip
+            else:
+                f.create_dataset(name, data=values)
+    meta["shards"][0].update(bytes=shard.stat().st_size, sha256=sha256_file(shard))  # consistent metadata
+    (packed / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(PackingInputError, match="external files"):
+        PackedDataset.open(packed).check_contents(sha256=False)
+
+
+def test_finetune_json_of_wrong_types_and_truncated_weights_are_one_line(tmp_path, capsys):
+    """#14: finetune.json 'fields' as a string, and a truncated model.safetensors
+    (SafetensorError), were tracebacks in finetune.predict."""
+    from finetune import predict
+    from model.classification import PackedBertForSequenceClassification
+    from model.config import bert_config
+
+    model_dir = tmp_path / "m"
+    config = bert_config("bert-tiny", vocab_size=100, num_labels=2)
+    config.problem_type = "single_label_classification"
+    model = PackedBertForSequenceClassification(config)
+    model.save_pretrained(model_dir)
+    (model_dir / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a"]) + "\n"
+    )
+    info = {"task": "classification", "labels": ["x", "y"], "multi_label": False, "max_sequence_length": 32,
+            "fields": "text"}  # fmt: skip
+    (model_dir / "finetune.json").write_text(json.dumps(info))
+    (tmp_path / "in.jsonl").write_text(json.dumps({"text": "a a"}) + "\n")
+    capsys.readouterr()  # the save's progress bar
+    args = [
+        "--model",
+        str(model_dir),
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output",
+        str(tmp_path / "p.jsonl"),
+    ]
+    assert predict.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'fields' must be an object" in err
+    info["fields"] = {"text": "text", "pair": None, "label": None}
+    (model_dir / "finetune.json").write_text(json.dumps(info))
+    weights = model_dir / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    assert predict.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot be loaded" in err and "truncated" in err
+
+
+def test_a_huge_text_field_is_refused_before_tokenizing(tmp_path):
+    """#14: a 20 MB line was tokenized whole (3.4 GB)."""
+    from data.classification_data import MAX_FIELD_CHARS, ExampleError, read_jsonl
+
+    path = tmp_path / "in.jsonl"
+    path.write_text(
+        json.dumps({"text": "ok"}) + "\n" + json.dumps({"text": "word " * (MAX_FIELD_CHARS // 5 + 1)}) + "\n"
+    )
+    with pytest.raises(ExampleError, match=r"in.jsonl:2: field 'text' has 1,000,005 characters"):
+        read_jsonl(path, "text", "pair", "label", need_labels=False)
+
+
+def test_synthetic_data_too_short_for_k_is_a_config_error():
+    """#14: S < 8K with synthetic data was a ValueError traceback."""
+    from training.config import ConfigError, validate
+
+    raw = {"data": {"synthetic": True, "max_sequence_length": 16, "max_sequences_per_pack": 3,
+                    "synthetic_packing_factor": 2.0},
+           "logging": {"mlperf": False}, "model": {"preset": "bert-tiny"}}  # fmt: skip
+    with pytest.raises(ConfigError, match="too short for data.max_sequences_per_pack 3"):
+        validate(raw)

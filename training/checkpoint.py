@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 PREFIX = "step-"
 
 
+# What a checkpoint must hold to resume: a manifest that lists less proves nothing.
+REQUIRED_FILES = {"model/model.safetensors", "model/config.json", "training_state.pt"}
+
+
 class CheckpointError(RuntimeError):
     pass
 
@@ -126,7 +130,18 @@ def check_checkpoint(path: Path) -> None:
         manifest = json.loads(manifest_path.read_text())
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{manifest_path}: unreadable ({err})") from None
-    for name, record in manifest["files"].items():
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not REQUIRED_FILES <= set(files):
+        raise CheckpointError(
+            f"{manifest_path}: 'files' must list at least {sorted(REQUIRED_FILES)} (a foreign or edited manifest)"
+        )
+    for name, record in files.items():
+        if (
+            not isinstance(record, dict)
+            or not isinstance(record.get("bytes"), int)
+            or not isinstance(record.get("sha256"), str)
+        ):
+            raise CheckpointError(f"{manifest_path}: files[{name!r}] must hold 'bytes' and 'sha256'")
         file = path / name
         if not file.is_file():
             raise CheckpointError(f"{path}: {name} is missing")

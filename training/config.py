@@ -229,6 +229,11 @@ def validate(raw: dict, source: str = "config") -> dict:
         k = data["max_sequences_per_pack"]
         if k is None:
             raise ConfigError(f"{source}: data.max_sequences_per_pack: synthetic packs need K; give it")
+        if data["max_sequence_length"] < 8 * k:  # training.synthetic: every sequence >= 8 tokens
+            raise ConfigError(
+                f"{source}: data.max_sequence_length {data['max_sequence_length']} is too short for "
+                f"data.max_sequences_per_pack {k} synthetic sequences of at least 8 tokens (needs >= {8 * k})"
+            )
         if data["synthetic_packing_factor"] > k:
             raise ConfigError(
                 f"{source}: data.synthetic_packing_factor {data['synthetic_packing_factor']} is more than "

@@ -41,7 +41,9 @@ class PackedShards(Dataset):
     pack read keeps the format's structure and the model's vocabulary
     (packing.structure.first_malformed)."""
 
-    def __init__(self, dataset: PackedDataset, vocab_size: int | None = None, type_vocab_size: int | None = None):
+    def __init__(
+        self, dataset: PackedDataset, vocab_size: int | None = None, type_vocab_size: int | None = None
+    ):
         self.dataset = dataset
         self.vocab_size, self.type_vocab_size = vocab_size, type_vocab_size
         rows = [int(s["packs"]) for s in dataset.shards]
@@ -207,7 +209,12 @@ def make_loader(shards: PackedShards, sampler: ReplicaSampler, workers: int) -> 
 
 
 def eval_batches(
-    dataset: PackedDataset, micro_batch: int, max_sequences: int, rank: int, world: int, vocab_size: int | None = None
+    dataset: PackedDataset,
+    micro_batch: int,
+    max_sequences: int,
+    rank: int,
+    world: int,
+    vocab_size: int | None = None,
 ):
     """The first packs (file order) holding at most max_sequences sequences, split over replicas.
 

@@ -32,13 +32,17 @@ def run_figures(run: Path) -> dict:
     steady = trained[1:] or trained
     seconds = sum(r["sequences"] / r["sequences_per_second"] for r in steady)
     tokens = sum(r["tokens_per_second"] * r["sequences"] / r["sequences_per_second"] for r in steady)
+    # The run's end: its "end" record (written when the run stops, also between logging
+    # windows, e.g. at a time limit); a run killed before writing one ends at its last window.
+    end = records.get("end", [])[-1:] or train[-1:] or [{"step": 0, "samples": 0, "train_seconds": 0.0}]
+    end = end[0] if not train or end[0]["step"] >= train[-1]["step"] else train[-1]
     return {
         "run": str(run),
         "config": config,
         "packing_factor": meta["packing_factor"],
-        "steps": train[-1]["step"] if train else 0,
-        "sequences": train[-1]["samples"] if train else 0,
-        "train_seconds": train[-1]["train_seconds"] if train else 0.0,
+        "steps": end["step"],
+        "sequences": end["samples"],
+        "train_seconds": end["train_seconds"],
         "sequences_per_second": sum(r["sequences"] for r in steady) / seconds if seconds else 0.0,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "final_train_loss": trained[-1]["loss"] if trained else None,
