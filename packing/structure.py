@@ -28,7 +28,7 @@ def first_malformed(
 ) -> tuple[int, str] | None:
     """(row, what is wrong) of the first row of `fields` (numpy [B, width] arrays of the
     packed fields) that breaks a rule, or None when every row holds."""
-    ids = fields["sequence_ids"].astype(np.int64)
+    ids = fields["sequence_ids"].astype(np.int16)
     b, s = ids.shape
     k = fields["next_sentence_positions"].shape[1]
     bad: list[tuple[int, str]] = []
@@ -49,18 +49,20 @@ def first_malformed(
             f"segment_ids hold a value >= the model's type_vocab_size {type_vocab_size}",
         )
     real = ids > 0
-    n_real = real.sum(axis=1)
-    flag((real != (np.arange(s)[None, :] < n_real[:, None])).any(axis=1), "padding before a real token")
-    runs = ids.max(axis=1) if s else np.zeros(b, np.int64)
+    n_real = np.count_nonzero(real, axis=1)
+    step = np.diff(ids, axis=1)  # int16: ids are at most 255
+    flag((~real[:, :-1] & real[:, 1:]).any(axis=1), "padding before a real token")
+    runs = ids.max(axis=1) if s else np.zeros(b, np.int16)
     flag(runs > k, f"a sequence id above K={k}")
-    step = np.diff(ids, axis=1)
     both_real = real[:, 1:] & real[:, :-1]
     flag(
         ((n_real > 0) & (ids[:, 0] != 1)) | (both_real & (step != 0) & (step != 1)).any(axis=1),
         "sequence_ids are not contiguous runs 1, 2, ... from position 0",
     )
-    positions = fields["position_ids"].astype(np.int64)
-    expected_next = np.where(step == 1, 0, positions[:, :-1] + 1)
+    positions = fields["position_ids"].astype(np.int32)
+    # within a run each position is the previous one + 1; a new run (step 1) starts at 0
+    expected_next = positions[:, :-1] + 1
+    expected_next[step == 1] = 0
     flag(
         ((n_real > 0) & (positions[:, 0] != 0))
         | (both_real & (positions[:, 1:] != expected_next)).any(axis=1),
@@ -83,7 +85,7 @@ def first_malformed(
     mlm_positions = fields["masked_lm_positions"].astype(np.int64)
     used = mlm_weights > 0
     flag((used & (mlm_positions >= s)).any(axis=1), f"masked_lm_positions beyond S={s}")
-    owner = np.take_along_axis(ids, np.minimum(mlm_positions, max(s - 1, 0)), axis=1)
+    owner = np.take_along_axis(ids, np.minimum(mlm_positions, max(s - 1, 0)), axis=1).astype(np.int64)
     flag(
         (used & (owner != mlm_weights)).any(axis=1),
         "a masked position lies outside the sequence its masked_lm_weights names",

@@ -2,7 +2,11 @@
 
 Both sides are reduced to one fingerprint per sequence: length, prediction count and
 NSP label compared exactly, plus two independent 64-bit position-weighted sums over the
-tokens and segments, and over the masked-LM (position, label) slots. The weights are odd,
+tokens and segments, and over the masked-LM (position, label) slots. Each side is
+fingerprinted in its own padded layout, without copying sequences out: the inputs as
+[n, S] rows, the packs as [p, S] rows after their structure is checked
+(packing.structure: contiguous runs 1..k, positions 0.. within each), so a sequence's
+sums are differences of a running sum along its pack. The weights are odd,
 so any single changed token, segment, masked position or label always changes both sums;
 several changes cancel in both with probability about 2^-128. Presence is exact:
 source_index is counted, so a duplicate, a missing or an unknown sequence is always found.
@@ -21,47 +25,21 @@ import numpy as np
 from tqdm import tqdm
 
 from common.files import sha256_file
-from packing.compact import SequenceStore, compact_rows, select_rows
 from packing.pipeline import PIECE_ROWS, READ_ROWS, SKIPPED
-from packing.shards import PackedDataset, PackError, extract
+from packing.shards import PackedDataset
 from packing.sources import Limits, check_source_shape, open_source, validate_rows
+from packing.structure import first_malformed
 from packing.workers import run_tasks, worker_source
+
+# Rows fingerprinted at a time (packs: half as many, each holding ~2 sequences): the
+# temporaries of [rows, S] uint64 then stay in the cache; whole read blocks of 65,536 rows
+# ran 4-7x slower.
+CHUNK_ROWS = 1024
 
 _WEIGHTS = np.random.default_rng(0x9ACCED).integers(
     0, 2**63, size=(2, 2, 1 << 16), dtype=np.uint64
 ) * np.uint64(2) + np.uint64(1)  # [hash, tokens/slots, position] odd uint64 weights
-
-
-def fingerprint(store: SequenceStore) -> np.ndarray:
-    """uint64 [n, 2]: two position-weighted sums per sequence (tokens+segments, and MLM slots)."""
-    n = len(store)
-    out = np.zeros((n, 2), dtype=np.uint64)
-    if n == 0:
-        return out
-    tok_within = np.arange(store.tokens.size) - np.repeat(store.token_offsets, store.lengths)
-    tok_value = (
-        store.tokens.astype(np.uint64) * np.uint64(2) + store.segments.astype(np.uint64) + np.uint64(1)
-    )
-    mlm_within = np.arange(store.mlm_ids.size) - np.repeat(store.mlm_offsets, store.predictions)
-    mlm_value = (
-        (store.mlm_positions.astype(np.uint64) << np.uint64(32))
-        + store.mlm_ids.astype(np.uint64)
-        + np.uint64(1)
-    )
-    with np.errstate(over="ignore"):
-        for h in range(2):
-            out[:, h] = _segment_sums(tok_value * _WEIGHTS[h, 0, tok_within], store.lengths) + _segment_sums(
-                mlm_value * _WEIGHTS[h, 1, mlm_within], store.predictions
-            )
-    return out
-
-
-def _segment_sums(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Wrapping uint64 sum of each consecutive run of `counts` values."""
-    cs = np.zeros(values.size + 1, dtype=np.uint64)
-    np.cumsum(values, out=cs[1:])
-    ends = np.cumsum(np.asarray(counts, dtype=np.int64))
-    return cs[ends] - cs[ends - np.asarray(counts, dtype=np.int64)]
+_INPUT_WEIGHTS = np.ascontiguousarray(_WEIGHTS.transpose(1, 2, 0))  # [tokens/slots, position, hash]
 
 
 @dataclass
@@ -75,16 +53,94 @@ class Fingerprints:
     hashes: np.ndarray  # uint64 [n, 2]
     where: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # pack row, packs side
 
-    @classmethod
-    def of(cls, store: SequenceStore, where=None) -> Fingerprints:
-        return cls(
-            store.source_index.astype(np.int64),
-            store.lengths.astype(np.int64),
-            store.predictions.astype(np.int64),
-            store.next_sentence_labels.astype(np.int64),
-            fingerprint(store),
-            np.zeros(0, dtype=np.int64) if where is None else where,
-        )
+
+def padded_fingerprints(rows: dict, lengths: np.ndarray, predictions: np.ndarray) -> np.ndarray:
+    """uint64 [n, 2] of input rows in their padded [n, S] / [n, P] layout, read in place
+    (no compaction): per hash, the sum over the first `lengths` tokens of
+    (token*2 + segment + 1) * W[position], plus the sum over the first `predictions`
+    masked-LM slots of ((position << 32) + label + 1) * W'[slot]."""
+    s, p = rows["input_ids"].shape[1], rows["masked_lm_positions"].shape[1]
+    with np.errstate(over="ignore"):  # sums wrap modulo 2^64 by design
+        # in place, a few passes over [n, S]: this is most of verify's input side
+        token_value = rows["input_ids"].astype(np.uint64)
+        token_value <<= np.uint64(1)
+        token_value += rows["segment_ids"].astype(np.uint64)
+        token_value += np.uint64(1)
+        token_value *= (
+            np.arange(s)[None, :] < lengths[:, None]
+        )  # what lies past the length is not the sequence's
+        slot_value = rows["masked_lm_positions"].astype(np.uint64)
+        slot_value <<= np.uint64(32)
+        slot_value += rows["masked_lm_ids"].astype(np.uint64)
+        slot_value += np.uint64(1)
+        slot_value *= np.arange(p)[None, :] < predictions[:, None]
+        return token_value @ _INPUT_WEIGHTS[0][:s] + slot_value @ _INPUT_WEIGHTS[1][:p]
+
+
+def pack_fingerprints(packs: dict, first_row: int = 0) -> Fingerprints:
+    """The Fingerprints of every sequence in a block of packs, computed on the packed
+    [p, S] layout (no extraction), in (pack, slot) order. The packs must keep the
+    format's structure (packing.structure.first_malformed): each sequence a contiguous
+    run starting at its next_sentence_positions entry, position_ids 0.. within it; and
+    masked slots grouped by sequence (masked_slots_out_of_order)."""
+    p, s = packs["sequence_ids"].shape
+    k = packs["next_sentence_weights"].shape[1]
+    present = packs["next_sentence_weights"] != 0  # [p, K]
+    starts = packs["next_sentence_positions"].astype(np.int64)
+    runs = present.sum(axis=1)
+    real_tokens = np.count_nonzero(packs["sequence_ids"], axis=1)
+    # sequence j ends where sequence j+1 starts; the last one where the real tokens end
+    following = np.concatenate([starts[:, 1:], real_tokens[:, None]], axis=1)
+    ends = np.where(np.arange(k)[None, :] + 1 < runs[:, None], following, real_tokens[:, None])
+    ends = np.where(present, ends, starts)
+    pack_index = np.arange(p)[:, None]
+    with np.errstate(over="ignore"):  # sums wrap modulo 2^64 by design
+        # tokens: (token*2 + segment + 1) * W[position within the sequence], summed per sequence as differences of a running sum along the pack (padding
+        # lies past every sequence's end, so it never enters a sum)
+        token_value = packs["input_ids"].astype(np.uint64)
+        token_value <<= np.uint64(1)
+        token_value += packs["segment_ids"]
+        token_value += np.uint64(1)
+        positions = packs["position_ids"].astype(np.intp)
+        hashes = np.empty((p, k, 2), dtype=np.uint64)
+        running = np.zeros((p, s + 1), dtype=np.uint64)
+        for h in range(2):
+            terms = _WEIGHTS[h, 0][positions]
+            terms *= token_value
+            np.cumsum(terms, axis=1, out=running[:, 1:])
+            hashes[:, :, h] = running[pack_index, ends] - running[pack_index, starts]
+        # masked-LM slots, grouped by sequence in slot order (masked_slots_out_of_order):
+        # each one's sequence, its position within it and its rank among that sequence's
+        # slots (the input's slot order), summed per sequence like the tokens
+        weights = packs["masked_lm_weights"]
+        m = weights.shape[1]
+        predictions = np.stack([np.count_nonzero(weights == j + 1, axis=1) for j in range(k)], axis=1)
+        first = np.cumsum(predictions, axis=1) - predictions  # [p, K]: each sequence's first slot
+        owner = np.clip(weights.astype(np.intp) - 1, 0, k - 1)
+        used = weights > 0
+        rank = np.arange(m)[None, :] - np.take_along_axis(first, owner, axis=1)
+        rank[~used] = 0
+        slot_value = packs["masked_lm_positions"].astype(np.int64) - np.take_along_axis(starts, owner, axis=1)
+        slot_value = slot_value.astype(np.uint64)
+        slot_value <<= np.uint64(32)
+        slot_value += packs["masked_lm_ids"].astype(np.uint64)
+        slot_value += np.uint64(1)
+        slot_value *= used
+        running = np.zeros((p, m + 1), dtype=np.uint64)
+        for h in range(2):
+            terms = _WEIGHTS[h, 1][rank]
+            terms *= slot_value
+            np.cumsum(terms, axis=1, out=running[:, 1:])
+            hashes[:, :, h] += running[pack_index, first + predictions] - running[pack_index, first]
+    rows, slots = np.nonzero(present)
+    return Fingerprints(
+        packs["source_index"][rows, slots].astype(np.int64),
+        (ends - starts)[rows, slots],
+        predictions[rows, slots].astype(np.int64),
+        packs["next_sentence_labels"][rows, slots].astype(np.int64),
+        hashes[rows, slots],
+        rows + first_row,
+    )
 
 
 @dataclass(frozen=True)
@@ -104,25 +160,40 @@ class ShardCheckTask:
     shard: int
 
 
+def masked_slots_out_of_order(packs: dict) -> int | None:
+    """The first pack whose masked-LM slots are not grouped by sequence in slot order
+    with the unused ones last (the order `pack` writes, which pack_fingerprints reads),
+    or None."""
+    weights = packs["masked_lm_weights"].astype(np.int16)
+    step = np.diff(weights, axis=1)
+    later = weights[:, 1:] > 0
+    bad = ((step < 0) & later).any(axis=1) | ((weights[:, :-1] == 0) & later).any(axis=1)
+    rows = np.flatnonzero(bad)
+    return int(rows[0]) if rows.size else None
+
+
 def _input_piece(task: InputPieceTask):
     start, stop, source_start, limits = task.start, task.stop, task.source_start, task.limits
     source = worker_source(task.file_index)
     parts, problems = [], 0
     for a in range(start, stop, READ_ROWS):
-        b = min(stop, a + READ_ROWS)
-        rows = source.read(a, b)
-        lengths, predictions, problem = validate_rows(rows, limits, source.path, a)
-        keep = np.ones(b - a, dtype=bool)
-        keep[[r - a for r, _, _ in problem]] = False
-        problems += len(problem)
-        store = compact_rows(
-            select_rows(rows, keep),
-            lengths[keep],
-            predictions[keep],
-            source_start + a + np.flatnonzero(keep),
-            np.int64,
-        )
-        parts.append(Fingerprints.of(store))
+        block = source.read(a, min(stop, a + READ_ROWS))
+        for c in range(0, len(block["input_ids"]), CHUNK_ROWS):
+            rows = {name: values[c : c + CHUNK_ROWS] for name, values in block.items()}
+            lengths, predictions, problem = validate_rows(rows, limits, source.path, a + c)
+            keep = np.ones(len(lengths), dtype=bool)
+            keep[[r - a - c for r, _, _ in problem]] = False  # invalid rows: pack skips them, so verify does
+            problems += len(problem)
+            hashes = padded_fingerprints(rows, lengths, predictions)
+            parts.append(
+                Fingerprints(
+                    source_start + a + c + np.flatnonzero(keep),
+                    lengths[keep].astype(np.int64),
+                    predictions[keep].astype(np.int64),
+                    rows["next_sentence_labels"][keep].astype(np.int64),
+                    hashes[keep],
+                )
+            )
     return _concat(parts), problems
 
 
@@ -130,14 +201,19 @@ def _pack_shard(task: ShardCheckTask):
     dataset, shard = task.dataset, task.shard
     parts, error = [], None
     path = dataset.shard_path(shard)
-    for a, packs in dataset.blocks(shard):
-        try:
-            store = extract(packs)
-        except PackError as err:
-            error = f"{path.name}: pack {a + err.row}: {str(err).split(': ', 1)[1]}"
+    for a, block in dataset.blocks(shard):
+        for c in range(0, len(block["input_ids"]), CHUNK_ROWS // 2):
+            packs = {name: values[c : c + CHUNK_ROWS // 2] for name, values in block.items()}
+            malformed = first_malformed(packs)  # the structure pack_fingerprints relies on
+            unordered = masked_slots_out_of_order(packs) if malformed is None else None
+            if unordered is not None:
+                malformed = (unordered, "masked-LM slots are not grouped by sequence in slot order")
+            if malformed is not None:
+                error = f"{path.name}: pack {a + c + malformed[0]}: {malformed[1]}"
+                break
+            parts.append(pack_fingerprints(packs, a + c))
+        if error:
             break
-        rows = np.nonzero(packs["next_sentence_weights"] != 0)[0] + a
-        parts.append(Fingerprints.of(store, rows))
     digest = sha256_file(path)
     return _concat(parts), error, digest
 
