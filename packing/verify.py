@@ -235,8 +235,8 @@ def _concat(parts: list[Fingerprints]) -> Fingerprints:
 def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool = False, out=None) -> int:
     """Compare inputs and packs; print counts. Returns 0 if identical, 1 on any mismatch.
 
-    Phases, each a function: fingerprint every input sequence; read every pack (structure,
-    sha256, fingerprints); presence (each expected sequence exactly once); content (every
+    Phases, each a function: fingerprint every input sequence and read every pack
+    (structure, sha256, fingerprints), in one worker pool; presence (each expected sequence exactly once); content (every
     packed copy equal to its input); the report."""
     started = time.perf_counter()
     dataset = PackedDataset.open(packed)
@@ -247,8 +247,9 @@ def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool =
         check_source_shape(source, limits)
     starts = np.cumsum([0] + [s.rows for s in sources])
     bar = dict(disable=quiet, unit="seq", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
-    expected, invalid_inputs = _input_fingerprints(sources, starts, limits, workers, bar)
-    found, shard_of, problems = _packed_fingerprints(dataset, packed, sources, workers, bar)
+    expected, invalid_inputs, found, shard_of, problems = _fingerprints(
+        dataset, packed, sources, starts, limits, workers, bar
+    )
     located = _Locator(sources, starts, dataset, found, shard_of)
     presence = _presence(expected, found, int(starts[-1]))
     matched, mismatch = _content(expected, found, int(starts[-1]))
@@ -280,26 +281,31 @@ def run_verify(inputs: list[Path], packed: Path, workers: int = 1, quiet: bool =
     return 0 if report["ok"] else 1
 
 
-def _input_fingerprints(sources, starts, limits: Limits, workers: int, bar: dict):
-    """(fingerprints of every valid input sequence, count of invalid input rows)."""
-    tasks = [
+def _fingerprints(
+    dataset: PackedDataset, packed: Path, sources, starts, limits: Limits, workers: int, bar: dict
+):
+    """Both sides in one worker pool, shards first (the larger tasks), so that no worker
+    waits between the sides: (fingerprints of every valid input sequence, count of
+    invalid input rows, fingerprints of every packed sequence, the shard each lies in,
+    problems: a malformed pack, a shard whose sha256 differs from metadata.json)."""
+    shard_tasks = [ShardCheckTask(dataset, d) for d in range(len(dataset.shards))]
+    input_tasks = [
         InputPieceTask(f, a, min(s.rows, a + PIECE_ROWS), int(starts[f]), limits)
         for f, s in enumerate(sources)
         for a in range(0, s.rows, PIECE_ROWS)
     ]
-    with tqdm(total=int(starts[-1]), desc="verify: inputs", **bar) as progress:
-        results = run_tasks(_input_piece, tasks, workers, sources, progress, lambda t, r: t.stop - t.start)
-    return _concat([r[0] for r in results]), sum(r[1] for r in results)
 
+    def moved(task, result) -> int:  # sequences a finished task accounts for
+        return result[0].source.size if isinstance(task, ShardCheckTask) else task.stop - task.start
 
-def _packed_fingerprints(dataset: PackedDataset, packed: Path, sources, workers: int, bar: dict):
-    """(fingerprints of every packed sequence, the shard each lies in, problems): each
-    shard's structure checked and its sha256 compared with metadata.json."""
+    total = dataset.sequences + int(starts[-1])
+    with tqdm(total=total, desc="verify: packs and inputs", **bar) as progress:
+        results = run_tasks(_verify_task, shard_tasks + input_tasks, workers, sources, progress, moved)
+    shard_results, input_results = results[: len(shard_tasks)], results[len(shard_tasks) :]
+    expected = _concat([r[0] for r in input_results])
+    invalid_inputs = sum(r[1] for r in input_results)
     problems: list[str] = []
-    tasks = [ShardCheckTask(dataset, d) for d in range(len(dataset.shards))]
-    with tqdm(total=dataset.sequences, desc="verify: packs", **bar) as progress:
-        results = run_tasks(_pack_shard, tasks, workers, sources, progress, lambda t, r: r[0].source.size)
-    for task, (_, error, digest) in zip(tasks, results):
+    for task, (_, error, digest) in zip(shard_tasks, shard_results):
         d = task.shard
         if error:
             problems.append(f"malformed pack: {error}")
@@ -307,9 +313,15 @@ def _packed_fingerprints(dataset: PackedDataset, packed: Path, sources, workers:
             problems.append(
                 f"{dataset.shards[d]['name']}: sha256 differs from (or is missing in) {packed}/metadata.json"
             )
-    found = _concat([r[0] for r in results])
-    shard_of = np.concatenate([np.full(r[0].source.size, t.shard) for t, r in zip(tasks, results)] or [[]])
-    return found, shard_of, problems
+    found = _concat([r[0] for r in shard_results])
+    shard_of = np.concatenate(
+        [np.full(r[0].source.size, t.shard) for t, r in zip(shard_tasks, shard_results)] or [[]]
+    )
+    return expected, invalid_inputs, found, shard_of, problems
+
+
+def _verify_task(task):
+    return _pack_shard(task) if isinstance(task, ShardCheckTask) else _input_piece(task)
 
 
 def _presence(expected, found, n: int) -> dict:
