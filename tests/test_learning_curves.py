@@ -5,6 +5,7 @@ plot, the convergence verdict and the corpus vocabulary."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
+from common.files import sha256_file
 from packing.format import PACKED_FIELDS
 from packing.shards import PackedDataset
 from training.curves import eval_curve, masked_labels, unigram_baseline
@@ -64,6 +66,11 @@ def test_memory_mapped_reader_equals_h5py_and_falls_back_for_chunked_shards(pack
             f.attrs.update(attrs)
             for name, values in fields.items():
                 f.create_dataset(name, data=values, chunks=True, compression="gzip")
+    # ... with metadata.json recording the new files (the reader checks each shard's size)
+    meta = json.loads((copy / "metadata.json").read_text())
+    for record in meta["shards"]:
+        record.update(bytes=(copy / record["name"]).stat().st_size, sha256=sha256_file(copy / record["name"]))
+    (copy / "metadata.json").write_text(json.dumps(meta))
     reader = PackedShards(PackedDataset.open(copy))
     chunked = reader[packs]
     assert not any(isinstance(v, np.memmap) for v in reader._shard_fields(0).values())
