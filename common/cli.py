@@ -6,6 +6,13 @@ import argparse
 import copy
 
 
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): what a
+    one-line `error:` quotes of a library's multi-line error."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 class DefaultsHelpFormatter(argparse.HelpFormatter):
     """`--help` shows every option's default, documented or not, unless its help already
     names one; flags (default False) and options without a default show none."""

@@ -19,6 +19,7 @@ import json
 import shutil
 from pathlib import Path
 
+from common.cli import first_line
 from common.files import write_json_atomic
 from data.classification_data import ExampleError
 from data.tokenizer import load_tokenizer
@@ -122,6 +123,5 @@ def load_finetuned(folder: Path, **overrides):
     try:
         model = model_class.from_pretrained(folder, **overrides)
     except (OSError, ValueError, RuntimeError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ExampleError(f"{folder}: the model cannot be loaded ({first[:200]})") from None
+        raise ExampleError(f"{folder}: the model cannot be loaded ({first_line(err)[:200]})") from None
     return model, info, tokenizer, vocab

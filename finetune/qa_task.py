@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.cli import first_line
 from common.files import atomic_path
 from data.qa_data import QaExamples, read_squad
 from data.qa_windows import QaWindows, fast_tokenizer, make_windows
@@ -111,9 +112,9 @@ def build_qa_model(config: dict, checkpoint: str) -> PackedBertForQuestionAnswer
     except (OSError, ValueError, RuntimeError) as err:  # a missing, truncated or foreign folder
         from data.classification_data import ExampleError
 
-        text = str(err).strip()
-        reason = text.splitlines()[0][:300] if text else type(err).__name__
-        raise ExampleError(f"model.init_checkpoint {checkpoint}: cannot be loaded ({reason})") from None
+        raise ExampleError(
+            f"model.init_checkpoint {checkpoint}: cannot be loaded ({first_line(err)[:300]})"
+        ) from None
 
 
 @torch.inference_mode()

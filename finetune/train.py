@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common.cli import DefaultsHelpFormatter
+from common.cli import DefaultsHelpFormatter, first_line
 from common.config_schema import ConfigError
 from common.files import describe_os_error, write_json_atomic
 from data.classification_data import (
@@ -154,11 +154,6 @@ def prepare_task(config: dict) -> Task:
 
 
 # ----- model and optimizer -----------------------------------------------------------------
-def first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:300] if text else type(err).__name__
-
-
 def build_classifier(config: dict, task: Task) -> PackedBertForSequenceClassification:
     model_cfg, data = config["model"], config["data"]
     checkpoint = resolve_asset(model_cfg["init_checkpoint"])
@@ -179,7 +174,7 @@ def build_classifier(config: dict, task: Task) -> PackedBertForSequenceClassific
         )
     except (OSError, ValueError, RuntimeError) as err:  # a missing, truncated or foreign folder
         raise FinetuneError(
-            f"model.init_checkpoint {checkpoint}: cannot be loaded ({first_line(err)})"
+            f"model.init_checkpoint {checkpoint}: cannot be loaded ({first_line(err)[:300]})"
         ) from None
     longest = int(max(task.train.lengths.max(), task.validation.lengths.max()))
     if longest > model.config.max_position_embeddings:

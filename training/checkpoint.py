@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.cli import first_line
 from common.files import atomic_folder, sha256_file
 
 log = logging.getLogger(__name__)
@@ -80,9 +81,8 @@ def save_checkpoint(folder: Path, step: int, model, training_state: dict, keep: 
             # safetensors (SafetensorError) and torch.save's zip writer (RuntimeError
             # "unexpected pos") wrap a failed write in their own types: one line, the
             # path and their reason. atomic_folder removes the half-written folder.
-            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise CheckpointError(
-                f"{final}: writing the checkpoint failed ({reason}; no space left on the device or a "
+                f"{final}: writing the checkpoint failed ({first_line(err)}; no space left on the device or a "
                 "file-size limit?); the older checkpoints are intact"
             ) from None
         files = sorted(p for p in tmp.rglob("*") if p.is_file())
@@ -168,7 +168,6 @@ def load_training_state(path: Path) -> dict:
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # pickle.UnpicklingError for forbidden objects, and corrupt files
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(
-            f"{file}: refused: it holds something other than tensors and plain values ({first[:200]})"
+            f"{file}: refused: it holds something other than tensors and plain values ({first_line(err)[:200]})"
         ) from None
