@@ -14,53 +14,37 @@ same module.
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertPreTrainedModel
+from transformers import BertConfig
 
-from model.config import check_packing_options
 from model.dropout import Dropout
-from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, load_reference, read_config, save_as_reference
+from model.packed_head import TRAINER_IGNORED_OUTPUTS, PackedHead, examples_in
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
-# Outputs transformers' Trainer must not gather as predictions (metric sums, masks).
-TRAINER_IGNORED_OUTPUTS = ["present", "loss_sum", "count", "correct", "correct_count"]
+__all__ = [
+    "PROBLEM_TYPES",
+    "TRAINER_IGNORED_OUTPUTS",
+    "PackedBertForSequenceClassification",
+    "classification_metrics",
+]
 
 
-def examples_in(num_items_in_batch, items_per_example: int):
-    """transformers' Trainer counts a step's items as `labels != -100` over its micro-batches
-    (its num_items_in_batch): examples x items_per_example. -> examples, or None."""
-    if num_items_in_batch is None:
-        return None
-    return num_items_in_batch / items_per_example
+class PackedBertForSequenceClassification(PackedHead):
+    """[CLS] -> pooler -> dropout -> classifier, per sequence of a pack (model.packed_head)."""
 
-
-class PackedBertForSequenceClassification(BertPreTrainedModel):
-    """A transformers PreTrainedModel, so that `Trainer` saves it as a folder and
-    checkpoints and resumes it; it accepts Trainer's `num_items_in_batch` (gradient
-    accumulation normalises by the examples of the whole step)."""
-
-    accepts_loss_kwargs = True
+    reference_class = "BertForSequenceClassification"
+    add_pooling_layer = True
+    reference_options = {"ignore_mismatched_sizes": False}
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        config.keys_to_ignore_at_inference = TRAINER_IGNORED_OUTPUTS
-        config.attention_backend = getattr(config, "attention_backend", "dense")
-        config.recompute_layers = getattr(config, "recompute_layers", False)
         if config.problem_type not in PROBLEM_TYPES:
             raise ValueError(f"problem_type must be one of {PROBLEM_TYPES}, got {config.problem_type!r}")
-        check_packing_options(config)
-        self.config = config
-        self.bert = PackedBertModel(config)
         dropout = config.classifier_dropout
         self.dropout = Dropout(config.hidden_dropout_prob if dropout is None else dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.loading_report: dict = {}
 
     @property
     def multi_label(self) -> bool:
@@ -84,12 +68,11 @@ class PackedBertForSequenceClassification(BertPreTrainedModel):
         value in absent slots (example_index < 0) is ignored (finetune.hf writes -100).
         Outputs also `example_index` and, with labels, `example_loss` [B, K] (0 where
         absent): per-example values that transformers' Trainer gathers for evaluation."""
-        slots = cls_positions.shape[1]
         # Only the [CLS] rows are read: the last layer computes those alone (its queries,
         # attention output and feed-forward block; keys and values from every token), about
         # 5/6 of a layer's work saved, with the same logits and gradients.
-        cls_hidden = self.bert(
-            input_ids, position_ids, segment_ids, sequence_ids, slots, read_positions=cls_positions
+        cls_hidden = self.encode(
+            input_ids, segment_ids, position_ids, sequence_ids, cls_positions, read_positions=cls_positions
         )
         pooled = self.bert.pooler.pool(cls_hidden)  # [B, K, H]
         logits = self.classifier(self.dropout(pooled))
@@ -102,36 +85,16 @@ class PackedBertForSequenceClassification(BertPreTrainedModel):
         out["example_index"] = example_index
         return out
 
-    # ----- Hugging Face checkpoints -----------------------------------------------------
     @classmethod
-    def from_pretrained(
-        cls, folder, num_labels: int | None = None, problem_type: str | None = None, **overrides
-    ) -> PackedBertForSequenceClassification:
-        """Read an HF BERT folder: a fine-tuned BertForSequenceClassification, or any
-        BERT encoder (bare BertModel, BertForPreTraining) whose classifier is then
-        initialised and named in `loading_report` and the log. num_labels must match a
-        fine-tuned checkpoint's head; overrides set non-shape options (dropout, ...)."""
-        folder = Path(folder)
-        config = read_config(folder, overrides)
-        if num_labels is not None:
-            config.num_labels = num_labels
-        config.problem_type = problem_type or config.problem_type or PROBLEM_TYPES[0]
-        for key in ("id2label", "label2id"):  # num_labels just reset them; overrides win
-            if key in overrides:
-                setattr(config, key, overrides[key])
-        reference, info = load_reference(
-            "BertForSequenceClassification", folder, config=config, ignore_mismatched_sizes=False
-        )
-        model = cls(config)
-        # A new task's classifier is always initialised: that is news, not a warning.
-        adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
-        return model
+    def configure_options(cls) -> tuple[str, ...]:
+        return ("problem_type",)
 
-    def save_pretrained(self, folder, **trainer_options) -> None:
-        """A folder transformers.BertForSequenceClassification loads as is (safetensors,
-        id2label in config.json). Atomic: temporary folder, then rename. Trainer's options
-        (state_dict, safe_serialization) are accepted; the weights saved are the model's."""
-        save_as_reference(self, "BertForSequenceClassification", folder)
+    @classmethod
+    def configure(cls, config, num_labels, overrides, problem_type: str | None = None) -> None:
+        """num_labels must match a fine-tuned checkpoint's head; problem_type defaults to the
+        folder's, else single-label."""
+        super().configure(config, num_labels, overrides)
+        config.problem_type = problem_type or config.problem_type or PROBLEM_TYPES[0]
 
 
 def classification_metrics(logits, labels, present, multi_label: bool) -> dict:

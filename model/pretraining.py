@@ -13,7 +13,6 @@ from pathlib import Path
 from torch import nn
 from transformers import BertConfig
 
-from model.config import check_packing_options
 from model.encoder import PackedBertModel, PositionGather
 from model.heads import PretrainingHeads, mlm_metrics, nsp_metrics
 from model.hf_checkpoint import (
@@ -24,6 +23,7 @@ from model.hf_checkpoint import (
     reference_model,
     save_folder,
 )
+from model.packed_head import encode_rows, set_packing_defaults
 
 # The packed fields `heads` takes after sequence_output, in its argument order (a pipeline's
 # last stage and the IPU graph feed them by this list).
@@ -35,17 +35,12 @@ HEAD_INPUTS = (
     "next_sentence_labels",
     "next_sentence_weights",
 )
-DEFAULT_PACKING_OPTIONS = dict(attention_backend="dense", mlm_loss_mode="per_token", recompute_layers=False)
 
 
 class PackedBertForPreTraining(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        for key, value in DEFAULT_PACKING_OPTIONS.items():
-            if not hasattr(config, key):
-                setattr(config, key, value)
-        check_packing_options(config)
-        self.config = config
+        self.config = set_packing_defaults(config)
         self.bert = PackedBertModel(config)
         self.cls = PretrainingHeads(config)
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight  # tied
@@ -84,8 +79,9 @@ class PackedBertForPreTraining(nn.Module):
         """Packed batch [B, S] / [B, M] / [B, K] -> outputs, losses, sums and counts.
 
         Extra fields (e.g. source_index) are accepted and ignored."""
-        slots = next_sentence_positions.shape[1]
-        sequence_output = self.bert(input_ids, position_ids, segment_ids, sequence_ids, slots)
+        sequence_output = encode_rows(
+            self.bert, input_ids, segment_ids, position_ids, sequence_ids, next_sentence_positions
+        )
         return self.heads(
             sequence_output,
             masked_lm_positions,

@@ -15,36 +15,23 @@ moves them to the window's place in the row through cls_positions.
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import torch
 from torch import nn
-from transformers import BertConfig, BertPreTrainedModel
+from transformers import BertConfig
 
-from model.classification import TRAINER_IGNORED_OUTPUTS, examples_in
-from model.config import check_packing_options
-from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, load_reference, read_config, save_as_reference
+from model.packed_head import PackedHead, examples_in, slot_masks
 
 
-class PackedBertForQuestionAnswering(BertPreTrainedModel):
-    """A transformers PreTrainedModel (Trainer saves, checkpoints and resumes it; it
-    accepts Trainer's num_items_in_batch, which counts 2 label items per window)."""
+class PackedBertForQuestionAnswering(PackedHead):
+    """Every token -> qa_outputs (start, end) (model.packed_head); Trainer's
+    num_items_in_batch counts 2 label items per window."""
 
-    accepts_loss_kwargs = True
+    reference_class = "BertForQuestionAnswering"
 
     def __init__(self, config: BertConfig):
-        super().__init__(config)
-        config.keys_to_ignore_at_inference = TRAINER_IGNORED_OUTPUTS
-        config.attention_backend = getattr(config, "attention_backend", "dense")
-        config.recompute_layers = getattr(config, "recompute_layers", False)
         config.num_labels = 2
-        check_packing_options(config)
-        self.config = config
-        self.bert = PackedBertModel(config, add_pooling_layer=False)
+        super().__init__(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        self.loading_report: dict = {}
 
     def forward(
         self,
@@ -62,8 +49,7 @@ class PackedBertForQuestionAnswering(BertPreTrainedModel):
         labels int [B, K, 2] (start, end inside each window; anything in absent slots) the
         loss, metric sums and `example_loss` [B, K]. Also `example_index` and
         `sequence_ids`: what maps a row's logits to its windows, for transformers' Trainer."""
-        slots = cls_positions.shape[1]
-        hidden = self.bert(input_ids, position_ids, segment_ids, sequence_ids, slots)
+        hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids, cls_positions)
         start_logits, end_logits = self.qa_outputs(hidden).float().unbind(-1)
         out = {"start_logits": start_logits, "end_logits": end_logits, "present": example_index >= 0}
         if labels is not None:
@@ -77,25 +63,10 @@ class PackedBertForQuestionAnswering(BertPreTrainedModel):
         out["sequence_ids"] = sequence_ids
         return out
 
-    # ----- Hugging Face checkpoints -----------------------------------------------------
     @classmethod
-    def from_pretrained(cls, folder, **overrides) -> PackedBertForQuestionAnswering:
-        """Read an HF BERT folder: a fine-tuned BertForQuestionAnswering, or any BERT
-        encoder (BertModel, BertForPreTraining) whose qa_outputs is then initialised (named
-        in `loading_report` and the log); a pooler in the checkpoint is not used."""
-        folder = Path(folder)
-        config = read_config(folder, overrides)
-        config.num_labels = 2
-        reference, info = load_reference("BertForQuestionAnswering", folder, config=config)
-        model = cls(config)
-        adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
-        return model
-
-    def save_pretrained(self, folder, **trainer_options) -> None:
-        """A folder transformers.BertForQuestionAnswering loads as is (safetensors). Atomic.
-        Trainer's options (state_dict, safe_serialization) are accepted; the model's own
-        weights are saved."""
-        save_as_reference(self, "BertForQuestionAnswering", folder)
+    def configure(cls, config, num_labels, overrides) -> None:
+        """Two outputs (start, end) whatever is asked; a pooler in the checkpoint is not used."""
+        super().configure(config, 2, overrides)
 
 
 def window_log_probs(logits, sequence_ids, slots: int):
@@ -105,7 +76,7 @@ def window_log_probs(logits, sequence_ids, slots: int):
     absent slot (no tokens) then gives a finite uniform row instead of NaN, and for a
     present window exp(min - max) is exactly 0, so its distribution is the one computed
     on the window alone."""
-    own = sequence_ids[:, None, :] == torch.arange(1, slots + 1, device=logits.device)[None, :, None]
+    own = slot_masks(sequence_ids, slots)
     floor = torch.finfo(logits.dtype).min
     return torch.where(own, logits[:, None, :], floor).log_softmax(-1)
 

@@ -12,39 +12,26 @@ Face's BertForTokenClassification (`bert.*` without a pooler, `classifier.*`).
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertPreTrainedModel
+from transformers import BertConfig
 
-from model.classification import TRAINER_IGNORED_OUTPUTS
-from model.config import check_packing_options
 from model.dropout import Dropout
-from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, load_reference, read_config, save_as_reference
+from model.packed_head import PackedHead
 
 
-class PackedBertForTokenClassification(BertPreTrainedModel):
-    """A transformers PreTrainedModel (Trainer saves, checkpoints and resumes it; it
-    accepts Trainer's num_items_in_batch, the labelled tokens of the whole step)."""
+class PackedBertForTokenClassification(PackedHead):
+    """Every token -> dropout -> classifier (model.packed_head); Trainer's
+    num_items_in_batch is the labelled tokens of the whole step."""
 
-    accepts_loss_kwargs = True
+    reference_class = "BertForTokenClassification"
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
-        config.keys_to_ignore_at_inference = TRAINER_IGNORED_OUTPUTS
-        config.attention_backend = getattr(config, "attention_backend", "dense")
-        config.recompute_layers = getattr(config, "recompute_layers", False)
-        check_packing_options(config)
-        self.config = config
-        self.bert = PackedBertModel(config, add_pooling_layer=False)
         dropout = config.classifier_dropout
         self.dropout = Dropout(config.hidden_dropout_prob if dropout is None else dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.loading_report: dict = {}
 
     def forward(
         self,
@@ -61,8 +48,7 @@ class PackedBertForTokenClassification(BertPreTrainedModel):
         """Rows [B, S] -> logits [B, S, C]; with labels int [B, S] (-100: padding, special
         and continuation tokens) the mean cross-entropy over labelled tokens, as
         BertForTokenClassification's, and `token_loss` [B, S] (0 where unlabelled)."""
-        slots = cls_positions.shape[1]
-        hidden = self.bert(input_ids, position_ids, segment_ids, sequence_ids, slots)
+        hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids, cls_positions)
         logits = self.classifier(self.dropout(hidden))
         out = {"logits": logits, "example_index": example_index, "sequence_ids": sequence_ids}
         if labels is not None:
@@ -82,26 +68,3 @@ class PackedBertForTokenClassification(BertPreTrainedModel):
                 correct_count=count,
             )
         return out
-
-    @classmethod
-    def from_pretrained(
-        cls, folder, num_labels: int | None = None, **overrides
-    ) -> PackedBertForTokenClassification:
-        """Read an HF BERT folder: a fine-tuned BertForTokenClassification, or any BERT
-        encoder whose classifier is then initialised (named in `loading_report`)."""
-        folder = Path(folder)
-        config = read_config(folder, overrides)
-        if num_labels is not None:
-            config.num_labels = num_labels
-        for key in ("id2label", "label2id"):
-            if key in overrides:
-                setattr(config, key, overrides[key])
-        reference, info = load_reference("BertForTokenClassification", folder, config=config)
-        model = cls(config)
-        adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
-        return model
-
-    def save_pretrained(self, folder, **trainer_options) -> None:
-        """A folder transformers.BertForTokenClassification loads as is. Trainer's options
-        are accepted; the model's own weights are saved."""
-        save_as_reference(self, "BertForTokenClassification", folder)

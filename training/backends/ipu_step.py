@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.packed_head import encode_rows
 from model.pretraining import HEAD_INPUTS
 from training.observe import SUM_KEYS
 from training.step import loss_scales, micro_batch_loss
@@ -120,16 +121,12 @@ class PretrainingStep(nn.Module):
         mlm_scale,
         nsp_scale,
     ):
-        sequence_output = self.model.bert(input_ids, position_ids, segment_ids, sequence_ids)
-        out = self.heads(
-            sequence_output,
-            masked_lm_positions,
-            masked_lm_ids,
-            masked_lm_weights,
-            next_sentence_positions,
-            next_sentence_labels,
-            next_sentence_weights,
+        sequence_output = encode_rows(
+            self.model.bert, input_ids, segment_ids, position_ids, sequence_ids, None
         )
+        head_inputs = [masked_lm_positions, masked_lm_ids, masked_lm_weights]
+        head_inputs += [next_sentence_positions, next_sentence_labels, next_sentence_weights]
+        out = self.heads(sequence_output, *head_inputs)
         out["tokens"] = (sequence_ids > 0).sum()
         # Every row of a step carries the same scale; row 0 stands for the micro-batch.
         loss = micro_batch_loss(out["mlm_loss_sum"], out["nsp_loss_sum"], mlm_scale[0], nsp_scale[0])

@@ -1,0 +1,145 @@
+"""The one base of every packed head: the encoder call, the read positions, the
+per-sequence read-out, and the Hugging Face naming for loading and saving.
+
+A head on this base declares the transformers class it mirrors (`reference_class`,
+whose parameter names it keeps: `bert.*` plus its own layers), whether it has a pooler,
+and its `forward`; everything else is here:
+
+    class PackedBertForX(PackedHead):
+        reference_class = "BertForX"
+        def __init__(self, config):
+            super().__init__(config)
+            self.x = nn.Linear(config.hidden_size, ...)
+        def forward(self, input_ids, segment_ids, position_ids, sequence_ids, cls_positions,
+                    example_index, labels=None, **unused):
+            hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids, cls_positions)
+            ...
+
+Rows are finetune.rows.pack_rows' fields: tokens [B, S], slots [B, K] (K sequences per
+row at most; `cls_positions` [B, K] are where each one starts, `example_index` [B, K] < 0
+in absent slots). Unpacked batches are the K = 1 case.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+from transformers import BertConfig, BertPreTrainedModel
+
+from model.config import check_packing_options
+from model.encoder import PackedBertModel
+from model.hf_checkpoint import adopt_weights, load_reference, read_config, save_as_reference
+
+# Outputs transformers' Trainer must not gather as predictions (metric sums, masks).
+TRAINER_IGNORED_OUTPUTS = ["present", "loss_sum", "count", "correct", "correct_count"]
+# Options of the packed model that a plain BERT config.json does not carry.
+PACKING_DEFAULTS = dict(attention_backend="dense", mlm_loss_mode="per_token", recompute_layers=False)
+
+
+def set_packing_defaults(config: BertConfig) -> BertConfig:
+    """Fill the packing options a plain BERT config lacks, then check them all."""
+    for key, value in PACKING_DEFAULTS.items():
+        if not hasattr(config, key):
+            setattr(config, key, value)
+    check_packing_options(config)
+    return config
+
+
+def encode_rows(
+    bert: PackedBertModel, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions=None
+):
+    """The packed encoder's call, in the packed fields' order: [B, S] ids -> hidden [B, S, H]
+    (or [B, R, H] at `read_positions` [B, R] only: the last layer then computes just those
+    rows). `slots`: K, or a [B, K] tensor whose width is K (the varlen backend needs K as a
+    static number)."""
+    if isinstance(slots, torch.Tensor):
+        slots = slots.shape[1]
+    return bert(input_ids, position_ids, segment_ids, sequence_ids, slots, read_positions=read_positions)
+
+
+def slot_masks(sequence_ids, slots: int) -> torch.Tensor:
+    """sequence_ids [B, S] -> bool [B, K, S]: token s belongs to the sequence in slot k.
+    The per-sequence read-out of every head that reads more than one token per sequence
+    (QA's per-window softmax, pooled embeddings)."""
+    numbers = torch.arange(1, slots + 1, device=sequence_ids.device)
+    return sequence_ids[:, None, :] == numbers[None, :, None]
+
+
+def examples_in(num_items_in_batch, items_per_example: int):
+    """transformers' Trainer counts a step's items as `labels != -100` over its micro-batches
+    (its num_items_in_batch): examples x items_per_example. -> examples, or None."""
+    if num_items_in_batch is None:
+        return None
+    return num_items_in_batch / items_per_example
+
+
+class PackedHead(BertPreTrainedModel):
+    """A transformers PreTrainedModel, so that `Trainer` saves it as a folder, checkpoints
+    and resumes it; it accepts Trainer's `num_items_in_batch` (gradient accumulation
+    normalises by the items of the whole step).
+
+    Subclasses set `reference_class` (the transformers class whose names and folder
+    layout they keep), `add_pooling_layer`, and may override `configure` (what
+    `from_pretrained`'s arguments set in the config) and `reference_options`."""
+
+    accepts_loss_kwargs = True
+    reference_class: str = ""
+    add_pooling_layer = False
+    reference_options: dict = {}
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        config.keys_to_ignore_at_inference = TRAINER_IGNORED_OUTPUTS
+        set_packing_defaults(config)
+        self.config = config
+        self.bert = PackedBertModel(config, add_pooling_layer=self.add_pooling_layer)
+        self.loading_report: dict = {}
+
+    def encode(self, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions=None):
+        """Rows -> hidden states; see `encode_rows`."""
+        return encode_rows(
+            self.bert, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions
+        )
+
+    # ----- Hugging Face checkpoints -----------------------------------------------------
+    @classmethod
+    def configure(cls, config: BertConfig, num_labels: int | None, overrides: dict, **options) -> None:
+        """Set what `from_pretrained`'s arguments ask for in `config` (in place). The base
+        sets num_labels, then id2label / label2id from the overrides (num_labels resets them)."""
+        if options:
+            raise TypeError(f"{cls.__name__}.from_pretrained got unexpected arguments {sorted(options)}")
+        if num_labels is not None:
+            config.num_labels = num_labels
+        for key in ("id2label", "label2id"):
+            if key in overrides:
+                setattr(config, key, overrides[key])
+
+    @classmethod
+    def from_pretrained(cls, folder, num_labels: int | None = None, **overrides):
+        """Read an HF BERT folder: a fine-tuned `reference_class`, or any BERT encoder
+        (BertModel, BertForPreTraining) whose head layers are then initialised and named in
+        `loading_report` and the log. num_labels must match a fine-tuned checkpoint's head;
+        overrides set non-shape options (dropout, attention_backend, ...); options a
+        subclass's `configure` names (problem_type, ...) are passed to it."""
+        folder = Path(folder)
+        options = {key: overrides.pop(key) for key in cls.configure_options() if key in overrides}
+        config = read_config(folder, overrides)
+        cls.configure(config, num_labels, overrides, **options)
+        reference, info = load_reference(cls.reference_class, folder, config=config, **cls.reference_options)
+        model = cls(config)
+        # A new task's head is always initialised: that is news, not a warning.
+        adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
+        return model
+
+    @classmethod
+    def configure_options(cls) -> tuple[str, ...]:
+        """Names `from_pretrained` hands to `configure` rather than to the config."""
+        return ()
+
+    def save_pretrained(self, folder, **trainer_options) -> None:
+        """A folder `reference_class` loads as is (safetensors, config.json). Atomic:
+        temporary folder, then rename. Trainer's options (state_dict, safe_serialization)
+        are accepted; the weights saved are the model's."""
+        save_as_reference(self, self.reference_class, folder)
