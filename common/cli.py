@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+from pathlib import Path
 
 
 def first_line(err: BaseException) -> str:
@@ -29,3 +30,39 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
             action = copy.copy(action)
             action.help = ((action.help or "") + " (default: %(default)s)").strip()
         return super()._format_action(action)
+
+
+def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of a `python -m ...` command: its name, the first paragraph of the
+    module's docstring as description, every option's default in --help."""
+    return argparse.ArgumentParser(
+        prog=prog, description=doc.split("\n\n")[0], formatter_class=DefaultsHelpFormatter
+    )
+
+
+PACKING_ALGORITHMS = ("spfhp", "lpfhp", "nnlshp", "lp")
+
+
+def add_inference_options(parser: argparse.ArgumentParser, model_help: str) -> None:
+    """What every inference command (predict, embed, serve) takes alike: the model folder,
+    the device and dtype, and how examples are packed."""
+    parser.add_argument("--model", required=True, type=Path, help=model_help)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="bfloat16: the forward under bf16 autocast (refused where the device has no bf16)",
+    )
+    parser.add_argument("--max-sequences-per-pack", type=int, default=6)
+    parser.add_argument("--algorithm", default="lpfhp", choices=PACKING_ALGORITHMS)
+
+
+def below_one(args: argparse.Namespace, names) -> str | None:
+    """The error line for the first of `names` (argparse dests) set below 1, or None.
+    Options left unset (None) pass."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {value}"
+    return None

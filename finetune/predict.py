@@ -21,56 +21,46 @@ doc_stride, n_best_size, max_answer_length and v2.0 settings the model was train
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from common.cli import DefaultsHelpFormatter
+from common.cli import add_inference_options, below_one, command_parser
 from common.files import describe_os_error, output_over_inputs, write_json_atomic
 from data.classification_data import ExampleError, encode_labels, read_jsonl, tokenize
 from data.tokenizer import DataInputError
 from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec
 from finetune.folder import load_finetuned
 from finetune.inference import predict_logits, score, write_predictions
+from finetune.precision import device_problem, precision
 from model.hf_checkpoint import quiet_transformers
 from packing.errors import PackingInputError
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        formatter_class=DefaultsHelpFormatter,
-        prog="python -m finetune.predict",
-        description=__doc__.split("\n\n")[0],
-    )
-    parser.add_argument("--model", required=True, type=Path, help="finetune.train output model folder")
+    parser = command_parser("python -m finetune.predict", __doc__)
+    add_inference_options(parser, "finetune.train output model folder")
     parser.add_argument("--input", required=True, type=Path, help="JSON lines to classify")
     parser.add_argument("--output", required=True, type=Path, help="predictions, JSON lines, input order")
     parser.add_argument("--batching", default="packed", choices=BATCHING_MODES)
     parser.add_argument("--batch-size", type=int, default=64, help="examples per batch")
-    parser.add_argument("--max-sequences-per-pack", type=int, default=6)
-    parser.add_argument("--algorithm", default="lpfhp", choices=("spfhp", "lpfhp", "nnlshp", "lp"))
     parser.add_argument(
         "--pack-length", type=int, default=None, help="tokens per pack (default: the model's)"
     )
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument(
         "--nbest-output", type=Path, default=None, help="question answering: also write the n-best file"
     )
     args = parser.parse_args(argv)
     quiet_transformers()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("error: --device cuda: torch sees no GPU on this machine", file=sys.stderr)
+    wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "pack_length")) or device_problem(
+        args.device, args.dtype
+    )
+    if wrong:
+        print(f"error: {wrong}", file=sys.stderr)
         return 2
-    for name in ("batch_size", "max_sequences_per_pack", "pack_length"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            print(f"error: --{name.replace('_', '-')} must be >= 1, got {value}", file=sys.stderr)
-            return 2
     summary_path = args.output.with_suffix(".summary.json")
     outputs = [args.output, summary_path] + ([args.nbest_output] if args.nbest_output else [])
     for output in outputs:  # an output never replaces an input, nor lands in the model folder
@@ -113,15 +103,9 @@ def main(argv=None) -> int:
             )
             return 2
         width = max(info["max_sequence_length"], longest)
-        spec = BatchingSpec(
-            args.batching,
-            args.batch_size,
-            width,
-            args.max_sequences_per_pack,
-            args.algorithm,
-            pack_length=args.pack_length or max(info.get("pack_length") or width, longest),
-        )
-        logits, timing = predict_logits(model.to(args.device), data, Batcher(data.lengths, spec, seed=0))
+        batcher = batcher_for(args, data.lengths, width, max(info.get("pack_length") or width, longest))
+        with precision(args.device, args.dtype):
+            logits, timing = predict_logits(model.to(args.device), data, batcher)
     except (ExampleError, DataInputError, PackingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -156,18 +140,12 @@ def predict_answers(args, model, info: dict, vocab: dict, summary_path: Path) ->
         raise ExampleError(
             f"--pack-length {pack_length} is shorter than the model's windows ({width} tokens)"
         )
-    spec = BatchingSpec(
-        args.batching,
-        args.batch_size,
-        width,
-        args.max_sequences_per_pack,
-        args.algorithm,
-        pack_length=pack_length,
-    )
     settings = answer_settings(qa, keep_nbest=args.nbest_output is not None)
-    answers, timing = answer_questions(
-        model.to(args.device), QaSplit(examples, windows), Batcher(windows.lengths, spec, seed=0), settings
-    )
+    batcher = batcher_for(args, windows.lengths, width, pack_length)
+    with precision(args.device, args.dtype):
+        answers, timing = answer_questions(
+            model.to(args.device), QaSplit(examples, windows), batcher, settings
+        )
     report = {"task": "question_answering", "batching": args.batching, **timing}
     if examples.has_answers:
         report.update(score_answers(answers, examples, qa["version_2_with_negative"]))
@@ -179,6 +157,21 @@ def predict_answers(args, model, info: dict, vocab: dict, summary_path: Path) ->
         return 2
     print(json.dumps(report, indent=1))
     return 0
+
+
+def batcher_for(args, lengths, width: int, default_pack_length: int) -> Batcher:
+    """The command's batching (--batching, --batch-size, --max-sequences-per-pack,
+    --algorithm, --pack-length) over examples of `lengths`, rows `width` tokens wide."""
+    pack_length = args.pack_length or default_pack_length
+    spec = BatchingSpec(
+        args.batching,
+        args.batch_size,
+        width,
+        args.max_sequences_per_pack,
+        args.algorithm,
+        pack_length=pack_length,
+    )
+    return Batcher(lengths, spec, seed=0)
 
 
 if __name__ == "__main__":

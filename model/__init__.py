@@ -1,6 +1,5 @@
 """Packed BERT (PyTorch). Never imports poptorch; reads no files but checkpoints."""
 
-from model.batch import validate_batch
 from model.config import ATTENTION_BACKENDS, PRESETS, bert_config
 from model.pretraining import PackedBertForPreTraining
 from model.stages import stage_layer_ranges
@@ -11,5 +10,4 @@ __all__ = [
     "PackedBertForPreTraining",
     "bert_config",
     "stage_layer_ranges",
-    "validate_batch",
 ]

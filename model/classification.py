@@ -20,7 +20,7 @@ from torch import nn
 from transformers import BertConfig
 
 from model.dropout import Dropout
-from model.packed_head import TRAINER_IGNORED_OUTPUTS, PackedHead, examples_in
+from model.packed_head import TRAINER_IGNORED_OUTPUTS, PackedHead, SlotRows, examples_in
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
 __all__ = [
@@ -37,6 +37,7 @@ class PackedBertForSequenceClassification(PackedHead):
     reference_class = "BertForSequenceClassification"
     add_pooling_layer = True
     reference_options = {"ignore_mismatched_sizes": False}
+    reads_cls_only = True
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -50,39 +51,22 @@ class PackedBertForSequenceClassification(PackedHead):
     def multi_label(self) -> bool:
         return self.config.problem_type == "multi_label_classification"
 
-    def forward(
-        self,
-        input_ids,
-        segment_ids,
-        position_ids,
-        sequence_ids,
-        cls_positions,
-        example_index,
-        labels=None,
-        num_items_in_batch=None,
-        **unused,
-    ) -> dict:
-        """Rows [B, S] and slots [B, K] -> logits [B, K, C] (+ loss and metric sums with labels).
+    def read_out(self, hidden, rows: SlotRows, labels, num_items_in_batch) -> dict:
+        """[CLS] hidden [B, K, H] -> logits [B, K, C] (+ loss and metric sums with labels).
 
         labels: int [B, K] class ids (single-label) or {0, 1} [B, K, C] (multi-label); any
         value in absent slots (example_index < 0) is ignored (finetune.hf writes -100).
         Outputs also `example_index` and, with labels, `example_loss` [B, K] (0 where
         absent): per-example values that transformers' Trainer gathers for evaluation."""
-        # Only the [CLS] rows are read: the last layer computes those alone (its queries,
-        # attention output and feed-forward block; keys and values from every token), about
-        # 5/6 of a layer's work saved, with the same logits and gradients.
-        cls_hidden = self.encode(
-            input_ids, segment_ids, position_ids, sequence_ids, cls_positions, read_positions=cls_positions
-        )
-        pooled = self.bert.pooler.pool(cls_hidden)  # [B, K, H]
+        pooled = self.bert.pooler.pool(hidden)  # [B, K, H]
         logits = self.classifier(self.dropout(pooled))
-        out = {"logits": logits, "present": example_index >= 0}
+        out = {"logits": logits, "present": rows.present}
         if labels is not None:
             out.update(classification_metrics(logits, labels, out["present"], self.multi_label))
             examples = examples_in(num_items_in_batch, logits.shape[-1] if self.multi_label else 1)
             if examples is not None:
                 out["loss"] = out["loss"] * out["count"] / examples  # = the loss sum / examples
-        out["example_index"] = example_index
+        out["example_index"] = rows.example_index
         return out
 
     @classmethod

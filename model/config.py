@@ -59,3 +59,16 @@ def check_packing_options(config: BertConfig) -> None:
             f"hidden_size {config.hidden_size} is not divisible by "
             f"num_attention_heads {config.num_attention_heads}"
         )
+
+
+# Options of the packed model that a plain BERT config.json does not carry.
+PACKING_DEFAULTS = dict(attention_backend="dense", mlm_loss_mode="per_token", recompute_layers=False)
+
+
+def set_packing_defaults(config: BertConfig) -> BertConfig:
+    """Fill the packing options a plain BERT config lacks, then check them all."""
+    for key, value in PACKING_DEFAULTS.items():
+        if not hasattr(config, key):
+            setattr(config, key, value)
+    check_packing_options(config)
+    return config

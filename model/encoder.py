@@ -183,3 +183,23 @@ class PackedBertModel(nn.Module):
         mask = self.attention_mask(sequence_ids, hidden.dtype, slots)
         rows = None if read_positions is None else (read_positions, rows_mask(sequence_ids, read_positions))
         return self.encoder(hidden, mask, rows)
+
+
+def encode_rows(
+    bert: PackedBertModel, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions=None
+):
+    """The packed encoder's call, in the packed fields' order: [B, S] ids -> hidden [B, S, H]
+    (or [B, R, H] at `read_positions` [B, R] only: the last layer then computes just those
+    rows). `slots`: K, or a [B, K] tensor whose width is K (the varlen backend needs K as a
+    static number)."""
+    if isinstance(slots, torch.Tensor):
+        slots = slots.shape[1]
+    return bert(input_ids, position_ids, segment_ids, sequence_ids, slots, read_positions=read_positions)
+
+
+def slot_masks(sequence_ids, slots: int) -> torch.Tensor:
+    """sequence_ids [B, S] -> bool [B, K, S]: token s belongs to the sequence in slot k.
+    The per-sequence read-out of every head that reads more than one token per sequence
+    (QA's per-window softmax, pooled embeddings)."""
+    numbers = torch.arange(1, slots + 1, device=sequence_ids.device)
+    return sequence_ids[:, None, :] == numbers[None, :, None]

@@ -7,13 +7,12 @@ and its `forward`; everything else is here:
 
     class PackedBertForX(PackedHead):
         reference_class = "BertForX"
+        reads_cls_only = False        # True: the last layer computes the [CLS] rows only
         def __init__(self, config):
             super().__init__(config)
             self.x = nn.Linear(config.hidden_size, ...)
-        def forward(self, input_ids, segment_ids, position_ids, sequence_ids, cls_positions,
-                    example_index, labels=None, **unused):
-            hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids, cls_positions)
-            ...
+        def read_out(self, hidden, rows: SlotRows, labels, num_items_in_batch) -> dict:
+            ...                       # hidden [B, S, H] ([B, K, H] if reads_cls_only)
 
 Rows are finetune.rows.pack_rows' fields: tokens [B, S], slots [B, K] (K sequences per
 row at most; `cls_positions` [B, K] are where each one starts, `example_index` [B, K] < 0
@@ -24,47 +23,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from transformers import BertConfig, BertPreTrainedModel
 
-from model.config import check_packing_options
-from model.encoder import PackedBertModel
+from model.config import set_packing_defaults
+from model.encoder import PackedBertModel, encode_rows
 from model.hf_checkpoint import adopt_weights, load_reference, read_config, save_as_reference
 
 # Outputs transformers' Trainer must not gather as predictions (metric sums, masks).
 TRAINER_IGNORED_OUTPUTS = ["present", "loss_sum", "count", "correct", "correct_count"]
-# Options of the packed model that a plain BERT config.json does not carry.
-PACKING_DEFAULTS = dict(attention_backend="dense", mlm_loss_mode="per_token", recompute_layers=False)
-
-
-def set_packing_defaults(config: BertConfig) -> BertConfig:
-    """Fill the packing options a plain BERT config lacks, then check them all."""
-    for key, value in PACKING_DEFAULTS.items():
-        if not hasattr(config, key):
-            setattr(config, key, value)
-    check_packing_options(config)
-    return config
-
-
-def encode_rows(
-    bert: PackedBertModel, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions=None
-):
-    """The packed encoder's call, in the packed fields' order: [B, S] ids -> hidden [B, S, H]
-    (or [B, R, H] at `read_positions` [B, R] only: the last layer then computes just those
-    rows). `slots`: K, or a [B, K] tensor whose width is K (the varlen backend needs K as a
-    static number)."""
-    if isinstance(slots, torch.Tensor):
-        slots = slots.shape[1]
-    return bert(input_ids, position_ids, segment_ids, sequence_ids, slots, read_positions=read_positions)
-
-
-def slot_masks(sequence_ids, slots: int) -> torch.Tensor:
-    """sequence_ids [B, S] -> bool [B, K, S]: token s belongs to the sequence in slot k.
-    The per-sequence read-out of every head that reads more than one token per sequence
-    (QA's per-window softmax, pooled embeddings)."""
-    numbers = torch.arange(1, slots + 1, device=sequence_ids.device)
-    return sequence_ids[:, None, :] == numbers[None, :, None]
 
 
 def examples_in(num_items_in_batch, items_per_example: int):
@@ -73,6 +42,22 @@ def examples_in(num_items_in_batch, items_per_example: int):
     if num_items_in_batch is None:
         return None
     return num_items_in_batch / items_per_example
+
+
+class SlotRows(NamedTuple):
+    """What a head reads of the rows besides the hidden states."""
+
+    sequence_ids: torch.Tensor  # [B, S]: j = 1..K on the tokens of slot j's sequence, 0 padding
+    cls_positions: torch.Tensor  # [B, K]: where each slot's sequence starts
+    example_index: torch.Tensor  # [B, K]: the example in each slot, < 0 where absent
+
+    @property
+    def slots(self) -> int:
+        return self.cls_positions.shape[1]
+
+    @property
+    def present(self) -> torch.Tensor:
+        return self.example_index >= 0
 
 
 class PackedHead(BertPreTrainedModel):
@@ -87,6 +72,7 @@ class PackedHead(BertPreTrainedModel):
     accepts_loss_kwargs = True
     reference_class: str = ""
     add_pooling_layer = False
+    reads_cls_only = False
     reference_options: dict = {}
 
     def __init__(self, config: BertConfig):
@@ -96,6 +82,34 @@ class PackedHead(BertPreTrainedModel):
         self.config = config
         self.bert = PackedBertModel(config, add_pooling_layer=self.add_pooling_layer)
         self.loading_report: dict = {}
+
+    def forward(
+        self,
+        input_ids,
+        segment_ids,
+        position_ids,
+        sequence_ids,
+        cls_positions,
+        example_index,
+        labels=None,
+        num_items_in_batch=None,
+        **unused,
+    ) -> dict:
+        """Rows [B, S] and slots [B, K] (finetune.rows.pack_rows' fields, as tensors) ->
+        the head's outputs (`read_out`). Other fields are accepted and ignored."""
+        rows = SlotRows(sequence_ids, cls_positions, example_index)
+        # A head that reads only [CLS] has the last layer compute those rows alone (its
+        # queries, attention output and feed-forward block; keys and values from every
+        # token): about 5/6 of a layer's work saved, with the same outputs and gradients.
+        read_positions = cls_positions if self.reads_cls_only else None
+        hidden = self.encode(
+            input_ids, segment_ids, position_ids, sequence_ids, cls_positions, read_positions
+        )
+        return self.read_out(hidden, rows, labels, num_items_in_batch)
+
+    def read_out(self, hidden, rows: SlotRows, labels, num_items_in_batch) -> dict:
+        """hidden [B, S, H] ([B, K, H] when reads_cls_only) -> the head's outputs."""
+        raise NotImplementedError
 
     def encode(self, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions=None):
         """Rows -> hidden states; see `encode_rows`."""

@@ -13,7 +13,8 @@ from pathlib import Path
 from torch import nn
 from transformers import BertConfig
 
-from model.encoder import PackedBertModel, PositionGather
+from model.config import set_packing_defaults
+from model.encoder import PackedBertModel, PositionGather, encode_rows
 from model.heads import PretrainingHeads, mlm_metrics, nsp_metrics
 from model.hf_checkpoint import (
     adopt_weights,
@@ -23,7 +24,6 @@ from model.hf_checkpoint import (
     reference_model,
     save_folder,
 )
-from model.packed_head import encode_rows, set_packing_defaults
 
 # The packed fields `heads` takes after sequence_output, in its argument order (a pipeline's
 # last stage and the IPU graph feed them by this list).
@@ -62,46 +62,22 @@ class PackedBertForPreTraining(nn.Module):
             nn.init.zeros_(module.bias)
 
     # ----- the forward pass -------------------------------------------------------------
-    def forward(
-        self,
-        input_ids,
-        segment_ids,
-        position_ids,
-        sequence_ids,
-        masked_lm_positions,
-        masked_lm_ids,
-        masked_lm_weights,
-        next_sentence_positions,
-        next_sentence_labels,
-        next_sentence_weights,
-        **unused,
-    ) -> dict:
-        """Packed batch [B, S] / [B, M] / [B, K] -> outputs, losses, sums and counts.
-
-        Extra fields (e.g. source_index) are accepted and ignored."""
+    def forward(self, input_ids, segment_ids, position_ids, sequence_ids, **fields) -> dict:
+        """Packed batch -> outputs, losses, sums and counts. Tokens [B, S]; `fields` hold the
+        HEAD_INPUTS: masked_lm_* [B, M] and next_sentence_* [B, K]. Extra fields (e.g.
+        source_index) are accepted and ignored."""
+        head_inputs = [fields[name] for name in HEAD_INPUTS]
         sequence_output = encode_rows(
-            self.bert, input_ids, segment_ids, position_ids, sequence_ids, next_sentence_positions
+            self.bert, input_ids, segment_ids, position_ids, sequence_ids, fields["next_sentence_positions"]
         )
-        return self.heads(
-            sequence_output,
-            masked_lm_positions,
-            masked_lm_ids,
-            masked_lm_weights,
-            next_sentence_positions,
-            next_sentence_labels,
-            next_sentence_weights,
-        )
+        return self.heads(sequence_output, *head_inputs)
 
-    def heads(
-        self,
-        sequence_output,
-        masked_lm_positions,
-        masked_lm_ids,
-        masked_lm_weights,
-        next_sentence_positions,
-        next_sentence_labels,
-        next_sentence_weights,
-    ) -> dict:
+    # fmt: off
+    def heads(self, sequence_output,
+              masked_lm_positions, masked_lm_ids, masked_lm_weights,                  # [B, M]
+              next_sentence_positions, next_sentence_labels, next_sentence_weights,   # [B, K]
+              ) -> dict:
+        # fmt: on
         """The last pipeline stage: MLM on gathered masked positions, NSP per [CLS]."""
         pooled = self.bert.pooler(sequence_output, next_sentence_positions)  # [B, K, H]
         mlm_logits = self.cls.predictions(self.mlm_gather(sequence_output, masked_lm_positions))

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 from transformers import BertConfig
 
-from model.packed_head import PackedHead, examples_in, slot_masks
+from model.encoder import slot_masks
+from model.packed_head import PackedHead, SlotRows, examples_in
 
 
 class PackedBertForQuestionAnswering(PackedHead):
@@ -33,34 +34,24 @@ class PackedBertForQuestionAnswering(PackedHead):
         super().__init__(config)
         self.qa_outputs = nn.Linear(config.hidden_size, 2)
 
-    def forward(
-        self,
-        input_ids,
-        segment_ids,
-        position_ids,
-        sequence_ids,
-        cls_positions,
-        example_index,
-        labels=None,
-        num_items_in_batch=None,
-        **unused,
-    ) -> dict:
-        """Rows [B, S] and slots [B, K] -> start_logits, end_logits [B, S] (fp32), and with
-        labels int [B, K, 2] (start, end inside each window; anything in absent slots) the
-        loss, metric sums and `example_loss` [B, K]. Also `example_index` and
-        `sequence_ids`: what maps a row's logits to its windows, for transformers' Trainer."""
-        hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids, cls_positions)
+    def read_out(self, hidden, rows: SlotRows, labels, num_items_in_batch) -> dict:
+        """hidden [B, S, H] -> start_logits, end_logits [B, S] (fp32), and with labels int
+        [B, K, 2] (start, end inside each window; anything in absent slots) the loss, metric
+        sums and `example_loss` [B, K]. Also `example_index` and `sequence_ids`: what maps a
+        row's logits to its windows, for transformers' Trainer."""
         start_logits, end_logits = self.qa_outputs(hidden).float().unbind(-1)
-        out = {"start_logits": start_logits, "end_logits": end_logits, "present": example_index >= 0}
+        out = {"start_logits": start_logits, "end_logits": end_logits, "present": rows.present}
         if labels is not None:
             out.update(
-                span_metrics(start_logits, end_logits, sequence_ids, cls_positions, labels, out["present"])
+                span_metrics(
+                    start_logits, end_logits, rows.sequence_ids, rows.cls_positions, labels, rows.present
+                )
             )
             examples = examples_in(num_items_in_batch, 2)
             if examples is not None:
                 out["loss"] = out["loss"] * out["count"] / examples  # = the loss sum / windows
-        out["example_index"] = example_index
-        out["sequence_ids"] = sequence_ids
+        out["example_index"] = rows.example_index
+        out["sequence_ids"] = rows.sequence_ids
         return out
 
     @classmethod

@@ -18,7 +18,7 @@ from torch import nn
 from transformers import BertConfig
 
 from model.dropout import Dropout
-from model.packed_head import PackedHead
+from model.packed_head import PackedHead, SlotRows
 
 
 class PackedBertForTokenClassification(PackedHead):
@@ -33,24 +33,12 @@ class PackedBertForTokenClassification(PackedHead):
         self.dropout = Dropout(config.hidden_dropout_prob if dropout is None else dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
 
-    def forward(
-        self,
-        input_ids,
-        segment_ids,
-        position_ids,
-        sequence_ids,
-        cls_positions,
-        example_index,
-        labels=None,
-        num_items_in_batch=None,
-        **unused,
-    ) -> dict:
-        """Rows [B, S] -> logits [B, S, C]; with labels int [B, S] (-100: padding, special
-        and continuation tokens) the mean cross-entropy over labelled tokens, as
+    def read_out(self, hidden, rows: SlotRows, labels, num_items_in_batch) -> dict:
+        """hidden [B, S, H] -> logits [B, S, C]; with labels int [B, S] (-100: padding,
+        special and continuation tokens) the mean cross-entropy over labelled tokens, as
         BertForTokenClassification's, and `token_loss` [B, S] (0 where unlabelled)."""
-        hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids, cls_positions)
         logits = self.classifier(self.dropout(hidden))
-        out = {"logits": logits, "example_index": example_index, "sequence_ids": sequence_ids}
+        out = {"logits": logits, "example_index": rows.example_index, "sequence_ids": rows.sequence_ids}
         if labels is not None:
             labelled = labels != -100
             per_token = F.cross_entropy(

@@ -20,7 +20,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,27 +30,34 @@ from common.constants import BERT_VOCAB_SIZE
 from common.files import FolderInUse, atomic_path, lock_folder, write_json_atomic
 from packing.algorithms import pack
 from packing.assign import assign_sequences
-from packing.compact import SequenceStore, compact_rows, narrow_rows, select_rows
 from packing.errors import PackingInputError
 from packing.format import FORMAT_NAME, FORMAT_VERSION, field_dtypes
 from packing.histogram import Histogram
+from packing.pipeline_tasks import (
+    BLOCK_PACKS,
+    PIECE_ROWS,
+    READ_ROWS,
+    CompactTask,
+    ScanTask,
+    ShardTask,
+    _compact_piece,
+    _hash_input,
+    _scan_piece,
+    _write_shard,
+)
+from packing.pipeline_work import WORK, _job_fingerprint, _prepare_output, _save_npy
 from packing.plan import MaxPerPack
-from packing.shards import METADATA, assemble, create_shard_datasets, shard_name
+from packing.shards import METADATA
 from packing.sources import (
     Limits,
     check_source_shape,
     describe_problem,
-    file_record,
     open_source,
-    validate_rows,
 )
-from packing.workers import run_tasks, worker_source
+from packing.workers import run_tasks
 
-PIECE_ROWS = 1 << 16  # rows of one input file handled by one task
-READ_ROWS = 1 << 13  # rows read and validated at once inside a task
-BLOCK_PACKS = 1 << 13  # packs assembled at once inside a shard task
-WORK = ".work"
 SKIPPED = "skipped_rows.jsonl"
+__all__ = ["BLOCK_PACKS", "PIECE_ROWS", "READ_ROWS", "SKIPPED", "WORK", "PackJob", "run_pack"]
 
 
 @dataclass(frozen=True)
@@ -73,144 +80,8 @@ class PackJob:
 # --------------------------------------------------------------------------------------
 # Worker tasks (module level so that they pickle; sources come from packing.workers)
 # --------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ScanTask:
-    """Pass 1 over rows [start, stop) of input `file_index`."""
-
-    file_index: int
-    start: int
-    stop: int
-    limits: Limits
-    skip_invalid: bool
 
 
-@dataclass(frozen=True)
-class CompactTask:
-    """Pass 2a over one piece (rows [start, stop) of input `file_index`)."""
-
-    piece: int
-    file_index: int
-    start: int
-    stop: int
-    source_start: int  # global index of the input's first row
-    work: str
-    shards: int
-    token_dtype: np.dtype
-
-
-@dataclass(frozen=True)
-class ShardTask:
-    """Pass 2b: write output shard `shard` from the `pieces` compacted pieces."""
-
-    shard: int
-    pieces: int
-    work: str
-    output: str
-    shard_size: int
-    s: int
-    m: int
-    vocab_size: int
-
-
-def _scan_piece(task: ScanTask):
-    """Pass 1: validate rows [start, stop) of one input. -> (lengths, predictions, problems)."""
-    start, stop, limits, skip_invalid = task.start, task.stop, task.limits, task.skip_invalid
-    source = worker_source(task.file_index)
-    lengths, predictions, problems = [], [], []
-    for a in range(start, stop, READ_ROWS):
-        b = min(stop, a + READ_ROWS)
-        length, prediction, problem = validate_rows(source.read(a, b), limits, source.path, a)
-        lengths.append(length)
-        predictions.append(prediction)
-        problems.extend(problem)
-        if problems and not skip_invalid:
-            break  # fail fast: the first bad row stops the job
-    return np.concatenate(lengths), np.concatenate(predictions), problems
-
-
-def _hash_input(file_index):
-    return file_record(worker_source(file_index).path)
-
-
-def _compact_piece(task: CompactTask):
-    """Pass 2a: the piece's valid sequences, compacted and grouped by destination shard."""
-    start, stop, source_start, work, shards = task.start, task.stop, task.source_start, task.work, task.shards
-    piece, token_dtype = task.piece, task.token_dtype
-    folder = Path(work) / "pieces" / f"piece-{piece:05d}"
-    if folder.is_dir():
-        return stop - start  # finished before a crash
-    dest = np.load(Path(work) / "dest_shard.npy", mmap_mode="r")
-    lengths = np.load(Path(work) / "lengths.npy", mmap_mode="r")
-    predictions = np.load(Path(work) / "predictions.npy", mmap_mode="r")
-    source = worker_source(task.file_index)
-    g = slice(source_start + start, source_start + stop)
-    keep = np.flatnonzero(np.asarray(lengths[g]) > 0)
-    # Reorder whole padded rows (cheap row copies), then drop the padding: grouping
-    # compact tokens instead would need an int64 index per token.
-    chunks = [
-        narrow_rows(source.read(a, min(stop, a + READ_ROWS)), token_dtype)
-        for a in range(start, stop, READ_ROWS)
-    ]
-    rows = {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
-    del chunks
-    target = np.asarray(dest[g])[keep]
-    order = keep[np.argsort(target, kind="stable")]
-    store = compact_rows(
-        select_rows(rows, order),
-        np.asarray(lengths[g])[order],
-        np.asarray(predictions[g])[order],
-        source_start + start + order,
-        token_dtype,
-    )
-    del rows
-    shard_offsets = np.searchsorted(np.sort(target), np.arange(shards + 1))
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    store.save(tmp)
-    np.save(tmp / "shard_offsets.npy", shard_offsets)
-    tmp.rename(folder)
-    return stop - start
-
-
-def _write_shard(task: ShardTask):
-    """Pass 2b: gather the shard's sequences from every piece, assemble, write, hash."""
-    shard, pieces, work, output, shard_size = task.shard, task.pieces, task.work, task.output, task.shard_size
-    s, m, vocab_size = task.s, task.m, task.vocab_size
-    record_path = Path(work) / "shards" / f"{shard:05d}.json"
-    if record_path.is_file():
-        return json.loads(record_path.read_text())
-    import h5py
-
-    table = np.load(Path(work) / "assignment.npy", mmap_mode="r")
-    block_table = np.asarray(table[shard * shard_size : (shard + 1) * shard_size])
-    stores = []
-    for piece in range(pieces):
-        folder = Path(work) / "pieces" / f"piece-{piece:05d}"
-        offsets = np.load(folder / "shard_offsets.npy")
-        if offsets[shard + 1] > offsets[shard]:
-            stores.append(SequenceStore.load_slice(folder, int(offsets[shard]), int(offsets[shard + 1])))
-    store = SequenceStore.concat(stores)
-    path = Path(output) / shard_name(shard)
-    p, k = block_table.shape
-    with atomic_path(path) as tmp:
-        with h5py.File(tmp, "w", libver="latest") as f:
-            datasets = create_shard_datasets(f, p, s, k, m, vocab_size)
-            for a in range(0, p, BLOCK_PACKS):
-                packs = assemble(block_table[a : a + BLOCK_PACKS], store, s, m, vocab_size)
-                for name, dataset in datasets.items():
-                    dataset[a : a + len(packs[name])] = packs[name]
-    record = file_record(path)
-    record["name"] = path.name
-    record["packs"] = int(p)
-    record["sequences"] = int(np.count_nonzero(block_table >= 0))
-    record_path.parent.mkdir(exist_ok=True)
-    write_json_atomic(record_path, record)
-    return record
-
-
-# --------------------------------------------------------------------------------------
-# The job
-# --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Inputs:
     """The opened inputs of a job: sources, their global row offsets, and the pieces
@@ -480,55 +351,3 @@ def _metadata(
         "shards": shard_records,
         "job": fingerprint,
     }
-
-
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as fh:
-            np.save(fh, array)
-
-
-def _job_fingerprint(job: PackJob, sources) -> dict:
-    """What makes two runs produce the same bytes: the options and the inputs' identity."""
-    options = asdict(job)
-    options.pop("output")
-    options["inputs"] = [
-        {"name": str(s.path), "bytes": s.path.stat().st_size, "mtime_ns": s.path.stat().st_mtime_ns}
-        for s in sources
-    ]
-    return options
-
-
-def _prepare_output(output: Path, work: Path, fingerprint: dict) -> bool:
-    """Create, resume or refuse the output folder. True if it already holds this dataset."""
-    if output.exists() and not output.is_dir():
-        raise PackingInputError(f"--output {output} exists and is not a directory")
-    meta = output / METADATA
-    if meta.is_file():
-        done = json.loads(meta.read_text()).get("job")
-        if _same_job(done, fingerprint):
-            return True
-        raise PackingInputError(
-            f"--output {output} already holds a different packed dataset ({METADATA} was made by other "
-            "inputs or options); choose another directory or remove it"
-        )
-    job_file = work / "job.json"
-    if job_file.is_file():
-        if not _same_job(json.loads(job_file.read_text()), fingerprint):
-            raise PackingInputError(
-                f"--output {output} holds an unfinished pack job with other inputs or options "
-                f"({job_file}); remove the directory or rerun that job"
-            )
-    elif output.is_dir() and any(output.iterdir()):
-        raise PackingInputError(
-            f"--output {output} is not empty and holds no pack job; choose an empty directory"
-        )
-    work.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(job_file, fingerprint)
-    for stale in list(output.glob(".*.tmp-*")) + list(work.rglob(".*.tmp-*")):
-        stale.unlink()  # half-written files of a crashed run
-    return False
-
-
-def _same_job(a, b) -> bool:
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

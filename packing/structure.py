@@ -14,8 +14,8 @@ the pack, before the model sees it. The rules are ARCHITECTURE.md section 3's:
 - masked_lm_weights: the number of the run the masked position lies in (0 = unused);
 - input_ids below the model's vocabulary, segment_ids below its token-type count.
 
-`model.batch.validate_batch` states the same rules row by row for tensors (tests and
-the debug option); this module is the fast form for the reader.
+`training.batch_check.validate_batch` (the debug option, on tensors) checks what is
+particular to tensors and calls this for the rules: they are stated here only.
 """
 
 from __future__ import annotations
@@ -88,6 +88,6 @@ def first_malformed(
     owner = np.take_along_axis(ids, np.minimum(mlm_positions, max(s - 1, 0)), axis=1).astype(np.int64)
     flag(
         (used & (owner != mlm_weights)).any(axis=1),
-        "a masked position lies outside the sequence its masked_lm_weights names",
+        "a masked position lies outside the sequence its masked_lm_weights names (on padding or another one)",
     )
     return min(bad, key=lambda found: found[0]) if bad else None  # ties: the first rule broken

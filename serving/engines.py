@@ -23,6 +23,7 @@ import torch
 from data.classification_data import ExampleError, Examples, tokenize
 from finetune.folder import load_finetuned
 from finetune.inference import class_scores
+from finetune.precision import precision
 from finetune.rows import pack_rows, unpack_outputs
 from serving.api import RequestError
 
@@ -36,19 +37,24 @@ class Prepared:
     context: object = None
 
 
-def load_engine(folder: Path, device: str = "cpu", attention_backend: str | None = None):
+def load_engine(
+    folder: Path, device: str = "cpu", attention_backend: str | None = None, dtype: str = "float32"
+):
     """The engine for a `finetune.train` model folder (raises ExampleError for a bad one);
-    attention_backend overrides the folder's (every backend computes the same outputs)."""
+    attention_backend overrides the folder's (every backend computes the same outputs);
+    dtype: finetune.precision's (bfloat16 under autocast)."""
     overrides = {"attention_backend": attention_backend} if attention_backend else {}
     model, info, tokenizer, vocab = load_finetuned(folder, **overrides)
     model = model.to(device).eval()
-    if info["task"] == "question_answering":
-        return QaEngine(model, info, vocab)
-    return ClassificationEngine(model, info, tokenizer, vocab)
+    engine = QaEngine(model, info, vocab) if info["task"] == "question_answering" else None
+    engine = engine or ClassificationEngine(model, info, tokenizer, vocab)
+    engine.dtype = dtype
+    return engine
 
 
 class _Engine:
     task: str
+    dtype = "float32"
 
     def __init__(self, model, info: dict):
         self.model, self.info = model, info
@@ -59,7 +65,8 @@ class _Engine:
     def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int):
         rows = pack_rows(token_ids, table, width, segment_ids)
         batch = {name: torch.from_numpy(value).to(self.device) for name, value in rows.items()}
-        return rows, self.model(**batch)
+        with precision(self.device.type, self.dtype):
+            return rows, self.model(**batch)
 
 
 class ClassificationEngine(_Engine):

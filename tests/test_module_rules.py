@@ -21,9 +21,12 @@ RULES = {
     "model": ["packing", "scipy", "poptorch", "training", "finetune", "optim", "data"],
     "optim": ["model", "packing", "training", "finetune", "poptorch"],
     "data": ["torch", "model", "training", "finetune", "optim"],
-    "finetune.train": ["training", "poptorch"],
-    "finetune.predict": ["training", "poptorch"],
-    "finetune.serve": ["training", "poptorch", "torch", "uvicorn"],  # parses first, then imports
+    "finetune.train": ["training", "poptorch", "serving"],
+    "finetune.predict": ["training", "poptorch", "serving"],
+    "finetune.hf": ["training", "poptorch", "serving"],
+    "finetune.hf_pipeline": ["training", "poptorch", "serving"],
+    "finetune.serve": ["training", "poptorch", "torch", "uvicorn", "serving"],  # an alias: runs serving
+    "serving.cli": ["training", "poptorch", "torch", "uvicorn"],  # parses first, then imports
     "serving.app": ["training", "poptorch"],
     "training.run": ["poptorch", "finetune", "horovod", "popdist"],
     "training.backends": ["poptorch", "finetune", "horovod", "popdist"],
@@ -49,6 +52,43 @@ def test_package_loads_nothing_it_must_never_use(package):
         if (name == banned or name.startswith(banned + ".")) and not package.startswith(banned)
     )
     assert not broken, f"importing {package} loads {broken}"
+
+
+def imports_of(path) -> set[str]:
+    """Every module a Python file names in an import statement (at any depth)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize(
+    "importer,banned",
+    [("finetune", "serving"), ("model", "packing"), ("model", "training"), ("finetune", "training")],
+)
+def test_no_import_statement_crosses_a_rule(importer, banned):
+    """Statically, lazy imports inside functions included: serving/ builds on finetune/ (never
+    the reverse; `python -m finetune.serve` runs serving as a module, importing nothing);
+    model/ knows nothing of packing/ or the run."""
+    crossing = [
+        f"{path.relative_to(REPO).as_posix()}: {name}"
+        for path in sorted((REPO / importer).rglob("*.py"))
+        for name in imports_of(path)
+        if name == banned or name.startswith(banned + ".")
+    ]
+    assert not crossing, crossing
+
+
+def test_static_rule_check_sees_a_crossing(tmp_path):
+    """The static check above finds an import of serving/ written inside a function."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from serving.app import create_app\n    import packing.structure\n")
+    assert {"serving.app", "packing.structure"} <= imports_of(probe)
 
 
 def test_engines_do_not_import_the_run():

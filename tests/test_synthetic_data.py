@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from model import validate_batch
+from training.batch_check import validate_batch
 from training.config import ConfigError, validate
 from training.run import run_training
 from training.synthetic import SyntheticPacks, mlm_slots

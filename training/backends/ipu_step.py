@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.packed_head import encode_rows
+from model.encoder import encode_rows
 from model.pretraining import HEAD_INPUTS
 from training.observe import SUM_KEYS
 from training.step import loss_scales, micro_batch_loss
@@ -106,21 +106,13 @@ class PretrainingStep(nn.Module):
         self.heads = HeadsBlock(model)
         self.loss_marker = loss_marker
 
-    def forward(
-        self,
-        input_ids,
-        segment_ids,
-        position_ids,
-        sequence_ids,
-        masked_lm_positions,
-        masked_lm_ids,
-        masked_lm_weights,
-        next_sentence_positions,
-        next_sentence_labels,
-        next_sentence_weights,
-        mlm_scale,
-        nsp_scale,
-    ):
+    # fmt: off
+    def forward(self, input_ids, segment_ids, position_ids, sequence_ids,               # [B, S]
+                masked_lm_positions, masked_lm_ids, masked_lm_weights,                  # [B, M]
+                next_sentence_positions, next_sentence_labels, next_sentence_weights,   # [B, K]
+                mlm_scale, nsp_scale):                                                  # [B]
+        # fmt: on
+        # PopTorch matches the graph's inputs to these named positional arguments.
         sequence_output = encode_rows(
             self.model.bert, input_ids, segment_ids, position_ids, sequence_ids, None
         )

@@ -1,0 +1,7 @@
+"""`python -m serving --model DIR`: the server's entry point (serving/cli.py)."""
+
+import sys
+
+from serving.cli import main
+
+sys.exit(main())
