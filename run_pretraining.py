@@ -10,18 +10,15 @@ Exit codes: 0 done, 2 bad config / data / checkpoint / output folder (nothing co
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from pathlib import Path
 
-from common.cli import DefaultsHelpFormatter
+from common.cli import command_parser
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(
-        formatter_class=DefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
-    )
+    parser = command_parser("run_pretraining.py", __doc__)
     parser.add_argument("--config", required=True, help="YAML run configuration (see configs/README.md)")
     parser.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a key"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import DefaultsHelpFormatter
+from common.cli import command_parser
 from common.files import atomic_folder, describe_os_error
 
 SKIPPED = re.compile(
@@ -265,11 +265,7 @@ def write_folder(output: Path, tensors: dict, config: dict, report: dict) -> Non
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        formatter_class=DefaultsHelpFormatter,
-        prog="python -m data.convert_tf_checkpoint",
-        description=__doc__.split("\n\n")[0],
-    )
+    p = command_parser("python -m data.convert_tf_checkpoint", __doc__)
     p.add_argument("--checkpoint", required=True, help="TF1 prefix (model.ckpt-28252) or NVIDIA .pt file")
     p.add_argument("--bert-config", required=True, type=Path, help="the checkpoint's bert_config.json")
     p.add_argument("--output", required=True, type=Path, metavar="DIR", help="the HF folder to write")

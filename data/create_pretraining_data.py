@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.cli import DefaultsHelpFormatter
+from common.cli import command_parser
 from common.files import write_json_atomic
 from data.pretraining_instances import Recipe, SpecialIds, create_instances
 from data.reference_tokenizer import ReferenceTokenizer, read_vocab
@@ -172,11 +172,7 @@ def write_shards(store, order: list[int], job: Job, vocab_size: int) -> list[str
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        formatter_class=DefaultsHelpFormatter,
-        prog="python -m data.create_pretraining_data",
-        description=__doc__.split("\n\n")[0],
-    )
+    p = command_parser("python -m data.create_pretraining_data", __doc__)
     p.add_argument("--input", nargs="+", required=True, metavar="FILE", help="text files or globs")
     p.add_argument(
         "--input-format",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import DefaultsHelpFormatter
+from common.cli import command_parser
 from common.files import atomic_folder, describe_os_error, write_json_atomic
 from data.unpacked_hdf5 import write_unpacked_shard
 from packing.errors import PackingInputError
@@ -78,11 +78,7 @@ def pick(patterns: list[str], output: Path, count: int, vocab_size: int) -> dict
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        formatter_class=DefaultsHelpFormatter,
-        prog="python -m data.pick_eval_samples",
-        description=__doc__.split("\n\n")[0],
-    )
+    p = command_parser("python -m data.pick_eval_samples", __doc__)
     p.add_argument(
         "--input", nargs="+", required=True, metavar="GLOB", help="unpacked HDF5 or TFRecord files"
     )

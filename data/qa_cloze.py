@@ -31,7 +31,6 @@ not in the question).
 
 from __future__ import annotations
 
-import argparse
 import glob
 import json
 import re
@@ -41,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import DefaultsHelpFormatter
+from common.cli import command_parser
 from common.files import atomic_path
 from data.create_pretraining_data import read_document
 
@@ -200,11 +199,7 @@ def official_layout(questions: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        formatter_class=DefaultsHelpFormatter,
-        prog="python -m data.qa_cloze",
-        description=__doc__.split("\n\n")[0],
-    )
+    parser = command_parser("python -m data.qa_cloze", __doc__)
     parser.add_argument("--input", required=True, help="glob of BBC News <class>/<nnn>.txt files")
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=2015)

@@ -20,11 +20,10 @@ The file appears by atomic rename; bad input is one line on stderr and exit 2.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from common.cli import DefaultsHelpFormatter
+from common.cli import command_parser
 from common.files import atomic_path, describe_os_error, output_over_inputs
 from data.create_pretraining_data import _read_text, expand
 from data.reference_tokenizer import read_vocab
@@ -53,9 +52,7 @@ def train_vocab(files: list[Path], vocab_size: int, min_frequency: int) -> list[
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        formatter_class=DefaultsHelpFormatter, description=__doc__.split("\n\n")[0]
-    )
+    parser = command_parser("python -m data.train_vocab", __doc__)
     parser.add_argument(
         "--input", required=True, nargs="+", help="text files or globs (one document per file)"
     )

@@ -115,14 +115,11 @@ def main(argv=None) -> int:
     report = {"batching": args.batching, **timing, "truncated": data.truncated}
     if has_labels:
         report.update(score(logits, labels, info["multi_label"]))
-    try:
-        write_predictions(args.output, logits, info["labels"], info["multi_label"])
-        write_json_atomic(summary_path, report)
-    except OSError as err:
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
-    print(json.dumps(report, indent=1))
-    return 0
+    return write_outputs(
+        lambda: write_predictions(args.output, logits, info["labels"], info["multi_label"]),
+        summary_path,
+        report,
+    )
 
 
 def predict_answers(args, model, info: dict, vocab: dict, summary_path: Path) -> int:
@@ -149,8 +146,16 @@ def predict_answers(args, model, info: dict, vocab: dict, summary_path: Path) ->
     report = {"task": "question_answering", "batching": args.batching, **timing}
     if examples.has_answers:
         report.update(score_answers(answers, examples, qa["version_2_with_negative"]))
+    return write_outputs(
+        lambda: write_answer_files(args.output, answers, examples, args.nbest_output), summary_path, report
+    )
+
+
+def write_outputs(write, summary_path: Path, report: dict) -> int:
+    """`write()` the predictions, then the summary; print the report. -> the exit code (2,
+    with one line, when the disk refuses)."""
     try:
-        write_answer_files(args.output, answers, examples, args.nbest_output)
+        write()
         write_json_atomic(summary_path, report)
     except OSError as err:
         print(f"error: {describe_os_error(err)}", file=sys.stderr)

@@ -22,7 +22,6 @@ OUTPUT/
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
@@ -35,7 +34,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common.cli import DefaultsHelpFormatter, first_line
+from common.cli import command_parser, first_line
 from common.config_schema import ConfigError
 from common.files import describe_os_error, write_json_atomic
 from data.classification_data import (
@@ -412,11 +411,7 @@ def run_finetune(config: dict, output: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        formatter_class=DefaultsHelpFormatter,
-        prog="python -m finetune.train",
-        description=__doc__.split("\n\n")[0],
-    )
+    parser = command_parser("python -m finetune.train", __doc__)
     parser.add_argument("--config", required=True, help="fine-tuning YAML (see configs/README.md)")
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import DefaultsHelpFormatter
+from common.cli import DefaultsHelpFormatter, command_parser
 from packing.algorithms import ALGORITHMS, pack
 from packing.errors import PackingInputError
 from packing.histogram import Histogram
@@ -194,9 +194,7 @@ COMMANDS = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        formatter_class=DefaultsHelpFormatter, prog="python -m packing", description=__doc__.split("\n\n")[0]
-    )
+    parser = command_parser("python -m packing", __doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     for add, _ in COMMANDS.values():
         add(sub)

@@ -77,11 +77,6 @@ class PackJob:
     skip_invalid: bool = False
 
 
-# --------------------------------------------------------------------------------------
-# Worker tasks (module level so that they pickle; sources come from packing.workers)
-# --------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Inputs:
     """The opened inputs of a job: sources, their global row offsets, and the pieces

@@ -14,7 +14,6 @@ import numpy as np
 
 from common.files import atomic_path, write_json_atomic
 from packing.compact import SequenceStore, compact_rows, narrow_rows, select_rows
-from packing.plan import MaxPerPack
 from packing.shards import assemble, create_shard_datasets, shard_name
 from packing.sources import (
     Limits,
@@ -28,26 +27,7 @@ READ_ROWS = 1 << 13  # rows read and validated at once inside a task
 BLOCK_PACKS = 1 << 13  # packs assembled at once inside a shard task
 
 
-@dataclass(frozen=True)
-class PackJob:
-    """Everything that defines the packed output (workers do not: they change no byte)."""
-
-    inputs: tuple[str, ...]
-    output: str
-    algorithm: str
-    max_sequences_per_pack: MaxPerPack
-    max_sequence_length: int
-    max_predictions_per_seq: int
-    seed: int
-    shard_size: int
-    vocab_size: int | None = None
-    max_predictions_per_pack: int | None = None
-    skip_invalid: bool = False
-
-
-# --------------------------------------------------------------------------------------
-# Worker tasks (module level so that they pickle; sources come from packing.workers)
-# --------------------------------------------------------------------------------------
+# Worker tasks are module level so that they pickle; sources come from packing.workers.
 
 
 @dataclass(frozen=True)

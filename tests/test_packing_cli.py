@@ -31,14 +31,13 @@ def run(*args):
     )
 
 
+SQUAD_LPFHP = ("report", "--histogram", str(HISTOGRAMS / "squad_384.json"), "--algorithm", "lpfhp",
+               "--max-sequences-per-pack")  # fmt: skip
+
+
 def test_report_json_contract():
     r = run(
-        "report",
-        "--histogram",
-        str(HISTOGRAMS / "squad_384.json"),
-        "--algorithm",
-        "lpfhp",
-        "--max-sequences-per-pack",
+        *SQUAD_LPFHP,
         "3",
         "--json",
     )
@@ -108,12 +107,7 @@ def test_bad_histogram_files(tmp_path, content, message):
 @pytest.mark.parametrize("k", ["0", "-3", "two"])
 def test_bad_depth(k):
     r = run(
-        "report",
-        "--histogram",
-        str(HISTOGRAMS / "squad_384.json"),
-        "--algorithm",
-        "lpfhp",
-        "--max-sequences-per-pack",
+        *SQUAD_LPFHP,
         k,
     )
     assert r.returncode == 2 and "max sequences per pack" in r.stderr and "Traceback" not in r.stderr

@@ -10,7 +10,6 @@ end time, and the unigram baseline (always predicting the most frequent masked t
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from common.cli import DefaultsHelpFormatter
+from common.cli import command_parser
 from training.curves import MetricsFileError, curve_from_records, plot_curves, read_records, unigram_baseline
 
 
@@ -84,9 +83,7 @@ def print_single(figures: dict, plot: Path | None) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter
-    )
+    parser = command_parser("python -m training.summary", __doc__)
     parser.add_argument(
         "--packed", required=True, type=Path, help="run folder (run_pretraining.py --output-dir)"
     )
