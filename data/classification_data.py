@@ -94,6 +94,17 @@ def read_bbc_news(pattern: str) -> Examples:
 MAX_FIELD_CHARS = 1_000_000
 
 
+def check_unicode(text: str, where: str) -> None:
+    """ExampleError unless `text` is valid Unicode. JSON can carry a lone UTF-16 surrogate
+    ("\\ud800"), which Python keeps in a str but no tokenizer (nor UTF-8) can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ExampleError(
+            f"{where}: not valid Unicode (a lone surrogate U+{ord(text[err.start]):04X} at character {err.start})"
+        ) from None
+
+
 def read_jsonl(
     path, text_field: str, pair_field: str, label_field: str, need_labels: bool = True
 ) -> Examples:
@@ -124,6 +135,8 @@ def read_jsonl(
             if pair is not None and not isinstance(pair, str):
                 raise ExampleError(f"{where}: field '{pair_field}' must be a string or absent, got {pair!r}")
             for name, value in ((text_field, text), (pair_field, pair)):
+                if value is not None:
+                    check_unicode(value, f"{where}: field '{name}'")
                 if value is not None and len(value) > MAX_FIELD_CHARS:
                     raise ExampleError(
                         f"{where}: field '{name}' has {len(value):,} characters, more than the {MAX_FIELD_CHARS:,} "
@@ -199,9 +212,12 @@ def tokenize(
     """[CLS] A [SEP] (B [SEP]) ids per example. too_long: "truncate" (longest segment first,
     as transformers does; counted in .truncated) or "error"."""
     cls_id, sep_id = vocab["[CLS]"], vocab["[SEP]"]
-    for text, where in zip(examples.texts, examples.where):
+    for text, pair, where in zip(examples.texts, examples.pairs, examples.where):
         if not text.strip():
             raise ExampleError(f"{where}: the text is empty (field text); every example needs text")
+        check_unicode(text, where)
+        if pair is not None:
+            check_unicode(pair, where)
     encoded_a = tokenizer.encode_batch(examples.texts, add_special_tokens=False)
     pairs = [p or "" for p in examples.pairs]
     encoded_b = tokenizer.encode_batch(pairs, add_special_tokens=False)

@@ -74,6 +74,8 @@ class PackedHead(BertPreTrainedModel):
     add_pooling_layer = False
     reads_cls_only = False
     reference_options: dict = {}
+    # The reference is a bare BertModel (names without "bert."), as in sentence-transformers folders.
+    base_model_only = False
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -142,10 +144,18 @@ class PackedHead(BertPreTrainedModel):
         config = read_config(folder, overrides)
         cls.configure(config, num_labels, overrides, **options)
         reference, info = load_reference(cls.reference_class, folder, config=config, **cls.reference_options)
-        model = cls(config)
+        model = cls.build(config)
+        state = reference.state_dict()
+        if cls.base_model_only:
+            state = {f"bert.{name}": value for name, value in state.items()}
         # A new task's head is always initialised: that is news, not a warning.
-        adopt_weights(model, reference.state_dict(), info, folder, level=logging.INFO)
+        adopt_weights(model, state, info, folder, level=logging.INFO)
         return model
+
+    @classmethod
+    def build(cls, config: BertConfig):
+        """The model for a configured config (a head with constructor options reads them there)."""
+        return cls(config)
 
     @classmethod
     def configure_options(cls) -> tuple[str, ...]:
@@ -156,4 +166,6 @@ class PackedHead(BertPreTrainedModel):
         """A folder `reference_class` loads as is (safetensors, config.json). Atomic:
         temporary folder, then rename. Trainer's options (state_dict, safe_serialization)
         are accepted; the weights saved are the model's."""
-        save_as_reference(self, self.reference_class, folder)
+        save_as_reference(
+            self, self.reference_class, folder, strip_prefix="bert." if self.base_model_only else ""
+        )

@@ -9,6 +9,17 @@ its clients work unchanged:
     optional: "truncate": bool (default false: too long is 413), "raw_scores": bool
     -> one input: [{"score", "label"}, ...] every label, best first; a batch: a list of those
 
+Embeddings are TEI's `/embed` and OpenAI's `/v1/embeddings`; reranking is TEI's `/rerank`:
+
+    /embed {"inputs": "a text" | ["a text", ...]}  optional: "normalize" (default true),
+        "truncate" (default false), "truncation_direction": "right" | "left"
+        -> [[float, ...], ...] one embedding per input, a single string included
+    /v1/embeddings {"input": "a text" | [...], "model": ..., "encoding_format": "float" |
+        "base64", "dimensions": n}  -> {"object": "list", "data": [{"object": "embedding",
+        "index": i, "embedding": [...] or base64 of float32}], "model", "usage"}
+    /rerank {"query": ..., "texts": [...]}  optional: "raw_scores", "return_text",
+        "truncate", "truncation_direction" -> [{"index", "score"(, "text")}] best first
+
 Question answering has no TEI endpoint; `/qa` takes the transformers pipeline's shape:
 
     {"inputs": {"question": ..., "context": ...}}  or  {"inputs": [{...}, ...]}
@@ -40,7 +51,7 @@ class RequestLimits:
     max_chars: int = 100_000
 
 
-def read_json(body: bytes, limits: RequestLimits) -> dict:
+def read_json(body: bytes, limits: RequestLimits, required: str = "inputs") -> dict:
     if len(body) > limits.max_body_bytes:
         raise RequestError(
             413, f"the body has {len(body)} bytes; at most {limits.max_body_bytes} are accepted"
@@ -49,8 +60,8 @@ def read_json(body: bytes, limits: RequestLimits) -> dict:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise RequestError(422, f"the body is not JSON ({err})") from None
-    if not isinstance(data, dict) or "inputs" not in data:
-        raise RequestError(422, 'expected a JSON object with the field "inputs"')
+    if not isinstance(data, dict) or required not in data:
+        raise RequestError(422, f'expected a JSON object with the field "{required}"')
     return data
 
 
@@ -68,6 +79,13 @@ def _text(value, where: str, limits: RequestLimits) -> str:
         raise RequestError(422, f"{where}: the text is empty")
     if len(value) > limits.max_chars:
         raise RequestError(413, f"{where}: {len(value)} characters; at most {limits.max_chars} are accepted")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:  # valid JSON ("\\ud800") but not valid Unicode
+        raise RequestError(
+            422,
+            f"{where}: not valid Unicode (a lone surrogate U+{ord(value[err.start]):04X} at character {err.start})",
+        ) from None
     return value
 
 
@@ -124,3 +142,67 @@ def parse_qa(data: dict, limits: RequestLimits) -> tuple[list[dict], bool]:
             }
         )
     return out, single
+
+
+def _direction(data: dict) -> str:
+    value = data.get("truncation_direction", "right")
+    if not isinstance(value, str) or value.lower() not in ("right", "left"):
+        raise RequestError(
+            422, f'field "truncation_direction": expected "right" or "left", got {json.dumps(value)[:40]}'
+        )
+    return value.lower()
+
+
+def _texts(inputs, field: str, limits: RequestLimits) -> list[str]:
+    """A string or a non-empty list of strings -> the list."""
+    if isinstance(inputs, str):
+        return [_text(inputs, field, limits)]
+    if not isinstance(inputs, list):
+        raise RequestError(422, f'field "{field}": expected a string or a list of strings')
+    _count(len(inputs), limits)
+    return [_text(v, f"{field}[{i}]", limits) for i, v in enumerate(inputs)]
+
+
+def parse_embed(data: dict, limits: RequestLimits) -> tuple[list[str], bool, str, bool]:
+    """TEI's EmbedRequest -> (texts, truncate, truncation direction, normalize)."""
+    normalize = data.get("normalize", True)
+    if not isinstance(normalize, bool):
+        raise RequestError(
+            422, f'field "normalize": expected true or false, got {json.dumps(normalize)[:40]}'
+        )
+    return _texts(data["inputs"], "inputs", limits), _flag(data, "truncate"), _direction(data), normalize
+
+
+def parse_openai_embeddings(
+    data: dict, limits: RequestLimits, dimension: int
+) -> tuple[list[str], str, int | None]:
+    """OpenAI's embeddings request -> (texts, encoding_format, dimensions or None). Token-id
+    inputs are refused (this server tokenizes itself); "model" and "user" are accepted as any string."""
+    for name in ("model", "user"):
+        if name in data and not isinstance(data[name], str):
+            raise RequestError(422, f'field "{name}": expected a string')
+    encoding = data.get("encoding_format", "float")
+    if encoding not in ("float", "base64"):
+        raise RequestError(
+            422, f'field "encoding_format": expected "float" or "base64", got {json.dumps(encoding)[:40]}'
+        )
+    dimensions = data.get("dimensions")
+    if dimensions is not None and (
+        not isinstance(dimensions, int) or isinstance(dimensions, bool) or not 1 <= dimensions <= dimension
+    ):
+        raise RequestError(
+            422,
+            f'field "dimensions": expected an integer from 1 to {dimension}, got {json.dumps(dimensions)[:40]}',
+        )
+    return _texts(data["input"], "input", limits), encoding, dimensions
+
+
+def parse_rerank(data: dict, limits: RequestLimits) -> tuple[list[tuple[str, str]], bool, bool, bool, str]:
+    """TEI's RerankRequest -> ([(query, text)], truncate, raw_scores, return_text, direction)."""
+    query = _text(data["query"], "query", limits)
+    texts = data.get("texts")
+    if not isinstance(texts, list):
+        raise RequestError(422, 'field "texts": expected a list of strings')
+    texts = _texts(texts, "texts", limits)
+    flags = [_flag(data, name) for name in ("truncate", "raw_scores", "return_text")]
+    return [(query, text) for text in texts], *flags, _direction(data)

@@ -1,7 +1,10 @@
 """The ASGI app (FastAPI): routes, request lifecycle, start-up and graceful shutdown.
 
     POST /predict   classification, TEI's API (serving/api.py)
+    POST /rerank    (query, text) scores of a one-label classification folder, TEI's API
     POST /qa        question answering
+    POST /embed     sentence embeddings, TEI's API (a sentence-transformers folder)
+    POST /v1/embeddings   the same, OpenAI's API
     GET  /health    200 while the worker thread is alive
     GET  /ready     200 while requests are admitted; 503 before start-up and from shutdown on
     GET  /metrics   Prometheus text (serving/metrics.py)
@@ -22,6 +25,7 @@ lifespan's exit, after draining the queue.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -29,7 +33,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from serving.api import RequestError, RequestLimits, parse_predict, parse_qa, read_json
+from serving.api import (
+    RequestError,
+    RequestLimits,
+    parse_embed,
+    parse_openai_embeddings,
+    parse_predict,
+    parse_qa,
+    parse_rerank,
+    read_json,
+)
 from serving.metrics import ServerMetrics
 from serving.policies import PolicySettings
 from serving.scheduler import QueueFull, QueueLimits, Scheduler, TicketFailed
@@ -77,16 +90,18 @@ def create_app(
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def serve(request: Request, task: str, parse, respond) -> Response:
-        """The lifecycle shared by /predict and /qa; parse(data) -> (prepare args, respond args)."""
+    async def serve(request: Request, task: str, parse, respond, required="inputs", errors=None) -> Response:
+        """The lifecycle every POST route shares; parse(data) -> (prepare args, respond args).
+        `errors(status, message)` shapes error bodies (default: TEI's)."""
         started = time.monotonic()
         status = 200
+        errors = errors or _error
         try:
             if engine.task != task:
                 raise RequestError(404, f"this server runs a {engine.task} model; use {ROUTES[engine.task]}")
             if not state["ready"]:
                 raise TicketFailed(503, "the server is not ready (starting or shutting down)")
-            data = read_json(await body_of(request), limits)
+            data = read_json(await body_of(request), limits, required)
             prepare_args, respond_args = parse(data)
             loop = asyncio.get_running_loop()
             prepared = await loop.run_in_executor(tokenizers, engine.prepare, *prepare_args)
@@ -103,14 +118,14 @@ def create_app(
             response.headers["x-queue-time"] = f"{ticket.queue_seconds * 1000:.1f}"
             response.headers["x-total-time"] = f"{(time.monotonic() - started) * 1000:.1f}"
         except RequestError as err:
-            status, response = err.status, _error(err.status, err.message)
+            status, response = err.status, errors(err.status, err.message)
         except QueueFull as err:
-            status, response = 429, _error(429, f"overloaded: {err}")
+            status, response = 429, errors(429, f"overloaded: {err}")
         except TicketFailed as err:
-            status, response = err.status, _error(err.status, str(err))
+            status, response = err.status, errors(err.status, str(err))
         except Exception as err:  # noqa: BLE001 - a bug must still answer, once, and be counted
             first = str(err).splitlines()[0] if str(err) else ""
-            status, response = 500, _error(500, f"internal error: {type(err).__name__}: {first[:200]}")
+            status, response = 500, errors(500, f"internal error: {type(err).__name__}: {first[:200]}")
         metrics.requests.labels(status=str(status)).inc()
         if status == 200:
             metrics.latency.observe(time.monotonic() - started)
@@ -127,6 +142,56 @@ def create_app(
             return answers[0] if single else answers
 
         return await serve(request, "classification", parse, respond)
+
+    @app.post("/rerank")
+    async def rerank(request: Request):
+        def parse(data):
+            if len(engine.labels) != 1:
+                raise RequestError(
+                    422,
+                    f"/rerank needs a one-label (cross-encoder) model; this one has {len(engine.labels)} labels",
+                )
+            pairs, truncate, raw_scores, return_text, _ = parse_rerank(data, limits)
+            return (pairs, truncate), (pairs, raw_scores, return_text)
+
+        def respond(prepared, outputs, pairs, raw_scores, return_text):
+            ranked = engine.rerank(outputs, raw_scores)
+            if return_text:
+                for item in ranked:
+                    item["text"] = pairs[item["index"]][1]
+            return ranked
+
+        return await serve(request, "classification", parse, respond, required="query")
+
+    @app.post("/embed")
+    async def embed(request: Request):
+        def parse(data):
+            texts, truncate, direction, normalize = parse_embed(data, limits)
+            return (texts, truncate, direction), (normalize,)
+
+        def respond(prepared, outputs, normalize):
+            return engine.answer(outputs, normalize).tolist()
+
+        return await serve(request, "embedding", parse, respond)
+
+    @app.post("/v1/embeddings")
+    async def openai_embeddings(request: Request):
+        def parse(data):
+            texts, encoding, dimensions = parse_openai_embeddings(data, limits, engine.dimension)
+            return (texts, False), (encoding, dimensions)
+
+        def respond(prepared, outputs, encoding, dimensions):
+            vectors = engine.answer(outputs, True, dimensions)
+            tokens = int(sum(len(t) for t in prepared.token_ids))
+            data = [
+                {"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if encoding == "base64" else v.tolist()}
+                for i, v in enumerate(vectors)
+            ]  # fmt: skip
+            return {"object": "list", "data": data, "model": engine.info["name"],
+                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
+
+        return await serve(request, "embedding", parse, respond, required="input", errors=_openai_error)
 
     @app.post("/qa")
     async def qa(request: Request):
@@ -161,6 +226,7 @@ def create_app(
         return {
             "task": engine.task,
             "labels": getattr(engine, "labels", None),
+            "dimension": getattr(engine, "dimension", None),
             "max_input_length": engine.max_length,
             "policy": policy.policy,
             "max_batch_tokens": policy.max_batch_tokens,
@@ -173,10 +239,22 @@ def create_app(
     return app
 
 
-ROUTES = {"classification": "POST /predict", "question_answering": "POST /qa"}
+ROUTES = {
+    "classification": "POST /predict (or /rerank for a one-label model)",
+    "question_answering": "POST /qa",
+    "embedding": "POST /embed or /v1/embeddings",
+}
 
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(
         {"error": message, "error_type": ERROR_TYPES.get(status, "backend")}, status_code=status
+    )
+
+
+def _openai_error(status: int, message: str) -> JSONResponse:
+    """OpenAI's error body, which its clients read: {"error": {"message", "type", "code"}}."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status}}, status_code=status
     )

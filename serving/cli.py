@@ -29,6 +29,9 @@ from serving.policies import POLICIES
 def main(argv=None) -> int:
     parser = command_parser("python -m serving", __doc__)
     add_inference_options(parser, "finetune.train output model folder, or a sentence-transformers folder")
+    parser.add_argument(
+        "--pooling", nargs="+", help="embedding: pool a plain BERT folder this way (mean, cls, max, ...)"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
     parser.add_argument("--policy", default="packed", choices=POLICIES)
@@ -84,7 +87,7 @@ def main(argv=None) -> int:
         print(f"error: {wrong}", file=sys.stderr)
         return 2
     try:
-        engine = load_engine(args.model, args.device, args.attention_backend, args.dtype)
+        engine = load_engine(args.model, args.device, args.attention_backend, args.dtype, args.pooling)
         policy = PolicySettings(
             args.policy, args.max_batch_tokens, engine.max_length, tuple(args.widths), args.batch_size,
             args.max_sequences_per_pack, args.algorithm, pad_to=engine.info["max_sequence_length"],

@@ -1,6 +1,7 @@
-"""What the server runs: a fine-tuned folder (`finetune.train`'s output) as three steps.
+"""What the server runs: a fine-tuned folder (`finetune.train`'s output) or an embedding
+folder (sentence-transformers') as three steps.
 
-    engine = load_engine(folder)                         # classification or question answering
+    engine = load_engine(folder)                         # classification, QA or embedding
     prepared = engine.prepare(request)                   # tokenizer thread: sequences + context
     outputs = engine.run(token_ids, segment_ids, table, width)   # worker thread: one forward
     answer = engine.answer(prepared, outputs, request)   # per request, in its input order
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from data.classification_data import ExampleError, Examples, tokenize
+from finetune.embedding import Encoder, l2_normalize
 from finetune.folder import load_finetuned
 from finetune.inference import class_scores
 from finetune.precision import precision
@@ -111,6 +113,14 @@ class ClassificationEngine(_Engine):
         """[n, C]: logits (raw_scores), else finetune.predict's own scores."""
         return logits if raw_scores else class_scores(logits, self.multi_label)
 
+    def rerank(self, outputs: list, raw_scores: bool) -> list[dict]:
+        """A one-label model's (query, text) scores, best first: TEI's /rerank answer. The
+        score is the sigmoid of the logit (raw_scores: the logit), as TEI's."""
+        logits = np.stack(outputs)[:, 0]
+        scores = logits if raw_scores else 1 / (1 + np.exp(-logits.astype(np.float64)))
+        order = np.argsort(-scores, kind="stable")
+        return [{"index": int(i), "score": float(scores[i])} for i in order]
+
     def answer(self, outputs: list, raw_scores: bool) -> list[list[dict]]:
         """Per input: every label with its score, best first (TEI's order)."""
         scores = self.scores(np.stack(outputs), raw_scores)
@@ -191,3 +201,39 @@ class QaEngine(_Engine):
             {"score": float(p), "start": int(s), "end": int(e), "answer": text}
             for text, (s, e), p in zip(answers.text, answers.spans, answers.probability)
         ]
+
+
+class EmbeddingEngine(_Engine):
+    """Sentence embeddings: TEI's /embed and OpenAI's /v1/embeddings. The model pools; the
+    request decides normalization (TEI's `normalize`, default true)."""
+
+    task = "embedding"
+
+    def __init__(self, encoder: Encoder):
+        super().__init__(encoder.model, {"max_sequence_length": encoder.max_length, "name": encoder.name})
+        self.encoder = encoder
+        self.max_length = encoder.max_length
+        self.dimension = encoder.dimension
+
+    def prepare(self, texts: list[str], truncate: bool, direction: str = "right") -> Prepared:
+        """Texts -> token ids as finetune.embed makes them. Too long without truncate: 413."""
+        try:
+            token_ids, _ = self.encoder.tokenize(
+                texts, [f"inputs[{i}]" for i in range(len(texts))], truncate, direction
+            )
+        except ExampleError as err:
+            raise RequestError(413, str(err)) from None
+        return Prepared(token_ids, [np.zeros_like(t) for t in token_ids])
+
+    def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
+        """Pooled embeddings float32 [D] per sequence, in the order of token_ids."""
+        rows, out = self._forward(token_ids, segment_ids, table, width)
+        vectors = out["embeddings"].float().cpu().numpy()
+        return list(unpack_outputs(vectors, rows["example_index"], len(token_ids)))
+
+    def answer(self, outputs: list, normalize: bool, dimensions: int | None = None) -> np.ndarray:
+        """[n, D] (or the first `dimensions` of each, re-normalized: OpenAI's shortening)."""
+        vectors = np.stack(outputs).astype(np.float32)
+        if dimensions is not None:
+            vectors = l2_normalize(vectors[:, :dimensions])
+        return l2_normalize(vectors) if normalize else vectors

@@ -1,0 +1,182 @@
+"""Embed a file of texts with a sentence-transformers (or BERT) folder, packing them.
+
+    python -m finetune.embed --model DIR --input texts.jsonl --output embeddings.npy
+        [--batching packed | sorted | padded] [--dtype float32 | bfloat16] [--device cpu | cuda]
+        [--pooling mean] [--normalize | --no-normalize] [--max-length N] [--text-field text]
+
+--input: JSON lines, one object per line with a string field "text" (--text-field);
+row i of the float32 [n, D] array written to --output (.npy) is the embedding of line i
+(a blank line is an error: it would shift every row after it). DIR is a
+sentence-transformers folder (modules.json: Transformer -> Pooling (-> Normalize); its
+pooling mode, Normalize, max_seq_length and do_lower_case are followed), or any BERT
+folder with --pooling. Texts longer than max_seq_length tokens are truncated and counted,
+as sentence-transformers does.
+
+Streaming: the input is read twice (once to count and check the lines, once to embed
+them chunk by chunk), and the array is written as it is computed into a temporary file
+renamed to --output at the end, so memory stays bounded by one chunk and nothing
+half-written is ever left under the output's name. A one-line JSON summary goes to
+stdout (texts/s, real-token fraction, truncated count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from common.cli import add_inference_options, below_one, command_parser
+from common.files import atomic_path, describe_os_error, output_over_inputs
+from data.classification_data import MAX_FIELD_CHARS, ExampleError
+from finetune.embedding import EMBED_BATCHING, EncodeOptions, iter_encode, load_encoder
+from finetune.precision import device_problem
+from model.embedding import POOLING_MODES
+
+
+def build_parser():
+    parser = command_parser("python -m finetune.embed", __doc__)
+    add_inference_options(parser, "a sentence-transformers folder, or any BERT folder with --pooling")
+    parser.set_defaults(max_sequences_per_pack=16)
+    parser.add_argument("--input", required=True, type=Path, help="JSON lines with a text field")
+    parser.add_argument("--output", required=True, type=Path, help="the .npy array, float32 [lines, D]")
+    parser.add_argument("--text-field", default="text")
+    parser.add_argument("--batching", default="packed", choices=tuple(EMBED_BATCHING))
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="texts per batch (sentence-transformers' 32)"
+    )
+    parser.add_argument(
+        "--pooling", nargs="+", choices=POOLING_MODES, help="default: the folder's Pooling module's mode"
+    )
+    parser.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="L2-normalize (default: whether the folder has a Normalize module)",
+    )
+    parser.add_argument(
+        "--max-length", type=int, help="tokens per text (default: the folder's max_seq_length)"
+    )
+    parser.add_argument("--attention-backend", choices=("dense", "sdpa", "flex", "varlen"))
+    parser.add_argument("--chunk-texts", type=int, default=8192, help="texts tokenized and packed at once")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def count_lines(path: Path, text_field: str) -> int:
+    """Lines of the input, each checked to be non-blank (row i must be line i)."""
+    n = 0
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            if not raw.strip():
+                raise ExampleError(
+                    f"{path}:{n}: blank line; every line must be a JSON object with a string "
+                    f"'{text_field}' (row i of the output is line i)"
+                )
+    if n == 0:
+        raise ExampleError(f"{path}: no lines (empty file)")
+    return n
+
+
+def read_texts(path: Path, text_field: str) -> Iterator[str]:
+    """The text of each line, checked as it is read (one-line errors naming file:line)."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            where = f"{path}:{number}"
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise ExampleError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
+            except json.JSONDecodeError as err:
+                raise ExampleError(f"{where}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise ExampleError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            text = record.get(text_field)
+            if not isinstance(text, str):
+                raise ExampleError(
+                    f"{where}: field '{text_field}' must be a string, got {json.dumps(text)[:40]}"
+                )
+            if len(text) > MAX_FIELD_CHARS:
+                raise ExampleError(
+                    f"{where}: field '{text_field}' has {len(text):,} characters, more than the "
+                    f"{MAX_FIELD_CHARS:,} read per text"
+                )
+            yield text
+
+
+def write_embeddings(args, encoder, options: EncodeOptions, n: int) -> float:
+    """Embed the input into a temporary .npy (header first, rows appended chunk by chunk),
+    renamed to --output when complete. -> seconds spent."""
+    from tqdm import tqdm
+
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
+              "shape": (n, encoder.dimension)}  # fmt: skip
+    started = time.perf_counter()
+    written = 0
+    with atomic_path(args.output) as tmp, tmp.open("wb") as f:
+        np.lib.format.write_array_header_1_0(f, header)
+        with tqdm(total=n, unit="text", disable=args.quiet, file=sys.stderr, dynamic_ncols=True) as bar:
+            texts = read_texts(args.input, args.text_field)
+            for chunk in iter_encode(texts, encoder, options, where=lambda i: f"{args.input}:{i + 1}"):
+                f.write(np.ascontiguousarray(chunk, dtype="<f4").tobytes())
+                written += len(chunk)
+                bar.update(len(chunk))
+        if written != n:  # the file changed between the count and the read
+            raise ExampleError(
+                f"{args.input}: {written} lines read, {n} counted; the file changed while read"
+            )
+    return time.perf_counter() - started
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "chunk_texts", "max_length"))
+    wrong = wrong or device_problem(args.device, args.dtype)
+    wrong = wrong or output_over_inputs(args.output, [args.input], [args.model])
+    if wrong:
+        print(f"error: {wrong}", file=sys.stderr)
+        return 2
+    from model.hf_checkpoint import quiet_transformers
+
+    quiet_transformers()
+    try:
+        if not args.input.is_file():
+            raise ExampleError(f"{args.input}: file not found")
+        n = count_lines(args.input, args.text_field)
+        encoder = load_encoder(
+            args.model, args.pooling, args.normalize, args.max_length, args.device, args.attention_backend
+        )
+        options = EncodeOptions(
+            args.batching, args.batch_size, args.max_sequences_per_pack, args.algorithm, args.device, args.dtype,
+            args.chunk_texts,
+        )  # fmt: skip
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        seconds = write_embeddings(args, encoder, options, n)
+    except ExampleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
+    stats = encoder.stats
+    summary = {
+        "texts": n,
+        "dimension": encoder.dimension,
+        "seconds": round(seconds, 3),
+        "texts_per_second": round(n / seconds, 1),
+        "real_token_fraction": round(stats["tokens"] / max(stats["slots"], 1), 4),
+        "truncated": stats["truncated"],
+        "batching": args.batching,
+        "dtype": args.dtype,
+        "output": str(args.output),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

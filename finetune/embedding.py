@@ -1,0 +1,367 @@
+"""Packed sentence embeddings: a sentence-transformers (or any BERT) folder, texts in, a
+float32 [n, D] array out, row i for text i.
+
+    encoder = load_encoder(folder)                       # reads modules.json, pooling, Normalize
+    vectors = encode(["a text", "another"], encoder)     # numpy [2, D], packed batches
+    vectors = packed_encode(st_model, texts)             # from a SentenceTransformer object
+
+A text goes: tokenizer (the folder's tokenizer.json, else vocab.txt; truncated to
+max_seq_length, as sentence-transformers does) -> token ids -> batch tables
+(finetune.batching: packed, length-sorted or padded) -> rows (finetune.rows.pack_rows) ->
+model.embedding.PackedBertForEmbedding (per-sequence pooling) -> back to input order.
+Texts are encoded in chunks (`chunk_texts`), so memory is bounded by a chunk, never by the
+input; `iter_encode` yields one chunk's array at a time for streaming writers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.classification_data import ExampleError, check_unicode
+from finetune.batching import Batcher, BatchingSpec
+from finetune.precision import precision
+from finetune.rows import pack_rows, unpack_outputs
+from model.embedding import PackedBertForEmbedding, check_pooling
+
+# --batching names -> finetune.batching modes (padded: fixed rows of max_seq_length tokens;
+# sorted: sentence-transformers' encode, batches of length-sorted texts padded to their longest)
+EMBED_BATCHING = {"packed": "packed", "sorted": "uniform", "padded": "padded"}
+# sentence-transformers' legacy pooling flags, in the order its Pooling concatenates them
+LEGACY_POOLING_KEYS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+
+@dataclass
+class EncodeOptions:
+    """How texts are batched and run. batch_size: texts per batch (sentence-transformers'
+    default 32; packed: rows = batch_size / packing factor); max_per_pack: K."""
+
+    batching: str = "packed"
+    batch_size: int = 32
+    max_per_pack: int = 16
+    algorithm: str = "lpfhp"
+    device: str = "cpu"
+    dtype: str = "float32"
+    chunk_texts: int = 8192
+
+
+@dataclass
+class Encoder:
+    """A loaded embedding model and how texts reach it."""
+
+    model: PackedBertForEmbedding  # pools, never normalizes: `normalize` is applied after
+    tokenizer: object  # a `tokenizers` Tokenizer; truncation off (done here)
+    max_length: int  # tokens per text, [CLS] and [SEP] included (max_seq_length)
+    normalize: bool  # L2-normalize (sentence-transformers' Normalize module)
+    lowercase: bool = False  # sentence-transformers' do_lower_case: lower-case before tokenizing
+    name: str = ""
+    stats: dict = field(default_factory=lambda: {"texts": 0, "tokens": 0, "slots": 0, "truncated": 0})
+
+    @property
+    def dimension(self) -> int:
+        return self.model.dimension
+
+    def tokenize(self, texts: list[str], where: list[str], truncate: bool = True, direction: str = "right"):
+        """-> (token id arrays int64, truncated count). Too long with truncate=False raises
+        ExampleError naming the text; direction "left" keeps a text's end (TEI's option)."""
+        for text, place in zip(texts, where):
+            check_unicode(text, place)
+        inputs = [t.lower() for t in texts] if self.lowercase else texts
+        encoded = self.tokenizer.encode_batch(inputs, add_special_tokens=False)
+        cls_id, sep_id = self.tokenizer.token_to_id("[CLS]"), self.tokenizer.token_to_id("[SEP]")
+        room = self.max_length - 2
+        ids, truncated = [], 0
+        for e, place in zip(encoded, where):
+            body = e.ids
+            if len(body) > room:
+                if not truncate:
+                    raise ExampleError(
+                        f"{place}: {len(body) + 2} tokens; the model takes at most {self.max_length} "
+                        '(send "truncate": true to cut it)'
+                    )
+                truncated += 1
+                body = body[-room:] if direction == "left" else body[:room]
+            ids.append(np.array([cls_id, *body, sep_id], dtype=np.int64))
+        return ids, truncated
+
+
+def read_sentence_transformers(folder: Path) -> dict | None:
+    """What a sentence-transformers folder says about encoding: {pooling, normalize,
+    max_length, lowercase}; None for a folder without modules.json. ExampleError (one line,
+    naming the file and key) when it is malformed or holds modules packing cannot run."""
+    modules_file = folder / "modules.json"
+    if not modules_file.is_file():
+        return None
+    try:
+        modules = json.loads(modules_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ExampleError(f"{modules_file}: not valid JSON ({err})") from None
+    if not isinstance(modules, list) or not all(isinstance(m, dict) and "type" in m for m in modules):
+        raise ExampleError(f"{modules_file}: expected a list of objects with a 'type'")
+    kinds = [str(m["type"]).rsplit(".", 1)[-1] for m in modules]
+    if kinds[:2] != ["Transformer", "Pooling"] or any(k != "Normalize" for k in kinds[2:]):
+        raise ExampleError(
+            f"{modules_file}: modules {kinds}; packed encoding runs Transformer -> Pooling (-> Normalize)"
+        )
+    pooling_config = _json_file(folder / modules[1].get("path", "") / "config.json")
+    if "pooling_mode" in pooling_config:
+        modes = pooling_config["pooling_mode"]
+    else:
+        modes = [mode for key, mode in LEGACY_POOLING_KEYS.items() if pooling_config.get(key)] or ["mean"]
+    if pooling_config.get("include_prompt", True) is not True:
+        raise ExampleError(
+            f"{folder / modules[1].get('path', '')}/config.json: include_prompt false is not supported"
+        )
+    try:
+        modes = check_pooling(modes)
+    except ValueError as err:
+        raise ExampleError(f"{folder / modules[1].get('path', '')}/config.json: {err}") from None
+    transformer_folder = folder / modules[0].get("path", "")
+    transformer_config = _json_file(transformer_folder / "sentence_bert_config.json", {})
+    # max_seq_length: sentence_bert_config.json (older folders), else the tokenizer's
+    # model_max_length (where sentence-transformers 5+ saves it); capped by the positions later.
+    max_length = transformer_config.get("max_seq_length")
+    if max_length is None:
+        max_length = _json_file(transformer_folder / "tokenizer_config.json", {}).get("model_max_length")
+        max_length = max_length if isinstance(max_length, int) and 3 <= max_length < 1_000_000 else None
+    if max_length is not None and (
+        not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 3
+    ):
+        raise ExampleError(
+            f"{transformer_folder}/sentence_bert_config.json: max_seq_length must be an integer >= 3, got {max_length!r}"
+        )
+    prompt = _json_file(folder / "config_sentence_transformers.json", {}).get("default_prompt_name")
+    if prompt:
+        raise ExampleError(
+            f"{folder}/config_sentence_transformers.json: default_prompt_name {prompt!r}; prompts are not supported"
+        )
+    return {
+        "pooling": modes,
+        "normalize": "Normalize" in kinds,
+        "max_length": max_length,
+        "lowercase": bool(transformer_config.get("do_lower_case", False)),
+    }
+
+
+def _json_file(path: Path, default=None) -> dict:
+    if not path.is_file():
+        if default is not None:
+            return default
+        raise ExampleError(f"{path}: not found (the folder's modules.json names it)")
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ExampleError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(value, dict):
+        raise ExampleError(f"{path}: expected a JSON object")
+    return value
+
+
+def load_tokenizer_of(folder: Path):
+    """The folder's fast tokenizer (tokenizer.json: what transformers' AutoTokenizer and so
+    sentence-transformers run), else a BERT WordPiece one from vocab.txt."""
+    from tokenizers import Tokenizer
+
+    from data.tokenizer import load_tokenizer
+
+    if (folder / "tokenizer.json").is_file():
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    else:
+        tokenizer = load_tokenizer(folder / "vocab.txt")[0]
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def load_encoder(
+    folder,
+    pooling=None,
+    normalize: bool | None = None,
+    max_length: int | None = None,
+    device: str = "cpu",
+    attention_backend: str | None = None,
+) -> Encoder:
+    """A sentence-transformers folder (its modules.json decides pooling, Normalize,
+    max_seq_length and lower-casing; arguments given here override), or any BERT folder
+    with `pooling` given (max_length then defaults to its position embeddings).
+    ExampleError (one line) for a folder that cannot be read."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ExampleError(f"{folder}: no config.json; expected a sentence-transformers or BERT folder")
+    described = read_sentence_transformers(folder)
+    if described is None:
+        if pooling is None:
+            raise ExampleError(
+                f"{folder}: no modules.json (not a sentence-transformers folder); give --pooling"
+            )
+        described = {"pooling": pooling, "normalize": False, "max_length": None, "lowercase": False}
+    overrides = {"attention_backend": attention_backend} if attention_backend else {}
+    try:
+        model = PackedBertForEmbedding.from_pretrained(
+            folder, pooling=pooling or described["pooling"], normalize=False, **overrides
+        )
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ExampleError(
+            f"{folder}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
+        ) from None
+    positions = model.config.max_position_embeddings
+    length = max_length or min(described["max_length"] or positions, positions)
+    if not 3 <= length <= positions:
+        raise ExampleError(f"max length {length}: the model takes 3 to {positions} tokens per text")
+    return Encoder(
+        model=model.to(device).eval(),
+        tokenizer=load_tokenizer_of(folder),
+        max_length=length,
+        normalize=described["normalize"] if normalize is None else normalize,
+        lowercase=described["lowercase"],
+        name=folder.name,
+    )
+
+
+def encoder_from_sentence_transformer(st_model) -> Encoder:
+    """An Encoder sharing the weights of a loaded `SentenceTransformer` (Transformer ->
+    Pooling (-> Normalize), a BERT inside): no copy of the weights, no file read."""
+    modules = list(st_model)
+    kinds = [type(m).__name__ for m in modules]
+    if kinds[:2] != ["Transformer", "Pooling"] or any(k != "Normalize" for k in kinds[2:]):
+        raise ValueError(
+            f"packed encoding runs Transformer -> Pooling (-> Normalize); this model has {kinds}"
+        )
+    transformer, pooling = modules[0], modules[1]
+    bert = transformer.auto_model
+    if getattr(bert.config, "model_type", None) != "bert":
+        raise ValueError(f"packed encoding runs BERT encoders; this one is {bert.config.model_type!r}")
+    config = type(bert.config).from_dict(bert.config.to_dict())
+    config.embedding_pooling = list(check_pooling(pooling.pooling_mode))
+    config.embedding_normalize = False
+    model = PackedBertForEmbedding.build(config)
+    state = {f"bert.{k}": v for k, v in bert.state_dict().items() if not k.startswith("pooler.")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"weight names do not map: missing {missing}, unexpected {unexpected}")
+    model = model.to(next(bert.parameters()).device).eval()
+    return Encoder(
+        model=model,
+        tokenizer=_backend_tokenizer(transformer.tokenizer),
+        max_length=int(st_model.max_seq_length),
+        normalize="Normalize" in kinds,
+        lowercase=bool(getattr(transformer, "do_lower_case", False)),
+        name=str(getattr(st_model, "model_card_data", None) and st_model.model_card_data.base_model or ""),
+    )
+
+
+def _backend_tokenizer(hf_tokenizer):
+    tokenizer = hf_tokenizer.backend_tokenizer
+    copy = type(tokenizer).from_str(tokenizer.to_str())  # truncation/padding settings are per object
+    copy.no_truncation()
+    copy.no_padding()
+    return copy
+
+
+def packed_encode(st_model, texts: list[str], **options) -> np.ndarray:
+    """sentence-transformers' `model.encode(texts)` (numpy float32 [n, D]), packed: the same
+    vectors, computed on packs. The Encoder is built once per model object and kept on it."""
+    encoder = getattr(st_model, "_packed_encoder", None)
+    if encoder is None:
+        encoder = encoder_from_sentence_transformer(st_model)
+        st_model._packed_encoder = encoder
+    device = str(next(encoder.model.parameters()).device.type)
+    return encode(texts, encoder, EncodeOptions(device=device, **options))
+
+
+def run_tables(
+    encoder: Encoder, token_ids: list, tables: Iterable[np.ndarray], width_of, options: EncodeOptions
+):
+    """Forward every batch table; -> (per-slot embeddings [rows, K, D], example_index [rows, K])
+    per batch. The model pools; normalization is the caller's."""
+    device = torch.device(options.device)
+    with torch.inference_mode(), precision(device.type, options.dtype):
+        for table in tables:
+            rows = pack_rows(token_ids, table, width_of(table))
+            batch = {name: torch.from_numpy(value).to(device) for name, value in rows.items()}
+            out = encoder.model(**batch)
+            yield out["embeddings"].float().cpu().numpy(), rows["example_index"]
+
+
+def embed_token_ids(encoder: Encoder, token_ids: list, options: EncodeOptions) -> np.ndarray:
+    """Token id arrays -> float32 [n, D] in input order (normalized when the encoder says)."""
+    n = len(token_ids)
+    if n == 0:
+        return np.zeros((0, encoder.dimension), dtype=np.float32)
+    lengths = np.array([len(t) for t in token_ids])
+    spec = BatchingSpec(
+        EMBED_BATCHING[options.batching],
+        options.batch_size,
+        encoder.max_length,
+        options.max_per_pack,
+        options.algorithm,
+        pack_length=max(encoder.max_length, int(lengths.max())),
+    )
+    batcher = Batcher(lengths, spec, seed=0)
+    tables = batcher.epoch(0, shuffle=False)
+    slots, index = [], []
+    for per_slot, example_index in run_tables(encoder, token_ids, tables, batcher.width, options):
+        slots.append(per_slot.reshape(-1, per_slot.shape[-1]))
+        index.append(example_index.reshape(-1))
+    vectors = unpack_outputs(np.concatenate(slots)[:, None], np.concatenate(index)[:, None], n)
+    stats = encoder.stats
+    stats["texts"] += n
+    stats["tokens"] += int(lengths.sum())
+    stats["slots"] += sum(len(t) * batcher.width(t) for t in tables)
+    return l2_normalize(vectors) if encoder.normalize else vectors
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    """Rows divided by their L2 norm (torch's F.normalize: a zero row stays zero)."""
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def iter_encode(
+    texts: Iterable[str], encoder: Encoder, options: EncodeOptions, where=None
+) -> Iterator[np.ndarray]:
+    """Embeddings of `texts` chunk by chunk (options.chunk_texts texts each), in input order.
+    `where(i)` names text i in errors (default "texts[i]")."""
+    chunk: list[str] = []
+    start = 0
+    for text in texts:
+        chunk.append(text)
+        if len(chunk) == options.chunk_texts:
+            yield _encode_chunk(chunk, start, encoder, options, where)
+            start += len(chunk)
+            chunk = []
+    if chunk:
+        yield _encode_chunk(chunk, start, encoder, options, where)
+
+
+def _encode_chunk(chunk, start, encoder, options, where) -> np.ndarray:
+    places = [where(start + i) if where else f"texts[{start + i}]" for i in range(len(chunk))]
+    for text, place in zip(chunk, places):
+        if not isinstance(text, str):
+            raise ExampleError(f"{place}: expected a string, got {type(text).__name__}")
+    token_ids, truncated = encoder.tokenize(chunk, places)
+    encoder.stats["truncated"] += truncated
+    return embed_token_ids(encoder, token_ids, options)
+
+
+def encode(
+    texts: list[str], encoder: Encoder, options: EncodeOptions | None = None, **overrides
+) -> np.ndarray:
+    """Texts -> float32 [n, D], row i for texts[i]."""
+    options = replace(options or EncodeOptions(), **overrides)
+    if options.batching not in EMBED_BATCHING:
+        raise ValueError(f"batching must be one of {tuple(EMBED_BATCHING)}, got {options.batching!r}")
+    chunks = list(iter_encode(texts, encoder, options))
+    return np.concatenate(chunks) if chunks else np.zeros((0, encoder.dimension), dtype=np.float32)
