@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from data.classification_data import ExampleError, Examples, tokenize
-from finetune.embedding import Encoder, l2_normalize
-from finetune.folder import load_finetuned
+from finetune.embedding import Encoder, l2_normalize, load_encoder
+from finetune.folder import FINETUNE_INFO, load_finetuned
 from finetune.inference import class_scores
 from finetune.precision import precision
 from finetune.rows import pack_rows, unpack_outputs
@@ -40,11 +40,23 @@ class Prepared:
 
 
 def load_engine(
-    folder: Path, device: str = "cpu", attention_backend: str | None = None, dtype: str = "float32"
+    folder: Path,
+    device: str = "cpu",
+    attention_backend: str | None = None,
+    dtype: str = "float32",
+    pooling=None,
 ):
-    """The engine for a `finetune.train` model folder (raises ExampleError for a bad one);
-    attention_backend overrides the folder's (every backend computes the same outputs);
-    dtype: finetune.precision's (bfloat16 under autocast)."""
+    """The engine for a `finetune.train` model folder, or for a sentence-transformers folder
+    (or any BERT folder given `pooling`): an embedding engine. Raises ExampleError for a bad
+    folder; attention_backend overrides the folder's (every backend computes the same
+    outputs); dtype: finetune.precision's (bfloat16 under autocast)."""
+    folder = Path(folder)
+    if not (folder / FINETUNE_INFO).is_file() and ((folder / "modules.json").is_file() or pooling):
+        engine = EmbeddingEngine(
+            load_encoder(folder, pooling, device=device, attention_backend=attention_backend)
+        )
+        engine.dtype = dtype
+        return engine
     overrides = {"attention_backend": attention_backend} if attention_backend else {}
     model, info, tokenizer, vocab = load_finetuned(folder, **overrides)
     model = model.to(device).eval()
