@@ -5,8 +5,10 @@
 The model: a `finetune.train` folder (--model), or configs/finetune_bbc.yaml fine-tuned
 for one epoch here (MiniLM-L6). Requests: one BBC News input each, drawn at random with
 replacement: --workload pairs (title + first sentence, what the model was fine-tuned on;
-a narrow spread of lengths) or mixed (title + the first 1-8 sentences; a wide spread).
-For each policy a fresh `python -m finetune.serve` subprocess on 127.0.0.1:
+a narrow spread of lengths) or mixed (title + the first 1-8 sentences; a wide spread),
+both to /predict; or --workload embed: BBC titles, sentences and paragraphs (short and long
+mixed, data/embedding_texts.py) to /embed of the MiniLM sentence-transformers folder.
+For each policy a fresh `python -m serving` subprocess on 127.0.0.1:
 
   saturation   closed loop: --concurrency clients, each sending its next request when the
                last is answered, for --seconds; answered requests per second; --rounds
@@ -56,7 +58,7 @@ class ServerProcess:
     def __init__(self, model: Path, policy: str, extra: list[str]):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "finetune.serve", "--model", str(model), "--port", str(self.port),
+        argv = [sys.executable, "-m", "serving", "--model", str(model), "--port", str(self.port),
                 "--policy", policy, *extra]  # fmt: skip
         self.process = subprocess.Popen(argv, cwd=REPO, stderr=subprocess.PIPE, text=True)
 
@@ -158,6 +160,10 @@ def encode_requests(texts: list) -> list[bytes]:
     return [json.dumps({"inputs": text, "truncate": True}).encode() for text in texts]
 
 
+ROUTE = {"pairs": "/predict", "mixed": "/predict", "embed": "/embed"}
+route = "/predict"  # the workload's, set in main
+
+
 async def closed_loop(port: int, bodies: list[bytes], clients: int, seconds: float, seed: int) -> dict:
     """`clients` clients, each sending its next request when its last is answered."""
     stop = time.monotonic() + seconds
@@ -169,7 +175,7 @@ async def closed_loop(port: int, bodies: list[bytes], clients: int, seconds: flo
         while time.monotonic() < stop:
             body = bodies[int(local.integers(len(bodies)))]
             began = time.monotonic()
-            done.append(await connections.post("/predict", body))
+            done.append(await connections.post(route, body))
             latencies.append(time.monotonic() - began)
 
     began = time.monotonic()
@@ -196,7 +202,7 @@ async def open_loop(port: int, bodies: list[bytes], rate: float, seconds: float,
         await asyncio.sleep(max(0.0, start + at - time.monotonic()))
         sent = time.monotonic()
         try:
-            results.append((await connections.post("/predict", body), time.monotonic() - sent))
+            results.append((await connections.post(route, body), time.monotonic() - sent))
         except (OSError, ConnectionError, asyncio.IncompleteReadError) as err:
             results.append((type(err).__name__, time.monotonic() - sent))
 
@@ -232,6 +238,16 @@ def fine_tuned_model(folder: Path) -> Path:
     return folder / "run" / "model"
 
 
+def embed_texts(seed: int = 0) -> list[str]:
+    """BBC titles, sentences and paragraphs in corpus order, 4,000 drawn at random."""
+    from data.assets import corpus_glob
+    from data.embedding_texts import bbc_articles, texts_of
+
+    texts = texts_of(bbc_articles(corpus_glob()), "mixed")
+    picks = np.random.default_rng(seed).choice(len(texts), size=min(4000, len(texts)), replace=False)
+    return [texts[i] for i in picks]
+
+
 def bbc_texts(workload: str = "pairs", seed: int = 0) -> list:
     """One TEI input per BBC News article. pairs: [title, first sentence] (the pair the
     model was fine-tuned on; 23-63 tokens); mixed: [title, the first k sentences], k drawn
@@ -259,7 +275,7 @@ def main() -> int:
     parser.add_argument("--overload-seconds", type=float, default=30)
     parser.add_argument("--concurrency", type=int, default=128, help="closed-loop clients at saturation")
     parser.add_argument("--rounds", type=int, default=3, help="saturation rounds (median kept)")
-    parser.add_argument("--workload", default="pairs", choices=("pairs", "mixed"), help="see bbc_texts")
+    parser.add_argument("--workload", default="pairs", choices=tuple(ROUTE), help="see the docstring")
     parser.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     parser.add_argument(
         "--server-args",
@@ -271,9 +287,15 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     extra = args.server_args.split()
-    texts = bbc_texts(args.workload)
+    global route
+    route = ROUTE[args.workload]
+    texts = embed_texts() if args.workload == "embed" else bbc_texts(args.workload)
     bodies = encode_requests(texts)
     with tempfile.TemporaryDirectory() as scratch:
+        if args.workload == "embed":
+            from data.assets import model_dir
+
+            args.model = args.model or model_dir()
         model = args.model or fine_tuned_model(Path(scratch))
         results = {policy: {"saturation_rounds": []} for policy in args.policies}
         # Saturation in interleaved rounds, the order rotated, a fresh server each time: the
@@ -321,7 +343,7 @@ def main() -> int:
                     "peak_rss_mib": server.peak_rss_mib(),
                 }
     print(
-        f"# {len(texts)} BBC News inputs ({args.workload}), one per request; {args.seconds:g} s per measurement"
+        f"# {len(texts)} BBC News inputs ({args.workload}, {route}), one per request; {args.seconds:g} s per measurement"
     )
     print(
         "| policy | saturation, requests/s, median (range) | p50 / p99 at 50% load, ms | p50 / p99 at 80% load, ms "

@@ -25,7 +25,7 @@ from .conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-TESTED = ("own-text", "finetune", "qa", "pack")
+TESTED = ("own-text", "finetune", "qa", "pack", "embed")
 
 # (command prefix, what is appended or replaced) -> the same command at tiny scale
 TINY = {
@@ -38,6 +38,7 @@ TINY = {
         )
     ],
     "python -m finetune.train": [("", " --set training.epochs=1 --set training.progress=false")],
+    "python -m data.embedding_texts": [("--kind mixed", "--kind mixed --limit 64")],
     "python -m finetune.train --config configs/finetune_qa_bbc.yaml": [("", " --set training.max_seconds=5")],
 }
 
@@ -104,5 +105,8 @@ def test_readme_recipes_run_as_written(tmp_path):
     answers = json.loads((tmp_path / "work/qa_predictions.json").read_text())
     dev = json.loads((tmp_path / "demo_qa/dev.json").read_text())
     assert len(answers) == sum(len(p["qas"]) for a in dev["data"] for p in a["paragraphs"]) > 100
+    import numpy as np
+
+    assert np.load(tmp_path / "work/embeddings.npy").shape == (64, 384)
     predictions = (tmp_path / "work/predictions.jsonl").read_text().splitlines()
     assert len(predictions) == len((REPO / "examples/classify/new_texts.jsonl").read_text().splitlines())

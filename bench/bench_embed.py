@@ -1,0 +1,126 @@
+"""Packed embeddings against sentence-transformers' `encode`, as whole processes.
+
+    python bench/bench_embed.py [--texts 4000] [--rounds 3] [--threads 2] [--dtype float32]
+
+The same BBC News texts (titles, sentences and paragraphs: short and long mixed,
+data/embedding_texts.py) as a JSON-lines file; each round runs, alternately and in a
+rotating order, in fresh interpreters with the same torch thread count:
+
+  st-encode     sentence-transformers: SentenceTransformer(folder).encode(texts,
+                batch_size=32) (its default length sorting), saved with numpy
+  embed-sorted  python -m finetune.embed --batching sorted (the same batching as encode)
+  embed-packed  python -m finetune.embed --batching packed (the default)
+
+Each is timed twice: the whole process (interpreter start, imports, model load, reading,
+writing: what a user waits for) and its own encode loop. The vectors of every run are
+compared with sentence-transformers' (cosine per text). Prints a markdown table and the
+paired ratios (median over rounds of packed / st-encode within a round).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+ST_SCRIPT = """
+import json, sys, time, numpy as np, torch
+torch.set_num_threads(int(sys.argv[4]))
+from sentence_transformers import SentenceTransformer
+texts = [json.loads(line)["text"] for line in open(sys.argv[2])]
+model = SentenceTransformer(sys.argv[1], device="cpu")
+kwargs = {"model_kwargs": {"dtype": torch.bfloat16}} if sys.argv[5] == "bfloat16" else {}
+started = time.perf_counter()
+vectors = model.encode(texts, batch_size=32, convert_to_numpy=True)
+seconds = time.perf_counter() - started
+np.save(sys.argv[3], vectors.astype(np.float32))
+print(json.dumps({"texts": len(texts), "seconds": seconds}))
+"""
+
+
+def run(argv: list[str], threads: int) -> tuple[float, dict]:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    started = time.perf_counter()
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[:4]} failed: {done.stderr[-2000:]}")
+    return wall, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    from data.assets import corpus_glob, model_dir
+    from data.embedding_texts import bbc_articles, texts_of
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--texts", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    texts = texts_of(bbc_articles(corpus_glob()), "mixed")
+    picks = np.random.default_rng(0).choice(len(texts), size=min(args.texts, len(texts)), replace=False)
+    texts = [texts[i] for i in picks]
+    model = str(model_dir())
+    results: dict[str, list] = {"st-encode": [], "embed-sorted": [], "embed-packed": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        source = Path(scratch) / "texts.jsonl"
+        source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+        outputs = {name: Path(scratch) / f"{name}.npy" for name in results}
+
+        def argv_of(name):
+            if name == "st-encode":
+                return [sys.executable, "-c", ST_SCRIPT, model, str(source), str(outputs[name]),
+                        str(args.threads), args.dtype]  # fmt: skip
+            return [sys.executable, "-m", "finetune.embed", "--model", model, "--input", str(source),
+                    "--output", str(outputs[name]), "--batching", name.split("-")[1], "--dtype", args.dtype,
+                    "--quiet"]  # fmt: skip
+
+        names = list(results)
+        for round_ in range(args.rounds):
+            for name in names[round_ % 3 :] + names[: round_ % 3]:
+                wall, report = run(argv_of(name), args.threads)
+                results[name].append({"wall": wall, "encode": report["seconds"]})
+                print(f"round {round_} {name}: {wall:.1f} s whole, {report['seconds']:.1f} s encoding",
+                      file=sys.stderr, flush=True)  # fmt: skip
+        reference = np.load(outputs["st-encode"])
+        agreement = {}
+        for name in names:
+            vectors = np.load(outputs[name])
+            cos = (vectors * reference).sum(1) / (
+                np.linalg.norm(vectors, axis=1) * np.linalg.norm(reference, axis=1)
+            )
+            agreement[name] = float(cos.min())
+    n = len(texts)
+    print(f"# {n} BBC News texts (titles, sentences, paragraphs), {args.threads} threads, {args.dtype}, "
+          f"{args.rounds} rounds; texts/s, median (range)")  # fmt: skip
+    print("| run | whole process | encode loop | min cosine vs st-encode |")
+    print("|---|---|---|---|")
+    for name in names:
+        whole = [n / r["wall"] for r in results[name]]
+        loop = [n / r["encode"] for r in results[name]]
+        print(f"| {name} | {np.median(whole):.1f} ({min(whole):.1f}-{max(whole):.1f}) | "
+              f"{np.median(loop):.1f} ({min(loop):.1f}-{max(loop):.1f}) | {agreement[name]:.7f} |")  # fmt: skip
+    for name in ("embed-packed", "embed-sorted"):
+        whole = [s["wall"] / p["wall"] for s, p in zip(results["st-encode"], results[name])]
+        loop = [s["encode"] / p["encode"] for s, p in zip(results["st-encode"], results[name])]
+        print(f"\n{name} / st-encode, paired per round: whole process {np.median(whole):.2f}x "
+              f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
+    if args.json:
+        args.json.write_text(json.dumps({"texts": n, "runs": results, "min_cosine": agreement}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
