@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data.classification_data import ExampleError
+from data.classification_data import ExampleError, check_unicode
 
 
 @dataclass
@@ -147,6 +147,7 @@ def _add(out: QaExamples, qid, question, context, answers, where_prefix: str) ->
     for name, value in (("question", question), ("context", context)):
         if not isinstance(value, str) or not value.strip():
             raise ExampleError(f"{where}: field '{name}' must be a non-empty string, got {value!r:.60}")
+        check_unicode(value, f"{where}: field '{name}'")
     parsed = None
     if answers is not None:
         if not isinstance(answers, dict) or not isinstance(answers.get("text"), list):

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from finetune.precision import device_problem, precision
 from finetune.rows import pack_rows, unpack_outputs, unpack_token_outputs
 from packing.tokenized import pack_examples
 
@@ -44,6 +45,7 @@ def packed_pipeline(
     algorithm: str = "lpfhp",
     max_length: int | None = None,
     device: str = "cpu",
+    dtype: str = "float32",
     **options,
 ):
     """A callable for `task` (PIPELINE_TASKS). model: a saved folder or a packed model;
@@ -51,9 +53,13 @@ def packed_pipeline(
     batch_size counts examples (packs per batch = batch_size / packing factor).
     Options: top_k (text-classification), ignore_labels (token-classification),
     doc_stride, n_best_size, max_answer_length, version_2_with_negative,
-    null_score_diff_threshold (question-answering)."""
+    null_score_diff_threshold (question-answering). dtype: "float32", or "bfloat16" (bf16
+    autocast; ValueError where the device has no bf16, finetune.precision)."""
     if task not in PIPELINE_TASKS:
         raise ValueError(f"task {task!r}: expected one of {', '.join(PIPELINE_TASKS)}")
+    problem = device_problem(device, dtype)
+    if problem:
+        raise ValueError(problem)
     from transformers import AutoTokenizer
 
     from model.classification import PackedBertForSequenceClassification
@@ -76,6 +82,7 @@ def packed_pipeline(
     runner = _Runner(
         model.to(device).eval(), tokenizer, batch_size, max_sequences_per_pack, algorithm, max_length
     )
+    runner.dtype = dtype
     if task == "text-classification":
         default_top_k = options.get("top_k", 1)
         return lambda inputs, top_k=default_top_k: runner.classify(inputs, top_k)
@@ -87,6 +94,8 @@ def packed_pipeline(
 
 
 class _Runner:
+    dtype = "float32"
+
     def __init__(self, model, tokenizer, batch_size, max_per_pack, algorithm, max_length):
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.max_per_pack, self.algorithm = batch_size, max_per_pack, algorithm
@@ -104,7 +113,8 @@ class _Runner:
         for first in range(0, len(table), packs_per_batch):
             rows = pack_rows(token_ids, table[first : first + packs_per_batch], width, segment_ids)
             batch = {name: torch.from_numpy(value).to(self.device) for name, value in rows.items()}
-            out = self.model(**batch)
+            with precision(self.device.type, self.dtype):
+                out = self.model(**batch)
             results.append(
                 (rows, {k: v.float().cpu().numpy() for k, v in out.items() if k.endswith("logits")})
             )

@@ -93,7 +93,11 @@ def save_as_reference(model, reference_class_name: str, folder, strip_prefix: st
     """Save a packed head as the transformers class it mirrors (names must map one to one,
     after `strip_prefix`; HF's position_ids buffer aside), through `save_folder`."""
     reference = reference_model(hf_model_class(reference_class_name), model.config)
-    state = {name.removeprefix(strip_prefix): value for name, value in model.state_dict().items()}
+    cut = len(strip_prefix)
+    state = {
+        (name[cut:] if name.startswith(strip_prefix) else name): value
+        for name, value in model.state_dict().items()
+    }
     missing, unexpected = reference.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if not k.endswith("position_ids")]:
         raise RuntimeError(f"save_pretrained: names differ: missing {missing}, unexpected {unexpected}")

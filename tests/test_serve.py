@@ -231,3 +231,33 @@ def test_sigterm_under_load_answers_or_rejects_everything_and_exits_0(trained):
     for status in (200, 429, 503):
         if status in results:
             assert f"'{status}': {results.count(status)}" in log, (log, results)
+
+
+def test_bfloat16_predictions_agree_with_float32_and_are_refused_without_bf16(trained, tmp_path, monkeypatch):
+    """bf16 autocast (forced past the hardware check: this CPU has no bf16 instructions, so
+    torch emulates it) gives the float32 labels for >= 99% of the texts, in finetune.predict
+    and packed_pipeline; without bf16 hardware both refuse with one line."""
+    from finetune import precision
+    from finetune.hf_pipeline import packed_pipeline
+
+    records = read_records(trained / "val.jsonl")
+    folder = trained / "run" / "model"
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    argv = ["--model", str(folder), "--input", str(source)]
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    assert predict.main([*argv, "--output", str(tmp_path / "x.jsonl"), "--dtype", "bfloat16"]) == 2
+    with pytest.raises(ValueError, match="no bf16 instructions"):
+        packed_pipeline("text-classification", model=folder, dtype="bfloat16")
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
+    labels = {}
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / f"{dtype}.jsonl"
+        assert predict.main([*argv, "--output", str(out), "--dtype", dtype]) == 0
+        labels[dtype] = [r["label"] for r in read_records(out)]
+    agree = np.mean([a == b for a, b in zip(labels["float32"], labels["bfloat16"])])
+    assert len(labels["float32"]) == len(records) and agree >= 0.99
+    texts = [r["text"] for r in records]
+    piped = {d: [p["label"] for p in packed_pipeline("text-classification", model=folder, dtype=d)(texts)]
+             for d in ("float32", "bfloat16")}  # fmt: skip
+    assert np.mean([a == b for a, b in zip(piped["float32"], piped["bfloat16"])]) >= 0.99
