@@ -61,7 +61,11 @@ def build_parser():
     parser.add_argument(
         "--max-length", type=int, help="tokens per text (default: the folder's max_seq_length)"
     )
-    parser.add_argument("--attention-backend", choices=("dense", "sdpa", "flex", "varlen"))
+    parser.add_argument(
+        "--attention-backend",
+        choices=("dense", "sdpa", "flex", "varlen"),
+        help="default: sdpa (measured fastest)",
+    )
     parser.add_argument("--chunk-texts", type=int, default=8192, help="texts tokenized and packed at once")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser

@@ -207,7 +207,9 @@ def load_encoder(
                 f"{folder}: no modules.json (not a sentence-transformers folder); give --pooling"
             )
         described = {"pooling": pooling, "normalize": False, "max_length": None, "lowercase": False}
-    overrides = {"attention_backend": attention_backend} if attention_backend else {}
+    # SDPA unless asked otherwise: a sentence-transformers folder names no backend, and SDPA
+    # measured fastest here for every batching mode (docs/embeddings.md)
+    overrides = {"attention_backend": attention_backend or "sdpa"}
     try:
         model = PackedBertForEmbedding.from_pretrained(
             folder, pooling=pooling or described["pooling"], normalize=False, **overrides
@@ -246,6 +248,7 @@ def encoder_from_sentence_transformer(st_model) -> Encoder:
     config = type(bert.config).from_dict(bert.config.to_dict())
     config.embedding_pooling = list(check_pooling(pooling.pooling_mode))
     config.embedding_normalize = False
+    config.attention_backend = "sdpa"  # as load_encoder's default
     model = PackedBertForEmbedding.build(config)
     state = {f"bert.{k}": v for k, v in bert.state_dict().items() if not k.startswith("pooler.")}
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -76,7 +76,13 @@ def write_config(path: Path, packed: Path, **sections) -> Path:
     return path
 
 
-def run(config: Path, output: Path, *extra, torchrun: int = 0, wait=True):
+def run(config: Path, output: Path, *extra, torchrun: int = 0, wait=True, fresh_process=False):
+    """run_pretraining.py with these arguments -> subprocess.CompletedProcess (returncode,
+    stdout, stderr). In this process (`run_here`) unless the test needs a process of its
+    own: torchrun replicas, a run to signal or kill (wait=False), or fresh_process=True
+    (a lock held by another process, a fresh interpreter's imports)."""
+    if not (torchrun or not wait or fresh_process):
+        return run_here(config, output, *extra)
     if torchrun:
         cmd = [
             sys.executable,
@@ -110,3 +116,52 @@ def final_weights(output: Path) -> dict:
 def metrics(output: Path, kind="train") -> list[dict]:
     lines = (output / "metrics.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"  # run_pretraining.py's
+
+
+def run_here(config: Path, output: Path, *extra) -> subprocess.CompletedProcess:
+    """run_pretraining.main in this process, returning what the command's process would
+    give: its exit code (1 and the traceback on stderr for an uncaught exception, argparse's
+    2 for bad arguments), stdout, and stderr with the log lines. It saves an interpreter
+    start and the torch import (seconds) per run. What the run changes in the process is
+    put back: torch's thread count (the run sets execution.threads), signal handlers
+    (the run installs its own for SIGTERM / SIGINT), the root logger, the working folder."""
+    import contextlib
+    import io
+    import logging
+    import signal
+    import traceback
+
+    import torch
+
+    import run_pretraining
+
+    argv = ["--config", str(config), "--output-dir", str(output), *extra]
+    out, err = io.StringIO(), io.StringIO()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    root = logging.getLogger()
+    saved = (root.level, torch.get_num_threads(), os.getcwd(),
+             {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)})  # fmt: skip
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    os.chdir(REPO)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = run_pretraining.main(argv)
+            except SystemExit as exit_:
+                code = exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+            except Exception:  # what the interpreter would print, and its exit code
+                traceback.print_exc()
+                code = 1
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(saved[0])
+        torch.set_num_threads(saved[1])
+        os.chdir(saved[2])
+        for number, previous in saved[3].items():
+            signal.signal(number, previous)
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())

@@ -69,8 +69,15 @@ class MlperfLog:
             return
         from mlperf_logging import mllog
 
-        mllog.config(filename=str(path))
         mllog_logger = mllog.get_mllogger().logger
+        # mllog.config adds a file handler to its one shared logger per call and never removes
+        # it: a second run in this process (a sweep, a test) would also write into the first
+        # run's log. The log is per run: close the handlers of earlier runs first.
+        for handler in list(mllog_logger.handlers):
+            if isinstance(handler, logging.FileHandler):
+                mllog_logger.removeHandler(handler)
+                handler.close()
+        mllog.config(filename=str(path))
         mllog_logger.propagate = False
         # mlperf-logging also echoes every line to stdout (a StreamHandler of its own): the
         # log belongs in OUTPUT/mlperf.log, not between the progress lines of the terminal.
@@ -79,6 +86,15 @@ class MlperfLog:
                 mllog_logger.removeHandler(handler)
         self.constants = mllog.constants
         self.logger = mllog.get_mllogger()
+
+    def close(self) -> None:
+        """Close the log file (the run is over); later calls are no-ops."""
+        if self.logger is not None:
+            for handler in list(self.logger.logger.handlers):
+                if isinstance(handler, logging.FileHandler):
+                    self.logger.logger.removeHandler(handler)
+                    handler.close()
+            self.logger = None
 
     def _event(self, key: str, value=None, metadata=None) -> None:
         if self.logger is not None:

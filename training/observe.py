@@ -89,6 +89,7 @@ class Reporter:
                     self.tb.add_scalar(f"{prefix}/{key}", value, record.get("samples", 0))
 
     def close(self) -> None:
+        self.mlperf.close()
         if self.enabled:
             self.metrics.close()
             if self.tb is not None:
