@@ -32,6 +32,8 @@ from model.embedding import PackedBertForEmbedding, check_pooling
 # --batching names -> finetune.batching modes (padded: fixed rows of max_seq_length tokens;
 # sorted: sentence-transformers' encode, batches of length-sorted texts padded to their longest)
 EMBED_BATCHING = {"packed": "packed", "sorted": "uniform", "padded": "padded"}
+# Packed row widths (tokens): a text goes to the narrowest that holds it (embed_token_ids).
+PACK_WIDTHS = (64, 128, 256, 512)
 # sentence-transformers' legacy pooling flags, in the order its Pooling concatenates them
 LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
@@ -299,31 +301,48 @@ def run_tables(
 
 
 def embed_token_ids(encoder: Encoder, token_ids: list, options: EncodeOptions) -> np.ndarray:
-    """Token id arrays -> float32 [n, D] in input order (normalized when the encoder says)."""
+    """Token id arrays -> float32 [n, D] in input order (normalized when the encoder says).
+
+    Packed: each text goes to the narrowest of PACK_WIDTHS (up to max_length) that holds it,
+    and each width is packed on its own. Attention over a packed row costs its width per
+    token (SDPA with the block-diagonal mask), so short texts packed into 256-token rows
+    would pay for 256 where a length-sorted batch pays for its own length."""
     n = len(token_ids)
     if n == 0:
         return np.zeros((0, encoder.dimension), dtype=np.float32)
     lengths = np.array([len(t) for t in token_ids])
+    longest = max(encoder.max_length, int(lengths.max()))
+    if options.batching == "packed":
+        widths = [w for w in PACK_WIDTHS if w < longest] + [longest]
+        groups = np.searchsorted(widths, lengths)  # the narrowest width >= each length
+        parts = [(np.flatnonzero(groups == g), widths[g]) for g in range(len(widths))]
+    else:
+        parts = [(np.arange(n), longest)]
+    vectors = np.empty((n, encoder.dimension), dtype=np.float32)
+    for members, width in parts:
+        if len(members):
+            vectors[members] = _embed_part(
+                encoder, [token_ids[i] for i in members], lengths[members], width, options
+            )
+    encoder.stats["texts"] += n
+    encoder.stats["tokens"] += int(lengths.sum())
+    return l2_normalize(vectors) if encoder.normalize else vectors
+
+
+def _embed_part(encoder: Encoder, token_ids: list, lengths: np.ndarray, width: int, options: EncodeOptions):
+    """One batching pass over texts of at most `width` tokens -> [n, D] in their order."""
     spec = BatchingSpec(
-        EMBED_BATCHING[options.batching],
-        options.batch_size,
-        encoder.max_length,
-        options.max_per_pack,
-        options.algorithm,
-        pack_length=max(encoder.max_length, int(lengths.max())),
-    )
+        EMBED_BATCHING[options.batching], options.batch_size, encoder.max_length, options.max_per_pack,
+        options.algorithm, pack_length=width,
+    )  # fmt: skip
     batcher = Batcher(lengths, spec, seed=0)
     tables = batcher.epoch(0, shuffle=False)
     slots, index = [], []
     for per_slot, example_index in run_tables(encoder, token_ids, tables, batcher.width, options):
         slots.append(per_slot.reshape(-1, per_slot.shape[-1]))
         index.append(example_index.reshape(-1))
-    vectors = unpack_outputs(np.concatenate(slots)[:, None], np.concatenate(index)[:, None], n)
-    stats = encoder.stats
-    stats["texts"] += n
-    stats["tokens"] += int(lengths.sum())
-    stats["slots"] += sum(len(t) * batcher.width(t) for t in tables)
-    return l2_normalize(vectors) if encoder.normalize else vectors
+    encoder.stats["slots"] += sum(len(t) * batcher.width(t) for t in tables)
+    return unpack_outputs(np.concatenate(slots)[:, None], np.concatenate(index)[:, None], len(token_ids))
 
 
 def l2_normalize(vectors: np.ndarray) -> np.ndarray:
