@@ -26,8 +26,11 @@ $(TF_STAMP): requirements-tf.txt
 	$(TF_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-tf.txt
 	touch $(TF_STAMP)
 
+# Two workers, each test module on one (its module fixtures built once); TEST_WORKERS=0 runs
+# the suite in this process alone.
+TEST_WORKERS ?= 2
 test: install install-tf
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 # Opt-in: the IPU path (on the PopTorch-rules double) under the SDK 3.4 stack's versions
 # (torch 2.0.1, transformers 4.38.2), given an interpreter that has them (several GB):

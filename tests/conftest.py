@@ -5,6 +5,13 @@ import pytest
 from hypothesis import settings
 
 REPO = Path(__file__).resolve().parent.parent
+
+# Under pytest-xdist (`make test`: two workers on this project's 2-core machine) each worker
+# computes on one thread, and so do the processes tests start, which inherit it: two
+# workers at two threads each would only fight over the cores. Set before torch is imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 HISTOGRAMS = REPO / "packing" / "histograms"
 
 # Property tests: reproducible by default ("ci": the same examples every run, no deadline

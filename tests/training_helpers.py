@@ -127,7 +127,8 @@ def run_here(config: Path, output: Path, *extra) -> subprocess.CompletedProcess:
     2 for bad arguments), stdout, and stderr with the log lines. It saves an interpreter
     start and the torch import (seconds) per run. What the run changes in the process is
     put back: torch's thread count (the run sets execution.threads), signal handlers
-    (the run installs its own for SIGTERM / SIGINT), the root logger, the working folder."""
+    (the run installs its own for SIGTERM / SIGINT), the root logger, the working folder,
+    and the output-folder locks it took (released, as at the end of its process)."""
     import contextlib
     import io
     import logging
@@ -137,6 +138,7 @@ def run_here(config: Path, output: Path, *extra) -> subprocess.CompletedProcess:
     import torch
 
     import run_pretraining
+    from common import files
 
     argv = ["--config", str(config), "--output-dir", str(output), *extra]
     out, err = io.StringIO(), io.StringIO()
@@ -145,6 +147,7 @@ def run_here(config: Path, output: Path, *extra) -> subprocess.CompletedProcess:
     root = logging.getLogger()
     saved = (root.level, torch.get_num_threads(), os.getcwd(),
              {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)})  # fmt: skip
+    locks_before = set(files._HELD)
     root.addHandler(handler)
     root.setLevel(logging.INFO)
     os.chdir(REPO)
@@ -164,4 +167,7 @@ def run_here(config: Path, output: Path, *extra) -> subprocess.CompletedProcess:
         os.chdir(saved[2])
         for number, previous in saved[3].items():
             signal.signal(number, previous)
+        # The command's process would end here, and the OS would release its folder locks.
+        for path in set(files._HELD) - locks_before:
+            files._HELD.pop(path).close()
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
