@@ -44,11 +44,13 @@ class RequestError(Exception):
 @dataclass(frozen=True)
 class RequestLimits:
     """max_body_bytes: a larger body is 413 before it is parsed; max_inputs: inputs per
-    request (TEI's --max-client-batch-size, default 32); max_chars: characters per input."""
+    request (TEI's --max-client-batch-size, default 32); max_chars: characters per input;
+    body_timeout_s: seconds the whole body may take to arrive (408 after)."""
 
     max_body_bytes: int = 1 << 20
     max_inputs: int = 32
     max_chars: int = 100_000
+    body_timeout_s: float = 10.0
 
 
 def read_json(body: bytes, limits: RequestLimits, required: str = "inputs") -> dict:

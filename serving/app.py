@@ -10,10 +10,12 @@
     GET  /metrics   Prometheus text (serving/metrics.py)
     GET  /info      the model, its labels, the policy and the limits
 
-A request, from bytes to answer: the body is read up to the byte limit (413 beyond) →
+A request, from bytes to answer: the body is read up to the byte limit (413 beyond, from
+Content-Length before reading; 408 if it has not arrived within the body timeout) →
 parsed strictly (422 / 413 with one line) → tokenized in a thread pool, off the event loop
 → admitted to the scheduler's bounded queue (429 when full) → batched by the policy and run
-on the worker thread → answered in input order, or 504 past its timeout. Errors use TEI's
+on the worker thread → answered in input order, or 504 past its timeout; a client that
+disconnects first is counted as 499 and its queued sequences leave the queue. Errors use TEI's
 body, {"error": "...", "error_type": "..."}. Every request read counts once in
 packed_requests_total under the status it got.
 
@@ -32,6 +34,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from serving.api import (
     RequestError,
@@ -47,7 +50,8 @@ from serving.metrics import ServerMetrics
 from serving.policies import PolicySettings
 from serving.scheduler import QueueFull, QueueLimits, Scheduler, TicketFailed
 
-ERROR_TYPES = {413: "validation", 422: "validation", 429: "overloaded", 503: "unhealthy", 504: "timeout"}
+ERROR_TYPES = {408: "validation", 413: "validation", 422: "validation", 429: "overloaded",
+               499: "client", 503: "unhealthy", 504: "timeout"}  # fmt: skip
 
 
 def create_app(
@@ -77,18 +81,52 @@ def create_app(
     app.state.scheduler, app.state.metrics = scheduler, metrics
 
     async def body_of(request: Request) -> bytes:
+        """The body, refused (413) as soon as it is known to exceed the limit: from its
+        Content-Length before a byte is read, else once the bytes read pass it. A body that
+        has not arrived within limits.body_timeout_s is refused (408): a slow client holds a
+        socket, never a worker or a queue slot."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
             raise RequestError(
                 413, f"the body has {declared} bytes; at most {limits.max_body_bytes} are accepted"
             )
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body_bytes:
-                raise RequestError(413, f"the body exceeds {limits.max_body_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+
+        async def read() -> bytes:
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise RequestError(413, f"the body exceeds {limits.max_body_bytes} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+        try:
+            return await asyncio.wait_for(read(), limits.body_timeout_s)
+        except TimeoutError:
+            raise RequestError(408, f"the body did not arrive within {limits.body_timeout_s:g} s") from None
+
+    async def answer_of(request: Request, ticket) -> list:
+        """The ticket's outputs; the ticket is withdrawn (its queued sequences dropped) if
+        its deadline passes (504) or the client disconnects first (499)."""
+        outputs = asyncio.ensure_future(asyncio.shield(ticket.future))
+        # After the whole body, the next ASGI message for this request is the disconnect
+        # (uvicorn sends it when the connection is lost).
+        left = asyncio.ensure_future(request.receive())
+        try:
+            done, _ = await asyncio.wait(
+                {outputs, left}, timeout=max(ticket.deadline - time.monotonic(), 0.0),
+                return_when=asyncio.FIRST_COMPLETED,
+            )  # fmt: skip
+        finally:
+            left.cancel()
+        if outputs not in done:
+            if left in done and left.result().get("type") == "http.disconnect":
+                scheduler.withdraw(ticket, 499, "the client disconnected")
+            elif left in done:  # not a disconnect (uvicorn sends none other): wait on
+                await asyncio.wait({outputs}, timeout=max(ticket.deadline - time.monotonic(), 0.0))
+            if not outputs.done():
+                scheduler.withdraw(ticket, 504, f"not answered within the {queue.timeout_s:g} s timeout")
+        return await outputs  # the withdrawal (or a result that just won) decides
 
     async def serve(request: Request, task: str, parse, respond, required="inputs", errors=None) -> Response:
         """The lifecycle every POST route shares; parse(data) -> (prepare args, respond args).
@@ -107,12 +145,7 @@ def create_app(
             prepared = await loop.run_in_executor(tokenizers, engine.prepare, *prepare_args)
             ticket = scheduler.submit(prepared.token_ids, prepared.segment_ids)
             ticket.future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
-            left = ticket.deadline - time.monotonic()
-            try:
-                outputs = await asyncio.wait_for(asyncio.shield(ticket.future), timeout=max(left, 0.0))
-            except TimeoutError:
-                ticket.give_up(f"not answered within the {queue.timeout_s:g} s timeout")
-                outputs = await ticket.future  # the give-up (or a result that just won) decides
+            outputs = await answer_of(request, ticket)
             body = respond(prepared, outputs, *respond_args)
             response = JSONResponse(body)
             response.headers["x-queue-time"] = f"{ticket.queue_seconds * 1000:.1f}"
@@ -123,6 +156,8 @@ def create_app(
             status, response = 429, errors(429, f"overloaded: {err}")
         except TicketFailed as err:
             status, response = err.status, errors(err.status, str(err))
+        except ClientDisconnect:  # left while its body was being read: nobody to answer
+            status, response = 499, errors(499, "the client disconnected")
         except Exception as err:  # noqa: BLE001 - a bug must still answer, once, and be counted
             first = str(err).splitlines()[0] if str(err) else ""
             status, response = 500, errors(500, f"internal error: {type(err).__name__}: {first[:200]}")
@@ -215,7 +250,10 @@ def create_app(
     @app.get("/ready")
     async def ready():
         ok = state["ready"] and scheduler.alive
-        return JSONResponse({"ready": ok, "queued": scheduler.queued}, status_code=200 if ok else 503)
+        return JSONResponse(
+            {"ready": ok, "queued": scheduler.queued, "queued_tokens": scheduler.queued_tokens},
+            status_code=200 if ok else 503,
+        )
 
     @app.get("/metrics")
     async def prometheus():

@@ -59,6 +59,12 @@ def main(argv=None) -> int:
         "--max-client-batch-size", type=int, default=32, help="inputs per request (413 beyond)"
     )
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body size (413 beyond)")
+    parser.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=10.0,
+        help="seconds a request body may take to arrive (408 after)",
+    )
     parser.add_argument("--tokenizer-threads", type=int, default=1)
     args = parser.parse_args(argv)
     wrong = below_one(args, ("port", "max_batch_tokens", "max_sequences_per_pack", "batch_size", "max_queue",
@@ -66,8 +72,8 @@ def main(argv=None) -> int:
     if wrong:
         print(f"error: {wrong}", file=sys.stderr)
         return 2
-    if args.timeout_s <= 0 or args.max_wait_ms < 0:
-        print("error: --timeout-s must be > 0 and --max-wait-ms >= 0", file=sys.stderr)
+    if args.timeout_s <= 0 or args.body_timeout_s <= 0 or args.max_wait_ms < 0:
+        print("error: --timeout-s and --body-timeout-s must be > 0, --max-wait-ms >= 0", file=sys.stderr)
         return 2
 
     import uvicorn
@@ -99,7 +105,9 @@ def main(argv=None) -> int:
         print(f"error: {args.model}: {err.strerror or err}", file=sys.stderr)
         return 2
     queue = QueueLimits(args.max_queue, args.max_wait_ms, args.timeout_s)
-    limits = RequestLimits(args.max_body_bytes, args.max_client_batch_size)
+    limits = RequestLimits(
+        args.max_body_bytes, args.max_client_batch_size, body_timeout_s=args.body_timeout_s
+    )
     app = create_app(engine, policy, queue, limits, args.tokenizer_threads)
     print(
         f"serving {args.model} ({engine.task}, policy {args.policy}) on http://{args.host}:{args.port}",

@@ -5,6 +5,7 @@ packed_requests_total{status}        requests answered, by HTTP status (every re
 packed_request_seconds               latency of answered requests (admission to answer)
 packed_queue_seconds                 per sequence: admission to the start of its batch
 packed_queue_sequences               sequences waiting now
+packed_queue_tokens                  their real tokens
 packed_batches_total                 forwards run
 packed_batch_sequences               sequences per forward
 packed_batch_tokens                  padded tokens per forward (rows x width)
@@ -38,6 +39,7 @@ class ServerMetrics:
             registry=r,
         )
         self.queue_size = Gauge("packed_queue_sequences", "Sequences waiting", registry=r)
+        self.queue_tokens = Gauge("packed_queue_tokens", "Real tokens of the sequences waiting", registry=r)
         self.batches = Counter("packed_batches", "Forwards run", registry=r)
         self.batch_sequences = Histogram(
             "packed_batch_sequences", "Sequences per forward", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),

@@ -14,7 +14,9 @@ server answers 429 at once rather than 504 after the wait (no unbounded backlog)
 thread takes batches by the policy (serving/policies.py) and runs the engine; the event
 loop never waits on the model. Every admitted ticket ends exactly once: with its outputs,
 or with an error (its deadline passed while queued: 504; the server stopped: 503; the
-engine failed: 500). Nothing admitted is dropped.
+engine failed: 500), or is withdrawn by its handler (the handler's timeout: 504; the client
+disconnected: 499), which takes its sequences out of the queue at once. Nothing admitted is
+dropped, and nothing is run for a client that has gone.
 """
 
 from __future__ import annotations
@@ -96,9 +98,9 @@ class Ticket:
     def finished(self) -> bool:
         return self._done
 
-    def give_up(self, message: str) -> bool:
-        """The handler stopped waiting (its timeout): end the ticket with 504."""
-        return self._finish(TicketFailed(504, message))
+    def end(self, status: int, message: str) -> bool:
+        """End the ticket with an error (504: the handler's timeout; 499: the client left)."""
+        return self._finish(TicketFailed(status, message))
 
 
 @dataclass
@@ -126,7 +128,8 @@ class Scheduler:
         self._thread.start()
 
     def submit(self, token_ids: list, segment_ids: list) -> Ticket:
-        """Admit a request (all of its sequences) or raise QueueFull."""
+        """Admit a request (all of its sequences) or raise QueueFull (429: not now), or
+        TicketFailed (413: never, it has more sequences than the queue holds)."""
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         ticket = Ticket(token_ids, segment_ids, deadline=now + self.limits.timeout_s)
@@ -136,6 +139,11 @@ class Scheduler:
         with self._condition:
             if self._stopping:
                 raise QueueFull("the server is shutting down")
+            if len(token_ids) > self.limits.max_queue_sequences:  # could never be admitted
+                raise TicketFailed(
+                    413, f"this request has {len(token_ids)} sequences (QA: windows); the queue holds "
+                    f"at most {self.limits.max_queue_sequences}",
+                )  # fmt: skip
             if len(self._queue) + len(token_ids) > self.limits.max_queue_sequences:
                 raise QueueFull(
                     f"the queue holds {len(self._queue)} of {self.limits.max_queue_sequences} "
@@ -155,7 +163,7 @@ class Scheduler:
             self._queued_tokens += tokens
             for position, tokens in enumerate(token_ids):
                 self._queue.append(_Waiting(ticket, position, len(tokens), now))
-            self.metrics.queue_size.set(len(self._queue))
+            self._publish_queue()
             self._condition.notify()
         return ticket
 
@@ -169,12 +177,37 @@ class Scheduler:
         with self._condition:
             left = list(self._queue)
             self._queue.clear()
+            self._queued_tokens = 0
+            self._publish_queue()
         for waiting in left:
             waiting.ticket._finish(TicketFailed(503, "the server stopped before this request ran"))
+
+    def withdraw(self, ticket: Ticket, status: int, message: str) -> bool:
+        """The handler stops waiting for `ticket` (its timeout: 504, or its client
+        disconnected: 499): end it, and take its sequences still queued out of the queue at
+        once, so neither their slots nor their tokens outlive the request. Sequences already
+        in a running batch finish there and are discarded. False if the ticket had ended."""
+        with self._condition:
+            ended = ticket.end(status, message)
+            if ended:
+                mine = [w for w in self._queue if w.ticket is ticket]
+                if mine:
+                    self._queue = deque(w for w in self._queue if w.ticket is not ticket)
+                    self._queued_tokens -= sum(w.length for w in mine)
+                    self._publish_queue()
+        return ended
+
+    def _publish_queue(self) -> None:
+        self.metrics.queue_size.set(len(self._queue))
+        self.metrics.queue_tokens.set(self._queued_tokens)
 
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._queued_tokens
 
     @property
     def alive(self) -> bool:
@@ -218,7 +251,7 @@ class Scheduler:
             taken = [queue[i] for i in plan.chosen]
             self._queue = deque(w for i, w in enumerate(queue) if i not in chosen)
             self._queued_tokens -= sum(w.length for w in taken)
-            self.metrics.queue_size.set(len(self._queue))
+            self._publish_queue()
         for w in taken:
             self.metrics.queue_seconds.observe(now - w.arrived)
             w.ticket.queue_seconds = max(w.ticket.queue_seconds, now - w.arrived)
@@ -232,6 +265,7 @@ class Scheduler:
             return
         self._queued_tokens -= sum(w.length for w in self._queue if id(w.ticket) in ended)
         self._queue = deque(w for w in self._queue if id(w.ticket) not in ended)
+        self._publish_queue()
         for ticket in ended.values():
             ticket._finish(TicketFailed(504, f"not run within the {self.limits.timeout_s:g} s timeout"))
 

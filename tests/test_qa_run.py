@@ -217,3 +217,52 @@ def test_server_answers_as_predict_does(trained, squad_files):
             if answer["answer"] not in ("", "empty"):  # no span: v2.0's null answer, utils_qa's placeholder
                 assert q["context"][answer["start"] : answer["end"]] == answer["answer"]
     assert wrong_route.status_code == 404 and "POST /qa" in wrong_route.json()["error"]
+
+
+def test_server_qa_edge_cases_are_4xx_or_clean_answers(trained, squad_files):
+    """/qa as a hostile client sends it: never a 500; answers stay exact substrings of the
+    context they came from, whatever comes before them (emoji, combining characters)."""
+    import httpx
+
+    from serving.api import RequestLimits
+
+    from .test_serve import Server
+
+    _, _, dev = squad_files
+    q = dev[0]
+    long_context = " ".join(d["context"] for d in dev)[:30_000]
+    window = json.loads((trained / "model" / "finetune.json").read_text())["max_sequence_length"]
+    cases = [
+        ({"question": q["question"], "context": "x" * 100_001}, 413, "at most 100000"),  # over the limit
+        ({"question": "why " * window, "context": q["context"]}, 413, "field 'question'"),  # past the window
+        ({"question": q["question"], "context": ""}, 422, "empty"),
+        ({"question": q["question"], "context": " \n\t "}, 422, "empty"),
+        ({"question": "\ud800?", "context": q["context"]}, 422, "lone surrogate"),
+        ({"question": q["question"]}, 422, '"question" and "context"'),
+        ({"question": q["question"], "context": q["context"], "id": 1}, 422, '"question" and "context"'),
+        ({"question": 7, "context": q["context"]}, 422, "expected a string"),
+    ]
+    with Server(trained / "model", "packed", max_batch_tokens=2048, limits=RequestLimits()) as server:
+        for body, status, says in cases:
+            sent = json.dumps({"inputs": body})  # ASCII: a lone surrogate travels as "\\ud800"
+            response = httpx.post(server.url + "/qa", content=sent, timeout=60)
+            assert response.status_code == status, (body, response.text)
+            assert says in response.json()["error"], response.text
+        too_many = httpx.post(server.url + "/qa", json={"inputs": [{"question": "a", "context": "b"}] * 33})
+        assert too_many.status_code == 413, too_many.text
+        # a long context (many windows) and contexts with emoji and combining characters
+        # before the text: clean answers, offsets into the context as sent
+        prefixes = ["", "🎉👍🏽 ", "e\u0301e\u0301 Ångström ", "\u200b\u00a0"]
+        bodies = [{"question": q["question"], "context": long_context}] + [
+            {"question": q["question"], "context": p + q["context"]} for p in prefixes
+        ]
+        response = httpx.post(server.url + "/qa", json={"inputs": bodies}, timeout=120)
+        assert response.status_code == 200, response.text
+        answers = response.json()
+        metrics = httpx.get(server.url + "/metrics").text
+    # (the span itself may move: the prefix shifts every token's position, and this tiny
+    # model's choice with it)
+    for body, answer in zip(bodies, answers, strict=True):
+        assert 0 <= answer["start"] <= answer["end"] <= len(body["context"])
+        assert body["context"][answer["start"] : answer["end"]] == answer["answer"]
+    assert 'status="500"' not in metrics

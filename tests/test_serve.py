@@ -53,8 +53,8 @@ def free_port() -> int:
 class Server:
     """An in-process uvicorn server on a free port, in a thread."""
 
-    def __init__(self, folder, policy="packed", queue=None, limits=None, **settings):
-        engine = load_engine(folder)
+    def __init__(self, folder, policy="packed", queue=None, limits=None, engine=None, **settings):
+        engine = engine or load_engine(folder)
         policy_settings = PolicySettings(policy, max_length=engine.max_length, **settings)
         self.app = create_app(engine, policy_settings, queue or QueueLimits(), limits or RequestLimits())
         self.port = free_port()
