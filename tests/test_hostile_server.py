@@ -26,9 +26,12 @@ from serving.api import RequestLimits
 from serving.engines import load_engine
 from serving.scheduler import QueueLimits
 
+from . import test_serve
 from .conftest import REPO
 from .test_finetune_run import checkpoint  # noqa: F401 - the fixtures' checkpoint
-from .test_serve import Server, free_port, trained  # noqa: F401 - the module's fixture
+from .test_serve import Server, free_port
+
+trained = test_serve.trained  # a fine-tuned classification folder (module scope)
 
 pytestmark = pytest.mark.slow
 
