@@ -161,9 +161,12 @@ def _add(out: QaExamples, qid, question, context, answers, where_prefix: str) ->
                 f"{where}: field 'answers': 'text' and 'answer_start' must be lists of one length"
             )
         for text, start in zip(texts, starts):
-            if not isinstance(text, str) or not text or not isinstance(start, int) or isinstance(start, bool):
+            if (
+                not isinstance(text, str) or not text or not isinstance(start, int) or isinstance(start, bool)
+                or start < 0  # a negative start would slice from the context's end
+            ):  # fmt: skip
                 raise ExampleError(
-                    f"{where}: field 'answers': expected non-empty text and an integer answer_start, "
+                    f"{where}: field 'answers': expected non-empty text and an integer answer_start >= 0, "
                     f"got {text!r:.60} at {start!r}"
                 )
             if context[start : start + len(text)] != text:

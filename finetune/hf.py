@@ -61,8 +61,53 @@ def _column(dataset, name: str, why: str) -> list:
     return dataset[name]
 
 
+def _shown(value) -> str:
+    return repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+
+
+def _integers(value, column: str, row: int, ndim: int = 1) -> np.ndarray:
+    """One row's value -> int64 array of `ndim` dimensions (1: a list of integers, 0: one
+    integer); None, floats, strings and booleans are refused with the column and row."""
+    array = np.asarray(value) if value is not None else None
+    if array is None or array.ndim != ndim or not np.issubdtype(array.dtype, np.integer):
+        if array is None or not (ndim == 1 and array.ndim == 1 and array.size == 0):
+            what = "a list of integers" if ndim == 1 else "an integer"
+            raise PackedDatasetError(f"column '{column}', row {row}: expected {what}, got {_shown(value)}")
+    return array.astype(np.int64)
+
+
+def _integer_column(values, column: str) -> np.ndarray:
+    """A column of one integer per row -> int64 [n], or one line naming the first bad row."""
+    array = np.asarray(values) if all(v is not None for v in values) else None
+    if array is None or array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        for row, value in enumerate(values):
+            _integers(value, column, row, ndim=0)
+    return np.asarray(values, dtype=np.int64)
+
+
+def _rows_of(dataset):
+    """The dataset, refused in one line unless it is a map-style `datasets.Dataset` with rows."""
+    from datasets import Dataset
+
+    if not isinstance(dataset, Dataset):
+        streaming = type(dataset).__name__ == "IterableDataset"
+        raise PackedDatasetError(
+            "expected a datasets.Dataset; "
+            + (
+                "an IterableDataset (streaming) cannot be packed offline: packing needs every length first "
+                "(materialize it, e.g. Dataset.from_list(list(iterable_dataset.take(n))))"
+                if streaming
+                else f"got {type(dataset).__name__}"
+            )
+        )
+    if len(dataset) == 0:
+        raise PackedDatasetError("the dataset has no rows; there is nothing to pack")
+    return dataset
+
+
 def _check_tokens(dataset, max_sequence_length: int):
-    """-> token and segment id arrays per example, checked: no padding, within the length."""
+    """-> token and segment id arrays per example, checked: integers >= 0, no padding,
+    within the length, segment ids one per token."""
     tokens = _column(
         dataset, "input_ids", "tokenize the text first, e.g. dataset.map(tokenizer, batched=True)"
     )
@@ -70,33 +115,40 @@ def _check_tokens(dataset, max_sequence_length: int):
     masks = dataset["attention_mask"] if "attention_mask" in dataset.column_names else None
     token_arrays, segment_arrays = [], []
     for row, ids in enumerate(tokens):
-        ids = np.asarray(ids, dtype=np.int64)
-        if ids.ndim != 1 or ids.size == 0:
+        ids = _integers(ids, "input_ids", row)
+        if ids.size == 0:
             raise PackedDatasetError(f"column 'input_ids', row {row}: expected a non-empty list of token ids")
+        if ids.min() < 0:
+            raise PackedDatasetError(f"column 'input_ids', row {row}: token id {ids.min()} is negative")
         if ids.size > max_sequence_length:
             raise PackedDatasetError(
                 f"column 'input_ids', row {row}: {ids.size} tokens, more than max_sequence_length "
                 f"{max_sequence_length} (tokenize with truncation=True, max_length={max_sequence_length})"
             )
-        if masks is not None and not all(masks[row]):
+        if masks is not None:
+            mask = _integers(masks[row], "attention_mask", row)
+            if mask.shape != ids.shape or not mask.all():
+                raise PackedDatasetError(
+                    f"column 'attention_mask', row {row}: padding found (or a length other than "
+                    f"input_ids'); tokenize without padding (packing replaces it)"
+                )
+        segment = np.zeros_like(ids) if segments is None else _integers(segments[row], "token_type_ids", row)
+        if segment.shape != ids.shape or segment.min() < 0:
             raise PackedDatasetError(
-                f"column 'attention_mask', row {row}: padding found; tokenize without padding (packing "
-                f"replaces it)"
+                f"column 'token_type_ids', row {row}: expected {ids.size} segment ids >= 0 (one per "
+                f"token), got {_shown(segments[row])}"
             )
         token_arrays.append(ids)
-        segment_arrays.append(
-            np.zeros_like(ids) if segments is None else np.asarray(segments[row], dtype=np.int64)
-        )
+        segment_arrays.append(segment)
     return token_arrays, segment_arrays
 
 
 def _labels(dataset, task: str, label_column: str | None, lengths: np.ndarray, num_labels: int | None):
     """Per-example labels, checked: int64 [n] | float32 [n, C] | int64 [n, 2] | list of int64 [L_i]."""
     if task == "question_answering":
-        starts = np.asarray(
-            _column(dataset, "start_positions", "run_qa.py's training features"), dtype=np.int64
-        )
-        ends = np.asarray(_column(dataset, "end_positions", "run_qa.py's training features"), dtype=np.int64)
+        why = "run_qa.py's training features"
+        starts = _integer_column(_column(dataset, "start_positions", why), "start_positions")
+        ends = _integer_column(_column(dataset, "end_positions", why), "end_positions")
         bad = np.flatnonzero((starts < 0) | (ends < starts) | (ends >= lengths))
         if bad.size:
             row = int(bad[0])
@@ -108,9 +160,13 @@ def _labels(dataset, task: str, label_column: str | None, lengths: np.ndarray, n
     column = label_column or ("labels" if "labels" in dataset.column_names else "label")
     values = _column(dataset, column, "the labels; name it with label_column=")
     if task == "single_label_classification":
-        labels = np.asarray(values)
-        if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
-            raise PackedDatasetError(f"column '{column}': expected one integer class id per row")
+        labels = _integer_column(values, column)
+        if labels.min() < 0:
+            row = int(np.argmin(labels))
+            raise PackedDatasetError(
+                f"column '{column}', row {row}: label {labels[row]} is negative (a whole-sequence label "
+                f"cannot be ignored like a token's -100; drop the row or give it a class)"
+            )
         limit = num_labels if num_labels is not None else int(labels.max()) + 1
         bad = np.flatnonzero((labels < 0) | (labels >= limit))
         if bad.size:
@@ -121,21 +177,33 @@ def _labels(dataset, task: str, label_column: str | None, lengths: np.ndarray, n
     if task == "multi_label_classification":
         try:
             labels = np.asarray(values, dtype=np.float32)
-        except ValueError:
-            raise PackedDatasetError(
-                f"column '{column}': expected a list of C numbers per row, C the same"
-            ) from None
+        except (ValueError, TypeError):  # rows of different widths, None, strings
+            width = None
+            for row, value in enumerate(values):
+                try:
+                    numbers = np.asarray(value, dtype=np.float32)
+                except (ValueError, TypeError):
+                    numbers = None
+                if numbers is None or numbers.ndim != 1 or numbers.size != (width or numbers.size):
+                    raise PackedDatasetError(
+                        f"column '{column}', row {row}: expected a list of {width or 'C'} numbers in 0..1 "
+                        f"(C the same in every row), got {_shown(value)}"
+                    ) from None
+                width = numbers.size
+            raise
         if labels.ndim != 2 or (num_labels is not None and labels.shape[1] != num_labels):
             raise PackedDatasetError(
                 f"column '{column}': expected [rows, {num_labels or 'C'}] numbers in 0..1"
             )
-        bad = np.flatnonzero(((labels < 0) | (labels > 1)).any(axis=1))
+        bad = np.flatnonzero(~((labels >= 0) & (labels <= 1)).all(axis=1))  # NaN included
         if bad.size:
-            raise PackedDatasetError(f"column '{column}', row {int(bad[0])}: values must lie in 0..1")
+            raise PackedDatasetError(
+                f"column '{column}', row {int(bad[0])}: values must lie in 0..1, got {_shown(values[bad[0]])}"
+            )
         return labels
     out = []
     for row, (per_token, length) in enumerate(zip(values, lengths)):
-        per_token = np.asarray(per_token, dtype=np.int64)
+        per_token = _integers(per_token, column, row)
         if per_token.shape != (length,):
             raise PackedDatasetError(
                 f"column '{column}', row {row}: {per_token.size} labels for {length} tokens (one per token, "
@@ -171,6 +239,7 @@ def pack_dataset(
     if task not in TASKS:
         raise PackedDatasetError(f"task {task!r}: expected one of {', '.join(TASKS)}")
     started = time.perf_counter()
+    dataset = _rows_of(dataset)
     tokens, segments = _check_tokens(dataset, max_sequence_length)
     lengths = np.array([t.size for t in tokens], dtype=np.int64)
     labels = _labels(dataset, task, label_column, lengths, num_labels)

@@ -93,6 +93,19 @@ def packed_pipeline(
     return lambda inputs: runner.answer(inputs, {**options, "max_length": max_length or 384})
 
 
+def _check_texts(texts: list, what: str, allow_none: bool = False) -> None:
+    """ValueError naming the input unless each text is a string of valid Unicode (what the
+    tokenizer can encode); `allow_none`: a missing text pair is fine."""
+    from data.classification_data import check_unicode
+
+    for i, text in enumerate(texts):
+        if text is None and allow_none:
+            continue
+        if not isinstance(text, str):
+            raise ValueError(f"input {i}: {what} must be a string, got {type(text).__name__}")
+        check_unicode(text, f"input {i}: {what}")
+
+
 class _Runner:
     dtype = "float32"
 
@@ -134,6 +147,10 @@ class _Runner:
             t[1] if isinstance(t, tuple | list) else t.get("text_pair") if isinstance(t, dict) else None
             for t in texts
         ]
+        _check_texts(firsts, "the text")
+        _check_texts(seconds, "the text pair", allow_none=True)
+        if not texts:
+            return []
         if all(s is None for s in seconds):
             encoded = self.encode(firsts)
         else:
@@ -164,6 +181,16 @@ class _Runner:
         from finetune.qa_task import offsets_table
 
         items = [inputs] if isinstance(inputs, dict) else list(inputs)
+        if not items:
+            return []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict) or not {"question", "context"} <= set(item):
+                raise ValueError(f'input {i}: expected {{"question": ..., "context": ...}}')
+        for name in ("question", "context"):
+            _check_texts([item[name] for item in items], f"the {name}")
+            empty = [i for i, item in enumerate(items) if not item[name].strip()]
+            if empty:
+                raise ValueError(f"input {empty[0]}: the {name} is empty")
         examples = QaExamples(
             [str(i) for i in range(len(items))],
             [item["question"] for item in items],
@@ -206,6 +233,9 @@ class _Runner:
 
     def tag(self, inputs, ignore_labels):
         texts = [inputs] if isinstance(inputs, str) else list(inputs)
+        _check_texts(texts, "the text")
+        if not texts:
+            return []
         encoded = self.encode(texts, return_offsets_mapping=True, return_special_tokens_mask=True)
         results = self.run(encoded["input_ids"], encoded.get("token_type_ids"))
         names = self.model.config.id2label

@@ -4,6 +4,7 @@ classes run unpacked on the same examples."""
 
 import glob
 import json
+import re
 
 import numpy as np
 import pytest
@@ -380,3 +381,23 @@ def test_question_answering_pipeline_answers_as_predict(tmp_path, checkpoint):
     assert [g["answer"] for g in got] == [expected[q["id"]] for q in dev]
     for g, q in zip(got, dev):
         assert q["context"][g["start"] : g["end"]] == g["answer"]
+
+
+def test_pipelines_refuse_bad_texts_naming_the_input_and_take_empty_batches(checkpoint):
+    """What transformers' pipelines answer with a TypeError from the tokenizer (a lone
+    surrogate, None) is a ValueError naming the input; an empty batch is an empty answer."""
+    classify = packed_pipeline("text-classification", model=checkpoint)
+    tag = packed_pipeline("token-classification", model=checkpoint)
+    answer = packed_pipeline("question-answering", model=checkpoint)
+    for run, bad, says in [
+        (classify, ["fine", "\ud800x"], "input 1: the text: not valid Unicode (a lone surrogate U+D800"),
+        (classify, ["fine", None], "input 1: the text must be a string, got NoneType"),
+        (classify, [("fine", "\udfff")], "input 0: the text pair: not valid Unicode"),
+        (tag, ["\ud800"], "input 0: the text: not valid Unicode"),
+        (answer, [{"question": "who?", "context": "\ud800 x"}], "input 0: the context: not valid Unicode"),
+        (answer, [{"question": "who?", "context": "a b"}, {"question": "who?", "context": " "}], "input 1: the context is empty"),
+        (answer, [{"question": "who?"}], 'input 0: expected {"question": ..., "context": ...}'),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(says)):
+            run(bad)
+    assert classify([]) == [] and tag([]) == [] and answer([]) == []

@@ -76,6 +76,11 @@ def test_v2_unanswerable_questions_read_as_empty_answers(tmp_path):
             "'text' and 'answer_start' must be lists of one length",
         ),
         (lambda r: r.pop("id"), "field 'id' must be a non-empty string"),
+        # "won" does sit at -4 from the end: a negative start must not slice from the end
+        (lambda r: r.update(answers={"text": ["won"], "answer_start": [-4]}), "answer_start >= 0"),
+        (lambda r: r.update(answers={"text": ["Houston"], "answer_start": [28]}), "not at answer_start 28"),
+        (lambda r: r.update(answers={"text": ["Santa"], "answer_start": [500]}), "not at answer_start 500"),
+        (lambda r: r.update(context="Santa \ud800 Clara"), "field 'context': not valid Unicode"),
     ],
 )
 @pytest.mark.parametrize("layout", ["flat", "official"])
