@@ -81,8 +81,11 @@ def describe_os_error(err: OSError) -> str:
 def output_over_inputs(output, inputs=(), folders=()) -> str | None:
     """One line if `output` resolves to one of the `inputs` files or into one of the
     `folders` a command reads (symlinks followed), else None: an output never replaces an
-    input."""
+    input. An existing directory is refused too: the output is a file, written by rename.
+    """
     target = Path(output).resolve()
+    if target.is_dir():
+        return f"{output} is a directory; give the output file's path"
     for path in inputs:
         if Path(path).resolve() == target:
             return f"{output} is also an input ({path}); choose another output path"

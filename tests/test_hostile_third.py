@@ -23,6 +23,7 @@ def test_an_output_never_resolves_to_an_input_or_into_a_folder_read(tmp_path):
     assert "also an input" in output_over_inputs(tmp_path / "link.txt", [source])
     assert "inside" in output_over_inputs(model / "vocab.txt", [], [model])
     assert output_over_inputs(tmp_path / "out.txt", [source], [model]) is None
+    assert "is a directory" in output_over_inputs(tmp_path, [source])
 
 
 def test_train_vocab_refuses_its_corpus_as_output_an_empty_corpus_and_absurd_sizes(tmp_path, capsys):
