@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import json_text
 from data.create_pretraining_data import read_document, split_sentences
 
 
@@ -123,7 +124,7 @@ def read_jsonl(
                 continue
             where = f"{path}:{number}"
             try:
-                record = json.loads(line)
+                record = json_text.loads(line)
             except json.JSONDecodeError as err:
                 raise ExampleError(f"{where}: not valid JSON ({err.msg})") from None
             if not isinstance(record, dict):

@@ -19,6 +19,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import json_text
 from data.classification_data import ExampleError, check_unicode
 
 
@@ -80,7 +81,7 @@ def _one_document(text: str):
     if not text.startswith("{"):
         return None
     try:
-        return json.loads(text)
+        return json_text.loads(text)
     except json.JSONDecodeError:
         return None
 
@@ -122,7 +123,7 @@ def _read_flat(path: Path, text: str, out: QaExamples) -> None:
             continue
         where_line = f"{path}:{number}"
         try:
-            record = json.loads(line)
+            record = json_text.loads(line)
         except json.JSONDecodeError as err:
             raise ExampleError(
                 f"{where_line}: not valid JSON ({err.msg}); expected SQuAD JSON or JSON lines"

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import json_text
 from common.cli import add_inference_options, below_one, command_parser
 from common.files import atomic_path, describe_os_error, output_over_inputs
 from data.classification_data import MAX_FIELD_CHARS, ExampleError
@@ -92,7 +93,7 @@ def read_texts(path: Path, text_field: str) -> Iterator[str]:
         for number, raw in enumerate(f, 1):
             where = f"{path}:{number}"
             try:
-                record = json.loads(raw.decode("utf-8"))
+                record = json_text.loads(raw.decode("utf-8"))
             except UnicodeDecodeError as err:
                 raise ExampleError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
             except json.JSONDecodeError as err:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common import json_text
 from packing.errors import PackingInputError
 
 
@@ -97,7 +98,7 @@ class Histogram:
         except OSError as err:
             raise PackingInputError(f"{path}: cannot read histogram file: {err.strerror}") from None
         try:
-            data = json.loads(text)
+            data = json_text.loads(text)
         except json.JSONDecodeError as err:
             raise PackingInputError(f"{path}: malformed JSON: {err}") from None
         try:

@@ -31,6 +31,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from common import json_text
+
 
 class RequestError(Exception):
     """A request the server refuses: status (413, 422, 429, ...) and a one-line reason."""
@@ -59,8 +61,10 @@ def read_json(body: bytes, limits: RequestLimits, required: str = "inputs") -> d
             413, f"the body has {len(body)} bytes; at most {limits.max_body_bytes} are accepted"
         )
     try:
-        data = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        data = json_text.loads(body)
+    except json.JSONDecodeError as err:  # (doc "": json_text's own refusals have no position)
+        raise RequestError(422, f"the body is not JSON ({err if err.doc else err.msg})") from None
+    except UnicodeDecodeError as err:
         raise RequestError(422, f"the body is not JSON ({err})") from None
     if not isinstance(data, dict) or required not in data:
         raise RequestError(422, f'expected a JSON object with the field "{required}"')

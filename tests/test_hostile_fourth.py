@@ -144,3 +144,29 @@ def test_json_lines_with_invalid_unicode_name_file_line_and_field(tmp_path, line
     with pytest.raises(ExampleError) as refused:
         read_jsonl(path, "text", "pair", "label")
     assert str(refused.value).startswith(str(path)) and says in str(refused.value)
+
+
+DEEP = "[" * 20000 + "]" * 20000  # 40 kB: Python's JSON parser recurses once per level
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"text": "a", "label": "x", "extra": ' + DEEP + "}", ":2: not valid JSON (nested too deeply)"),
+    ('{"text": "a", "text": "b", "label": "x"}', ':2: not valid JSON (duplicate key "text")'),
+])  # fmt: skip
+def test_json_lines_too_deep_or_with_a_duplicate_key_are_one_line(tmp_path, line, says):
+    """Every JSON-lines reader (classification, SQuAD lines, the embed command): a
+    RecursionError from the parser, or a key given twice, is one line naming file:line."""
+    from data.classification_data import ExampleError, read_jsonl
+    from data.qa_data import read_squad
+    from finetune.embed import read_texts
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "fine", "label": "x"}\n' + line + "\n")
+    for read in (lambda: read_jsonl(path, "text", "pair", "label"), lambda: list(read_texts(path, "text"))):
+        with pytest.raises(ExampleError) as refused:
+            read()
+        assert str(refused.value).startswith(str(path)) and says in str(refused.value)
+    squad = tmp_path / "squad.jsonl"
+    squad.write_text(line.replace('"label": "x"', '"id": "q", "question": "q?", "context": "c"') + "\n")
+    with pytest.raises(ExampleError, match="not valid JSON"):
+        read_squad(squad)

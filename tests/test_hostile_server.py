@@ -192,6 +192,8 @@ MIXED = [
     (b'{"inputs": [["a"]], "truncate": "yes"}', 422),
     (b'{"inputs": "' + b"word " * 200 + b'"}', 413),  # too long for the model, no truncate
     (b'{"inputs": [["a"]], "extra": ' + b"[" * 100 + b"]" * 100 + b"}", 200),  # deep but valid JSON
+    (b'{"inputs": ' + b"[" * 20000 + b"]" * 20000 + b"}", 422),  # too deep for Python's parser (was 500)
+    (b'{"inputs": "a", "inputs": ["b"]}', 422),  # a duplicate key (json.loads would keep the last)
 ]
 
 

@@ -39,7 +39,9 @@ TINY = {
     ],
     "python -m finetune.train": [("", " --set training.epochs=1 --set training.progress=false")],
     "python -m data.embedding_texts": [("--kind mixed", "--kind mixed --limit 64")],
-    "python -m data.qa_cloze": [("--output-dir demo_qa", "--output-dir demo_qa --questions-per-article 1 --dev-fraction 0.06")],
+    "python -m data.qa_cloze": [
+        ("--output-dir demo_qa", "--output-dir demo_qa --questions-per-article 1 --dev-fraction 0.06")
+    ],
     "python -m finetune.train --config configs/finetune_qa_bbc.yaml": [("", " --set training.max_seconds=5")],
 }
 

@@ -226,10 +226,13 @@ def test_sigterm_under_load_answers_or_rejects_everything_and_exits_0(trained):
     answered = [r for r in results if r == 200]
     assert answered, results
     # nothing admitted was lost: every request got an HTTP answer, or was refused before the
-    # server read it: at connect, or reset while it waited in the listen backlog when the
-    # listener closed (ReadError; seen when the machine is loaded). The server's own counts
+    # server read it: at connect, reset while it waited in the listen backlog when the
+    # listener closed (ReadError), or closed by uvicorn's shutdown on a connection whose
+    # request it had not parsed yet (RemoteProtocolError, "disconnected without sending a
+    # response"); the last two are seen when the machine is loaded. The server's own counts
     # below show that no request it read went unanswered.
-    assert all(r in (200, 429, 503, "ConnectError", "ReadError") for r in results), results
+    refused_unread = ("ConnectError", "ReadError", "RemoteProtocolError")
+    assert all(r in (200, 429, 503, *refused_unread) for r in results), results
     # the server's own count of answers agrees with what the clients received
     for status in (200, 429, 503):
         if status in results:
