@@ -95,11 +95,11 @@ def _text(value, where: str, limits: RequestLimits) -> str:
     return value
 
 
-def _count(n: int, limits: RequestLimits) -> None:
+def _count(n: int, limits: RequestLimits, field: str = "inputs") -> None:
     if n == 0:
-        raise RequestError(422, 'field "inputs": the batch is empty')
+        raise RequestError(422, f'field "{field}": the batch is empty')
     if n > limits.max_inputs:
-        raise RequestError(413, f'field "inputs": {n} inputs; at most {limits.max_inputs} per request')
+        raise RequestError(413, f'field "{field}": {n} inputs; at most {limits.max_inputs} per request')
 
 
 def parse_predict(data: dict, limits: RequestLimits) -> tuple[list[tuple[str, str | None]], bool, bool, bool]:
@@ -165,7 +165,7 @@ def _texts(inputs, field: str, limits: RequestLimits) -> list[str]:
         return [_text(inputs, field, limits)]
     if not isinstance(inputs, list):
         raise RequestError(422, f'field "{field}": expected a string or a list of strings')
-    _count(len(inputs), limits)
+    _count(len(inputs), limits, field)
     return [_text(v, f"{field}[{i}]", limits) for i, v in enumerate(inputs)]
 
 

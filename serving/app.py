@@ -50,7 +50,7 @@ from serving.metrics import ServerMetrics
 from serving.policies import PolicySettings
 from serving.scheduler import QueueFull, QueueLimits, Scheduler, TicketFailed
 
-ERROR_TYPES = {408: "validation", 413: "validation", 422: "validation", 429: "overloaded",
+ERROR_TYPES = {404: "validation", 408: "validation", 413: "validation", 422: "validation", 429: "overloaded",
                499: "client", 503: "unhealthy", 504: "timeout"}  # fmt: skip
 
 
@@ -136,7 +136,9 @@ def create_app(
         errors = errors or _error
         try:
             if engine.task != task:
-                raise RequestError(404, f"this server runs a {engine.task} model; use {ROUTES[engine.task]}")
+                raise RequestError(
+                    404, f"this server runs {TASK_NAMES[engine.task]} model; use {ROUTES[engine.task]}"
+                )
             if not state["ready"]:
                 raise TicketFailed(503, "the server is not ready (starting or shutting down)")
             data = read_json(await body_of(request), limits, required)
@@ -213,7 +215,7 @@ def create_app(
     async def openai_embeddings(request: Request):
         def parse(data):
             texts, encoding, dimensions = parse_openai_embeddings(data, limits, engine.dimension)
-            return (texts, False), (encoding, dimensions)
+            return (texts, False, "right", "input"), (encoding, dimensions)
 
         def respond(prepared, outputs, encoding, dimensions):
             vectors = engine.answer(outputs, True, dimensions)
@@ -277,6 +279,8 @@ def create_app(
     return app
 
 
+TASK_NAMES = {"classification": "a classification", "question_answering": "a question-answering",
+              "embedding": "an embedding"}  # fmt: skip
 ROUTES = {
     "classification": "POST /predict (or /rerank for a one-label model)",
     "question_answering": "POST /qa",

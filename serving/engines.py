@@ -227,14 +227,18 @@ class EmbeddingEngine(_Engine):
         self.max_length = encoder.max_length
         self.dimension = encoder.dimension
 
-    def prepare(self, texts: list[str], truncate: bool, direction: str = "right") -> Prepared:
-        """Texts -> token ids as finetune.embed makes them. Too long without truncate: 413."""
+    def prepare(
+        self, texts: list[str], truncate: bool, direction: str = "right", field: str = "inputs"
+    ) -> Prepared:
+        """Texts -> token ids as finetune.embed makes them. Too long without truncate: 413,
+        naming `field`[i] (OpenAI's API has no "truncate" to suggest)."""
         try:
             token_ids, _ = self.encoder.tokenize(
-                texts, [f"inputs[{i}]" for i in range(len(texts))], truncate, direction
+                texts, [f"{field}[{i}]" for i in range(len(texts))], truncate, direction
             )
         except ExampleError as err:
-            raise RequestError(413, str(err)) from None
+            message = str(err) if field == "inputs" else str(err).split(' (send "truncate"')[0]
+            raise RequestError(413, message) from None
         return Prepared(token_ids, [np.zeros_like(t) for t in token_ids])
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:

@@ -107,7 +107,8 @@ BAD_EMBED = [
     ({"input": "a"}, 422, 'field "inputs"'),
 ]
 BAD_OPENAI = [
-    ({"input": []}, 422, "batch is empty"),
+    ({"input": []}, 422, 'field "input": the batch is empty'),
+    ({"input": "word " * 400}, 413, "input[0]: 402 tokens; the model takes at most 256"),
     ({"input": [[101, 102]]}, 422, "expected a string"),
     ({"input": "a", "encoding_format": "int8"}, 422, "encoding_format"),
     ({"input": "a", "dimensions": 0}, 422, "dimensions"),
@@ -133,6 +134,7 @@ def test_bad_requests_get_one_line_4xx_and_the_server_keeps_serving(texts):
             error = response.json()["error"]
             assert response.status_code == status and message in error["message"], (body, response.text)
             assert error["type"] == "invalid_request_error"
+            assert "truncate" not in error["message"]  # OpenAI's API has no such field
         cut = httpx.post(server.url + "/embed", json={"inputs": "word " * 400, "truncate": True})
         assert cut.status_code == 200
         left = httpx.post(server.url + "/embed", json={"inputs": "word " * 400 + "end", "truncate": True,
