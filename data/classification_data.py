@@ -106,6 +106,18 @@ def check_unicode(text: str, where: str) -> None:
         ) from None
 
 
+def json_object(line: str, where: str) -> dict:
+    """One line of a JSON-lines file -> its object; ExampleError naming `where` (file:line)
+    if it is not JSON (common.json_text's rules) or not an object."""
+    try:
+        record = json_text.loads(line)
+    except json.JSONDecodeError as err:
+        raise ExampleError(f"{where}: not valid JSON ({err.msg})") from None
+    if not isinstance(record, dict):
+        raise ExampleError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return record
+
+
 def read_jsonl(
     path, text_field: str, pair_field: str, label_field: str, need_labels: bool = True
 ) -> Examples:
@@ -123,12 +135,7 @@ def read_jsonl(
             if not line.strip():
                 continue
             where = f"{path}:{number}"
-            try:
-                record = json_text.loads(line)
-            except json.JSONDecodeError as err:
-                raise ExampleError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise ExampleError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            record = json_object(line, where)
             text = record.get(text_field)
             if not isinstance(text, str):
                 raise ExampleError(f"{where}: field '{text_field}' must be a string, got {text!r}")

@@ -30,10 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from common import json_text
 from common.cli import add_inference_options, below_one, command_parser
 from common.files import atomic_path, describe_os_error, output_over_inputs
-from data.classification_data import MAX_FIELD_CHARS, ExampleError
+from data.classification_data import MAX_FIELD_CHARS, ExampleError, json_object
 from finetune.embedding import EMBED_BATCHING, EncodeOptions, iter_encode, load_encoder
 from finetune.precision import device_problem
 from model.embedding import POOLING_MODES
@@ -93,13 +92,10 @@ def read_texts(path: Path, text_field: str) -> Iterator[str]:
         for number, raw in enumerate(f, 1):
             where = f"{path}:{number}"
             try:
-                record = json_text.loads(raw.decode("utf-8"))
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 raise ExampleError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
-            except json.JSONDecodeError as err:
-                raise ExampleError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise ExampleError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            record = json_object(line, where)
             text = record.get(text_field)
             if not isinstance(text, str):
                 raise ExampleError(
