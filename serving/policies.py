@@ -12,7 +12,8 @@ whenever the model is free.
                rows of the width, among the fixed ones that hold the longest and the
                longest rounded up to 16, that needs the fewest padded tokens (row widths
                come from a small fixed set, so a compiled or CUDA-graph model sees few
-               shapes)
+               shapes); a batch of one sequence runs at its own length, as TEI's does
+               (measured ~10% lower p50 at light load than rounding it up)
   fifo-tokens  text-embeddings-inference's policy for padded models (core/src/queue.rs):
                first come, first served while (longest so far) x (sequences + 1) fits the
                token budget; one sequence per row, padded to the batch's longest
@@ -107,6 +108,8 @@ def _packed(lengths, waited_s, settings: PolicySettings) -> Plan:
     # light load wants); none wider than the first that holds every chosen token.
     longest, total = int(chosen_lengths.max()), int(chosen_lengths.sum())
     tight = min(-(-longest // TIGHT_STEP) * TIGHT_STEP, settings.max_length)
+    if len(chosen) == 1:  # a lone sequence (a light load): its own length, no padding at all
+        tight = longest
     candidates = sorted({tight, *(w for w in settings.widths if w >= longest)})
     enough = next((i for i, w in enumerate(candidates) if w >= total), len(candidates) - 1)
     best = None

@@ -33,7 +33,10 @@ def test_every_plan_runs_each_chosen_sequence_once_within_its_row(lengths, polic
     for row in plan.table:
         assert lengths[plan.chosen[row[row >= 0]]].sum() <= plan.width
     if policy == "packed":
-        assert plan.width in {*config.widths} or plan.width % 16 == 0
+        if len(plan.chosen) == 1:  # one sequence runs at its own length
+            assert plan.width == lengths[plan.chosen[0]]
+        else:
+            assert plan.width in {*config.widths} or plan.width % 16 == 0
         # the budget holds unless one sequence alone exceeds it
         assert lengths[plan.chosen].sum() <= budget or len(plan.chosen) == 1
         overdue = np.flatnonzero(waited >= config.starve_after_s)
@@ -59,9 +62,12 @@ def test_packed_takes_the_longest_first_and_fills_rows():
     # once the 10-token one has waited past starve_after_s it goes first
     waited = np.array([0.2, 0, 0, 0, 0, 0])
     assert plan_batch(lengths, waited, config).chosen.tolist() == [0, 1, 3]
-    # a light queue: rows as tight as the longest (rounded up to 16), not the fixed 128
-    light = plan_batch(np.array([40]), np.zeros(1), config)
-    assert (light.width, light.table.tolist()) == (48, [[0]])
+    # a light queue: rows as tight as the longest (rounded up to 16), not the fixed 128;
+    # a lone sequence at its own length
+    light = plan_batch(np.array([40, 23]), np.zeros(2), config)
+    assert (light.width, sorted(light.table.tolist())) == (48, [[0], [1]])
+    lone = plan_batch(np.array([40]), np.zeros(1), config)
+    assert (lone.width, lone.table.tolist()) == (40, [[0]])
 
 
 class EchoEngine:
