@@ -141,6 +141,9 @@ bench: install
 	$(PY) bench/bench_qa.py
 	$(PY) bench/bench_serve.py --workload pairs
 	$(PY) bench/bench_serve.py --workload mixed
+	$(PY) bench/bench_embed.py --texts 2000 --rounds 3
+	$(PY) bench/bench_serve.py --workload embed --seconds 15 --rounds 3 --overload-seconds 20
+	$(PY) bench/bench_serve_light.py --rate 7.5 --seconds 60 --rounds 2
 
 lint: install
 	$(PY) -m ruff check .
