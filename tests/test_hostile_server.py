@@ -75,7 +75,7 @@ def wait_until(condition, seconds: float = 10.0, what: str = "") -> None:
 
 
 def test_slow_clients_with_partial_bodies_do_not_stall_others_and_are_timed_out(trained):
-    limits = RequestLimits(body_timeout_s=2.0)
+    limits = RequestLimits(body_timeout_s=4.0)  # a stall behind the slow clients would last this long
     with Server(trained / "run" / "model", limits=limits) as server:
         head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(PREDICT)}"
         slow = [raw_request(server.port, head, PREDICT[:10]) for _ in range(4)]  # and then nothing
