@@ -90,8 +90,7 @@ class Encoder:
             if len(body) > room:
                 if not truncate:
                     raise ExampleError(
-                        f"{place}: {len(body) + 2} tokens; the model takes at most {self.max_length} "
-                        '(send "truncate": true to cut it)'
+                        f"{place}: {len(body) + 2} tokens; the model takes at most {self.max_length}"
                     )
                 truncated += 1
                 body = body[-room:] if direction == "left" else body[:room]

@@ -69,10 +69,10 @@ def _integers(value, column: str, row: int, ndim: int = 1) -> np.ndarray:
     """One row's value -> int64 array of `ndim` dimensions (1: a list of integers, 0: one
     integer); None, floats, strings and booleans are refused with the column and row."""
     array = np.asarray(value) if value is not None else None
-    if array is None or array.ndim != ndim or not np.issubdtype(array.dtype, np.integer):
-        if array is None or not (ndim == 1 and array.ndim == 1 and array.size == 0):
-            what = "a list of integers" if ndim == 1 else "an integer"
-            raise PackedDatasetError(f"column '{column}', row {row}: expected {what}, got {_shown(value)}")
+    empty_list = array is not None and ndim == 1 and array.shape == (0,)  # numpy types [] as float
+    if not empty_list and (array is None or array.ndim != ndim or not np.issubdtype(array.dtype, np.integer)):
+        what = "a list of integers" if ndim == 1 else "an integer"
+        raise PackedDatasetError(f"column '{column}', row {row}: expected {what}, got {_shown(value)}")
     return array.astype(np.int64)
 
 
@@ -80,9 +80,9 @@ def _integer_column(values, column: str) -> np.ndarray:
     """A column of one integer per row -> int64 [n], or one line naming the first bad row."""
     array = np.asarray(values) if all(v is not None for v in values) else None
     if array is None or array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-        for row, value in enumerate(values):
+        for row, value in enumerate(values):  # raises at the first row that is not one integer
             _integers(value, column, row, ndim=0)
-    return np.asarray(values, dtype=np.int64)
+    return array.astype(np.int64)
 
 
 def _rows_of(dataset):
@@ -168,7 +168,7 @@ def _labels(dataset, task: str, label_column: str | None, lengths: np.ndarray, n
                 f"cannot be ignored like a token's -100; drop the row or give it a class)"
             )
         limit = num_labels if num_labels is not None else int(labels.max()) + 1
-        bad = np.flatnonzero((labels < 0) | (labels >= limit))
+        bad = np.flatnonzero(labels >= limit)  # negative ones refused above
         if bad.size:
             raise PackedDatasetError(
                 f"column '{column}', row {int(bad[0])}: label {labels[bad[0]]} is outside 0..{limit - 1}"

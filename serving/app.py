@@ -109,8 +109,8 @@ def create_app(
         """The ticket's outputs; the ticket is withdrawn (its queued sequences dropped) if
         its deadline passes (504) or the client disconnects first (499)."""
         outputs = asyncio.ensure_future(asyncio.shield(ticket.future))
-        # After the whole body, the next ASGI message for this request is the disconnect
-        # (uvicorn sends it when the connection is lost).
+        # After the whole body, the only ASGI message left for this request is http.disconnect
+        # (the ASGI HTTP spec; uvicorn sends it when the connection is lost).
         left = asyncio.ensure_future(request.receive())
         try:
             done, _ = await asyncio.wait(
@@ -120,11 +120,9 @@ def create_app(
         finally:
             left.cancel()
         if outputs not in done:
-            if left in done and left.result().get("type") == "http.disconnect":
+            if left in done:
                 scheduler.withdraw(ticket, 499, "the client disconnected")
-            elif left in done:  # not a disconnect (uvicorn sends none other): wait on
-                await asyncio.wait({outputs}, timeout=max(ticket.deadline - time.monotonic(), 0.0))
-            if not outputs.done():
+            else:
                 scheduler.withdraw(ticket, 504, f"not answered within the {queue.timeout_s:g} s timeout")
         return await outputs  # the withdrawal (or a result that just won) decides
 

@@ -231,14 +231,16 @@ class EmbeddingEngine(_Engine):
         self, texts: list[str], truncate: bool, direction: str = "right", field: str = "inputs"
     ) -> Prepared:
         """Texts -> token ids as finetune.embed makes them. Too long without truncate: 413,
-        naming `field`[i] (OpenAI's API has no "truncate" to suggest)."""
+        naming `field`[i]."""
         try:
             token_ids, _ = self.encoder.tokenize(
                 texts, [f"{field}[{i}]" for i in range(len(texts))], truncate, direction
             )
         except ExampleError as err:
-            message = str(err) if field == "inputs" else str(err).split(' (send "truncate"')[0]
-            raise RequestError(413, message) from None
+            hint = (
+                ' (send "truncate": true to cut it)' if field == "inputs" else ""
+            )  # TEI's field; OpenAI has none
+            raise RequestError(413, f"{err}{hint}") from None
         return Prepared(token_ids, [np.zeros_like(t) for t in token_ids])
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:

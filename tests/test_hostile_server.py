@@ -29,7 +29,7 @@ from serving.scheduler import QueueLimits
 from . import test_serve
 from .conftest import REPO
 from .test_finetune_run import checkpoint  # noqa: F401 - the fixtures' checkpoint
-from .test_serve import Server, free_port
+from .test_serve import Server, free_port, signal_under_load, wait_ready
 
 trained = test_serve.trained  # a fine-tuned classification folder (module scope)
 
@@ -171,13 +171,8 @@ def start(model, port: int) -> subprocess.Popen:
          "--max-body-bytes", "65536"],
         cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200:
-                return server
-        except httpx.TransportError:
-            time.sleep(0.1)
+    if wait_ready(f"http://127.0.0.1:{port}"):
+        return server
     server.kill()
     raise RuntimeError(f"the server did not start: {server.stderr.read()}")
 
@@ -226,20 +221,9 @@ def test_thousands_of_hostile_requests_leave_rss_bounded_and_sigkill_then_restar
         assert grown_mib < 40, grown_mib
 
         # SIGKILL under load: clients get an answer or a transport error, never a hang
-        results = []
-
-        def send(_):
-            try:
-                results.append(httpx.post(url + "/predict", content=PREDICT, timeout=30).status_code)
-            except httpx.TransportError as err:
-                results.append(type(err).__name__)
-
-        with ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(send, i) for i in range(32)]
-            time.sleep(0.2)
-            server.send_signal(signal.SIGKILL)
-            for f in futures:
-                f.result()
+        results = signal_under_load(
+            server, url, PREDICT, signal.SIGKILL, requests=32, threads=8, after_s=0.2, timeout=30
+        )
         assert server.wait(30) == -signal.SIGKILL
         assert set(results) <= {200, 429, "ConnectError", "ReadError", "RemoteProtocolError"}, results
         log = server.stderr.read()

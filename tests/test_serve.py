@@ -80,6 +80,41 @@ class Server:
         self.thread.join(30)
 
 
+def wait_ready(url: str, seconds: float = 60) -> bool:
+    """Poll GET /ready until it answers 200 (True) or `seconds` pass (False)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/ready").status_code == 200:
+                return True
+        except httpx.TransportError:
+            time.sleep(0.1)
+    return False
+
+
+def signal_under_load(
+    server, url, body: bytes, signum, requests: int, threads: int, after_s: float, timeout: float = 60
+) -> list:
+    """POST `body` to /predict `requests` times from `threads` clients; send `signum` to the
+    server process `after_s` seconds in. -> per request, its status code or the name of the
+    transport error the client saw."""
+    results = []
+
+    def send(_):
+        try:
+            results.append(httpx.post(url + "/predict", content=body, timeout=timeout).status_code)
+        except httpx.TransportError as err:
+            results.append(type(err).__name__)
+
+    with ThreadPoolExecutor(threads) as pool:
+        futures = [pool.submit(send, i) for i in range(requests)]
+        time.sleep(after_s)
+        server.send_signal(signum)
+        for f in futures:
+            f.result()
+    return results
+
+
 def read_records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -194,30 +229,9 @@ def test_sigterm_under_load_answers_or_rejects_everything_and_exits_0(trained):
         cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/ready").status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        results = []
-
-        def send(_):
-            try:
-                response = httpx.post(
-                    url + "/predict", json={"inputs": [["the market " * 8]] * 4}, timeout=60
-                )
-                results.append(response.status_code)
-            except httpx.TransportError as err:  # refused: sent after the listener closed
-                results.append(type(err).__name__)
-
-        with ThreadPoolExecutor(12) as pool:
-            futures = [pool.submit(send, i) for i in range(24)]
-            time.sleep(0.3)
-            server.send_signal(signal.SIGTERM)
-            for f in futures:
-                f.result()
+        assert wait_ready(url), "the server did not start"
+        body = json.dumps({"inputs": [["the market " * 8]] * 4}).encode()
+        results = signal_under_load(server, url, body, signal.SIGTERM, requests=24, threads=12, after_s=0.3)
         assert server.wait(60) == 0, server.stderr.read()
         log = server.stderr.read()
     finally:
