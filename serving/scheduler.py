@@ -190,12 +190,15 @@ class Scheduler:
         with self._condition:
             ended = ticket.end(status, message)
             if ended:
-                mine = [w for w in self._queue if w.ticket is ticket]
-                if mine:
-                    self._queue = deque(w for w in self._queue if w.ticket is not ticket)
-                    self._queued_tokens -= sum(w.length for w in mine)
-                    self._publish_queue()
+                self._drop({id(ticket)})
         return ended
+
+    def _drop(self, ticket_ids: set) -> None:
+        """Take every queued sequence of these tickets (by id) out of the queue and its
+        token count. Called with the condition held."""
+        self._queued_tokens -= sum(w.length for w in self._queue if id(w.ticket) in ticket_ids)
+        self._queue = deque(w for w in self._queue if id(w.ticket) not in ticket_ids)
+        self._publish_queue()
 
     def _publish_queue(self) -> None:
         self.metrics.queue_size.set(len(self._queue))
@@ -263,9 +266,7 @@ class Scheduler:
         ended = {id(w.ticket): w.ticket for w in self._queue if w.ticket.deadline <= now or w.ticket.finished}
         if not ended:
             return
-        self._queued_tokens -= sum(w.length for w in self._queue if id(w.ticket) in ended)
-        self._queue = deque(w for w in self._queue if id(w.ticket) not in ended)
-        self._publish_queue()
+        self._drop(set(ended))
         for ticket in ended.values():
             ticket._finish(TicketFailed(504, f"not run within the {self.limits.timeout_s:g} s timeout"))
 
