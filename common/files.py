@@ -3,19 +3,60 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def not_a_file(path) -> str | None:
+    """What stands at `path` (symlinks followed) if it is something other than a regular
+    file, e.g. "a character device"; None for a regular file or nothing."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError:  # e.g. a loop of symlinks: let the write itself report it
+        return None
+    return next(
+        (kind for test, kind in _KINDS if test(mode)), None if stat.S_ISREG(mode) else "not a regular file"
+    )
+
+
+def output_file(path) -> Path:
+    """Where an output file named `path` is written: `path` itself, or, if it is a symlink,
+    the file it points to (written through: the link stays and now names the new file).
+    An output is only ever a regular file or a new path: a device (/dev/null, /dev/full),
+    FIFO, socket or directory standing there raises OSError naming `path`, and is never
+    replaced by the rename."""
+    path = Path(path)
+    kind = not_a_file(path)
+    if kind is not None:
+        raise OSError(
+            errno.EEXIST, f"is {kind}; an output is written only to a regular file or a new path", str(path)
+        )
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
 
 
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yield a temporary path beside `path`; rename it over `path` only on success."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """Yield a temporary path beside the output `path` (output_file: a symlink's target);
+    rename it over that only on success, and only if a regular file or nothing is still
+    there (checked again just before the rename)."""
+    target = output_file(path)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         try:
             yield tmp
@@ -23,7 +64,8 @@ def atomic_path(path):
             if err.filename is None:  # e.g. numpy's short write: name the file being written
                 raise OSError(err.errno, err.strerror or str(err), str(path)) from err
             raise
-        os.replace(tmp, path)
+        output_file(path)
+        os.replace(tmp, target)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -34,8 +76,16 @@ def atomic_folder(path):
     """Yield a new temporary folder beside `path`; on success it replaces `path`, on failure
     it is deleted and `path` is untouched. An older folder of that name is first renamed
     aside, the new one renamed in, and only then the old one removed: at every instant one
-    complete folder exists under its own or an aside name (`.NAME.old-*`)."""
+    complete folder exists under its own or an aside name (`.NAME.old-*`). A symlink is
+    written through (the folder it names is replaced); anything at `path` that is not a
+    directory (a file, a device) raises OSError and is left as it is."""
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    if path.exists() and not path.is_dir():
+        raise OSError(
+            errno.ENOTDIR, "exists and is not a folder; give a new path or a folder to replace", str(path)
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     aside = None
@@ -69,8 +119,6 @@ def sha256_file(path, block: int = 1 << 22) -> str:
 def describe_os_error(err: OSError) -> str:
     """One line for an error of the operating system (no space left, permission denied, not
     a directory, file too large): the path and the reason, never a traceback."""
-    import errno
-
     where = err.filename if err.filename is not None else "a file"
     reason = err.strerror or str(err)
     if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "written" in reason:
@@ -81,11 +129,15 @@ def describe_os_error(err: OSError) -> str:
 def output_over_inputs(output, inputs=(), folders=()) -> str | None:
     """One line if `output` resolves to one of the `inputs` files or into one of the
     `folders` a command reads (symlinks followed), else None: an output never replaces an
-    input. An existing directory is refused too: the output is a file, written by rename.
+    input. Anything but a regular file standing at `output` (a directory, device, FIFO,
+    socket) is refused too: the output is a file, written by rename (output_file).
     """
     target = Path(output).resolve()
     if target.is_dir():
         return f"{output} is a directory; give the output file's path"
+    kind = not_a_file(output)
+    if kind is not None:
+        return f"{output} is {kind}; an output is written only to a regular file or a new path"
     for path in inputs:
         if Path(path).resolve() == target:
             return f"{output} is also an input ({path}); choose another output path"

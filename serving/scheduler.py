@@ -8,9 +8,10 @@
 
 A request becomes one `Ticket` holding its sequences (texts or QA windows). Admission is
 all or nothing: a ticket enters only if the queue has room for all its sequences (never more
-than `max_queue_sequences`) and, once the worker has measured its rate in tokens per second,
-only if the tokens queued ahead of it would run within half the timeout: an overloaded
-server answers 429 at once rather than 504 after the wait (no unbounded backlog). One worker
+than `max_queue_sequences`) and, where the worker has measured its speed at the batch sizes
+the queue would run in, only if the queue with it would run within half the timeout
+(serving/admission.py: a request that would run now on an empty queue is never refused for
+time): an overloaded server answers 429 at once rather than 504 after the wait. One worker
 thread takes batches by the policy (serving/policies.py) and runs the engine; the event
 loop never waits on the model. Every admitted ticket ends exactly once: with its outputs,
 or with an error (its deadline passed while queued: 504; the server stopped: 503; the
@@ -29,11 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from serving.admission import MeasuredRates, refusal
 from serving.policies import PolicySettings, plan_batch
-
-# Admit a request only if the queue ahead of it, at the measured rate, runs within this
-# share of the timeout (the rest is slack for a slower spell of the machine).
-ADMIT_WITHIN = 0.5
 
 
 class QueueFull(Exception):
@@ -118,7 +116,7 @@ class Scheduler:
         self.engine, self.settings, self.limits, self.metrics = engine, settings, limits, metrics
         self._queue: deque[_Waiting] = deque()
         self._queued_tokens = 0  # real tokens waiting
-        self._tokens_per_second = 0.0  # the worker's measured rate (EWMA over batches)
+        self._rates = MeasuredRates()  # the worker's tokens/s per batch size
         self._condition = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="serving-worker", daemon=True)
@@ -144,22 +142,13 @@ class Scheduler:
                     413, f"this request has {len(token_ids)} sequences (QA: windows); the queue holds "
                     f"at most {self.limits.max_queue_sequences}",
                 )  # fmt: skip
-            if len(self._queue) + len(token_ids) > self.limits.max_queue_sequences:
-                raise QueueFull(
-                    f"the queue holds {len(self._queue)} of {self.limits.max_queue_sequences} "
-                    f"sequences; this request has {len(token_ids)}"
-                )
-            # Refuse now what could not run before its deadline: the queue's tokens at the
-            # measured rate would take longer than the timeout allows (a 429 now, not a 504
-            # after waiting). Until a rate is measured, only the sequence bound applies.
             tokens = sum(len(t) for t in token_ids)
-            if self._tokens_per_second:
-                wait = (self._queued_tokens + tokens) / self._tokens_per_second
-                if wait > ADMIT_WITHIN * self.limits.timeout_s:
-                    raise QueueFull(
-                        f"the queue would take {wait:.1f} s at the measured {self._tokens_per_second:.0f} "
-                        f"tokens/s; requests must run within {self.limits.timeout_s:g} s"
-                    )
+            reason = refusal(
+                len(self._queue), self._queued_tokens, len(token_ids), tokens, self._rates,
+                self.limits.max_queue_sequences, self.settings.max_batch_tokens, self.limits.timeout_s,
+            )  # fmt: skip
+            if reason is not None:
+                raise QueueFull(reason)
             self._queued_tokens += tokens
             for position, tokens in enumerate(token_ids):
                 self._queue.append(_Waiting(ticket, position, len(tokens), now))
@@ -284,11 +273,8 @@ class Scheduler:
                 ticket._finish(TicketFailed(500, message))
             return
         real = int(sum(len(t) for t in token_ids))
-        rate = real / max(time.monotonic() - started, 1e-6)
         with self._condition:  # read by submit() on the event loop's thread
-            self._tokens_per_second = (
-                rate if not self._tokens_per_second else 0.8 * self._tokens_per_second + 0.2 * rate
-            )
+            self._rates.observe(real, time.monotonic() - started)
         self.metrics.observe_batch(real, plan.padded_tokens, len(taken))
         for w, output in zip(taken, outputs):
             ticket = w.ticket

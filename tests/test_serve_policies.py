@@ -185,17 +185,18 @@ def test_qa_requests():
 
 
 def test_admission_refuses_what_the_measured_rate_cannot_run_before_the_timeout():
-    """429 at admission instead of a 504 later: once the worker has measured its tokens/s,
-    a request whose queue ahead would take over half the timeout is refused."""
+    """429 at admission instead of a 504 later: once the worker has measured its tokens/s at
+    the batch size the queue runs in, a request whose queue would take over half the timeout
+    is refused (serving/admission.py)."""
 
     async def scenario():
-        engine = EchoEngine(0.05)  # 100 tokens in 0.05 s: about 2,000 tokens/s
+        engine = EchoEngine(0.05)  # any batch in 0.05 s: 500 tokens at 10,000 tokens/s
         scheduler = Scheduler(engine, PolicySettings("fifo-tokens", max_length=512, max_batch_tokens=512),
-                              QueueLimits(10_000, 0, 1.0), ServerMetrics())  # fmt: skip
+                              QueueLimits(10_000, 0, 0.2), ServerMetrics())  # fmt: skip
         scheduler.start()
-        await scheduler.submit([np.zeros(100)], [None]).future  # measures the rate
+        await scheduler.submit([np.zeros(100)] * 5, [None] * 5).future  # measures a full batch
         admitted, refused = [], 0
-        for _ in range(40):  # 40 x 100 tokens = 2 s of work; half the 1 s timeout is 0.5 s
+        for _ in range(40):  # 40 x 100 tokens: 0.4 s of work; half the 0.2 s timeout is 0.1 s
             try:
                 admitted.append(scheduler.submit([np.zeros(100)], [None]))
             except QueueFull:
