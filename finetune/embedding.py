@@ -21,12 +21,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from data.classification_data import ExampleError, check_unicode
 from finetune.batching import Batcher, BatchingSpec
-from finetune.precision import precision
-from finetune.rows import pack_rows, unpack_outputs
+from finetune.rows import unpack_outputs
+from finetune.runner import Runner
 from model.embedding import PackedBertForEmbedding, check_pooling
 
 # --batching names -> finetune.batching modes (padded: fixed rows of max_seq_length tokens;
@@ -70,10 +69,19 @@ class Encoder:
     lowercase: bool = False  # sentence-transformers' do_lower_case: lower-case before tokenizing
     name: str = ""
     stats: dict = field(default_factory=lambda: {"texts": 0, "tokens": 0, "slots": 0, "truncated": 0})
+    _runners: dict = field(default_factory=dict, repr=False)  # (device, dtype) -> Runner
 
     @property
     def dimension(self) -> int:
         return self.model.dimension
+
+    def runner(self, device: str, dtype: str) -> Runner:
+        """The model's finetune.runner.Runner on `device` in `dtype` (built, and so checked,
+        once per pair)."""
+        key = (str(device), dtype)
+        if key not in self._runners:
+            self._runners[key] = Runner(self.model, device, dtype)
+        return self._runners[key]
 
     def tokenize(self, texts: list[str], where: list[str], truncate: bool = True, direction: str = "right"):
         """-> (token id arrays int64, truncated count). Too long with truncate=False raises
@@ -290,13 +298,9 @@ def run_tables(
 ):
     """Forward every batch table; -> (per-slot embeddings [rows, K, D], example_index [rows, K])
     per batch. The model pools; normalization is the caller's."""
-    device = torch.device(options.device)
-    with torch.inference_mode(), precision(device.type, options.dtype):
-        for table in tables:
-            rows = pack_rows(token_ids, table, width_of(table))
-            batch = {name: torch.from_numpy(value).to(device) for name, value in rows.items()}
-            out = encoder.model(**batch)
-            yield out["embeddings"].float().cpu().numpy(), rows["example_index"]
+    runner = encoder.runner(options.device, options.dtype)
+    for batch in runner.run(token_ids, tables, width_of, None, ("embeddings",)):
+        yield batch.outputs["embeddings"], batch.rows["example_index"]
 
 
 def embed_token_ids(encoder: Encoder, token_ids: list, options: EncodeOptions) -> np.ndarray:

@@ -23,10 +23,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from finetune.precision import device_problem, precision
-from finetune.rows import pack_rows, unpack_outputs, unpack_token_outputs
+from finetune.precision import device_problem
+from finetune.rows import unpack_outputs, unpack_token_outputs
+from finetune.runner import Runner
 from packing.tokenized import pack_examples
 
 PIPELINE_TASKS = {
@@ -80,9 +80,14 @@ def packed_pipeline(
     if isinstance(tokenizer, str | Path):
         tokenizer = AutoTokenizer.from_pretrained(tokenizer)
     runner = _Runner(
-        model.to(device).eval(), tokenizer, batch_size, max_sequences_per_pack, algorithm, max_length
+        Runner(model, device, dtype),
+        tokenizer,
+        batch_size,
+        max_sequences_per_pack,
+        algorithm,
+        max_length,
+        ("start_logits", "end_logits") if task == "question-answering" else ("logits",),
     )
-    runner.dtype = dtype
     if task == "text-classification":
         default_top_k = options.get("top_k", 1)
         return lambda inputs, top_k=default_top_k: runner.classify(inputs, top_k)
@@ -107,31 +112,24 @@ def _check_texts(texts: list, what: str, allow_none: bool = False) -> None:
 
 
 class _Runner:
-    dtype = "float32"
+    """The three tasks' tokenization and answers around one finetune.runner.Runner."""
 
-    def __init__(self, model, tokenizer, batch_size, max_per_pack, algorithm, max_length):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, runner: Runner, tokenizer, batch_size, max_per_pack, algorithm, max_length, outputs):
+        self.runner, self.model, self.tokenizer, self.outputs = runner, runner.model, tokenizer, outputs
         self.batch_size, self.max_per_pack, self.algorithm = batch_size, max_per_pack, algorithm
-        self.max_length = max_length or model.config.max_position_embeddings
-        self.device = next(model.parameters()).device
+        self.max_length = max_length or self.model.config.max_position_embeddings
 
-    @torch.inference_mode()
     def run(self, token_ids: list, segment_ids: list) -> list[tuple[dict, dict]]:
         """Pack the examples, run every batch of packs -> [(rows, outputs)] (numpy)."""
         lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
         width = int(lengths.max())
         table = pack_examples(lengths, width, self.max_per_pack, self.algorithm, seed=0)
         packs_per_batch = max(1, round(self.batch_size * len(table) / len(lengths)))
-        results = []
-        for first in range(0, len(table), packs_per_batch):
-            rows = pack_rows(token_ids, table[first : first + packs_per_batch], width, segment_ids)
-            batch = {name: torch.from_numpy(value).to(self.device) for name, value in rows.items()}
-            with precision(self.device.type, self.dtype):
-                out = self.model(**batch)
-            results.append(
-                (rows, {k: v.float().cpu().numpy() for k, v in out.items() if k.endswith("logits")})
-            )
-        return results
+        tables = [table[first : first + packs_per_batch] for first in range(0, len(table), packs_per_batch)]
+        token_ids = [np.asarray(t, dtype=np.int64) for t in token_ids]
+        segment_ids = None if segment_ids is None else [np.asarray(s, dtype=np.int64) for s in segment_ids]
+        batches = self.runner.run(token_ids, tables, lambda _: width, segment_ids, self.outputs)
+        return [(b.rows, b.outputs) for b in batches]
 
     def encode(self, first, second=None, **options):
         return self.tokenizer(first, second, truncation=True, max_length=self.max_length, **options)

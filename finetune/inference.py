@@ -12,33 +12,28 @@ import numpy as np
 import torch
 
 from common.files import atomic_path
-from finetune.batching import Batcher, collate
-from finetune.rows import unpack_outputs
+from finetune.batching import Batcher
+from finetune.runner import Runner, per_sequence
 from model.classification import classification_metrics
 
 
-@torch.inference_mode()
-def predict_logits(model, data, batcher: Batcher) -> tuple[np.ndarray, dict]:
-    """Logits float32 [n, C] in input order, and timing/padding figures of the pass."""
-    model.eval()
-    device = next(model.parameters(), torch.empty(0)).device
-    batches = batcher.epoch(0, shuffle=False)
+def predict_logits(
+    model, data, batcher: Batcher, device=None, dtype: str = "float32"
+) -> tuple[np.ndarray, dict]:
+    """Logits float32 [n, C] in input order, and timing/padding figures of the pass.
+    `model` is a module (run on its own device) or a finetune.runner.Runner."""
+    runner = model if isinstance(model, Runner) else Runner(model, device, dtype)
+    tables = batcher.epoch(0, shuffle=False)
     start = time.perf_counter()
-    logits, index = [], []
-    for table in batches:
-        batch = to_device(collate(data, table, batcher.width(table), with_labels=False), device)
-        logits.append(model(**batch)["logits"].float().cpu().numpy())  # .cpu() waits for the device
-        index.append(table)
+    batches = list(runner.run(data.token_ids, tables, batcher.width, data.segment_ids, ("logits",)))
     seconds = time.perf_counter() - start
-    # Dynamic widths differ per batch, but every mode's slots are [rows, K]: concatenate slots.
-    in_order = unpack_outputs(np.concatenate(logits), np.concatenate(index), len(data))
     n = len(data)
-    return in_order, {
+    return per_sequence(batches, "logits", n), {
         "examples": n,
         "seconds": seconds,
         "examples_per_second": n / seconds,
-        "batches": len(batches),
-        "padding_fraction": batcher.padding_fraction(batches),
+        "batches": len(tables),
+        "padding_fraction": batcher.padding_fraction(tables),
     }
 
 

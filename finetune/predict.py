@@ -35,7 +35,8 @@ from data.tokenizer import DataInputError
 from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec
 from finetune.folder import load_finetuned
 from finetune.inference import predict_logits, score, write_predictions
-from finetune.precision import device_problem, precision
+from finetune.precision import device_problem
+from finetune.runner import Runner
 from model.hf_checkpoint import quiet_transformers
 from packing.errors import PackingInputError
 
@@ -104,8 +105,7 @@ def main(argv=None) -> int:
             return 2
         width = max(info["max_sequence_length"], longest)
         batcher = batcher_for(args, data.lengths, width, max(info.get("pack_length") or width, longest))
-        with precision(args.device, args.dtype):
-            logits, timing = predict_logits(model.to(args.device), data, batcher)
+        logits, timing = predict_logits(Runner(model, args.device, args.dtype), data, batcher)
     except (ExampleError, DataInputError, PackingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -139,10 +139,8 @@ def predict_answers(args, model, info: dict, vocab: dict, summary_path: Path) ->
         )
     settings = answer_settings(qa, keep_nbest=args.nbest_output is not None)
     batcher = batcher_for(args, windows.lengths, width, pack_length)
-    with precision(args.device, args.dtype):
-        answers, timing = answer_questions(
-            model.to(args.device), QaSplit(examples, windows), batcher, settings
-        )
+    runner = Runner(model, args.device, args.dtype)
+    answers, timing = answer_questions(runner, QaSplit(examples, windows), batcher, settings)
     report = {"task": "question_answering", "batching": args.batching, **timing}
     if examples.has_answers:
         report.update(score_answers(answers, examples, qa["version_2_with_negative"]))

@@ -29,9 +29,9 @@ from common.files import atomic_path
 from data.qa_data import QaExamples, read_squad
 from data.qa_windows import QaWindows, fast_tokenizer, make_windows
 from data.squad_metrics import squad_scores
-from finetune.batching import Batcher, collate
+from finetune.batching import Batcher
 from finetune.qa_answers import Answers, AnswerSettings, best_answers
-from finetune.rows import unpack_token_outputs
+from finetune.runner import Runner, per_token
 from model.question_answering import PackedBertForQuestionAnswering
 
 log = logging.getLogger("finetune")
@@ -117,31 +117,17 @@ def build_qa_model(config: dict, checkpoint: str) -> PackedBertForQuestionAnswer
         ) from None
 
 
-@torch.inference_mode()
 def predict_spans(model, windows: QaWindows, batcher: Batcher) -> tuple[np.ndarray, np.ndarray, dict]:
     """Start and end logits float32 [W, longest window] in window order (-inf past each
-    window's end), and the pass's timing and padding figures."""
-    model.eval()
-    device = next(model.parameters()).device
-    batches = batcher.epoch(0, shuffle=False)
+    window's end), and the pass's timing and padding figures. `model`: a module (run on its
+    own device) or a finetune.runner.Runner."""
+    runner = model if isinstance(model, Runner) else Runner(model)
+    tables = batcher.epoch(0, shuffle=False)
     start_time = time.perf_counter()
-    outputs = []
-    for table in batches:
-        batch = collate(windows, table, batcher.width(table), with_labels=False)
-        out = model(**{name: value.to(device, non_blocking=True) for name, value in batch.items()})
-        # .cpu() waits for the device: the timing covers the model's work.
-        outputs.append((out["start_logits"].cpu().numpy(), out["end_logits"].cpu().numpy(), batch))
+    names = ("start_logits", "end_logits")
+    batches = list(runner.run(windows.token_ids, tables, batcher.width, windows.segment_ids, names))
     seconds = time.perf_counter() - start_time
-    width = max(o[0].shape[1] for o in outputs)
-
-    def widen(rows):  # dynamic widths differ per batch: one width for all rows
-        return np.pad(rows, ((0, 0), (0, width - rows.shape[1])), constant_values=-np.inf)
-
-    cls = np.concatenate([o[2]["cls_positions"].numpy() for o in outputs])
-    index = np.concatenate([o[2]["example_index"].numpy() for o in outputs])
-    lengths = windows.lengths
-    start = unpack_token_outputs(np.concatenate([widen(o[0]) for o in outputs]), cls, index, lengths)
-    end = unpack_token_outputs(np.concatenate([widen(o[1]) for o in outputs]), cls, index, lengths)
+    start, end = (per_token(batches, name, windows.lengths) for name in names)
     return (
         start,
         end,
@@ -149,8 +135,8 @@ def predict_spans(model, windows: QaWindows, batcher: Batcher) -> tuple[np.ndarr
             "examples": len(windows),
             "seconds": seconds,
             "examples_per_second": len(windows) / seconds,
-            "batches": len(batches),
-            "padding_fraction": batcher.padding_fraction(batches),
+            "batches": len(tables),
+            "padding_fraction": batcher.padding_fraction(tables),
         },
     )
 

@@ -19,14 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from data.classification_data import ExampleError, Examples, tokenize
 from finetune.embedding import Encoder, l2_normalize, load_encoder
 from finetune.folder import FINETUNE_INFO, load_finetuned
 from finetune.inference import class_scores
-from finetune.precision import precision
-from finetune.rows import pack_rows, unpack_outputs
+from finetune.rows import unpack_outputs
+from finetune.runner import Runner
 from serving.api import RequestError
 
 
@@ -52,35 +51,28 @@ def load_engine(
     outputs); dtype: finetune.precision's (bfloat16 under autocast)."""
     folder = Path(folder)
     if not (folder / FINETUNE_INFO).is_file() and ((folder / "modules.json").is_file() or pooling):
-        engine = EmbeddingEngine(
-            load_encoder(folder, pooling, device=device, attention_backend=attention_backend)
-        )
-        engine.dtype = dtype
-        return engine
+        encoder = load_encoder(folder, pooling, device=device, attention_backend=attention_backend)
+        return EmbeddingEngine(encoder, encoder.runner(device, dtype))
     overrides = {"attention_backend": attention_backend} if attention_backend else {}
     model, info, tokenizer, vocab = load_finetuned(folder, **overrides)
-    model = model.to(device).eval()
-    engine = QaEngine(model, info, vocab) if info["task"] == "question_answering" else None
-    engine = engine or ClassificationEngine(model, info, tokenizer, vocab)
-    engine.dtype = dtype
-    return engine
+    runner = Runner(model, device, dtype)
+    if info["task"] == "question_answering":
+        return QaEngine(runner, info, vocab)
+    return ClassificationEngine(runner, info, tokenizer, vocab)
 
 
 class _Engine:
+    """What every engine shares: its finetune.runner.Runner (model, device, dtype)."""
+
     task: str
-    dtype = "float32"
 
-    def __init__(self, model, info: dict):
-        self.model, self.info = model, info
-        self.device = next(model.parameters()).device
-        self.max_length = model.config.max_position_embeddings
+    def __init__(self, runner: Runner, info: dict):
+        self.runner, self.model, self.info = runner, runner.model, info
+        self.max_length = self.model.config.max_position_embeddings
 
-    @torch.inference_mode()
-    def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int):
-        rows = pack_rows(token_ids, table, width, segment_ids)
-        batch = {name: torch.from_numpy(value).to(self.device) for name, value in rows.items()}
-        with precision(self.device.type, self.dtype):
-            return rows, self.model(**batch)
+    def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int, outputs):
+        batch = self.runner.forward(token_ids, table, width, segment_ids, outputs)
+        return batch.rows, batch.outputs
 
 
 class ClassificationEngine(_Engine):
@@ -88,8 +80,8 @@ class ClassificationEngine(_Engine):
 
     task = "classification"
 
-    def __init__(self, model, info: dict, tokenizer, vocab: dict):
-        super().__init__(model, info)
+    def __init__(self, runner: Runner, info: dict, tokenizer, vocab: dict):
+        super().__init__(runner, info)
         self.tokenizer, self.vocab = tokenizer, vocab
         self.labels = list(info["labels"])
         self.multi_label = bool(info["multi_label"])
@@ -117,8 +109,8 @@ class ClassificationEngine(_Engine):
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
         """Logits float32 [C] per sequence, in the order of token_ids."""
-        rows, out = self._forward(token_ids, segment_ids, table, width)
-        logits = out["logits"].float().cpu().numpy()
+        rows, out = self._forward(token_ids, segment_ids, table, width, ("logits",))
+        logits = out["logits"]
         return list(unpack_outputs(logits, rows["example_index"], len(token_ids)))
 
     def scores(self, logits: np.ndarray, raw_scores: bool) -> np.ndarray:
@@ -147,11 +139,11 @@ class QaEngine(_Engine):
 
     task = "question_answering"
 
-    def __init__(self, model, info: dict, vocab: dict):
+    def __init__(self, runner: Runner, info: dict, vocab: dict):
         from data.qa_windows import fast_tokenizer
         from finetune.qa_task import answer_settings
 
-        super().__init__(model, info)
+        super().__init__(runner, info)
         self.tokenizer = fast_tokenizer(vocab)
         self.window = int(info["max_sequence_length"])
         self.doc_stride = int(info["qa"]["doc_stride"])
@@ -182,8 +174,8 @@ class QaEngine(_Engine):
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
         """(start, end) logits float32 [length] per window, in the order of token_ids."""
-        rows, out = self._forward(token_ids, segment_ids, table, width)
-        start, end = out["start_logits"].float().cpu().numpy(), out["end_logits"].float().cpu().numpy()
+        rows, out = self._forward(token_ids, segment_ids, table, width, ("start_logits", "end_logits"))
+        start, end = out["start_logits"], out["end_logits"]
         outputs = [None] * len(token_ids)
         for row, slot in zip(*np.nonzero(table >= 0)):
             first, n = rows["cls_positions"][row, slot], len(token_ids[table[row, slot]])
@@ -221,8 +213,8 @@ class EmbeddingEngine(_Engine):
 
     task = "embedding"
 
-    def __init__(self, encoder: Encoder):
-        super().__init__(encoder.model, {"max_sequence_length": encoder.max_length, "name": encoder.name})
+    def __init__(self, encoder: Encoder, runner: Runner):
+        super().__init__(runner, {"max_sequence_length": encoder.max_length, "name": encoder.name})
         self.encoder = encoder
         self.max_length = encoder.max_length
         self.dimension = encoder.dimension
@@ -245,8 +237,8 @@ class EmbeddingEngine(_Engine):
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
         """Pooled embeddings float32 [D] per sequence, in the order of token_ids."""
-        rows, out = self._forward(token_ids, segment_ids, table, width)
-        vectors = out["embeddings"].float().cpu().numpy()
+        rows, out = self._forward(token_ids, segment_ids, table, width, ("embeddings",))
+        vectors = out["embeddings"]
         return list(unpack_outputs(vectors, rows["example_index"], len(token_ids)))
 
     def answer(self, outputs: list, normalize: bool, dimensions: int | None = None) -> np.ndarray:
