@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -78,19 +79,25 @@ def atomic_folder(path):
     aside, the new one renamed in, and only then the old one removed: at every instant one
     complete folder exists under its own or an aside name (`.NAME.old-*`). A symlink is
     written through (the folder it names is replaced); anything at `path` that is not a
-    directory (a file, a device) raises OSError and is left as it is."""
+    directory (a file, a device) raises OSError and is left as it is.
+
+    The folder and what is written in it get the modes the user's umask gives (a temporary
+    folder is made 0700, and some writers' files 0600: not what a saved model should be).
+    Temporary and aside folders of `path` left by a process that died (kill -9 during a
+    save) are removed first: only names this function makes, of a process no longer
+    running, older than a minute."""
     path = Path(path)
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     if path.exists() and not path.is_dir():
-        raise OSError(
-            errno.ENOTDIR, "exists and is not a folder; give a new path or a folder to replace", str(path)
-        )
+        raise OSError(errno.ENOTDIR, "exists and is not a folder; give a new path or a folder to replace", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    remove_stale_temporaries(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
     aside = None
     try:
         yield tmp
+        apply_umask(tmp)
         if path.exists():
             aside = path.with_name(f".{path.name}.old-{os.getpid()}")
             os.replace(path, aside)
@@ -100,6 +107,73 @@ def atomic_folder(path):
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def current_umask() -> int:
+    """This process's umask (from /proc where it says; else set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(folder: Path) -> None:
+    """Give `folder`, and every folder and file under it, the mode a plain mkdir / open
+    would have given under the umask (0777 / 0666 less the umask)."""
+    mask = current_umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)(?:-\w+)?$")
+STALE_AFTER_S = 60.0
+
+
+def remove_stale_temporaries(path: Path) -> list[Path]:
+    """Remove `.NAME.tmp-PID[-x]` and `.NAME.old-PID` entries beside `path` (what
+    atomic_path and atomic_folder make) whose process is no longer running and that are
+    older than STALE_AFTER_S. -> what was removed."""
+    import time
+
+    removed = []
+    if not path.parent.is_dir():
+        return removed
+    for entry in path.parent.iterdir():
+        match = _TEMPORARY.match(entry.name)
+        if not match or match.group("name") != path.name or _running(int(match.group("pid"))):
+            continue
+        try:
+            if time.time() - entry.lstat().st_mtime < STALE_AFTER_S:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue  # not ours to remove after all (permissions): leave it
+        removed.append(entry)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        return True
+    return True
 
 
 def write_json_atomic(path, data) -> None:

@@ -95,6 +95,15 @@ def read_bbc_news(pattern: str) -> Examples:
 MAX_FIELD_CHARS = 1_000_000
 
 
+def check_readable(path: Path) -> None:
+    """An input read once may be a regular file or a pipe (`--input <(cat f)`, /dev/stdin);
+    ExampleError if nothing is there or it is a folder."""
+    if not path.exists():
+        raise ExampleError(f"{path}: file not found")
+    if path.is_dir():
+        raise ExampleError(f"{path}: is a directory; give the input file")
+
+
 def check_unicode(text: str, where: str) -> None:
     """ExampleError unless `text` is valid Unicode. JSON can carry a lone UTF-16 surrogate
     ("\\ud800"), which Python keeps in a str but no tokenizer (nor UTF-8) can encode."""
@@ -123,8 +132,7 @@ def read_jsonl(
 ) -> Examples:
     """One example per non-blank line of a JSON-lines file."""
     path = Path(path)
-    if not path.is_file():
-        raise ExampleError(f"{path}: file not found")
+    check_readable(path)
     out = Examples([], [], [], [])
     with path.open("rb") as f:
         for number, raw in enumerate(f, 1):
@@ -220,12 +228,7 @@ def tokenize(
     """[CLS] A [SEP] (B [SEP]) ids per example. too_long: "truncate" (longest segment first,
     as transformers does; counted in .truncated) or "error"."""
     cls_id, sep_id = vocab["[CLS]"], vocab["[SEP]"]
-    for text, pair, where in zip(examples.texts, examples.pairs, examples.where):
-        if not text.strip():
-            raise ExampleError(f"{where}: the text is empty (field text); every example needs text")
-        check_unicode(text, where)
-        if pair is not None:
-            check_unicode(pair, where)
+    check_texts(examples)
     encoded_a = tokenizer.encode_batch(examples.texts, add_special_tokens=False)
     pairs = [p or "" for p in examples.pairs]
     encoded_b = tokenizer.encode_batch(pairs, add_special_tokens=False)
@@ -252,6 +255,43 @@ def tokenize(
         token_ids.append(np.array(ids, dtype=np.int32))
         segment_ids.append(np.array(segments, dtype=np.int32))
     return TokenizedExamples(token_ids, segment_ids, labels, truncated)
+
+
+def check_texts(examples: Examples) -> None:
+    """Every example has text, and every text and pair is valid Unicode (ExampleError)."""
+    for text, pair, where in zip(examples.texts, examples.pairs, examples.where):
+        if not text.strip():
+            raise ExampleError(f"{where}: the text is empty (field text); every example needs text")
+        check_unicode(text, where)
+        if pair is not None:
+            check_unicode(pair, where)
+
+
+def tokenize_by_template(
+    examples: Examples, tokenizer, labels: np.ndarray, max_sequence_length: int, too_long: str
+) -> TokenizedExamples:
+    """Token ids as a folder's own tokenizer makes them (a `tokenizers.Tokenizer` from its
+    tokenizer.json: normalizer, special tokens, the template for single texts and pairs,
+    token type ids), which is what transformers' tokenizer and pipelines run. too_long:
+    "truncate" (longest first, as transformers' truncation=True; counted in .truncated) or
+    "error"."""
+    check_texts(examples)
+    inputs = [text if pair is None else (text, pair) for text, pair in zip(examples.texts, examples.pairs)]
+    encoded = tokenizer.encode_batch(inputs, add_special_tokens=True)
+    long = [i for i, e in enumerate(encoded) if len(e.ids) > max_sequence_length]
+    if long and too_long == "error":
+        i = long[0]
+        raise ExampleError(
+            f"{examples.where[i]}: {len(encoded[i].ids)} tokens > the model's maximum {max_sequence_length}"
+        )
+    if long:  # encoded again with the tokenizer's own truncation (longest first), these only
+        cutter = tokenizer.__class__.from_str(tokenizer.to_str())
+        cutter.enable_truncation(max_sequence_length, strategy="longest_first")
+        for i, e in zip(long, cutter.encode_batch([inputs[i] for i in long], add_special_tokens=True)):
+            encoded[i] = e
+    token_ids = [np.asarray(e.ids, dtype=np.int32) for e in encoded]
+    segment_ids = [np.asarray(e.type_ids, dtype=np.int32) for e in encoded]
+    return TokenizedExamples(token_ids, segment_ids, labels, len(long))
 
 
 def split_by_seed(n: int, validation_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

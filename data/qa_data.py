@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import json_text
-from data.classification_data import ExampleError, check_unicode
+from data.classification_data import ExampleError, check_readable, check_unicode
 
 
 @dataclass
@@ -51,8 +51,7 @@ class QaExamples:
 def read_squad(path) -> QaExamples:
     """Read an official SQuAD JSON file or a flat JSON-lines file; every question checked."""
     path = Path(path)
-    if not path.is_file():
-        raise ExampleError(f"{path}: file not found")
+    check_readable(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:

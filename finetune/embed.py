@@ -145,8 +145,13 @@ def main(argv=None) -> int:
 
     quiet_transformers()
     try:
-        if not args.input.is_file():
+        if not args.input.exists():
             raise ExampleError(f"{args.input}: file not found")
+        if not args.input.is_file():
+            raise ExampleError(
+                f"{args.input}: not a regular file (a pipe, device or folder); finetune.embed reads its input "
+                "twice (counts the lines, then embeds them): save it to a file first"
+            )
         n = count_lines(args.input, args.text_field)
         encoder = load_encoder(
             args.model, args.pooling, args.normalize, args.max_length, args.device, args.attention_backend

@@ -24,6 +24,7 @@ import numpy as np
 
 from data.classification_data import ExampleError, check_unicode
 from finetune.batching import Batcher, BatchingSpec
+from finetune.folder import check_weights_file
 from finetune.rows import unpack_outputs
 from finetune.runner import Runner
 from model.embedding import PackedBertForEmbedding, check_pooling
@@ -87,6 +88,8 @@ class Encoder:
         """-> (token id arrays int64, truncated count). Too long with truncate=False raises
         ExampleError naming the text; direction "left" keeps a text's end (TEI's option)."""
         for text, place in zip(texts, where):
+            if not text.strip():  # the server's rule too (serving/api.py): an empty text has no meaning
+                raise ExampleError(f"{place}: the text is empty")
             check_unicode(text, place)
         inputs = [t.lower() for t in texts] if self.lowercase else texts
         encoded = self.tokenizer.encode_batch(inputs, add_special_tokens=False)
@@ -209,6 +212,7 @@ def load_encoder(
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise ExampleError(f"{folder}: no config.json; expected a sentence-transformers or BERT folder")
+    check_weights_file(folder)
     described = read_sentence_transformers(folder)
     if described is None:
         if pooling is None:

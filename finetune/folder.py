@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import first_line
@@ -93,12 +94,96 @@ def save_finetuned(
     )
 
 
-def load_finetuned(folder: Path, **overrides):
-    """(model, info, tokenizer, vocab) from a `finetune.train` output model folder;
-    overrides set non-shape model options (attention_backend, ...)."""
+# config.json's architecture suffix -> the task predict and the server run it as
+ARCHITECTURE_TASKS = {
+    "ForSequenceClassification": "classification",
+    "ForTokenClassification": "token_classification",
+    "ForQuestionAnswering": "question_answering",
+}
+# Packed models exist for these model types (config.json's model_type).
+PACKED_MODEL_TYPES = ("bert",)
+# Where a folder carries no finetune.json: transformers' pipelines' defaults (documented in
+# docs/finetune.md, "Any folder transformers saved").
+PIPELINE_QA = {
+    "doc_stride": 128,  # QuestionAnsweringPipeline's: min(window // 2, 128)
+    "n_best_size": 20,
+    "max_answer_length": 15,  # QuestionAnsweringPipeline's max_answer_len
+    "version_2_with_negative": False,  # handle_impossible_answer=False
+    "null_score_diff_threshold": 0.0,
+}
+PIPELINE_QA_WINDOW = 384  # QuestionAnsweringPipeline's max_seq_len
+JSONL_FIELDS = {"text": "text", "pair": "text_pair", "label": "label"}  # the pipelines' dict input
+
+
+@dataclass
+class ModelFolder:
+    """A loaded model folder: the packed model, what finetune.json (or, without it,
+    config.json and the tokenizer) says about running it (`info`: task, labels,
+    multi_label, max_sequence_length, fields, too_long, qa), and its tokenizer.
+
+    `tokenizer` is the folder's own fast tokenizer (tokenizer.json: its normalizer,
+    special tokens and pair template) where the folder has one, else the WordPiece of its
+    vocab.txt, as finetune.train tokenized it (`vocab` is then that vocabulary)."""
+
+    folder: Path
+    model: object
+    info: dict
+    tokenizer: object  # a tokenizers.Tokenizer
+    vocab: dict | None
+
+    def tokenize(self, examples, labels, max_sequence_length: int, too_long: str):
+        """Examples -> TokenizedExamples, as this folder's tokenizer makes them."""
+        from data.classification_data import tokenize, tokenize_by_template
+
+        if self.vocab is not None:
+            return tokenize(examples, self.tokenizer, self.vocab, labels, max_sequence_length, too_long)
+        return tokenize_by_template(examples, self.tokenizer, labels, max_sequence_length, too_long)
+
+    def hf_tokenizer(self):
+        """transformers' fast tokenizer of the folder (QA windows need its overflow and offsets)."""
+        if self.vocab is not None:
+            from data.qa_windows import fast_tokenizer
+
+            return fast_tokenizer(self.vocab)
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.folder)
+
+
+def load_finetuned(folder: Path, **overrides) -> ModelFolder:
+    """A model folder for predict and the server: a `finetune.train` output (finetune.json)
+    or any folder transformers' `save_pretrained` wrote with a sequence-classification,
+    token-classification or question-answering head (task from config.json's
+    `architectures`, labels from `id2label`, multi-label from `problem_type`, tokenization
+    by the folder's tokenizer.json). overrides set non-shape model options
+    (attention_backend, ...). ExampleError (one line, naming the file and key) for a folder
+    that cannot be run."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ExampleError(f"{folder}: no such folder" if not folder.exists() else f"{folder}: not a folder")
     info_path = folder / FINETUNE_INFO
-    if not info_path.is_file():
-        raise ExampleError(f"{folder}: no {FINETUNE_INFO}; expected a folder written by finetune.train")
+    info = read_finetune_info(info_path) if info_path.is_file() else describe_hub_folder(folder)
+    task = info["task"]
+    from model.token_classification import PackedBertForTokenClassification
+
+    model_class = {
+        "question_answering": PackedBertForQuestionAnswering,
+        "token_classification": PackedBertForTokenClassification,
+    }.get(task, PackedBertForSequenceClassification)
+    check_weights_file(folder)
+    try:
+        model = model_class.from_pretrained(folder, **overrides)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ExampleError(f"{folder}: the model cannot be loaded ({first_line(err)[:200]})") from None
+    if info_path.is_file() or not (folder / "tokenizer.json").is_file():
+        tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
+    else:
+        tokenizer, vocab = folder_tokenizer(folder), None
+    return ModelFolder(folder, model, info, tokenizer, vocab)
+
+
+def read_finetune_info(info_path: Path) -> dict:
+    """finetune.json, checked (ExampleError names the file and field)."""
     try:
         info = json.loads(info_path.read_text(encoding="utf-8"))
         task = info.get("task", "classification")  # folders from before QA carry no task
@@ -114,14 +199,115 @@ def load_finetuned(folder: Path, **overrides):
     if problem:
         raise ExampleError(f"{info_path}: {problem} (an edited or foreign {FINETUNE_INFO})")
     info["task"] = task
-    tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
-    model_class = (
-        PackedBertForQuestionAnswering
-        if task == "question_answering"
-        else PackedBertForSequenceClassification
-    )
+    return info
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON object from `path`, or ExampleError naming the file."""
     try:
-        model = model_class.from_pretrained(folder, **overrides)
-    except (OSError, ValueError, RuntimeError) as err:
-        raise ExampleError(f"{folder}: the model cannot be loaded ({first_line(err)[:200]})") from None
-    return model, info, tokenizer, vocab
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ExampleError(f"{path}: not readable JSON ({first_line(err)[:120]})") from None
+    if not isinstance(value, dict):
+        raise ExampleError(f"{path}: expected a JSON object")
+    return value
+
+
+def describe_hub_folder(folder: Path) -> dict:
+    """What a folder without finetune.json says about running it, from config.json and the
+    tokenizer's files, with transformers' pipelines' defaults for the rest."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ExampleError(
+            f"{folder}: no config.json and no {FINETUNE_INFO}; expected a folder written by "
+            "finetune.train or by transformers' save_pretrained"
+        )
+    config = read_json_object(config_path)
+    architectures = config.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+        raise ExampleError(f"{config_path}: key 'architectures' must be a list of class names")
+    task = next((t for a in architectures for suffix, t in ARCHITECTURE_TASKS.items() if a.endswith(suffix)), None)
+    if task is None:
+        raise ExampleError(
+            f"{config_path}: key 'architectures' is {architectures}; predict runs a "
+            "*ForSequenceClassification, *ForTokenClassification or *ForQuestionAnswering folder "
+            "(for embeddings of a bare encoder use finetune.embed --pooling)"
+        )
+    model_type = config.get("model_type")
+    if model_type not in PACKED_MODEL_TYPES:
+        raise ExampleError(
+            f"{config_path}: key 'model_type' is {model_type!r}; packed models run {', '.join(PACKED_MODEL_TYPES)}"
+        )
+    positions = config.get("max_position_embeddings")
+    if not isinstance(positions, int) or positions < 3:
+        raise ExampleError(f"{config_path}: key 'max_position_embeddings' must be an integer >= 3")
+    if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
+        raise ExampleError(f"{folder}: no tokenizer.json (nor vocab.txt); save the tokenizer with the model")
+    # The tokenizer's model_max_length (transformers' truncation limit), capped by the positions.
+    model_max = {}
+    if (folder / "tokenizer_config.json").is_file():
+        model_max = read_json_object(folder / "tokenizer_config.json")
+    length = model_max.get("model_max_length")
+    length = length if isinstance(length, int) and 3 <= length <= positions else positions
+    labels = label_names(config, config_path)
+    problem = config.get("problem_type")
+    info = {
+        "task": task,
+        "labels": labels,
+        "multi_label": problem == "multi_label_classification",
+        "max_sequence_length": length,
+        "pack_length": None,
+        "too_long": "truncate",
+        "fields": dict(JSONL_FIELDS),
+        "source": "config.json",
+    }
+    if task == "question_answering":
+        window = min(PIPELINE_QA_WINDOW, length)
+        info["max_sequence_length"] = window
+        # the pipeline's doc_stride: min(max_seq_len // 2, 128)
+        info["qa"] = {**PIPELINE_QA, "doc_stride": min(window // 2, PIPELINE_QA["doc_stride"])}
+    return info
+
+
+def label_names(config: dict, config_path: Path) -> list[str]:
+    """id2label in index order (num_labels names; LABEL_i where a name is missing, as
+    transformers names them)."""
+    id2label = config.get("id2label") or {}
+    if not isinstance(id2label, dict):
+        raise ExampleError(f"{config_path}: key 'id2label' must be an object of index -> name")
+    try:
+        named = {int(k): str(v) for k, v in id2label.items()}
+    except ValueError:
+        raise ExampleError(f"{config_path}: key 'id2label' has a key that is not an index") from None
+    count = config.get("num_labels", len(named) or 2)
+    count = max(named, default=-1) + 1 if named else count
+    return [named.get(i, f"LABEL_{i}") for i in range(count)]
+
+
+def folder_tokenizer(folder: Path):
+    """The folder's tokenizer.json as a `tokenizers.Tokenizer`, padding and truncation off
+    (the callers truncate, and count what they cut)."""
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises its own Exception
+        raise ExampleError(f"{folder / 'tokenizer.json'}: cannot be read ({first_line(err)[:120]})") from None
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return tokenizer
+
+
+def check_weights_file(folder: Path) -> None:
+    """Weights the loader reads without unpickling: model.safetensors (or its sharded index).
+    A folder with only a pickle (pytorch_model.bin) is refused in one line: transformers
+    refuses to load it without code execution, and so do we."""
+    if (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file():
+        return
+    pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
+    if pickles:
+        raise ExampleError(
+            f"{folder}: weights only in {pickles[0]} (a pickle, which is never loaded here); save them "
+            "as model.safetensors (save_pretrained(..., safe_serialization=True))"
+        )
+    raise ExampleError(f"{folder}: no model.safetensors; expected the weights transformers saves")

@@ -68,8 +68,10 @@ def score(logits: np.ndarray, labels: np.ndarray, multi_label: bool) -> dict:
 
 
 def class_scores(logits: np.ndarray, multi_label: bool) -> np.ndarray:
-    """[n, C] logits -> per-label sigmoids (multi-label) or a softmax over the labels."""
-    if multi_label:
+    """[n, C] logits -> per-label sigmoids (multi-label, and a one-label model such as a
+    cross-encoder, as transformers' text-classification pipeline scores them) or a softmax
+    over the labels."""
+    if multi_label or logits.shape[1] == 1:
         return 1 / (1 + np.exp(-logits))
     return torch.softmax(torch.from_numpy(logits), -1).numpy()
 

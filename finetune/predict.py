@@ -30,7 +30,7 @@ import numpy as np
 
 from common.cli import add_inference_options, below_one, command_parser
 from common.files import describe_os_error, output_over_inputs, write_json_atomic
-from data.classification_data import ExampleError, encode_labels, read_jsonl, tokenize
+from data.classification_data import ExampleError, encode_labels, read_jsonl
 from data.tokenizer import DataInputError
 from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec
 from finetune.folder import load_finetuned
@@ -79,9 +79,12 @@ def main(argv=None) -> int:
         print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
     try:
-        model, info, tokenizer, vocab = load_finetuned(args.model)
+        folder = load_finetuned(args.model)
+        model, info = folder.model, folder.info
         if info["task"] == "question_answering":
-            return predict_answers(args, model, info, vocab, summary_path)
+            return predict_answers(args, folder, summary_path)
+        if info["task"] == "token_classification":
+            return predict_tags(args, folder, summary_path)
         fields = info["fields"]
         examples = read_jsonl(args.input, fields["text"], fields["pair"], fields["label"], need_labels=False)
         has_labels = all(label is not None for label in examples.labels)
@@ -91,10 +94,13 @@ def main(argv=None) -> int:
             else np.zeros(len(examples), dtype=np.int64)
         )
         # New text may be longer than anything seen in training: take it up to the model's
-        # own maximum (its position embeddings), truncating beyond (counted in the report),
-        # and widen rows and packs to the longest input rather than refuse the file.
+        # own maximum (its position embeddings; a transformers folder: its tokenizer's
+        # model_max_length), truncating beyond (counted in the report), and widen rows and
+        # packs to the longest input rather than refuse the file.
         limit = model.config.max_position_embeddings
-        data = tokenize(examples, tokenizer, vocab, labels, limit, "truncate")
+        if info.get("source") == "config.json":
+            limit = min(limit, info["max_sequence_length"])
+        data = folder.tokenize(examples, labels, limit, "truncate")
         longest = int(data.lengths.max())
         if args.pack_length is not None and args.pack_length < longest:
             print(
@@ -122,16 +128,53 @@ def main(argv=None) -> int:
     )
 
 
-def predict_answers(args, model, info: dict, vocab: dict, summary_path: Path) -> int:
+def predict_tags(args, folder, summary_path: Path) -> int:
+    """Token classification: JSON lines {"text"} -> one line per input {"index", "entities"}
+    (transformers' token-classification pipeline's dicts, aggregation "none")."""
+    from data.classification_data import read_jsonl
+    from finetune.runner import per_sequence_tokens
+    from finetune.token_task import entities, tokenize_for_tags
+
+    examples = read_jsonl(args.input, folder.info["fields"]["text"], None, None, need_labels=False)
+    limit = min(folder.model.config.max_position_embeddings, folder.info["max_sequence_length"])
+    tagged = tokenize_for_tags(examples.texts, examples.where, folder.tokenizer, limit)
+    lengths = np.array([len(t) for t in tagged.token_ids])
+    width = int(lengths.max())
+    batcher = batcher_for(args, lengths, width, width)
+    runner = Runner(folder.model, args.device, args.dtype)
+    tables = batcher.epoch(0, shuffle=False)
+    batches = list(runner.run(tagged.token_ids, tables, batcher.width, tagged.segment_ids, ("logits",)))
+    logits = per_sequence_tokens(batches, "logits", lengths)
+    labels = folder.info["labels"]
+    records = [{"index": i, "entities": entities(logits[i], tagged, i, labels)} for i in range(len(lengths))]
+    report = {
+        "task": "token_classification", "batching": args.batching, "examples": len(lengths),
+        "seconds": runner.stats.seconds, "batches": runner.stats.batches,
+        "padding_fraction": runner.stats.padding_fraction, "truncated": tagged.truncated,
+    }  # fmt: skip
+
+    def write():
+        from common.files import atomic_path
+
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(args.output) as tmp, tmp.open("w") as f:
+            for record in records:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+    return write_outputs(write, summary_path, report)
+
+
+def predict_answers(args, folder, summary_path: Path) -> int:
     """Question answering: SQuAD questions -> windows -> batches -> answers, files."""
     from data.qa_data import read_squad
-    from data.qa_windows import fast_tokenizer, make_windows
+    from data.qa_windows import make_windows
     from finetune.qa_task import QaSplit, answer_questions, answer_settings, score_answers, write_answer_files
 
+    model, info = folder.model, folder.info
     qa = info["qa"]
     examples = read_squad(args.input)
     width = info["max_sequence_length"]
-    windows = make_windows(examples, fast_tokenizer(vocab), width, qa["doc_stride"])
+    windows = make_windows(examples, folder.hf_tokenizer(), width, qa["doc_stride"])
     pack_length = args.pack_length or info.get("pack_length") or width
     if pack_length < width:
         raise ExampleError(

@@ -128,14 +128,20 @@ def per_token(batches: list[RunBatch], name: str, lengths: np.ndarray) -> np.nda
     return unpack_token_outputs(values, cls, index, np.asarray(lengths))
 
 
-def token_values(batch: RunBatch, name: str, lengths: list[int]) -> list:
-    """A per-token output of one batch, cut per sequence: {example index: [length, ...]}
-    (the sequence's own tokens, [CLS] first). For outputs with trailing dimensions (token
-    classification's [rows, width, C]) where per_token's -inf padding does not apply."""
-    values = batch.outputs[name]
-    cls, index = batch.rows["cls_positions"], batch.rows["example_index"]
-    out = {}
-    for row, slot in zip(*np.nonzero(index >= 0)):
-        i, first = int(index[row, slot]), int(cls[row, slot])
-        out[i] = values[row, first : first + lengths[i]]
+def per_sequence_tokens(batches: list[RunBatch], name: str, lengths) -> list[np.ndarray]:
+    """A per-token output with trailing dimensions ([rows, width, C]: token classification's
+    logits) cut per sequence, in input order: [lengths[i], C] for sequence i ([CLS] first).
+    Raises unless every sequence 0..n-1 appears exactly once."""
+    n = len(lengths)
+    out: list = [None] * n
+    for batch in batches:
+        values, cls, index = batch.outputs[name], batch.rows["cls_positions"], batch.rows["example_index"]
+        for row, slot in zip(*np.nonzero(index >= 0)):
+            i, first = int(index[row, slot]), int(cls[row, slot])
+            if out[i] is not None:
+                raise ValueError(f"sequence {i} appears twice in the batches")
+            out[i] = values[row, first : first + int(lengths[i])]
+    missing = [i for i, v in enumerate(out) if v is None]
+    if missing:
+        raise ValueError(f"sequences {missing[:5]} are missing from the batches")
     return out

@@ -260,6 +260,8 @@ def classification_job(config: dict) -> Job:
 
     def evaluate(model, batcher):
         logits, inference = predict_logits(model, task.validation, batcher)
+        if not np.isfinite(logits).all():
+            raise Diverged("validation logits are not finite: the run diverged (lower optim.lr?); nothing saved")
         return score(logits, task.validation.labels, multi_label), inference, logits
 
     return Job(
@@ -319,17 +321,83 @@ def qa_job(config: dict) -> Job:
     )
 
 
-def run_finetune(config: dict, output: Path) -> dict:
-    """Train, evaluate each epoch, time inference, save. Returns the summary."""
+class Diverged(RuntimeError):
+    """The weights or outputs stopped being finite; CLI exit code 3 (as pretraining's)."""
+
+
+class Interrupted(RuntimeError):
+    """SIGINT or SIGTERM stopped the run; the message says what was kept."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+def check_positions(config: dict) -> None:
+    """data.max_sequence_length must fit the checkpoint's position embeddings: checked from
+    its config.json before any text is read, tokenized or packed."""
+    checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
+    config_file = checkpoint / "config.json"
+    if not checkpoint.is_dir():
+        raise FinetuneError(f"model.init_checkpoint {checkpoint}: no such folder")
+    if not config_file.is_file():
+        raise FinetuneError(f"model.init_checkpoint {checkpoint}: no config.json (not a Hugging Face model folder)")
+    try:
+        positions = json.loads(config_file.read_text()).get("max_position_embeddings")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise FinetuneError(f"{config_file}: not a readable config ({err})") from None
+    length = config["data"]["max_sequence_length"]
+    if isinstance(positions, int) and length > positions:
+        raise FinetuneError(
+            f"data.max_sequence_length {length}: the checkpoint {checkpoint} has {positions} positions; "
+            f"give at most {positions}"
+        )
+
+
+def check_output(output: Path, resume: bool) -> dict | None:
+    """The output folder may hold nothing finished; --resume needs its checkpoint. -> the
+    checkpoint's progress (resume) or None."""
+    from finetune.checkpoint import checkpoint_path, read_progress
+
     if (output / "summary.json").exists() or (output / "model").exists():
         raise FinetuneError(f"--output-dir {output}: holds a finished run; choose another folder")
-    output.mkdir(parents=True, exist_ok=True)
+    progress = read_progress(output)
+    if resume and progress is None:
+        raise FinetuneError(f"--resume: {checkpoint_path(output)} holds no checkpoint to resume from")
+    if not resume and progress is not None:
+        raise FinetuneError(
+            f"--output-dir {output}: holds an unfinished run (checkpoint at epoch {progress['epoch']}); "
+            "continue it with --resume, or choose another folder"
+        )
+    return progress
+
+
+def run_finetune(config: dict, output: Path, resume: bool = False, stop=None) -> dict:
+    """Train, evaluate each epoch, time inference, save. Returns the summary.
+
+    resume: continue from OUTPUT/checkpoint (finetune.checkpoint). stop: an object whose
+    is_set() is polled after every step (the CLI's SIGINT/SIGTERM flag); when set, the run
+    writes a checkpoint and raises Interrupted."""
+    from finetune.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, weights_finite
+
+    progress = check_output(output, resume)
+    if progress is not None and progress["config"] != config:
+        changed = sorted(
+            f"{section}.{key}" for section in config for key in config[section]
+            if progress["config"].get(section, {}).get(key) != config[section][key]
+        )  # fmt: skip
+        raise FinetuneError(
+            f"--resume: the config differs from the checkpoint's in {', '.join(changed) or 'its sections'}; "
+            "resume with the same config"
+        )
+    check_positions(config)
     training = config["training"]
     if training["threads"]:
         torch.set_num_threads(training["threads"])
     if training["device"] == "cuda" and not torch.cuda.is_available():
         raise FinetuneError("training.device: cuda is not available on this machine (torch sees no GPU)")
     job = qa_job(config) if config["data"]["task"] == "question_answering" else classification_job(config)
+    output.mkdir(parents=True, exist_ok=True)
     model = job.model.to(training["device"])
     seed = config["batching"]["shuffle_seed"]
     batcher = Batcher(job.train.lengths, batching_spec(config, config["batching"]["batch_size"]), seed)
@@ -348,34 +416,68 @@ def run_finetune(config: dict, output: Path) -> dict:
         batcher.packing_factor,
     )
     torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
-    train_seconds, train_examples, padding, steps, stopped = 0.0, 0, [], 0, False
-    with (output / "metrics.jsonl").open("w") as metrics_file:
-        for epoch in range(training["epochs"]):
+    keys = ("loss_sum", "count", "correct", "correct_count")
+    state = {"epoch": 0, "batches_done": 0, "sums": dict.fromkeys(keys, 0.0), "steps": 0,
+             "train_seconds": 0.0, "train_examples": 0, "padding": [], "config": config}  # fmt: skip
+    if progress is not None:
+        state = load_checkpoint(output, model, optimizer, scheduler)
+        log.info("resumed from %s: epoch %d, %d batches done in it", checkpoint_path(output), state["epoch"], state["batches_done"])
+    metrics_path = output / "metrics.jsonl"
+    kept = []  # metrics lines of the epochs the checkpoint has validated
+    if progress is not None and metrics_path.is_file():
+        kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["epoch"] < state["epoch"]]
+    stopped, validation, inference, outputs = False, None, None, None
+
+    def diverged_check(epoch: int) -> None:
+        if not weights_finite(model):
+            raise Diverged(f"epoch {epoch}: the weights are no longer finite: the run diverged (lower optim.lr?); nothing saved")
+
+    if stop is not None and stop.is_set():
+        raise Interrupted("stopped before the first step; nothing was trained", stop.signum)
+    last_epoch = state["epoch"] if state.get("finished") else training["epochs"]
+    with metrics_path.open("w") as metrics_file:
+        metrics_file.write("".join(line + "\n" for line in kept))
+        metrics_file.flush()
+        for epoch in range(state["epoch"], last_epoch):
             batches = batcher.epoch(epoch)
-            padding.append(batcher.padding_fraction(batches))
-            sums = dict.fromkeys(("loss_sum", "count", "correct", "correct_count"), 0.0)
-            bar = tqdm(batches, desc=f"epoch {epoch}", disable=not training["progress"], leave=False)
-            for table in bar:
+            if state["batches_done"] == 0:
+                state["padding"].append(batcher.padding_fraction(batches))
+            sums = state["sums"]
+            bar = tqdm(batches, desc=f"epoch {epoch}", disable=not training["progress"], leave=False,
+                       initial=state["batches_done"])  # fmt: skip
+            for table in batches[state["batches_done"] :]:
                 start = time.perf_counter()
                 batch = collate(job.train, table, batcher.width(table))
                 try:
                     step = finetune_step(model, batch, optimizer, scheduler, config["optim"]["max_grad_norm"])
                 except FinetuneError as err:
-                    raise FinetuneError(f"epoch {epoch}, step {steps + 1}: {err}") from None
-                train_seconds += time.perf_counter() - start
-                steps += 1
-                train_examples += int(step["count"])
+                    raise Diverged(f"epoch {epoch}, step {state['steps'] + 1}: {err}; nothing saved") from None
+                state["train_seconds"] += time.perf_counter() - start
+                state["steps"] += 1
+                state["batches_done"] += 1
+                state["train_examples"] += int(step["count"])
                 for key in sums:
-                    sums[key] += step[key]
-                if training["max_seconds"] is not None and train_seconds >= training["max_seconds"]:
+                    sums[key] += float(step[key])
+                bar.update(1)
+                if stop is not None and stop.is_set() and state["batches_done"] < len(batches):
+                    bar.close()
+                    diverged_check(epoch)
+                    where = save_checkpoint(output, model, optimizer, scheduler, {**state, "epoch": epoch})
+                    raise Interrupted(
+                        f"stopped at epoch {epoch}, step {state['steps']}; checkpoint kept at {where}: "
+                        "continue with the same command and --resume", stop.signum
+                    )  # fmt: skip
+                if training["max_seconds"] is not None and state["train_seconds"] >= training["max_seconds"]:
                     stopped = True
                     break
+            bar.close()
+            diverged_check(epoch)
             # Timed inference in the same batching mode; the last epoch's pass (the model does
             # not change after it) is the run's inference figure and its predictions.
             validation, inference, outputs = job.evaluate(model, eval_batcher)
             record = {
                 "epoch": epoch,
-                "step": steps,
+                "step": state["steps"],
                 "train_loss": sums["loss_sum"] / max(sums["count"], 1),
                 "train_accuracy": sums["correct"] / max(sums["correct_count"], 1),
                 **{f"validation_{k}": v for k, v in validation.items()},
@@ -385,20 +487,24 @@ def run_finetune(config: dict, output: Path) -> dict:
             log.info(
                 "epoch %d: %s", epoch, {k: round(v, 4) for k, v in record.items() if isinstance(v, float)}
             )
+            finished = stopped or epoch + 1 == training["epochs"]
+            state.update(epoch=epoch + 1, batches_done=0, sums=dict.fromkeys(keys, 0.0), finished=finished)
+            save_checkpoint(output, model, optimizer, scheduler, state)
             if stopped:
                 log.info("stopped after training.max_seconds=%s", training["max_seconds"])
                 break
-
+    if validation is None:  # resumed from the last epoch's checkpoint: nothing left to train
+        validation, inference, outputs = job.evaluate(model, eval_batcher)
     job.write_outputs(output, outputs)
-    job.save(model, output / "model")
+    save_final(job, model, output)
     summary = {
         "task": config["data"]["task"],
         "batching": batcher.spec.mode,
-        "train_examples": train_examples,
-        "train_steps": steps,
-        "train_seconds": train_seconds,
-        "train_examples_per_second": train_examples / train_seconds,
-        "train_padding_fraction": float(np.mean(padding)),
+        "train_examples": state["train_examples"],
+        "train_steps": state["steps"],
+        "train_seconds": state["train_seconds"],
+        "train_examples_per_second": state["train_examples"] / max(state["train_seconds"], 1e-9),
+        "train_padding_fraction": float(np.mean(state["padding"])),
         "examples_per_row": batcher.packing_factor,
         "inference_examples_per_second": inference["examples_per_second"],
         "inference_padding_fraction": inference["padding_fraction"],
@@ -410,23 +516,74 @@ def run_finetune(config: dict, output: Path) -> dict:
     return summary
 
 
+def save_final(job, model, output: Path) -> None:
+    """The model folder predict reads; a failed save (no space, a file-size limit) is one
+    line naming the folder and the checkpoint that is kept, never a traceback."""
+    from safetensors import SafetensorError
+
+    from finetune.checkpoint import checkpoint_path, read_progress
+
+    try:
+        job.save(model, output / "model")
+    except (OSError, SafetensorError, RuntimeError) as err:
+        kept = checkpoint_path(output)
+        progress = read_progress(output) if kept.is_dir() else None
+        what = (
+            f"the checkpoint of epoch {progress['epoch'] - 1} is kept at {kept}: free the space and run the "
+            "same command with --resume to save it"
+            if progress is not None
+            else "no checkpoint was written"
+        )
+        reason = describe_os_error(err) if isinstance(err, OSError) else first_line(err)[:200]
+        raise FinetuneError(f"{output / 'model'}: the final model could not be saved ({reason}); {what}") from None
+
+
 def main(argv=None) -> int:
+    import signal
+    import threading
+
     parser = command_parser("python -m finetune.train", __doc__)
     parser.add_argument("--config", required=True, help="fine-tuning YAML (see configs/README.md)")
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in --output-dir from its checkpoint (exactly)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     quiet_transformers()
+
+    # SIGINT / SIGTERM: the loop finishes its step, keeps a checkpoint and ends in one line.
+    stop = threading.Event()
+    stop.signum = 0
+
+    def request_stop(signum, frame):
+        stop.signum = signum
+        stop.set()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         config = load_finetune_config(args.config, args.set)
-        summary = run_finetune(config, args.output_dir)
+        summary = run_finetune(config, args.output_dir, resume=args.resume, stop=stop)
     except (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:
         print(f"error: {describe_os_error(err)}", file=sys.stderr)
         return 2
+    except Diverged as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    except Interrupted as err:
+        print(f"interrupted: {err}", file=sys.stderr)
+        return 128 + err.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stop.is_set():  # a signal after the last step: the run finished and is complete
+        log.info("a stop was asked for after the last step; the run is complete")
     print(json.dumps(summary, indent=1))
     return 0
 

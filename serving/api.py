@@ -179,6 +179,13 @@ def parse_embed(data: dict, limits: RequestLimits) -> tuple[list[str], bool, str
     return _texts(data["inputs"], "inputs", limits), _flag(data, "truncate"), _direction(data), normalize
 
 
+def parse_tokens(data: dict, limits: RequestLimits) -> tuple[list[str], bool, bool]:
+    """{"inputs": text or [texts], "truncate"} -> (texts, single, truncate): token
+    classification, answered per text as transformers' token-classification pipeline."""
+    inputs = data["inputs"]
+    return _texts(inputs, "inputs", limits), isinstance(inputs, str), _flag(data, "truncate")
+
+
 def parse_openai_embeddings(
     data: dict, limits: RequestLimits, dimension: int
 ) -> tuple[list[str], str, int | None]:

@@ -3,6 +3,7 @@
     POST /predict   classification, TEI's API (serving/api.py)
     POST /rerank    (query, text) scores of a one-label classification folder, TEI's API
     POST /qa        question answering
+    POST /tokens    token classification (NER): transformers' token-classification pipeline's answer
     POST /embed     sentence embeddings, TEI's API (a sentence-transformers folder)
     POST /v1/embeddings   the same, OpenAI's API
     GET  /health    200 while the worker thread is alive
@@ -44,6 +45,7 @@ from serving.api import (
     parse_predict,
     parse_qa,
     parse_rerank,
+    parse_tokens,
     read_json,
 )
 from serving.metrics import ServerMetrics
@@ -240,6 +242,18 @@ def create_app(
 
         return await serve(request, "question_answering", parse, respond)
 
+    @app.post("/tokens")
+    async def tokens(request: Request):
+        def parse(data):
+            texts, single, truncate = parse_tokens(data, limits)
+            return (texts, truncate), (single,)
+
+        def respond(prepared, outputs, single):
+            answers = engine.answer(prepared, outputs)
+            return answers[0] if single else answers
+
+        return await serve(request, "token_classification", parse, respond)
+
     @app.get("/health")
     async def health():
         alive = scheduler.alive
@@ -278,11 +292,12 @@ def create_app(
 
 
 TASK_NAMES = {"classification": "a classification", "question_answering": "a question-answering",
-              "embedding": "an embedding"}  # fmt: skip
+              "embedding": "an embedding", "token_classification": "a token-classification"}  # fmt: skip
 ROUTES = {
     "classification": "POST /predict (or /rerank for a one-label model)",
     "question_answering": "POST /qa",
     "embedding": "POST /embed or /v1/embeddings",
+    "token_classification": "POST /tokens",
 }
 
 

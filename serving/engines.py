@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.classification_data import ExampleError, Examples, tokenize
+from data.classification_data import ExampleError, Examples
 from finetune.embedding import Encoder, l2_normalize, load_encoder
 from finetune.folder import FINETUNE_INFO, load_finetuned
 from finetune.inference import class_scores
@@ -54,11 +54,12 @@ def load_engine(
         encoder = load_encoder(folder, pooling, device=device, attention_backend=attention_backend)
         return EmbeddingEngine(encoder, encoder.runner(device, dtype))
     overrides = {"attention_backend": attention_backend} if attention_backend else {}
-    model, info, tokenizer, vocab = load_finetuned(folder, **overrides)
-    runner = Runner(model, device, dtype)
-    if info["task"] == "question_answering":
-        return QaEngine(runner, info, vocab)
-    return ClassificationEngine(runner, info, tokenizer, vocab)
+    loaded = load_finetuned(folder, **overrides)
+    runner = Runner(loaded.model, device, dtype)
+    engine_class = {"question_answering": QaEngine, "token_classification": TokenEngine}.get(
+        loaded.info["task"], ClassificationEngine
+    )
+    return engine_class(runner, loaded)
 
 
 class _Engine:
@@ -80,11 +81,13 @@ class ClassificationEngine(_Engine):
 
     task = "classification"
 
-    def __init__(self, runner: Runner, info: dict, tokenizer, vocab: dict):
-        super().__init__(runner, info)
-        self.tokenizer, self.vocab = tokenizer, vocab
-        self.labels = list(info["labels"])
-        self.multi_label = bool(info["multi_label"])
+    def __init__(self, runner: Runner, folder):
+        super().__init__(runner, folder.info)
+        self.folder = folder
+        self.labels = list(folder.info["labels"])
+        self.multi_label = bool(folder.info["multi_label"])
+        if folder.info.get("source") == "config.json":
+            self.max_length = min(self.max_length, folder.info["max_sequence_length"])
 
     def prepare(self, sequences: list[tuple[str, str | None]], truncate: bool) -> Prepared:
         """[(text, pair or None)] -> token ids as finetune.predict makes them. Too long
@@ -95,8 +98,7 @@ class ClassificationEngine(_Engine):
         )
         labels = np.zeros(len(sequences), dtype=np.int64)
         try:
-            data = tokenize(examples, self.tokenizer, self.vocab, labels, self.max_length,
-                            "truncate" if truncate else "error")  # fmt: skip
+            data = self.folder.tokenize(examples, labels, self.max_length, "truncate" if truncate else "error")
         except ExampleError as err:
             message = (
                 str(err)
@@ -139,12 +141,12 @@ class QaEngine(_Engine):
 
     task = "question_answering"
 
-    def __init__(self, runner: Runner, info: dict, vocab: dict):
-        from data.qa_windows import fast_tokenizer
+    def __init__(self, runner: Runner, folder):
         from finetune.qa_task import answer_settings
 
+        info = folder.info
         super().__init__(runner, info)
-        self.tokenizer = fast_tokenizer(vocab)
+        self.tokenizer = folder.hf_tokenizer()
         self.window = int(info["max_sequence_length"])
         self.doc_stride = int(info["qa"]["doc_stride"])
         self.settings = answer_settings(info["qa"])
@@ -205,6 +207,44 @@ class QaEngine(_Engine):
             {"score": float(p), "start": int(s), "end": int(e), "answer": text}
             for text, (s, e), p in zip(answers.text, answers.spans, answers.probability)
         ]
+
+
+class TokenEngine(_Engine):
+    """Token classification (NER): per input, transformers' token-classification pipeline's
+    entities (aggregation "none"; finetune.token_task), POST /tokens."""
+
+    task = "token_classification"
+
+    def __init__(self, runner: Runner, folder):
+        super().__init__(runner, folder.info)
+        self.folder = folder
+        self.labels = list(folder.info["labels"])
+        self.max_length = min(self.max_length, folder.info["max_sequence_length"])
+
+    def prepare(self, texts: list[str], truncate: bool) -> Prepared:
+        from finetune.token_task import tokenize_for_tags
+
+        try:
+            tagged = tokenize_for_tags(
+                texts, [f"inputs[{i}]" for i in range(len(texts))], self.folder.tokenizer, self.max_length, truncate
+            )
+        except ExampleError as err:
+            status = 413 if "at most" in str(err) else 422
+            hint = ' (send "truncate": true to cut it)' if status == 413 else ""
+            raise RequestError(status, f"{err}{hint}") from None
+        return Prepared(tagged.token_ids, tagged.segment_ids, tagged)
+
+    def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
+        """Per-token logits float32 [length, C] per sequence, in the order of token_ids."""
+        from finetune.runner import RunBatch, per_sequence_tokens
+
+        rows, out = self._forward(token_ids, segment_ids, table, width, ("logits",))
+        return per_sequence_tokens([RunBatch(rows, out)], "logits", [len(t) for t in token_ids])
+
+    def answer(self, prepared: Prepared, outputs: list) -> list[list[dict]]:
+        from finetune.token_task import entities
+
+        return [entities(logits, prepared.context, i, self.labels) for i, logits in enumerate(outputs)]
 
 
 class EmbeddingEngine(_Engine):
