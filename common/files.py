@@ -90,7 +90,9 @@ def atomic_folder(path):
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     if path.exists() and not path.is_dir():
-        raise OSError(errno.ENOTDIR, "exists and is not a folder; give a new path or a folder to replace", str(path))
+        raise OSError(
+            errno.ENOTDIR, "exists and is not a folder; give a new path or a folder to replace", str(path)
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))

@@ -16,7 +16,10 @@ equal those of the run that was never stopped (tests/test_finetune_resume.py).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
 from pathlib import Path
 
 import torch
@@ -38,10 +41,18 @@ def weights_finite(model) -> bool:
 
 def save_checkpoint(output: Path, model, optimizer, scheduler, progress: dict) -> Path:
     """Write the checkpoint (replacing the previous one only once complete). -> its folder."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_model
 
     with atomic_folder(checkpoint_path(output)) as tmp:
-        save_model(model, str(tmp / "model.safetensors"))
+        try:
+            save_model(model, str(tmp / "model.safetensors"))
+        except SafetensorError as err:  # safetensors' I/O errors: an OSError naming the file
+            found = re.search(r"os error (\d+)", str(err))
+            code = int(found.group(1)) if found else errno.EIO
+            raise OSError(
+                code, os.strerror(code), str(checkpoint_path(output) / "model.safetensors")
+            ) from None
         state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                  "rng": torch.get_rng_state()}  # fmt: skip
         torch.save(state, tmp / "training_state.pt")

@@ -226,7 +226,9 @@ def describe_hub_folder(folder: Path) -> dict:
     architectures = config.get("architectures") or []
     if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
         raise ExampleError(f"{config_path}: key 'architectures' must be a list of class names")
-    task = next((t for a in architectures for suffix, t in ARCHITECTURE_TASKS.items() if a.endswith(suffix)), None)
+    task = next(
+        (t for a in architectures for suffix, t in ARCHITECTURE_TASKS.items() if a.endswith(suffix)), None
+    )
     if task is None:
         raise ExampleError(
             f"{config_path}: key 'architectures' is {architectures}; predict runs a "

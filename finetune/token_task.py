@@ -33,7 +33,9 @@ class TaggedTexts:
     truncated: int
 
 
-def tokenize_for_tags(texts: list[str], where: list[str], tokenizer, max_length: int, truncate: bool = True) -> TaggedTexts:
+def tokenize_for_tags(
+    texts: list[str], where: list[str], tokenizer, max_length: int, truncate: bool = True
+) -> TaggedTexts:
     """`tokenizer`: a `tokenizers.Tokenizer` (the folder's tokenizer.json, or the WordPiece
     of its vocab.txt). Too long without `truncate`: ExampleError naming the text."""
     for text, place in zip(texts, where):
@@ -45,7 +47,9 @@ def tokenize_for_tags(texts: list[str], where: list[str], tokenizer, max_length:
     encoded = tokenizer.encode_batch(texts, add_special_tokens=True)
     long = [i for i, e in enumerate(encoded) if len(e.ids) > max_length]
     if long and not truncate:
-        raise ExampleError(f"{where[long[0]]}: {len(encoded[long[0]].ids)} tokens; the model takes at most {max_length}")
+        raise ExampleError(
+            f"{where[long[0]]}: {len(encoded[long[0]].ids)} tokens; the model takes at most {max_length}"
+        )
     if long:
         cutter = tokenizer.__class__.from_str(tokenizer.to_str())
         cutter.enable_truncation(max_length)
@@ -61,7 +65,9 @@ def tokenize_for_tags(texts: list[str], where: list[str], tokenizer, max_length:
     )
 
 
-def entities(logits: np.ndarray, tagged: TaggedTexts, i: int, labels: list[str], ignore=IGNORE_LABELS) -> list[dict]:
+def entities(
+    logits: np.ndarray, tagged: TaggedTexts, i: int, labels: list[str], ignore=IGNORE_LABELS
+) -> list[dict]:
     """Text i's per-token logits float32 [n_tokens, C] -> the pipeline's entity dicts."""
     shifted = logits - logits.max(-1, keepdims=True)
     probabilities = np.exp(shifted) / np.exp(shifted).sum(-1, keepdims=True)

@@ -261,7 +261,9 @@ def classification_job(config: dict) -> Job:
     def evaluate(model, batcher):
         logits, inference = predict_logits(model, task.validation, batcher)
         if not np.isfinite(logits).all():
-            raise Diverged("validation logits are not finite: the run diverged (lower optim.lr?); nothing saved")
+            raise Diverged(
+                "validation logits are not finite: the run diverged (lower optim.lr?); nothing saved"
+            )
         return score(logits, task.validation.labels, multi_label), inference, logits
 
     return Job(
@@ -341,7 +343,9 @@ def check_positions(config: dict) -> None:
     if not checkpoint.is_dir():
         raise FinetuneError(f"model.init_checkpoint {checkpoint}: no such folder")
     if not config_file.is_file():
-        raise FinetuneError(f"model.init_checkpoint {checkpoint}: no config.json (not a Hugging Face model folder)")
+        raise FinetuneError(
+            f"model.init_checkpoint {checkpoint}: no config.json (not a Hugging Face model folder)"
+        )
     try:
         positions = json.loads(config_file.read_text()).get("max_position_embeddings")
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
@@ -421,16 +425,27 @@ def run_finetune(config: dict, output: Path, resume: bool = False, stop=None) ->
              "train_seconds": 0.0, "train_examples": 0, "padding": [], "config": config}  # fmt: skip
     if progress is not None:
         state = load_checkpoint(output, model, optimizer, scheduler)
-        log.info("resumed from %s: epoch %d, %d batches done in it", checkpoint_path(output), state["epoch"], state["batches_done"])
+        log.info(
+            "resumed from %s: epoch %d, %d batches done in it",
+            checkpoint_path(output),
+            state["epoch"],
+            state["batches_done"],
+        )
     metrics_path = output / "metrics.jsonl"
     kept = []  # metrics lines of the epochs the checkpoint has validated
     if progress is not None and metrics_path.is_file():
-        kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["epoch"] < state["epoch"]]
+        kept = [
+            line
+            for line in metrics_path.read_text().splitlines()
+            if json.loads(line)["epoch"] < state["epoch"]
+        ]
     stopped, validation, inference, outputs = False, None, None, None
 
     def diverged_check(epoch: int) -> None:
         if not weights_finite(model):
-            raise Diverged(f"epoch {epoch}: the weights are no longer finite: the run diverged (lower optim.lr?); nothing saved")
+            raise Diverged(
+                f"epoch {epoch}: the weights are no longer finite: the run diverged (lower optim.lr?); nothing saved"
+            )
 
     if stop is not None and stop.is_set():
         raise Interrupted("stopped before the first step; nothing was trained", stop.signum)
@@ -451,7 +466,9 @@ def run_finetune(config: dict, output: Path, resume: bool = False, stop=None) ->
                 try:
                     step = finetune_step(model, batch, optimizer, scheduler, config["optim"]["max_grad_norm"])
                 except FinetuneError as err:
-                    raise Diverged(f"epoch {epoch}, step {state['steps'] + 1}: {err}; nothing saved") from None
+                    raise Diverged(
+                        f"epoch {epoch}, step {state['steps'] + 1}: {err}; nothing saved"
+                    ) from None
                 state["train_seconds"] += time.perf_counter() - start
                 state["steps"] += 1
                 state["batches_done"] += 1
@@ -535,7 +552,9 @@ def save_final(job, model, output: Path) -> None:
             else "no checkpoint was written"
         )
         reason = describe_os_error(err) if isinstance(err, OSError) else first_line(err)[:200]
-        raise FinetuneError(f"{output / 'model'}: the final model could not be saved ({reason}); {what}") from None
+        raise FinetuneError(
+            f"{output / 'model'}: the final model could not be saved ({reason}); {what}"
+        ) from None
 
 
 def main(argv=None) -> int:

@@ -37,6 +37,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
+from serving.access import AccessGuard, AccessRules
 from serving.api import (
     RequestError,
     RequestLimits,
@@ -62,7 +63,10 @@ def create_app(
     queue: QueueLimits,
     limits: RequestLimits,
     tokenizer_threads: int = 1,
-) -> FastAPI:
+    access: AccessRules | None = None,
+):
+    """The app; with `access` (serving/access.py: API key, Host and Origin rules) wrapped in
+    the AccessGuard that refuses before any route runs."""
     metrics = ServerMetrics()
     scheduler = Scheduler(engine, policy, queue, metrics)
     tokenizers = ThreadPoolExecutor(tokenizer_threads, thread_name_prefix="serving-tokenizer")
@@ -288,7 +292,9 @@ def create_app(
             "max_client_batch_size": limits.max_inputs,
         }
 
-    return app
+    if access is None:
+        return app
+    return AccessGuard(app, access, lambda status: metrics.requests.labels(status=str(status)).inc())
 
 
 TASK_NAMES = {"classification": "a classification", "question_answering": "a question-answering",

@@ -8,17 +8,20 @@
 
 Classification folders answer text-embeddings-inference's `POST /predict` (its clients work
 unchanged; multi-label scores are sigmoids, where TEI applies softmax); question-answering
-folders answer `POST /qa`. Also /health, /ready, /metrics (Prometheus), /info. The
+folders answer `POST /qa`, token-classification folders `POST /tokens`; any folder
+transformers' save_pretrained wrote is taken as it is (finetune/folder.py). Also /health, /ready, /metrics (Prometheus), /info. The
 policies (serving/policies.py): `packed` packs what is waiting into rows of a few fixed
 widths, longest first, the starving first; `fifo-tokens` is TEI's (first come, first
 served up to the token budget, padded to the longest); `padded` is a fixed batch padded
 to the length the model was fine-tuned at. Overload is refused with 429 (a bounded queue), never queued
-without bound; SIGTERM answers what was admitted, then exits 0. The pieces live in
-serving/.
+without bound; SIGTERM answers what was admitted, then exits 0. `--api-key` (or $API_KEY) requires
+TEI's `Authorization: Bearer` header; Host and Origin are checked against the bind address
+and localhost (serving/access.py). The pieces live in serving/.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -66,6 +69,16 @@ def main(argv=None) -> int:
         help="seconds a request body may take to arrive (408 after)",
     )
     parser.add_argument("--tokenizer-threads", type=int, default=1)
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health and /ready (default: $API_KEY)",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        nargs="+",
+        help="Host / Origin names served (default: the bind address and localhost; any for 0.0.0.0)",
+    )
     args = parser.parse_args(argv)
     wrong = below_one(args, ("port", "max_batch_tokens", "max_sequences_per_pack", "batch_size", "max_queue",
                              "max_client_batch_size", "max_body_bytes", "tokenizer_threads"))  # fmt: skip
@@ -81,6 +94,7 @@ def main(argv=None) -> int:
     from data.classification_data import ExampleError
     from finetune.precision import device_problem
     from model.hf_checkpoint import quiet_transformers
+    from serving.access import AccessRules
     from serving.api import RequestLimits
     from serving.app import create_app
     from serving.engines import load_engine
@@ -108,7 +122,8 @@ def main(argv=None) -> int:
     limits = RequestLimits(
         args.max_body_bytes, args.max_client_batch_size, body_timeout_s=args.body_timeout_s
     )
-    app = create_app(engine, policy, queue, limits, args.tokenizer_threads)
+    access = AccessRules.for_bind(args.host, args.api_key, args.allowed_hosts)
+    app = create_app(engine, policy, queue, limits, args.tokenizer_threads, access)
     print(
         f"serving {args.model} ({engine.task}, policy {args.policy}) on http://{args.host}:{args.port}",
         file=sys.stderr,

@@ -98,7 +98,9 @@ class ClassificationEngine(_Engine):
         )
         labels = np.zeros(len(sequences), dtype=np.int64)
         try:
-            data = self.folder.tokenize(examples, labels, self.max_length, "truncate" if truncate else "error")
+            data = self.folder.tokenize(
+                examples, labels, self.max_length, "truncate" if truncate else "error"
+            )
         except ExampleError as err:
             message = (
                 str(err)
@@ -226,7 +228,11 @@ class TokenEngine(_Engine):
 
         try:
             tagged = tokenize_for_tags(
-                texts, [f"inputs[{i}]" for i in range(len(texts))], self.folder.tokenizer, self.max_length, truncate
+                texts,
+                [f"inputs[{i}]" for i in range(len(texts))],
+                self.folder.tokenizer,
+                self.max_length,
+                truncate,
             )
         except ExampleError as err:
             status = 413 if "at most" in str(err) else 422

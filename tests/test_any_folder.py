@@ -35,7 +35,9 @@ from finetune.folder import load_finetuned
 from .conftest import REPO
 
 SENTENCES = texts_of(bbc_articles(corpus_glob())[:6], "sentences")
-TEXTS = [s for s in SENTENCES if 3 < len(s.split()) < 40][:24] + ["Ada Lovelace met Charles Babbage in London."]
+TEXTS = [s for s in SENTENCES if 3 < len(s.split()) < 40][:24] + [
+    "Ada Lovelace met Charles Babbage in London."
+]
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC"}
 
@@ -80,19 +82,25 @@ def folders(tmp_path_factory, cased_tokenizer):
     made["multi"] = save_hub_folder(
         root / "multi",
         BertForSequenceClassification(
-            tiny_config(cased_tokenizer, num_labels=3, id2label=LABELS, problem_type="multi_label_classification")
+            tiny_config(
+                cased_tokenizer, num_labels=3, id2label=LABELS, problem_type="multi_label_classification"
+            )
         ),
         cased_tokenizer,
     )
     made["cross"] = save_hub_folder(
-        root / "cross", BertForSequenceClassification(tiny_config(cased_tokenizer, num_labels=1)), cased_tokenizer
+        root / "cross",
+        BertForSequenceClassification(tiny_config(cased_tokenizer, num_labels=1)),
+        cased_tokenizer,
     )
     made["tokens"] = save_hub_folder(
         root / "tokens",
         BertForTokenClassification(tiny_config(cased_tokenizer, num_labels=4, id2label=TAGS)),
         cased_tokenizer,
     )
-    made["qa"] = save_hub_folder(root / "qa", BertForQuestionAnswering(tiny_config(cased_tokenizer)), cased_tokenizer)
+    made["qa"] = save_hub_folder(
+        root / "qa", BertForQuestionAnswering(tiny_config(cased_tokenizer)), cased_tokenizer
+    )
     return made
 
 
@@ -136,14 +144,20 @@ def test_a_cased_classifier_predicts_transformers_scores_per_example(folders, tm
 
 def test_multi_label_and_a_one_label_cross_encoder_score_by_sigmoid(folders, tmp_path):
     got = run_predict(folders["multi"], [{"text": t} for t in TEXTS], tmp_path)
-    for record, logits in zip(got, one_at_a_time(AutoModelForSequenceClassification, folders["multi"], TEXTS)):
+    for record, logits in zip(
+        got, one_at_a_time(AutoModelForSequenceClassification, folders["multi"], TEXTS)
+    ):
         scores = 1 / (1 + np.exp(-logits))
         np.testing.assert_allclose(record["scores"], scores, atol=1e-5)
         assert record["labels"] == [LABELS[c] for c in np.flatnonzero(scores > 0.5)]
     queries = ["What did the company report?"] * len(TEXTS)
-    got = run_predict(folders["cross"], [{"text": q, "text_pair": t} for q, t in zip(queries, TEXTS)], tmp_path)
+    got = run_predict(
+        folders["cross"], [{"text": q, "text_pair": t} for q, t in zip(queries, TEXTS)], tmp_path
+    )
     expected = one_at_a_time(AutoModelForSequenceClassification, folders["cross"], queries, TEXTS)
-    np.testing.assert_allclose([r["scores"][0] for r in got], [1 / (1 + np.exp(-x[0])) for x in expected], atol=1e-5)
+    np.testing.assert_allclose(
+        [r["scores"][0] for r in got], [1 / (1 + np.exp(-x[0])) for x in expected], atol=1e-5
+    )
 
 
 def test_token_classification_equals_the_pipelines_tokens(folders, tmp_path):
@@ -154,8 +168,12 @@ def test_token_classification_equals_the_pipelines_tokens(folders, tmp_path):
     assert any(record["entities"] for record in got)
     for record, theirs in zip(got, stock):
         keys = ("entity", "index", "word", "start", "end")
-        assert [tuple(e[k] for k in keys) for e in record["entities"]] == [tuple(e[k] for k in keys) for e in theirs]
-        np.testing.assert_allclose([e["score"] for e in record["entities"]], [e["score"] for e in theirs], atol=1e-5)
+        assert [tuple(e[k] for k in keys) for e in record["entities"]] == [
+            tuple(e[k] for k in keys) for e in theirs
+        ]
+        np.testing.assert_allclose(
+            [e["score"] for e in record["entities"]], [e["score"] for e in theirs], atol=1e-5
+        )
 
 
 def test_question_answering_logits_equal_transformers_per_window(folders):
@@ -178,7 +196,9 @@ def test_question_answering_logits_equal_transformers_per_window(folders):
     reference = AutoModelForQuestionAnswering.from_pretrained(folders["qa"]).eval()
     with torch.no_grad():
         for w, (ids, segments) in enumerate(zip(windows.token_ids, windows.segment_ids)):
-            out = reference(input_ids=torch.tensor([ids]).long(), token_type_ids=torch.tensor([segments]).long())
+            out = reference(
+                input_ids=torch.tensor([ids]).long(), token_type_ids=torch.tensor([segments]).long()
+            )
             np.testing.assert_allclose(start[w, : len(ids)], out.start_logits[0].numpy(), atol=1e-5)
             np.testing.assert_allclose(end[w, : len(ids)], out.end_logits[0].numpy(), atol=1e-5)
 
@@ -192,17 +212,25 @@ def test_the_server_answers_hub_folders_as_predict_under_concurrent_clients(fold
     with Server(folders["single"]) as server:
 
         def send(i):
-            return i, httpx.post(server.url + "/predict", json={"inputs": [[t] for t in TEXTS[i : i + 3]]}, timeout=60)
+            return i, httpx.post(
+                server.url + "/predict", json={"inputs": [[t] for t in TEXTS[i : i + 3]]}, timeout=60
+            )
 
         with ThreadPoolExecutor(6) as pool:
             for i, response in pool.map(send, range(0, len(TEXTS), 3)):
                 assert response.status_code == 200, response.text
                 for record, answer in zip(predicted[i : i + 3], response.json()):
                     by_label = {a["label"]: a["score"] for a in answer}
-                    np.testing.assert_allclose([by_label[n] for n in LABELS.values()], record["scores"], atol=1e-5)
-    cross = run_predict(folders["cross"], [{"text": "the market", "text_pair": t} for t in TEXTS[:8]], tmp_path)
+                    np.testing.assert_allclose(
+                        [by_label[n] for n in LABELS.values()], record["scores"], atol=1e-5
+                    )
+    cross = run_predict(
+        folders["cross"], [{"text": "the market", "text_pair": t} for t in TEXTS[:8]], tmp_path
+    )
     with Server(folders["cross"]) as server:
-        ranked = httpx.post(server.url + "/rerank", json={"query": "the market", "texts": TEXTS[:8]}, timeout=60)
+        ranked = httpx.post(
+            server.url + "/rerank", json={"query": "the market", "texts": TEXTS[:8]}, timeout=60
+        )
         assert ranked.status_code == 200, ranked.text
         for item in ranked.json():
             assert item["score"] == pytest.approx(cross[item["index"]]["scores"][0], abs=1e-5)

@@ -109,8 +109,9 @@ def test_a_length_beyond_the_models_positions_is_refused_before_packing(tmp_path
 
 
 def test_a_learning_rate_that_breaks_the_weights_stops_before_the_metrics(tmp_path, checkpoint):  # noqa: F811
-    path = write_config(tmp_path, checkpoint, training={"epochs": 2, "progress": False},
-                        batching={"batch_size": 200})  # fmt: skip  (one step per epoch)
+    path = write_config(
+        tmp_path, checkpoint, training={"epochs": 2, "progress": False}, batching={"batch_size": 200}
+    )  # fmt: skip  (one step per epoch)
     done = run_command(["--config", str(path), "--output-dir", str(tmp_path / "o"), "--set", "optim.lr=1e30"])
     assert done.returncode == 3, done.stderr
     last = done.stderr.strip().splitlines()[-1]
@@ -132,7 +133,9 @@ def test_a_failed_final_save_is_one_line_and_keeps_the_checkpoint(tmp_path, chec
         finetune.run_finetune(config, output)
     monkeypatch.undo()
     message = str(failed.value)
-    assert "\n" not in message and "the final model could not be saved" in message and "No space left" in message
+    assert (
+        "\n" not in message and "the final model could not be saved" in message and "No space left" in message
+    )
     assert f"the checkpoint of epoch 0 is kept at {output / 'checkpoint'}" in message
     resumed = finetune.run_finetune(config, output, resume=True)  # space freed: --resume saves it
     assert (output / "model" / "model.safetensors").is_file() and resumed["train_steps"] > 0

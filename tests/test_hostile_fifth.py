@@ -158,3 +158,233 @@ def test_seven_tiny_requests_do_not_lock_out_a_large_one():
 
     answers = asyncio.run(scenario())
     assert answers[:7] == [[3]] * 7 and answers[7:] == [[400] * 32] * 3
+
+
+# ----- packing reproducible to the byte, on any machine speed ------------------------------------
+def busy_cores(n: int):
+    """n processes spinning on the CPU (the load a shared CI machine has)."""
+    code = "while True: pass"
+    return [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+
+
+@pytest.mark.slow
+def test_lp_plans_are_the_same_under_load_and_without():
+    """The residual integer program is limited in HiGHS nodes, not seconds: a plan (and so
+    the packed bytes) cannot depend on how fast the machine ran that day."""
+    from packing.algorithms.lp import lp_pack
+    from packing.histogram import Histogram
+
+    histogram = Histogram.from_json_file(REPO / "packing" / "histograms" / "wikipedia_512.json")
+    quiet, _ = lp_pack(histogram, 3)
+    spinners = busy_cores(4)
+    try:
+        loaded, _ = lp_pack(histogram, 3)
+    finally:
+        for p in spinners:
+            p.kill()
+    assert sorted(quiet) == sorted(loaded)
+
+
+def test_the_lp_packer_gives_identical_bytes_twice_one_run_under_load(tmp_path):
+    from packing.cli import main as packing_main
+
+    from .test_data_pipeline import P, S, small_counts, write_synthetic_shards
+
+    write_synthetic_shards(tmp_path / "in", small_counts(), sequences=3000, rows_per_file=1100, seed=7, p=P)
+    args = ["pack", "--input", f"{tmp_path}/in/*.h5", "--max-sequence-length", S, "--max-predictions-per-seq",
+            P, "--algorithm", "lp", "--max-sequences-per-pack", 3, "--quiet", "--output"]  # fmt: skip
+    assert packing_main([str(a) for a in [*args, tmp_path / "a"]]) == 0
+    spinners = busy_cores(4)
+    try:
+        assert packing_main([str(a) for a in [*args, tmp_path / "b"]]) == 0
+    finally:
+        for p in spinners:
+            p.kill()
+    shards = sorted(p.name for p in (tmp_path / "a").glob("part-*.h5"))
+    assert shards and shards == sorted(p.name for p in (tmp_path / "b").glob("part-*.h5"))
+    for shard in shards:
+        assert (tmp_path / "a" / shard).read_bytes() == (tmp_path / "b" / shard).read_bytes()
+
+
+# ----- 10. an API key, and Host / Origin checks against DNS rebinding ------------------------------
+def test_access_rules_as_pure_decisions():
+    from serving.access import AccessRules, refusal
+
+    local = AccessRules.for_bind("127.0.0.1", api_key="s3cret")
+    ok = {"host": "127.0.0.1:8080", "authorization": "Bearer s3cret"}
+    assert refusal(local, "POST", "/predict", ok) is None
+    assert refusal(local, "POST", "/predict", {**ok, "host": "localhost:8080"}) is None
+    assert refusal(local, "POST", "/predict", {**ok, "host": "[::1]:8080"}) is None
+    assert refusal(local, "POST", "/predict", {**ok, "authorization": "Bearer wrong"})[0] == 401
+    assert refusal(local, "POST", "/predict", {"host": "127.0.0.1"})[0] == 401
+    assert refusal(local, "GET", "/metrics", {"host": "127.0.0.1"})[0] == 401
+    assert refusal(local, "GET", "/health", {"host": "127.0.0.1"}) is None  # probes carry no key
+    assert refusal(local, "POST", "/predict", {**ok, "host": "evil.example:8080"})[0] == 421
+    assert refusal(local, "POST", "/predict", {**ok, "origin": "http://evil.example"})[0] == 403
+    assert refusal(local, "POST", "/predict", {**ok, "origin": "http://localhost:3000"}) is None
+    everywhere = AccessRules.for_bind("0.0.0.0")
+    assert refusal(everywhere, "POST", "/predict", {"host": "my-server.internal"}) is None
+    named = AccessRules.for_bind("0.0.0.0", allowed_hosts=["my-server.internal"])
+    assert refusal(named, "POST", "/predict", {"host": "other"})[0] == 421
+
+
+@pytest.mark.slow
+def test_a_real_server_checks_the_key_and_refuses_a_foreign_host(tmp_path_factory):
+    import threading
+    import time
+
+    import httpx
+    import torch
+    import uvicorn
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+
+    from serving.access import AccessRules
+    from serving.api import RequestLimits
+    from serving.app import create_app
+    from serving.engines import load_engine
+    from serving.policies import PolicySettings
+    from serving.scheduler import QueueLimits
+
+    from .test_any_folder import TEXTS, save_hub_folder, tiny_config
+    from .test_serve import free_port
+
+    trainer = BertWordPieceTokenizer(lowercase=True)
+    trainer.train_from_iterator(TEXTS, vocab_size=400, min_frequency=1)
+    tokenizer = BertTokenizerFast(vocab=trainer.get_vocab(), model_max_length=64)
+    torch.manual_seed(0)
+    folder = save_hub_folder(
+        tmp_path_factory.mktemp("access") / "m",
+        BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer,
+    )  # fmt: skip
+    engine = load_engine(folder)
+    port = free_port()
+    app = create_app(engine, PolicySettings("packed", max_length=engine.max_length), QueueLimits(), RequestLimits(),
+                     access=AccessRules.for_bind("127.0.0.1", api_key="s3cret"))  # fmt: skip
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.05)
+        body = {"inputs": "a text"}
+        assert httpx.post(url + "/predict", json=body).status_code == 401
+        keyed = {"Authorization": "Bearer s3cret"}
+        assert httpx.post(url + "/predict", json=body, headers=keyed).status_code == 200
+        # a web page's text/plain POST after DNS rebinding: its own Host and Origin
+        foreign = {**keyed, "Host": "attacker.example:8080", "Origin": "http://attacker.example:8080",
+                   "Content-Type": "text/plain"}  # fmt: skip
+        refused = httpx.post(url + "/predict", content=b'{"inputs": "a text"}', headers=foreign)
+        assert refused.status_code == 421 and "attacker.example" in refused.json()["error"]
+        assert (
+            httpx.post(
+                url + "/predict", json=body, headers={**keyed, "Origin": "http://evil.test"}
+            ).status_code
+            == 403
+        )
+        metrics = httpx.get(url + "/metrics", headers=keyed).text
+        assert 'packed_requests_total{status="401"} 1.0' in metrics
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+# ----- 6, 9 and the empty-text rule: one line each, or read once ------------------------------------
+def run_module(*argv, timeout=180):
+    return subprocess.run([sys.executable, "-m", *map(str, argv)], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+def one_line_error(done) -> str:
+    assert done.returncode == 2, done.stderr
+    lines = [
+        line for line in done.stderr.strip().splitlines() if "it/s]" not in line and "text/s]" not in line
+    ]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+    return lines[0]  # (a progress bar's lines aside)
+
+
+def test_pickled_weights_are_refused_in_one_line_everywhere(tmp_path):
+    import json
+
+    import torch
+
+    folder = tmp_path / "pickled"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    torch.save({"weight": torch.zeros(2)}, folder / "pytorch_model.bin")
+    texts = tmp_path / "t.jsonl"
+    texts.write_text('{"text": "a"}\n')
+    for argv in (
+        [
+            "finetune.embed",
+            "--model",
+            folder,
+            "--pooling",
+            "mean",
+            "--input",
+            texts,
+            "--output",
+            tmp_path / "e.npy",
+        ],
+        ["serving", "--model", folder, "--pooling", "mean", "--port", "1"],
+    ):
+        assert "pytorch_model.bin (a pickle, which is never loaded here)" in one_line_error(run_module(*argv))
+
+
+def test_embed_refuses_a_pipe_and_an_empty_text_in_one_line(tmp_path):
+    from data.assets import model_dir
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    line = one_line_error(run_module("finetune.embed", "--model", model_dir(), "--input", fifo,
+                                     "--output", tmp_path / "e.npy"))  # fmt: skip
+    assert "not a regular file" in line and "save it to a file first" in line
+    texts = tmp_path / "t.jsonl"
+    texts.write_text('{"text": "fine"}\n{"text": "   "}\n')
+    line = one_line_error(run_module("finetune.embed", "--model", model_dir(), "--input", texts,
+                                     "--output", tmp_path / "e.npy"))  # fmt: skip
+    assert line == f"error: {texts}:2: the text is empty"
+    assert not (tmp_path / "e.npy").exists()
+
+
+def test_predict_reads_a_pipe_once(tmp_path):
+    import json
+    import threading
+
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+
+    from .test_any_folder import TEXTS, save_hub_folder, tiny_config
+
+    trainer = BertWordPieceTokenizer(lowercase=True)
+    trainer.train_from_iterator(TEXTS, vocab_size=400, min_frequency=1)
+    tokenizer = BertTokenizerFast(vocab=trainer.get_vocab(), model_max_length=64)
+    torch.manual_seed(0)
+    folder = save_hub_folder(
+        tmp_path / "m", BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer
+    )
+    records = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:5])
+    regular = tmp_path / "in.jsonl"
+    regular.write_text(records)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(records))
+    writer.start()
+    piped = run_module(
+        "finetune.predict", "--model", folder, "--input", fifo, "--output", tmp_path / "p.jsonl"
+    )
+    writer.join(10)
+    assert piped.returncode == 0, piped.stderr
+    direct = run_module(
+        "finetune.predict", "--model", folder, "--input", regular, "--output", tmp_path / "r.jsonl"
+    )
+    assert direct.returncode == 0, direct.stderr
+    assert (tmp_path / "p.jsonl").read_text() == (tmp_path / "r.jsonl").read_text()
