@@ -106,6 +106,8 @@ def read_texts(path: Path, text_field: str) -> Iterator[str]:
                     f"{where}: field '{text_field}' has {len(text):,} characters, more than the "
                     f"{MAX_FIELD_CHARS:,} read per text"
                 )
+            if not text.strip():  # the server's rule (serving/api.py: 422): one rule for both
+                raise ExampleError(f"{where}: the text is empty")
             yield text
 
 

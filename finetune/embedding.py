@@ -88,8 +88,6 @@ class Encoder:
         """-> (token id arrays int64, truncated count). Too long with truncate=False raises
         ExampleError naming the text; direction "left" keeps a text's end (TEI's option)."""
         for text, place in zip(texts, where):
-            if not text.strip():  # the server's rule too (serving/api.py): an empty text has no meaning
-                raise ExampleError(f"{place}: the text is empty")
             check_unicode(text, place)
         inputs = [t.lower() for t in texts] if self.lowercase else texts
         encoded = self.tokenizer.encode_batch(inputs, add_special_tokens=False)
@@ -212,7 +210,6 @@ def load_encoder(
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise ExampleError(f"{folder}: no config.json; expected a sentence-transformers or BERT folder")
-    check_weights_file(folder)
     described = read_sentence_transformers(folder)
     if described is None:
         if pooling is None:
@@ -220,6 +217,7 @@ def load_encoder(
                 f"{folder}: no modules.json (not a sentence-transformers folder); give --pooling"
             )
         described = {"pooling": pooling, "normalize": False, "max_length": None, "lowercase": False}
+    check_weights_file(folder)
     # SDPA unless asked otherwise: a sentence-transformers folder names no backend, and SDPA
     # measured fastest here for every batching mode (docs/embeddings.md)
     overrides = {"attention_backend": attention_backend or "sdpa"}

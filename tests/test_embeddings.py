@@ -139,6 +139,7 @@ def write_jsonl(path, texts):
 
 
 def test_command_writes_rows_in_line_order(st_model, texts, tmp_path, capsys):
+    texts = [t for t in texts if t.strip()]  # the command refuses an empty text, as the server (below)
     source = write_jsonl(tmp_path / "texts.jsonl", texts)
     output = tmp_path / "out" / "embeddings.npy"
     argv = ["--model", str(model_dir()), "--input", str(source), "--output", str(output), "--quiet"]
@@ -163,6 +164,7 @@ def test_command_writes_rows_in_line_order(st_model, texts, tmp_path, capsys):
         (['{"text": "fine"}', '{"text": "\\ud800x"}'], ":2: not valid Unicode (a lone surrogate U+D800"),
         (['{"text": 3}'], ":1: field 'text' must be a string"),
         (["not json"], ":1: not valid JSON"),
+        (['{"text": "fine"}', '{"text": "  "}'], ":2: the text is empty"),
     ],
 )
 def test_command_refuses_bad_lines_with_one_line_and_writes_nothing(tmp_path, capsys, lines, message):
