@@ -71,6 +71,7 @@ class Encoder:
     name: str = ""
     stats: dict = field(default_factory=lambda: {"texts": 0, "tokens": 0, "slots": 0, "truncated": 0})
     _runners: dict = field(default_factory=dict, repr=False)  # (device, dtype) -> Runner
+    _cutters: dict = field(default_factory=dict, repr=False)  # direction -> truncating tokenizer
 
     @property
     def dimension(self) -> int:
@@ -85,26 +86,29 @@ class Encoder:
         return self._runners[key]
 
     def tokenize(self, texts: list[str], where: list[str], truncate: bool = True, direction: str = "right"):
-        """-> (token id arrays int64, truncated count). Too long with truncate=False raises
-        ExampleError naming the text; direction "left" keeps a text's end (TEI's option)."""
+        """-> (token id arrays int64, truncated count): the tokenizer's own template
+        (BERT's [CLS] ... [SEP], RoBERTa's <s> ... </s>, ...), cut to max_length as
+        sentence-transformers cuts. Too long with truncate=False raises ExampleError naming
+        the text; direction "left" keeps a text's end (TEI's option)."""
         for text, place in zip(texts, where):
             check_unicode(text, place)
         inputs = [t.lower() for t in texts] if self.lowercase else texts
-        encoded = self.tokenizer.encode_batch(inputs, add_special_tokens=False)
-        cls_id, sep_id = self.tokenizer.token_to_id("[CLS]"), self.tokenizer.token_to_id("[SEP]")
-        room = self.max_length - 2
-        ids, truncated = [], 0
-        for e, place in zip(encoded, where):
-            body = e.ids
-            if len(body) > room:
-                if not truncate:
-                    raise ExampleError(
-                        f"{place}: {len(body) + 2} tokens; the model takes at most {self.max_length}"
-                    )
-                truncated += 1
-                body = body[-room:] if direction == "left" else body[:room]
-            ids.append(np.array([cls_id, *body, sep_id], dtype=np.int64))
-        return ids, truncated
+        encoded = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
+        long = [i for i, e in enumerate(encoded) if len(e.ids) > self.max_length]
+        if long and not truncate:
+            i = long[0]
+            raise ExampleError(
+                f"{where[i]}: {len(encoded[i].ids)} tokens; the model takes at most {self.max_length}"
+            )
+        if long:  # only these again, with the tokenizer's own truncation (specials kept)
+            cutter = self._cutters.get(direction)
+            if cutter is None:
+                cutter = self.tokenizer.__class__.from_str(self.tokenizer.to_str())
+                cutter.enable_truncation(self.max_length, direction=direction)
+                self._cutters[direction] = cutter
+            for i, e in zip(long, cutter.encode_batch([inputs[i] for i in long], add_special_tokens=True)):
+                encoded[i] = e
+        return [np.asarray(e.ids, dtype=np.int64) for e in encoded], len(long)
 
 
 def read_sentence_transformers(folder: Path) -> dict | None:
@@ -221,15 +225,29 @@ def load_encoder(
     # SDPA unless asked otherwise: a sentence-transformers folder names no backend, and SDPA
     # measured fastest here for every batching mode (docs/embeddings.md)
     overrides = {"attention_backend": attention_backend or "sdpa"}
+    model_type = _json_file(folder / "config.json").get("model_type")
     try:
-        model = PackedBertForEmbedding.from_pretrained(
-            folder, pooling=pooling or described["pooling"], normalize=False, **overrides
-        )
+        if model_type == "bert":
+            model = PackedBertForEmbedding.from_pretrained(
+                folder, pooling=pooling or described["pooling"], normalize=False, **overrides
+            )
+            positions = model.config.max_position_embeddings
+        else:
+            from model.families import PackedFamilyModel, UnsupportedFamily
+
+            try:
+                model = PackedFamilyModel.from_pretrained(
+                    folder, "embedding", pooling or described["pooling"]
+                )
+            except UnsupportedFamily as err:
+                raise ExampleError(f"{folder / 'config.json'}: {err}") from None
+            positions = model.max_tokens
     except (OSError, ValueError, RuntimeError) as err:
+        if isinstance(err, ExampleError):
+            raise
         raise ExampleError(
             f"{folder}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
         ) from None
-    positions = model.config.max_position_embeddings
     length = max_length or min(described["max_length"] or positions, positions)
     if not 3 <= length <= positions:
         raise ExampleError(f"max length {length}: the model takes 3 to {positions} tokens per text")
@@ -255,7 +273,17 @@ def encoder_from_sentence_transformer(st_model) -> Encoder:
     transformer, pooling = modules[0], modules[1]
     bert = transformer.auto_model
     if getattr(bert.config, "model_type", None) != "bert":
-        raise ValueError(f"packed encoding runs BERT encoders; this one is {bert.config.model_type!r}")
+        # Another family: transformers' own modules, shared (model/families.py); its
+        # attention is routed through the packed function, which runs SDPA for the
+        # model's ordinary (unpacked) calls, so the SentenceTransformer keeps working.
+        from model.families import PackedFamilyModel, use_packed_attention
+
+        use_packed_attention(bert)
+        model = PackedFamilyModel(bert, "embedding", check_pooling(pooling.pooling_mode)).eval()
+        return Encoder(
+            model=model, tokenizer=_backend_tokenizer(transformer.tokenizer), max_length=int(st_model.max_seq_length),
+            normalize="Normalize" in kinds, lowercase=bool(getattr(transformer, "do_lower_case", False)),
+        )  # fmt: skip
     config = type(bert.config).from_dict(bert.config.to_dict())
     config.embedding_pooling = list(check_pooling(pooling.pooling_mode))
     config.embedding_normalize = False

@@ -20,6 +20,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from common.cli import first_line
 from common.files import write_json_atomic
 from data.classification_data import ExampleError
@@ -100,8 +102,8 @@ ARCHITECTURE_TASKS = {
     "ForTokenClassification": "token_classification",
     "ForQuestionAnswering": "question_answering",
 }
-# Packed models exist for these model types (config.json's model_type).
-PACKED_MODEL_TYPES = ("bert",)
+# bert runs on this project's own packed BERT (model/); the other families on transformers'
+# modules with packed attention (model/families.py).
 # Where a folder carries no finetune.json: transformers' pipelines' defaults (documented in
 # docs/finetune.md, "Any folder transformers saved").
 PIPELINE_QA = {
@@ -130,6 +132,7 @@ class ModelFolder:
     info: dict
     tokenizer: object  # a tokenizers.Tokenizer
     vocab: dict | None
+    token_types: bool = True  # whether the folder's tokenizer hands the model token_type_ids
 
     def tokenize(self, examples, labels, max_sequence_length: int, too_long: str):
         """Examples -> TokenizedExamples, as this folder's tokenizer makes them."""
@@ -137,7 +140,10 @@ class ModelFolder:
 
         if self.vocab is not None:
             return tokenize(examples, self.tokenizer, self.vocab, labels, max_sequence_length, too_long)
-        return tokenize_by_template(examples, self.tokenizer, labels, max_sequence_length, too_long)
+        data = tokenize_by_template(examples, self.tokenizer, labels, max_sequence_length, too_long)
+        if not self.token_types:  # transformers feeds the model zeros then: so do we
+            data.segment_ids = [np.zeros_like(s) for s in data.segment_ids]
+        return data
 
     def hf_tokenizer(self):
         """transformers' fast tokenizer of the folder (QA windows need its overflow and offsets)."""
@@ -166,20 +172,44 @@ def load_finetuned(folder: Path, **overrides) -> ModelFolder:
     task = info["task"]
     from model.token_classification import PackedBertForTokenClassification
 
-    model_class = {
-        "question_answering": PackedBertForQuestionAnswering,
-        "token_classification": PackedBertForTokenClassification,
-    }.get(task, PackedBertForSequenceClassification)
     check_weights_file(folder)
     try:
-        model = model_class.from_pretrained(folder, **overrides)
+        if info.get("model_type", "bert") == "bert":
+            model_class = {
+                "question_answering": PackedBertForQuestionAnswering,
+                "token_classification": PackedBertForTokenClassification,
+            }.get(task, PackedBertForSequenceClassification)
+            model = model_class.from_pretrained(folder, **overrides)
+        else:
+            from model.families import PackedFamilyModel
+
+            model = PackedFamilyModel.from_pretrained(folder, task)
     except (OSError, ValueError, RuntimeError) as err:
         raise ExampleError(f"{folder}: the model cannot be loaded ({first_line(err)[:200]})") from None
-    if info_path.is_file() or not (folder / "tokenizer.json").is_file():
+    if info_path.is_file() or not has_own_tokenizer(folder):
         tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
-    else:
-        tokenizer, vocab = folder_tokenizer(folder), None
-    return ModelFolder(folder, model, info, tokenizer, vocab)
+        return ModelFolder(folder, model, info, tokenizer, vocab)
+    return ModelFolder(folder, model, info, folder_tokenizer(folder), None, hands_token_types(folder))
+
+
+def hands_token_types(folder: Path) -> bool:
+    """Whether transformers' tokenizer of the folder returns token_type_ids (its
+    model_input_names): where it does not, the model is given zeros, pairs included."""
+    from transformers import AutoTokenizer
+
+    try:
+        return "token_type_ids" in AutoTokenizer.from_pretrained(folder).model_input_names
+    except Exception:  # noqa: BLE001 - a tokenizer transformers cannot build: the template's own ids
+        return True
+
+
+def has_own_tokenizer(folder: Path) -> bool:
+    """A fast tokenizer's file, or what transformers converts into one (sentencepiece)."""
+    return (
+        (folder / "tokenizer.json").is_file()
+        or any(folder.glob("*.model"))
+        or (folder / "merges.txt").is_file()
+    )
 
 
 def read_finetune_info(info_path: Path) -> dict:
@@ -235,15 +265,20 @@ def describe_hub_folder(folder: Path) -> dict:
             "*ForSequenceClassification, *ForTokenClassification or *ForQuestionAnswering folder "
             "(for embeddings of a bare encoder use finetune.embed --pooling)"
         )
+    from model.families import FAMILIES
+
     model_type = config.get("model_type")
-    if model_type not in PACKED_MODEL_TYPES:
+    if model_type not in FAMILIES:
         raise ExampleError(
-            f"{config_path}: key 'model_type' is {model_type!r}; packed models run {', '.join(PACKED_MODEL_TYPES)}"
+            f"{config_path}: key 'model_type' is {model_type!r}, not a packed encoder family; supported: "
+            f"{', '.join(sorted(FAMILIES))}"
         )
     positions = config.get("max_position_embeddings")
     if not isinstance(positions, int) or positions < 3:
         raise ExampleError(f"{config_path}: key 'max_position_embeddings' must be an integer >= 3")
-    if not (folder / "tokenizer.json").is_file() and not (folder / "vocab.txt").is_file():
+    if FAMILIES[model_type].positions_after_padding:  # RoBERTa-style: positions from pad + 1
+        positions -= int(config.get("pad_token_id") or 0) + 1
+    if not has_own_tokenizer(folder) and not (folder / "vocab.txt").is_file():
         raise ExampleError(f"{folder}: no tokenizer.json (nor vocab.txt); save the tokenizer with the model")
     # The tokenizer's model_max_length (transformers' truncation limit), capped by the positions.
     model_max = {}
@@ -262,6 +297,7 @@ def describe_hub_folder(folder: Path) -> dict:
         "too_long": "truncate",
         "fields": dict(JSONL_FIELDS),
         "source": "config.json",
+        "model_type": model_type,
     }
     if task == "question_answering":
         window = min(PIPELINE_QA_WINDOW, length)
@@ -287,14 +323,21 @@ def label_names(config: dict, config_path: Path) -> list[str]:
 
 
 def folder_tokenizer(folder: Path):
-    """The folder's tokenizer.json as a `tokenizers.Tokenizer`, padding and truncation off
-    (the callers truncate, and count what they cut)."""
+    """The folder's tokenizer.json as a `tokenizers.Tokenizer` (a folder with only a
+    sentencepiece model or BPE files: the one transformers converts them to), padding and
+    truncation off (the callers truncate, and count what they cut)."""
     from tokenizers import Tokenizer
 
     try:
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        if (folder / "tokenizer.json").is_file():
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        else:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=True).backend_tokenizer
+            tokenizer = Tokenizer.from_str(tokenizer.to_str())
     except Exception as err:  # noqa: BLE001 - the tokenizers library raises its own Exception
-        raise ExampleError(f"{folder / 'tokenizer.json'}: cannot be read ({first_line(err)[:120]})") from None
+        raise ExampleError(f"{folder}: its tokenizer cannot be read ({first_line(err)[:120]})") from None
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer

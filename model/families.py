@@ -1,0 +1,305 @@
+"""Packed encoders of other families, on transformers' own modules: RoBERTa, XLM-RoBERTa,
+CamemBERT, DistilBERT, ELECTRA, ModernBERT, NomicBERT, DeBERTa-v2/v3, MPNet (and BERT).
+
+    model = PackedFamilyModel.from_pretrained(folder, task="classification")
+    out = model(**rows)            # finetune.rows.pack_rows' fields as tensors
+    out["logits"]                  # [B, K, C] | token tasks: [B, S, C] | QA: start/end [B, S]
+    out["embeddings"]              # task "embedding": pooled per slot, [B, K, D]
+
+The weights are transformers' (`AutoModelFor*` loads and saves the folder as is); packing
+changes only what the encoder is given, by each family's rule (`FAMILIES`):
+
+- positions restart in every sequence, at the family's first position (RoBERTa-style
+  families number from `pad_token_id + 1`; rotary families from 0);
+- attention stays inside each sequence: families that call transformers' AttentionInterface
+  run `packed_attention` (registered as "packed"): one SDPA call with the block-diagonal
+  mask built once per forward from `sequence_ids` (ModernBERT's local layers also keep
+  their sliding window, measured in positions inside the sequence). DeBERTa-v2 and MPNet
+  compute relative-position attention of their own and take a [B, S, S] mask instead;
+  their relative positions (i - j) inside a sequence are the same packed or not;
+- token type ids only where the family has more than one type.
+
+The heads read each sequence as the family's own head does ([CLS] through the pooler or
+the head's dense layer; ModernBERT's mean pooling over the sequence's own tokens). Outputs
+follow the packed heads' contract (model/packed_head.py) so that finetune.runner, the
+server and the embeddings run them unchanged.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.embedding import check_pooling, pool_slots
+from model.packed_head import SlotRows
+
+PACKED_ATTENTION = "packed"
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a family's encoder takes packed rows."""
+
+    positions_after_padding: bool = False  # RoBERTa-style: position = pad_token_id + 1 + i
+    attention: str = "interface"  # "interface" (AttentionInterface) | "mask" (a pair mask of its own)
+    classifier: str = "pooler"  # how sequence classification reads a sequence (see _classify)
+    token_head: str = "dropout"  # "dropout": dropout -> classifier; "head": head -> drop -> classifier
+
+
+FAMILIES = {
+    "bert": Family(),
+    "roberta": Family(positions_after_padding=True, classifier="features"),
+    "xlm-roberta": Family(positions_after_padding=True, classifier="features"),
+    "camembert": Family(positions_after_padding=True, classifier="features"),
+    "electra": Family(classifier="features"),
+    "distilbert": Family(classifier="distilbert"),
+    "nomic_bert": Family(),
+    "modernbert": Family(classifier="modernbert", token_head="head"),
+    "deberta-v2": Family(attention="mask", classifier="context_pooler"),
+    "mpnet": Family(positions_after_padding=True, attention="mask", classifier="features"),
+}
+TASK_CLASSES = {
+    "classification": "AutoModelForSequenceClassification",
+    "token_classification": "AutoModelForTokenClassification",
+    "question_answering": "AutoModelForQuestionAnswering",
+    "embedding": "AutoModel",
+}
+
+
+class UnsupportedFamily(ValueError):
+    """A model_type packing does not run (a decoder, custom code): one line naming it."""
+
+
+def family_of(model_type: str) -> Family:
+    if model_type not in FAMILIES:
+        raise UnsupportedFamily(
+            f"model_type {model_type!r} is not a packed encoder family; supported: {', '.join(sorted(FAMILIES))}"
+        )
+    return FAMILIES[model_type]
+
+
+def max_tokens(config) -> int:
+    """Tokens per sequence a config's position table holds (RoBERTa-style families number
+    positions from pad_token_id + 1)."""
+    positions = config.max_position_embeddings
+    if family_of(config.model_type).positions_after_padding:
+        positions -= config.pad_token_id + 1
+    return positions
+
+
+def use_packed_attention(hf_model) -> None:
+    """Route an already-loaded model's attention through `packed_attention` (calls without
+    a packed layout still run transformers' SDPA): for a model a user loaded, such as a
+    SentenceTransformer's."""
+    if family_of(hf_model.config.model_type).attention == "interface":
+        _register_packed_attention()
+        hf_model.set_attn_implementation(PACKED_ATTENTION)
+
+
+# ----- attention ---------------------------------------------------------------------------------
+@dataclass
+class PackedLayout:
+    """Built once per forward from the rows, read by every layer's attention."""
+
+    sequence_ids: torch.Tensor  # [B, S]
+    positions: torch.Tensor  # [B, S]: position inside its own sequence
+    _masks: dict
+
+    def allowed(self, window: int | None = None) -> torch.Tensor:
+        """bool [B, 1, S, S]: same non-zero sequence (a padding token: itself), and with
+        `window`, at most that many positions apart."""
+        if window not in self._masks:
+            ids = self.sequence_ids
+            same = (ids[:, :, None] == ids[:, None, :]) & (ids != 0)[:, :, None]
+            if window is not None:
+                same = same & ((self.positions[:, :, None] - self.positions[:, None, :]).abs() <= window)
+            eye = torch.eye(ids.shape[1], dtype=torch.bool, device=ids.device)
+            self._masks[window] = (same | eye)[:, None]
+        return self._masks[window]
+
+
+def packed_attention(
+    module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None, **kwargs
+):
+    """transformers' attention-function signature (query/key/value [B, heads, S, d]) ->
+    ([B, S, heads, d], None): SDPA confined to each packed sequence. The layout arrives as
+    the forward's keyword `packed_layout`, which transformers passes down to attention."""
+    layout: PackedLayout | None = kwargs.pop("packed_layout", None)
+    if layout is None:  # an ordinary (unpacked) call of the same model: transformers' SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )  # fmt: skip
+    # A local layer's window as the family's own mask draws it: transformers' bidirectional
+    # sliding-window mask allows |i - j| <= config.sliding_window (the layer's
+    # sliding_window is that + 1, flash-attention's convention).
+    window = getattr(module.config, "sliding_window", None) if sliding_window else None
+    mask = layout.allowed(window)
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0, scale=scaling
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_packed_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(PACKED_ATTENTION, packed_attention)
+    # The mask helpers are asked for a mask of this implementation too; packed_attention
+    # ignores it (it builds its own from the layout).
+    ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, sdpa_mask)
+
+
+# ----- the model ---------------------------------------------------------------------------------
+class PackedFamilyModel(nn.Module):
+    """A transformers task model (`hf_model`) run on packed rows; see the module docstring.
+
+    task: "classification" | "token_classification" | "question_answering" | "embedding";
+    pooling (embedding): sentence-transformers' modes, as model/embedding.py's."""
+
+    def __init__(self, hf_model, task: str, pooling=("mean",)):
+        super().__init__()
+        self.hf_model, self.task = hf_model, task
+        self.config = hf_model.config
+        self.family = family_of(self.config.model_type)
+        self.base = hf_model if task == "embedding" else hf_model.base_model
+        self.pooling = check_pooling(list(pooling)) if task == "embedding" else ()
+        takes = inspect.signature(self.base.forward).parameters
+        self._token_types = (
+            "token_type_ids" in takes and (getattr(self.config, "type_vocab_size", 0) or 0) > 1
+        )
+        self._has_position_ids = "position_ids" in takes
+
+    @property
+    def dimension(self) -> int:
+        return self.config.hidden_size * len(self.pooling)
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest sequence its positions take (RoBERTa-style: 2 fewer than the table)."""
+        return max_tokens(self.config)
+
+    @classmethod
+    def from_pretrained(cls, folder, task: str, pooling=("mean",), **options):
+        """Load `folder` with transformers' Auto class of the task (never with remote code)."""
+        import transformers
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        family = family_of(config.model_type)
+        if family.attention == "interface":
+            _register_packed_attention()
+            options.setdefault("attn_implementation", PACKED_ATTENTION)
+        auto = getattr(transformers, TASK_CLASSES[task])
+        hf_model = auto.from_pretrained(Path(folder), trust_remote_code=False, **options)
+        return cls(hf_model, task, pooling)
+
+    # ----- the encoder --------------------------------------------------------------------
+    def encode(self, input_ids, segment_ids, position_ids, sequence_ids) -> torch.Tensor:
+        """Packed rows -> the family's last hidden states [B, S, H]."""
+        real = sequence_ids != 0
+        positions = position_ids
+        if self.family.positions_after_padding:
+            pad = self.config.pad_token_id
+            positions = torch.where(real, position_ids + pad + 1, torch.full_like(position_ids, pad))
+        arguments = {"input_ids": input_ids}
+        if self._has_position_ids:
+            arguments["position_ids"] = positions
+        if self._token_types:
+            arguments["token_type_ids"] = segment_ids
+        if self.family.attention == "mask":
+            allowed = PackedLayout(sequence_ids, position_ids, {}).allowed()[:, 0]
+            if self.config.model_type == "deberta-v2":
+                return self._deberta(arguments, real, allowed)
+            # MPNet adds its mask to the scores; a prepared 4-D mask is taken as is. Additive
+            # float, never boolean (a boolean 4-D mask is silently wrong under eager).
+            floor = torch.finfo(self.base.dtype).min
+            zero = torch.zeros((), dtype=self.base.dtype, device=allowed.device)
+            arguments["attention_mask"] = torch.where(allowed, zero, floor)[:, None]
+        else:
+            arguments["packed_layout"] = PackedLayout(sequence_ids, position_ids, {})
+        if (
+            "attention_mask" in inspect.signature(self.base.forward).parameters
+            and "attention_mask" not in arguments
+        ):
+            arguments["attention_mask"] = None
+        if not self._has_position_ids and self.config.model_type == "distilbert":
+            raise UnsupportedFamily("distilbert: this transformers version takes no position_ids")
+        return self.base(**arguments).last_hidden_state
+
+    def _deberta(self, arguments: dict, real, allowed) -> torch.Tensor:
+        """DeBERTa-v2 multiplies its embeddings by a [B, S] token mask and its attention by a
+        pair mask: the two are given separately (its forward takes one mask for both)."""
+        base = self.base
+        embeddings = base.embeddings(
+            input_ids=arguments["input_ids"], token_type_ids=arguments.get("token_type_ids"),
+            position_ids=arguments.get("position_ids"), mask=real.long(),
+        )  # fmt: skip
+        return base.encoder(
+            embeddings, allowed.long(), output_hidden_states=False, return_dict=True
+        ).last_hidden_state
+
+    # ----- the forward ----------------------------------------------------------------------
+    def forward(
+        self, input_ids, segment_ids, position_ids, sequence_ids, cls_positions, example_index, **unused
+    ):
+        hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids)
+        rows = SlotRows(sequence_ids, cls_positions, example_index)
+        out = {"example_index": example_index}
+        if self.task == "embedding":
+            out["embeddings"] = pool_slots(hidden, rows, self.pooling)
+            out["present"] = rows.present
+        elif self.task == "classification":
+            out["logits"] = self._classify(hidden, rows)
+            out["present"] = example_index >= 0
+        elif self.task == "token_classification":
+            out["logits"] = self._per_token(hidden)
+            out["sequence_ids"] = sequence_ids
+        else:
+            logits = self._per_token(hidden)
+            out["start_logits"], out["end_logits"] = logits[..., 0].float(), logits[..., 1].float()
+        return out
+
+    def _per_token(self, hidden):
+        m = self.hf_model
+        if self.family.token_head == "head":
+            return m.classifier(m.drop(m.head(hidden)))
+        if self.task == "question_answering":
+            return m.qa_outputs(hidden)
+        return m.classifier(m.dropout(hidden))
+
+    def _classify(self, hidden, rows: SlotRows):
+        """[B, K, C]: each slot's sequence read as the family's classification head reads it."""
+        m, how = self.hf_model, self.family.classifier
+        b, k = rows.cls_positions.shape
+        first = hidden.gather(1, rows.cls_positions[..., None].expand(b, k, hidden.shape[-1]))  # [B, K, H]
+        features = first.reshape(b * k, 1, -1)  # heads that take features read [:, 0]
+        if how == "pooler":
+            pooled = self.base.pooler(features)
+            logits = m.classifier(m.dropout(pooled))
+        elif how == "features":
+            logits = m.classifier(features)
+        elif how == "distilbert":
+            logits = m.classifier(m.dropout(F.relu(m.pre_classifier(features[:, 0]))))
+        elif how == "context_pooler":
+            logits = m.classifier(m.dropout(m.pooler(features)))
+        else:  # modernbert
+            if self.config.classifier_pooling == "mean":
+                pooled = pool_slots(hidden, rows, ("mean",)).reshape(b * k, -1).to(hidden.dtype)
+            else:
+                pooled = features[:, 0]
+            logits = m.classifier(m.drop(m.head(pooled)))
+        return logits.reshape(b, k, -1)
+
+    def save_pretrained(self, folder, **options) -> None:
+        self.hf_model.save_pretrained(folder, **options)
