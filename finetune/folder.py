@@ -30,6 +30,8 @@ from model.classification import PackedBertForSequenceClassification
 from model.question_answering import PackedBertForQuestionAnswering
 
 FINETUNE_INFO = "finetune.json"
+# A tokenizer's files as transformers saves them (copied with a model trained on its tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 REQUIRED_INFO = {
     "classification": ("labels", "multi_label", "max_sequence_length", "fields"),
     "question_answering": ("max_sequence_length", "qa"),
@@ -64,10 +66,20 @@ def _info_type_problem(info: dict, task: str) -> str | None:
 def save_finetuned(
     model, config: dict, label_names: list[str] | None, vocab_file: Path, folder: Path, tokenizer=None
 ) -> None:
-    """HF weights, then the vocabulary and what predict needs to read new text the same way."""
+    """HF weights, then the tokenizer (vocab.txt, or the checkpoint's own tokenizer files
+    when `vocab_file` is None) and what predict needs to read new text the same way."""
     model.save_pretrained(folder)
-    shutil.copyfile(vocab_file, folder / "vocab.txt")
     data = config["data"]
+    own_tokenizer = vocab_file is None
+    if own_tokenizer:
+        from finetune.train import resolve_asset
+
+        checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
+        for name in TOKENIZER_FILES:
+            if (checkpoint / name).is_file():
+                shutil.copyfile(checkpoint / name, folder / name)
+    else:
+        shutil.copyfile(vocab_file, folder / "vocab.txt")
     if data["task"] == "question_answering":
         tokenizer.save_pretrained(folder)
         write_json_atomic(
@@ -91,6 +103,7 @@ def save_finetuned(
             "pack_length": config["batching"]["pack_length"],
             "too_long": data["too_long"],
             "fields": {"text": data["text_field"], "pair": data["pair_field"], "label": data["label_field"]},
+            "tokenizer": "tokenizer.json" if own_tokenizer else "vocab.txt",
             "config": config,
         },
     )
@@ -174,7 +187,7 @@ def load_finetuned(folder: Path, **overrides) -> ModelFolder:
 
     check_weights_file(folder)
     try:
-        if info.get("model_type", "bert") == "bert":
+        if model_type_of(folder) == "bert":
             model_class = {
                 "question_answering": PackedBertForQuestionAnswering,
                 "token_classification": PackedBertForTokenClassification,
@@ -186,7 +199,9 @@ def load_finetuned(folder: Path, **overrides) -> ModelFolder:
             model = PackedFamilyModel.from_pretrained(folder, task)
     except (OSError, ValueError, RuntimeError) as err:
         raise ExampleError(f"{folder}: the model cannot be loaded ({first_line(err)[:200]})") from None
-    if info_path.is_file() or not has_own_tokenizer(folder):
+    if (info_path.is_file() and info.get("tokenizer", "vocab.txt") == "vocab.txt") or not has_own_tokenizer(
+        folder
+    ):
         tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
         return ModelFolder(folder, model, info, tokenizer, vocab)
     return ModelFolder(folder, model, info, folder_tokenizer(folder), None, hands_token_types(folder))
@@ -201,6 +216,14 @@ def hands_token_types(folder: Path) -> bool:
         return "token_type_ids" in AutoTokenizer.from_pretrained(folder).model_input_names
     except Exception:  # noqa: BLE001 - a tokenizer transformers cannot build: the template's own ids
         return True
+
+
+def model_type_of(folder: Path) -> str | None:
+    """config.json's model_type (None where unreadable: the loader then says why)."""
+    try:
+        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def has_own_tokenizer(folder: Path) -> bool:

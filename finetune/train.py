@@ -47,6 +47,7 @@ from data.classification_data import (
     read_jsonl,
     split_by_seed,
     tokenize,
+    tokenize_by_template,
 )
 from data.tokenizer import DataInputError, load_tokenizer
 from finetune.batching import Batcher, BatchingSpec, collate
@@ -72,7 +73,7 @@ class Task:
     train: TokenizedExamples
     validation: TokenizedExamples
     label_names: list[str]
-    vocab_file: Path
+    vocab_file: Path | None  # None: the checkpoint's own tokenizer (tokenizer.json)
 
 
 def resolve_asset(value: str | None) -> str | None:
@@ -118,14 +119,24 @@ def read_examples(data: dict, path: str) -> Examples:
 
 
 def prepare_task(config: dict) -> Task:
-    """Read, check and tokenize the train and validation examples."""
+    """Read, check and tokenize the train and validation examples: with the checkpoint's
+    own tokenizer (tokenizer.json: its normalizer, specials and pair template, as
+    transformers tokenizes for it) where it has one and data.vocab_file is not set, else
+    BERT WordPiece over the vocab.txt."""
     data = config["data"]
     checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
-    vocab_file = Path(resolve_asset(data["vocab_file"]) or checkpoint / "vocab.txt")
-    if not vocab_file.is_file():
-        raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
-    check_vocabulary(checkpoint, vocab_file)
-    tokenizer, vocab = load_tokenizer(vocab_file)
+    own_tokenizer = data["vocab_file"] is None and (checkpoint / "tokenizer.json").is_file()
+    if own_tokenizer:
+        from finetune.folder import folder_tokenizer, hands_token_types
+
+        vocab_file, template = None, folder_tokenizer(checkpoint)
+        token_types = hands_token_types(checkpoint)
+    else:
+        vocab_file = Path(resolve_asset(data["vocab_file"]) or checkpoint / "vocab.txt")
+        if not vocab_file.is_file():
+            raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
+        check_vocabulary(checkpoint, vocab_file)
+        tokenizer, vocab = load_tokenizer(vocab_file)
 
     examples = read_examples(data, resolve_asset(data["train_file"]))
     for note in examples.notes:
@@ -139,7 +150,13 @@ def prepare_task(config: dict) -> Task:
     splits = []
     for name, part in (("train", train), ("validation", validation)):
         labels = encode_labels(part, label_names, data["multi_label"])
-        tokenized = tokenize(part, tokenizer, vocab, labels, data["max_sequence_length"], data["too_long"])
+        length, too_long = data["max_sequence_length"], data["too_long"]
+        if own_tokenizer:
+            tokenized = tokenize_by_template(part, template, labels, length, too_long)
+            if not token_types:  # the model is given zeros by transformers' tokenizer: the same here
+                tokenized.segment_ids = [np.zeros_like(s) for s in tokenized.segment_ids]
+        else:
+            tokenized = tokenize(part, tokenizer, vocab, labels, length, too_long)
         if tokenized.truncated:
             log.warning(
                 "%s: %d of %d examples truncated to %d tokens",
@@ -153,33 +170,53 @@ def prepare_task(config: dict) -> Task:
 
 
 # ----- model and optimizer -----------------------------------------------------------------
-def build_classifier(config: dict, task: Task) -> PackedBertForSequenceClassification:
+def build_classifier(config: dict, task: Task):
+    """The packed classifier over the checkpoint: this project's packed BERT for a BERT
+    folder, transformers' own modules with packed attention for the other encoder
+    families (model/families.py)."""
     model_cfg, data = config["model"], config["data"]
     checkpoint = resolve_asset(model_cfg["init_checkpoint"])
     torch.manual_seed(config["training"]["seed"])  # the classifier's init
+    problem_type = "multi_label_classification" if data["multi_label"] else "single_label_classification"
+    labels = {"id2label": dict(enumerate(task.label_names)),
+              "label2id": {name: i for i, name in enumerate(task.label_names)}}  # fmt: skip
+    model_type = json.loads((Path(checkpoint) / "config.json").read_text()).get("model_type")
     try:
-        model = PackedBertForSequenceClassification.from_pretrained(
-            checkpoint,
-            num_labels=len(task.label_names),
-            problem_type="multi_label_classification"
-            if data["multi_label"]
-            else "single_label_classification",
-            attention_backend=model_cfg["attention_backend"],
-            hidden_dropout_prob=model_cfg["hidden_dropout"],
-            attention_probs_dropout_prob=model_cfg["attention_dropout"],
-            classifier_dropout=model_cfg["classifier_dropout"],
-            id2label=dict(enumerate(task.label_names)),
-            label2id={name: i for i, name in enumerate(task.label_names)},
-        )
+        if model_type == "bert":
+            model = PackedBertForSequenceClassification.from_pretrained(
+                checkpoint,
+                num_labels=len(task.label_names),
+                problem_type=problem_type,
+                attention_backend=model_cfg["attention_backend"],
+                hidden_dropout_prob=model_cfg["hidden_dropout"],
+                attention_probs_dropout_prob=model_cfg["attention_dropout"],
+                classifier_dropout=model_cfg["classifier_dropout"],
+                **labels,
+            )
+            positions = model.config.max_position_embeddings
+        else:
+            from model.families import PackedFamilyModel, UnsupportedFamily, max_tokens
+
+            dropout = {"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"],
+                       "classifier": model_cfg["classifier_dropout"]}  # fmt: skip
+            try:
+                model = PackedFamilyModel.from_pretrained(
+                    checkpoint, "classification", dropout=dropout, num_labels=len(task.label_names),
+                    problem_type=problem_type, **labels,
+                )  # fmt: skip
+            except UnsupportedFamily as err:
+                raise FinetuneError(f"model.init_checkpoint {checkpoint}: {err}") from None
+            positions = max_tokens(model.config)
     except (OSError, ValueError, RuntimeError) as err:  # a missing, truncated or foreign folder
+        if isinstance(err, FinetuneError):
+            raise
         raise FinetuneError(
             f"model.init_checkpoint {checkpoint}: cannot be loaded ({first_line(err)[:300]})"
         ) from None
     longest = int(max(task.train.lengths.max(), task.validation.lengths.max()))
-    if longest > model.config.max_position_embeddings:
+    if longest > positions:
         raise FinetuneError(
-            f"data.max_sequence_length: examples of {longest} tokens exceed the checkpoint's "
-            f"{model.config.max_position_embeddings} positions"
+            f"data.max_sequence_length: examples of {longest} tokens exceed the checkpoint's {positions} positions"
         )
     return model
 
@@ -290,6 +327,12 @@ def qa_job(config: dict) -> Job:
     )
 
     checkpoint = resolve_asset(config["model"]["init_checkpoint"])
+    model_type = json.loads((Path(checkpoint) / "config.json").read_text()).get("model_type")
+    if model_type != "bert":
+        raise FinetuneError(
+            f"model.init_checkpoint {checkpoint}: question answering fine-tunes BERT checkpoints here; "
+            f"a {model_type!r} checkpoint fine-tunes for classification, and its QA folders run in predict and the server"
+        )
     vocab_file = Path(resolve_asset(config["data"]["vocab_file"]) or Path(checkpoint) / "vocab.txt")
     if not vocab_file.is_file():
         raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
@@ -347,9 +390,15 @@ def check_positions(config: dict) -> None:
             f"model.init_checkpoint {checkpoint}: no config.json (not a Hugging Face model folder)"
         )
     try:
-        positions = json.loads(config_file.read_text()).get("max_position_embeddings")
+        described = json.loads(config_file.read_text())
+        positions = described.get("max_position_embeddings")
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
         raise FinetuneError(f"{config_file}: not a readable config ({err})") from None
+    from model.families import FAMILIES
+
+    family = FAMILIES.get(described.get("model_type"))
+    if family is not None and family.positions_after_padding and isinstance(positions, int):
+        positions -= int(described.get("pad_token_id") or 0) + 1  # RoBERTa-style: from pad + 1
     length = config["data"]["max_sequence_length"]
     if isinstance(positions, int) and length > positions:
         raise FinetuneError(

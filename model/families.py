@@ -71,6 +71,14 @@ TASK_CLASSES = {
 }
 
 
+# The config keys each family names its dropout probabilities with.
+DROPOUT_KEYS = {
+    "hidden": ("hidden_dropout_prob", "dropout", "embedding_dropout", "mlp_dropout"),
+    "attention": ("attention_probs_dropout_prob", "attention_dropout"),
+    "classifier": ("classifier_dropout", "seq_classif_dropout"),
+}
+
+
 class UnsupportedFamily(ValueError):
     """A model_type packing does not run (a decoder, custom code): one line naming it."""
 
@@ -190,18 +198,26 @@ class PackedFamilyModel(nn.Module):
         return max_tokens(self.config)
 
     @classmethod
-    def from_pretrained(cls, folder, task: str, pooling=("mean",), **options):
-        """Load `folder` with transformers' Auto class of the task (never with remote code)."""
+    def from_pretrained(cls, folder, task: str, pooling=("mean",), dropout: dict | None = None, **options):
+        """Load `folder` with transformers' Auto class of the task (never with remote code).
+        options: config settings (num_labels, id2label, problem_type, ...); dropout:
+        {"hidden", "attention", "classifier"} probabilities, set on whichever of the
+        family's config keys name them (DROPOUT_KEYS)."""
         import transformers
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **options)
         family = family_of(config.model_type)
+        for what, value in (dropout or {}).items():
+            for key in DROPOUT_KEYS[what]:
+                if hasattr(config, key):  # set on the config: a key the family does not read is inert
+                    setattr(config, key, value)
+        loading = {}
         if family.attention == "interface":
             _register_packed_attention()
-            options.setdefault("attn_implementation", PACKED_ATTENTION)
+            loading["attn_implementation"] = PACKED_ATTENTION
         auto = getattr(transformers, TASK_CLASSES[task])
-        hf_model = auto.from_pretrained(Path(folder), trust_remote_code=False, **options)
+        hf_model = auto.from_pretrained(Path(folder), config=config, trust_remote_code=False, **loading)
         return cls(hf_model, task, pooling)
 
     # ----- the encoder --------------------------------------------------------------------
@@ -250,9 +266,16 @@ class PackedFamilyModel(nn.Module):
         ).last_hidden_state
 
     # ----- the forward ----------------------------------------------------------------------
+    @property
+    def multi_label(self) -> bool:
+        return self.config.problem_type == "multi_label_classification"
+
     def forward(
-        self, input_ids, segment_ids, position_ids, sequence_ids, cls_positions, example_index, **unused
-    ):
+        self, input_ids, segment_ids, position_ids, sequence_ids, cls_positions, example_index, labels=None,
+        **unused,
+    ):  # fmt: skip
+        """Rows -> the task's outputs; classification with labels ([B, K] class ids, or
+        [B, K, C] multi-hot) also its loss and metric sums (model.classification's)."""
         hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids)
         rows = SlotRows(sequence_ids, cls_positions, example_index)
         out = {"example_index": example_index}
@@ -261,7 +284,11 @@ class PackedFamilyModel(nn.Module):
             out["present"] = rows.present
         elif self.task == "classification":
             out["logits"] = self._classify(hidden, rows)
-            out["present"] = example_index >= 0
+            out["present"] = rows.present
+            if labels is not None:
+                from model.classification import classification_metrics
+
+                out.update(classification_metrics(out["logits"], labels, rows.present, self.multi_label))
         elif self.task == "token_classification":
             out["logits"] = self._per_token(hidden)
             out["sequence_ids"] = sequence_ids
@@ -302,4 +329,8 @@ class PackedFamilyModel(nn.Module):
         return logits.reshape(b, k, -1)
 
     def save_pretrained(self, folder, **options) -> None:
-        self.hf_model.save_pretrained(folder, **options)
+        """transformers' folder of the task model (its Auto class loads it as is), written
+        atomically (model.hf_checkpoint.save_folder)."""
+        from model.hf_checkpoint import save_folder
+
+        save_folder(self.hf_model, folder)

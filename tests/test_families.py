@@ -275,3 +275,39 @@ def test_the_server_answers_a_family_folder_as_predict_and_encode_under_concurre
             for i, response in pool.map(embed, range(0, len(TEXTS), 4)):
                 assert response.status_code == 200, response.text
                 np.testing.assert_allclose(np.array(response.json()), vectors[i : i + 4], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["roberta", "deberta-v2"])
+def test_finetune_train_starts_from_a_family_folder_and_saves_one_transformers_loads(tmp_path, family):
+    """finetune.train from a bare encoder folder of another family (its tokenizer.json, no
+    vocab.txt): it learns, and its output loads in AutoModelForSequenceClassification, and
+    predict on it equals transformers per example."""
+    from finetune import predict
+    from finetune import train as finetune
+
+    from .test_finetune_run import write_config
+
+    checkpoint = save_family_folder(tmp_path / "base", family, "embedding")
+    config = write_config(tmp_path, checkpoint, training={"epochs": 3, "progress": False},
+                          model={"hidden_dropout": 0.0, "attention_dropout": 0.0})  # fmt: skip
+    assert finetune.main(["--config", str(config), "--output-dir", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["validation_accuracy"] > 0.5  # three topics of distinct words: learnable
+    model_folder = tmp_path / "run" / "model"
+    assert (model_folder / "tokenizer.json").is_file() and not (model_folder / "vocab.txt").exists()
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(model_folder).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_folder)
+    source = tmp_path / "val.jsonl"
+    assert (
+        predict.main(
+            ["--model", str(model_folder), "--input", str(source), "--output", str(tmp_path / "p.jsonl")]
+        )
+        == 0
+    )
+    records = [json.loads(line) for line in source.read_text().splitlines()]
+    got = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    with torch.no_grad():
+        for record, prediction in zip(records, got):
+            encoded = tokenizer(record["text"], record.get("text_pair"), truncation=True, return_tensors="pt")
+            logits = reference(**encoded).logits[0]
+            np.testing.assert_allclose(prediction["scores"], torch.softmax(logits, -1).numpy(), atol=1e-5)
