@@ -36,6 +36,12 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from common.preflight import path_mistake
+
+    mistake = path_mistake("--config", args.config, "file")  # before torch is imported
+    if mistake:
+        print(f"error: {mistake}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from training.config import ConfigError, load_config
 

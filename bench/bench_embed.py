@@ -1,6 +1,7 @@
 """Packed embeddings against sentence-transformers' `encode`, as whole processes.
 
     python bench/bench_embed.py [--texts 4000] [--rounds 3] [--threads 2] [--dtype float32]
+        [--profile mixed | paragraphs]
 
 The same BBC News texts (titles, sentences and paragraphs: short and long mixed,
 data/embedding_texts.py) as a JSON-lines file; each round runs, alternately and in a
@@ -68,8 +69,18 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--profile", default="mixed", choices=("mixed", "paragraphs"),
+        help="mixed: titles, sentences and paragraphs; paragraphs: paragraphs (median ~110 tokens) "
+        "plus one in six passages of four paragraphs (cut at max_seq_length)",
+    )  # fmt: skip
     args = parser.parse_args()
-    texts = texts_of(bbc_articles(corpus_glob()), "mixed")
+    if args.profile == "mixed":
+        texts = texts_of(bbc_articles(corpus_glob()), "mixed")
+    else:
+        paragraphs = texts_of(bbc_articles(corpus_glob()), "paragraphs")
+        starts = np.random.default_rng(1).choice(len(paragraphs) - 4, size=len(paragraphs) // 5, replace=False)
+        texts = paragraphs + [" ".join(paragraphs[j : j + 4]) for j in starts]
     picks = np.random.default_rng(0).choice(len(texts), size=min(args.texts, len(texts)), replace=False)
     texts = [texts[i] for i in picks]
     model = str(model_dir())
@@ -103,7 +114,7 @@ def main() -> int:
             )
             agreement[name] = float(cos.min())
     n = len(texts)
-    print(f"# {n} BBC News texts (titles, sentences, paragraphs), {args.threads} threads, {args.dtype}, "
+    print(f"# {n} BBC News texts (profile {args.profile}), {args.threads} threads, {args.dtype}, "
           f"{args.rounds} rounds; texts/s, median (range)")  # fmt: skip
     print("| run | whole process | encode loop | min cosine vs st-encode |")
     print("|---|---|---|---|")

@@ -66,3 +66,29 @@ def below_one(args: argparse.Namespace, names) -> str | None:
         if value is not None and value < 1:
             return f"--{name.replace('_', '-')} must be >= 1, got {value}"
     return None
+
+
+CUDA_WHEEL = "pip install --force-reinstall --no-deps torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130"
+
+
+def no_gpu(what: str, torch_version: str, cuda_build: bool) -> str:
+    """The one message every command gives when CUDA is asked for and torch sees no GPU:
+    which torch it is, and the README's line for the CUDA build."""
+    if not cuda_build:
+        return (
+            f"{what}: this torch ({torch_version}) is the CPU build that requirements.txt installs and sees no GPU; "
+            f"on a machine with an NVIDIA GPU install the CUDA build (README): {CUDA_WHEEL}"
+        )
+    return f"{what}: torch {torch_version} (a CUDA build) sees no GPU on this machine (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+
+
+def run_main(main, on_interrupt: str) -> int:
+    """main()'s exit code; Ctrl-C ends in one line saying what was kept (exit 130), never a
+    traceback. Outputs are written by atomic rename, so an interrupted command leaves none."""
+    import sys
+
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"interrupted: {on_interrupt}", file=sys.stderr)
+        return 130

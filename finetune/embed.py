@@ -21,9 +21,15 @@ stdout (texts/s, real-token fraction, truncated count).
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # path mistakes answered before torch is imported (common/preflight.py)
+    from common.preflight import exit_on_path_mistakes
+
+    exit_on_path_mistakes({"--model": "folder", "--input": "file"})
+
 import argparse
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -187,4 +193,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common.cli import run_main
+
+    sys.exit(run_main(main, "no embeddings were written (the .npy appears only when complete); run the command again"))

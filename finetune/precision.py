@@ -37,7 +37,9 @@ def device_problem(device: str, dtype: str = "float32") -> str | None:
     if dtype not in DTYPES:
         return f"--dtype must be one of {DTYPES}, got {dtype!r}"
     if device == "cuda" and not torch.cuda.is_available():
-        return "--device cuda: torch sees no GPU on this machine"
+        from common.cli import no_gpu
+
+        return no_gpu("--device cuda", torch.__version__, torch.version.cuda is not None)
     if dtype == "bfloat16" and not native_bf16(device):
         what = (
             "this CPU has no bf16 instructions (AVX512-BF16 or AMX)"

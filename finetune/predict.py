@@ -21,9 +21,15 @@ doc_stride, n_best_size, max_answer_length and v2.0 settings the model was train
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # path mistakes answered before torch is imported (common/preflight.py)
+    from common.preflight import exit_on_path_mistakes
+
+    exit_on_path_mistakes({"--model": "folder", "--input": "file"})
+
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -221,4 +227,6 @@ def batcher_for(args, lengths, width: int, default_pack_length: int) -> Batcher:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common.cli import run_main
+
+    sys.exit(run_main(main, "no predictions were written (they appear only when complete); run the command again"))

@@ -22,10 +22,16 @@ OUTPUT/
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # path mistakes answered before torch is imported (common/preflight.py)
+    from common.preflight import exit_on_path_mistakes
+
+    exit_on_path_mistakes({"--config": "file"})
+
 import json
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -448,7 +454,9 @@ def run_finetune(config: dict, output: Path, resume: bool = False, stop=None) ->
     if training["threads"]:
         torch.set_num_threads(training["threads"])
     if training["device"] == "cuda" and not torch.cuda.is_available():
-        raise FinetuneError("training.device: cuda is not available on this machine (torch sees no GPU)")
+        from common.cli import no_gpu
+
+        raise FinetuneError(no_gpu("training.device cuda", torch.__version__, torch.version.cuda is not None))
     job = qa_job(config) if config["data"]["task"] == "question_answering" else classification_job(config)
     output.mkdir(parents=True, exist_ok=True)
     model = job.model.to(training["device"])

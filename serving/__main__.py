@@ -2,6 +2,10 @@
 
 import sys
 
-from serving.cli import main
+from common.preflight import exit_on_path_mistakes
+
+exit_on_path_mistakes({"--model": "folder"})  # before torch is imported
+
+from serving.cli import main  # noqa: E402
 
 sys.exit(main())

@@ -35,7 +35,9 @@ def setup_replica(config: dict) -> Replica:
     kind = config["execution"]["device"]
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise RunError("execution.device is cuda but torch sees no CUDA device")
+            from common.cli import no_gpu
+
+            raise RunError(no_gpu("execution.device cuda", torch.__version__, torch.version.cuda is not None))
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:

@@ -1,0 +1,70 @@
+"""The mistakes a command can answer before it imports torch and transformers (8-12 s on a
+loaded 2-core machine): a path that is not there, a Hub id given as a folder, a file where
+a folder is expected. Standard library only.
+
+    # first lines of a command module, before its heavy imports:
+    if __name__ == "__main__":
+        from common.preflight import exit_on_path_mistakes
+        exit_on_path_mistakes({"--model": "folder", "--input": "file"})
+
+Each mistake is one `error:` line and exit 2; anything not decided here (a malformed file,
+a folder of the wrong kind) is left to the command, which says it after its imports.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+# owner/name as the Hugging Face Hub spells a model id
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def value_of(argv: list[str], option: str) -> str | None:
+    """The value given to `option` (`--opt V` or `--opt=V`), the last if repeated."""
+    found = None
+    for i, word in enumerate(argv):
+        if word == option and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif word.startswith(option + "="):
+            found = word[len(option) + 1 :]
+    return found
+
+
+def path_mistake(option: str, value: str, kind: str) -> str | None:
+    """The one line for `value` given to `option` when it cannot be what `kind` needs
+    ("folder" | "file"), else None."""
+    path = Path(value)
+    if kind == "folder":
+        if path.is_dir():
+            return None
+        if path.exists():
+            return f"{option} {value}: not a folder (a model folder holds config.json and the weights)"
+        if HUB_ID.match(value):
+            name = value.split("/")[-1]
+            return (
+                f"{option} {value}: no such folder; this looks like a Hugging Face Hub id, and models are not "
+                f"downloaded here: fetch it first (huggingface-cli download {value} --local-dir models/{name}) "
+                f"and give {option} models/{name}"
+            )
+        return f"{option} {value}: no such folder"
+    if path.exists():
+        return f"{option} {value}: is a directory; give a file" if path.is_dir() else None
+    return f"{option} {value}: file not found"
+
+
+def exit_on_path_mistakes(spec: dict[str, str], argv: list[str] | None = None) -> None:
+    """Check the options of `spec` ({option: "folder" | "file"}) in `argv` (default
+    sys.argv[1:]); print one line and exit 2 at the first mistake. --help is left alone."""
+    argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        return
+    for option, kind in spec.items():
+        value = value_of(argv, option)
+        if value is None:
+            continue
+        mistake = path_mistake(option, value, kind)
+        if mistake:
+            print(f"error: {mistake}", file=sys.stderr)
+            raise SystemExit(2)

@@ -1,0 +1,82 @@
+"""A newcomer's first mistakes, answered in one line before torch is imported (common/
+preflight.py), and one message for CUDA without a GPU (issue: the first hour)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from common.cli import no_gpu
+from common.preflight import path_mistake, value_of
+
+from .conftest import REPO
+
+
+def run(*argv, timeout=60):
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, *map(str, argv)], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return done, time.perf_counter() - started
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["-m", "finetune.train", "--config", "configs/dmeo.yaml", "--output-dir", "x"], "--config configs/dmeo.yaml: file not found"),
+        (["-m", "finetune.predict", "--model", "runs/my_clasifier/model", "--input", "README.md", "--output", "o"],
+         "--model runs/my_clasifier/model: no such folder"),
+        (["-m", "finetune.embed", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--input", "README.md", "--output", "o"],
+         "looks like a Hugging Face Hub id"),
+        (["-m", "serving", "--model", "README.md"], "--model README.md: not a folder"),
+        (["run_pretraining.py", "--config", "configs/nope.yaml"], "--config configs/nope.yaml: file not found"),
+    ],
+)  # fmt: skip
+def test_path_mistakes_are_one_line_without_importing_torch(argv, says):
+    done, _ = run("-X", "importtime", *argv)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], done.stderr[-500:]
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert "torch" not in imported and "transformers" not in imported
+
+
+def test_the_preflight_reads_options_as_argparse_does():
+    assert value_of(["--model", "a", "--model=b"], "--model") == "b"
+    assert value_of(["--input", "x"], "--model") is None
+    assert path_mistake("--model", str(REPO), "folder") is None
+    assert "is a directory" in path_mistake("--input", str(REPO), "file")
+
+
+def test_one_message_for_cuda_without_a_gpu():
+    message = no_gpu("--device cuda", "2.13.0+cpu", cuda_build=False)
+    assert "CPU build" in message and "download.pytorch.org/whl/cu130" in message
+    import torch
+
+    from finetune.precision import device_problem
+
+    if not torch.cuda.is_available():
+        assert device_problem("cuda") == no_gpu("--device cuda", torch.__version__, torch.version.cuda is not None)
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_embed_is_one_line_and_writes_nothing(tmp_path):
+    from data.assets import model_dir
+
+    texts = tmp_path / "t.jsonl"
+    texts.write_text("".join(f'{{"text": "text number {i} with some words"}}\n' for i in range(20000)))
+    output = tmp_path / "e.npy"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "finetune.embed", "--model", str(model_dir()), "--input", str(texts), "--output",
+         str(output)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(tmp_path.glob(".e.npy.tmp-*")):
+        time.sleep(0.1)  # the temporary file appears once embedding has begun
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted: no embeddings were written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
