@@ -79,7 +79,9 @@ def main() -> int:
         texts = texts_of(bbc_articles(corpus_glob()), "mixed")
     else:
         paragraphs = texts_of(bbc_articles(corpus_glob()), "paragraphs")
-        starts = np.random.default_rng(1).choice(len(paragraphs) - 4, size=len(paragraphs) // 5, replace=False)
+        starts = np.random.default_rng(1).choice(
+            len(paragraphs) - 4, size=len(paragraphs) // 5, replace=False
+        )
         texts = paragraphs + [" ".join(paragraphs[j : j + 4]) for j in starts]
     picks = np.random.default_rng(0).choice(len(texts), size=min(args.texts, len(texts)), replace=False)
     texts = [texts[i] for i in picks]

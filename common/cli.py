@@ -68,7 +68,9 @@ def below_one(args: argparse.Namespace, names) -> str | None:
     return None
 
 
-CUDA_WHEEL = "pip install --force-reinstall --no-deps torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130"
+CUDA_WHEEL = (
+    "pip install --force-reinstall --no-deps torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130"
+)
 
 
 def no_gpu(what: str, torch_version: str, cuda_build: bool) -> str:

@@ -119,6 +119,41 @@ class Batcher:
         return 1.0 - real / slots
 
 
+def width_groups(
+    lengths: np.ndarray, widths: list[int], max_per_pack: int, algorithm: str, hidden: int
+) -> list:
+    """[(text indices, row width)]: which texts are packed together, into rows how wide.
+
+    Each text starts in the narrowest width that holds it; some neighbouring groups are then
+    merged into the wider one, where texts that filled their own rows badly (texts of 109
+    tokens alone in 128-token rows) pack with others. Of the 2^(widths-1) ways to merge, the
+    one of least estimated work is kept: per packed row of width W, W x (24 H + 4 W)
+    multiply-adds per layer and unit of H (the dense layers' 24 H^2 per token, and the
+    block-diagonal attention's 4 W H). Measured on BBC paragraphs (median 109 tokens):
+    0.73 real tokens and 1.45x the time of sorting with the narrowest width alone, 0.99+ and
+    no slower than sorting with this choice (docs/embeddings.md)."""
+    group_of = np.searchsorted(widths, lengths)  # the narrowest width >= each length
+    members_of = [np.flatnonzero(group_of == g) for g in range(len(widths))]
+    best, best_cost = None, None
+    for merges in range(2 ** (len(widths) - 1)):  # bit g: group g joins group g + 1
+        parts, carried = [], np.zeros(0, dtype=np.int64)
+        for g, width in enumerate(widths):
+            members = np.concatenate([carried, members_of[g]])
+            if g < len(widths) - 1 and merges >> g & 1:
+                carried = members
+                continue
+            if len(members):
+                parts.append((np.sort(members), width))
+            carried = np.zeros(0, dtype=np.int64)
+        cost = 0
+        for members, width in parts:
+            rows = len(pack_examples(lengths[members], width, max_per_pack, algorithm, seed=0))
+            cost += rows * width * (24 * hidden + 4 * width)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = parts, cost
+    return best
+
+
 def collate(data, table: np.ndarray, width: int, with_labels: bool = True) -> dict[str, torch.Tensor]:
     """Model inputs for one batch table: pack_rows' fields [rows, width] / [rows, K] and labels
     [rows, K] (or [rows, K, C] multi-label, [rows, K, 2] span positions; zeros in empty slots)."""

@@ -195,4 +195,8 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     from common.cli import run_main
 
-    sys.exit(run_main(main, "no embeddings were written (the .npy appears only when complete); run the command again"))
+    sys.exit(
+        run_main(
+            main, "no embeddings were written (the .npy appears only when complete); run the command again"
+        )
+    )

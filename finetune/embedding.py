@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from data.classification_data import ExampleError, check_unicode
-from finetune.batching import Batcher, BatchingSpec
+from finetune.batching import Batcher, BatchingSpec, width_groups
 from finetune.folder import check_weights_file
 from finetune.rows import unpack_outputs
 from finetune.runner import Runner
@@ -348,7 +348,9 @@ def embed_token_ids(encoder: Encoder, token_ids: list, options: EncodeOptions) -
     longest = max(encoder.max_length, int(lengths.max()))
     if options.batching == "packed":
         widths = [w for w in PACK_WIDTHS if w < longest] + [longest]
-        parts = width_groups(lengths, widths, options, encoder.model.config.hidden_size)
+        parts = width_groups(
+            lengths, widths, options.max_per_pack, options.algorithm, encoder.model.config.hidden_size
+        )
     else:
         parts = [(np.arange(n), longest)]
     vectors = np.empty((n, encoder.dimension), dtype=np.float32)
@@ -360,41 +362,6 @@ def embed_token_ids(encoder: Encoder, token_ids: list, options: EncodeOptions) -
     encoder.stats["texts"] += n
     encoder.stats["tokens"] += int(lengths.sum())
     return l2_normalize(vectors) if encoder.normalize else vectors
-
-
-def width_groups(lengths: np.ndarray, widths: list[int], options: EncodeOptions, hidden: int) -> list:
-    """[(text indices, row width)]: which texts are packed together, into rows how wide.
-
-    Each text starts in the narrowest width that holds it; some neighbouring groups are then
-    merged into the wider one, where texts that filled their own rows badly (texts of 109
-    tokens alone in 128-token rows) pack with others. Of the 2^(widths-1) ways to merge, the
-    one of least estimated work is kept: per packed row of width W, W x (24 H + 4 W)
-    multiply-adds per layer and unit of H (the dense layers' 24 H^2 per token, and the
-    block-diagonal attention's 4 W H). Measured on BBC paragraphs (median 109 tokens):
-    0.73 real tokens and 1.45x the time of sorting with the narrowest width alone, 0.99+ and
-    no slower than sorting with this choice (docs/embeddings.md)."""
-    from packing.tokenized import pack_examples
-
-    group_of = np.searchsorted(widths, lengths)  # the narrowest width >= each length
-    members_of = [np.flatnonzero(group_of == g) for g in range(len(widths))]
-    best, best_cost = None, None
-    for merges in range(2 ** (len(widths) - 1)):  # bit g: group g joins group g + 1
-        parts, carried = [], np.zeros(0, dtype=np.int64)
-        for g, width in enumerate(widths):
-            members = np.concatenate([carried, members_of[g]])
-            if g < len(widths) - 1 and merges >> g & 1:
-                carried = members
-                continue
-            if len(members):
-                parts.append((np.sort(members), width))
-            carried = np.zeros(0, dtype=np.int64)
-        cost = 0
-        for members, width in parts:
-            rows = len(pack_examples(lengths[members], width, options.max_per_pack, options.algorithm, seed=0))
-            cost += rows * width * (24 * hidden + 4 * width)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = parts, cost
-    return best
 
 
 def _embed_part(encoder: Encoder, token_ids: list, lengths: np.ndarray, width: int, options: EncodeOptions):

@@ -38,7 +38,7 @@ from common.cli import add_inference_options, below_one, command_parser
 from common.files import describe_os_error, output_over_inputs, write_json_atomic
 from data.classification_data import ExampleError, encode_labels, read_jsonl
 from data.tokenizer import DataInputError
-from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec
+from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec, width_groups
 from finetune.folder import load_finetuned
 from finetune.inference import predict_logits, score, write_predictions
 from finetune.precision import device_problem
@@ -116,8 +116,12 @@ def main(argv=None) -> int:
             )
             return 2
         width = max(info["max_sequence_length"], longest)
-        batcher = batcher_for(args, data.lengths, width, max(info.get("pack_length") or width, longest))
-        logits, timing = predict_logits(Runner(model, args.device, args.dtype), data, batcher)
+        runner = Runner(model, args.device, args.dtype)
+        if args.batching == "packed" and args.pack_length is None and info.get("pack_length") is None:
+            logits, timing = predict_in_width_groups(args, runner, data, width)
+        else:
+            batcher = batcher_for(args, data.lengths, width, max(info.get("pack_length") or width, longest))
+            logits, timing = predict_logits(runner, data, batcher)
     except (ExampleError, DataInputError, PackingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -132,6 +136,38 @@ def main(argv=None) -> int:
         summary_path,
         report,
     )
+
+
+PACK_WIDTHS = (64, 128, 256, 512)
+
+
+def predict_in_width_groups(args, runner, data, longest: int):
+    """Packed inference where the folder names no pack length (a transformers folder): the
+    texts are packed in groups of row widths (finetune.batching.width_groups: each text in
+    the narrowest of 64 / 128 / 256 / 512 that holds it, groups merged where that is less
+    work), not all in rows as wide as the model's maximum. -> (logits [n, C], timing)."""
+    from data.classification_data import TokenizedExamples
+
+    widths = [w for w in PACK_WIDTHS if w < longest] + [longest]
+    hidden = runner.model.config.hidden_size
+    groups = width_groups(data.lengths, widths, args.max_sequences_per_pack, args.algorithm, hidden)
+    logits, timing = None, {"examples": len(data), "seconds": 0.0, "batches": 0, "padding_fraction": 0.0}
+    slots = 0
+    for members, width in groups:
+        part = TokenizedExamples([data.token_ids[i] for i in members], [data.segment_ids[i] for i in members],
+                                 data.labels[members], 0)  # fmt: skip
+        batcher = batcher_for(args, part.lengths, width, width)
+        part_logits, part_timing = predict_logits(runner, part, batcher)
+        if logits is None:
+            logits = np.empty((len(data), part_logits.shape[1]), dtype=part_logits.dtype)
+        logits[members] = part_logits
+        timing["seconds"] += part_timing["seconds"]
+        timing["batches"] += part_timing["batches"]
+        part_slots = int(part.lengths.sum()) / max(1.0 - part_timing["padding_fraction"], 1e-9)
+        slots += part_slots
+    timing["examples_per_second"] = len(data) / timing["seconds"]
+    timing["padding_fraction"] = 1.0 - int(data.lengths.sum()) / slots
+    return logits, timing
 
 
 def predict_tags(args, folder, summary_path: Path) -> int:
@@ -229,4 +265,6 @@ def batcher_for(args, lengths, width: int, default_pack_length: int) -> Batcher:
 if __name__ == "__main__":
     from common.cli import run_main
 
-    sys.exit(run_main(main, "no predictions were written (they appear only when complete); run the command again"))
+    sys.exit(
+        run_main(main, "no predictions were written (they appear only when complete); run the command again")
+    )

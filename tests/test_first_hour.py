@@ -18,7 +18,9 @@ from .conftest import REPO
 
 def run(*argv, timeout=60):
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, *map(str, argv)], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, *map(str, argv)], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
     return done, time.perf_counter() - started
 
 
@@ -39,7 +41,9 @@ def test_path_mistakes_are_one_line_without_importing_torch(argv, says):
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], done.stderr[-500:]
-    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    imported = {
+        line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")
+    }
     assert "torch" not in imported and "transformers" not in imported
 
 
@@ -58,7 +62,9 @@ def test_one_message_for_cuda_without_a_gpu():
     from finetune.precision import device_problem
 
     if not torch.cuda.is_available():
-        assert device_problem("cuda") == no_gpu("--device cuda", torch.__version__, torch.version.cuda is not None)
+        assert device_problem("cuda") == no_gpu(
+            "--device cuda", torch.__version__, torch.version.cuda is not None
+        )
 
 
 @pytest.mark.slow
@@ -78,5 +84,7 @@ def test_ctrl_c_on_embed_is_one_line_and_writes_nothing(tmp_path):
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("interrupted: no embeddings were written")
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
+        "interrupted: no embeddings were written"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
