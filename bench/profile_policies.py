@@ -30,6 +30,7 @@ def main() -> int:
 
     from data.assets import corpus_glob, model_dir
     from data.embedding_texts import bbc_articles, texts_of
+    from serving.api import Request
     from serving.engines import load_engine
     from serving.policies import PolicySettings, plan_batch
 
@@ -46,7 +47,7 @@ def main() -> int:
     texts = texts_of(bbc_articles(corpus_glob()), "mixed")
     rng = np.random.default_rng(0)
     texts = [texts[i] for i in rng.choice(len(texts), 4000, replace=False)]
-    prepared = engine.prepare(texts, truncate=True)
+    prepared = engine.prepare(Request("embed", texts, truncate=True, options={"normalize": True}))
     ids = prepared.token_ids
     print(
         f"# {len(ids)} texts, queue of {args.queue}, {args.batches} batches per policy, {args.threads} threads"

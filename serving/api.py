@@ -29,7 +29,7 @@ Question answering has no TEI endpoint; `/qa` takes the transformers pipeline's 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common import json_text
 
@@ -69,6 +69,24 @@ def read_json(body: bytes, limits: RequestLimits, required: str = "inputs") -> d
     if not isinstance(data, dict) or required not in data:
         raise RequestError(422, f'expected a JSON object with the field "{required}"')
     return data
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request read strictly, as every engine takes it (serving/engines.py: prepare(request),
+    answer(prepared, outputs)).
+
+    route: "predict" | "rerank" | "qa" | "tokens" | "embed" | "openai"; inputs: texts,
+    (text, pair or None) tuples (predict, rerank) or {"question", "context"} dicts (qa);
+    single: the input was given alone (answered alone); truncate: cut what is too long
+    instead of 413; options: the route's own flags (raw_scores, return_text, normalize,
+    direction, encoding, dimensions)."""
+
+    route: str
+    inputs: list
+    single: bool = False
+    truncate: bool = False
+    options: dict = field(default_factory=dict)
 
 
 def _flag(data: dict, name: str) -> bool:
@@ -219,3 +237,25 @@ def parse_rerank(data: dict, limits: RequestLimits) -> tuple[list[tuple[str, str
     texts = _texts(texts, "texts", limits)
     flags = [_flag(data, name) for name in ("truncate", "raw_scores", "return_text")]
     return [(query, text) for text in texts], *flags, _direction(data)
+
+
+def read_request(route: str, data: dict, limits: RequestLimits, dimension: int | None = None) -> Request:
+    """A route's JSON body (already parsed) -> its Request; RequestError (one line) if it is
+    not what the route takes. dimension: an embedding model's, for OpenAI's `dimensions`."""
+    if route == "predict":
+        sequences, single, truncate, raw_scores = parse_predict(data, limits)
+        return Request(route, sequences, single, truncate, {"raw_scores": raw_scores})
+    if route == "rerank":
+        pairs, truncate, raw_scores, return_text, direction = parse_rerank(data, limits)
+        return Request(route, pairs, False, truncate, {"raw_scores": raw_scores, "return_text": return_text})
+    if route == "qa":
+        questions, single = parse_qa(data, limits)
+        return Request(route, questions, single)
+    if route == "tokens":
+        texts, single, truncate = parse_tokens(data, limits)
+        return Request(route, texts, single, truncate)
+    if route == "embed":
+        texts, truncate, direction, normalize = parse_embed(data, limits)
+        return Request(route, texts, False, truncate, {"direction": direction, "normalize": normalize})
+    texts, encoding, dimensions = parse_openai_embeddings(data, limits, dimension)
+    return Request("openai", texts, False, False, {"encoding": encoding, "dimensions": dimensions})

@@ -28,7 +28,6 @@ lifespan's exit, after draining the queue.
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -38,17 +37,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from serving.access import AccessGuard, AccessRules
-from serving.api import (
-    RequestError,
-    RequestLimits,
-    parse_embed,
-    parse_openai_embeddings,
-    parse_predict,
-    parse_qa,
-    parse_rerank,
-    parse_tokens,
-    read_json,
-)
+from serving.api import RequestError, RequestLimits, read_json, read_request
 from serving.metrics import ServerMetrics
 from serving.policies import PolicySettings
 from serving.scheduler import QueueFull, QueueLimits, Scheduler, TicketFailed
@@ -132,28 +121,28 @@ def create_app(
                 scheduler.withdraw(ticket, 504, f"not answered within the {queue.timeout_s:g} s timeout")
         return await outputs  # the withdrawal (or a result that just won) decides
 
-    async def serve(request: Request, task: str, parse, respond, required="inputs", errors=None) -> Response:
-        """The lifecycle every POST route shares; parse(data) -> (prepare args, respond args).
-        `errors(status, message)` shapes error bodies (default: TEI's)."""
+    async def serve(request: Request, route: str, required="inputs", errors=None) -> Response:
+        """The lifecycle every POST route shares: read the body, parse it into the route's
+        serving.api.Request, engine.prepare (tokenizer thread), queue, engine.run (worker),
+        engine.answer. `errors(status, message)` shapes error bodies (default: TEI's)."""
         started = time.monotonic()
         status = 200
         errors = errors or _error
         try:
-            if engine.task != task:
+            if engine.task != ROUTE_TASKS[route]:
                 raise RequestError(
                     404, f"this server runs {TASK_NAMES[engine.task]} model; use {ROUTES[engine.task]}"
                 )
             if not state["ready"]:
                 raise TicketFailed(503, "the server is not ready (starting or shutting down)")
             data = read_json(await body_of(request), limits, required)
-            prepare_args, respond_args = parse(data)
+            parsed = read_request(route, data, limits, getattr(engine, "dimension", None))
             loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(tokenizers, engine.prepare, *prepare_args)
+            prepared = await loop.run_in_executor(tokenizers, engine.prepare, parsed)
             ticket = scheduler.submit(prepared.token_ids, prepared.segment_ids)
             ticket.future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
             outputs = await answer_of(request, ticket)
-            body = respond(prepared, outputs, *respond_args)
-            response = JSONResponse(body)
+            response = JSONResponse(engine.answer(prepared, outputs))
             response.headers["x-queue-time"] = f"{ticket.queue_seconds * 1000:.1f}"
             response.headers["x-total-time"] = f"{(time.monotonic() - started) * 1000:.1f}"
         except RequestError as err:
@@ -174,89 +163,27 @@ def create_app(
 
     @app.post("/predict")
     async def predict(request: Request):
-        def parse(data):
-            sequences, single, truncate, raw_scores = parse_predict(data, limits)
-            return (sequences, truncate), (single, raw_scores)
-
-        def respond(prepared, outputs, single, raw_scores):
-            answers = engine.answer(outputs, raw_scores)
-            return answers[0] if single else answers
-
-        return await serve(request, "classification", parse, respond)
+        return await serve(request, "predict")
 
     @app.post("/rerank")
     async def rerank(request: Request):
-        def parse(data):
-            if len(engine.labels) != 1:
-                raise RequestError(
-                    422,
-                    f"/rerank needs a one-label (cross-encoder) model; this one has {len(engine.labels)} labels",
-                )
-            pairs, truncate, raw_scores, return_text, _ = parse_rerank(data, limits)
-            return (pairs, truncate), (pairs, raw_scores, return_text)
-
-        def respond(prepared, outputs, pairs, raw_scores, return_text):
-            ranked = engine.rerank(outputs, raw_scores)
-            if return_text:
-                for item in ranked:
-                    item["text"] = pairs[item["index"]][1]
-            return ranked
-
-        return await serve(request, "classification", parse, respond, required="query")
+        return await serve(request, "rerank", required="query")
 
     @app.post("/embed")
     async def embed(request: Request):
-        def parse(data):
-            texts, truncate, direction, normalize = parse_embed(data, limits)
-            return (texts, truncate, direction), (normalize,)
-
-        def respond(prepared, outputs, normalize):
-            return engine.answer(outputs, normalize).tolist()
-
-        return await serve(request, "embedding", parse, respond)
+        return await serve(request, "embed")
 
     @app.post("/v1/embeddings")
     async def openai_embeddings(request: Request):
-        def parse(data):
-            texts, encoding, dimensions = parse_openai_embeddings(data, limits, engine.dimension)
-            return (texts, False, "right", "input"), (encoding, dimensions)
-
-        def respond(prepared, outputs, encoding, dimensions):
-            vectors = engine.answer(outputs, True, dimensions)
-            tokens = int(sum(len(t) for t in prepared.token_ids))
-            data = [
-                {"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if encoding == "base64" else v.tolist()}
-                for i, v in enumerate(vectors)
-            ]  # fmt: skip
-            return {"object": "list", "data": data, "model": engine.info["name"],
-                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
-
-        return await serve(request, "embedding", parse, respond, required="input", errors=_openai_error)
+        return await serve(request, "openai", required="input", errors=_openai_error)
 
     @app.post("/qa")
     async def qa(request: Request):
-        def parse(data):
-            questions, single = parse_qa(data, limits)
-            return (questions,), (single,)
-
-        def respond(prepared, outputs, single):
-            answers = engine.answer(prepared, outputs)
-            return answers[0] if single else answers
-
-        return await serve(request, "question_answering", parse, respond)
+        return await serve(request, "qa")
 
     @app.post("/tokens")
     async def tokens(request: Request):
-        def parse(data):
-            texts, single, truncate = parse_tokens(data, limits)
-            return (texts, truncate), (single,)
-
-        def respond(prepared, outputs, single):
-            answers = engine.answer(prepared, outputs)
-            return answers[0] if single else answers
-
-        return await serve(request, "token_classification", parse, respond)
+        return await serve(request, "tokens")
 
     @app.get("/health")
     async def health():
@@ -297,6 +224,9 @@ def create_app(
     return AccessGuard(app, access, lambda status: metrics.requests.labels(status=str(status)).inc())
 
 
+# The engine task each route is answered by.
+ROUTE_TASKS = {"predict": "classification", "rerank": "classification", "qa": "question_answering",
+               "tokens": "token_classification", "embed": "embedding", "openai": "embedding"}  # fmt: skip
 TASK_NAMES = {"classification": "a classification", "question_answering": "a question-answering",
               "embedding": "an embedding", "token_classification": "a token-classification"}  # fmt: skip
 ROUTES = {

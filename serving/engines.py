@@ -1,10 +1,13 @@
 """What the server runs: a fine-tuned folder (`finetune.train`'s output) or an embedding
 folder (sentence-transformers') as three steps.
 
-    engine = load_engine(folder)                         # classification, QA or embedding
-    prepared = engine.prepare(request)                   # tokenizer thread: sequences + context
+    engine = load_engine(folder)                         # classification, QA, tokens or embedding
+    prepared = engine.prepare(request)                   # tokenizer thread: serving.api.Request -> sequences
     outputs = engine.run(token_ids, segment_ids, table, width)   # worker thread: one forward
-    answer = engine.answer(prepared, outputs, request)   # per request, in its input order
+    body = engine.answer(prepared, outputs)              # the route's JSON answer, in input order
+
+Every engine has these three signatures; routes know none of an engine's arguments (the
+Request carries the route and its flags).
 
 Tokenization and scoring are `finetune.predict`'s (the folder's vocabulary and
 data.classification_data.tokenize; QA windows by data.qa_windows with the folder's
@@ -26,7 +29,7 @@ from finetune.folder import FINETUNE_INFO, load_finetuned
 from finetune.inference import class_scores
 from finetune.rows import unpack_outputs
 from finetune.runner import Runner
-from serving.api import RequestError
+from serving.api import Request, RequestError
 
 
 @dataclass
@@ -36,6 +39,7 @@ class Prepared:
     token_ids: list
     segment_ids: list
     context: object = None
+    request: Request | None = None
 
 
 def load_engine(
@@ -89,9 +93,19 @@ class ClassificationEngine(_Engine):
         if folder.info.get("source") == "config.json":
             self.max_length = min(self.max_length, folder.info["max_sequence_length"])
 
-    def prepare(self, sequences: list[tuple[str, str | None]], truncate: bool) -> Prepared:
-        """[(text, pair or None)] -> token ids as finetune.predict makes them. Too long
-        without truncate: 413, as TEI answers."""
+    def prepare(self, request: Request) -> Prepared:
+        """/predict's [(text, pair or None)] or /rerank's (query, text) pairs -> token ids
+        as finetune.predict makes them. Too long without truncate: 413, as TEI answers."""
+        if request.route == "rerank" and len(self.labels) != 1:
+            raise RequestError(
+                422,
+                f"/rerank needs a one-label (cross-encoder) model; this one has {len(self.labels)} labels",
+            )
+        prepared = self._tokenize(request.inputs, request.truncate)
+        prepared.request = request
+        return prepared
+
+    def _tokenize(self, sequences: list[tuple[str, str | None]], truncate: bool) -> Prepared:
         where = [f"inputs[{i}]" for i in range(len(sequences))]
         examples = Examples(
             [s[0] for s in sequences], [s[1] for s in sequences], [None] * len(sequences), where
@@ -121,6 +135,20 @@ class ClassificationEngine(_Engine):
         """[n, C]: logits (raw_scores), else finetune.predict's own scores."""
         return logits if raw_scores else class_scores(logits, self.multi_label)
 
+    def answer(self, prepared: Prepared, outputs: list):
+        """/predict: per input, every label with its score, best first (one input given
+        alone: its list); /rerank: the ranked (index, score[, text]) list."""
+        request = prepared.request
+        raw_scores = request.options.get("raw_scores", False)
+        if request.route == "rerank":
+            ranked = self.rerank(outputs, raw_scores)
+            if request.options.get("return_text"):
+                for item in ranked:
+                    item["text"] = request.inputs[item["index"]][1]
+            return ranked
+        answers = self.label_scores(outputs, raw_scores)
+        return answers[0] if request.single else answers
+
     def rerank(self, outputs: list, raw_scores: bool) -> list[dict]:
         """A one-label model's (query, text) scores, best first: TEI's /rerank answer. The
         score is the sigmoid of the logit (raw_scores: the logit), as TEI's."""
@@ -129,7 +157,7 @@ class ClassificationEngine(_Engine):
         order = np.argsort(-scores, kind="stable")
         return [{"index": int(i), "score": float(scores[i])} for i in order]
 
-    def answer(self, outputs: list, raw_scores: bool) -> list[list[dict]]:
+    def label_scores(self, outputs: list, raw_scores: bool) -> list[list[dict]]:
         """Per input: every label with its score, best first (TEI's order)."""
         scores = self.scores(np.stack(outputs), raw_scores)
         return [
@@ -153,11 +181,12 @@ class QaEngine(_Engine):
         self.doc_stride = int(info["qa"]["doc_stride"])
         self.settings = answer_settings(info["qa"])
 
-    def prepare(self, questions: list[dict]) -> Prepared:
+    def prepare(self, request: Request) -> Prepared:
         """[{"question", "context"}] -> every window of every question."""
         from data.qa_data import QaExamples
         from data.qa_windows import make_windows
 
+        questions = request.inputs
         n = len(questions)
         examples = QaExamples(
             [str(i) for i in range(n)],
@@ -174,6 +203,7 @@ class QaEngine(_Engine):
             [t.astype(np.int64) for t in windows.token_ids],
             [s.astype(np.int64) for s in windows.segment_ids],
             (examples, windows),
+            request,
         )
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
@@ -205,10 +235,11 @@ class QaEngine(_Engine):
             examples.contexts,
             self.settings,
         )
-        return [
+        out = [
             {"score": float(p), "start": int(s), "end": int(e), "answer": text}
             for text, (s, e), p in zip(answers.text, answers.spans, answers.probability)
         ]
+        return out[0] if prepared.request.single else out
 
 
 class TokenEngine(_Engine):
@@ -223,22 +254,20 @@ class TokenEngine(_Engine):
         self.labels = list(folder.info["labels"])
         self.max_length = min(self.max_length, folder.info["max_sequence_length"])
 
-    def prepare(self, texts: list[str], truncate: bool) -> Prepared:
+    def prepare(self, request: Request) -> Prepared:
         from finetune.token_task import tokenize_for_tags
 
+        texts = request.inputs
         try:
             tagged = tokenize_for_tags(
-                texts,
-                [f"inputs[{i}]" for i in range(len(texts))],
-                self.folder.tokenizer,
-                self.max_length,
-                truncate,
-            )
+                texts, [f"inputs[{i}]" for i in range(len(texts))], self.folder.tokenizer, self.max_length,
+                request.truncate,
+            )  # fmt: skip
         except ExampleError as err:
             status = 413 if "at most" in str(err) else 422
             hint = ' (send "truncate": true to cut it)' if status == 413 else ""
             raise RequestError(status, f"{err}{hint}") from None
-        return Prepared(tagged.token_ids, tagged.segment_ids, tagged)
+        return Prepared(tagged.token_ids, tagged.segment_ids, tagged, request)
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
         """Per-token logits float32 [length, C] per sequence, in the order of token_ids."""
@@ -250,7 +279,8 @@ class TokenEngine(_Engine):
     def answer(self, prepared: Prepared, outputs: list) -> list[list[dict]]:
         from finetune.token_task import entities
 
-        return [entities(logits, prepared.context, i, self.labels) for i, logits in enumerate(outputs)]
+        out = [entities(logits, prepared.context, i, self.labels) for i, logits in enumerate(outputs)]
+        return out[0] if prepared.request.single else out
 
 
 class EmbeddingEngine(_Engine):
@@ -265,21 +295,19 @@ class EmbeddingEngine(_Engine):
         self.max_length = encoder.max_length
         self.dimension = encoder.dimension
 
-    def prepare(
-        self, texts: list[str], truncate: bool, direction: str = "right", field: str = "inputs"
-    ) -> Prepared:
+    def prepare(self, request: Request) -> Prepared:
         """Texts -> token ids as finetune.embed makes them. Too long without truncate: 413,
-        naming `field`[i]."""
+        naming the field (TEI's `inputs`, OpenAI's `input`)."""
+        texts, field = request.inputs, "input" if request.route == "openai" else "inputs"
         try:
             token_ids, _ = self.encoder.tokenize(
-                texts, [f"{field}[{i}]" for i in range(len(texts))], truncate, direction
-            )
+                texts, [f"{field}[{i}]" for i in range(len(texts))], request.truncate,
+                request.options.get("direction", "right"),
+            )  # fmt: skip
         except ExampleError as err:
-            hint = (
-                ' (send "truncate": true to cut it)' if field == "inputs" else ""
-            )  # TEI's field; OpenAI has none
+            hint = ' (send "truncate": true to cut it)' if field == "inputs" else ""  # OpenAI's API has none
             raise RequestError(413, f"{err}{hint}") from None
-        return Prepared(token_ids, [np.zeros_like(t) for t in token_ids])
+        return Prepared(token_ids, [np.zeros_like(t) for t in token_ids], None, request)
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
         """Pooled embeddings float32 [D] per sequence, in the order of token_ids."""
@@ -287,9 +315,28 @@ class EmbeddingEngine(_Engine):
         vectors = out["embeddings"]
         return list(unpack_outputs(vectors, rows["example_index"], len(token_ids)))
 
-    def answer(self, outputs: list, normalize: bool, dimensions: int | None = None) -> np.ndarray:
+    def vectors(self, outputs: list, normalize: bool, dimensions: int | None = None) -> np.ndarray:
         """[n, D] (or the first `dimensions` of each, re-normalized: OpenAI's shortening)."""
         vectors = np.stack(outputs).astype(np.float32)
         if dimensions is not None:
             vectors = l2_normalize(vectors[:, :dimensions])
         return l2_normalize(vectors) if normalize else vectors
+
+    def answer(self, prepared: Prepared, outputs: list):
+        """/embed: the vectors as lists (normalized unless asked not to); /v1/embeddings:
+        OpenAI's body (float lists or base64 of little-endian float32, usage in tokens)."""
+        import base64
+
+        request = prepared.request
+        if request.route == "embed":
+            return self.vectors(outputs, request.options["normalize"]).tolist()
+        vectors = self.vectors(outputs, True, request.options["dimensions"])
+        tokens = int(sum(len(t) for t in prepared.token_ids))
+        base64_encoded = request.options["encoding"] == "base64"
+        data = [
+            {"object": "embedding", "index": i,
+             "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if base64_encoded else v.tolist()}
+            for i, v in enumerate(vectors)
+        ]  # fmt: skip
+        return {"object": "list", "data": data, "model": self.info["name"],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip

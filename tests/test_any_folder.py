@@ -298,3 +298,23 @@ def test_only_the_runner_calls_the_model_in_inference():
             if re.search(r"model\(\*\*", line) and not line.lstrip().startswith(("#", "logits =")):
                 callers.append(f"{path.relative_to(REPO)}:{number}")
     assert [c.split(":")[0] for c in callers] == ["finetune/runner.py", "finetune/train.py"], callers
+
+
+def test_server_engines_share_one_signature():
+    """Routes hand every engine a serving.api.Request and take its answer; no route knows an
+    engine's own arguments."""
+    import inspect
+
+    from serving import engines
+
+    classes = [engines.ClassificationEngine, engines.QaEngine, engines.TokenEngine, engines.EmbeddingEngine]
+    for engine_class in classes:
+        assert list(inspect.signature(engine_class.prepare).parameters) == ["self", "request"]
+        assert list(inspect.signature(engine_class.answer).parameters) == ["self", "prepared", "outputs"]
+        assert list(inspect.signature(engine_class.run).parameters) == [
+            "self",
+            "token_ids",
+            "segment_ids",
+            "table",
+            "width",
+        ]

@@ -58,8 +58,8 @@ def test_a_folder_output_over_a_file_or_device_is_refused(tmp_path):
     "command",
     [
         ["-m", "data.train_vocab", "--input", "{text}", "--output", "{out}"],
-        ["-m", "finetune.embed", "--model", "{text}", "--input", "{text}", "--output", "{out}"],
-        ["-m", "finetune.predict", "--model", "{text}", "--input", "{text}", "--output", "{out}"],
+        ["-m", "finetune.embed", "--model", "{folder}", "--input", "{text}", "--output", "{out}"],
+        ["-m", "finetune.predict", "--model", "{folder}", "--input", "{text}", "--output", "{out}"],
     ],
 )
 def test_commands_refuse_a_device_or_fifo_output_in_one_line(tmp_path, command):
@@ -68,7 +68,7 @@ def test_commands_refuse_a_device_or_fifo_output_in_one_line(tmp_path, command):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for out in (fifo, "/dev/null"):
-        argv = [a.format(text=text, out=out) for a in command]
+        argv = [a.format(text=text, out=out, folder=tmp_path) for a in command]
         done = subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
