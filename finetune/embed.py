@@ -73,6 +73,11 @@ def build_parser():
         help="default: sdpa (measured fastest)",
     )
     parser.add_argument("--chunk-texts", type=int, default=8192, help="texts tokenized and packed at once")
+    parser.add_argument(
+        "--prompt-name",
+        help="a prompt of the folder's config_sentence_transformers.json put before every text (default: its "
+        "default_prompt_name, as sentence-transformers' encode)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
@@ -164,9 +169,10 @@ def main(argv=None) -> int:
         encoder = load_encoder(
             args.model, args.pooling, args.normalize, args.max_length, args.device, args.attention_backend
         )
+        encoder.prompt(args.prompt_name)  # an unknown prompt name: refused before any compute
         options = EncodeOptions(
             args.batching, args.batch_size, args.max_sequences_per_pack, args.algorithm, args.device, args.dtype,
-            args.chunk_texts,
+            args.chunk_texts, args.prompt_name,
         )  # fmt: skip
         args.output.parent.mkdir(parents=True, exist_ok=True)
         seconds = write_embeddings(args, encoder, options, n)

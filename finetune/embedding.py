@@ -57,6 +57,7 @@ class EncodeOptions:
     device: str = "cpu"
     dtype: str = "float32"
     chunk_texts: int = 8192
+    prompt_name: str | None = None  # None: the model's default prompt (if it has one)
 
 
 @dataclass
@@ -69,6 +70,8 @@ class Encoder:
     normalize: bool  # L2-normalize (sentence-transformers' Normalize module)
     lowercase: bool = False  # sentence-transformers' do_lower_case: lower-case before tokenizing
     name: str = ""
+    prompts: dict = field(default_factory=dict)  # name -> text put before each text (sentence-transformers')
+    default_prompt_name: str | None = None
     stats: dict = field(default_factory=lambda: {"texts": 0, "tokens": 0, "slots": 0, "truncated": 0})
     _runners: dict = field(default_factory=dict, repr=False)  # (device, dtype) -> Runner
     _cutters: dict = field(default_factory=dict, repr=False)  # direction -> truncating tokenizer
@@ -76,6 +79,17 @@ class Encoder:
     @property
     def dimension(self) -> int:
         return self.model.dimension
+
+    def prompt(self, name: str | None) -> str:
+        """The text put before every text, as sentence-transformers' encode(prompt_name=)
+        does: the named prompt, or with no name the model's default one ("" if none)."""
+        name = self.default_prompt_name if name is None else name
+        if name is None:
+            return ""
+        if name not in self.prompts:
+            known = ", ".join(sorted(self.prompts)) or "none"
+            raise ExampleError(f"prompt name {name!r}: this model's prompts are {known}")
+        return self.prompts[name]
 
     def runner(self, device: str, dtype: str) -> Runner:
         """The model's finetune.runner.Runner on `device` in `dtype` (built, and so checked,
@@ -156,17 +170,32 @@ def read_sentence_transformers(folder: Path) -> dict | None:
         raise ExampleError(
             f"{transformer_folder}/sentence_bert_config.json: max_seq_length must be an integer >= 3, got {max_length!r}"
         )
-    prompt = _json_file(folder / "config_sentence_transformers.json", {}).get("default_prompt_name")
-    if prompt:
-        raise ExampleError(
-            f"{folder}/config_sentence_transformers.json: default_prompt_name {prompt!r}; prompts are not supported"
-        )
+    prompts, default_prompt = read_prompts(folder / "config_sentence_transformers.json")
     return {
         "pooling": modes,
         "normalize": "Normalize" in kinds,
         "max_length": max_length,
         "lowercase": bool(transformer_config.get("do_lower_case", False)),
+        "prompts": prompts,
+        "default_prompt_name": default_prompt,
     }
+
+
+def read_prompts(path: Path) -> tuple[dict, str | None]:
+    """config_sentence_transformers.json's `prompts` {name: text} and `default_prompt_name`
+    (e5-, bge- and nomic-style models ship them); ExampleError naming the key if malformed."""
+    described = _json_file(path, {})
+    prompts = described.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
+    ):
+        raise ExampleError(f"{path}: key 'prompts' must be an object of name -> prompt text")
+    default = described.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise ExampleError(
+            f"{path}: key 'default_prompt_name' is {default!r}, not one of its prompts {sorted(prompts)}"
+        )
+    return prompts, default
 
 
 def _json_file(path: Path, default=None) -> dict:
@@ -258,6 +287,8 @@ def load_encoder(
         normalize=described["normalize"] if normalize is None else normalize,
         lowercase=described["lowercase"],
         name=folder.name,
+        prompts=described.get("prompts", {}),
+        default_prompt_name=described.get("default_prompt_name"),
     )
 
 
@@ -283,6 +314,8 @@ def encoder_from_sentence_transformer(st_model) -> Encoder:
         return Encoder(
             model=model, tokenizer=_backend_tokenizer(transformer.tokenizer), max_length=int(st_model.max_seq_length),
             normalize="Normalize" in kinds, lowercase=bool(getattr(transformer, "do_lower_case", False)),
+            prompts=dict(getattr(st_model, "prompts", None) or {}),
+            default_prompt_name=getattr(st_model, "default_prompt_name", None),
         )  # fmt: skip
     config = type(bert.config).from_dict(bert.config.to_dict())
     config.embedding_pooling = list(check_pooling(pooling.pooling_mode))
@@ -301,6 +334,8 @@ def encoder_from_sentence_transformer(st_model) -> Encoder:
         normalize="Normalize" in kinds,
         lowercase=bool(getattr(transformer, "do_lower_case", False)),
         name=str(getattr(st_model, "model_card_data", None) and st_model.model_card_data.base_model or ""),
+        prompts=dict(getattr(st_model, "prompts", None) or {}),
+        default_prompt_name=getattr(st_model, "default_prompt_name", None),
     )
 
 
@@ -408,7 +443,8 @@ def _encode_chunk(chunk, start, encoder, options, where) -> np.ndarray:
     for text, place in zip(chunk, places):
         if not isinstance(text, str):
             raise ExampleError(f"{place}: expected a string, got {type(text).__name__}")
-    token_ids, truncated = encoder.tokenize(chunk, places)
+    prompt = encoder.prompt(options.prompt_name)
+    token_ids, truncated = encoder.tokenize([prompt + text for text in chunk] if prompt else chunk, places)
     encoder.stats["truncated"] += truncated
     return embed_token_ids(encoder, token_ids, options)
 

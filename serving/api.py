@@ -256,6 +256,12 @@ def read_request(route: str, data: dict, limits: RequestLimits, dimension: int |
         return Request(route, texts, single, truncate)
     if route == "embed":
         texts, truncate, direction, normalize = parse_embed(data, limits)
-        return Request(route, texts, False, truncate, {"direction": direction, "normalize": normalize})
+        prompt_name = data.get("prompt_name")  # TEI's field: a prompt of the model's configuration
+        if prompt_name is not None and not isinstance(prompt_name, str):
+            raise RequestError(
+                422, f'field "prompt_name": expected a string, got {json.dumps(prompt_name)[:40]}'
+            )
+        options = {"direction": direction, "normalize": normalize, "prompt_name": prompt_name}
+        return Request(route, texts, False, truncate, options)
     texts, encoding, dimensions = parse_openai_embeddings(data, limits, dimension)
     return Request("openai", texts, False, False, {"encoding": encoding, "dimensions": dimensions})

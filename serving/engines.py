@@ -300,6 +300,11 @@ class EmbeddingEngine(_Engine):
         naming the field (TEI's `inputs`, OpenAI's `input`)."""
         texts, field = request.inputs, "input" if request.route == "openai" else "inputs"
         try:
+            prompt = self.encoder.prompt(request.options.get("prompt_name"))
+        except ExampleError as err:
+            raise RequestError(422, f'field "prompt_name": {err}') from None
+        texts = [prompt + text for text in texts] if prompt else texts
+        try:
             token_ids, _ = self.encoder.tokenize(
                 texts, [f"{field}[{i}]" for i in range(len(texts))], request.truncate,
                 request.options.get("direction", "right"),

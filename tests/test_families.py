@@ -311,3 +311,63 @@ def test_finetune_train_starts_from_a_family_folder_and_saves_one_transformers_l
             encoded = tokenizer(record["text"], record.get("text_pair"), truncation=True, return_tensors="pt")
             logits = reference(**encoded).logits[0]
             np.testing.assert_allclose(prediction["scores"], torch.softmax(logits, -1).numpy(), atol=1e-5)
+
+
+def test_sentence_transformers_prompts_are_applied_as_encode_applies_them(tmp_path):
+    """e5-style prompts (config_sentence_transformers.json): the default prompt, a named one,
+    through the Python API, the command and the server's /embed; an unknown name is one line."""
+    import httpx
+    from sentence_transformers import SentenceTransformer
+
+    from finetune.embedding import encode, load_encoder, packed_encode
+
+    from .test_serve import Server
+
+    folder = sentence_transformers_folder(tmp_path, "xlm-roberta")
+    described = json.loads((folder / "config_sentence_transformers.json").read_text())
+    described.update(prompts={"query": "query: ", "passage": "passage: "}, default_prompt_name="query")
+    (folder / "config_sentence_transformers.json").write_text(json.dumps(described))
+    st_model = SentenceTransformer(str(folder), device="cpu")
+    encoder = load_encoder(folder)
+    for name in (None, "passage"):
+        expected = st_model.encode(TEXTS, prompt_name=name, convert_to_numpy=True)
+        for got in (
+            encode(TEXTS, encoder, prompt_name=name),
+            packed_encode(st_model, TEXTS, prompt_name=name),
+        ):
+            cosine = (
+                (got * expected).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(expected, axis=-1)
+            )
+            assert cosine.min() >= 0.99999
+    source = tmp_path / "t.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    for argv, expected_name in ([[], None], [["--prompt-name", "passage"], "passage"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "finetune.embed", "--model", str(folder), "--input", str(source), "--output",
+             str(tmp_path / "e.npy"), "--quiet", *argv], cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        np.testing.assert_allclose(
+            np.load(tmp_path / "e.npy"), encode(TEXTS, encoder, prompt_name=expected_name), atol=1e-6
+        )
+    done = subprocess.run(
+        [sys.executable, "-m", "finetune.embed", "--model", str(folder), "--input", str(source), "--output",
+         str(tmp_path / "x.npy"), "--prompt-name", "question"], cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
+        "error: prompt name 'question': this model's prompts are passage, query"
+    )
+    with Server(folder) as server:
+        answer = httpx.post(
+            server.url + "/embed",
+            json={"inputs": TEXTS[:3], "prompt_name": "passage", "truncate": True},
+            timeout=60,
+        )
+        assert answer.status_code == 200, answer.text
+        np.testing.assert_allclose(
+            np.array(answer.json()), encode(TEXTS[:3], encoder, prompt_name="passage"), atol=1e-5
+        )
+        wrong = httpx.post(
+            server.url + "/embed", json={"inputs": TEXTS[:1], "prompt_name": "question"}, timeout=60
+        )
+        assert wrong.status_code == 422 and "prompts are passage, query" in wrong.json()["error"]
