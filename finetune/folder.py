@@ -300,7 +300,7 @@ def describe_hub_folder(folder: Path) -> dict:
     if not isinstance(positions, int) or positions < 3:
         raise ExampleError(f"{config_path}: key 'max_position_embeddings' must be an integer >= 3")
     if FAMILIES[model_type].positions_after_padding:  # RoBERTa-style: positions from pad + 1
-        positions -= int(config.get("pad_token_id") or 0) + 1
+        positions -= (1 if model_type == "mpnet" else int(config.get("pad_token_id") or 0)) + 1
     if not has_own_tokenizer(folder) and not (folder / "vocab.txt").is_file():
         raise ExampleError(f"{folder}: no tokenizer.json (nor vocab.txt); save the tokenizer with the model")
     # The tokenizer's model_max_length (transformers' truncation limit), capped by the positions.

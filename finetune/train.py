@@ -404,7 +404,8 @@ def check_positions(config: dict) -> None:
 
     family = FAMILIES.get(described.get("model_type"))
     if family is not None and family.positions_after_padding and isinstance(positions, int):
-        positions -= int(described.get("pad_token_id") or 0) + 1  # RoBERTa-style: from pad + 1
+        pad = 1 if described.get("model_type") == "mpnet" else int(described.get("pad_token_id") or 0)
+        positions -= pad + 1  # RoBERTa-style: from the padding index + 1 (MPNet's is fixed at 1)
     length = config["data"]["max_sequence_length"]
     if isinstance(positions, int) and length > positions:
         raise FinetuneError(

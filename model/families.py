@@ -96,7 +96,7 @@ def max_tokens(config) -> int:
     positions from pad_token_id + 1)."""
     positions = config.max_position_embeddings
     if family_of(config.model_type).positions_after_padding:
-        positions -= config.pad_token_id + 1
+        positions -= (1 if config.model_type == "mpnet" else config.pad_token_id) + 1  # MPNet's index is fixed
     return positions
 
 
@@ -187,6 +187,12 @@ class PackedFamilyModel(nn.Module):
             "token_type_ids" in takes and (getattr(self.config, "type_vocab_size", 0) or 0) > 1
         )
         self._has_position_ids = "position_ids" in takes
+        # RoBERTa-style positions count from the embeddings' padding index + 1: the config's
+        # pad_token_id for RoBERTa, a fixed 1 for MPNet (its embeddings ignore the config)
+        embeddings = getattr(self.base, "embeddings", None)
+        self._padding_index = getattr(embeddings, "padding_idx", None)
+        if self._padding_index is None:
+            self._padding_index = self.config.pad_token_id
 
     @property
     def dimension(self) -> int:
@@ -226,7 +232,7 @@ class PackedFamilyModel(nn.Module):
         real = sequence_ids != 0
         positions = position_ids
         if self.family.positions_after_padding:
-            pad = self.config.pad_token_id
+            pad = self._padding_index
             positions = torch.where(real, position_ids + pad + 1, torch.full_like(position_ids, pad))
         arguments = {"input_ids": input_ids}
         if self._has_position_ids:

@@ -371,3 +371,17 @@ def test_sentence_transformers_prompts_are_applied_as_encode_applies_them(tmp_pa
             server.url + "/embed", json={"inputs": TEXTS[:1], "prompt_name": "question"}, timeout=60
         )
         assert wrong.status_code == 422 and "prompts are passage, query" in wrong.json()["error"]
+
+
+def test_mpnet_counts_positions_from_its_fixed_padding_index(tmp_path):
+    """MPNet's embeddings number positions from a padding index fixed at 1 whatever the
+    config's pad_token_id (found by bench/bench_families.py with BERT's ids, pad 0)."""
+    from .family_helpers import tiny_config
+
+    tokenizer = family_tokenizer("bert")  # [PAD] = 0, as a BERT-vocabulary MPNet would have it
+    torch.manual_seed(0)
+    config = tiny_config("mpnet", tokenizer, "classification", pad_token_id=0)
+    transformers.AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path)
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
+    ours = PackedFamilyModel.from_pretrained(tmp_path, "classification").eval()
+    check_layout(reference, ours, "classification", [5, 17, 3, 30], 3, seed=0)
