@@ -96,7 +96,9 @@ def max_tokens(config) -> int:
     positions from pad_token_id + 1)."""
     positions = config.max_position_embeddings
     if family_of(config.model_type).positions_after_padding:
-        positions -= (1 if config.model_type == "mpnet" else config.pad_token_id) + 1  # MPNet's index is fixed
+        positions -= (
+            1 if config.model_type == "mpnet" else config.pad_token_id
+        ) + 1  # MPNet's index is fixed
     return positions
 
 
