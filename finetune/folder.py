@@ -64,20 +64,24 @@ def _info_type_problem(info: dict, task: str) -> str | None:
 
 
 def save_finetuned(
-    model, config: dict, label_names: list[str] | None, vocab_file: Path, folder: Path, tokenizer=None
+    model,
+    config: dict,
+    label_names: list[str] | None,
+    vocab_file: Path | None,
+    folder: Path,
+    tokenizer=None,
+    tokenizer_source: Path | None = None,
 ) -> None:
-    """HF weights, then the tokenizer (vocab.txt, or the checkpoint's own tokenizer files
-    when `vocab_file` is None) and what predict needs to read new text the same way."""
+    """HF weights, then the tokenizer (vocab.txt, or, when `vocab_file` is None, the tokenizer
+    files of `tokenizer_source`, the checkpoint) and what predict needs to read new text the
+    same way."""
     model.save_pretrained(folder)
     data = config["data"]
     own_tokenizer = vocab_file is None
-    if own_tokenizer:
-        from finetune.train import resolve_asset
-
-        checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
+    if own_tokenizer:  # the checkpoint's tokenizer files (tokenizer_source), as they are
         for name in TOKENIZER_FILES:
-            if (checkpoint / name).is_file():
-                shutil.copyfile(checkpoint / name, folder / name)
+            if (tokenizer_source / name).is_file():
+                shutil.copyfile(tokenizer_source / name, folder / name)
     else:
         shutil.copyfile(vocab_file, folder / "vocab.txt")
     if data["task"] == "question_answering":

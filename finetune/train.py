@@ -317,7 +317,14 @@ def classification_job(config: dict) -> Job:
         lambda output, logits: write_predictions(
             output / "validation_predictions.jsonl", logits, task.label_names, multi_label
         ),
-        lambda model, folder: save_finetuned(model, config, task.label_names, task.vocab_file, folder),
+        lambda model, folder: save_finetuned(
+            model,
+            config,
+            task.label_names,
+            task.vocab_file,
+            folder,
+            tokenizer_source=Path(resolve_asset(config["model"]["init_checkpoint"])),
+        ),  # fmt: skip
         f"{len(task.label_names)} classes",
     )
 

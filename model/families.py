@@ -189,6 +189,7 @@ class PackedFamilyModel(nn.Module):
             "token_type_ids" in takes and (getattr(self.config, "type_vocab_size", 0) or 0) > 1
         )
         self._has_position_ids = "position_ids" in takes
+        self._has_attention_mask = "attention_mask" in takes
         # RoBERTa-style positions count from the embeddings' padding index + 1: the config's
         # pad_token_id for RoBERTa, a fixed 1 for MPNet (its embeddings ignore the config)
         embeddings = getattr(self.base, "embeddings", None)
@@ -252,13 +253,8 @@ class PackedFamilyModel(nn.Module):
             arguments["attention_mask"] = torch.where(allowed, zero, floor)[:, None]
         else:
             arguments["packed_layout"] = PackedLayout(sequence_ids, position_ids, {})
-        if (
-            "attention_mask" in inspect.signature(self.base.forward).parameters
-            and "attention_mask" not in arguments
-        ):
-            arguments["attention_mask"] = None
-        if not self._has_position_ids and self.config.model_type == "distilbert":
-            raise UnsupportedFamily("distilbert: this transformers version takes no position_ids")
+        if self._has_attention_mask and "attention_mask" not in arguments:
+            arguments["attention_mask"] = None  # attention is confined by the packed layout
         return self.base(**arguments).last_hidden_state
 
     def _deberta(self, arguments: dict, real, allowed) -> torch.Tensor:

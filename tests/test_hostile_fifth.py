@@ -206,6 +206,23 @@ def test_the_lp_packer_gives_identical_bytes_twice_one_run_under_load(tmp_path):
         assert (tmp_path / "a" / shard).read_bytes() == (tmp_path / "b" / shard).read_bytes()
 
 
+def tiny_hub_classifier(folder):
+    """A 2-label tiny BERT classifier folder as transformers saves it (tokenizer.json only)."""
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertForSequenceClassification, BertTokenizerFast
+
+    from .test_any_folder import TEXTS, save_hub_folder, tiny_config
+
+    trainer = BertWordPieceTokenizer(lowercase=True)
+    trainer.train_from_iterator(TEXTS, vocab_size=400, min_frequency=1)
+    tokenizer = BertTokenizerFast(vocab=trainer.get_vocab(), model_max_length=64)
+    torch.manual_seed(0)
+    return save_hub_folder(
+        folder, BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer
+    )
+
+
 # ----- 10. an API key, and Host / Origin checks against DNS rebinding ------------------------------
 def test_access_rules_as_pure_decisions():
     from serving.access import AccessRules, refusal
@@ -234,10 +251,7 @@ def test_a_real_server_checks_the_key_and_refuses_a_foreign_host(tmp_path_factor
     import time
 
     import httpx
-    import torch
     import uvicorn
-    from tokenizers import BertWordPieceTokenizer
-    from transformers import BertForSequenceClassification, BertTokenizerFast
 
     from serving.access import AccessRules
     from serving.api import RequestLimits
@@ -246,18 +260,9 @@ def test_a_real_server_checks_the_key_and_refuses_a_foreign_host(tmp_path_factor
     from serving.policies import PolicySettings
     from serving.scheduler import QueueLimits
 
-    from .test_any_folder import TEXTS, save_hub_folder, tiny_config
     from .test_serve import free_port
 
-    trainer = BertWordPieceTokenizer(lowercase=True)
-    trainer.train_from_iterator(TEXTS, vocab_size=400, min_frequency=1)
-    tokenizer = BertTokenizerFast(vocab=trainer.get_vocab(), model_max_length=64)
-    torch.manual_seed(0)
-    folder = save_hub_folder(
-        tmp_path_factory.mktemp("access") / "m",
-        BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer,
-    )  # fmt: skip
-    engine = load_engine(folder)
+    engine = load_engine(tiny_hub_classifier(tmp_path_factory.mktemp("access") / "m"))
     port = free_port()
     app = create_app(engine, PolicySettings("packed", max_length=engine.max_length), QueueLimits(), RequestLimits(),
                      access=AccessRules.for_bind("127.0.0.1", api_key="s3cret"))  # fmt: skip
@@ -358,19 +363,9 @@ def test_predict_reads_a_pipe_once(tmp_path):
     import json
     import threading
 
-    import torch
-    from tokenizers import BertWordPieceTokenizer
-    from transformers import BertForSequenceClassification, BertTokenizerFast
+    from .test_any_folder import TEXTS
 
-    from .test_any_folder import TEXTS, save_hub_folder, tiny_config
-
-    trainer = BertWordPieceTokenizer(lowercase=True)
-    trainer.train_from_iterator(TEXTS, vocab_size=400, min_frequency=1)
-    tokenizer = BertTokenizerFast(vocab=trainer.get_vocab(), model_max_length=64)
-    torch.manual_seed(0)
-    folder = save_hub_folder(
-        tmp_path / "m", BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer
-    )
+    folder = tiny_hub_classifier(tmp_path / "m")
     records = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:5])
     regular = tmp_path / "in.jsonl"
     regular.write_text(records)
