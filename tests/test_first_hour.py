@@ -88,3 +88,18 @@ def test_ctrl_c_on_embed_is_one_line_and_writes_nothing(tmp_path):
         "interrupted: no embeddings were written"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
+
+
+def test_a_time_budget_bar_counts_to_the_budget_not_to_max_steps(tmp_path):
+    """Pretraining stopped by a 3 s training budget with max_steps 100,000: the bar shows the
+    nearest limit's percentage (the old bar counted 14/100000 with a 28-hour ETA)."""
+    from .training_helpers import make_packed, run_here, write_config
+
+    packed = make_packed(tmp_path)
+    config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 100_000, "max_train_seconds": 3},
+                          logging={"progress": True, "tensorboard": False, "mlperf": False})  # fmt: skip
+    done = run_here(config, tmp_path / "run")
+    assert done.returncode == 0, done.stderr[-2000:]
+    bars = [line for line in done.stderr.replace("\r", "\n").splitlines() if "of max_train_seconds" in line]
+    assert bars and "100000" not in bars[-1] and "%" in bars[-1], done.stderr[-1500:]
+    assert "100/100" in bars[-1] or "100.0/100" in bars[-1]

@@ -173,8 +173,24 @@ class Run(RunSetup):
         state.position = advance(
             state.position, engine.micro_batches_per_call * engine.data_world, self.sampler.per_epoch
         )
-        self.progress.update(engine.steps_per_call)
+        self._show_progress(engine.steps_per_call)
         return lr
+
+    def _show_progress(self, steps: int) -> None:
+        """Advance the bar: by steps, or to the fraction of the nearest limit (run_setup)."""
+        if not self.budget_limits:
+            self.progress.update(steps)
+            return
+        state, limits = self.state, self.limits
+        fractions = [state.step / limits["max_steps"]]
+        if limits["max_samples"] is not None:
+            fractions.append(state.samples / limits["max_samples"])
+        if limits["max_train_seconds"] is not None:
+            fractions.append(self.train_seconds() / limits["max_train_seconds"])
+        if limits["max_seconds"] is not None:
+            fractions.append((time.perf_counter() - self.started) / limits["max_seconds"])
+        self.progress.n = round(min(1.0, max(fractions)) * 100, 1)
+        self.progress.refresh()
 
     # ----- reporting -------------------------------------------------------------------
     def _new_window(self) -> None:

@@ -203,13 +203,25 @@ class RunSetup:
         )
         self.stop = StopSignal()
         self.evaluated_step = None
+        # One bar, in the unit of what ends the run: steps when only max_steps bounds it;
+        # else the percentage of whichever limit (steps, samples, a time budget) is nearest,
+        # so its ETA is the run's (a 20 s budget never shows a 28-hour ETA over 100,000 steps).
+        self.budget_limits = binding_limits(self.limits)
         self.progress = tqdm(
-            total=self.limits["max_steps"],
-            initial=self.state.step,
-            unit="step",
+            total=self.limits["max_steps"] if not self.budget_limits else 100,
+            initial=self.state.step if not self.budget_limits else 0,
+            unit="step" if not self.budget_limits else "%",
+            desc=None if not self.budget_limits else "of " + " / ".join(self.budget_limits) + ", nearest",
             dynamic_ncols=True,
             disable=engine.rank != 0 or not config["logging"]["progress"],
         )
+
+
+def binding_limits(limits: dict) -> list[str]:
+    """The limits besides max_steps that may end the run first (names as in the config)."""
+    return [
+        name for name in ("max_samples", "max_train_seconds", "max_seconds") if limits.get(name) is not None
+    ]
 
 
 def platform_name(config: dict, engine) -> str:
