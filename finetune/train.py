@@ -421,25 +421,47 @@ def check_positions(config: dict) -> None:
         )
 
 
+# What a run writes in its output folder (removed, and only these, by --overwrite).
+RUN_FILES = ("model", "checkpoint", "summary.json", "metrics.jsonl", "validation_predictions.jsonl",
+             "validation_predictions.json")  # fmt: skip
+
+
+def clear_run(output: Path) -> None:
+    """--overwrite: remove a previous run's files from `output` (RUN_FILES only: anything
+    else in the folder, such as the data, is left alone)."""
+    import shutil
+
+    for name in RUN_FILES:
+        path = output / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
 def check_output(output: Path, resume: bool) -> dict | None:
     """The output folder may hold nothing finished; --resume needs its checkpoint. -> the
     checkpoint's progress (resume) or None."""
     from finetune.checkpoint import checkpoint_path, read_progress
 
     if (output / "summary.json").exists() or (output / "model").exists():
-        raise FinetuneError(f"--output-dir {output}: holds a finished run; choose another folder")
+        raise FinetuneError(
+            f"--output-dir {output}: holds a finished run; choose another folder, or --overwrite to replace it"
+        )
     progress = read_progress(output)
     if resume and progress is None:
         raise FinetuneError(f"--resume: {checkpoint_path(output)} holds no checkpoint to resume from")
     if not resume and progress is not None:
         raise FinetuneError(
             f"--output-dir {output}: holds an unfinished run (checkpoint at epoch {progress['epoch']}); "
-            "continue it with --resume, or choose another folder"
+            "continue it with --resume, replace it with --overwrite, or choose another folder"
         )
     return progress
 
 
-def run_finetune(config: dict, output: Path, resume: bool = False, stop=None) -> dict:
+def run_finetune(
+    config: dict, output: Path, resume: bool = False, stop=None, overwrite: bool = False
+) -> dict:
     """Train, evaluate each epoch, time inference, save. Returns the summary.
 
     resume: continue from OUTPUT/checkpoint (finetune.checkpoint). stop: an object whose
@@ -447,6 +469,9 @@ def run_finetune(config: dict, output: Path, resume: bool = False, stop=None) ->
     writes a checkpoint and raises Interrupted."""
     from finetune.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, weights_finite
 
+    if overwrite and not resume:
+        check_positions(config)  # the config is checked before anything is removed
+        clear_run(output)
     progress = check_output(output, resume)
     if progress is not None and progress["config"] != config:
         changed = sorted(
@@ -633,6 +658,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--resume", action="store_true", help="continue the run in --output-dir from its checkpoint (exactly)"
     )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a previous run in --output-dir (its files only)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     quiet_transformers()
@@ -650,7 +678,13 @@ def main(argv=None) -> int:
         previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         config = load_finetune_config(args.config, args.set)
-        summary = run_finetune(config, args.output_dir, resume=args.resume, stop=stop)
+        if args.resume and args.overwrite:
+            raise FinetuneError(
+                "--resume continues the run in --output-dir, --overwrite replaces it: give one"
+            )
+        summary = run_finetune(
+            config, args.output_dir, resume=args.resume, stop=stop, overwrite=args.overwrite
+        )
     except (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

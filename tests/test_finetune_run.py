@@ -206,6 +206,12 @@ def test_finished_output_is_not_overwritten(tmp_path, checkpoint, capsys):
     assert finetune.main(args) == 0
     assert finetune.main(args) == 2
     assert "holds a finished run" in capsys.readouterr().err
+    (tmp_path / "run" / "notes.txt").write_text("mine")  # not the run's: --overwrite leaves it
+    first = (tmp_path / "run" / "summary.json").read_text()
+    assert finetune.main([*args, "--overwrite"]) == 0  # on purpose: replaced
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "run" / "summary.json").read_text() != first  # a new run's timings
+    assert finetune.main([*args, "--overwrite", "--resume"]) == 2
 
 
 def test_jsonl_errors_name_file_and_line(tmp_path):
