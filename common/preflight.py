@@ -54,12 +54,31 @@ def path_mistake(option: str, value: str, kind: str) -> str | None:
     return f"{option} {value}: file not found"
 
 
+def missing_packages(names=("torch", "transformers")) -> str | None:
+    """One line if this Python lacks the project's packages (run outside .venv), else None.
+    importlib's find_spec looks without importing."""
+    from importlib.util import find_spec
+
+    missing = [name for name in names if find_spec(name) is None]
+    if not missing:
+        return None
+    return (
+        f"{', '.join(missing)} not installed in this Python ({sys.executable}): run `make install` in the "
+        "project folder, then use .venv/bin/python (or `source .venv/bin/activate`)"
+    )
+
+
 def exit_on_path_mistakes(spec: dict[str, str], argv: list[str] | None = None) -> None:
     """Check the options of `spec` ({option: "folder" | "file"}) in `argv` (default
-    sys.argv[1:]); print one line and exit 2 at the first mistake. --help is left alone."""
+    sys.argv[1:]); print one line and exit 2 at the first mistake. --help is left alone.
+    A Python without the project's packages is answered first, in one line."""
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         return
+    missing = missing_packages()
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        raise SystemExit(2)
     for option, kind in spec.items():
         value = value_of(argv, option)
         if value is None:

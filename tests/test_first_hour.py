@@ -103,3 +103,19 @@ def test_a_time_budget_bar_counts_to_the_budget_not_to_max_steps(tmp_path):
     bars = [line for line in done.stderr.replace("\r", "\n").splitlines() if "of max_train_seconds" in line]
     assert bars and "100000" not in bars[-1] and "%" in bars[-1], done.stderr[-1500:]
     assert "100/100" in bars[-1] or "100.0/100" in bars[-1]
+
+
+def test_a_python_without_the_projects_packages_is_told_what_to_run(tmp_path):
+    from common.preflight import missing_packages
+
+    assert missing_packages(("json",)) is None
+    assert "not_a_package_here not installed" in missing_packages(("not_a_package_here",))
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    done = subprocess.run([str(bare / "bin" / "python"), "-m", "finetune.predict", "--model", "m", "--input", "i",
+                           "--output", "o"], cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"error: torch, transformers not installed in this Python ({bare / 'bin' / 'python'}): run `make install` "
+        "in the project folder, then use .venv/bin/python (or `source .venv/bin/activate`)"
+    ]
