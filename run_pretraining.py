@@ -51,6 +51,15 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from training.prerequisites import missing_prerequisites, prerequisites_line
+
+    # Two or more things missing: all named in one line before any data is opened (one
+    # alone is the run's own precise message; IPU configs first need poptorch, which the
+    # IPU engine's check_config names before anything else).
+    missing = missing_prerequisites(config)
+    if len(missing) >= 2 and config["execution"]["device"] in ("cpu", "cuda"):
+        print(f"error: {prerequisites_line(args.config, missing)}", file=sys.stderr)
+        return 2
     output = Path(args.output_dir or Path("runs") / Path(args.config).stem)
     from training.run import run
 

@@ -119,3 +119,24 @@ def test_a_python_without_the_projects_packages_is_told_what_to_run(tmp_path):
         f"error: torch, transformers not installed in this Python ({bare / 'bin' / 'python'}): run `make install` "
         "in the project folder, then use .venv/bin/python (or `source .venv/bin/activate`)"
     ]
+
+
+def test_the_mlperf_config_names_every_missing_prerequisite_at_once(tmp_path):
+    """Run from an empty folder: no data, no phase-1 checkpoint, no GPU, one line for all three."""
+    import shutil
+
+    config = tmp_path / "mlperf_nvidia_8gpu_gbs768.yaml"
+    shutil.copyfile(REPO / "configs" / "mlperf_nvidia_8gpu_gbs768.yaml", config)
+    done = subprocess.run([sys.executable, str(REPO / "run_pretraining.py"), "--config", str(config)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-1000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in done.stderr
+    line = errors[0]
+    assert "data.train_dir mlperf_data/packed_512" in line and "data.eval_dir" in line
+    assert "model.init_checkpoint checkpoints/phase1_hf" in line and "See docs/mlperf.md." in line
+    import torch
+
+    if not torch.cuda.is_available():
+        assert "execution.device cuda" in line and "CPU build" in line
+    assert not (tmp_path / "runs").exists()
