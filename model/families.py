@@ -37,6 +37,7 @@ from torch import nn
 
 from model.embedding import check_pooling, pool_slots
 from model.packed_head import SlotRows
+from model.varlen import allowed_pairs
 
 PACKED_ATTENTION = "packed"
 
@@ -124,12 +125,12 @@ class PackedLayout:
         """bool [B, 1, S, S]: same non-zero sequence (a padding token: itself), and with
         `window`, at most that many positions apart."""
         if window not in self._masks:
-            ids = self.sequence_ids
-            same = (ids[:, :, None] == ids[:, None, :]) & (ids != 0)[:, :, None]
-            if window is not None:
-                same = same & ((self.positions[:, :, None] - self.positions[:, None, :]).abs() <= window)
-            eye = torch.eye(ids.shape[1], dtype=torch.bool, device=ids.device)
-            self._masks[window] = (same | eye)[:, None]
+            allowed = allowed_pairs(self.sequence_ids)  # the project's one definition of the mask
+            if window is not None:  # a token's distance to itself is 0: padding keeps its diagonal
+                allowed = allowed & (
+                    (self.positions[:, :, None] - self.positions[:, None, :]).abs() <= window
+                )
+            self._masks[window] = allowed[:, None]
         return self._masks[window]
 
 
