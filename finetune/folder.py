@@ -292,7 +292,7 @@ def describe_hub_folder(folder: Path) -> dict:
             "*ForSequenceClassification, *ForTokenClassification or *ForQuestionAnswering folder "
             "(for embeddings of a bare encoder use finetune.embed --pooling)"
         )
-    from model.families import FAMILIES
+    from model.families import FAMILIES, usable_positions
 
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
@@ -303,8 +303,7 @@ def describe_hub_folder(folder: Path) -> dict:
     positions = config.get("max_position_embeddings")
     if not isinstance(positions, int) or positions < 3:
         raise ExampleError(f"{config_path}: key 'max_position_embeddings' must be an integer >= 3")
-    if FAMILIES[model_type].positions_after_padding:  # RoBERTa-style: positions from pad + 1
-        positions -= (1 if model_type == "mpnet" else int(config.get("pad_token_id") or 0)) + 1
+    positions = usable_positions(model_type, positions, config.get("pad_token_id"))
     if not has_own_tokenizer(folder) and not (folder / "vocab.txt").is_file():
         raise ExampleError(f"{folder}: no tokenizer.json (nor vocab.txt); save the tokenizer with the model")
     # The tokenizer's model_max_length (transformers' truncation limit), capped by the positions.

@@ -58,7 +58,7 @@ from data.classification_data import (
 from data.tokenizer import DataInputError, load_tokenizer
 from finetune.batching import Batcher, BatchingSpec, collate
 from finetune.config import load_finetune_config
-from finetune.folder import save_finetuned
+from finetune.folder import model_type_of, save_finetuned
 from finetune.inference import predict_logits, score, to_device, write_predictions
 from model.classification import PackedBertForSequenceClassification
 from model.hf_checkpoint import quiet_transformers
@@ -186,7 +186,7 @@ def build_classifier(config: dict, task: Task):
     problem_type = "multi_label_classification" if data["multi_label"] else "single_label_classification"
     labels = {"id2label": dict(enumerate(task.label_names)),
               "label2id": {name: i for i, name in enumerate(task.label_names)}}  # fmt: skip
-    model_type = json.loads((Path(checkpoint) / "config.json").read_text()).get("model_type")
+    model_type = model_type_of(Path(checkpoint))
     try:
         if model_type == "bert":
             model = PackedBertForSequenceClassification.from_pretrained(
@@ -340,7 +340,7 @@ def qa_job(config: dict) -> Job:
     )
 
     checkpoint = resolve_asset(config["model"]["init_checkpoint"])
-    model_type = json.loads((Path(checkpoint) / "config.json").read_text()).get("model_type")
+    model_type = model_type_of(Path(checkpoint))
     if model_type != "bert":
         raise FinetuneError(
             f"model.init_checkpoint {checkpoint}: question answering fine-tunes BERT checkpoints here; "
@@ -407,12 +407,10 @@ def check_positions(config: dict) -> None:
         positions = described.get("max_position_embeddings")
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
         raise FinetuneError(f"{config_file}: not a readable config ({err})") from None
-    from model.families import FAMILIES
+    from model.families import usable_positions
 
-    family = FAMILIES.get(described.get("model_type"))
-    if family is not None and family.positions_after_padding and isinstance(positions, int):
-        pad = 1 if described.get("model_type") == "mpnet" else int(described.get("pad_token_id") or 0)
-        positions -= pad + 1  # RoBERTa-style: from the padding index + 1 (MPNet's is fixed at 1)
+    if isinstance(positions, int):
+        positions = usable_positions(described.get("model_type"), positions, described.get("pad_token_id"))
     length = config["data"]["max_sequence_length"]
     if isinstance(positions, int) and length > positions:
         raise FinetuneError(

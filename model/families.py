@@ -92,15 +92,24 @@ def family_of(model_type: str) -> Family:
     return FAMILIES[model_type]
 
 
+def usable_positions(model_type: str, max_position_embeddings: int, pad_token_id: int | None) -> int:
+    """Tokens per sequence a position table of `max_position_embeddings` holds. RoBERTa-style
+    families number positions from their padding index + 1: the config's pad_token_id, or
+    for MPNet a fixed 1 (its embeddings ignore the config)."""
+    family = FAMILIES.get(model_type)
+    if family is None or not family.positions_after_padding:
+        return max_position_embeddings
+    return max_position_embeddings - (padding_index(model_type, pad_token_id) + 1)
+
+
+def padding_index(model_type: str, pad_token_id: int | None) -> int:
+    """The padding index RoBERTa-style positions count from."""
+    return 1 if model_type == "mpnet" else int(pad_token_id or 0)
+
+
 def max_tokens(config) -> int:
-    """Tokens per sequence a config's position table holds (RoBERTa-style families number
-    positions from pad_token_id + 1)."""
-    positions = config.max_position_embeddings
-    if family_of(config.model_type).positions_after_padding:
-        positions -= (
-            1 if config.model_type == "mpnet" else config.pad_token_id
-        ) + 1  # MPNet's index is fixed
-    return positions
+    """Tokens per sequence a config's position table holds (usable_positions)."""
+    return usable_positions(config.model_type, config.max_position_embeddings, config.pad_token_id)
 
 
 def use_packed_attention(hf_model) -> None:
@@ -191,12 +200,6 @@ class PackedFamilyModel(nn.Module):
         )
         self._has_position_ids = "position_ids" in takes
         self._has_attention_mask = "attention_mask" in takes
-        # RoBERTa-style positions count from the embeddings' padding index + 1: the config's
-        # pad_token_id for RoBERTa, a fixed 1 for MPNet (its embeddings ignore the config)
-        embeddings = getattr(self.base, "embeddings", None)
-        self._padding_index = getattr(embeddings, "padding_idx", None)
-        if self._padding_index is None:
-            self._padding_index = self.config.pad_token_id
 
     @property
     def dimension(self) -> int:
@@ -236,7 +239,7 @@ class PackedFamilyModel(nn.Module):
         real = sequence_ids != 0
         positions = position_ids
         if self.family.positions_after_padding:
-            pad = self._padding_index
+            pad = padding_index(self.config.model_type, self.config.pad_token_id)
             positions = torch.where(real, position_ids + pad + 1, torch.full_like(position_ids, pad))
         arguments = {"input_ids": input_ids}
         if self._has_position_ids:
