@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
+from finetune.inference import class_scores
 from finetune.precision import device_problem
-from finetune.rows import unpack_outputs, unpack_token_outputs
-from finetune.runner import Runner
+from finetune.runner import Runner, per_sequence, per_sequence_tokens, per_token
+from finetune.token_task import TaggedTexts, entities
 from packing.tokenized import pack_examples
 
 PIPELINE_TASKS = {
@@ -119,8 +120,8 @@ class _Runner:
         self.batch_size, self.max_per_pack, self.algorithm = batch_size, max_per_pack, algorithm
         self.max_length = max_length or self.model.config.max_position_embeddings
 
-    def run(self, token_ids: list, segment_ids: list) -> list[tuple[dict, dict]]:
-        """Pack the examples, run every batch of packs -> [(rows, outputs)] (numpy)."""
+    def run(self, token_ids: list, segment_ids: list) -> list:
+        """Pack the examples, run every batch of packs -> [finetune.runner.RunBatch]."""
         lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
         width = int(lengths.max())
         table = pack_examples(lengths, width, self.max_per_pack, self.algorithm, seed=0)
@@ -128,8 +129,7 @@ class _Runner:
         tables = [table[first : first + packs_per_batch] for first in range(0, len(table), packs_per_batch)]
         token_ids = [np.asarray(t, dtype=np.int64) for t in token_ids]
         segment_ids = None if segment_ids is None else [np.asarray(s, dtype=np.int64) for s in segment_ids]
-        batches = self.runner.run(token_ids, tables, lambda _: width, segment_ids, self.outputs)
-        return [(b.rows, b.outputs) for b in batches]
+        return list(self.runner.run(token_ids, tables, lambda _: width, segment_ids, self.outputs))
 
     def encode(self, first, second=None, **options):
         return self.tokenizer(first, second, truncation=True, max_length=self.max_length, **options)
@@ -153,16 +153,10 @@ class _Runner:
             encoded = self.encode(firsts)
         else:
             encoded = self.encode(firsts, [s or "" for s in seconds])
-        results = self.run(encoded["input_ids"], encoded.get("token_type_ids"))
-        logits = np.concatenate([out["logits"] for _, out in results])
-        index = np.concatenate([rows["example_index"] for rows, _ in results])
-        logits = unpack_outputs(logits, index, len(texts))
+        batches = self.run(encoded["input_ids"], encoded.get("token_type_ids"))
         config = self.model.config
-        if config.problem_type == "multi_label_classification" or config.num_labels == 1:
-            scores = 1 / (1 + np.exp(-logits))
-        else:
-            scores = np.exp(logits - logits.max(-1, keepdims=True))
-            scores /= scores.sum(-1, keepdims=True)
+        logits = per_sequence(batches, "logits", len(texts))
+        scores = class_scores(logits, config.problem_type == "multi_label_classification")
         names = [config.id2label.get(i, f"LABEL_{i}") for i in range(scores.shape[1])]
         out = []
         for row in scores:
@@ -199,28 +193,16 @@ class _Runner:
         windows = make_windows(
             examples, self.tokenizer, options.get("max_length", 384), options.get("doc_stride", 128)
         )
-        results = self.run(windows.token_ids, windows.segment_ids)
-        width = max(r[1]["start_logits"].shape[1] for r in results)
-        spread = {}
-        for name in ("start_logits", "end_logits"):
-            rows = np.concatenate(
-                [
-                    np.pad(out[name], ((0, 0), (0, width - out[name].shape[1])), constant_values=-np.inf)
-                    for _, out in results
-                ]
-            )
-            cls = np.concatenate([r["cls_positions"] for r, _ in results])
-            index = np.concatenate([r["example_index"] for r, _ in results])
-            spread[name] = unpack_token_outputs(rows, cls, index, windows.lengths)
+        batches = self.run(windows.token_ids, windows.segment_ids)
+        start, end = (per_token(batches, name, windows.lengths) for name in ("start_logits", "end_logits"))
         settings = AnswerSettings(
             options.get("n_best_size", 20),
             options.get("max_answer_length", 30),
             options.get("version_2_with_negative", False),
             options.get("null_score_diff_threshold", 0.0),
         )
-        start = spread["start_logits"]
         answers = best_answers(
-            start, spread["end_logits"], offsets_table(windows, start.shape[1]), windows.example_of_window,
+            start, end, offsets_table(windows, start.shape[1]), windows.example_of_window,
             examples.contexts, settings,
         )  # fmt: skip
         out = [
@@ -235,38 +217,15 @@ class _Runner:
         if not texts:
             return []
         encoded = self.encode(texts, return_offsets_mapping=True, return_special_tokens_mask=True)
-        results = self.run(encoded["input_ids"], encoded.get("token_type_ids"))
+        ids = encoded["input_ids"]
+        batches = self.run(ids, encoded.get("token_type_ids"))
+        logits = per_sequence_tokens(batches, "logits", [len(t) for t in ids])
+        tagged = TaggedTexts(
+            ids, encoded.get("token_type_ids"), [np.asarray(o).reshape(-1, 2) for o in encoded["offset_mapping"]],
+            [np.asarray(m, dtype=bool) for m in encoded["special_tokens_mask"]],
+            [self.tokenizer.convert_ids_to_tokens(t) for t in ids], 0,
+        )  # fmt: skip
         names = self.model.config.id2label
-        out = [None] * len(texts)
-        for rows, logits in results:
-            for pack, slots in enumerate(rows["example_index"]):
-                for slot, example in enumerate(slots):
-                    if example < 0:
-                        continue
-                    first = rows["cls_positions"][pack, slot]
-                    n = len(encoded["input_ids"][example])
-                    scores = logits["logits"][pack, first : first + n]
-                    scores = np.exp(scores - scores.max(-1, keepdims=True))
-                    scores /= scores.sum(-1, keepdims=True)
-                    entities = []
-                    for i in range(n):
-                        if encoded["special_tokens_mask"][example][i]:
-                            continue
-                        label = names.get(int(scores[i].argmax()), str(int(scores[i].argmax())))
-                        if label in ignore_labels:
-                            continue
-                        start, end = encoded["offset_mapping"][example][i]
-                        entities.append(
-                            {
-                                "entity": label,
-                                "score": float(scores[i].max()),
-                                "index": i,
-                                "word": self.tokenizer.convert_ids_to_tokens(
-                                    encoded["input_ids"][example][i]
-                                ),
-                                "start": int(start),
-                                "end": int(end),
-                            }
-                        )
-                    out[example] = entities
+        labels = [names.get(c, str(c)) for c in range(logits[0].shape[-1])]
+        out = [entities(logits[i], tagged, i, labels, ignore_labels) for i in range(len(texts))]
         return out[0] if isinstance(inputs, str) else out

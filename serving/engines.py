@@ -27,8 +27,7 @@ from data.classification_data import ExampleError, Examples
 from finetune.embedding import Encoder, l2_normalize, load_encoder
 from finetune.folder import FINETUNE_INFO, load_finetuned
 from finetune.inference import class_scores
-from finetune.rows import unpack_outputs
-from finetune.runner import Runner
+from finetune.runner import Runner, per_sequence, per_sequence_tokens
 from serving.api import Request, RequestError
 
 
@@ -75,9 +74,9 @@ class _Engine:
         self.runner, self.model, self.info = runner, runner.model, info
         self.max_length = self.model.config.max_position_embeddings
 
-    def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int, outputs):
-        batch = self.runner.forward(token_ids, table, width, segment_ids, outputs)
-        return batch.rows, batch.outputs
+    def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int, outputs) -> list:
+        """One forward of the policy's table -> [RunBatch] (finetune.runner's read-back helpers)."""
+        return [self.runner.forward(token_ids, table, width, segment_ids, outputs)]
 
 
 class ClassificationEngine(_Engine):
@@ -127,9 +126,8 @@ class ClassificationEngine(_Engine):
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
         """Logits float32 [C] per sequence, in the order of token_ids."""
-        rows, out = self._forward(token_ids, segment_ids, table, width, ("logits",))
-        logits = out["logits"]
-        return list(unpack_outputs(logits, rows["example_index"], len(token_ids)))
+        batches = self._forward(token_ids, segment_ids, table, width, ("logits",))
+        return list(per_sequence(batches, "logits", len(token_ids)))
 
     def scores(self, logits: np.ndarray, raw_scores: bool) -> np.ndarray:
         """[n, C]: logits (raw_scores), else finetune.predict's own scores."""
@@ -208,13 +206,12 @@ class QaEngine(_Engine):
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
         """(start, end) logits float32 [length] per window, in the order of token_ids."""
-        rows, out = self._forward(token_ids, segment_ids, table, width, ("start_logits", "end_logits"))
-        start, end = out["start_logits"], out["end_logits"]
-        outputs = [None] * len(token_ids)
-        for row, slot in zip(*np.nonzero(table >= 0)):
-            first, n = rows["cls_positions"][row, slot], len(token_ids[table[row, slot]])
-            outputs[table[row, slot]] = (start[row, first : first + n], end[row, first : first + n])
-        return outputs
+        batches = self._forward(token_ids, segment_ids, table, width, ("start_logits", "end_logits"))
+        lengths = [len(t) for t in token_ids]
+        starts, ends = (
+            per_sequence_tokens(batches, name, lengths) for name in ("start_logits", "end_logits")
+        )
+        return list(zip(starts, ends))
 
     def answer(self, prepared: Prepared, outputs: list) -> list[dict]:
         """Per question: the transformers pipeline's {"score", "start", "end", "answer"}."""
@@ -271,10 +268,8 @@ class TokenEngine(_Engine):
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
         """Per-token logits float32 [length, C] per sequence, in the order of token_ids."""
-        from finetune.runner import RunBatch, per_sequence_tokens
-
-        rows, out = self._forward(token_ids, segment_ids, table, width, ("logits",))
-        return per_sequence_tokens([RunBatch(rows, out)], "logits", [len(t) for t in token_ids])
+        batches = self._forward(token_ids, segment_ids, table, width, ("logits",))
+        return per_sequence_tokens(batches, "logits", [len(t) for t in token_ids])
 
     def answer(self, prepared: Prepared, outputs: list) -> list[list[dict]]:
         from finetune.token_task import entities
@@ -316,9 +311,8 @@ class EmbeddingEngine(_Engine):
 
     def run(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int) -> list:
         """Pooled embeddings float32 [D] per sequence, in the order of token_ids."""
-        rows, out = self._forward(token_ids, segment_ids, table, width, ("embeddings",))
-        vectors = out["embeddings"]
-        return list(unpack_outputs(vectors, rows["example_index"], len(token_ids)))
+        batches = self._forward(token_ids, segment_ids, table, width, ("embeddings",))
+        return list(per_sequence(batches, "embeddings", len(token_ids)))
 
     def vectors(self, outputs: list, normalize: bool, dimensions: int | None = None) -> np.ndarray:
         """[n, D] (or the first `dimensions` of each, re-normalized: OpenAI's shortening)."""
