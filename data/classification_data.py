@@ -267,6 +267,28 @@ def check_texts(examples: Examples) -> None:
             check_unicode(pair, where)
 
 
+def encode_within(tokenizer, inputs: list, max_length: int, truncate: bool, direction: str = "right",
+                  cutters: dict | None = None) -> tuple[list, list[int]]:  # fmt: skip
+    """A `tokenizers.Tokenizer`'s encodings of `inputs` (texts or (text, pair) tuples) with
+    its special tokens, and the indices of those longer than `max_length`. With `truncate`
+    those are encoded again with the tokenizer's own truncation (longest first for pairs,
+    from `direction`; specials kept); without, they are returned whole for the caller to
+    refuse. `cutters` caches the truncating copy of the tokenizer per direction."""
+    encoded = tokenizer.encode_batch(inputs, add_special_tokens=True)
+    long = [i for i, e in enumerate(encoded) if len(e.ids) > max_length]
+    if long and truncate:  # only these again: most inputs fit
+        cutters = {} if cutters is None else cutters
+        if direction not in cutters:
+            cutter = tokenizer.__class__.from_str(tokenizer.to_str())
+            cutter.enable_truncation(max_length, strategy="longest_first", direction=direction)
+            cutters[direction] = cutter
+        for i, e in zip(
+            long, cutters[direction].encode_batch([inputs[i] for i in long], add_special_tokens=True)
+        ):
+            encoded[i] = e
+    return encoded, long
+
+
 def tokenize_by_template(
     examples: Examples, tokenizer, labels: np.ndarray, max_sequence_length: int, too_long: str
 ) -> TokenizedExamples:
@@ -277,18 +299,12 @@ def tokenize_by_template(
     "error"."""
     check_texts(examples)
     inputs = [text if pair is None else (text, pair) for text, pair in zip(examples.texts, examples.pairs)]
-    encoded = tokenizer.encode_batch(inputs, add_special_tokens=True)
-    long = [i for i, e in enumerate(encoded) if len(e.ids) > max_sequence_length]
+    encoded, long = encode_within(tokenizer, inputs, max_sequence_length, too_long != "error")
     if long and too_long == "error":
         i = long[0]
         raise ExampleError(
             f"{examples.where[i]}: {len(encoded[i].ids)} tokens > the model's maximum {max_sequence_length}"
         )
-    if long:  # encoded again with the tokenizer's own truncation (longest first), these only
-        cutter = tokenizer.__class__.from_str(tokenizer.to_str())
-        cutter.enable_truncation(max_sequence_length, strategy="longest_first")
-        for i, e in zip(long, cutter.encode_batch([inputs[i] for i in long], add_special_tokens=True)):
-            encoded[i] = e
     token_ids = [np.asarray(e.ids, dtype=np.int32) for e in encoded]
     segment_ids = [np.asarray(e.type_ids, dtype=np.int32) for e in encoded]
     return TokenizedExamples(token_ids, segment_ids, labels, len(long))

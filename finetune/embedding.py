@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.classification_data import ExampleError, check_unicode
+from data.classification_data import ExampleError, check_unicode, encode_within
 from finetune.batching import Batcher, BatchingSpec, width_groups
 from finetune.folder import check_weights_file
 from finetune.rows import unpack_outputs
@@ -107,21 +107,14 @@ class Encoder:
         for text, place in zip(texts, where):
             check_unicode(text, place)
         inputs = [t.lower() for t in texts] if self.lowercase else texts
-        encoded = self.tokenizer.encode_batch(inputs, add_special_tokens=True)
-        long = [i for i, e in enumerate(encoded) if len(e.ids) > self.max_length]
+        encoded, long = encode_within(
+            self.tokenizer, inputs, self.max_length, truncate, direction, self._cutters
+        )
         if long and not truncate:
             i = long[0]
             raise ExampleError(
                 f"{where[i]}: {len(encoded[i].ids)} tokens; the model takes at most {self.max_length}"
             )
-        if long:  # only these again, with the tokenizer's own truncation (specials kept)
-            cutter = self._cutters.get(direction)
-            if cutter is None:
-                cutter = self.tokenizer.__class__.from_str(self.tokenizer.to_str())
-                cutter.enable_truncation(self.max_length, direction=direction)
-                self._cutters[direction] = cutter
-            for i, e in zip(long, cutter.encode_batch([inputs[i] for i in long], add_special_tokens=True)):
-                encoded[i] = e
         return [np.asarray(e.ids, dtype=np.int64) for e in encoded], len(long)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data.classification_data import ExampleError, check_unicode
+from data.classification_data import ExampleError, check_unicode, encode_within
 
 IGNORE_LABELS = ("O",)
 
@@ -44,17 +44,11 @@ def tokenize_for_tags(
         if not text.strip():
             raise ExampleError(f"{place}: the text is empty")
         check_unicode(text, place)
-    encoded = tokenizer.encode_batch(texts, add_special_tokens=True)
-    long = [i for i, e in enumerate(encoded) if len(e.ids) > max_length]
+    encoded, long = encode_within(tokenizer, texts, max_length, truncate)
     if long and not truncate:
         raise ExampleError(
             f"{where[long[0]]}: {len(encoded[long[0]].ids)} tokens; the model takes at most {max_length}"
         )
-    if long:
-        cutter = tokenizer.__class__.from_str(tokenizer.to_str())
-        cutter.enable_truncation(max_length)
-        for i, e in zip(long, cutter.encode_batch([texts[i] for i in long], add_special_tokens=True)):
-            encoded[i] = e
     return TaggedTexts(
         [np.asarray(e.ids, dtype=np.int64) for e in encoded],
         [np.asarray(e.type_ids, dtype=np.int64) for e in encoded],
