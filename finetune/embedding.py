@@ -32,8 +32,6 @@ from model.embedding import PackedBertForEmbedding, check_pooling
 # --batching names -> finetune.batching modes (padded: fixed rows of max_seq_length tokens;
 # sorted: sentence-transformers' encode, batches of length-sorted texts padded to their longest)
 EMBED_BATCHING = {"packed": "packed", "sorted": "uniform", "padded": "padded"}
-# Packed row widths (tokens): a text goes to the narrowest that holds it (embed_token_ids).
-PACK_WIDTHS = (64, 128, 256, 512)
 # sentence-transformers' legacy pooling flags, in the order its Pooling concatenates them
 LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",
@@ -364,7 +362,8 @@ def run_tables(
 def embed_token_ids(encoder: Encoder, token_ids: list, options: EncodeOptions) -> np.ndarray:
     """Token id arrays -> float32 [n, D] in input order (normalized when the encoder says).
 
-    Packed: each text goes to the narrowest of PACK_WIDTHS (up to max_length) that holds it,
+    Packed: each text goes to the narrowest of finetune.batching.PACK_WIDTHS (up to
+    max_length) that holds it,
     and each width is packed on its own. Attention over a packed row costs its width per
     token (SDPA with the block-diagonal mask), so short texts packed into 256-token rows
     would pay for 256 where a length-sorted batch pays for its own length; but a width
@@ -375,9 +374,8 @@ def embed_token_ids(encoder: Encoder, token_ids: list, options: EncodeOptions) -
     lengths = np.array([len(t) for t in token_ids])
     longest = max(encoder.max_length, int(lengths.max()))
     if options.batching == "packed":
-        widths = [w for w in PACK_WIDTHS if w < longest] + [longest]
         parts = width_groups(
-            lengths, widths, options.max_per_pack, options.algorithm, encoder.model.config.hidden_size
+            lengths, longest, options.max_per_pack, options.algorithm, encoder.model.config.hidden_size
         )
     else:
         parts = [(np.arange(n), longest)]

@@ -138,9 +138,6 @@ def main(argv=None) -> int:
     )
 
 
-PACK_WIDTHS = (64, 128, 256, 512)
-
-
 def predict_in_width_groups(args, runner, data, longest: int):
     """Packed inference where the folder names no pack length (a transformers folder): the
     texts are packed in groups of row widths (finetune.batching.width_groups: each text in
@@ -148,25 +145,22 @@ def predict_in_width_groups(args, runner, data, longest: int):
     work), not all in rows as wide as the model's maximum. -> (logits [n, C], timing)."""
     from data.classification_data import TokenizedExamples
 
-    widths = [w for w in PACK_WIDTHS if w < longest] + [longest]
     hidden = runner.model.config.hidden_size
-    groups = width_groups(data.lengths, widths, args.max_sequences_per_pack, args.algorithm, hidden)
-    logits, timing = None, {"examples": len(data), "seconds": 0.0, "batches": 0, "padding_fraction": 0.0}
-    slots = 0
+    groups = width_groups(data.lengths, longest, args.max_sequences_per_pack, args.algorithm, hidden)
+    stats = runner.stats
+    real_before, rows_before = stats.real_tokens, stats.row_tokens  # this pass's share of the runner's counts
+    logits, timing = None, {"examples": len(data), "seconds": 0.0, "batches": 0}
     for members, width in groups:
         part = TokenizedExamples([data.token_ids[i] for i in members], [data.segment_ids[i] for i in members],
                                  data.labels[members], 0)  # fmt: skip
-        batcher = batcher_for(args, part.lengths, width, width)
-        part_logits, part_timing = predict_logits(runner, part, batcher)
+        part_logits, part_timing = predict_logits(runner, part, batcher_for(args, part.lengths, width, width))
         if logits is None:
             logits = np.empty((len(data), part_logits.shape[1]), dtype=part_logits.dtype)
         logits[members] = part_logits
         timing["seconds"] += part_timing["seconds"]
         timing["batches"] += part_timing["batches"]
-        part_slots = int(part.lengths.sum()) / max(1.0 - part_timing["padding_fraction"], 1e-9)
-        slots += part_slots
     timing["examples_per_second"] = len(data) / timing["seconds"]
-    timing["padding_fraction"] = 1.0 - int(data.lengths.sum()) / slots
+    timing["padding_fraction"] = 1.0 - (stats.real_tokens - real_before) / (stats.row_tokens - rows_before)
     return logits, timing
 
 

@@ -467,8 +467,8 @@ def run_finetune(
     writes a checkpoint and raises Interrupted."""
     from finetune.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint, weights_finite
 
+    check_positions(config)  # before anything is read, packed or (--overwrite) removed
     if overwrite and not resume:
-        check_positions(config)  # the config is checked before anything is removed
         clear_run(output)
     progress = check_output(output, resume)
     if progress is not None and progress["config"] != config:
@@ -480,7 +480,6 @@ def run_finetune(
             f"--resume: the config differs from the checkpoint's in {', '.join(changed) or 'its sections'}; "
             "resume with the same config"
         )
-    check_positions(config)
     training = config["training"]
     if training["threads"]:
         torch.set_num_threads(training["threads"])
