@@ -210,6 +210,7 @@ def test_sentence_transformers_folders_equal_encode(tmp_path, family):
     np.testing.assert_allclose(st_model.encode(texts, convert_to_numpy=True), expected, atol=1e-6)
 
 
+@pytest.mark.slow  # a whole command in a fresh interpreter
 def test_a_family_outside_the_list_is_refused_in_one_line(tmp_path):
     from transformers import GPT2Config, GPT2Model
 
@@ -313,6 +314,7 @@ def test_finetune_train_starts_from_a_family_folder_and_saves_one_transformers_l
             np.testing.assert_allclose(prediction["scores"], torch.softmax(logits, -1).numpy(), atol=1e-5)
 
 
+@pytest.mark.slow  # a whole command in a fresh interpreter
 def test_sentence_transformers_prompts_are_applied_as_encode_applies_them(tmp_path):
     """e5-style prompts (config_sentence_transformers.json): the default prompt, a named one,
     through the Python API, the command and the server's /embed; an unknown name is one line."""

@@ -78,6 +78,7 @@ def run_command(args, **options):
     )  # fmt: skip
 
 
+@pytest.mark.slow  # a whole command in a fresh interpreter
 def test_sigterm_ends_in_one_line_and_resume_finishes(tmp_path, checkpoint):  # noqa: F811
     path = write_config(tmp_path, checkpoint, training={"epochs": 400, "progress": False})
     output = tmp_path / "run"
@@ -97,6 +98,7 @@ def test_sigterm_ends_in_one_line_and_resume_finishes(tmp_path, checkpoint):  # 
     assert (output / "metrics.jsonl").read_text().strip()  # the finished epochs' lines are kept
 
 
+@pytest.mark.slow  # a whole command in a fresh interpreter
 def test_a_length_beyond_the_models_positions_is_refused_before_packing(tmp_path, checkpoint):  # noqa: F811
     path = write_config(tmp_path, checkpoint)
     done = run_command(["--config", str(path), "--output-dir", str(tmp_path / "o"),
@@ -108,6 +110,7 @@ def test_a_length_beyond_the_models_positions_is_refused_before_packing(tmp_path
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # a whole command in a fresh interpreter
 def test_a_learning_rate_that_breaks_the_weights_stops_before_the_metrics(tmp_path, checkpoint):  # noqa: F811
     path = write_config(
         tmp_path, checkpoint, training={"epochs": 2, "progress": False}, batching={"batch_size": 200}
@@ -141,6 +144,7 @@ def test_a_failed_final_save_is_one_line_and_keeps_the_checkpoint(tmp_path, chec
     assert (output / "model" / "model.safetensors").is_file() and resumed["train_steps"] > 0
 
 
+@pytest.mark.slow  # a whole command in a fresh interpreter
 def test_a_file_size_limit_during_the_save_is_one_line(tmp_path, checkpoint):  # noqa: F811
     """The real failure: RLIMIT_FSIZE below the model's size (SIGXFSZ ignored, so the write
     fails with EFBIG instead of killing the process)."""

@@ -54,6 +54,7 @@ def test_a_folder_output_over_a_file_or_device_is_refused(tmp_path):
     assert plain.read_text() == "keep" and not os.path.isfile("/dev/null")
 
 
+@pytest.mark.slow  # a whole command in a fresh interpreter
 @pytest.mark.parametrize(
     "command",
     [
@@ -315,6 +316,7 @@ def one_line_error(done) -> str:
     return lines[0]  # (a progress bar's lines aside)
 
 
+@pytest.mark.slow  # a whole command in a fresh interpreter
 def test_pickled_weights_are_refused_in_one_line_everywhere(tmp_path):
     import json
 
@@ -343,6 +345,7 @@ def test_pickled_weights_are_refused_in_one_line_everywhere(tmp_path):
         assert "pytorch_model.bin (a pickle, which is never loaded here)" in one_line_error(run_module(*argv))
 
 
+@pytest.mark.slow  # a whole command in a fresh interpreter
 def test_embed_refuses_a_pipe_and_an_empty_text_in_one_line(tmp_path):
     from data.assets import model_dir
 
@@ -359,6 +362,7 @@ def test_embed_refuses_a_pipe_and_an_empty_text_in_one_line(tmp_path):
     assert not (tmp_path / "e.npy").exists()
 
 
+@pytest.mark.slow  # a whole command in a fresh interpreter
 def test_predict_reads_a_pipe_once(tmp_path):
     import json
     import threading
