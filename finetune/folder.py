@@ -186,7 +186,21 @@ def load_finetuned(folder: Path, **overrides) -> ModelFolder:
         raise ExampleError(f"{folder}: no such folder" if not folder.exists() else f"{folder}: not a folder")
     info_path = folder / FINETUNE_INFO
     info = read_finetune_info(info_path) if info_path.is_file() else describe_hub_folder(folder)
-    task = info["task"]
+    model = load_packed_model(folder, info["task"], **overrides)
+    if (info_path.is_file() and info.get("tokenizer", "vocab.txt") == "vocab.txt") or not has_own_tokenizer(
+        folder
+    ):
+        tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
+        return ModelFolder(folder, model, info, tokenizer, vocab)
+    return ModelFolder(folder, model, info, folder_tokenizer(folder), None, hands_token_types(folder))
+
+
+def load_packed_model(folder: Path, task: str, **overrides):
+    """The packed model of a folder for `task` ("classification" | "token_classification" |
+    "question_answering"): this project's packed BERT heads for a BERT folder, the family's
+    transformers modules with packed attention for the others (model/families.py).
+    overrides: non-shape options of the BERT heads (attention_backend, ...). ExampleError
+    (one line) for weights that are a pickle, or a folder that cannot be loaded."""
     from model.token_classification import PackedBertForTokenClassification
 
     check_weights_file(folder)
@@ -196,19 +210,12 @@ def load_finetuned(folder: Path, **overrides) -> ModelFolder:
                 "question_answering": PackedBertForQuestionAnswering,
                 "token_classification": PackedBertForTokenClassification,
             }.get(task, PackedBertForSequenceClassification)
-            model = model_class.from_pretrained(folder, **overrides)
-        else:
-            from model.families import PackedFamilyModel
+            return model_class.from_pretrained(folder, **overrides)
+        from model.families import PackedFamilyModel
 
-            model = PackedFamilyModel.from_pretrained(folder, task)
+        return PackedFamilyModel.from_pretrained(folder, task)
     except (OSError, ValueError, RuntimeError) as err:
         raise ExampleError(f"{folder}: the model cannot be loaded ({first_line(err)[:200]})") from None
-    if (info_path.is_file() and info.get("tokenizer", "vocab.txt") == "vocab.txt") or not has_own_tokenizer(
-        folder
-    ):
-        tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
-        return ModelFolder(folder, model, info, tokenizer, vocab)
-    return ModelFolder(folder, model, info, folder_tokenizer(folder), None, hands_token_types(folder))
 
 
 def hands_token_types(folder: Path) -> bool:

@@ -28,6 +28,7 @@ from finetune.inference import class_scores
 from finetune.precision import device_problem
 from finetune.runner import Runner, per_sequence, per_sequence_tokens, per_token
 from finetune.token_task import TaggedTexts, entities
+from model.families import max_tokens
 from packing.tokenized import pack_examples
 
 PIPELINE_TASKS = {
@@ -63,18 +64,13 @@ def packed_pipeline(
         raise ValueError(problem)
     from transformers import AutoTokenizer
 
-    from model.classification import PackedBertForSequenceClassification
-    from model.question_answering import PackedBertForQuestionAnswering
-    from model.token_classification import PackedBertForTokenClassification
+    from finetune.folder import load_packed_model
 
-    classes = {
-        "text-classification": PackedBertForSequenceClassification,
-        "question-answering": PackedBertForQuestionAnswering,
-        "token-classification": PackedBertForTokenClassification,
-    }
-    if isinstance(model, str | Path):
+    if isinstance(model, str | Path):  # a BERT folder on the packed BERT heads, other families on theirs
         folder = Path(model)
-        model = classes[task].from_pretrained(folder)
+        tasks = {"text-classification": "classification", "question-answering": "question_answering",
+                 "token-classification": "token_classification"}  # fmt: skip
+        model = load_packed_model(folder, tasks[task])
         tokenizer = tokenizer or folder
     if tokenizer is None:
         raise ValueError("tokenizer: give a tokenizer (or a folder) when model is not a folder")
@@ -118,7 +114,7 @@ class _Runner:
     def __init__(self, runner: Runner, tokenizer, batch_size, max_per_pack, algorithm, max_length, outputs):
         self.runner, self.model, self.tokenizer, self.outputs = runner, runner.model, tokenizer, outputs
         self.batch_size, self.max_per_pack, self.algorithm = batch_size, max_per_pack, algorithm
-        self.max_length = max_length or self.model.config.max_position_embeddings
+        self.max_length = max_length or max_tokens(self.model.config)
 
     def run(self, token_ids: list, segment_ids: list) -> list:
         """Pack the examples, run every batch of packs -> [finetune.runner.RunBatch]."""

@@ -43,6 +43,7 @@ from finetune.folder import load_finetuned
 from finetune.inference import predict_logits, score, write_predictions
 from finetune.precision import device_problem
 from finetune.runner import Runner
+from model.families import max_tokens
 from model.hf_checkpoint import quiet_transformers
 from packing.errors import PackingInputError
 
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
         # own maximum (its position embeddings; a transformers folder: its tokenizer's
         # model_max_length), truncating beyond (counted in the report), and widen rows and
         # packs to the longest input rather than refuse the file.
-        limit = model.config.max_position_embeddings
+        limit = max_tokens(model.config)  # RoBERTa-style tables hold pad + 1 fewer
         if info.get("source") == "config.json":
             limit = min(limit, info["max_sequence_length"])
         data = folder.tokenize(examples, labels, limit, "truncate")
@@ -172,7 +173,7 @@ def predict_tags(args, folder, summary_path: Path) -> int:
     from finetune.token_task import entities, tokenize_for_tags
 
     examples = read_jsonl(args.input, folder.info["fields"]["text"], None, None, need_labels=False)
-    limit = min(folder.model.config.max_position_embeddings, folder.info["max_sequence_length"])
+    limit = min(max_tokens(folder.model.config), folder.info["max_sequence_length"])
     tagged = tokenize_for_tags(examples.texts, examples.where, folder.tokenizer, limit)
     lengths = np.array([len(t) for t in tagged.token_ids])
     width = int(lengths.max())

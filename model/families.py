@@ -108,7 +108,8 @@ def padding_index(model_type: str, pad_token_id: int | None) -> int:
 
 
 def max_tokens(config) -> int:
-    """Tokens per sequence a config's position table holds (usable_positions)."""
+    """Tokens per sequence a config's position table holds (usable_positions): for every
+    model, BERT's included (its table holds max_position_embeddings)."""
     return usable_positions(config.model_type, config.max_position_embeddings, config.pad_token_id)
 
 

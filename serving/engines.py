@@ -28,6 +28,7 @@ from finetune.embedding import Encoder, l2_normalize, load_encoder
 from finetune.folder import FINETUNE_INFO, load_finetuned
 from finetune.inference import class_scores
 from finetune.runner import Runner, per_sequence, per_sequence_tokens
+from model.families import max_tokens
 from serving.api import Request, RequestError
 
 
@@ -72,7 +73,7 @@ class _Engine:
 
     def __init__(self, runner: Runner, info: dict):
         self.runner, self.model, self.info = runner, runner.model, info
-        self.max_length = self.model.config.max_position_embeddings
+        self.max_length = max_tokens(self.model.config)  # RoBERTa-style tables hold pad + 1 fewer
 
     def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int, outputs) -> list:
         """One forward of the policy's table -> [RunBatch] (finetune.runner's read-back helpers)."""

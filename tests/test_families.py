@@ -387,3 +387,33 @@ def test_mpnet_counts_positions_from_its_fixed_padding_index(tmp_path):
     reference = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).eval()
     ours = PackedFamilyModel.from_pretrained(tmp_path, "classification").eval()
     check_layout(reference, ours, "classification", [5, 17, 3, 30], 3, seed=0)
+
+
+def test_texts_longer_than_a_roberta_style_table_are_cut_to_its_usable_positions(tmp_path):
+    """RoBERTa-style tables hold pad + 1 fewer positions than max_position_embeddings: a
+    text past them is cut there by predict (finetune.train's folder format too) and by
+    packed_pipeline, as transformers cuts it, never an index error."""
+    from finetune import predict
+    from finetune.hf_pipeline import packed_pipeline
+
+    folder = save_family_folder(tmp_path / "m", "roberta", "classification")
+    info = {"task": "classification", "labels": ["a", "b", "c"], "multi_label": False, "max_sequence_length": 32,
+            "fields": {"text": "text", "pair": None, "label": None}, "tokenizer": "tokenizer.json"}  # fmt: skip
+    (folder / "finetune.json").write_text(json.dumps(info))
+    long_text = " ".join(TEXTS * 3)  # far past the 128 usable positions
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": long_text}) + "\n")
+    assert (
+        predict.main(["--model", str(folder), "--input", str(source), "--output", str(tmp_path / "p.jsonl")])
+        == 0
+    )
+    got = json.loads((tmp_path / "p.jsonl").read_text())["scores"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    with torch.no_grad():
+        encoded = tokenizer(long_text, truncation=True, max_length=128, return_tensors="pt")
+        expected = torch.softmax(reference(**encoded).logits[0], -1).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    (folder / "finetune.json").unlink()
+    answer = packed_pipeline("text-classification", model=folder)(long_text)
+    assert answer["score"] == pytest.approx(float(expected.max()), abs=1e-5)
