@@ -10,6 +10,12 @@
     predict = packed_pipeline("text-classification", model=out)
     predict(["a text", ...])    # [{"label": ..., "score": ...}, ...] in input order
 
+Other encoder families (RoBERTa, XLM-R, DeBERTa-v2, ModernBERT, MPNet, ... model/families.py)
+take the same packs, tokenized by their own tokenizer, with the family's model in place of
+the BERT head (every task; the saved folder loads in the family's Auto class):
+    model = PackedFamilyModel.from_pretrained(folder, "classification", num_labels=5)
+    # "token_classification" | "question_answering"; problem_type= for multi-label
+
 Tasks (pack_dataset's `task`, the columns it reads):
   single_label_classification  input_ids, token_type_ids (optional), an int label column
   multi_label_classification   the same with a list of C numbers in 0..1 per example

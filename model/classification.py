@@ -28,6 +28,7 @@ __all__ = [
     "TRAINER_IGNORED_OUTPUTS",
     "PackedBertForSequenceClassification",
     "classification_metrics",
+    "classification_outputs",
 ]
 
 
@@ -60,14 +61,7 @@ class PackedBertForSequenceClassification(PackedHead):
         absent): per-example values that transformers' Trainer gathers for evaluation."""
         pooled = self.bert.pooler.pool(hidden)  # [B, K, H]
         logits = self.classifier(self.dropout(pooled))
-        out = {"logits": logits, "present": rows.present}
-        if labels is not None:
-            out.update(classification_metrics(logits, labels, out["present"], self.multi_label))
-            examples = examples_in(num_items_in_batch, logits.shape[-1] if self.multi_label else 1)
-            if examples is not None:
-                out["loss"] = out["loss"] * out["count"] / examples  # = the loss sum / examples
-        out["example_index"] = rows.example_index
-        return out
+        return classification_outputs(logits, rows, labels, num_items_in_batch, self.multi_label)
 
     @classmethod
     def configure_options(cls) -> tuple[str, ...]:
@@ -79,6 +73,23 @@ class PackedBertForSequenceClassification(PackedHead):
         folder's, else single-label."""
         super().configure(config, num_labels, overrides)
         config.problem_type = problem_type or config.problem_type or PROBLEM_TYPES[0]
+
+
+def classification_outputs(logits, rows: SlotRows, labels, num_items_in_batch, multi_label: bool) -> dict:
+    """Every packed classifier's outputs, in the order transformers' Trainer gathers them
+    (logits, example_loss, example_index once keys_to_ignore_at_inference are dropped).
+
+    logits [B, K, C]; labels as read_out's, or None. With Trainer's num_items_in_batch
+    (the step's label items over all micro-batches) the loss is the loss sum over that
+    many examples, so gradient accumulation weighs examples, not micro-batches."""
+    out = {"logits": logits, "present": rows.present}
+    if labels is not None:
+        out.update(classification_metrics(logits, labels, out["present"], multi_label))
+        examples = examples_in(num_items_in_batch, logits.shape[-1] if multi_label else 1)
+        if examples is not None:
+            out["loss"] = out["loss"] * out["count"] / examples  # = the loss sum / examples
+    out["example_index"] = rows.example_index
+    return out
 
 
 def classification_metrics(logits, labels, present, multi_label: bool) -> dict:

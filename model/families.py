@@ -27,16 +27,20 @@ server and the embeddings run them unchanged.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from transformers import PreTrainedModel
 
+from model.classification import classification_outputs
 from model.embedding import check_pooling, pool_slots
-from model.packed_head import SlotRows
+from model.packed_head import TRAINER_IGNORED_OUTPUTS, SlotRows
+from model.question_answering import span_outputs
+from model.token_classification import token_outputs
 from model.varlen import allowed_pairs
 
 PACKED_ATTENTION = "packed"
@@ -182,16 +186,28 @@ def _register_packed_attention() -> None:
 
 
 # ----- the model ---------------------------------------------------------------------------------
-class PackedFamilyModel(nn.Module):
+class PackedFamilyModel(PreTrainedModel):
     """A transformers task model (`hf_model`) run on packed rows; see the module docstring.
 
     task: "classification" | "token_classification" | "question_answering" | "embedding";
-    pooling (embedding): sentence-transformers' modes, as model/embedding.py's."""
+    pooling (embedding): sentence-transformers' modes, as model/embedding.py's.
+
+    A PreTrainedModel, as the packed BERT heads are, so that transformers' `Trainer` takes
+    it over `finetune.hf.pack_dataset`'s packs: it accepts Trainer's `num_items_in_batch`,
+    its outputs come in the order `finetune.hf.packed_metrics` reads, `save_pretrained`
+    writes the task model's own folder (Auto classes load it) and `load_state_dict` takes
+    that folder's names back (Trainer's resume from a checkpoint)."""
+
+    accepts_loss_kwargs = True
 
     def __init__(self, hf_model, task: str, pooling=("mean",)):
-        super().__init__()
+        # A config of its own: PreTrainedModel's init rewrites the attention implementation
+        # of the config it is given, and the encoder's must stay "packed".
+        config = copy.deepcopy(hf_model.config)
+        config._attn_implementation_internal = None
+        super().__init__(config)
+        config.keys_to_ignore_at_inference = TRAINER_IGNORED_OUTPUTS
         self.hf_model, self.task = hf_model, task
-        self.config = hf_model.config
         self.family = family_of(self.config.model_type)
         self.base = hf_model if task == "embedding" else hf_model.base_model
         self.pooling = check_pooling(list(pooling)) if task == "embedding" else ()
@@ -281,30 +297,26 @@ class PackedFamilyModel(nn.Module):
 
     def forward(
         self, input_ids, segment_ids, position_ids, sequence_ids, cls_positions, example_index, labels=None,
-        **unused,
+        num_items_in_batch=None, **unused,
     ):  # fmt: skip
-        """Rows -> the task's outputs; classification with labels ([B, K] class ids, or
-        [B, K, C] multi-hot) also its loss and metric sums (model.classification's)."""
+        """Rows -> the task's outputs, as the packed BERT heads give them (model/
+        classification.py, question_answering.py, token_classification.py): with labels also
+        the loss (over Trainer's num_items_in_batch where given), per-example losses and
+        metric sums. labels: [B, K] class ids or [B, K, C] multi-hot; [B, K, 2] spans; [B, S]
+        token labels (-100: none)."""
         hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids)
         rows = SlotRows(sequence_ids, cls_positions, example_index)
-        out = {"example_index": example_index}
         if self.task == "embedding":
-            out["embeddings"] = pool_slots(hidden, rows, self.pooling)
-            out["present"] = rows.present
-        elif self.task == "classification":
-            out["logits"] = self._classify(hidden, rows)
-            out["present"] = rows.present
-            if labels is not None:
-                from model.classification import classification_metrics
-
-                out.update(classification_metrics(out["logits"], labels, rows.present, self.multi_label))
-        elif self.task == "token_classification":
-            out["logits"] = self._per_token(hidden)
-            out["sequence_ids"] = sequence_ids
-        else:
-            logits = self._per_token(hidden)
-            out["start_logits"], out["end_logits"] = logits[..., 0].float(), logits[..., 1].float()
-        return out
+            embeddings = pool_slots(hidden, rows, self.pooling)
+            return {"embeddings": embeddings, "present": rows.present, "example_index": example_index}
+        if self.task == "classification":
+            logits = self._classify(hidden, rows)
+            return classification_outputs(logits, rows, labels, num_items_in_batch, self.multi_label)
+        logits = self._per_token(hidden)
+        if self.task == "token_classification":
+            return token_outputs(logits, rows, labels, num_items_in_batch)
+        start_logits, end_logits = logits[..., 0].float(), logits[..., 1].float()
+        return span_outputs(start_logits, end_logits, rows, labels, num_items_in_batch)
 
     def _per_token(self, hidden):
         m = self.hf_model
@@ -337,9 +349,23 @@ class PackedFamilyModel(nn.Module):
             logits = m.classifier(m.drop(m.head(pooled)))
         return logits.reshape(b, k, -1)
 
-    def save_pretrained(self, folder, **options) -> None:
+    # ----- Hugging Face folders and Trainer ------------------------------------------------
+    def save_pretrained(self, folder, **trainer_options) -> None:
         """transformers' folder of the task model (its Auto class loads it as is), written
-        atomically (model.hf_checkpoint.save_folder)."""
+        atomically (model.hf_checkpoint.save_folder). Trainer's options (state_dict,
+        safe_serialization, ...) are accepted; the weights saved are the model's."""
         from model.hf_checkpoint import save_folder
 
         save_folder(self.hf_model, folder)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """A state dict in the task model's own names (what save_pretrained wrote, and what
+        Trainer's resume reads back, asking for strict=False) loads into it strictly: a
+        missing or unexpected weight is an error, never a silently fresh layer."""
+        if state_dict and not any(name.startswith("hf_model.") for name in state_dict):
+            return self.hf_model.load_state_dict(state_dict, strict=True, assign=assign)
+        return super().load_state_dict(state_dict, strict, assign)
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+        """TrainingArguments(gradient_checkpointing=True) reaches the family's own layers."""
+        self.hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs)

@@ -40,24 +40,31 @@ class PackedBertForQuestionAnswering(PackedHead):
         sums and `example_loss` [B, K]. Also `example_index` and `sequence_ids`: what maps a
         row's logits to its windows, for transformers' Trainer."""
         start_logits, end_logits = self.qa_outputs(hidden).float().unbind(-1)
-        out = {"start_logits": start_logits, "end_logits": end_logits, "present": rows.present}
-        if labels is not None:
-            out.update(
-                span_metrics(
-                    start_logits, end_logits, rows.sequence_ids, rows.cls_positions, labels, rows.present
-                )
-            )
-            examples = examples_in(num_items_in_batch, 2)
-            if examples is not None:
-                out["loss"] = out["loss"] * out["count"] / examples  # = the loss sum / windows
-        out["example_index"] = rows.example_index
-        out["sequence_ids"] = rows.sequence_ids
-        return out
+        return span_outputs(start_logits, end_logits, rows, labels, num_items_in_batch)
 
     @classmethod
     def configure(cls, config, num_labels, overrides) -> None:
         """Two outputs (start, end) whatever is asked; a pooler in the checkpoint is not used."""
         super().configure(config, 2, overrides)
+
+
+def span_outputs(start_logits, end_logits, rows: SlotRows, labels, num_items_in_batch) -> dict:
+    """Every packed QA head's outputs, in the order transformers' Trainer gathers them
+    (start, end, example_loss, example_index, sequence_ids). start/end [B, S] fp32;
+    labels int [B, K, 2] or None; num_items_in_batch counts 2 label items per window."""
+    out = {"start_logits": start_logits, "end_logits": end_logits, "present": rows.present}
+    if labels is not None:
+        out.update(
+            span_metrics(
+                start_logits, end_logits, rows.sequence_ids, rows.cls_positions, labels, rows.present
+            )
+        )
+        examples = examples_in(num_items_in_batch, 2)
+        if examples is not None:
+            out["loss"] = out["loss"] * out["count"] / examples  # = the loss sum / windows
+    out["example_index"] = rows.example_index
+    out["sequence_ids"] = rows.sequence_ids
+    return out
 
 
 def window_log_probs(logits, sequence_ids, slots: int):
