@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packing/histograms/wikipedia_512.json
 
-.PHONY: test-sdk-stack install install-tf test demo demo-data convergence bench lint clean finetune-demo qa-demo
+.PHONY: test-sdk-stack install install-tf install-ray test demo demo-data convergence bench lint clean finetune-demo qa-demo
 
 install: $(STAMP)
 
@@ -30,10 +30,20 @@ $(TF_STAMP): requirements-tf.txt
 	$(TF_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-tf.txt
 	touch $(TF_STAMP)
 
+# Optional Ray (packed batch inference on a Ray cluster: finetune.embed / finetune.predict --ray),
+# into .venv beside the main install.
+RAY_STAMP := $(VENV)/.installed-ray
+install-ray: $(RAY_STAMP)
+
+$(RAY_STAMP): requirements-ray.txt $(STAMP)
+	@echo "installing ray[data] into $(VENV) (~80 MB): only for --ray and its tests (a local two-node cluster)"
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-ray.txt
+	touch $(RAY_STAMP)
+
 # Two workers, each test module on one (its module fixtures built once); TEST_WORKERS=0 runs
 # the suite in this process alone.
 TEST_WORKERS ?= 2
-test: install install-tf
+test: install install-tf install-ray
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 # Opt-in: the IPU path (on the PopTorch-rules double) under the SDK 3.4 stack's versions

@@ -58,6 +58,22 @@ def add_inference_options(parser: argparse.ArgumentParser, model_help: str) -> N
     parser.add_argument("--algorithm", default="lpfhp", choices=PACKING_ALGORITHMS)
 
 
+def add_ray_options(parser: argparse.ArgumentParser) -> None:
+    """--ray and what goes with it (finetune/ray_job.py): the whole input on a Ray cluster,
+    Parquet shards and a manifest in the --output folder."""
+    ray = parser.add_argument_group("on a Ray cluster (make install-ray; docs/ray.md)")
+    ray.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on Ray: 'local' starts a cluster of this machine, 'auto' joins the one `ray start` made, or its "
+        "address; --input may then be a file, a glob or a folder of JSON lines / Parquet, --output is a folder",
+    )
+    ray.add_argument("--workers", type=int, default=2, help="model replicas (Ray actors)")
+    ray.add_argument("--threads-per-worker", type=int, default=1, help="CPUs (torch threads) per replica")
+    ray.add_argument("--chunk-rows", type=int, default=4096, help="rows per shard (packed together)")
+    ray.add_argument("--overwrite", action="store_true", help="replace a finished job's --output folder")
+
+
 def below_one(args: argparse.Namespace, names) -> str | None:
     """The error line for the first of `names` (argparse dests) set below 1, or None.
     Options left unset (None) pass."""

@@ -13,6 +13,7 @@ a folder of the wrong kind) is left to the command, which says it after its impo
 
 from __future__ import annotations
 
+import glob
 import re
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def value_of(argv: list[str], option: str) -> str | None:
 
 def path_mistake(option: str, value: str, kind: str) -> str | None:
     """The one line for `value` given to `option` when it cannot be what `kind` needs
-    ("folder" | "file"), else None."""
+    ("folder" | "file" | "inputs": a file, folder or glob), else None."""
     path = Path(value)
     if kind == "folder":
         if path.is_dir():
@@ -49,6 +50,10 @@ def path_mistake(option: str, value: str, kind: str) -> str | None:
                 f"and give {option} models/{name}"
             )
         return f"{option} {value}: no such folder"
+    if kind == "inputs":  # a file, a folder or a glob (the --ray commands)
+        if any(c in value for c in "*?["):
+            return None if glob.glob(value) else f"{option} {value}: the pattern matches no file"
+        return None if path.exists() else f"{option} {value}: no such file or folder"
     if path.exists():
         return f"{option} {value}: is a directory; give a file" if path.is_dir() else None
     return f"{option} {value}: file not found"

@@ -127,6 +127,32 @@ def json_object(line: str, where: str) -> dict:
     return record
 
 
+def example_of_line(raw: bytes, where: str, text_field: str, pair_field: str | None):
+    """One JSON line (bytes) -> (text, pair or None, the whole record), checked: UTF-8, a
+    JSON object, a string text and an optional string pair, each of at most
+    MAX_FIELD_CHARS characters. ExampleError names `where` (file:line) and the field."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ExampleError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
+    record = json_object(line, where)
+    text = record.get(text_field)
+    if not isinstance(text, str):
+        raise ExampleError(f"{where}: field '{text_field}' must be a string, got {text!r}")
+    pair = record.get(pair_field) if pair_field else None
+    if pair is not None and not isinstance(pair, str):
+        raise ExampleError(f"{where}: field '{pair_field}' must be a string or absent, got {pair!r}")
+    for name, value in ((text_field, text), (pair_field, pair)):
+        if value is not None:
+            check_unicode(value, f"{where}: field '{name}'")
+        if value is not None and len(value) > MAX_FIELD_CHARS:
+            raise ExampleError(
+                f"{where}: field '{name}' has {len(value):,} characters, more than the {MAX_FIELD_CHARS:,} "
+                "read per example (a model sees at most 512 tokens of it; split the text)"
+            )
+    return text, pair, record
+
+
 def read_jsonl(
     path, text_field: str, pair_field: str, label_field: str, need_labels: bool = True
 ) -> Examples:
@@ -136,34 +162,15 @@ def read_jsonl(
     out = Examples([], [], [], [])
     with path.open("rb") as f:
         for number, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ExampleError(f"{path}:{number}: not UTF-8 ({err.reason} at byte {err.start})") from None
-            if not line.strip():
+            if not raw.strip():
                 continue
-            where = f"{path}:{number}"
-            record = json_object(line, where)
-            text = record.get(text_field)
-            if not isinstance(text, str):
-                raise ExampleError(f"{where}: field '{text_field}' must be a string, got {text!r}")
-            pair = record.get(pair_field)
-            if pair is not None and not isinstance(pair, str):
-                raise ExampleError(f"{where}: field '{pair_field}' must be a string or absent, got {pair!r}")
-            for name, value in ((text_field, text), (pair_field, pair)):
-                if value is not None:
-                    check_unicode(value, f"{where}: field '{name}'")
-                if value is not None and len(value) > MAX_FIELD_CHARS:
-                    raise ExampleError(
-                        f"{where}: field '{name}' has {len(value):,} characters, more than the {MAX_FIELD_CHARS:,} "
-                        "read per example (a model sees at most 512 tokens of it; split the text)"
-                    )
+            text, pair, record = example_of_line(raw, f"{path}:{number}", text_field, pair_field)
             if need_labels and label_field not in record:
-                raise ExampleError(f"{where}: field '{label_field}' is missing")
+                raise ExampleError(f"{path}:{number}: field '{label_field}' is missing")
             out.texts.append(text)
             out.pairs.append(pair)
             out.labels.append(record.get(label_field))
-            out.where.append(where)
+            out.where.append(f"{path}:{number}")
     if not out.texts:
         raise ExampleError(f"{path}: no examples (empty file)")
     return out

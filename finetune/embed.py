@@ -24,9 +24,10 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":  # path mistakes answered before torch is imported (common/preflight.py)
-    from common.preflight import exit_on_path_mistakes
+    from common.preflight import exit_on_path_mistakes, value_of
 
-    exit_on_path_mistakes({"--model": "folder", "--input": "file"})
+    ray = value_of(sys.argv[1:], "--ray") is not None  # --input may then be a folder or a glob
+    exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "file"})
 
 import argparse
 import json
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import add_inference_options, below_one, command_parser
+from common.cli import add_inference_options, add_ray_options, below_one, command_parser
 from common.files import atomic_path, describe_os_error, output_over_inputs
 from data.classification_data import MAX_FIELD_CHARS, ExampleError, json_object
 from finetune.embedding import EMBED_BATCHING, EncodeOptions, iter_encode, load_encoder
@@ -79,7 +80,32 @@ def build_parser():
         "default_prompt_name, as sentence-transformers' encode)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_ray_options(parser)
     return parser
+
+
+def run_on_ray(args) -> int:
+    """--ray: the whole input on a Ray cluster (finetune/ray_job.py), Parquet shards out."""
+    from finetune.ray_job import run_job
+
+    if args.device != "cpu":
+        print(
+            "error: --ray runs replicas on CPUs; give --device cpu (or run without --ray on the GPU)",
+            file=sys.stderr,
+        )
+        return 2
+    try:  # the folder and the prompt checked here, in one line, before any cluster starts
+        load_encoder(args.model, args.pooling, args.normalize, args.max_length, "cpu", None).prompt(
+            args.prompt_name
+        )
+    except ExampleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    options = {"pooling": args.pooling, "normalize": args.normalize, "max_length": args.max_length,
+               "prompt_name": args.prompt_name, "batching": args.batching, "batch_size": args.batch_size,
+               "max_sequences_per_pack": args.max_sequences_per_pack, "algorithm": args.algorithm,
+               "dtype": args.dtype, "text_column": args.text_field}  # fmt: skip
+    return run_job(args, "embed", options, args.text_field)
 
 
 def count_lines(path: Path, text_field: str) -> int:
@@ -148,15 +174,19 @@ def write_embeddings(args, encoder, options: EncodeOptions, n: int) -> float:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "chunk_texts", "max_length"))
+    wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "chunk_texts", "max_length", "workers",
+                             "threads_per_worker", "chunk_rows"))  # fmt: skip
     wrong = wrong or device_problem(args.device, args.dtype)
-    wrong = wrong or output_over_inputs(args.output, [args.input], [args.model])
+    if not args.ray:
+        wrong = wrong or output_over_inputs(args.output, [args.input], [args.model])
     if wrong:
         print(f"error: {wrong}", file=sys.stderr)
         return 2
     from model.hf_checkpoint import quiet_transformers
 
     quiet_transformers()
+    if args.ray:
+        return run_on_ray(args)
     try:
         if not args.input.exists():
             raise ExampleError(f"{args.input}: file not found")

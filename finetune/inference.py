@@ -78,14 +78,20 @@ def class_scores(logits: np.ndarray, multi_label: bool) -> np.ndarray:
 
 def write_predictions(path: Path, logits: np.ndarray, label_names: list[str], multi_label: bool) -> None:
     """JSON lines in input order, written to a temporary name and renamed."""
-    scores = class_scores(logits, multi_label)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp, tmp.open("w") as f:
-        for i, row in enumerate(scores):
-            record = {"index": i}
-            if multi_label:
-                record["labels"] = [label_names[c] for c in np.flatnonzero(row > 0.5)]
-            else:
-                record["label"] = label_names[int(row.argmax())]
-            record["scores"] = [round(float(x), 6) for x in row]
+        for record in prediction_records(logits, label_names, multi_label):
             f.write(json.dumps(record) + "\n")
+
+
+def prediction_records(logits: np.ndarray, label_names: list[str], multi_label: bool, first_index: int = 0):
+    """Logits [n, C] -> one dict per example: {"index", "label" (multi-label: "labels"),
+    "scores" (softmax, or sigmoid for multi-label; 6 decimals)}, indices from first_index."""
+    for i, row in enumerate(class_scores(logits, multi_label)):
+        record = {"index": first_index + i}
+        if multi_label:
+            record["labels"] = [label_names[c] for c in np.flatnonzero(row > 0.5)]
+        else:
+            record["label"] = label_names[int(row.argmax())]
+        record["scores"] = [round(float(x), 6) for x in row]
+        yield record

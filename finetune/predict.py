@@ -24,9 +24,10 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__":  # path mistakes answered before torch is imported (common/preflight.py)
-    from common.preflight import exit_on_path_mistakes
+    from common.preflight import exit_on_path_mistakes, value_of
 
-    exit_on_path_mistakes({"--model": "folder", "--input": "file"})
+    ray = value_of(sys.argv[1:], "--ray") is not None  # --input may then be a folder or a glob
+    exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "file"})
 
 import json
 import os
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import add_inference_options, below_one, command_parser
+from common.cli import add_inference_options, add_ray_options, below_one, command_parser
 from common.files import describe_os_error, output_over_inputs, write_json_atomic
 from data.classification_data import ExampleError, encode_labels, read_jsonl
 from data.tokenizer import DataInputError
@@ -61,14 +62,26 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--nbest-output", type=Path, default=None, help="question answering: also write the n-best file"
     )
+    parser.add_argument("--quiet", action="store_true", help="--ray: no progress bars")
+    add_ray_options(parser)
     args = parser.parse_args(argv)
     quiet_transformers()
-    wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "pack_length")) or device_problem(
-        args.device, args.dtype
-    )
+    wrong = below_one(
+        args,
+        (
+            "batch_size",
+            "max_sequences_per_pack",
+            "pack_length",
+            "workers",
+            "threads_per_worker",
+            "chunk_rows",
+        ),
+    ) or device_problem(args.device, args.dtype)
     if wrong:
         print(f"error: {wrong}", file=sys.stderr)
         return 2
+    if args.ray:
+        return run_on_ray(args)
     summary_path = args.output.with_suffix(".summary.json")
     outputs = [args.output, summary_path] + ([args.nbest_output] if args.nbest_output else [])
     for output in outputs:  # an output never replaces an input, nor lands in the model folder
@@ -100,29 +113,8 @@ def main(argv=None) -> int:
             if has_labels
             else np.zeros(len(examples), dtype=np.int64)
         )
-        # New text may be longer than anything seen in training: take it up to the model's
-        # own maximum (its position embeddings; a transformers folder: its tokenizer's
-        # model_max_length), truncating beyond (counted in the report), and widen rows and
-        # packs to the longest input rather than refuse the file.
-        limit = max_tokens(model.config)  # RoBERTa-style tables hold pad + 1 fewer
-        if info.get("source") == "config.json":
-            limit = min(limit, info["max_sequence_length"])
-        data = folder.tokenize(examples, labels, limit, "truncate")
-        longest = int(data.lengths.max())
-        if args.pack_length is not None and args.pack_length < longest:
-            print(
-                f"error: --pack-length {args.pack_length} is shorter than the longest input "
-                f"({longest} tokens); give at least {longest}, or leave it out",
-                file=sys.stderr,
-            )
-            return 2
-        width = max(info["max_sequence_length"], longest)
         runner = Runner(model, args.device, args.dtype)
-        if args.batching == "packed" and args.pack_length is None and info.get("pack_length") is None:
-            logits, timing = predict_in_width_groups(args, runner, data, width)
-        else:
-            batcher = batcher_for(args, data.lengths, width, max(info.get("pack_length") or width, longest))
-            logits, timing = predict_logits(runner, data, batcher)
+        logits, timing, data = classify_examples(folder, runner, examples, labels, args)
     except (ExampleError, DataInputError, PackingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -137,6 +129,64 @@ def main(argv=None) -> int:
         summary_path,
         report,
     )
+
+
+def run_on_ray(args) -> int:
+    """--ray: the whole input on a Ray cluster (finetune/ray_job.py), Parquet shards out.
+    The folder is loaded here first, so that a folder that cannot run is one line before
+    any cluster starts."""
+    from finetune.ray_job import run_job
+
+    if args.device != "cpu":
+        print(
+            "error: --ray runs replicas on CPUs; give --device cpu (or run without --ray on the GPU)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        info = load_finetuned(args.model).info
+        if info["task"] != "classification":
+            raise ExampleError(
+                f"{args.model}: a {info['task']} folder; --ray runs sequence classification (run this one without --ray)"
+            )
+    except ExampleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    options = {"batching": args.batching, "batch_size": args.batch_size, "algorithm": args.algorithm,
+               "max_sequences_per_pack": args.max_sequences_per_pack, "pack_length": args.pack_length,
+               "dtype": args.dtype}  # fmt: skip
+    return run_job(args, "predict", options, info["fields"]["text"], info["fields"]["pair"])
+
+
+def classify_examples(folder, runner: Runner, examples, labels, args):
+    """A classification folder's logits for `examples`, in input order: what predict
+    writes, and what each Ray replica runs on its share (finetune.ray_data).
+
+    args: the batching options (batching, batch_size, max_sequences_per_pack, algorithm,
+    pack_length). -> (logits float32 [n, C], timing, the TokenizedExamples run).
+    ExampleError (one line) where --pack-length is shorter than the longest input."""
+    info = folder.info
+    # New text may be longer than anything seen in training: take it up to the model's
+    # own maximum (its position embeddings; a transformers folder: its tokenizer's
+    # model_max_length), truncating beyond (counted in the report), and widen rows and
+    # packs to the longest input rather than refuse the file.
+    limit = max_tokens(folder.model.config)  # RoBERTa-style tables hold pad + 1 fewer
+    if info.get("source") == "config.json":
+        limit = min(limit, info["max_sequence_length"])
+    data = folder.tokenize(examples, labels, limit, "truncate")
+    longest = int(data.lengths.max())
+    if args.pack_length is not None and args.pack_length < longest:
+        raise ExampleError(
+            f"--pack-length {args.pack_length} is shorter than the longest input ({longest} tokens); "
+            f"give at least {longest}, or leave it out"
+        )
+    width = max(info["max_sequence_length"], longest)
+    if args.batching == "packed" and args.pack_length is None and info.get("pack_length") is None:
+        logits, timing = predict_in_width_groups(args, runner, data, width)
+    else:
+        batcher = batcher_for(args, data.lengths, width, max(info.get("pack_length") or width, longest))
+        logits, timing = predict_logits(runner, data, batcher)
+    return logits, timing, data
 
 
 def predict_in_width_groups(args, runner, data, longest: int):

@@ -1,0 +1,520 @@
+"""Whole-input packed inference on a Ray cluster, every row written exactly once: what
+`python -m finetune.embed --ray ADDRESS` and `python -m finetune.predict --ray ADDRESS` run.
+
+    inputs: a file, a glob or a folder of JSON lines (.jsonl, .json) and Parquet (.parquet),
+            in sorted file order; row `index` = the 0-based line (row) number across them
+      -> plan (driver): chunks of up to --chunk-rows rows; JSON lines are counted (blank
+         lines refused) and each chunk's byte offset kept; Parquet chunks are row groups
+      -> ray.data.from_items(chunks).map_batches(ShardWriter, batch_size=1, N actors):
+         each actor loads the model once (finetune.ray_data), and for each chunk reads its
+         rows (checked as the single-process command checks them), packs and runs them,
+         and writes part-NNNNNN.parquet by atomic rename: a chunk's shard has one name, so
+         a retried chunk (a killed worker) replaces its shard rather than adding one
+      -> verify: the shards' `index` columns are 0..N-1, no gap, no repeat
+      -> manifest.json (rows, shards, model, command), then the folder is renamed into
+         place: a failure leaves no --output folder and no manifest.
+
+Until then the job writes in `.OUT.partial` beside --output, with plan.json (the job and
+each chunk's input: file, rows, a hash of its bytes; Parquet: the file's size and mtime). A chunk with a bad row is refused with the
+single-process command's one line (file:line) while the other chunks go on; the job then
+exits 2 keeping their shards, and the same command run again (the input fixed) computes
+only the chunks whose shard is missing or whose file changed, as after an interrupt.
+
+Shard columns: `index` (int64) and `embedding` (list of float32), or `label` (multi-label:
+`labels`) and `scores` (list of float64: predict's rounded scores). Every node must see
+the model folder, the inputs and the output's parent folder at the same paths (a shared
+filesystem). `python -m finetune.ray_job gather OUT --output F` reads a finished job back
+into one .npy (embeddings) or JSON lines file (predictions) in input order.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common.files import atomic_path, describe_os_error, write_json_atomic
+from data.classification_data import ExampleError, example_of_line
+
+INPUT_SUFFIXES = (".jsonl", ".json", ".parquet")
+MANIFEST = "manifest.json"
+
+
+class JobIncomplete(RuntimeError):
+    """The shards do not hold every row exactly once; the message says which are off."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One actor call's share of the input: `rows` rows of `path` from `first_row` (a
+    0-based line or row number inside the file), indices from `first_index`."""
+
+    number: int
+    path: str
+    parquet: bool
+    first_index: int
+    first_row: int
+    rows: int
+    offset: int = 0  # JSON lines: the byte where the chunk's first line starts
+    row_group: int = -1  # Parquet: the row group the chunk is
+    digest: str = ""  # JSON lines: a hash of the chunk's bytes (what a kept shard was computed from)
+
+
+# ----- inputs ------------------------------------------------------------------------------------
+def input_files(spec: str) -> list[Path]:
+    """--input as given: a folder (its .jsonl / .json / .parquet files), a glob, or a file;
+    sorted by path. ExampleError where nothing is matched."""
+    path = Path(spec)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in INPUT_SUFFIXES and p.is_file())
+        if not files:
+            raise ExampleError(f"--input {spec}: a folder with no {', '.join(INPUT_SUFFIXES)} files")
+        return files
+    if glob.has_magic(spec):
+        files = sorted(Path(p) for p in glob.glob(spec) if Path(p).is_file())
+        if not files:
+            raise ExampleError(f"--input {spec}: the pattern matches no file")
+        return files
+    if not path.exists():
+        raise ExampleError(f"--input {spec}: file not found")
+    return [path]
+
+
+def plan_chunks(files: list[Path], chunk_rows: int, text_field: str) -> list[Chunk]:
+    """The chunks of every file in order (see the module docstring). Blank JSON lines, a
+    Parquet file without the text column, or one that is not Parquet: ExampleError."""
+    import pyarrow.parquet as pq
+
+    chunks: list[Chunk] = []
+    index = 0
+    for path in files:
+        if path.suffix == ".parquet":
+            try:
+                parquet = pq.ParquetFile(path)
+            except Exception as err:  # noqa: BLE001 - pyarrow's ArrowInvalid and kin: the file is not Parquet
+                raise ExampleError(
+                    f"{path}: not a readable Parquet file ({str(err).splitlines()[0][:120]})"
+                ) from None
+            names = parquet.schema_arrow.names
+            if text_field not in names:
+                raise ExampleError(f"{path}: no column '{text_field}'; its columns: {', '.join(names)}")
+            first_row = 0
+            for group in range(parquet.num_row_groups):
+                rows = parquet.metadata.row_group(group).num_rows
+                if rows:
+                    chunks.append(
+                        Chunk(len(chunks), str(path), True, index, first_row, rows, row_group=group)
+                    )
+                index, first_row = index + rows, first_row + rows
+            continue
+        start_line, start_offset, offset, lines = 0, 0, 0, 0
+        digest = hashlib.blake2b(digest_size=16)
+        with path.open("rb") as f:
+            for number, raw in enumerate(f):
+                if not raw.strip():
+                    raise ExampleError(
+                        f"{path}:{number + 1}: blank line; every line must be a JSON object with a string "
+                        f"'{text_field}' (row `index` is the line number)"
+                    )
+                if number - start_line == chunk_rows:
+                    chunks.append(Chunk(len(chunks), str(path), False, index, start_line, chunk_rows, start_offset,
+                                        digest=digest.hexdigest()))  # fmt: skip
+                    index, start_line, start_offset = index + chunk_rows, number, offset
+                    digest = hashlib.blake2b(digest_size=16)
+                digest.update(raw)
+                offset += len(raw)
+                lines = number + 1
+        if lines > start_line:
+            chunks.append(Chunk(len(chunks), str(path), False, index, start_line, lines - start_line, start_offset,
+                                digest=digest.hexdigest()))  # fmt: skip
+            index += lines - start_line
+    if not chunks:
+        raise ExampleError(f"--input: no rows in {', '.join(map(str, files))}")
+    return chunks
+
+
+def read_chunk(chunk: Chunk, text_field: str, pair_field: str | None):
+    """-> (texts, pairs or None, where(i) naming row i as file:line or file: row N)."""
+    if chunk.parquet:
+        import pyarrow.parquet as pq
+
+        parquet = pq.ParquetFile(chunk.path)
+        columns = [text_field] + (
+            [pair_field] if pair_field and pair_field in parquet.schema_arrow.names else []
+        )
+        table = parquet.read_row_group(chunk.row_group, columns=columns)
+        texts = table.column(text_field).to_pylist()
+        pairs = table.column(pair_field).to_pylist() if len(columns) == 2 else None
+        return texts, pairs, lambda i: f"{chunk.path}: row {chunk.first_row + i}"
+    texts, pairs = [], []
+    with open(chunk.path, "rb") as f:
+        f.seek(chunk.offset)
+        for i in range(chunk.rows):
+            raw = f.readline()
+            text, pair, _ = example_of_line(
+                raw, f"{chunk.path}:{chunk.first_row + i + 1}", text_field, pair_field
+            )
+            texts.append(text)
+            pairs.append(pair)
+    if len(texts) != chunk.rows:
+        raise ExampleError(
+            f"{chunk.path}: {len(texts)} lines read where {chunk.rows} were counted; the file changed"
+        )
+    return (
+        texts,
+        (pairs if any(p is not None for p in pairs) else None),
+        lambda i: f"{chunk.path}:{chunk.first_row + i + 1}",
+    )
+
+
+# ----- the actors ---------------------------------------------------------------------------------
+def shard_name(number: int) -> str:
+    return f"part-{number:06d}.parquet"
+
+
+class ShardWriter:
+    """A Ray actor's work: the model loaded once, then chunk -> rows -> packed outputs ->
+    one Parquet shard written by atomic rename. -> {"number", "rows"} per chunk done."""
+
+    def __init__(self, job: dict):
+        from finetune.ray_data import PackedEmbedder, PackedPredictor
+
+        self.job, self.folder = job, Path(job["folder"])
+        engine = PackedEmbedder if job["kind"] == "embed" else PackedPredictor
+        self.engine = engine(job["model"], **job["options"])
+
+    def __call__(self, batch: dict) -> dict:
+        """A refused chunk (a bad row, an unreadable file) is returned with its one line,
+        not raised: the other chunks go on, and the driver names it."""
+        numbers, rows, errors = [], [], []
+        for values in zip(*(batch[name] for name in Chunk.__dataclass_fields__)):
+            chunk = Chunk(*(v.item() if hasattr(v, "item") else v for v in values))
+            try:
+                self.write(chunk)
+                errors.append("")
+            except ExampleError as err:
+                errors.append(str(err).splitlines()[0])
+            except OSError as err:
+                errors.append(describe_os_error(err))
+            numbers.append(chunk.number)
+            rows.append(chunk.rows)
+        return {"number": np.array(numbers), "rows": np.array(rows), "error": np.array(errors, dtype=object)}
+
+    def write(self, chunk: Chunk) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from finetune.ray_data import with_columns
+
+        texts, pairs, where = read_chunk(chunk, self.job["text_field"], self.job.get("pair_field"))
+        index = pa.table(
+            {"index": np.arange(chunk.first_index, chunk.first_index + chunk.rows, dtype=np.int64)}
+        )
+        if self.job["kind"] == "embed":
+            table = with_columns(index, {"embedding": self.engine.embed(texts, where)})
+        else:
+            records = self.engine.records(texts, pairs, where)
+            name = "labels" if self.engine.multi_label else "label"
+            table = with_columns(
+                index, {name: [r[name] for r in records], "scores": [r["scores"] for r in records]}
+            )
+        final = self.folder / shard_name(chunk.number)
+        partial = self.folder / f".{final.name}.tmp-{os.getpid()}"
+        pq.write_table(table, partial)
+        os.replace(partial, final)  # a retried chunk replaces its shard: one file per chunk
+
+
+# ----- the driver ----------------------------------------------------------------------------------
+def check_output(output: Path, files: list[Path], overwrite: bool) -> str | None:
+    """The one line refusing --output, or None: not over or inside an input, not a file,
+    not a finished job unless --overwrite, not another non-empty folder."""
+    resolved = output.resolve()
+    for path in files:
+        source = path.resolve()
+        if source == resolved or resolved in source.parents:
+            return f"--output {output}: the input {path} is there; an output never replaces an input"
+    if output.exists() and not output.is_dir():
+        return f"--output {output}: exists and is not a folder; --ray writes a folder of Parquet shards"
+    if (output / MANIFEST).exists():
+        if not overwrite:
+            return f"--output {output}: holds a finished job ({MANIFEST}); give --overwrite to replace it, or a new folder"
+    elif output.is_dir() and any(output.iterdir()):
+        return f"--output {output}: a folder that is not a job's output (no {MANIFEST}); give a new folder"
+    return None
+
+
+def verify_shards(folder: Path, chunks: list[Chunk]) -> list[dict]:
+    """Every chunk's shard present and the `index` columns together 0..N-1 exactly once.
+    -> the manifest's shard list. JobIncomplete naming what is missing or repeated."""
+    import pyarrow.parquet as pq
+
+    total = sum(c.rows for c in chunks)
+    seen = np.zeros(total, dtype=np.int64)
+    shards = []
+    for chunk in chunks:
+        path = folder / shard_name(chunk.number)
+        if not path.exists():
+            raise JobIncomplete(f"chunk {chunk.number} ({chunk.path}, {chunk.rows} rows) has no shard")
+        index = pq.read_table(path, columns=["index"]).column("index").to_numpy()
+        if index.size and (index.min() < 0 or index.max() >= total):
+            raise JobIncomplete(f"{path.name}: index outside 0..{total - 1}")
+        np.add.at(seen, index, 1)
+        shards.append({"file": path.name, "rows": int(index.size), "first_index": chunk.first_index})
+    missing, repeated = np.flatnonzero(seen == 0), np.flatnonzero(seen > 1)
+    if missing.size or repeated.size:
+        raise JobIncomplete(
+            f"{missing.size} rows missing (first {missing[:3].tolist()}), {repeated.size} repeated "
+            f"(first {repeated[:3].tolist()}) of {total}"
+        )
+    for stray in folder.glob(".part-*.tmp-*"):  # a killed writer's temporary: never a row of the output
+        stray.unlink()
+    return shards
+
+
+def start_ray(address: str, workers: int, threads: int, quiet: bool):
+    """`local`: a cluster of this machine (workers x threads CPUs); `auto`: the running
+    cluster `ray start` made; anything else: that address."""
+    import logging
+
+    import ray
+
+    options = {"logging_level": logging.WARNING, "log_to_driver": False, "include_dashboard": False}
+    if address == "local":
+        ray.init(num_cpus=workers * threads, **options)
+    else:
+        ray.init(address=address, **options)
+    logging.getLogger("ray.data").setLevel(logging.WARNING)  # its per-job INFO lines, not the user's news
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = not quiet
+    context.print_on_execution_start = False
+    return ray
+
+
+def failure_line(err: BaseException) -> tuple[str, int]:
+    """A Ray failure -> (one line, exit code): the user's mistake (a bad row, an unreadable
+    file) found in the exception chain is exit 2, anything else exit 1."""
+    seen, stack = set(), [err]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ExampleError):
+            return str(current).splitlines()[0], 2
+        if isinstance(current, OSError):
+            return describe_os_error(current), 2
+        stack += [getattr(current, "cause", None), current.__cause__, current.__context__]
+    return (
+        f"the Ray job failed: {str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__}",
+        1,
+    )
+
+
+def partial_folder(output: Path) -> Path:
+    """Where a job writes until it is complete: beside --output, one name per output, so
+    that a failed or interrupted job's finished chunks are found again by the next run."""
+    return output.with_name(f".{output.name}.partial")
+
+
+def chunk_key(chunk: Chunk) -> list:
+    """What a chunk's shard was computed from: the chunk (JSON lines: its bytes' hash, so
+    that fixing one line recomputes only its chunk); Parquet: also its file's size and mtime."""
+    if not chunk.parquet:  # not its byte offset: fixing an earlier line may move it, not change it
+        return [chunk.path, chunk.first_index, chunk.first_row, chunk.rows, chunk.digest]
+    stat = os.stat(chunk.path)
+    return [*asdict(chunk).values(), stat.st_size, stat.st_mtime_ns]
+
+
+def reusable_chunks(partial: Path, job_key: dict, chunks: list[Chunk]) -> set[int]:
+    """Set up the partial folder for this job (plan.json: the job and every chunk's key),
+    keeping the shards an earlier run of the same job (model, options, fields) wrote for
+    chunks whose input is unchanged. -> their numbers; every other file there is removed."""
+    plan = {"job": job_key, "chunks": {str(c.number): chunk_key(c) for c in chunks}}
+    kept: set[int] = set()
+    plan_path = partial / "plan.json"
+    if plan_path.is_file():
+        try:
+            earlier = json.loads(plan_path.read_text())
+        except ValueError:
+            earlier = {}
+        if earlier.get("job") == job_key:
+            kept = {c.number for c in chunks if earlier["chunks"].get(str(c.number)) == plan["chunks"][str(c.number)]
+                    and (partial / shard_name(c.number)).is_file()}  # fmt: skip
+    partial.mkdir(parents=True, exist_ok=True)
+    for path in partial.iterdir():
+        if path.name != "plan.json" and path.name not in {shard_name(n) for n in kept}:
+            path.unlink()
+    write_json_atomic(plan_path, plan)
+    return kept
+
+
+def publish(partial: Path, output: Path) -> None:
+    """Rename the complete folder into place; a finished job already there (--overwrite) is
+    renamed aside first and removed only after: one complete folder exists at every instant."""
+    import shutil
+
+    aside = None
+    if output.exists():
+        aside = output.with_name(f".{output.name}.old-{os.getpid()}")
+        os.replace(output, aside)
+    os.replace(partial, output)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def run_job(args, kind: str, options: dict, text_field: str, pair_field: str | None = None) -> int:
+    """The whole job (module docstring); prints one JSON summary line. -> exit code: 0;
+    2 for the user's mistakes (bad rows, unreadable inputs: named in one line; the chunks
+    that ran are kept for the next run); 1 where Ray itself failed."""
+    started = time.perf_counter()
+    try:
+        files = input_files(str(args.input))
+        wrong = check_output(args.output, files, args.overwrite)
+        if wrong:
+            raise ExampleError(wrong)
+        chunks = plan_chunks(files, args.chunk_rows, text_field)
+        partial = partial_folder(args.output)
+        job = {"kind": kind, "model": str(Path(args.model).resolve()), "folder": str(partial),
+               "text_field": text_field, "pair_field": pair_field,
+               "options": {**options, "threads": args.threads_per_worker}}  # fmt: skip
+        job_key = {k: v for k, v in job.items() if k != "folder"}
+        kept = reusable_chunks(partial, job_key, chunks)
+    except ExampleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
+    total = sum(c.rows for c in chunks)
+    todo = [asdict(c) for c in chunks if c.number not in kept]
+    ray = start_ray(args.ray, args.workers, args.threads_per_worker, args.quiet) if todo else None
+    try:
+        done = []
+        if todo:
+            done = (
+                ray.data.from_items(todo, override_num_blocks=len(todo))
+                .map_batches(
+                    ShardWriter,
+                    fn_constructor_kwargs={"job": job},
+                    batch_size=1,
+                    compute=ray.data.ActorPoolStrategy(size=min(args.workers, len(todo))),
+                    num_cpus=args.threads_per_worker,
+                )  # fmt: skip
+                .take_all()
+            )
+        refused = sorted((r for r in done if r["error"]), key=lambda r: r["number"])
+        if refused:
+            rows = sum(r["rows"] for r in done if not r["error"]) + sum(
+                c.rows for c in chunks if c.number in kept
+            )
+            print(
+                f"error: {refused[0]['error']} ({len(refused)} of {len(chunks)} chunks refused; the other {rows:,} "
+                f"rows are kept in {partial}: fix the input and run the same command again to compute only what is "
+                f"missing)",
+                file=sys.stderr,
+            )
+            return 2
+        shards = verify_shards(partial, chunks)
+        seconds = time.perf_counter() - started
+        manifest = {
+            "kind": kind, "rows": total, "shards": shards, "model": job["model"],
+            "inputs": [str(p) for p in files], "text_field": text_field,
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "ray": args.ray,
+            "workers": args.workers, "threads_per_worker": args.threads_per_worker,
+            "chunks_run": len(done), "chunks_kept": len(kept), "seconds": round(seconds, 3),
+        }  # fmt: skip
+        (partial / "plan.json").unlink(missing_ok=True)
+        write_json_atomic(partial / MANIFEST, manifest)
+        publish(partial, args.output)
+    except Exception as err:  # noqa: BLE001 - Ray wraps the workers' errors; one line for all
+        line, code = (
+            (f"the job is incomplete: {err}", 1) if isinstance(err, JobIncomplete) else failure_line(err)
+        )
+        print(f"error: {line}; nothing was written at {args.output} (finished chunks are kept in {partial})",
+              file=sys.stderr)  # fmt: skip
+        return code
+    finally:
+        if ray is not None:
+            ray.shutdown()
+    summary = {"rows": total, "shards": len(shards), "chunks_run": len(done), "chunks_kept": len(kept),
+               "seconds": round(seconds, 3), "rows_per_second": round(total / seconds, 1),
+               "workers": args.workers, "output": str(args.output)}  # fmt: skip
+    print(json.dumps(summary))
+    return 0
+
+
+# ----- reading a finished job back ----------------------------------------------------------------
+def read_job(folder: Path):
+    """A finished job's manifest and its rows in input order: (manifest, pyarrow Table)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    manifest_path = folder / MANIFEST
+    if not manifest_path.is_file():
+        raise ExampleError(f"{folder}: no {MANIFEST}; not a finished --ray job (a failed one leaves none)")
+    manifest = json.loads(manifest_path.read_text())
+    table = pa.concat_tables([pq.read_table(folder / s["file"]) for s in manifest["shards"]])
+    table = table.take(np.argsort(table.column("index").to_numpy(), kind="stable"))
+    if table.num_rows != manifest["rows"] or not np.array_equal(
+        table.column("index").to_numpy(), np.arange(manifest["rows"])
+    ):
+        raise ExampleError(f"{folder}: the shards do not hold rows 0..{manifest['rows'] - 1} once each")
+    return manifest, table
+
+
+def gather(folder: Path, output: Path) -> int:
+    """A finished job -> one file in input order: embeddings as .npy float32 [N, D];
+    predictions as finetune.predict's JSON lines."""
+    manifest, table = read_job(folder)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    if manifest["kind"] == "embed":
+        column = table.column("embedding").combine_chunks()
+        width = len(column[0]) if len(column) else 0
+        array = column.values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, width)
+        with atomic_path(output) as tmp, tmp.open("wb") as f:
+            np.save(f, array)
+    else:
+        rows = table.to_pylist()
+        with atomic_path(output) as tmp, tmp.open("w") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+    print(json.dumps({"rows": manifest["rows"], "output": str(output)}))
+    return 0
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m finetune.ray_job", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    reading = commands.add_parser("gather", help="a finished job's shards -> one .npy or JSON lines file")
+    reading.add_argument("folder", type=Path, help="the --output folder of a --ray job")
+    reading.add_argument(
+        "--output", required=True, type=Path, help=".npy (embeddings) or .jsonl (predictions)"
+    )
+    args = parser.parse_args(argv)
+    from common.files import output_over_inputs
+
+    wrong = output_over_inputs(args.output, [], [args.folder])
+    if wrong:
+        print(f"error: {wrong}", file=sys.stderr)
+        return 2
+    try:
+        return gather(args.folder, args.output)
+    except ExampleError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        print(f"error: {describe_os_error(err)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

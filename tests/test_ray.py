@@ -1,0 +1,266 @@
+"""Packed inference on Ray Data (finetune/ray_data.py, finetune/ray_job.py), judged on a real
+local cluster of two nodes of one CPU each (ray.cluster_utils.Cluster): `--ray` output
+equals the single-process command's row for row, every index exactly once, also when a
+worker process is SIGKILLed mid-job; the Python API inside a user's own map_batches; bad
+inputs refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="make install-ray (the Ray tests run under make test)")
+
+from data.assets import corpus_glob, model_dir  # noqa: E402
+from data.embedding_texts import bbc_articles, texts_of  # noqa: E402
+
+from .conftest import REPO  # noqa: E402
+from .family_helpers import save_family_folder  # noqa: E402
+
+pytestmark = pytest.mark.slow
+TEXTS = [t for t in texts_of(bbc_articles(corpus_glob())[:30], "sentences") if t.strip()][:150]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    two_nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    two_nodes.add_node(num_cpus=1)
+    yield two_nodes
+    ray.shutdown()
+    two_nodes.shutdown()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """A folder of JSON lines (90 rows) and Parquet (60 rows in row groups of 16): the
+    single-process reference reads their concatenation in sorted file order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("inputs")
+    with (folder / "a.jsonl").open("w") as f:
+        for text in TEXTS[:90]:
+            f.write(json.dumps({"text": text}) + "\n")
+    pq.write_table(pa.table({"text": TEXTS[90:]}), folder / "b.parquet", row_group_size=16)
+    joined = folder.parent / "joined.jsonl"
+    joined.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    return folder, joined
+
+
+def command(module: str, *arguments, check: bool = False) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, "-m", module, *map(str, arguments)], cwd=REPO, capture_output=True, text=True
+    )
+    if check:
+        assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def started(module: str, *arguments) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *map(str, arguments)], cwd=REPO, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def gathered(folder: Path, suffix: str):
+    out = folder.parent / f"{folder.name}-gathered{suffix}"
+    command("finetune.ray_job", "gather", folder, "--output", out, check=True)
+    return np.load(out) if suffix == ".npy" else [json.loads(line) for line in out.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def embedded(cluster, inputs, tmp_path_factory):
+    """The single-process command's embeddings of the joined inputs, and a finished --ray
+    job over the input folder (two replicas, one per node)."""
+    folder, joined = inputs
+    scratch = tmp_path_factory.mktemp("embedded")
+    command(
+        "finetune.embed",
+        "--model",
+        model_dir(),
+        "--input",
+        joined,
+        "--output",
+        scratch / "one.npy",
+        check=True,
+    )
+    out = scratch / "shards"
+    done = command("finetune.embed", "--model", model_dir(), "--input", folder, "--output", out,
+                   "--ray", cluster.address, "--workers", 2, "--chunk-rows", 32, "--quiet", check=True)  # fmt: skip
+    return np.load(scratch / "one.npy"), out, json.loads(done.stdout.splitlines()[-1])
+
+
+def test_embed_on_ray_equals_the_single_process_command(embedded):
+    expected, out, summary = embedded
+    assert summary["rows"] == len(TEXTS)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["rows"] == len(TEXTS) and len(manifest["shards"]) == 3 + 4  # 90 lines / 32, 4 row groups
+    got = gathered(out, ".npy")
+    assert got.shape == expected.shape
+    assert float((got * expected).sum(1).min()) >= 0.99999  # both normalized (MiniLM's Normalize)
+
+
+def test_predict_on_ray_equals_the_single_process_command_for_a_family_folder(cluster, inputs, tmp_path):
+    folder, joined = inputs
+    model = save_family_folder(tmp_path / "xlmr", "xlm-roberta", "classification")
+    command(
+        "finetune.predict",
+        "--model",
+        model,
+        "--input",
+        joined,
+        "--output",
+        tmp_path / "one.jsonl",
+        check=True,
+    )
+    out = tmp_path / "shards"
+    command("finetune.predict", "--model", model, "--input", folder, "--output", out, "--ray", cluster.address,
+            "--workers", 1, "--chunk-rows", 40, "--quiet", check=True)  # fmt: skip
+    expected = [json.loads(line) for line in (tmp_path / "one.jsonl").read_text().splitlines()]
+    got = gathered(out, ".jsonl")
+    assert [r["index"] for r in got] == list(range(len(TEXTS)))
+    assert [r["label"] for r in got] == [r["label"] for r in expected]
+    np.testing.assert_allclose([r["scores"] for r in got], [r["scores"] for r in expected], atol=2e-6)
+
+
+def writer_processes() -> list[int]:
+    """PIDs of the Ray actor processes running ShardWriter (Ray sets their titles)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "ShardWriter" in title:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_worker_killed_mid_job_still_gives_every_row_once(cluster, inputs, embedded, tmp_path):
+    """Over a copy of a finished job's folder with --overwrite: the old folder stays whole
+    until the new one is complete."""
+    import shutil
+
+    folder, _ = inputs
+    expected, finished, _ = embedded
+    out = tmp_path / "shards"
+    shutil.copytree(finished, out)
+    job = started("finetune.embed", "--model", model_dir(), "--input", folder, "--output", out, "--ray",
+                  cluster.address, "--chunk-rows", 4, "--quiet", "--overwrite")  # fmt: skip
+    killed, deadline = None, time.monotonic() + 300
+    while killed is None and time.monotonic() < deadline and job.poll() is None:
+        shards = list(tmp_path.glob(".shards.partial/part-*.parquet"))
+        writers = writer_processes()
+        if len(shards) >= 3 and writers:  # mid-job: some shards written, most not
+            assert (out / "manifest.json").exists()  # the finished folder is untouched meanwhile
+            os.kill(writers[0], signal.SIGKILL)
+            killed = writers[0]
+        time.sleep(0.05)
+    stdout, stderr = job.communicate(timeout=600)
+    assert killed is not None, "no writer was running mid-job to kill"
+    assert job.returncode == 0, stderr[-3000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert len(manifest["shards"]) == 23 + 4  # the new job's chunks: 90 lines / 4, and 4 row groups
+    got = gathered(out, ".npy")  # gather checks indices 0..N-1 once each
+    assert float((got * expected).sum(1).min()) >= 0.99999
+
+
+def test_the_python_api_runs_inside_a_users_own_map_batches(cluster, tmp_path):
+    import ray.data
+
+    from finetune.embedding import encode, load_encoder
+    from finetune.ray_data import PackedEmbedder, embed_dataset
+
+    ray.init(address=cluster.address, ignore_reinit_error=True, log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    texts = TEXTS[:40]
+    users = ray.data.from_items([{"text": t, "id": i} for i, t in enumerate(texts)]).filter(
+        lambda r: r["id"] % 2 == 0
+    )
+    mine = users.map_batches(PackedEmbedder, fn_constructor_kwargs={"model": str(model_dir())}, batch_size=8,
+                             compute=ray.data.ActorPoolStrategy(size=1), batch_format="pandas")  # fmt: skip
+    # One replica: the cluster's other CPU runs the user's filter (two would hold both CPUs).
+    rows = sorted(mine.take_all(), key=lambda r: r["id"])
+    expected = encode(texts[::2], load_encoder(model_dir()))
+    assert [r["id"] for r in rows] == list(range(0, 40, 2))
+    got = np.stack([np.asarray(r["embedding"], dtype=np.float32) for r in rows])
+    assert float((got * expected).sum(1).min()) >= 0.99999
+    helper = embed_dataset(ray.data.from_items([{"text": t} for t in texts[:6]]), model_dir(), concurrency=1)
+    assert len(helper.take_all()[0]["embedding"]) == expected.shape[1]
+
+
+def test_bad_inputs_are_refused_in_one_line_with_nothing_written(cluster, inputs, embedded, tmp_path):
+    folder, joined = inputs
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    lines = [json.dumps({"text": t}) for t in TEXTS[:30]]
+    lines[17] = '{"text": "unterminated'
+    (broken / "x.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    ray_args = ("--ray", cluster.address, "--workers", 1, "--chunk-rows", 8, "--quiet")
+    done = command("finetune.embed", "--model", model_dir(), "--input", broken, "--output", out, *ray_args)
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and f"{broken / 'x.jsonl'}:18" in last, done.stderr[-2000:]
+    assert not out.exists()  # nothing half-written at the output
+    assert "other 22 rows are kept" in last  # 4 chunks of 8 lines: the one with line 18 refused
+    lines[17] = json.dumps({"text": "fixed"})
+    (broken / "x.jsonl").write_text("\n".join(lines) + "\n")
+    again = command(
+        "finetune.embed", "--model", model_dir(), "--input", broken, "--output", out, *ray_args, check=True
+    )
+    summary = json.loads(again.stdout.splitlines()[-1])
+    assert (summary["chunks_run"], summary["chunks_kept"], summary["rows"]) == (
+        1,
+        3,
+        30,
+    )  # only the fixed chunk
+    assert len(gathered(out, ".npy")) == 30
+    assert not (tmp_path / ".out.partial").exists()
+
+    not_parquet = tmp_path / "np"
+    not_parquet.mkdir()
+    (not_parquet / "y.parquet").write_text("not parquet")
+    done = command(
+        "finetune.embed",
+        "--model",
+        model_dir(),
+        "--input",
+        not_parquet,
+        "--output",
+        tmp_path / "o2",
+        *ray_args,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: {not_parquet / 'y.parquet'}: not a readable Parquet")
+    )
+
+    _, finished, _ = embedded
+    before = (finished / "manifest.json").read_text()
+    again = command(
+        "finetune.embed", "--model", model_dir(), "--input", joined, "--output", finished, *ray_args
+    )
+    assert again.returncode == 2 and "--overwrite" in again.stderr
+    assert (finished / "manifest.json").read_text() == before
+
+    over = command("finetune.embed", "--model", model_dir(), "--input", folder, "--output", folder, *ray_args)
+    assert over.returncode == 2 and "never replaces an input" in over.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["a.jsonl", "b.parquet"]
+    glob_none = command("finetune.embed", "--model", model_dir(), "--input", tmp_path / "*.nothing", "--output",
+                        out, *ray_args)  # fmt: skip
+    assert glob_none.returncode == 2 and "matches no file" in glob_none.stderr
