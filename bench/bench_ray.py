@@ -81,7 +81,9 @@ def main() -> int:
                 wall, summary = run(way, str(model_dir()), path, scratch, args.chunk_rows)
                 walls[way].append(wall)
                 rates[way].append(summary.get("texts_per_second") or summary["rows_per_second"])
-                print(f"round {r}: {way}: {wall:.1f} s wall, {rates[way][-1]:.1f} rows/s reported", flush=True)
+                print(
+                    f"round {r}: {way}: {wall:.1f} s wall, {rates[way][-1]:.1f} rows/s reported", flush=True
+                )
     print(f"\n# {args.texts} BBC texts, MiniLM-L6, {os.cpu_count()} CPUs, {args.rounds} rounds (medians)\n")
     print("| way | command wall, s | rows/s over the wall | rows/s the command reports |")
     print("|---|---|---|---|")
