@@ -13,9 +13,11 @@ folder with --pooling. Texts longer than max_seq_length tokens are truncated and
 as sentence-transformers does.
 
 Streaming: the input is read twice (once to count and check the lines, once to embed
-them chunk by chunk), and the array is written as it is computed into a temporary file
-renamed to --output at the end, so memory stays bounded by one chunk and nothing
-half-written is ever left under the output's name. A one-line JSON summary goes to
+them chunk by chunk), and the array is written as it is computed into `.NAME.partial`
+beside --output, renamed to --output at the end, so memory stays bounded by one chunk and
+nothing half-written is ever left under the output's name. Ctrl-C, SIGTERM or a kill keep
+the rows written (counted in `.NAME.partial.json` after every chunk): the same command run
+again continues after them. A one-line JSON summary goes to
 stdout (texts/s, real-token fraction, truncated count).
 """
 
@@ -30,15 +32,20 @@ if __name__ == "__main__":  # path mistakes answered before torch is imported (c
     exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "file"})
 
 import argparse
+import io
+import itertools
 import json
+import os
+import signal
 import time
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from common.cli import add_inference_options, add_ray_options, below_one, command_parser
-from common.files import atomic_path, describe_os_error, output_over_inputs
+from common.files import describe_os_error, output_file, output_over_inputs, write_json_atomic
 from data.classification_data import MAX_FIELD_CHARS, ExampleError, json_object
 from finetune.embedding import EMBED_BATCHING, EncodeOptions, iter_encode, load_encoder
 from finetune.precision import device_problem
@@ -148,27 +155,93 @@ def read_texts(path: Path, text_field: str) -> Iterator[str]:
             yield text
 
 
+STOPPED_BY = [signal.SIGINT]  # the signal that ended the run (SIGTERM's handler sets it)
+
+
+class Interrupted(RuntimeError):
+    """Ctrl-C or SIGTERM while embedding: the message says what is kept."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+def partial_paths(output: Path) -> tuple[Path, Path]:
+    """Where rows go until the array is complete: the .npy being written, and what it was
+    computed from with how many rows it holds (rewritten after every chunk)."""
+    target = output_file(output)
+    return target.with_name(f".{target.name}.partial"), target.with_name(f".{target.name}.partial.json")
+
+
+def job_of(args, encoder, options: EncodeOptions, n: int) -> dict:
+    """What an interrupted run's rows were computed from: resumed only if all of it is equal."""
+    stat = args.input.stat()
+    return {"input": str(args.input.resolve()), "input_bytes": stat.st_size, "input_mtime_ns": stat.st_mtime_ns,
+            "lines": n, "model": str(Path(args.model).resolve()), "dimension": encoder.dimension,
+            "text_field": args.text_field, "pooling": args.pooling, "normalize": args.normalize,
+            "max_length": args.max_length, "options": asdict(options)}  # fmt: skip
+
+
+def rows_kept(data_path: Path, state_path: Path, job: dict, header_bytes: int) -> int:
+    """Rows an interrupted run of the same job left in data_path (its file cut back to
+    them: a kill may have left part of a chunk after the last count), else 0."""
+    try:
+        state = json.loads(state_path.read_text())
+    except (OSError, ValueError):
+        return 0
+    rows = state.pop("rows_written", 0) if isinstance(state, dict) else 0
+    size = header_bytes + rows * job["dimension"] * 4
+    if state != job or not data_path.is_file() or data_path.stat().st_size < size:
+        return 0
+    os.truncate(data_path, size)
+    return rows
+
+
 def write_embeddings(args, encoder, options: EncodeOptions, n: int) -> float:
-    """Embed the input into a temporary .npy (header first, rows appended chunk by chunk),
-    renamed to --output when complete. -> seconds spent."""
+    """Embed the input into a partial .npy (header first, rows appended chunk by chunk, the
+    count kept beside it after every chunk), renamed to --output when complete. A run
+    stopped by Ctrl-C, SIGTERM or a kill leaves the partial file: the same command run
+    again continues after its rows. -> seconds spent."""
     from tqdm import tqdm
 
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
               "shape": (n, encoder.dimension)}  # fmt: skip
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, header)
+    job = job_of(args, encoder, options, n)
+    data_path, state_path = partial_paths(args.output)
+    start = rows_kept(data_path, state_path, job, len(buffer.getvalue()))
+    if start:
+        print(f"continuing after the {start:,} rows an interrupted run kept ({data_path})", file=sys.stderr)
     started = time.perf_counter()
-    written = 0
-    with atomic_path(args.output) as tmp, tmp.open("wb") as f:
-        np.lib.format.write_array_header_1_0(f, header)
-        with tqdm(total=n, unit="text", disable=args.quiet, file=sys.stderr, dynamic_ncols=True) as bar:
-            texts = read_texts(args.input, args.text_field)
-            for chunk in iter_encode(texts, encoder, options, where=lambda i: f"{args.input}:{i + 1}"):
-                f.write(np.ascontiguousarray(chunk, dtype="<f4").tobytes())
-                written += len(chunk)
-                bar.update(len(chunk))
-        if written != n:  # the file changed between the count and the read
-            raise ExampleError(
-                f"{args.input}: {written} lines read, {n} counted; the file changed while read"
-            )
+    written = start
+    with data_path.open("r+b" if start else "wb") as f:
+        if start:
+            f.seek(0, os.SEEK_END)
+        else:
+            f.write(buffer.getvalue())
+            write_json_atomic(state_path, {**job, "rows_written": 0})
+        try:
+            with tqdm(total=n, initial=start, unit="text", disable=args.quiet, file=sys.stderr,
+                      dynamic_ncols=True) as bar:  # fmt: skip
+                texts = itertools.islice(read_texts(args.input, args.text_field), start, None)
+                where = lambda i: f"{args.input}:{start + i + 1}"  # noqa: E731
+                for chunk in iter_encode(texts, encoder, options, where=where):
+                    f.write(np.ascontiguousarray(chunk, dtype="<f4").tobytes())
+                    f.flush()
+                    written += len(chunk)
+                    write_json_atomic(state_path, {**job, "rows_written": written})
+                    bar.update(len(chunk))
+        except KeyboardInterrupt:
+            raise Interrupted(
+                f"{written:,} of {n:,} rows are kept in {data_path}; run the same command again to continue "
+                "from them",
+                STOPPED_BY[0],
+            ) from None
+    if written != n:  # the file changed between the count and the read
+        raise ExampleError(f"{args.input}: {written} lines read, {n} counted; the file changed while read")
+    os.replace(data_path, output_file(args.output))
+    state_path.unlink(missing_ok=True)
     return time.perf_counter() - started
 
 
@@ -206,6 +279,9 @@ def main(argv=None) -> int:
         )  # fmt: skip
         args.output.parent.mkdir(parents=True, exist_ok=True)
         seconds = write_embeddings(args, encoder, options, n)
+    except Interrupted as err:
+        print(f"interrupted: {err}", file=sys.stderr)
+        return 128 + int(err.signum)
     except ExampleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -231,8 +307,14 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     from common.cli import run_main
 
+    def stop(signum, frame):  # SIGTERM ends as Ctrl-C does: the rows written are kept
+        STOPPED_BY[0] = signum
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     sys.exit(
         run_main(
-            main, "no embeddings were written (the .npy appears only when complete); run the command again"
+            main,
+            "stopped before any row was embedded; nothing was written (the .npy appears only when complete)",
         )
     )

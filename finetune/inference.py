@@ -86,12 +86,13 @@ def write_predictions(path: Path, logits: np.ndarray, label_names: list[str], mu
 
 def prediction_records(logits: np.ndarray, label_names: list[str], multi_label: bool, first_index: int = 0):
     """Logits [n, C] -> one dict per example: {"index", "label" (multi-label: "labels"),
-    "scores" (softmax, or sigmoid for multi-label; 6 decimals)}, indices from first_index."""
+    "scores": {label name: softmax (multi-label: sigmoid) score, 6 decimals, in class
+    order}}, indices from first_index."""
     for i, row in enumerate(class_scores(logits, multi_label)):
         record = {"index": first_index + i}
         if multi_label:
             record["labels"] = [label_names[c] for c in np.flatnonzero(row > 0.5)]
         else:
             record["label"] = label_names[int(row.argmax())]
-        record["scores"] = [round(float(x), 6) for x in row]
+        record["scores"] = {name: round(float(x), 6) for name, x in zip(label_names, row)}
         yield record

@@ -8,7 +8,7 @@ vocab.txt + finetune.json). --input is JSON lines with the text (and optional te
 fields the model was trained with; labels, when present, are scored. Any text is taken
 up to the model's maximum length (its position embeddings; longer ones are truncated and
 counted): rows and packs widen to the longest input when it exceeds the training length. Each output line is
-{"index": i, "label": name, "scores": [...]} (multi-label: "labels": [names]) for the i-th
+{"index": i, "label": name, "scores": {name: score, ...}} (multi-label: "labels": [names]) for the i-th
 input line, in input order whatever the batching (packs hold examples out of order; the
 example indices put them back).
 
@@ -155,7 +155,8 @@ def run_on_ray(args) -> int:
     options = {"batching": args.batching, "batch_size": args.batch_size, "algorithm": args.algorithm,
                "max_sequences_per_pack": args.max_sequences_per_pack, "pack_length": args.pack_length,
                "dtype": args.dtype}  # fmt: skip
-    return run_job(args, "predict", options, info["fields"]["text"], info["fields"]["pair"])
+    described = {"labels": info["labels"], "multi_label": info["multi_label"]}
+    return run_job(args, "predict", options, info["fields"]["text"], info["fields"]["pair"], described)
 
 
 def classify_examples(folder, runner: Runner, examples, labels, args):

@@ -184,7 +184,7 @@ class PackedPredictor:
         records = self.records(texts, pairs)
         name = "labels" if self.multi_label else "label"
         return with_columns(
-            batch, {name: [r[name] for r in records], "scores": [r["scores"] for r in records]}
+            batch, {name: [r[name] for r in records], "scores": [list(r["scores"].values()) for r in records]}
         )
 
 

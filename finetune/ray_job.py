@@ -223,7 +223,8 @@ class ShardWriter:
             records = self.engine.records(texts, pairs, where)
             name = "labels" if self.engine.multi_label else "label"
             table = with_columns(
-                index, {name: [r[name] for r in records], "scores": [r["scores"] for r in records]}
+                index,
+                {name: [r[name] for r in records], "scores": [list(r["scores"].values()) for r in records]},
             )
         final = self.folder / shard_name(chunk.number)
         partial = self.folder / f".{final.name}.tmp-{os.getpid()}"
@@ -369,10 +370,18 @@ def publish(partial: Path, output: Path) -> None:
         shutil.rmtree(aside, ignore_errors=True)
 
 
-def run_job(args, kind: str, options: dict, text_field: str, pair_field: str | None = None) -> int:
+def run_job(
+    args,
+    kind: str,
+    options: dict,
+    text_field: str,
+    pair_field: str | None = None,
+    described: dict | None = None,
+) -> int:
     """The whole job (module docstring); prints one JSON summary line. -> exit code: 0;
     2 for the user's mistakes (bad rows, unreadable inputs: named in one line; the chunks
-    that ran are kept for the next run); 1 where Ray itself failed."""
+    that ran are kept for the next run); 1 where Ray itself failed. described: what the
+    manifest says of the model besides (predict: its label names, in class order)."""
     started = time.perf_counter()
     try:
         files = input_files(str(args.input))
@@ -429,6 +438,7 @@ def run_job(args, kind: str, options: dict, text_field: str, pair_field: str | N
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "ray": args.ray,
             "workers": args.workers, "threads_per_worker": args.threads_per_worker,
             "chunks_run": len(done), "chunks_kept": len(kept), "seconds": round(seconds, 3),
+            **(described or {}),
         }  # fmt: skip
         (partial / "plan.json").unlink(missing_ok=True)
         write_json_atomic(partial / MANIFEST, manifest)
@@ -481,9 +491,10 @@ def gather(folder: Path, output: Path) -> int:
         with atomic_path(output) as tmp, tmp.open("wb") as f:
             np.save(f, array)
     else:
-        rows = table.to_pylist()
+        names = manifest["labels"]
         with atomic_path(output) as tmp, tmp.open("w") as f:
-            for row in rows:
+            for row in table.to_pylist():  # predict's lines: scores by label name
+                row["scores"] = dict(zip(names, row["scores"]))
                 f.write(json.dumps(row) + "\n")
     print(json.dumps({"rows": manifest["rows"], "output": str(output)}))
     return 0

@@ -379,6 +379,9 @@ def qa_job(config: dict) -> Job:
     )
 
 
+FEW_VALIDATION_EXAMPLES = 30  # below this, the run's summary says its validation score measures little
+
+
 class Diverged(RuntimeError):
     """The weights or outputs stopped being finite; CLI exit code 3 (as pretraining's)."""
 
@@ -614,8 +617,14 @@ def run_finetune(
         "inference_padding_fraction": inference["padding_fraction"],
         "inference_seconds": inference["seconds"],
         "truncated": job.train.truncated + job.validation.truncated,
+        "validation_examples": len(job.validation.lengths),
         **{f"validation_{k}": v for k, v in validation.items()},
     }
+    if len(job.validation.lengths) < FEW_VALIDATION_EXAMPLES:  # say it, rather than a bare 0.0 or 1.0
+        log.info(
+            "validation: %d examples; a score over so few measures little (give data.validation_file, or more data)",
+            len(job.validation.lengths),
+        )
     write_json_atomic(output / "summary.json", summary)
     return summary
 

@@ -20,7 +20,7 @@ from packing.errors import PackingInputError
 from packing.histogram import Histogram
 from packing.pipeline import SKIPPED, PackJob, run_pack
 from packing.plan import parse_max_sequences_per_pack
-from packing.report import datasets_table, describe_plan, plot_plan, report_table
+from packing.report import datasets_table, describe_plan, plot_plan, plot_plans, report_table
 from packing.shards import PackedDataset
 from packing.sources import expand_inputs
 from packing.unpack import run_unpack
@@ -169,17 +169,26 @@ def _add_describe(sub) -> None:
         help="before/after table of packed datasets (from metadata.json)",
     )
     p.add_argument("--packed", nargs="+", required=True, metavar="DIR")
-    p.add_argument("--plot", metavar="FILE.png", help="length and pack-fill histograms of the first dataset")
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="the length histogram and every dataset's tokens per pack (same sequences)",
+    )
 
 
 def cmd_describe(args) -> int:
     datasets = {d: PackedDataset.open(d).metadata for d in args.packed}
     print(datasets_table(datasets))
     if args.plot:
-        meta = next(iter(datasets.values()))
-        histogram = Histogram(np.asarray(meta["length_histogram"], dtype=np.int64))
-        k = parse_max_sequences_per_pack(meta["max_sequences_per_pack"])
-        plot_plan(histogram, pack(histogram, meta["algorithm"], k), args.plot)
+        histogram = Histogram(np.asarray(next(iter(datasets.values()))["length_histogram"], dtype=np.int64))
+        plans = {}
+        for label, meta in datasets.items():
+            if not np.array_equal(np.asarray(meta["length_histogram"]), histogram.counts):
+                print(f"note: {label} holds other sequences than the first dataset; not plotted")
+                continue
+            k = parse_max_sequences_per_pack(meta["max_sequences_per_pack"])
+            plans[Path(label).name] = pack(histogram, meta["algorithm"], k)
+        plot_plans(histogram, plans, args.plot)
         print(f"plot written to {args.plot}")
     return 0
 

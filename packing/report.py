@@ -45,6 +45,13 @@ def describe_plan(plan: PackingPlan) -> str:
 
 def plot_plan(histogram: Histogram, plan: PackingPlan, path) -> None:
     """Two panels: the sequence-length histogram and the histogram of tokens per pack."""
+    plot_plans(histogram, {plan.algorithm: plan}, path)
+
+
+def plot_plans(histogram: Histogram, plans: dict, path) -> None:
+    """Two panels: the sequence-length histogram, and the tokens per pack of every plan
+    ({label: PackingPlan} of the same sequences, e.g. the unpacked baseline and the packed
+    set), drawn over each other (log scale: full packs and the padding tail both show)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,21 +60,20 @@ def plot_plan(histogram: Histogram, plan: PackingPlan, path) -> None:
 
     from common.files import atomic_path
 
-    fill = np.zeros(plan.max_sequence_length, dtype=np.int64)
-    for strategy, count in zip(plan.strategies, plan.counts.tolist()):
-        fill[sum(strategy) - 1] += count
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     left.bar(histogram.lengths, histogram.counts, width=1.0)
     left.set(
         title=f"sequence lengths ({histogram.sequences:,} sequences)", xlabel="tokens", ylabel="sequences"
     )
-    right.bar(histogram.lengths, fill, width=1.0, color="tab:green")
-    right.set(
-        title=f"tokens per pack: {plan.algorithm}, efficiency {plan.efficiency:.4f}",
-        xlabel="real tokens in pack",
-        ylabel="packs",
-    )
+    for (label, plan), color in zip(plans.items(), ("tab:green", "tab:orange", "tab:blue", "tab:red")):
+        fill = np.zeros(plan.max_sequence_length, dtype=np.int64)
+        for strategy, count in zip(plan.strategies, plan.counts.tolist()):
+            fill[sum(strategy) - 1] += count
+        right.step(histogram.lengths, fill, where="mid", color=color,
+                   label=f"{label}: {plan.algorithm}, {int(plan.counts.sum()):,} packs, efficiency {plan.efficiency:.3f}")  # fmt: skip
+    right.set(title="real tokens per pack (row)", xlabel="real tokens in pack", ylabel="packs")
     right.set_yscale("log")
+    right.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)

@@ -135,7 +135,7 @@ def test_a_cased_classifier_predicts_transformers_scores_per_example(folders, tm
     got = run_predict(folders["single"], records, tmp_path, "--batching", batching)
     expected = one_at_a_time(AutoModelForSequenceClassification, folders["single"], TEXTS, pairs)
     for record, logits in zip(got, expected):
-        np.testing.assert_allclose(record["scores"], softmax(logits), atol=1e-5)
+        np.testing.assert_allclose(list(record["scores"].values()), softmax(logits), atol=1e-5)
         assert record["label"] == LABELS[int(np.argmax(logits))]
     # the folder's own (cased) tokenizer decides the ids: not a lower-cased vocab.txt
     loaded = load_finetuned(folders["single"])
@@ -148,7 +148,7 @@ def test_multi_label_and_a_one_label_cross_encoder_score_by_sigmoid(folders, tmp
         got, one_at_a_time(AutoModelForSequenceClassification, folders["multi"], TEXTS)
     ):
         scores = 1 / (1 + np.exp(-logits))
-        np.testing.assert_allclose(record["scores"], scores, atol=1e-5)
+        np.testing.assert_allclose(list(record["scores"].values()), scores, atol=1e-5)
         assert record["labels"] == [LABELS[c] for c in np.flatnonzero(scores > 0.5)]
     queries = ["What did the company report?"] * len(TEXTS)
     got = run_predict(
@@ -156,7 +156,7 @@ def test_multi_label_and_a_one_label_cross_encoder_score_by_sigmoid(folders, tmp
     )
     expected = one_at_a_time(AutoModelForSequenceClassification, folders["cross"], queries, TEXTS)
     np.testing.assert_allclose(
-        [r["scores"][0] for r in got], [1 / (1 + np.exp(-x[0])) for x in expected], atol=1e-5
+        [list(r["scores"].values())[0] for r in got], [1 / (1 + np.exp(-x[0])) for x in expected], atol=1e-5
     )
 
 
@@ -222,7 +222,7 @@ def test_the_server_answers_hub_folders_as_predict_under_concurrent_clients(fold
                 for record, answer in zip(predicted[i : i + 3], response.json()):
                     by_label = {a["label"]: a["score"] for a in answer}
                     np.testing.assert_allclose(
-                        [by_label[n] for n in LABELS.values()], record["scores"], atol=1e-5
+                        [by_label[n] for n in LABELS.values()], list(record["scores"].values()), atol=1e-5
                     )
     cross = run_predict(
         folders["cross"], [{"text": "the market", "text_pair": t} for t in TEXTS[:8]], tmp_path
@@ -233,7 +233,7 @@ def test_the_server_answers_hub_folders_as_predict_under_concurrent_clients(fold
         )
         assert ranked.status_code == 200, ranked.text
         for item in ranked.json():
-            assert item["score"] == pytest.approx(cross[item["index"]]["scores"][0], abs=1e-5)
+            assert item["score"] == pytest.approx(list(cross[item["index"]]["scores"].values())[0], abs=1e-5)
     tags = run_predict(folders["tokens"], [{"text": t} for t in TEXTS], tmp_path)
     with Server(folders["tokens"]) as server:
 

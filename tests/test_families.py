@@ -178,7 +178,9 @@ def test_predict_takes_a_family_folder_with_its_tokenizer(tmp_path, family):
     with torch.no_grad():
         for record, text, second in zip(got, TEXTS, pairs):
             logits = reference(**tokenizer(text, second, truncation=True, return_tensors="pt")).logits[0]
-            np.testing.assert_allclose(record["scores"], torch.softmax(logits, -1).numpy(), atol=1e-5)
+            np.testing.assert_allclose(
+                list(record["scores"].values()), torch.softmax(logits, -1).numpy(), atol=1e-5
+            )
 
 
 def sentence_transformers_folder(root, family):
@@ -250,7 +252,9 @@ def test_the_server_answers_a_family_folder_as_predict_and_encode_under_concurre
         predict.main(["--model", str(folder), "--input", str(source), "--output", str(tmp_path / "p.jsonl")])
         == 0
     )
-    expected = [json.loads(line)["scores"] for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    expected = [
+        list(json.loads(line)["scores"].values()) for line in (tmp_path / "p.jsonl").read_text().splitlines()
+    ]
     with Server(folder) as server:
 
         def send(i):
@@ -311,7 +315,9 @@ def test_finetune_train_starts_from_a_family_folder_and_saves_one_transformers_l
         for record, prediction in zip(records, got):
             encoded = tokenizer(record["text"], record.get("text_pair"), truncation=True, return_tensors="pt")
             logits = reference(**encoded).logits[0]
-            np.testing.assert_allclose(prediction["scores"], torch.softmax(logits, -1).numpy(), atol=1e-5)
+            np.testing.assert_allclose(
+                list(prediction["scores"].values()), torch.softmax(logits, -1).numpy(), atol=1e-5
+            )
 
 
 @pytest.mark.slow  # a whole command in a fresh interpreter
@@ -407,7 +413,7 @@ def test_texts_longer_than_a_roberta_style_table_are_cut_to_its_usable_positions
         predict.main(["--model", str(folder), "--input", str(source), "--output", str(tmp_path / "p.jsonl")])
         == 0
     )
-    got = json.loads((tmp_path / "p.jsonl").read_text())["scores"]
+    got = list(json.loads((tmp_path / "p.jsonl").read_text())["scores"].values())
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     reference = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
     with torch.no_grad():

@@ -100,7 +100,9 @@ def test_finetune_learns_and_predict_returns_input_order(tmp_path, checkpoint, m
     theirs = [json.loads(line) for line in preds.read_text().splitlines()]
     assert [r["index"] for r in theirs] == list(range(30))
     assert [r["label"] for r in theirs] == [r["label"] for r in mine]
-    np.testing.assert_allclose([r["scores"] for r in theirs], [r["scores"] for r in mine], atol=1e-4)
+    np.testing.assert_allclose(
+        [list(r["scores"].values()) for r in theirs], [list(r["scores"].values()) for r in mine], atol=1e-4
+    )
     report = json.loads(preds.with_suffix(".summary.json").read_text())
     assert report["accuracy"] == pytest.approx(summary["validation_accuracy"])
 
@@ -122,7 +124,11 @@ def test_multi_label_run(tmp_path, checkpoint):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["validation_roc_auc"] > 0.8 and summary["validation_roc_auc_classes"] == 3
     first = json.loads((out / "validation_predictions.jsonl").read_text().splitlines()[0])
-    assert isinstance(first["labels"], list) and len(first["scores"]) == 3
+    assert (
+        isinstance(first["labels"], list)
+        and len(first["scores"]) == 3
+        and all(isinstance(k, str) for k in first["scores"])
+    )
 
 
 def run_expecting_error(tmp_path, config, capsys, *extra, code=2):
@@ -304,7 +310,7 @@ def test_predict_takes_texts_longer_than_training_up_to_the_models_maximum(tmp_p
         out = tmp_path / f"{mode}.jsonl"
         argv = ["--model", str(tmp_path / "run" / "model"), "--input", str(texts), "--output", str(out)]
         assert predict.main([*argv, "--batching", mode]) == 0
-        scores[mode] = [json.loads(line)["scores"] for line in out.read_text().splitlines()]
+        scores[mode] = [list(json.loads(line)["scores"].values()) for line in out.read_text().splitlines()]
         assert json.loads(out.with_suffix(".summary.json").read_text())["truncated"] == 1
     for mode in BATCHING_MODES:
         np.testing.assert_allclose(scores[mode], scores["padded"], atol=1e-4)

@@ -68,26 +68,59 @@ def test_one_message_for_cuda_without_a_gpu():
 
 
 @pytest.mark.slow
-def test_ctrl_c_on_embed_is_one_line_and_writes_nothing(tmp_path):
+def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_them(tmp_path):
+    """SIGTERM, then SIGKILL, mid-run: one line (exit 143) saying how many rows are kept,
+    nothing at the output's name; the same command run again continues after the rows
+    kept and the array equals an uninterrupted run's, bit for bit (chunks pack alike)."""
+    import json
+
+    import numpy as np
+
     from data.assets import model_dir
 
     texts = tmp_path / "t.jsonl"
-    texts.write_text("".join(f'{{"text": "text number {i} with some words"}}\n' for i in range(20000)))
-    output = tmp_path / "e.npy"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "finetune.embed", "--model", str(model_dir()), "--input", str(texts), "--output",
-         str(output)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not list(tmp_path.glob(".e.npy.tmp-*")):
-        time.sleep(0.1)  # the temporary file appears once embedding has begun
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == 130, err
-    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith(
-        "interrupted: no embeddings were written"
+    texts.write_text(
+        "".join(json.dumps({"text": f"text number {i} " + "word " * (i % 40)}) + "\n" for i in range(1500))
     )
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.jsonl"]
+    argv = [sys.executable, "-m", "finetune.embed", "--model", str(model_dir()), "--input", str(texts),
+            "--chunk-texts", "100", "--quiet"]  # fmt: skip
+    state = tmp_path / ".e.npy.partial.json"
+
+    def stopped_after(rows: int, how) -> subprocess.Popen:
+        process = subprocess.Popen([*argv, "--output", str(tmp_path / "e.npy")], cwd=REPO, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if json.loads(state.read_text())["rows_written"] >= rows:
+                    break
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.02)
+        process.send_signal(how)
+        process.communicate(timeout=120)
+        return process
+
+    terminated = stopped_after(200, signal.SIGTERM)
+    _, err = terminated.communicate()
+    assert terminated.returncode == 143
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and last.startswith("interrupted: ") and "rows are kept" in last, err
+    assert not (tmp_path / "e.npy").exists()
+    kept = json.loads(state.read_text())["rows_written"]
+    assert 200 <= kept < 1500
+    killed = stopped_after(kept + 300, signal.SIGKILL)  # continues, then dies without a word
+    assert killed.returncode == -signal.SIGKILL and not (tmp_path / "e.npy").exists()
+    done = subprocess.run(
+        [*argv, "--output", str(tmp_path / "e.npy")], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and "continuing after the" in done.stderr, done.stderr[-2000:]
+    whole = subprocess.run(
+        [*argv, "--output", str(tmp_path / "whole.npy")], cwd=REPO, capture_output=True, text=True
+    )
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "e.npy"), np.load(tmp_path / "whole.npy"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["e.npy", "t.jsonl", "whole.npy"]  # no partial left
 
 
 def test_a_time_budget_bar_counts_to_the_budget_not_to_max_steps(tmp_path):

@@ -204,3 +204,37 @@ def test_corpus_vocabulary_feeds_data_creation(tmp_path):
     )
     assert bad.returncode == 2 and "--vocab-size" in bad.stderr and bad.stderr.count("\n") == 1
     assert not (tmp_path / "bad" / "vocab.txt").exists()
+
+
+def figures(sequences: int, seconds: float, accuracies: list[float]) -> dict:
+    """A run's figures as training.summary.run_figures gives them, evaluated evenly."""
+    points = np.linspace(1, len(accuracies), len(accuracies)) / len(accuracies)
+    curve = {"samples": points * sequences, "train_seconds": points * seconds,
+             "mlm_accuracy": np.array(accuracies), "mlm_loss": np.zeros(len(accuracies))}  # fmt: skip
+    return {
+        "sequences": sequences,
+        "train_seconds": seconds,
+        "eval_mlm_accuracy": accuracies[-1],
+        "curve": curve,
+    }
+
+
+def test_the_demo_comparison_ends_in_a_verdict_only_when_both_runs_learned():
+    from training.summary import comparison
+
+    packed = figures(6000, 50.0, [0.03, 0.06, 0.09])
+    unpacked = figures(6000, 100.0, [0.03, 0.05, 0.08])
+    lines = comparison(packed, unpacked, baseline=0.04)
+    assert lines[0].startswith("at equal sequences (6,000): packed 50 s vs unpacked 100 s")
+    assert (
+        "at equal training time (50 s): eval MLM accuracy packed 0.0900 vs unpacked 0.0300" in lines[1]
+    )  # its last eval by 50 s
+    assert lines[-1].startswith("verdict: packed trained the same 6,000 sequences 2.00x faster")
+    stalled = figures(6000, 100.0, [0.02, 0.03, 0.035])  # under the baseline at its end
+    last = comparison(packed, stalled, baseline=0.04)[-1]
+    assert last.startswith("inconclusive: the unpacked run did not pass the unigram baseline (0.0400)")
+    assert "DEMO_SEQUENCES=12,000" in last
+    never = dict(unpacked, eval_mlm_accuracy=None)
+    assert comparison(packed, never, baseline=0.04)[-1].startswith(
+        "inconclusive: the unpacked run never evaluated"
+    )

@@ -131,7 +131,12 @@ def test_predict_on_ray_equals_the_single_process_command_for_a_family_folder(cl
     got = gathered(out, ".jsonl")
     assert [r["index"] for r in got] == list(range(len(TEXTS)))
     assert [r["label"] for r in got] == [r["label"] for r in expected]
-    np.testing.assert_allclose([r["scores"] for r in got], [r["scores"] for r in expected], atol=2e-6)
+    np.testing.assert_allclose(
+        [list(r["scores"].values()) for r in got], [list(r["scores"].values()) for r in expected], atol=2e-6
+    )
+    assert [list(r["scores"]) for r in got] == [
+        list(r["scores"]) for r in expected
+    ]  # label names, class order
 
 
 def writer_processes() -> list[int]:

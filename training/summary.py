@@ -127,21 +127,64 @@ def main(argv=None) -> int:
     if data["eval_dir"]:
         token, baseline = unigram_baseline(data["train_dir"], data["eval_dir"], eval_config["max_sequences"])
         print(f"unigram baseline (always predict token id {token}): eval MLM accuracy {baseline:.4f}")
-        equal_time = accuracy_at(packed["curve"], unpacked["train_seconds"])
-        if equal_time is not None and unpacked["eval_mlm_accuracy"] is not None:
-            print(
-                f"at {unpacked['train_seconds']:.0f} training seconds: packed {equal_time:.4f} vs "
-                f"unpacked {unpacked['eval_mlm_accuracy']:.4f} eval MLM accuracy"
-            )
+    lines = comparison(packed, unpacked, baseline)
     if args.plot:
         series = {"unpacked": [unpacked["curve"]], "packed": [packed["curve"]]}
         title = (
             f"{unpacked['config']['model']['preset']}, S={data['max_sequence_length']}: packed "
-            f"(packing factor {packed['packing_factor']:.2f}) vs unpacked, same training time"
+            f"(packing factor {packed['packing_factor']:.2f}) vs unpacked"
         )
         plot_curves(series, baseline, args.plot, title)
         print(f"wrote {args.plot}")
+    print("\n".join(lines))  # the verdict last: what the two runs show, or that they show nothing
     return 0
+
+
+def comparison(packed: dict, unpacked: dict, baseline: float | None) -> list[str]:
+    """The packed and unpacked runs compared at equal sequences (their ends, when they
+    trained the same number) and at equal training time (the shorter run's end, read off
+    both curves). The last line is the verdict: what the runs show, or, where either run
+    never evaluated or never passed the unigram baseline, that they show nothing yet
+    and what to run instead."""
+    lines = []
+    p_acc, u_acc = packed["eval_mlm_accuracy"], unpacked["eval_mlm_accuracy"]
+    same_sequences = abs(packed["sequences"] - unpacked["sequences"]) <= 0.05 * max(unpacked["sequences"], 1)
+    if same_sequences and p_acc is not None and u_acc is not None:
+        lines.append(
+            f"at equal sequences ({unpacked['sequences']:,}): packed {packed['train_seconds']:.0f} s vs unpacked "
+            f"{unpacked['train_seconds']:.0f} s of training; eval MLM accuracy packed {p_acc:.4f} vs unpacked {u_acc:.4f}"
+        )
+    seconds = min(packed["train_seconds"], unpacked["train_seconds"])
+    p_then, u_then = accuracy_at(packed["curve"], seconds), accuracy_at(unpacked["curve"], seconds)
+    if p_then is not None and u_then is not None:
+        lines.append(
+            f"at equal training time ({seconds:.0f} s): eval MLM accuracy packed {p_then:.4f} vs unpacked {u_then:.4f}"
+        )
+    weak = [name for name, acc in (("packed", p_acc), ("unpacked", u_acc))
+            if acc is None or (baseline is not None and acc <= baseline)]  # fmt: skip
+    if weak:
+        why = "never evaluated" if any(a is None for a in (p_acc, u_acc)) else (
+            f"did not pass the unigram baseline ({baseline:.4f})")  # fmt: skip
+        lines.append(
+            f"inconclusive: the {' and '.join(weak)} run {why}, so these runs show nothing about packing's effect "
+            f"on learning; train longer (make demo DEMO_SEQUENCES={2 * max(unpacked['sequences'], 1):,})"
+        )
+        return lines
+    speedup = unpacked["train_seconds"] / max(packed["train_seconds"], 1e-9)
+    if same_sequences:
+        lines.append(
+            f"verdict: packed trained the same {unpacked['sequences']:,} sequences {speedup:.2f}x faster "
+            f"({packed['train_seconds']:.0f} s vs {unpacked['train_seconds']:.0f} s) to eval MLM accuracy "
+            f"{p_acc:.4f} vs {u_acc:.4f} (unigram baseline {baseline:.4f})"
+            if baseline is not None
+            else f"verdict: packed trained the same {unpacked['sequences']:,} sequences {speedup:.2f}x faster"
+        )
+    else:
+        lines.append(
+            f"verdict: in {seconds:.0f} s of training, packed reached eval MLM accuracy {p_then:.4f} and unpacked "
+            f"{u_then:.4f}; they trained different numbers of sequences"
+        )
+    return lines
 
 
 if __name__ == "__main__":
