@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    from model.hf_checkpoint import quiet_transformers
+
+    quiet_transformers()  # its "Writing model shards" bar at every checkpoint repeats our log line
     from training.prerequisites import missing_prerequisites, prerequisites_line
 
     # Two or more things missing: all named in one line before any data is opened (one

@@ -101,6 +101,14 @@ def trainer_epoch(model, dataset, collator, batch_size: int, grouped: bool) -> f
             self.seconds = time.perf_counter() - self.started
 
     clock = LoopClock()
+    counted = {"row_tokens": 0, "steps": 0}
+
+    def counting(features):  # what each step costs: the rows' tokens, padding included
+        batch = collator(features)
+        counted["row_tokens"] += int(batch["input_ids"].numel())
+        counted["steps"] += 1
+        return batch
+
     with tempfile.TemporaryDirectory() as folder:
         args = TrainingArguments(
             output_dir=folder, per_device_train_batch_size=batch_size, learning_rate=2e-5, num_train_epochs=1,
@@ -108,8 +116,12 @@ def trainer_epoch(model, dataset, collator, batch_size: int, grouped: bool) -> f
             save_strategy="no", report_to=[], disable_tqdm=True, use_cpu=True, seed=0,
         )  # fmt: skip
         Trainer(
-            model=model, args=args, train_dataset=dataset, data_collator=collator, callbacks=[clock]
+            model=model, args=args, train_dataset=dataset, data_collator=counting, callbacks=[clock]
         ).train()
+    print(
+        f"  trainer: {counted['steps']} steps, {counted['row_tokens']:,} row tokens, {clock.seconds:.1f} s",
+        flush=True,
+    )
     return clock.seconds
 
 

@@ -229,7 +229,9 @@ def test_the_demo_comparison_ends_in_a_verdict_only_when_both_runs_learned():
     assert (
         "at equal training time (50 s): eval MLM accuracy packed 0.0900 vs unpacked 0.0300" in lines[1]
     )  # its last eval by 50 s
-    assert lines[-1].startswith("verdict: packed trained the same 6,000 sequences 2.00x faster")
+    assert lines[-1].startswith(
+        "verdict: packed trained the same 6,000 sequences in 50 s, unpacked in 100 s (2.00x)"
+    )
     stalled = figures(6000, 100.0, [0.02, 0.03, 0.035])  # under the baseline at its end
     last = comparison(packed, stalled, baseline=0.04)[-1]
     assert last.startswith("inconclusive: the unpacked run did not pass the unigram baseline (0.0400)")

@@ -173,11 +173,11 @@ def comparison(packed: dict, unpacked: dict, baseline: float | None) -> list[str
     speedup = unpacked["train_seconds"] / max(packed["train_seconds"], 1e-9)
     if same_sequences:
         lines.append(
-            f"verdict: packed trained the same {unpacked['sequences']:,} sequences {speedup:.2f}x faster "
-            f"({packed['train_seconds']:.0f} s vs {unpacked['train_seconds']:.0f} s) to eval MLM accuracy "
-            f"{p_acc:.4f} vs {u_acc:.4f} (unigram baseline {baseline:.4f})"
+            f"verdict: packed trained the same {unpacked['sequences']:,} sequences in {packed['train_seconds']:.0f} s, "
+            f"unpacked in {unpacked['train_seconds']:.0f} s ({speedup:.2f}x), to eval MLM accuracy {p_acc:.4f} vs "
+            f"{u_acc:.4f} (unigram baseline {baseline:.4f})"
             if baseline is not None
-            else f"verdict: packed trained the same {unpacked['sequences']:,} sequences {speedup:.2f}x faster"
+            else f"verdict: packed trained the same {unpacked['sequences']:,} sequences {speedup:.2f}x as fast"
         )
     else:
         lines.append(
