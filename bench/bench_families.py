@@ -3,7 +3,7 @@ transformers and sentence-transformers run instead, on base-sized shapes (random
 speed does not depend on them).
 
     python bench/bench_families.py [--families roberta deberta-v2 modernbert mpnet]
-        [--texts 400] [--train-texts 160] [--rounds 2] [--threads 2]
+        [--texts 400] [--train-texts 640] [--rounds 2] [--threads 2]
         [--compare sorted pipeline trainer embed]
 
 For each family a 12-layer, 768-wide sequence classifier is built from its config class
@@ -24,7 +24,11 @@ alternating which goes first:
            transformers' Trainer, train_sampling_strategy="group_by_length" and
            DataCollatorWithPadding, batch 16, against the same Trainer over
            finetune.hf.pack_dataset's packs (128 tokens, up to 6 texts) with
-           PackedFamilyModel: the same examples per step (16 / packing factor packs)
+           PackedFamilyModel: the same examples per step (16 / packing factor packs).
+           Give Trainer enough texts to group: its sampler sorts by length within
+           megabatches of min(50, texts // 64) x 16 texts, so 96 texts make megabatches
+           of one batch (no grouping at all) and 640 make them of 160 texts
+
   embed    a sentence-transformers model (the encoder + mean pooling):
            `SentenceTransformer.encode(batch_size=32)` against `packed_encode`
 
@@ -278,7 +282,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="+", default=["roberta", "deberta-v2", "modernbert", "mpnet"])
     parser.add_argument("--texts", type=int, default=400)
-    parser.add_argument("--train-texts", type=int, default=160)
+    parser.add_argument("--train-texts", type=int, default=640)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compare", nargs="+", choices=list(COMPARISONS), default=list(COMPARISONS))

@@ -181,7 +181,7 @@ def shard_name(number: int) -> str:
 
 class ShardWriter:
     """A Ray actor's work: the model loaded once, then chunk -> rows -> packed outputs ->
-    one Parquet shard written by atomic rename. -> {"number", "rows"} per chunk done."""
+    one Parquet shard written by atomic rename. -> {"number", "rows", "error"} per chunk ("" where written)."""
 
     def __init__(self, job: dict):
         from finetune.ray_data import PackedEmbedder, PackedPredictor
