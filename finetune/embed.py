@@ -232,6 +232,13 @@ def write_embeddings(args, encoder, options: EncodeOptions, n: int) -> float:
                     written += len(chunk)
                     write_json_atomic(state_path, {**job, "rows_written": written})
                     bar.update(len(chunk))
+        except (ExampleError, OSError):
+            # A bad line or a failed write: the input will change before a rerun, so rows
+            # kept for it could never be continued from; nothing is left behind.
+            f.close()
+            data_path.unlink(missing_ok=True)
+            state_path.unlink(missing_ok=True)
+            raise
         except KeyboardInterrupt:
             raise Interrupted(
                 f"{written:,} of {n:,} rows are kept in {data_path}; run the same command again to continue "
@@ -239,6 +246,8 @@ def write_embeddings(args, encoder, options: EncodeOptions, n: int) -> float:
                 STOPPED_BY[0],
             ) from None
     if written != n:  # the file changed between the count and the read
+        data_path.unlink(missing_ok=True)
+        state_path.unlink(missing_ok=True)
         raise ExampleError(f"{args.input}: {written} lines read, {n} counted; the file changed while read")
     os.replace(data_path, output_file(args.output))
     state_path.unlink(missing_ok=True)
