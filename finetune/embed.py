@@ -101,18 +101,17 @@ def run_on_ray(args) -> int:
             file=sys.stderr,
         )
         return 2
-    try:  # the folder and the prompt checked here, in one line, before any cluster starts
-        load_encoder(args.model, args.pooling, args.normalize, args.max_length, "cpu", None).prompt(
-            args.prompt_name
-        )
-    except ExampleError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     options = {"pooling": args.pooling, "normalize": args.normalize, "max_length": args.max_length,
                "prompt_name": args.prompt_name, "batching": args.batching, "batch_size": args.batch_size,
                "max_sequences_per_pack": args.max_sequences_per_pack, "algorithm": args.algorithm,
                "dtype": args.dtype, "text_column": args.text_field}  # fmt: skip
-    return run_job(args, "embed", options, args.text_field)
+
+    def check_model():  # the folder and the prompt, in one line, before any cluster starts
+        load_encoder(args.model, args.pooling, args.normalize, args.max_length, "cpu", None).prompt(
+            args.prompt_name
+        )
+
+    return run_job(args, "embed", options, args.text_field, check_model=check_model)
 
 
 def count_lines(path: Path, text_field: str) -> int:

@@ -377,11 +377,14 @@ def run_job(
     text_field: str,
     pair_field: str | None = None,
     described: dict | None = None,
+    check_model=None,
 ) -> int:
     """The whole job (module docstring); prints one JSON summary line. -> exit code: 0;
     2 for the user's mistakes (bad rows, unreadable inputs: named in one line; the chunks
     that ran are kept for the next run); 1 where Ray itself failed. described: what the
-    manifest says of the model besides (predict: its label names, in class order)."""
+    manifest says of the model besides (predict: its label names, in class order).
+    check_model: run after the inputs and output are checked and before any cluster starts
+    (ExampleError: one line), so that cheap mistakes are answered first."""
     started = time.perf_counter()
     try:
         files = input_files(str(args.input))
@@ -394,6 +397,8 @@ def run_job(
                "text_field": text_field, "pair_field": pair_field,
                "options": {**options, "threads": args.threads_per_worker}}  # fmt: skip
         job_key = {k: v for k, v in job.items() if k != "folder"}
+        if check_model is not None:
+            check_model()
         kept = reusable_chunks(partial, job_key, chunks)
     except ExampleError as err:
         print(f"error: {err}", file=sys.stderr)

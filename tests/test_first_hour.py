@@ -80,10 +80,10 @@ def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_t
 
     texts = tmp_path / "t.jsonl"
     texts.write_text(
-        "".join(json.dumps({"text": f"text number {i} " + "word " * (i % 40)}) + "\n" for i in range(1500))
+        "".join(json.dumps({"text": f"text number {i} " + "word " * (i % 40)}) + "\n" for i in range(600))
     )
     argv = [sys.executable, "-m", "finetune.embed", "--model", str(model_dir()), "--input", str(texts),
-            "--chunk-texts", "100", "--quiet"]  # fmt: skip
+            "--chunk-texts", "50", "--quiet"]  # fmt: skip
     state = tmp_path / ".e.npy.partial.json"
 
     def stopped_after(rows: int, how) -> subprocess.Popen:
@@ -101,15 +101,15 @@ def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_t
         process.communicate(timeout=120)
         return process
 
-    terminated = stopped_after(200, signal.SIGTERM)
+    terminated = stopped_after(100, signal.SIGTERM)
     _, err = terminated.communicate()
     assert terminated.returncode == 143
     last = err.strip().splitlines()[-1]
     assert "Traceback" not in err and last.startswith("interrupted: ") and "rows are kept" in last, err
     assert not (tmp_path / "e.npy").exists()
     kept = json.loads(state.read_text())["rows_written"]
-    assert 200 <= kept < 1500
-    killed = stopped_after(kept + 300, signal.SIGKILL)  # continues, then dies without a word
+    assert 100 <= kept < 600
+    killed = stopped_after(kept + 150, signal.SIGKILL)  # continues, then dies without a word
     assert killed.returncode == -signal.SIGKILL and not (tmp_path / "e.npy").exists()
     done = subprocess.run(
         [*argv, "--output", str(tmp_path / "e.npy")], cwd=REPO, capture_output=True, text=True
