@@ -96,19 +96,27 @@ def atomic_folder(path):
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent))
-    aside = None
     try:
         yield tmp
         apply_umask(tmp)
-        if path.exists():
-            aside = path.with_name(f".{path.name}.old-{os.getpid()}")
-            os.replace(path, aside)
-        os.replace(tmp, path)
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
+        replace_folder(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
+
+
+def replace_folder(complete: Path, path: Path) -> None:
+    """Rename the folder `complete` to `path`. A folder already at `path` is first renamed
+    aside (`.NAME.old-PID`) and removed only after, so that one complete folder exists
+    under its own or an aside name at every instant (remove_stale_temporaries clears an
+    aside a crash left)."""
+    aside = None
+    if path.exists():
+        aside = path.with_name(f".{path.name}.old-{os.getpid()}")
+        os.replace(path, aside)
+    os.replace(complete, path)
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
 
 
 def current_umask() -> int:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.files import atomic_path, describe_os_error, write_json_atomic
+from common.files import atomic_path, describe_os_error, replace_folder, write_json_atomic
 from data.classification_data import ExampleError, example_of_line
 
 INPUT_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -356,20 +356,6 @@ def reusable_chunks(partial: Path, job_key: dict, chunks: list[Chunk]) -> set[in
     return kept
 
 
-def publish(partial: Path, output: Path) -> None:
-    """Rename the complete folder into place; a finished job already there (--overwrite) is
-    renamed aside first and removed only after: one complete folder exists at every instant."""
-    import shutil
-
-    aside = None
-    if output.exists():
-        aside = output.with_name(f".{output.name}.old-{os.getpid()}")
-        os.replace(output, aside)
-    os.replace(partial, output)
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
-
-
 def run_job(
     args,
     kind: str,
@@ -447,7 +433,7 @@ def run_job(
         }  # fmt: skip
         (partial / "plan.json").unlink(missing_ok=True)
         write_json_atomic(partial / MANIFEST, manifest)
-        publish(partial, args.output)
+        replace_folder(partial, args.output)  # a finished job there (--overwrite): aside, then removed
     except Exception as err:  # noqa: BLE001 - Ray wraps the workers' errors; one line for all
         line, code = (
             (f"the job is incomplete: {err}", 1) if isinstance(err, JobIncomplete) else failure_line(err)

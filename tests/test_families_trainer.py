@@ -11,12 +11,13 @@ import pytest
 import torch
 import transformers
 from datasets import Dataset
-from transformers import AutoTokenizer, Trainer, TrainingArguments
+from transformers import AutoTokenizer
 
-from finetune.hf import PackedDataCollator, pack_dataset, packed_metrics, unpack_predictions
+from finetune.hf import pack_dataset, packed_metrics, unpack_predictions
 from model.families import PackedFamilyModel
 
 from .family_helpers import AUTO, SENTENCES, save_family_folder
+from .test_hf_packing import trainer_for as packed_trainer
 
 pytestmark = pytest.mark.slow
 
@@ -105,20 +106,16 @@ def stock_outputs(folder, task: str, data: Dataset):
     return outputs, np.array(losses)
 
 
-def trainer_for(model, output_dir, task: str, train, evaluation=None, **arguments) -> Trainer:
-    options = dict(
-        output_dir=str(output_dir), per_device_train_batch_size=4, per_device_eval_batch_size=4,
-        learning_rate=1e-3, max_steps=4, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
-        seed=0, data_seed=0,
-    )  # fmt: skip
-    options.update(arguments)
-    return Trainer(
-        model=model,
-        args=TrainingArguments(**options),
-        train_dataset=train,
-        eval_dataset=evaluation,
-        data_collator=PackedDataCollator(),
-        compute_metrics=packed_metrics(task),
+def trainer_for(model, output_dir, task: str, train, evaluation=None, **arguments):
+    """test_hf_packing's Trainer, at this file's scale, scoring `task`."""
+    small = {
+        "per_device_train_batch_size": 4,
+        "per_device_eval_batch_size": 4,
+        "max_steps": 4,
+        "logging_steps": 1,
+    }
+    return packed_trainer(
+        model, output_dir, train, evaluation, packed_metrics(task), **{**small, **arguments}
     )
 
 

@@ -101,7 +101,9 @@ def stock_logits_and_losses(folder, data):
     return np.stack(logits), np.array(losses)
 
 
-def trainer_for(model, args_dir, train, evaluation=None, **arguments):
+def trainer_for(model, args_dir, train, evaluation=None, metrics=None, **arguments):
+    """A real Trainer over packs; arguments override TrainingArguments; metrics: a
+    compute_metrics (default: single-label accuracy through packed_metrics)."""
     options = dict(
         output_dir=str(args_dir),
         per_device_train_batch_size=8,
@@ -122,7 +124,7 @@ def trainer_for(model, args_dir, train, evaluation=None, **arguments):
         train_dataset=train,
         eval_dataset=evaluation,
         data_collator=PackedDataCollator(),
-        compute_metrics=packed_metrics("single_label_classification", accuracy),
+        compute_metrics=metrics or packed_metrics("single_label_classification", accuracy),
     )
 
 
