@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data.classification_data import ExampleError, Examples
+from data.classification_data import MAX_FIELD_CHARS, ExampleError, Examples, check_unicode
 
 
 def texts_of(batch, column: str) -> list:
@@ -70,12 +70,24 @@ def with_columns(batch, columns: dict):
     return out
 
 
-def checked_texts(texts: list, column: str, where) -> list[str]:
-    """Every value a non-empty string (the commands' rule), else one line naming the row."""
+def checked_texts(texts: list, column: str, where, empty_ok: bool = False, none_ok: bool = False) -> list:
+    """The single-process commands' rules for any batch (Parquet and user batches never
+    went through their JSON-lines reader): a string (empty_ok: "" allowed, as predict
+    allows it and embed does not; none_ok: None allowed, for pairs), valid Unicode, at most
+    MAX_FIELD_CHARS characters; else one line naming the row."""
     for i, text in enumerate(texts):
-        if not isinstance(text, str) or not text.strip():
+        if none_ok and text is None:
+            continue
+        if not isinstance(text, str) or (not empty_ok and not text.strip()):
             got = "an empty text" if isinstance(text, str) else f"{type(text).__name__} {str(text)[:40]!r}"
-            raise ExampleError(f"{where(i)}: column '{column}' must be a non-empty string, got {got}")
+            what = "a string" if empty_ok else "a non-empty string"
+            raise ExampleError(f"{where(i)}: column '{column}' must be {what}, got {got}")
+        check_unicode(text, f"{where(i)}: column '{column}'")
+        if len(text) > MAX_FIELD_CHARS:
+            raise ExampleError(
+                f"{where(i)}: column '{column}' has {len(text):,} characters, more than the {MAX_FIELD_CHARS:,} "
+                "read per text (a model sees at most 512 tokens of it; split the text)"
+            )
     return texts
 
 
@@ -156,7 +168,9 @@ class PackedPredictor:
         """Texts (and pairs) -> logits float32 [n, C] in order."""
         from finetune.predict import classify_examples
 
-        checked_texts(texts, self.text_column, where)
+        checked_texts(texts, self.text_column, where, empty_ok=True)  # finetune.predict's rule
+        if pairs is not None:
+            checked_texts(pairs, self.pair_column, where, empty_ok=True, none_ok=True)
         pairs = pairs if pairs is not None else [None] * len(texts)
         examples = Examples(
             list(texts), list(pairs), [None] * len(texts), [where(i) for i in range(len(texts))]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -269,3 +270,26 @@ def test_bad_inputs_are_refused_in_one_line_with_nothing_written(cluster, inputs
     glob_none = command("finetune.embed", "--model", model_dir(), "--input", tmp_path / "*.nothing", "--output",
                         out, *ray_args)  # fmt: skip
     assert glob_none.returncode == 2 and "matches no file" in glob_none.stderr
+
+
+def test_batches_from_parquet_or_a_user_meet_the_commands_rules_in_one_line():
+    """Parquet rows and users' batches never pass the JSON-lines reader: the same rules
+    (embed: a non-empty string; predict: any string, pairs may be None; valid Unicode; at
+    most MAX_FIELD_CHARS) are applied to them, naming the row."""
+    from data.classification_data import MAX_FIELD_CHARS, ExampleError
+    from finetune.ray_data import checked_texts
+
+    def where(i):
+        return f"b.parquet: row {i}"
+
+    cases = [
+        (["a", 3], {}, "b.parquet: row 1: column 'text' must be a non-empty string, got int '3'"),
+        (["a", " "], {}, "row 1: column 'text' must be a non-empty string, got an empty text"),
+        (["a", None], {"empty_ok": True}, "row 1: column 'text' must be a string, got NoneType"),
+        (["\ud800"], {}, "row 0: column 'text': not valid Unicode (a lone surrogate U+D800"),
+        (["x" * (MAX_FIELD_CHARS + 1)], {}, f"column 'text' has {MAX_FIELD_CHARS + 1:,} characters"),
+    ]
+    for texts, rules, says in cases:
+        with pytest.raises(ExampleError, match=re.escape(says)):
+            checked_texts(texts, "text", where, **rules)
+    assert checked_texts(["", None, "b"], "pair", where, empty_ok=True, none_ok=True) == ["", None, "b"]
