@@ -50,6 +50,8 @@ class Lamb(torch.optim.Optimizer):
         bias_correction: divide moments by (1 - beta^t); MLPerf IPU submissions ran without.
         max_grad_norm: clip the global gradient norm (over all groups) to this value.
         max_weight_norm: clip ||w|| in the trust ratio to this value.
+        compiled: run each group's update through torch.compile (one fused program per
+            group; the first step compiles). The same arithmetic as the foreach path.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class Lamb(torch.optim.Optimizer):
         bias_correction: bool = True,
         max_grad_norm: float | None = None,
         max_weight_norm: float | None = None,
+        compiled: bool = False,
     ):
         _check_hyperparameters(lr, betas, eps, weight_decay, max_grad_norm, max_weight_norm)
         defaults = dict(
@@ -74,6 +77,11 @@ class Lamb(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
         self.max_grad_norm = max_grad_norm
+        # compiled: each group's update is one torch.compile'd function (inductor fuses the
+        # moment updates, norms and the weight update into few passes over memory); the
+        # hyperparameters reach it as one device tensor, so a new lr or step never recompiles.
+        self.compiled = compiled
+        self._compiled_update = None
         self._scratch: dict[torch.Tensor, torch.Tensor] = {}  # CPU only; not part of the state
 
     def _scratch_for(self, p: torch.Tensor) -> torch.Tensor:
@@ -140,11 +148,6 @@ class Lamb(torch.optim.Optimizer):
             exp_avg_sqs.append(state["exp_avg_sq"])
         step = float(self.state[params[0]]["step"])  # all tensors of a group step together
 
-        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = beta1 m + (1-beta1) g
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
-        del grads
-
         # Bias corrections are folded into scalars so that no extra pass over memory is
         # needed (the step is memory-bound):  with c = sqrt(1-b2^t) / (1-b1^t),
         #   u = m_hat / (sqrt(v_hat) + eps) + wd w  =  c * (m / (sqrt(v) + eps') + (wd/c) w),
@@ -154,8 +157,22 @@ class Lamb(torch.optim.Optimizer):
             scale = bias2_sqrt / (1.0 - beta1**step)
         else:
             bias2_sqrt, scale = 1.0, 1.0
-        on_cpu = params[0].device.type == "cpu"
         eps = group["eps"] * bias2_sqrt
+        if self.compiled:
+            if self._compiled_update is None:
+                self._compiled_update = torch.compile(lamb_group_update, fullgraph=True, dynamic=False)
+            hyper = torch.tensor(
+                [1.0 - beta1, beta2, 1.0 - beta2, eps, group["weight_decay"] / scale, -group["lr"], scale],
+                dtype=torch.float32,
+            ).to(params[0].device, non_blocking=True)
+            self._compiled_update(params, grads, exp_avgs, exp_avg_sqs, hyper, group["max_weight_norm"])
+            return
+
+        torch._foreach_lerp_(exp_avgs, grads, 1.0 - beta1)  # m = beta1 m + (1-beta1) g
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1.0 - beta2)
+        del grads
+        on_cpu = params[0].device.type == "cpu"
         if on_cpu:
             # A fresh 1.3 GB buffer per step (BERT-Large) costs page faults that can exceed
             # the arithmetic on CPU; a persistent scratch buffer per tensor avoids them.
@@ -189,3 +206,25 @@ class Lamb(torch.optim.Optimizer):
         else:
             torch._foreach_mul_(updates, list(step_sizes.unbind()))
             torch._foreach_add_(params, updates)
+
+
+def lamb_group_update(params, grads, exp_avgs, exp_avg_sqs, hyper: torch.Tensor, max_weight_norm):
+    """One group's LAMB update, written per tensor for torch.compile to fuse (Lamb(compiled=True)).
+
+    hyper: float32 [7] on the parameters' device: 1-beta1, beta2, 1-beta2, eps' (eps scaled by
+    sqrt(1-beta2^t)), wd/c, -lr, c (c = sqrt(1-beta2^t)/(1-beta1^t), 1 without bias correction).
+    The arithmetic is the foreach path's: u/c = m / (sqrt(v) + eps') + (wd/c) w; r = ||w|| /
+    ||u/c|| where both norms are > 0, else the step uses c itself. Updates m, v and w in place.
+    """
+    one_minus_beta1, beta2, one_minus_beta2, eps, decay, neg_lr, scale = hyper.unbind()
+    for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+        m.lerp_(g, one_minus_beta1.to(m.dtype))
+        v.mul_(beta2).add_(g * g * one_minus_beta2)
+        update = m / (v.sqrt() + eps) + decay * p
+        weight_norm = torch.linalg.vector_norm(p)
+        if max_weight_norm is not None:
+            weight_norm = weight_norm.clamp(max=max_weight_norm)
+        update_norm = torch.linalg.vector_norm(update)
+        usable = (weight_norm > 0) & (update_norm > 0)
+        ratio = torch.where(usable, weight_norm / torch.where(usable, update_norm, 1.0), scale)
+        p.add_(update * (neg_lr * ratio))

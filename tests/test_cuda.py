@@ -181,3 +181,61 @@ def test_run_on_cuda_resumes_to_the_uninterrupted_weights(packed, tmp_path, prec
     losses = [r["loss"] for r in metrics(tmp_path / "straight")]
     assert all(np.isfinite(losses))
     assert [r["step"] for r in metrics(tmp_path / "split")] == [1, 2, 3, 4, 5, 6]
+
+
+def test_compiled_lamb_equals_foreach_lamb():
+    """Lamb(compiled=True) (one torch.compile'd update per group) against the foreach path:
+    three steps, two parameter groups, clipping on; weights equal to float32 rounding."""
+    from optim import Lamb, weight_decay_groups
+
+    batch = _batch(5)
+    weights = {}
+    for compiled in (False, True):
+        model = _model("varlen").train()
+        optimizer = Lamb(
+            weight_decay_groups(model.named_parameters(), 0.01),
+            lr=1e-3,
+            weight_decay=0.01,
+            max_grad_norm=1.0,
+            compiled=compiled,
+        )
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            model(**batch)["loss"].backward()
+            optimizer.step()
+        weights[compiled] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for name, w in weights[False].items():
+        torch.testing.assert_close(weights[True][name], w, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_fp8_step_agrees_with_bf16():
+    """torchao float8 training of the encoder's Linear layers (bench_gpu.py's fp8 setup) against
+    bf16 autocast, one LAMB step from the same weights. Stated tolerance: loss within 2%,
+    update direction (cosine) above 0.95 (fp8 keeps 3 mantissa bits on the forward)."""
+    torchao_float8 = pytest.importorskip("torchao.float8")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 matmuls need compute capability 8.9 or newer")
+    import sys
+
+    from optim import Lamb
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "bench"))
+    from bench_gpu import fp8_linear_filter
+
+    batch = _batch(6)
+    updates, losses = {}, {}
+    for kind in ("bf16", "fp8"):
+        model = _model("varlen", preset="bert-mini").train()
+        if kind == "fp8":
+            torchao_float8.convert_to_float8_training(model, module_filter_fn=fp8_linear_filter)
+        before = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+        optimizer = Lamb(model.parameters(), lr=1e-3)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(**batch)
+        out["loss"].backward()
+        optimizer.step()
+        after = torch.cat([p.detach().flatten() for p in model.parameters()])
+        updates[kind], losses[kind] = after - before, out["loss"].item()
+    assert abs(losses["fp8"] - losses["bf16"]) <= 0.02 * losses["bf16"]
+    cosine = torch.nn.functional.cosine_similarity(updates["fp8"], updates["bf16"], dim=0)
+    assert cosine > 0.95, cosine

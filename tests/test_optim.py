@@ -16,6 +16,7 @@ from optim import (
     poptorch_lamb_kwargs,
     weight_decay_groups,
 )
+from optim.lamb import lamb_group_update
 
 
 def numpy_lamb(
@@ -47,9 +48,12 @@ def numpy_lamb(
     return w
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["foreach", "compiled-math"])
 @pytest.mark.parametrize("bias_correction", [True, False])
 @pytest.mark.parametrize("max_grad_norm,max_weight_norm", [(None, None), (0.5, None), (None, 0.3)])
-def test_lamb_matches_numpy_reference(bias_correction, max_grad_norm, max_weight_norm):
+def test_lamb_matches_numpy_reference(bias_correction, max_grad_norm, max_weight_norm, compiled):
+    """compiled: Lamb(compiled=True)'s per-group function, run eagerly here (torch.compile's
+    own code generation is checked on CUDA, tests/test_cuda.py)."""
     rng = np.random.default_rng(0)
     shapes = [(5, 7), (7,), (3, 2, 4), (1,)]
     weights = [rng.normal(size=s).astype(np.float32) for s in shapes]
@@ -70,7 +74,10 @@ def test_lamb_matches_numpy_reference(bias_correction, max_grad_norm, max_weight
         bias_correction=bias_correction,
         max_grad_norm=max_grad_norm,
         max_weight_norm=max_weight_norm,
+        compiled=compiled,
     )
+    if compiled:
+        opt._compiled_update = lamb_group_update  # the function torch.compile would be given
     for grads in steps:
         for p, g in zip(params, grads):
             p.grad = torch.from_numpy(g.copy())
