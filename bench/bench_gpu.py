@@ -544,6 +544,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--all", action="store_true", help="every GPU measurement (the docstring's list)")
     parser.add_argument(
+        "--setups",
+        nargs="+",
+        help="--all: these setups instead of PLAN, as backend:mode:rows[:compiled-lamb][:fp8]",
+    )
+    parser.add_argument("--skip-lamb", action="store_true", help="--all: no optimizer microbenchmark")
+    parser.add_argument(
         "--out", type=Path, default=Path("bench_out/gpu"), help="--all: gpu.json and gpu.md here"
     )
     parser.add_argument("--dry-run", action="store_true", help="no GPU: build the batches, count FLOPs, exit")
