@@ -129,9 +129,6 @@ def build_lamb(model, config: dict, batch: BatchArithmetic, max_grad_norm: float
         weight_decay=optim["weight_decay"],
         bias_correction=optim["bias_correction"],
         max_grad_norm=max_grad_norm,
-        # training.compile on CUDA compiles the optimizer's update too (one fused program per
-        # parameter group); on CPU the foreach path with its scratch buffers is kept.
-        compiled=config["training"]["compile"] and config["execution"]["device"] == "cuda",
     )
 
 

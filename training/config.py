@@ -103,7 +103,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
         "seed": Key(int, 42, "model init, dropout", minimum=0),
         "precision": Key(str, "fp32", "fp32 | bf16 autocast | fp16 autocast + loss scaling", PRECISIONS),
-        "compile": Key(bool, False, "torch.compile the model and, on CUDA, the LAMB update"),
+        "compile": Key(bool, False, "torch.compile the model (CUDA)"),
         "checkpoint_every_steps": Key(int, 0, "0 = only at the end and on SIGTERM", minimum=0),
         "keep_checkpoints": Key(int, 2, "newest checkpoints kept", minimum=1),
         "log_every_steps": Key(int, 1, "metrics line every N steps", minimum=1),
