@@ -121,6 +121,7 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
     if recipe == "trainer_packed":
         model = PackedBertForSequenceClassification.from_pretrained(
             str(model_dir()),
+            new_head=True,  # the MiniLM encoder: its classifier starts new
             num_labels=len(task.label_names),
             attention_backend=config["model"]["attention_backend"],
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -211,10 +212,12 @@ def describe_os_error(err: OSError) -> str:
 
 
 def output_over_inputs(output, inputs=(), folders=()) -> str | None:
-    """One line if `output` resolves to one of the `inputs` files or into one of the
-    `folders` a command reads (symlinks followed), else None: an output never replaces an
-    input. Anything but a regular file standing at `output` (a directory, device, FIFO,
-    socket) is refused too: the output is a file, written by rename (output_file).
+    """One line if `output` resolves to one of the `inputs` files or into a folder that one
+    of the `folders` a command reads resolves into (symlinks followed on both sides: a Hugging
+    Face cache snapshot's files are links into ../../blobs, which is then refused too), else
+    None: an output never replaces an input. Anything but a regular file standing at `output`
+    (a directory, device, FIFO, socket) is refused too: the output is a file, written by
+    rename (output_file).
     """
     target = Path(output).resolve()
     if target.is_dir():
@@ -225,10 +228,92 @@ def output_over_inputs(output, inputs=(), folders=()) -> str | None:
     for path in inputs:
         if Path(path).resolve() == target:
             return f"{output} is also an input ({path}); choose another output path"
+    written = {target, Path(os.path.abspath(output))}
     for folder in folders:
-        if target.is_relative_to(Path(folder).resolve()):
-            return f"{output} is inside {folder}, which this command reads; write it elsewhere"
+        reach = folder_reach(Path(folder))
+        if any(place.is_relative_to(r) for place in written for r in reach):
+            return f"{output} is inside {folder} (or where its files' links lead), which this command reads; write it elsewhere"
     return None
+
+
+def folder_reach(folder: Path, max_entries: int = 10_000) -> set[Path]:
+    """The folders a model folder's contents live in: the folder itself (as given and
+    resolved) and the resolved parent of every file in it (two levels down), so that files
+    which are links (a Hugging Face cache snapshot's, into ../../blobs) count too."""
+    reach = {Path(os.path.abspath(folder)), folder.resolve()}
+    if not folder.is_dir():
+        return reach
+    for count, entry in enumerate(itertools.chain(folder.glob("*"), folder.glob("*/*"))):
+        if count >= max_entries:
+            break
+        if entry.is_symlink():
+            reach.add(entry.resolve().parent)
+    return reach
+
+
+# What decides a model's outputs (weights, configs, tokenizer, pooling): not ONNX / OpenVINO
+# exports or READMEs that a folder may carry beside them.
+MODEL_FILE_SUFFIXES = (".safetensors", ".json", ".txt", ".model")
+EXPORT_FOLDERS = ("onnx", "openvino")
+
+
+def model_fingerprint(folder) -> str:
+    """sha256 over the names and bytes of the files that decide a model's outputs (weights,
+    config.json, tokenizer files, sentence-transformers' module configs; two levels down).
+    Kept work is tied to it: a folder re-saved or updated in place gets another fingerprint."""
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    files = sorted(
+        p
+        for p in itertools.chain(folder.glob("*"), folder.glob("*/*"))
+        if p.is_file()
+        and p.suffix in MODEL_FILE_SUFFIXES
+        and p.relative_to(folder).parts[0] not in EXPORT_FOLDERS
+        and p.name != "README.md"
+    )
+    for path in files:
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + sha256_file(path).encode())
+    return digest.hexdigest()
+
+
+def open_private(path: Path, keep: bool):
+    """Open this command's own temporary file `path` for writing, never through a link and
+    never a FIFO or device: `keep` opens an existing regular file to append to; otherwise a
+    regular file there is replaced by a new one (O_EXCL). Anything else standing at `path`
+    (a symbolic link, FIFO, device, folder) raises OSError naming it: it is not ours."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        what = (
+            "a symbolic link"
+            if stat.S_ISLNK(mode)
+            else next((kind for test, kind in _KINDS if test(mode)), "not a regular file")
+        )
+        raise OSError(
+            errno.EEXIST,
+            f"is {what}, not the temporary file this command writes; remove it and run the command again",
+            str(path),
+        )
+    if keep and mode is not None:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    else:
+        if mode is not None:
+            os.unlink(path)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced between the check and the open
+        os.close(fd)
+        raise OSError(errno.EEXIST, "is not a regular file", str(path))
+    return os.fdopen(fd, "r+b")
+
+
+def regular_file(path: Path) -> bool:
+    """A regular file stands at `path` itself (not a link, FIFO or device): safe to read."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 class FolderInUse(RuntimeError):

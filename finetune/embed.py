@@ -32,6 +32,7 @@ if __name__ == "__main__":  # path mistakes answered before torch is imported (c
     exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "file"})
 
 import argparse
+import errno
 import io
 import itertools
 import json
@@ -45,7 +46,17 @@ from pathlib import Path
 import numpy as np
 
 from common.cli import add_inference_options, add_ray_options, below_one, command_parser
-from common.files import describe_os_error, output_file, output_over_inputs, write_json_atomic
+from common.files import (
+    FolderInUse,
+    describe_os_error,
+    lock_folder,
+    model_fingerprint,
+    open_private,
+    output_file,
+    output_over_inputs,
+    regular_file,
+    write_json_atomic,
+)
 from data.classification_data import MAX_FIELD_CHARS, ExampleError, json_object
 from finetune.embedding import EMBED_BATCHING, EncodeOptions, iter_encode, load_encoder
 from finetune.precision import device_problem
@@ -176,7 +187,8 @@ def job_of(args, encoder, options: EncodeOptions, n: int) -> dict:
     """What an interrupted run's rows were computed from: resumed only if all of it is equal."""
     stat = args.input.stat()
     return {"input": str(args.input.resolve()), "input_bytes": stat.st_size, "input_mtime_ns": stat.st_mtime_ns,
-            "lines": n, "model": str(Path(args.model).resolve()), "dimension": encoder.dimension,
+            "lines": n, "model": str(Path(args.model).resolve()), "model_fingerprint": model_fingerprint(args.model),
+            "dimension": encoder.dimension,
             "text_field": args.text_field, "pooling": args.pooling, "normalize": args.normalize,
             "max_length": args.max_length, "options": asdict(options)}  # fmt: skip
 
@@ -184,13 +196,17 @@ def job_of(args, encoder, options: EncodeOptions, n: int) -> dict:
 def rows_kept(data_path: Path, state_path: Path, job: dict, header_bytes: int) -> int:
     """Rows an interrupted run of the same job left in data_path (its file cut back to
     them: a kill may have left part of a chunk after the last count), else 0."""
+    if not regular_file(state_path) or not regular_file(data_path):  # never read through a link or a FIFO
+        return 0
     try:
         state = json.loads(state_path.read_text())
     except (OSError, ValueError):
         return 0
     rows = state.pop("rows_written", 0) if isinstance(state, dict) else 0
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 0:
+        return 0  # a damaged count: start over (the partial file is rewritten from row 0)
     size = header_bytes + rows * job["dimension"] * 4
-    if state != job or not data_path.is_file() or data_path.stat().st_size < size:
+    if state != job or data_path.stat().st_size < size:
         return 0
     os.truncate(data_path, size)
     return rows
@@ -209,12 +225,17 @@ def write_embeddings(args, encoder, options: EncodeOptions, n: int) -> float:
     np.lib.format.write_array_header_1_0(buffer, header)
     job = job_of(args, encoder, options, n)
     data_path, state_path = partial_paths(args.output)
+    # One run per output at a time: a second would truncate the first's partial file.
+    lock_folder(output_file(args.output), "finetune.embed writing this output")
+    if state_path.is_symlink() or (state_path.exists() and not regular_file(state_path)):
+        raise OSError(errno.EEXIST, "is not a regular file (a link, FIFO or device) but this command's own "
+                      "record of kept rows; remove it and run the command again", str(state_path))  # fmt: skip
     start = rows_kept(data_path, state_path, job, len(buffer.getvalue()))
     if start:
         print(f"continuing after the {start:,} rows an interrupted run kept ({data_path})", file=sys.stderr)
     started = time.perf_counter()
     written = start
-    with data_path.open("r+b" if start else "wb") as f:
+    with open_private(data_path, keep=bool(start)) as f:
         if start:
             f.seek(0, os.SEEK_END)
         else:
@@ -290,7 +311,7 @@ def main(argv=None) -> int:
     except Interrupted as err:
         print(f"interrupted: {err}", file=sys.stderr)
         return 128 + int(err.signum)
-    except ExampleError as err:
+    except (ExampleError, FolderInUse) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:

@@ -24,7 +24,7 @@ import numpy as np
 
 from data.classification_data import ExampleError, check_unicode, encode_within
 from finetune.batching import Batcher, BatchingSpec, width_groups
-from finetune.folder import check_weights_file
+from finetune.folder import check_config_values, check_vocabulary_fits, check_weights_file
 from finetune.rows import unpack_outputs
 from finetune.runner import Runner
 from model.embedding import PackedBertForEmbedding, check_pooling
@@ -204,19 +204,12 @@ def _json_file(path: Path, default=None) -> dict:
 
 
 def load_tokenizer_of(folder: Path):
-    """The folder's fast tokenizer (tokenizer.json: what transformers' AutoTokenizer and so
-    sentence-transformers run), else a BERT WordPiece one from vocab.txt."""
-    from tokenizers import Tokenizer
+    """The folder's fast tokenizer as transformers' AutoTokenizer (and so sentence-transformers)
+    builds it: tokenizer.json, else what it converts from the folder's files (a vocab.txt with
+    tokenizer_config.json's do_lower_case, cased or not)."""
+    from finetune.folder import folder_tokenizer
 
-    from data.tokenizer import load_tokenizer
-
-    if (folder / "tokenizer.json").is_file():
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    else:
-        tokenizer = load_tokenizer(folder / "vocab.txt")[0]
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    return tokenizer
+    return folder_tokenizer(folder)
 
 
 def load_encoder(
@@ -242,14 +235,15 @@ def load_encoder(
             )
         described = {"pooling": pooling, "normalize": False, "max_length": None, "lowercase": False}
     check_weights_file(folder)
+    check_config_values(folder)
     # SDPA unless asked otherwise: a sentence-transformers folder names no backend, and SDPA
     # measured fastest here for every batching mode (docs/embeddings.md)
     overrides = {"attention_backend": attention_backend or "sdpa"}
     model_type = _json_file(folder / "config.json").get("model_type")
     try:
         if model_type == "bert":
-            model = PackedBertForEmbedding.from_pretrained(
-                folder, pooling=pooling or described["pooling"], normalize=False, **overrides
+            model = PackedBertForEmbedding.from_pretrained(  # pooling has no weights: no head needed
+                folder, pooling=pooling or described["pooling"], normalize=False, new_head=True, **overrides
             )
             positions = model.config.max_position_embeddings
         else:
@@ -257,7 +251,7 @@ def load_encoder(
 
             try:
                 model = PackedFamilyModel.from_pretrained(
-                    folder, "embedding", pooling or described["pooling"]
+                    folder, "embedding", pooling or described["pooling"], new_head=True
                 )
             except UnsupportedFamily as err:
                 raise ExampleError(f"{folder / 'config.json'}: {err}") from None
@@ -268,12 +262,14 @@ def load_encoder(
         raise ExampleError(
             f"{folder}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
         ) from None
+    tokenizer = load_tokenizer_of(folder)
+    check_vocabulary_fits(folder, tokenizer)
     length = max_length or min(described["max_length"] or positions, positions)
     if not 3 <= length <= positions:
         raise ExampleError(f"max length {length}: the model takes 3 to {positions} tokens per text")
     return Encoder(
         model=model.to(device).eval(),
-        tokenizer=load_tokenizer_of(folder),
+        tokenizer=tokenizer,
         max_length=length,
         normalize=described["normalize"] if normalize is None else normalize,
         lowercase=described["lowercase"],

@@ -31,7 +31,7 @@ from model.question_answering import PackedBertForQuestionAnswering
 
 FINETUNE_INFO = "finetune.json"
 # A tokenizer's files as transformers saves them (copied with a model trained on its tokenizer).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 REQUIRED_INFO = {
     "classification": ("labels", "multi_label", "max_sequence_length", "fields"),
     "question_answering": ("max_sequence_length", "qa"),
@@ -187,12 +187,16 @@ def load_finetuned(folder: Path, **overrides) -> ModelFolder:
     info_path = folder / FINETUNE_INFO
     info = read_finetune_info(info_path) if info_path.is_file() else describe_hub_folder(folder)
     model = load_packed_model(folder, info["task"], **overrides)
-    if (info_path.is_file() and info.get("tokenizer", "vocab.txt") == "vocab.txt") or not has_own_tokenizer(
-        folder
-    ):
+    if info_path.is_file() and info.get("tokenizer", "vocab.txt") == "vocab.txt":
+        # finetune.train's own folders: the WordPiece it trained with, exactly
         tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
+        check_vocabulary_fits(folder, tokenizer)
         return ModelFolder(folder, model, info, tokenizer, vocab)
-    return ModelFolder(folder, model, info, folder_tokenizer(folder), None, hands_token_types(folder))
+    # Any other folder: the tokenizer transformers builds from whatever files it has (a
+    # vocab.txt-only folder keeps tokenizer_config.json's do_lower_case, cased or not).
+    tokenizer = folder_tokenizer(folder)
+    check_vocabulary_fits(folder, tokenizer)
+    return ModelFolder(folder, model, info, tokenizer, None, hands_token_types(folder))
 
 
 def load_packed_model(folder: Path, task: str, **overrides):
@@ -204,6 +208,7 @@ def load_packed_model(folder: Path, task: str, **overrides):
     from model.token_classification import PackedBertForTokenClassification
 
     check_weights_file(folder)
+    check_config_values(folder)
     try:
         if model_type_of(folder) == "bert":
             model_class = {
@@ -215,7 +220,8 @@ def load_packed_model(folder: Path, task: str, **overrides):
 
         return PackedFamilyModel.from_pretrained(folder, task)
     except (OSError, ValueError, RuntimeError) as err:
-        raise ExampleError(f"{folder}: the model cannot be loaded ({first_line(err)[:200]})") from None
+        reason = first_line(err).removeprefix(f"{folder}: ")  # our own checks name the folder already
+        raise ExampleError(f"{folder}: the model cannot be loaded ({reason[:400]})") from None
 
 
 def hands_token_types(folder: Path) -> bool:
@@ -374,6 +380,45 @@ def folder_tokenizer(folder: Path):
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return tokenizer
+
+
+# Sizes in config.json that build the model's tensors (BERT's names and DistilBERT's): each,
+# where present, must be an integer >= 1; transformers would fail deep inside (or build an
+# empty model) on a string, null, 0 or a negative number.
+SIZE_KEYS = (
+    "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+    "max_position_embeddings", "type_vocab_size", "dim", "n_layers", "n_heads", "hidden_dim",
+)  # fmt: skip
+
+
+def check_config_values(folder: Path) -> None:
+    """config.json's sizes, checked before transformers reads them: one line naming the key."""
+    config_path = folder / "config.json"
+    config = read_json_object(config_path)
+    for key in SIZE_KEYS:
+        if key not in config:
+            continue
+        value = config[key]
+        least = 0 if key == "type_vocab_size" else 1  # DeBERTa-v2 has no token types: 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ExampleError(f"{config_path}: key {key!r} must be an integer >= {least}, got {value!r}")
+    for size, heads in (("hidden_size", "num_attention_heads"), ("dim", "n_heads")):
+        if size in config and heads in config and config[size] % config[heads]:
+            raise ExampleError(
+                f"{config_path}: key {size!r} ({config[size]}) must be a multiple of {heads!r} ({config[heads]})"
+            )
+
+
+def check_vocabulary_fits(folder: Path, tokenizer) -> None:
+    """A tokenizer whose ids reach past the model's embedding table (vocab_size) would index
+    out of range on the first text holding such a token: refused in one line."""
+    vocab_size = read_json_object(folder / "config.json").get("vocab_size")
+    tokens = tokenizer.get_vocab_size(with_added_tokens=True)
+    if isinstance(vocab_size, int) and tokens > vocab_size:
+        raise ExampleError(
+            f"{folder / 'config.json'}: key 'vocab_size' is {vocab_size}, but the folder's tokenizer has {tokens} "
+            "tokens: their ids would reach past the model's embedding table"
+        )
 
 
 def check_weights_file(folder: Path) -> None:

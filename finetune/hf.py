@@ -2,7 +2,7 @@
 `Trainer` and pipeline-style inference out.
 
     packed = pack_dataset(tokenized, task="single_label_classification", max_sequence_length=256)
-    model = PackedBertForSequenceClassification.from_pretrained(checkpoint, num_labels=5)
+    model = PackedBertForSequenceClassification.from_pretrained(checkpoint, num_labels=5, new_head=True)
     trainer = Trainer(model=model, args=TrainingArguments(...), train_dataset=packed,
                       eval_dataset=packed_eval, data_collator=PackedDataCollator(),
                       compute_metrics=packed_metrics("single_label_classification", my_metrics))
@@ -13,7 +13,7 @@
 Other encoder families (RoBERTa, XLM-R, DeBERTa-v2, ModernBERT, MPNet, ... model/families.py)
 take the same packs, tokenized by their own tokenizer, with the family's model in place of
 the BERT head (every task; the saved folder loads in the family's Auto class):
-    model = PackedFamilyModel.from_pretrained(folder, "classification", num_labels=5)
+    model = PackedFamilyModel.from_pretrained(folder, "classification", num_labels=5, new_head=True)
     # "token_classification" | "question_answering"; problem_type= for multi-label
 
 Tasks (pack_dataset's `task`, the columns it reads):

@@ -105,6 +105,7 @@ def build_qa_model(config: dict, checkpoint: str) -> PackedBertForQuestionAnswer
     try:
         return PackedBertForQuestionAnswering.from_pretrained(
             checkpoint,
+            new_head=True,  # fine-tuning: qa_outputs may be new; the encoder must be whole
             attention_backend=model_cfg["attention_backend"],
             hidden_dropout_prob=model_cfg["hidden_dropout"],
             attention_probs_dropout_prob=model_cfg["attention_dropout"],

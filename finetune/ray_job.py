@@ -40,7 +40,15 @@ from pathlib import Path
 
 import numpy as np
 
-from common.files import atomic_path, describe_os_error, replace_folder, write_json_atomic
+from common.files import (
+    FolderInUse,
+    atomic_path,
+    describe_os_error,
+    lock_folder,
+    model_fingerprint,
+    replace_folder,
+    write_json_atomic,
+)
 from data.classification_data import ExampleError, example_of_line
 
 INPUT_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -279,6 +287,30 @@ def verify_shards(folder: Path, chunks: list[Chunk]) -> list[dict]:
     return shards
 
 
+def unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """One line if a cluster address (`HOST:PORT`, or `ray://HOST:PORT` for Ray Client) takes
+    no connection within `timeout_s`, else None. Ray itself retries an unreachable address
+    for minutes, logging as it goes, and ends in a long traceback."""
+    import socket
+
+    if address in ("local", "auto"):
+        return None
+    client = address.startswith("ray://")
+    where = address.removeprefix("ray://")
+    host, _, port = where.rpartition(":") if ":" in where else (where, "", "")
+    host = host.strip("[]") or where
+    if port and not port.isdigit():
+        return f"--ray {address}: expected HOST:PORT (a cluster's address), 'auto' or 'local'"
+    try:
+        socket.create_connection((host, int(port or (10001 if client else 6379))), timeout=timeout_s).close()
+    except OSError as err:
+        return (
+            f"--ray {address}: no Ray cluster answers there ({err.strerror or err}); start one (ray start --head) "
+            "and give its address, 'auto' for the one on this machine, or 'local'"
+        )
+    return None
+
+
 def start_ray(address: str, workers: int, threads: int, quiet: bool):
     """`local`: a cluster of this machine (workers x threads CPUs); `auto`: the running
     cluster `ray start` made; anything else: that address."""
@@ -333,6 +365,19 @@ def chunk_key(chunk: Chunk) -> list:
     return [*asdict(chunk).values(), stat.st_size, stat.st_mtime_ns]
 
 
+def shard_intact(path: Path, rows: int) -> bool:
+    """A kept shard is reused only if it is a readable Parquet file of its chunk's rows: a
+    damaged one (cut by a full disk, edited) is computed again, not failed on at every rerun."""
+    import pyarrow.parquet as pq
+
+    if not path.is_file() or path.is_symlink():
+        return False
+    try:
+        return pq.read_metadata(path).num_rows == rows
+    except Exception:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... for a damaged file
+        return False
+
+
 def reusable_chunks(partial: Path, job_key: dict, chunks: list[Chunk]) -> set[int]:
     """Set up the partial folder for this job (plan.json: the job and every chunk's key),
     keeping the shards an earlier run of the same job (model, options, fields) wrote for
@@ -347,7 +392,7 @@ def reusable_chunks(partial: Path, job_key: dict, chunks: list[Chunk]) -> set[in
             earlier = {}
         if earlier.get("job") == job_key:
             kept = {c.number for c in chunks if earlier["chunks"].get(str(c.number)) == plan["chunks"][str(c.number)]
-                    and (partial / shard_name(c.number)).is_file()}  # fmt: skip
+                    and shard_intact(partial / shard_name(c.number), c.rows)}  # fmt: skip
     partial.mkdir(parents=True, exist_ok=True)
     for path in partial.iterdir():
         if path.name != "plan.json" and path.name not in {shard_name(n) for n in kept}:
@@ -379,14 +424,21 @@ def run_job(
             raise ExampleError(wrong)
         chunks = plan_chunks(files, args.chunk_rows, text_field)
         partial = partial_folder(args.output)
+        # Kept shards are tied to the model's content, not its path: a folder updated in place
+        # (a new revision downloaded there, a model re-saved) recomputes every chunk.
         job = {"kind": kind, "model": str(Path(args.model).resolve()), "folder": str(partial),
+               "model_fingerprint": model_fingerprint(args.model),
                "text_field": text_field, "pair_field": pair_field,
                "options": {**options, "threads": args.threads_per_worker}}  # fmt: skip
         job_key = {k: v for k, v in job.items() if k != "folder"}
         if check_model is not None:
             check_model()
+        wrong = unreachable(args.ray)  # before anything is written beside the output
+        if wrong:
+            raise ExampleError(wrong)
+        lock_folder(args.output, f"{kind} job writing this output")  # one job per output at a time
         kept = reusable_chunks(partial, job_key, chunks)
-    except ExampleError as err:
+    except (ExampleError, FolderInUse) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except OSError as err:
@@ -394,7 +446,12 @@ def run_job(
         return 2
     total = sum(c.rows for c in chunks)
     todo = [asdict(c) for c in chunks if c.number not in kept]
-    ray = start_ray(args.ray, args.workers, args.threads_per_worker, args.quiet) if todo else None
+    try:
+        ray = start_ray(args.ray, args.workers, args.threads_per_worker, args.quiet) if todo else None
+    except Exception as err:  # noqa: BLE001 - ray.init raises ConnectionError, RuntimeError, ValueError, ...
+        reason = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        print(f"error: --ray {args.ray}: the cluster could not be joined ({reason})", file=sys.stderr)
+        return 2
     try:
         done = []
         if todo:

@@ -22,6 +22,7 @@ OUTPUT/
 
 from __future__ import annotations
 
+import os
 import sys
 
 if __name__ == "__main__":  # path mistakes answered before torch is imported (common/preflight.py)
@@ -29,6 +30,7 @@ if __name__ == "__main__":  # path mistakes answered before torch is imported (c
 
     exit_on_path_mistakes({"--config": "file"})
 
+import hashlib
 import json
 import logging
 import math
@@ -58,7 +60,7 @@ from data.classification_data import (
 from data.tokenizer import DataInputError, load_tokenizer
 from finetune.batching import Batcher, BatchingSpec, collate
 from finetune.config import load_finetune_config
-from finetune.folder import model_type_of, save_finetuned
+from finetune.folder import check_config_values, model_type_of, save_finetuned
 from finetune.inference import predict_logits, score, to_device, write_predictions
 from model.classification import PackedBertForSequenceClassification
 from model.hf_checkpoint import quiet_transformers
@@ -118,6 +120,27 @@ def check_vocabulary(checkpoint: Path, vocab_file: Path) -> None:
         )
 
 
+def input_digest(config: dict) -> dict:
+    """sha256 of the training and validation files (each file of a glob), so that --resume
+    refuses data changed at the same path. -> {"train_file": hex, "validation_file": hex}."""
+    import glob as globbing
+
+    from common.files import sha256_file
+
+    digests = {}
+    for key in ("train_file", "validation_file"):
+        spec = resolve_asset(config["data"].get(key))
+        if spec is None:
+            continue
+        files = sorted(globbing.glob(spec)) if globbing.has_magic(spec) else [spec]
+        digest = hashlib.sha256()
+        for path in files:
+            if os.path.isfile(path):
+                digest.update(f"{path}\0{sha256_file(path)}\n".encode())
+        digests[key] = digest.hexdigest()
+    return digests
+
+
 def read_examples(data: dict, path: str) -> Examples:
     if data["source"] == "bbc_news":
         return read_bbc_news(path)
@@ -131,7 +154,11 @@ def prepare_task(config: dict) -> Task:
     BERT WordPiece over the vocab.txt."""
     data = config["data"]
     checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
-    own_tokenizer = data["vocab_file"] is None and (checkpoint / "tokenizer.json").is_file()
+    # The checkpoint's own tokenizer as transformers builds it: tokenizer.json, or a vocab.txt
+    # with tokenizer_config.json (its do_lower_case: a cased model stays cased).
+    own_tokenizer = data["vocab_file"] is None and (
+        (checkpoint / "tokenizer.json").is_file() or (checkpoint / "tokenizer_config.json").is_file()
+    )
     if own_tokenizer:
         from finetune.folder import folder_tokenizer, hands_token_types
 
@@ -188,9 +215,11 @@ def build_classifier(config: dict, task: Task):
               "label2id": {name: i for i, name in enumerate(task.label_names)}}  # fmt: skip
     model_type = model_type_of(Path(checkpoint))
     try:
+        check_config_values(Path(checkpoint))  # sizes transformers would trip on, in one line
         if model_type == "bert":
             model = PackedBertForSequenceClassification.from_pretrained(
                 checkpoint,
+                new_head=True,  # fine-tuning: the classifier may be new; the encoder must be whole
                 num_labels=len(task.label_names),
                 problem_type=problem_type,
                 attention_backend=model_cfg["attention_backend"],
@@ -207,7 +236,7 @@ def build_classifier(config: dict, task: Task):
                        "classifier": model_cfg["classifier_dropout"]}  # fmt: skip
             try:
                 model = PackedFamilyModel.from_pretrained(
-                    checkpoint, "classification", dropout=dropout, num_labels=len(task.label_names),
+                    checkpoint, "classification", dropout=dropout, new_head=True, num_labels=len(task.label_names),
                     problem_type=problem_type, **labels,
                 )  # fmt: skip
             except UnsupportedFamily as err:
@@ -449,7 +478,12 @@ def check_output(output: Path, resume: bool) -> dict | None:
         raise FinetuneError(
             f"--output-dir {output}: holds a finished run; choose another folder, or --overwrite to replace it"
         )
-    progress = read_progress(output)
+    try:
+        progress = read_progress(output)
+    except ValueError as err:
+        raise FinetuneError(
+            f"--resume: {err}; the checkpoint is damaged: start over with --overwrite"
+        ) from None
     if resume and progress is None:
         raise FinetuneError(f"--resume: {checkpoint_path(output)} holds no checkpoint to resume from")
     if not resume and progress is not None:
@@ -511,10 +545,24 @@ def run_finetune(
     )
     torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
     keys = ("loss_sum", "count", "correct", "correct_count")
+    data_digest = input_digest(config)
     state = {"epoch": 0, "batches_done": 0, "sums": dict.fromkeys(keys, 0.0), "steps": 0,
              "train_seconds": 0.0, "train_examples": 0, "padding": [], "config": config}  # fmt: skip
+    state["data_sha256"] = data_digest
     if progress is not None:
-        state = load_checkpoint(output, model, optimizer, scheduler)
+        try:
+            state = load_checkpoint(output, model, optimizer, scheduler)
+        except Exception as err:  # noqa: BLE001 - safetensors, torch.load and the state dicts each raise their own
+            raise FinetuneError(
+                f"--resume: {checkpoint_path(output)} is damaged ({type(err).__name__}: {first_line(err)[:200]}); "
+                "start over with --overwrite"
+            ) from None
+        if state.get("data_sha256", data_digest) != data_digest:
+            raise FinetuneError(
+                f"--resume: the training or validation data changed since the checkpoint (same paths, other "
+                f"contents: {', '.join(k for k in data_digest if state['data_sha256'].get(k) != data_digest[k])}); "
+                "resume with the data it was trained on, or start over with --overwrite"
+            )
         log.info(
             "resumed from %s: epoch %d, %d batches done in it",
             checkpoint_path(output),

@@ -38,6 +38,7 @@ from transformers import PreTrainedModel
 
 from model.classification import classification_outputs
 from model.embedding import check_pooling, pool_slots
+from model.hf_checkpoint import load_checked
 from model.packed_head import TRAINER_IGNORED_OUTPUTS, SlotRows
 from model.question_answering import span_outputs
 from model.token_classification import token_outputs
@@ -228,7 +229,15 @@ class PackedFamilyModel(PreTrainedModel):
         return max_tokens(self.config)
 
     @classmethod
-    def from_pretrained(cls, folder, task: str, pooling=("mean",), dropout: dict | None = None, **options):
+    def from_pretrained(
+        cls,
+        folder,
+        task: str,
+        pooling=("mean",),
+        dropout: dict | None = None,
+        new_head: bool = False,
+        **options,
+    ):
         """Load `folder` with transformers' Auto class of the task (never with remote code).
         options: config settings (num_labels, id2label, problem_type, ...); dropout:
         {"hidden", "attention", "classifier"} probabilities, set on whichever of the
@@ -247,7 +256,10 @@ class PackedFamilyModel(PreTrainedModel):
             _register_packed_attention()
             loading["attn_implementation"] = PACKED_ATTENTION
         auto = getattr(transformers, TASK_CLASSES[task])
-        hf_model = auto.from_pretrained(Path(folder), config=config, trust_remote_code=False, **loading)
+        # strictly (load_checked): new_head=True where fine-tuning (or embedding) needs no head from the file
+        hf_model, _ = load_checked(
+            auto, Path(folder), new_head, config=config, trust_remote_code=False, **loading
+        )
         return cls(hf_model, task, pooling)
 
     # ----- the encoder --------------------------------------------------------------------

@@ -37,18 +37,99 @@ def hf_model_class(name: str):
     return getattr(transformers, name)
 
 
-def load_reference(class_name: str, folder: Path, **kwargs):
-    """(transformers model, loading info) of `class_name` from `folder`. A truncated or
-    foreign model.safetensors is a ValueError naming the folder: safetensors raises its own
-    SafetensorError, which callers that report OSError / ValueError would not catch."""
+def load_reference(class_name: str, folder: Path, new_head: bool = False, **kwargs):
+    """(transformers model, loading info) of `class_name` from `folder`, loaded strictly
+    (load_checked). A truncated or foreign model.safetensors is a ValueError naming the
+    folder: safetensors raises its own SafetensorError, which callers that report OSError /
+    ValueError would not catch."""
+    return load_checked(hf_model_class(class_name), folder, new_head, **kwargs)
+
+
+# Buffers that old checkpoints carry and new models rebuild (or the reverse): never weights.
+IGNORED_KEY_SUFFIXES = ("position_ids",)
+
+
+def load_checked(model_class, folder: Path, new_head: bool, **kwargs):
+    """`model_class.from_pretrained(folder)` -> (model, loading info), refused in one line
+    (ValueError naming the weights) unless every encoder weight of the model is in the file,
+    every encoder weight of the file is used, and no shape differs; with `new_head=False`
+    (inference) the task head must be in the file too and nothing else may be left over;
+    with `new_head=True` (the start of fine-tuning) a head absent from the file is
+    initialised, and other tasks' heads in the file (a pretraining checkpoint's) are dropped.
+    transformers itself only logs these (MISSING / UNEXPECTED), and its log is silenced here."""
     from safetensors import SafetensorError
 
     try:
-        return hf_model_class(class_name).from_pretrained(folder, output_loading_info=True, **kwargs)
+        try:
+            model, info = model_class.from_pretrained(folder, output_loading_info=True, **kwargs)
+        except RuntimeError as err:
+            if "ignore_mismatched_sizes" not in str(err):
+                raise
+            # transformers' own message points to a report that is silenced: load again to
+            # name the weights and their shapes
+            retry = {**kwargs, "ignore_mismatched_sizes": True}
+            model, info = model_class.from_pretrained(folder, output_loading_info=True, **retry)
     except SafetensorError as err:
         raise ValueError(
             f"{folder}: the weights cannot be read ({err}; a truncated or damaged file?)"
         ) from None
+    problem = loading_problem(info, encoder_prefixes(model), new_head)
+    if problem:
+        raise ValueError(f"{folder}: {problem}")
+    return model, info
+
+
+def encoder_prefixes(model) -> tuple[str, ...]:
+    """Weight-name prefixes of the encoder proper inside a transformers model (its base
+    model's children but the pooler): 'bert.embeddings.', 'bert.encoder.' for a task model,
+    'embeddings.', 'encoder.' for a bare BertModel."""
+    base = getattr(model, "base_model", model)
+    prefix = "" if base is model else f"{model.base_model_prefix}."
+    return tuple(f"{prefix}{name}." for name, _ in base.named_children() if name != "pooler")
+
+
+def loading_problem(info: dict, encoder: tuple[str, ...], new_head: bool) -> str | None:
+    """Why transformers' loading info (missing / unexpected / mismatched keys) means the
+    model would not be the folder's, in one line; None when it is (see load_checked)."""
+    mismatched = sorted(info.get("mismatched_keys") or [], key=lambda m: m[0])
+    if mismatched:
+        key, in_file, in_model = mismatched[0]
+        more = f" (and {len(mismatched) - 1} more weights)" if len(mismatched) > 1 else ""
+        return (
+            f"weight {key} has shape {list(in_file)} in the file but {list(in_model)} in the model that "
+            f"config.json describes{more}; the config and the weights are not the same model's"
+        )
+
+    def real(keys):
+        return sorted(k for k in keys or () if not k.endswith(IGNORED_KEY_SUFFIXES))
+
+    missing, unexpected = real(info.get("missing_keys")), real(info.get("unexpected_keys"))
+    missing_encoder = [k for k in missing if k.startswith(encoder)]
+    unexpected_encoder = [k for k in unexpected if k.startswith(encoder)]
+    if missing_encoder or unexpected_encoder:
+        parts = []
+        if missing_encoder:
+            parts.append(
+                f"{len(missing_encoder)} encoder weights of the model are not in the file (e.g. {missing_encoder[0]})"
+            )
+        if unexpected_encoder:
+            parts.append(
+                f"{len(unexpected_encoder)} encoder weights in the file are not used (e.g. {unexpected_encoder[0]})"
+            )
+        return (
+            "; ".join(parts)
+            + ": config.json (its model_type, num_hidden_layers, ...) does not describe these "
+            "weights; they would run with random or dropped layers"
+        )
+    if new_head:
+        return None
+    if missing:
+        return (
+            f"the model's head is not in the file ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): "
+            "it would be random; this folder is not a model fine-tuned for this task (fine-tune it with "
+            "finetune.train first)"
+        )
+    return None  # what is left over is another task's head (a pretraining head): unused, harmless
 
 
 def read_config(folder: Path, overrides: dict) -> BertConfig:

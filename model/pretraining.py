@@ -102,7 +102,8 @@ class PackedBertForPreTraining(nn.Module):
         (dropout, attention_backend, ...); shape fields must match the checkpoint."""
         folder = Path(folder)
         config = read_config(folder, overrides)
-        reference, info = load_reference("BertForPreTraining", folder, config=config)
+        # pretraining may start from a bare encoder: its heads are then initialised (and logged)
+        reference, info = load_reference("BertForPreTraining", folder, new_head=True, config=config)
         model = cls(config)
         state = reference.state_dict()
         state.pop("cls.predictions.decoder.bias", None)  # HF alias of cls.predictions.bias

@@ -13,7 +13,11 @@
   rebinding its own domain's DNS to 127.0.0.1 (DNS rebinding): the browser would send the
   page's domain as Host. A server bound to every address (0.0.0.0, ::) is meant to be
   reached by names this process cannot know: it checks Host only against `--allowed-hosts`
-  when given.
+  when given. `--allowed-hosts` adds names; it never takes loopback away from a client on
+  the machine itself (its own health checks: `curl localhost:PORT/ready`), since a rebound
+  page's request names the page's domain, not localhost.
+- An empty key (`--api-key "$KEY"` with KEY unset, or `API_KEY=`) is refused when the server
+  starts (AccessRules raises ValueError): it would otherwise mean no authentication at all.
 - Origin: a browser names the page that sent a request in `Origin`; a request from a page
   whose host is not allowed gets 403, whatever its Content-Type (a `text/plain` POST needs
   no CORS preflight, so CORS alone would not stop it). Clients that are not browsers send
@@ -23,6 +27,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -43,13 +48,17 @@ class AccessRules:
     @classmethod
     def for_bind(cls, bind_host: str, api_key: str | None = None, allowed_hosts=None) -> AccessRules:
         """The defaults for a server bound to `bind_host` (see the module's docstring)."""
+        if api_key is not None and not api_key.strip():
+            raise ValueError(
+                "--api-key is empty (or $API_KEY is set to an empty value): an empty key would leave "
+                "the server without authentication; give a key, or leave both unset to serve without one"
+            )
+        bound = set() if bind_host in ANY_ADDRESS else {bind_host.lower().strip("[]"), *LOOPBACK}
         if allowed_hosts:
-            hosts = frozenset(h.lower().strip("[]") for h in allowed_hosts)
-        elif bind_host in ANY_ADDRESS:
-            hosts = None
+            hosts = frozenset({*(h.lower().strip("[]") for h in allowed_hosts), *bound})
         else:
-            hosts = frozenset({bind_host.lower().strip("[]"), *LOOPBACK})
-        return cls(api_key or None, hosts)
+            hosts = None if bind_host in ANY_ADDRESS else frozenset(bound)
+        return cls(api_key, hosts)
 
 
 def host_of(value: str) -> str:
@@ -60,12 +69,27 @@ def host_of(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
-def refusal(rules: AccessRules, method: str, path: str, headers: dict) -> tuple[int, str] | None:
+def is_loopback(address: str | None) -> bool:
+    """127.0.0.0/8, ::1 or an IPv4-mapped loopback address."""
+    if not address:
+        return False
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def refusal(
+    rules: AccessRules, method: str, path: str, headers: dict, client: str | None = None
+) -> tuple[int, str] | None:
     """Why this request is refused, as (HTTP status, message), or None to serve it.
-    headers: lower-case names -> values."""
+    headers: lower-case names -> values; client: the peer's address (None: unknown)."""
     if rules.allowed_hosts is not None:
         host = host_of(headers.get("host", ""))
-        if host not in rules.allowed_hosts:
+        own_machine = host in LOOPBACK and is_loopback(client)
+        if host not in rules.allowed_hosts and not own_machine:
             return (
                 421,
                 f"Host {host or '(none)'!r} is not served here; allowed: {', '.join(sorted(rules.allowed_hosts))} (--allowed-hosts)",
@@ -101,7 +125,8 @@ class AccessGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        refused = refusal(self.rules, scope.get("method", ""), scope.get("path", ""), headers)
+        client = (scope.get("client") or (None,))[0]
+        refused = refusal(self.rules, scope.get("method", ""), scope.get("path", ""), headers, client)
         if refused is None:
             return await self.app(scope, receive, send)
         status, message = refused

@@ -97,12 +97,19 @@ def main(argv=None) -> int:
         print("error: --timeout-s and --body-timeout-s must be > 0, --max-wait-ms >= 0", file=sys.stderr)
         return 2
 
+    from serving.access import AccessRules
+
+    try:  # before the model loads: an empty key is refused at once
+        access = AccessRules.for_bind(args.host, args.api_key, args.allowed_hosts)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
     import uvicorn
 
     from data.classification_data import ExampleError
     from finetune.precision import device_problem
     from model.hf_checkpoint import quiet_transformers
-    from serving.access import AccessRules
     from serving.api import RequestLimits
     from serving.app import create_app
     from serving.engines import load_engine
@@ -131,7 +138,6 @@ def main(argv=None) -> int:
     limits = RequestLimits(
         args.max_body_bytes, args.max_client_batch_size, body_timeout_s=args.body_timeout_s
     )
-    access = AccessRules.for_bind(args.host, args.api_key, args.allowed_hosts)
     app = create_app(engine, policy, queue, limits, args.tokenizer_threads, access)
     print(
         f"serving {args.model} ({engine.task}, policy {args.policy}) on http://{args.host}:{args.port}",

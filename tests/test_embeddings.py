@@ -154,7 +154,8 @@ def test_command_writes_rows_in_line_order(st_model, texts, tmp_path, capsys):
     )
     assert 0 < summary["real_token_fraction"] <= 1
     assert_same_vectors(np.load(output), st_model.encode(texts, convert_to_numpy=True))
-    assert sorted(p.name for p in output.parent.iterdir()) == ["embeddings.npy"]
+    # the output and its lock (one run per output at a time), nothing half-written
+    assert sorted(p.name for p in output.parent.iterdir()) == [".embeddings.npy.lock", "embeddings.npy"]
 
 
 @pytest.mark.parametrize(
@@ -176,7 +177,9 @@ def test_command_refuses_bad_lines_with_one_line_and_writes_nothing(tmp_path, ca
     assert embed_command.main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and message in err and "\n" not in err, err
-    assert not any(tmp_path.glob("*.npy*")) and not any(tmp_path.glob(".*tmp*"))
+    assert not [p for p in tmp_path.glob("*.npy*") if p.suffix != ".lock"] and not any(
+        tmp_path.glob(".*tmp*")
+    )
 
 
 def test_command_refuses_bad_options(tmp_path, capsys):
@@ -203,8 +206,12 @@ def test_bfloat16_is_refused_where_the_cpu_has_no_bf16(tmp_path, capsys, monkeyp
     assert "no bf16 instructions" in capsys.readouterr().err
 
 
-def test_bfloat16_autocast_agrees_with_float32(st_model, texts):
-    """Where bf16 runs (here forced past the hardware check), vectors stay close to fp32."""
+def test_bfloat16_autocast_agrees_with_float32(st_model, texts, monkeypatch):
+    """Where bf16 runs (here forced past the hardware check, so that a CPU without bf16
+    instructions emulates it), vectors stay close to fp32."""
+    from finetune import precision
+
+    monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     encoder = load_encoder(model_dir(), max_length=MAX_LENGTH)
     fp32 = encode(texts, encoder)
     bf16 = encode(texts, encoder, options=EncodeOptions(dtype="bfloat16"))

@@ -293,3 +293,61 @@ def test_batches_from_parquet_or_a_user_meet_the_commands_rules_in_one_line():
         with pytest.raises(ExampleError, match=re.escape(says)):
             checked_texts(texts, "text", where, **rules)
     assert checked_texts(["", None, "b"], "pair", where, empty_ok=True, none_ok=True) == ["", None, "b"]
+
+
+def test_kept_shards_are_tied_to_the_model_and_checked_and_an_unreachable_cluster_is_one_line(
+    cluster, tmp_path
+):
+    """Reliability 6: kept shards of a model changed in place are recomputed; a damaged kept
+    shard is recomputed, not failed on at every rerun; an address where no cluster answers
+    is one line within seconds, with nothing left beside the output."""
+    import shutil
+    import socket
+
+    model = tmp_path / "model"
+    shutil.copytree(model_dir(), model, ignore=shutil.ignore_patterns("onnx", "openvino"))
+    lines = [json.dumps({"text": t}) for t in TEXTS[:32]]
+    lines[30] = '{"text": "unterminated'
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    ray_args = ("--ray", cluster.address, "--workers", 1, "--chunk-rows", 8, "--quiet")
+    first = command("finetune.embed", "--model", model, "--input", source, "--output", out, *ray_args)
+    assert first.returncode == 2 and "other 24 rows are kept" in first.stderr  # 3 of 4 chunks kept
+    partial = tmp_path / ".out.partial"
+    shard = sorted(partial.glob("part-*"))[0]
+    shard.write_bytes(shard.read_bytes()[:40])  # a damaged kept shard
+    lines[30] = json.dumps({"text": "fixed"})
+    source.write_text("\n".join(lines) + "\n")
+    again = command(
+        "finetune.embed", "--model", model, "--input", source, "--output", out, *ray_args, check=True
+    )
+    summary = json.loads(again.stdout.splitlines()[-1])
+    assert (summary["chunks_run"], summary["chunks_kept"]) == (2, 2)
+
+    # the same job after the model was re-saved in place: nothing kept from the old weights
+    second_out = tmp_path / "out2"
+    lines[5] = '{"text": "broken'
+    source.write_text("\n".join(lines) + "\n")
+    assert command("finetune.embed", "--model", model, "--input", source, "--output", second_out,
+                   *ray_args).returncode == 2  # fmt: skip
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1e-5}))
+    lines[5] = json.dumps({"text": "fixed too"})
+    source.write_text("\n".join(lines) + "\n")
+    redone = command("finetune.embed", "--model", model, "--input", source, "--output", second_out, *ray_args,
+                     check=True)  # fmt: skip
+    assert json.loads(redone.stdout.splitlines()[-1])["chunks_kept"] == 0
+
+    with socket.socket() as probe:  # a port where nothing listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    started_at = time.monotonic()
+    done = command("finetune.embed", "--model", model, "--input", source, "--output", tmp_path / "o3",
+                   "--ray", f"127.0.0.1:{port}", "--quiet")  # fmt: skip
+    assert done.returncode == 2 and time.monotonic() - started_at < 60
+    assert (
+        "Traceback" not in done.stderr
+        and "no Ray cluster answers there" in done.stderr.strip().splitlines()[-1]
+    )
+    assert not (tmp_path / ".o3.partial").exists()

@@ -155,7 +155,7 @@ def cross_encoder(tmp_path_factory):
 
     torch.manual_seed(0)
     model = PackedBertForSequenceClassification.from_pretrained(
-        model_dir(), num_labels=1, problem_type="multi_label_classification"
+        model_dir(), new_head=True, num_labels=1, problem_type="multi_label_classification"
     )
     folder = tmp_path_factory.mktemp("cross") / "model"
     config = {

@@ -1,0 +1,180 @@
+"""One door from a model folder to its packed model: (model_type, task) -> the builder.
+
+    opened = open_model(folder, "classification", ModelOptions(new_head=True, config={"num_labels": 3}))
+    opened.model         # a torch module taking packed rows
+    opened.max_tokens    # tokens per sequence its position table holds
+
+Which stack runs a folder is decided here and nowhere else: BERT on this project's own
+packed BERT heads (model/classification.py, ...: every attention backend, IPU-ready),
+every other encoder family on transformers' own modules with packed attention
+(model/families.py `PackedFamilyModel`). finetune/ and serving/ ask for a task; they never
+compare a `model_type`. A type the table does not hold is one UnsupportedFamily line naming
+the supported list.
+
+Every builder loads strictly (model.hf_checkpoint.load_checked): `new_head=True` where
+fine-tuning (or pooling for embeddings) needs no head from the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from model.families import FAMILIES, PackedFamilyModel, UnsupportedFamily, max_tokens, use_packed_attention
+
+TASKS = ("classification", "token_classification", "question_answering", "embedding")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """What a caller sets when opening a folder; None keeps the folder's own value.
+
+    new_head: a head absent from the file may be initialised (the start of fine-tuning);
+        False refuses it (inference).
+    attention_backend: dense | sdpa | flex | varlen (BERT's own stack; the other families
+        run transformers' attention interface with packed masks).
+    hidden_dropout, attention_dropout, classifier_dropout: probabilities, on whichever of
+        the family's config keys name them.
+    pooling: embedding pooling modes (model.embedding.POOLING_MODES).
+    config: config settings of the task head (num_labels, problem_type, id2label, label2id).
+    """
+
+    new_head: bool = False
+    attention_backend: str | None = None
+    hidden_dropout: float | None = None
+    attention_dropout: float | None = None
+    classifier_dropout: float | None = None
+    pooling: tuple[str, ...] | None = None
+    config: Mapping = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OpenedModel:
+    """model: the packed torch module; max_tokens: tokens per sequence it takes."""
+
+    model: torch.nn.Module
+    max_tokens: int
+
+
+def _bert_classes() -> dict[str, type]:
+    from model.classification import PackedBertForSequenceClassification
+    from model.embedding import PackedBertForEmbedding
+    from model.question_answering import PackedBertForQuestionAnswering
+    from model.token_classification import PackedBertForTokenClassification
+
+    return {
+        "classification": PackedBertForSequenceClassification,
+        "token_classification": PackedBertForTokenClassification,
+        "question_answering": PackedBertForQuestionAnswering,
+        "embedding": PackedBertForEmbedding,
+    }
+
+
+def open_bert(folder: Path, task: str, options: ModelOptions) -> OpenedModel:
+    """This project's packed BERT head for `task` (dropouts as BertConfig names them)."""
+    settings = dict(options.config)
+    for key, value in (
+        ("attention_backend", options.attention_backend),
+        ("hidden_dropout_prob", options.hidden_dropout),
+        ("attention_probs_dropout_prob", options.attention_dropout),
+        ("classifier_dropout", options.classifier_dropout),
+    ):
+        if value is not None:
+            settings[key] = value
+    if task == "embedding":  # pooled by this project: the encoder's own pooler is not used
+        settings.update(pooling=list(options.pooling or ("mean",)), normalize=False)
+    model = _bert_classes()[task].from_pretrained(folder, new_head=options.new_head, **settings)
+    return OpenedModel(model, model.config.max_position_embeddings)
+
+
+def open_family(folder: Path, task: str, options: ModelOptions) -> OpenedModel:
+    """transformers' own modules of the family, attention packed (model/families.py)."""
+    dropout = {
+        what: value
+        for what, value in (
+            ("hidden", options.hidden_dropout),
+            ("attention", options.attention_dropout),
+            ("classifier", options.classifier_dropout),
+        )
+        if value is not None
+    }
+    model = PackedFamilyModel.from_pretrained(
+        folder, task, options.pooling or ("mean",), dropout=dropout or None, new_head=options.new_head,
+        **dict(options.config),
+    )  # fmt: skip
+    return OpenedModel(model, model.max_tokens)
+
+
+# model_type -> builder: BERT on its own stack, every other encoder family on its own modules.
+OPENERS: dict[str, Callable[[Path, str, ModelOptions], OpenedModel]] = {
+    **{model_type: open_family for model_type in FAMILIES},
+    "bert": open_bert,
+}
+
+
+def supported_model_types() -> list[str]:
+    return sorted(OPENERS)
+
+
+def model_type_of(folder: Path) -> str | None:
+    """config.json's model_type (None where unreadable: the loader then says why)."""
+    try:
+        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def opener_for(model_type: str | None) -> Callable[[Path, str, ModelOptions], OpenedModel]:
+    if model_type not in OPENERS:
+        raise UnsupportedFamily(
+            f"model_type {model_type!r} is not a packed encoder family; supported: {', '.join(supported_model_types())}"
+        )
+    return OPENERS[model_type]
+
+
+def open_model(folder, task: str, options: ModelOptions | None = None) -> OpenedModel:
+    """The packed model of `folder` for `task` (TASKS). UnsupportedFamily for a model_type the
+    table does not hold; ValueError / OSError / RuntimeError (one line naming the folder) for
+    a folder that cannot be loaded."""
+    if task not in TASKS:
+        raise ValueError(f"task {task!r}: expected one of {', '.join(TASKS)}")
+    folder = Path(folder)
+    return opener_for(model_type_of(folder))(folder, task, options or ModelOptions())
+
+
+def packed_from_loaded(hf_encoder, pooling) -> torch.nn.Module:
+    """A packed embedding model over an already loaded transformers encoder (a
+    SentenceTransformer's `auto_model`), sharing its weights: no file read. BERT: this
+    project's embedding model with the weights loaded by name; other families: the module
+    itself, its attention routed through the packed function."""
+    if OPENERS.get(getattr(hf_encoder.config, "model_type", None)) is not open_bert:
+        use_packed_attention(hf_encoder)
+        return PackedFamilyModel(hf_encoder, "embedding", tuple(pooling)).eval()
+    from model.embedding import PackedBertForEmbedding
+
+    config = type(hf_encoder.config).from_dict(hf_encoder.config.to_dict())
+    config.embedding_pooling = list(pooling)
+    config.embedding_normalize = False
+    config.attention_backend = "sdpa"  # as finetune.embedding.load_encoder's default
+    model = PackedBertForEmbedding.build(config)
+    state = {f"bert.{k}": v for k, v in hf_encoder.state_dict().items() if not k.startswith("pooler.")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"weight names do not map: missing {missing}, unexpected {unexpected}")
+    return model.to(next(hf_encoder.parameters()).device).eval()
+
+
+__all__ = [
+    "ModelOptions",
+    "OpenedModel",
+    "TASKS",
+    "max_tokens",
+    "model_type_of",
+    "open_model",
+    "packed_from_loaded",
+    "supported_model_types",
+]
