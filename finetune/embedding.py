@@ -27,7 +27,9 @@ from finetune.batching import Batcher, BatchingSpec, width_groups
 from finetune.folder import check_config_values, check_vocabulary_fits, check_weights_file
 from finetune.rows import unpack_outputs
 from finetune.runner import Runner
-from model.embedding import PackedBertForEmbedding, check_pooling
+from model.embedding import check_pooling
+from model.families import UnsupportedFamily
+from model.opening import ModelOptions, open_model, packed_from_loaded
 
 # --batching names -> finetune.batching modes (padded: fixed rows of max_seq_length tokens;
 # sorted: sentence-transformers' encode, batches of length-sorted texts padded to their longest)
@@ -62,7 +64,7 @@ class EncodeOptions:
 class Encoder:
     """A loaded embedding model and how texts reach it."""
 
-    model: PackedBertForEmbedding  # pools, never normalizes: `normalize` is applied after
+    model: object  # a packed embedding model (model.opening): pools, never normalizes; `normalize` is applied after
     tokenizer: object  # a `tokenizers` Tokenizer; truncation off (done here)
     max_length: int  # tokens per text, [CLS] and [SEP] included (max_seq_length)
     normalize: bool  # L2-normalize (sentence-transformers' Normalize module)
@@ -238,24 +240,14 @@ def load_encoder(
     check_config_values(folder)
     # SDPA unless asked otherwise: a sentence-transformers folder names no backend, and SDPA
     # measured fastest here for every batching mode (docs/embeddings.md)
-    overrides = {"attention_backend": attention_backend or "sdpa"}
-    model_type = _json_file(folder / "config.json").get("model_type")
+    options = ModelOptions(  # pooling has no weights: no head is needed from the file
+        new_head=True, attention_backend=attention_backend or "sdpa", pooling=pooling or described["pooling"]
+    )
     try:
-        if model_type == "bert":
-            model = PackedBertForEmbedding.from_pretrained(  # pooling has no weights: no head needed
-                folder, pooling=pooling or described["pooling"], normalize=False, new_head=True, **overrides
-            )
-            positions = model.config.max_position_embeddings
-        else:
-            from model.families import PackedFamilyModel, UnsupportedFamily
-
-            try:
-                model = PackedFamilyModel.from_pretrained(
-                    folder, "embedding", pooling or described["pooling"], new_head=True
-                )
-            except UnsupportedFamily as err:
-                raise ExampleError(f"{folder / 'config.json'}: {err}") from None
-            positions = model.max_tokens
+        opened = open_model(folder, "embedding", options)
+        model, positions = opened.model, opened.max_tokens
+    except UnsupportedFamily as err:
+        raise ExampleError(f"{folder / 'config.json'}: {err}") from None
     except (OSError, ValueError, RuntimeError) as err:
         if isinstance(err, ExampleError):
             raise
@@ -289,31 +281,10 @@ def encoder_from_sentence_transformer(st_model) -> Encoder:
             f"packed encoding runs Transformer -> Pooling (-> Normalize); this model has {kinds}"
         )
     transformer, pooling = modules[0], modules[1]
-    bert = transformer.auto_model
-    if getattr(bert.config, "model_type", None) != "bert":
-        # Another family: transformers' own modules, shared (model/families.py); its
-        # attention is routed through the packed function, which runs SDPA for the
-        # model's ordinary (unpacked) calls, so the SentenceTransformer keeps working.
-        from model.families import PackedFamilyModel, use_packed_attention
-
-        use_packed_attention(bert)
-        model = PackedFamilyModel(bert, "embedding", check_pooling(pooling.pooling_mode)).eval()
-        return Encoder(
-            model=model, tokenizer=_backend_tokenizer(transformer.tokenizer), max_length=int(st_model.max_seq_length),
-            normalize="Normalize" in kinds, lowercase=bool(getattr(transformer, "do_lower_case", False)),
-            prompts=dict(getattr(st_model, "prompts", None) or {}),
-            default_prompt_name=getattr(st_model, "default_prompt_name", None),
-        )  # fmt: skip
-    config = type(bert.config).from_dict(bert.config.to_dict())
-    config.embedding_pooling = list(check_pooling(pooling.pooling_mode))
-    config.embedding_normalize = False
-    config.attention_backend = "sdpa"  # as load_encoder's default
-    model = PackedBertForEmbedding.build(config)
-    state = {f"bert.{k}": v for k, v in bert.state_dict().items() if not k.startswith("pooler.")}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"weight names do not map: missing {missing}, unexpected {unexpected}")
-    model = model.to(next(bert.parameters()).device).eval()
+    encoder = transformer.auto_model
+    # BERT on this project's embedding model (the weights loaded by name, no copy kept),
+    # other families on their own modules with packed attention: model.opening decides.
+    model = packed_from_loaded(encoder, check_pooling(pooling.pooling_mode))
     return Encoder(
         model=model,
         tokenizer=_backend_tokenizer(transformer.tokenizer),

@@ -26,8 +26,6 @@ from common.cli import first_line
 from common.files import write_json_atomic
 from data.classification_data import ExampleError
 from data.tokenizer import load_tokenizer
-from model.classification import PackedBertForSequenceClassification
-from model.question_answering import PackedBertForQuestionAnswering
 
 FINETUNE_INFO = "finetune.json"
 # A tokenizer's files as transformers saves them (copied with a model trained on its tokenizer).
@@ -173,20 +171,20 @@ class ModelFolder:
         return AutoTokenizer.from_pretrained(self.folder)
 
 
-def load_finetuned(folder: Path, **overrides) -> ModelFolder:
+def load_finetuned(folder: Path, attention_backend: str | None = None) -> ModelFolder:
     """A model folder for predict and the server: a `finetune.train` output (finetune.json)
     or any folder transformers' `save_pretrained` wrote with a sequence-classification,
     token-classification or question-answering head (task from config.json's
     `architectures`, labels from `id2label`, multi-label from `problem_type`, tokenization
-    by the folder's tokenizer.json). overrides set non-shape model options
-    (attention_backend, ...). ExampleError (one line, naming the file and key) for a folder
+    by the folder's tokenizer.json). attention_backend overrides BERT's (every backend
+    computes the same outputs). ExampleError (one line, naming the file and key) for a folder
     that cannot be run."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ExampleError(f"{folder}: no such folder" if not folder.exists() else f"{folder}: not a folder")
     info_path = folder / FINETUNE_INFO
     info = read_finetune_info(info_path) if info_path.is_file() else describe_hub_folder(folder)
-    model = load_packed_model(folder, info["task"], **overrides)
+    model = load_packed_model(folder, info["task"], attention_backend)
     if info_path.is_file() and info.get("tokenizer", "vocab.txt") == "vocab.txt":
         # finetune.train's own folders: the WordPiece it trained with, exactly
         tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
@@ -199,26 +197,21 @@ def load_finetuned(folder: Path, **overrides) -> ModelFolder:
     return ModelFolder(folder, model, info, tokenizer, None, hands_token_types(folder))
 
 
-def load_packed_model(folder: Path, task: str, **overrides):
+def load_packed_model(folder: Path, task: str, attention_backend: str | None = None):
     """The packed model of a folder for `task` ("classification" | "token_classification" |
-    "question_answering"): this project's packed BERT heads for a BERT folder, the family's
-    transformers modules with packed attention for the others (model/families.py).
-    overrides: non-shape options of the BERT heads (attention_backend, ...). ExampleError
-    (one line) for weights that are a pickle, or a folder that cannot be loaded."""
-    from model.token_classification import PackedBertForTokenClassification
+    "question_answering"), through the one door (model.opening.open_model), loaded strictly
+    (its head must be in the file). attention_backend: BERT's (every backend computes the
+    same outputs). ExampleError (one line) for weights that are a pickle, a model_type the
+    door does not hold, or a folder that cannot be loaded."""
+    from model.families import UnsupportedFamily
+    from model.opening import ModelOptions, open_model
 
     check_weights_file(folder)
     check_config_values(folder)
     try:
-        if model_type_of(folder) == "bert":
-            model_class = {
-                "question_answering": PackedBertForQuestionAnswering,
-                "token_classification": PackedBertForTokenClassification,
-            }.get(task, PackedBertForSequenceClassification)
-            return model_class.from_pretrained(folder, **overrides)
-        from model.families import PackedFamilyModel
-
-        return PackedFamilyModel.from_pretrained(folder, task)
+        return open_model(folder, task, ModelOptions(attention_backend=attention_backend)).model
+    except UnsupportedFamily as err:
+        raise ExampleError(f"{folder / 'config.json'}: {err}") from None
     except (OSError, ValueError, RuntimeError) as err:
         reason = first_line(err).removeprefix(f"{folder}: ")  # our own checks name the folder already
         raise ExampleError(f"{folder}: the model cannot be loaded ({reason[:400]})") from None
@@ -233,14 +226,6 @@ def hands_token_types(folder: Path) -> bool:
         return "token_type_ids" in AutoTokenizer.from_pretrained(folder).model_input_names
     except Exception:  # noqa: BLE001 - a tokenizer transformers cannot build: the template's own ids
         return True
-
-
-def model_type_of(folder: Path) -> str | None:
-    """config.json's model_type (None where unreadable: the loader then says why)."""
-    try:
-        return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def has_own_tokenizer(folder: Path) -> bool:
@@ -305,13 +290,14 @@ def describe_hub_folder(folder: Path) -> dict:
             "*ForSequenceClassification, *ForTokenClassification or *ForQuestionAnswering folder "
             "(for embeddings of a bare encoder use finetune.embed --pooling)"
         )
-    from model.families import FAMILIES, usable_positions
+    from model.families import usable_positions
+    from model.opening import supported_model_types
 
     model_type = config.get("model_type")
-    if model_type not in FAMILIES:
+    if model_type not in supported_model_types():  # the door's table, read once here
         raise ExampleError(
             f"{config_path}: key 'model_type' is {model_type!r}, not a packed encoder family; supported: "
-            f"{', '.join(sorted(FAMILIES))}"
+            f"{', '.join(supported_model_types())}"
         )
     positions = config.get("max_position_embeddings")
     if not isinstance(positions, int) or positions < 3:

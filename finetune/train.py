@@ -60,10 +60,11 @@ from data.classification_data import (
 from data.tokenizer import DataInputError, load_tokenizer
 from finetune.batching import Batcher, BatchingSpec, collate
 from finetune.config import load_finetune_config
-from finetune.folder import check_config_values, model_type_of, save_finetuned
+from finetune.folder import check_config_values, save_finetuned
 from finetune.inference import predict_logits, score, to_device, write_predictions
-from model.classification import PackedBertForSequenceClassification
+from model.families import UnsupportedFamily
 from model.hf_checkpoint import quiet_transformers
+from model.opening import ModelOptions, open_model, qa_fine_tuning_refusal
 from optim import weight_decay_groups
 from packing.errors import PackingInputError
 
@@ -213,35 +214,19 @@ def build_classifier(config: dict, task: Task):
     problem_type = "multi_label_classification" if data["multi_label"] else "single_label_classification"
     labels = {"id2label": dict(enumerate(task.label_names)),
               "label2id": {name: i for i, name in enumerate(task.label_names)}}  # fmt: skip
-    model_type = model_type_of(Path(checkpoint))
+    options = ModelOptions(
+        new_head=True,  # fine-tuning: the classifier may be new; the encoder must be whole
+        attention_backend=model_cfg["attention_backend"],
+        dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"],
+                 "classifier": model_cfg["classifier_dropout"]},
+        config={"num_labels": len(task.label_names), "problem_type": problem_type, **labels},
+    )  # fmt: skip
     try:
         check_config_values(Path(checkpoint))  # sizes transformers would trip on, in one line
-        if model_type == "bert":
-            model = PackedBertForSequenceClassification.from_pretrained(
-                checkpoint,
-                new_head=True,  # fine-tuning: the classifier may be new; the encoder must be whole
-                num_labels=len(task.label_names),
-                problem_type=problem_type,
-                attention_backend=model_cfg["attention_backend"],
-                hidden_dropout_prob=model_cfg["hidden_dropout"],
-                attention_probs_dropout_prob=model_cfg["attention_dropout"],
-                classifier_dropout=model_cfg["classifier_dropout"],
-                **labels,
-            )
-            positions = model.config.max_position_embeddings
-        else:
-            from model.families import PackedFamilyModel, UnsupportedFamily, max_tokens
-
-            dropout = {"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"],
-                       "classifier": model_cfg["classifier_dropout"]}  # fmt: skip
-            try:
-                model = PackedFamilyModel.from_pretrained(
-                    checkpoint, "classification", dropout=dropout, new_head=True, num_labels=len(task.label_names),
-                    problem_type=problem_type, **labels,
-                )  # fmt: skip
-            except UnsupportedFamily as err:
-                raise FinetuneError(f"model.init_checkpoint {checkpoint}: {err}") from None
-            positions = max_tokens(model.config)
+        opened = open_model(checkpoint, "classification", options)
+        model, positions = opened.model, opened.max_tokens
+    except UnsupportedFamily as err:
+        raise FinetuneError(f"model.init_checkpoint {checkpoint}: {err}") from None
     except (OSError, ValueError, RuntimeError) as err:  # a missing, truncated or foreign folder
         if isinstance(err, FinetuneError):
             raise
@@ -369,12 +354,9 @@ def qa_job(config: dict) -> Job:
     )
 
     checkpoint = resolve_asset(config["model"]["init_checkpoint"])
-    model_type = model_type_of(Path(checkpoint))
-    if model_type != "bert":
-        raise FinetuneError(
-            f"model.init_checkpoint {checkpoint}: question answering fine-tunes BERT checkpoints here; "
-            f"a {model_type!r} checkpoint fine-tunes for classification, and its QA folders run in predict and the server"
-        )
+    refusal = qa_fine_tuning_refusal(checkpoint)
+    if refusal:
+        raise FinetuneError(f"model.init_checkpoint {checkpoint}: {refusal}")
     vocab_file = Path(resolve_asset(config["data"]["vocab_file"]) or Path(checkpoint) / "vocab.txt")
     if not vocab_file.is_file():
         raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")

@@ -55,6 +55,10 @@ class Family:
     attention: str = "interface"  # "interface" (AttentionInterface) | "mask" (a pair mask of its own)
     classifier: str = "pooler"  # how sequence classification reads a sequence (see _classify)
     token_head: str = "dropout"  # "dropout": dropout -> classifier; "head": head -> drop -> classifier
+    causal: bool = False  # a decoder: each token attends to its own sequence's earlier tokens only
+
+
+DECODER = Family(classifier="last", causal=True)  # transformers' decoders score a sequence's last token
 
 
 FAMILIES = {
@@ -68,12 +72,22 @@ FAMILIES = {
     "modernbert": Family(classifier="modernbert", token_head="head"),
     "deberta-v2": Family(attention="mask", classifier="context_pooler"),
     "mpnet": Family(positions_after_padding=True, attention="mask", classifier="features"),
+    # decoders: rotary (or GPT-2's learned) positions from 0 in every sequence, causal attention
+    # inside it, each family's sliding window and grouped-query heads as its modules have them
+    "llama": DECODER,
+    "mistral": DECODER,
+    "qwen2": DECODER,
+    "qwen3": DECODER,
+    "gemma3_text": DECODER,
+    "phi3": DECODER,
+    "gpt2": DECODER,
 }
 TASK_CLASSES = {
     "classification": "AutoModelForSequenceClassification",
     "token_classification": "AutoModelForTokenClassification",
     "question_answering": "AutoModelForQuestionAnswering",
     "embedding": "AutoModel",
+    "causal_lm": "AutoModelForCausalLM",
 }
 
 
@@ -136,17 +150,24 @@ class PackedLayout:
     positions: torch.Tensor  # [B, S]: position inside its own sequence
     _masks: dict
 
-    def allowed(self, window: int | None = None) -> torch.Tensor:
-        """bool [B, 1, S, S]: same non-zero sequence (a padding token: itself), and with
-        `window`, at most that many positions apart."""
-        if window not in self._masks:
+    def allowed(self, window: int | None = None, causal: bool = False) -> torch.Tensor:
+        """bool [B, 1, S, S]: same non-zero sequence (a padding token: itself); with `causal`,
+        only keys at or before the query (j <= i inside the sequence); with `window`, at most
+        that many positions apart (bidirectional: |i - j| <= window, as transformers draws an
+        encoder's window) or, causal, fewer than `window` back (i - j < window, its causal
+        sliding window)."""
+        key = (window, causal)
+        if key not in self._masks:
             allowed = allowed_pairs(self.sequence_ids)  # the project's one definition of the mask
-            if window is not None:  # a token's distance to itself is 0: padding keeps its diagonal
-                allowed = allowed & (
-                    (self.positions[:, :, None] - self.positions[:, None, :]).abs() <= window
-                )
-            self._masks[window] = allowed[:, None]
-        return self._masks[window]
+            back = self.positions[:, :, None] - self.positions[:, None, :]  # i - j inside a sequence
+            if causal:  # a token's distance to itself is 0: padding keeps its diagonal
+                allowed = allowed & (back >= 0)
+                if window is not None:
+                    allowed = allowed & (back < window)
+            elif window is not None:
+                allowed = allowed & (back.abs() <= window)
+            self._masks[key] = allowed[:, None]
+        return self._masks[key]
 
 
 def packed_attention(
@@ -162,11 +183,15 @@ def packed_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )  # fmt: skip
-    # A local layer's window as the family's own mask draws it: transformers' bidirectional
-    # sliding-window mask allows |i - j| <= config.sliding_window (the layer's
-    # sliding_window is that + 1, flash-attention's convention).
-    window = getattr(module.config, "sliding_window", None) if sliding_window else None
-    mask = layout.allowed(window)
+    causal = bool(getattr(module, "is_causal", False))
+    if causal:  # a decoder's causal window: i - j < the layer's sliding_window (None: global)
+        window = sliding_window
+    else:
+        # A local layer's window as the family's own mask draws it: transformers' bidirectional
+        # sliding-window mask allows |i - j| <= config.sliding_window (the layer's
+        # sliding_window is that + 1, flash-attention's convention).
+        window = getattr(module.config, "sliding_window", None) if sliding_window else None
+    mask = layout.allowed(window, causal)
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
@@ -184,6 +209,36 @@ def _register_packed_attention() -> None:
     # The mask helpers are asked for a mask of this implementation too; packed_attention
     # ignores it (it builds its own from the layout).
     ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, sdpa_mask)
+
+
+# ----- causal language modelling -----------------------------------------------------------------
+IGNORED = -100  # transformers' "no label"
+
+
+def next_token_targets(labels: torch.Tensor, sequence_ids: torch.Tensor) -> torch.Tensor:
+    """[B, S] token labels -> [B, S] targets: at t, the label of t + 1 where t + 1 is in the
+    same sequence, else -100. A sequence's last token never predicts the next one's first."""
+    same = (sequence_ids[:, 1:] == sequence_ids[:, :-1]) & (sequence_ids[:, 1:] != 0)
+    targets = torch.where(same, labels[:, 1:], torch.full_like(labels[:, 1:], IGNORED))
+    return F.pad(targets, (0, 1), value=IGNORED)
+
+
+def causal_lm_outputs(logits, shift_labels, num_items_in_batch=None) -> dict:
+    """{"logits"} and, with targets, {"loss": the mean cross-entropy over the predicted tokens
+    (over Trainer's num_items_in_batch where given: gradient accumulation weighs tokens),
+    "token_loss_sum", "token_count"}."""
+    out = {"logits": logits}
+    if shift_labels is None:
+        return out
+    loss_sum = F.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), shift_labels.reshape(-1).long(),
+        ignore_index=IGNORED, reduction="sum",
+    )  # fmt: skip
+    count = (shift_labels != IGNORED).sum()
+    divisor = num_items_in_batch if num_items_in_batch is not None else count.clamp(min=1)
+    if torch.is_tensor(divisor):
+        divisor = divisor.to(loss_sum.device)
+    return {"loss": loss_sum / divisor, **out, "token_loss_sum": loss_sum.detach(), "token_count": count}
 
 
 # ----- the model ---------------------------------------------------------------------------------
@@ -218,6 +273,7 @@ class PackedFamilyModel(PreTrainedModel):
         )
         self._has_position_ids = "position_ids" in takes
         self._has_attention_mask = "attention_mask" in takes
+        self._has_use_cache = "use_cache" in takes  # decoders: no key/value cache over packed rows
 
     @property
     def dimension(self) -> int:
@@ -288,6 +344,8 @@ class PackedFamilyModel(PreTrainedModel):
             arguments["packed_layout"] = PackedLayout(sequence_ids, position_ids, {})
         if self._has_attention_mask and "attention_mask" not in arguments:
             arguments["attention_mask"] = None  # attention is confined by the packed layout
+        if self._has_use_cache:
+            arguments["use_cache"] = False
         return self.base(**arguments).last_hidden_state
 
     def _deberta(self, arguments: dict, real, allowed) -> torch.Tensor:
@@ -309,14 +367,20 @@ class PackedFamilyModel(PreTrainedModel):
 
     def forward(
         self, input_ids, segment_ids, position_ids, sequence_ids, cls_positions, example_index, labels=None,
-        num_items_in_batch=None, **unused,
+        num_items_in_batch=None, shift_labels=None, **unused,
     ):  # fmt: skip
         """Rows -> the task's outputs, as the packed BERT heads give them (model/
         classification.py, question_answering.py, token_classification.py): with labels also
         the loss (over Trainer's num_items_in_batch where given), per-example losses and
         metric sums. labels: [B, K] class ids or [B, K, C] multi-hot; [B, K, 2] spans; [B, S]
-        token labels (-100: none)."""
+        token labels (-100: none); causal_lm: [B, S] token labels (default: the tokens), or
+        shift_labels [B, S] (finetune.hf's next-token targets inside each sequence)."""
         hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids)
+        if self.task == "causal_lm":
+            logits = self._lm_logits(hidden)
+            if shift_labels is None and labels is not None:
+                shift_labels = next_token_targets(labels, sequence_ids)
+            return causal_lm_outputs(logits, shift_labels, num_items_in_batch)
         rows = SlotRows(sequence_ids, cls_positions, example_index)
         if self.task == "embedding":
             embeddings = pool_slots(hidden, rows, self.pooling)
@@ -329,6 +393,14 @@ class PackedFamilyModel(PreTrainedModel):
             return token_outputs(logits, rows, labels, num_items_in_batch)
         start_logits, end_logits = logits[..., 0].float(), logits[..., 1].float()
         return span_outputs(start_logits, end_logits, rows, labels, num_items_in_batch)
+
+    def _lm_logits(self, hidden):
+        """[B, S, V]: the family's LM head (with Gemma's final logit soft-capping where set)."""
+        logits = self.hf_model.get_output_embeddings()(hidden)
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def _per_token(self, hidden):
         m = self.hf_model
@@ -353,6 +425,9 @@ class PackedFamilyModel(PreTrainedModel):
             logits = m.classifier(m.dropout(F.relu(m.pre_classifier(features[:, 0]))))
         elif how == "context_pooler":
             logits = m.classifier(m.dropout(m.pooler(features)))
+        elif how == "last":  # a decoder's score of its sequence's last token (its whole context)
+            last = pool_slots(hidden, rows, ("lasttoken",)).reshape(b * k, -1).to(hidden.dtype)
+            logits = m.score(last)
         else:  # modernbert
             if self.config.classifier_pooling == "mean":
                 pooled = pool_slots(hidden, rows, ("mean",)).reshape(b * k, -1).to(hidden.dtype)

@@ -92,6 +92,8 @@ def loading_problem(info: dict, encoder: tuple[str, ...], new_head: bool) -> str
     """Why transformers' loading info (missing / unexpected / mismatched keys) means the
     model would not be the folder's, in one line; None when it is (see load_checked)."""
     mismatched = sorted(info.get("mismatched_keys") or [], key=lambda m: m[0])
+    if new_head:  # a head of another shape (other labels) is initialised anew, as the head is
+        mismatched = [m for m in mismatched if m[0].startswith(encoder)]
     if mismatched:
         key, in_file, in_model = mismatched[0]
         more = f" (and {len(mismatched) - 1} more weights)" if len(mismatched) > 1 else ""

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from model.embedding import check_pooling
 from model.families import FAMILIES, PackedFamilyModel, UnsupportedFamily, max_tokens, use_packed_attention
 
 TASKS = ("classification", "token_classification", "question_answering", "embedding")
@@ -37,18 +38,18 @@ class ModelOptions:
         False refuses it (inference).
     attention_backend: dense | sdpa | flex | varlen (BERT's own stack; the other families
         run transformers' attention interface with packed masks).
-    hidden_dropout, attention_dropout, classifier_dropout: probabilities, on whichever of
-        the family's config keys name them.
-    pooling: embedding pooling modes (model.embedding.POOLING_MODES).
+    dropout: {"hidden" | "attention" | "classifier": probability or None}: each key given
+        is set (None too: the classifier then follows the hidden dropout, as transformers
+        reads it), on whichever of the family's config keys name it; absent keys keep the
+        folder's values.
+    pooling: embedding pooling: a mode or modes (model.embedding.POOLING_MODES; default mean).
     config: config settings of the task head (num_labels, problem_type, id2label, label2id).
     """
 
     new_head: bool = False
     attention_backend: str | None = None
-    hidden_dropout: float | None = None
-    attention_dropout: float | None = None
-    classifier_dropout: float | None = None
-    pooling: tuple[str, ...] | None = None
+    dropout: Mapping[str, float | None] = field(default_factory=dict)
+    pooling: str | tuple[str, ...] | list[str] | None = None
     config: Mapping = field(default_factory=dict)
 
 
@@ -74,36 +75,30 @@ def _bert_classes() -> dict[str, type]:
     }
 
 
+# ModelOptions.dropout's names -> BertConfig's keys
+BERT_DROPOUT_KEYS = {
+    "hidden": "hidden_dropout_prob",
+    "attention": "attention_probs_dropout_prob",
+    "classifier": "classifier_dropout",
+}
+
+
 def open_bert(folder: Path, task: str, options: ModelOptions) -> OpenedModel:
     """This project's packed BERT head for `task` (dropouts as BertConfig names them)."""
     settings = dict(options.config)
-    for key, value in (
-        ("attention_backend", options.attention_backend),
-        ("hidden_dropout_prob", options.hidden_dropout),
-        ("attention_probs_dropout_prob", options.attention_dropout),
-        ("classifier_dropout", options.classifier_dropout),
-    ):
-        if value is not None:
-            settings[key] = value
+    if options.attention_backend is not None:
+        settings["attention_backend"] = options.attention_backend
+    settings.update({BERT_DROPOUT_KEYS[what]: value for what, value in options.dropout.items()})
     if task == "embedding":  # pooled by this project: the encoder's own pooler is not used
-        settings.update(pooling=list(options.pooling or ("mean",)), normalize=False)
+        settings.update(pooling=list(check_pooling(options.pooling or "mean")), normalize=False)
     model = _bert_classes()[task].from_pretrained(folder, new_head=options.new_head, **settings)
     return OpenedModel(model, model.config.max_position_embeddings)
 
 
 def open_family(folder: Path, task: str, options: ModelOptions) -> OpenedModel:
     """transformers' own modules of the family, attention packed (model/families.py)."""
-    dropout = {
-        what: value
-        for what, value in (
-            ("hidden", options.hidden_dropout),
-            ("attention", options.attention_dropout),
-            ("classifier", options.classifier_dropout),
-        )
-        if value is not None
-    }
     model = PackedFamilyModel.from_pretrained(
-        folder, task, options.pooling or ("mean",), dropout=dropout or None, new_head=options.new_head,
+        folder, task, check_pooling(options.pooling or "mean"), dropout=dict(options.dropout) or None, new_head=options.new_head,
         **dict(options.config),
     )  # fmt: skip
     return OpenedModel(model, model.max_tokens)
@@ -144,6 +139,19 @@ def open_model(folder, task: str, options: ModelOptions | None = None) -> Opened
         raise ValueError(f"task {task!r}: expected one of {', '.join(TASKS)}")
     folder = Path(folder)
     return opener_for(model_type_of(folder))(folder, task, options or ModelOptions())
+
+
+def qa_fine_tuning_refusal(folder) -> str | None:
+    """Why `finetune.train` cannot fine-tune question answering from `folder`, or None: its QA
+    task (finetune.qa_task: WordPiece windows, this project's packed QA head) runs on BERT's
+    own stack; the other families' QA folders run in predict and the server."""
+    model_type = model_type_of(Path(folder))
+    if OPENERS.get(model_type) is open_bert:
+        return None
+    return (
+        f"question answering fine-tunes BERT checkpoints here; a {model_type!r} checkpoint fine-tunes for "
+        "classification, and its QA folders run in predict and the server"
+    )
 
 
 def packed_from_loaded(hf_encoder, pooling) -> torch.nn.Module:

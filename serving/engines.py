@@ -57,8 +57,7 @@ def load_engine(
     if not (folder / FINETUNE_INFO).is_file() and ((folder / "modules.json").is_file() or pooling):
         encoder = load_encoder(folder, pooling, device=device, attention_backend=attention_backend)
         return EmbeddingEngine(encoder, encoder.runner(device, dtype))
-    overrides = {"attention_backend": attention_backend} if attention_backend else {}
-    loaded = load_finetuned(folder, **overrides)
+    loaded = load_finetuned(folder, attention_backend)
     runner = Runner(loaded.model, device, dtype)
     engine_class = {"question_answering": QaEngine, "token_classification": TokenEngine}.get(
         loaded.info["task"], ClassificationEngine

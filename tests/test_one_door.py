@@ -1,0 +1,98 @@
+"""The one door to a model (model/opening.py): finetune/ and serving/ never decide a stack by
+comparing a `model_type`, and every task of every family in the table opens through it."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from .conftest import REPO
+
+
+def model_type_comparisons(path) -> list[str]:
+    """`x == "bert"`-style comparisons in a file: a Compare whose operands mention model_type,
+    or compare with a family name of the door's table."""
+    from model.opening import supported_model_types
+
+    names = set(supported_model_types())
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Compare) or not any(
+            isinstance(op, (ast.Eq, ast.NotEq)) for op in node.ops
+        ):
+            continue
+        operands = [node.left, *node.comparators]
+        text = ast.unparse(node)
+        strings = {o.value for o in operands if isinstance(o, ast.Constant) and isinstance(o.value, str)}
+        if "model_type" in text or strings & names:
+            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {text}")
+    return found
+
+
+def test_finetune_and_serving_never_compare_a_model_type():
+    files = sorted((REPO / "finetune").glob("*.py")) + sorted((REPO / "serving").glob("*.py"))
+    found = [line for path in files for line in model_type_comparisons(path)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_walker_finds_a_comparison(tmp_path):
+    """The check above can fail: a planted comparison is found."""
+    planted = REPO / "finetune" / "_planted_for_test.py"
+    planted.write_text('def f(config):\n    return config.model_type == "bert"\n')
+    try:
+        assert model_type_comparisons(planted) == [
+            "finetune/_planted_for_test.py:2: config.model_type == 'bert'"
+        ]
+    finally:
+        planted.unlink()
+
+
+def test_an_unsupported_type_is_one_error_naming_the_list(tmp_path):
+    from model.families import UnsupportedFamily
+    from model.opening import open_model, supported_model_types
+
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(UnsupportedFamily) as refused:
+        open_model(tmp_path, "classification")
+    message = str(refused.value)
+    assert "'gpt2'" in message and ", ".join(supported_model_types()) in message and "\n" not in message
+    with pytest.raises(ValueError, match="task 'translation'"):
+        open_model(tmp_path, "translation")
+
+
+def test_bert_opens_on_its_own_stack_and_other_families_on_theirs(tmp_path):
+    """The table's one decision, per task: BERT -> the packed BERT heads, a RoBERTa folder ->
+    PackedFamilyModel; the head's labels and dropout options reach the model either way."""
+    import torch
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        RobertaConfig,
+        RobertaForSequenceClassification,
+    )
+
+    from model.families import PackedFamilyModel
+    from model.opening import ModelOptions, open_model
+
+    small = dict(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                 max_position_embeddings=40, num_labels=2)  # fmt: skip
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig(**small)).save_pretrained(tmp_path / "bert")
+    RobertaForSequenceClassification(RobertaConfig(**small, pad_token_id=1)).save_pretrained(
+        tmp_path / "roberta"
+    )
+    options = ModelOptions(new_head=True, dropout={"hidden": 0.0}, config={"num_labels": 3})
+    tasks = ("classification", "token_classification", "question_answering", "embedding")
+    for task in tasks:
+        bert = open_model(tmp_path / "bert", task, options)
+        assert type(bert.model).__module__.startswith("model.") and not isinstance(
+            bert.model, PackedFamilyModel
+        )
+        assert bert.max_tokens == 40
+        roberta = open_model(tmp_path / "roberta", task, options)
+        assert (
+            isinstance(roberta.model, PackedFamilyModel) and roberta.max_tokens == 38
+        )  # after padding index 1
+    assert open_model(tmp_path / "bert", "classification", options).model.config.num_labels == 3
+    assert open_model(tmp_path / "bert", "classification", options).model.config.hidden_dropout_prob == 0.0
