@@ -296,10 +296,10 @@ def describe_hub_folder(folder: Path) -> dict:
     model_type = config.get("model_type")
     if model_type not in supported_model_types():  # the door's table, read once here
         raise ExampleError(
-            f"{config_path}: key 'model_type' is {model_type!r}, not a packed encoder family; supported: "
+            f"{config_path}: key 'model_type' is {model_type!r}, not a packed model family (encoder or decoder); supported: "
             f"{', '.join(supported_model_types())}"
         )
-    positions = config.get("max_position_embeddings")
+    positions = config.get("max_position_embeddings", config.get("n_positions"))  # GPT-2 names it n_positions
     if not isinstance(positions, int) or positions < 3:
         raise ExampleError(f"{config_path}: key 'max_position_embeddings' must be an integer >= 3")
     positions = usable_positions(model_type, positions, config.get("pad_token_id"))
@@ -368,12 +368,13 @@ def folder_tokenizer(folder: Path):
     return tokenizer
 
 
-# Sizes in config.json that build the model's tensors (BERT's names and DistilBERT's): each,
+# Sizes in config.json that build the model's tensors (BERT's, DistilBERT's and GPT-2's names): each,
 # where present, must be an integer >= 1; transformers would fail deep inside (or build an
 # empty model) on a string, null, 0 or a negative number.
 SIZE_KEYS = (
     "hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
     "max_position_embeddings", "type_vocab_size", "dim", "n_layers", "n_heads", "hidden_dim",
+    "n_positions", "n_embd", "n_layer", "n_head",
 )  # fmt: skip
 
 

@@ -22,11 +22,19 @@ Tasks (pack_dataset's `task`, the columns it reads):
   question_answering           windows as transformers' run_qa.py prepares them:
                                input_ids, token_type_ids, start_positions, end_positions
   token_classification         a list of per-token labels (-100 = ignored) per example
+  causal_lm                    input_ids, and optionally per-token labels (-100 on prompt
+                               tokens: completion-only loss); an example longer than
+                               max_sequence_length keeps its first tokens (as TRL truncates),
+                               or with split_long=True is cut into pieces of at most that
+                               many tokens, each its own sequence (pretraining text)
 
 A pack holds up to K examples back to back (positions restart, block-diagonal attention);
 its columns: input_ids, segment_ids, position_ids, sequence_ids [S]; cls_positions,
 example_index [K] (-1 = empty slot); labels: [K] (classification, -100 empty), [K, C]
-(multi-label), [K, 2] (QA start/end inside each window), [S] (token classification).
+(multi-label), [K, 2] (QA start/end inside each window), [S] (token classification,
+causal LM); causal LM also shift_labels [S]: each token's next-token target inside its own
+sequence (-100 at a sequence's last token and on padding), which Trainer counts as the
+step's `num_items_in_batch` and the decoder takes as is (model/families.py).
 Trainer then needs nothing special: the packed models are PreTrainedModels that accept
 its `num_items_in_batch` (gradient accumulation normalises over the step's examples),
 and `packed_metrics` turns its gathered per-slot outputs into one row per example, in
@@ -50,6 +58,7 @@ TASKS = (
     "multi_label_classification",
     "question_answering",
     "token_classification",
+    "causal_lm",
 )
 IGNORED = -100  # transformers' "no label" value
 
@@ -226,6 +235,48 @@ def _labels(dataset, task: str, label_column: str | None, lengths: np.ndarray, n
     return out
 
 
+def _causal_examples(dataset, max_length: int, label_column: str | None, split_long: bool):
+    """Causal-LM examples -> (token arrays, label arrays, how many were longer than max_length):
+    labels per token from `label_column` (default "labels" where the dataset has it) or the
+    tokens themselves; -100 marks a token that is not predicted (a prompt's)."""
+    ids_column = _column(dataset, "input_ids", "tokenize the text first, e.g. dataset.map(tokenizer)")
+    column = label_column or ("labels" if "labels" in dataset.column_names else None)
+    label_rows = _column(dataset, column, "per-token labels") if column else None
+    tokens, labels, cut = [], [], 0
+    for row, ids in enumerate(ids_column):
+        ids = _integers(ids, "input_ids", row)
+        if ids.size == 0 or ids.min() < 0:
+            raise PackedDatasetError(
+                f"column 'input_ids', row {row}: expected a non-empty list of token ids >= 0"
+            )
+        own = ids.copy() if label_rows is None else _integers(label_rows[row], column, row)
+        if own.shape != ids.shape or ((own != IGNORED) & (own < 0)).any():
+            raise PackedDatasetError(
+                f"column '{column}', row {row}: expected {ids.size} labels (one per token: a token id, or -100 "
+                f"where it is not predicted), got {_shown(label_rows[row])}"
+            )
+        if ids.size > max_length:
+            cut += 1
+            if split_long:
+                starts = range(0, ids.size, max_length)
+                tokens += [ids[s : s + max_length] for s in starts]
+                labels += [own[s : s + max_length] for s in starts]
+                continue
+            ids, own = ids[:max_length], own[:max_length]
+        tokens.append(ids)
+        labels.append(own)
+    return tokens, labels, cut
+
+
+def next_token_targets(labels: np.ndarray, sequence_ids: np.ndarray) -> np.ndarray:
+    """[P, S] token labels -> [P, S]: at t, the label of t + 1 where it is in the same
+    sequence, else -100 (model.families.next_token_targets, on the host)."""
+    same = (sequence_ids[:, 1:] == sequence_ids[:, :-1]) & (sequence_ids[:, 1:] != 0)
+    targets = np.full_like(labels, IGNORED)
+    targets[:, :-1] = np.where(same, labels[:, 1:], IGNORED)
+    return targets
+
+
 def pack_dataset(
     dataset,
     task: str,
@@ -236,6 +287,7 @@ def pack_dataset(
     num_labels: int | None = None,
     seed: int = 0,
     verbose: bool = True,
+    split_long: bool = False,
 ):
     """A tokenized dataset (one example per row, unpadded) -> a `datasets.Dataset` of packs
     of `max_sequence_length` tokens (see the module docstring for the columns). Every
@@ -246,16 +298,21 @@ def pack_dataset(
         raise PackedDatasetError(f"task {task!r}: expected one of {', '.join(TASKS)}")
     started = time.perf_counter()
     dataset = _rows_of(dataset)
-    tokens, segments = _check_tokens(dataset, max_sequence_length)
-    lengths = np.array([t.size for t in tokens], dtype=np.int64)
-    labels = _labels(dataset, task, label_column, lengths, num_labels)
+    if task == "causal_lm":
+        tokens, labels, cut = _causal_examples(dataset, max_sequence_length, label_column, split_long)
+        segments = [np.zeros_like(t) for t in tokens]
+        lengths = np.array([t.size for t in tokens], dtype=np.int64)
+    else:
+        tokens, segments = _check_tokens(dataset, max_sequence_length)
+        lengths = np.array([t.size for t in tokens], dtype=np.int64)
+        labels = _labels(dataset, task, label_column, lengths, num_labels)
     try:
         table = pack_examples(lengths, max_sequence_length, max_sequences_per_pack, algorithm, seed)
     except PackingInputError as err:
         raise PackedDatasetError(str(err)) from None
     rows = pack_rows(tokens, table, max_sequence_length, segments)
     present = table >= 0
-    if task == "token_classification":
+    if task in ("token_classification", "causal_lm"):
         packed_labels = np.full((len(table), max_sequence_length), IGNORED, dtype=np.int64)
         for pack, slots in enumerate(table):
             for slot, example in enumerate(slots):
@@ -269,7 +326,13 @@ def pack_dataset(
     columns.update(
         cls_positions=rows["cls_positions"], example_index=rows["example_index"], labels=packed_labels
     )
+    if task == "causal_lm":
+        columns["shift_labels"] = next_token_targets(packed_labels, rows["sequence_ids"])
     packed = Dataset.from_dict({name: list(values) for name, values in columns.items()})
+    if verbose and task == "causal_lm" and cut:
+        print(
+            f"{cut} examples longer than {max_sequence_length} tokens were {'split' if split_long else 'truncated'}"
+        )
     if verbose:
         real = int(lengths.sum())
         print(

@@ -418,7 +418,7 @@ def check_positions(config: dict) -> None:
         )
     try:
         described = json.loads(config_file.read_text())
-        positions = described.get("max_position_embeddings")
+        positions = described.get("max_position_embeddings", described.get("n_positions"))
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
         raise FinetuneError(f"{config_file}: not a readable config ({err})") from None
     from model.families import usable_positions

@@ -106,7 +106,7 @@ class UnsupportedFamily(ValueError):
 def family_of(model_type: str) -> Family:
     if model_type not in FAMILIES:
         raise UnsupportedFamily(
-            f"model_type {model_type!r} is not a packed encoder family; supported: {', '.join(sorted(FAMILIES))}"
+            f"model_type {model_type!r} is not a packed model family (encoder or decoder); supported: {', '.join(sorted(FAMILIES))}"
         )
     return FAMILIES[model_type]
 

@@ -126,7 +126,7 @@ def model_type_of(folder: Path) -> str | None:
 def opener_for(model_type: str | None) -> Callable[[Path, str, ModelOptions], OpenedModel]:
     if model_type not in OPENERS:
         raise UnsupportedFamily(
-            f"model_type {model_type!r} is not a packed encoder family; supported: {', '.join(supported_model_types())}"
+            f"model_type {model_type!r} is not a packed model family (encoder or decoder); supported: {', '.join(supported_model_types())}"
         )
     return OPENERS[model_type]
 

@@ -281,8 +281,8 @@ def test_folders_that_cannot_run_are_refused_in_one_line(folders, tmp_path):
     gpt = tmp_path / "gpt"
     gpt.mkdir()
     config = json.loads((folders["single"] / "config.json").read_text())
-    (gpt / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
-    assert "key 'model_type' is 'gpt2'" in refusal(gpt)
+    (gpt / "config.json").write_text(json.dumps({**config, "model_type": "opt"}))
+    assert "key 'model_type' is 'opt'" in refusal(gpt)
     bare = tmp_path / "bare"
     bare.mkdir()
     (bare / "config.json").write_text(json.dumps({**config, "architectures": ["BertModel"]}))

@@ -38,7 +38,7 @@ def tiny_config(model_type: str, **extra):
                         bos_token_id=1, eos_token_id=2)  # fmt: skip
     else:
         settings = {**common, **by_type[model_type]}
-    return AutoConfig.for_model(model_type, **settings, **extra)
+    return AutoConfig.for_model(model_type, **{**settings, **extra})
 
 
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2"]
@@ -163,3 +163,167 @@ def test_classification_and_last_token_embeddings_equal_each_example_alone(decod
             assert (logits[row, slot] - alone).abs().max() <= TOLERANCE, (model_type, i)
             last = bare(input_ids=torch.as_tensor(ids)[None]).last_hidden_state[0, -1]
             assert (embeddings[row, slot] - last).abs().max() <= TOLERANCE, (model_type, i)
+
+
+@pytest.mark.slow  # a real Trainer: evaluate, train, save, reload
+def test_trainer_trains_a_packed_decoder_and_saves_a_folder_transformers_loads(tmp_path):
+    """pack_dataset(task="causal_lm") with prompt tokens masked (-100) in half the examples;
+    Trainer's eval_loss on packs = the stock model's token-weighted mean over the examples one
+    at a time; after training, the saved folder loads in AutoModelForCausalLM with every weight
+    and gives the packed model's logits per example."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from finetune.hf import PackedDataCollator, pack_dataset
+    from model.families import PackedFamilyModel
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_config("llama")).save_pretrained(tmp_path / "start")
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(3, VOCAB, size=int(n)).tolist() for n in rng.integers(2, 20, size=24)]
+    labels = [[-100, -100, *s[2:]] if i % 2 else list(s) for i, s in enumerate(sequences)]
+    data = Dataset.from_dict({"input_ids": sequences, "labels": labels})
+    train = pack_dataset(data, "causal_lm", 32, max_sequences_per_pack=4, verbose=False)
+    evaluation = pack_dataset(data.select(range(8)), "causal_lm", 32, max_sequences_per_pack=4, verbose=False)
+    model = PackedFamilyModel.from_pretrained(tmp_path / "start", "causal_lm")
+    arguments = TrainingArguments(
+        output_dir=str(tmp_path / "trainer"), per_device_train_batch_size=4, per_device_eval_batch_size=len(evaluation),
+        learning_rate=1e-3, max_steps=3, report_to=[], use_cpu=True, save_strategy="no", seed=0,
+        prediction_loss_only=True,
+    )  # fmt: skip
+    trainer = Trainer(model=model, args=arguments, train_dataset=train, eval_dataset=evaluation,
+                      data_collator=PackedDataCollator())  # fmt: skip
+
+    def stock_mean_loss(folder, count=8):
+        stock = AutoModelForCausalLM.from_pretrained(folder).eval()
+        total, tokens = 0.0, 0
+        with torch.no_grad():
+            for ids, own in zip(sequences[:count], labels[:count]):
+                predicted = sum(1 for t in own[1:] if t != -100)
+                if predicted:
+                    out = stock(input_ids=torch.tensor([ids]), labels=torch.tensor([own]))
+                    total, tokens = total + out.loss.item() * predicted, tokens + predicted
+        return total / tokens
+
+    assert abs(trainer.evaluate()["eval_loss"] - stock_mean_loss(tmp_path / "start")) <= 1e-5
+    trainer.train()
+    trainer.save_model(str(tmp_path / "out"))
+    reloaded, info = AutoModelForCausalLM.from_pretrained(tmp_path / "out", output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    assert abs(trainer.evaluate()["eval_loss"] - stock_mean_loss(tmp_path / "out")) <= 1e-5
+    rows = PackedDataCollator()([evaluation[i] for i in range(len(evaluation))])
+    model.eval()
+    with torch.no_grad():
+        logits = model(**{k: v for k, v in rows.items() if k not in ("labels", "shift_labels")})["logits"]
+        for row, slot in zip(*np.nonzero(rows["example_index"].numpy() >= 0)):
+            example = int(rows["example_index"][row, slot])
+            start, ids = int(rows["cls_positions"][row, slot]), sequences[example]
+            alone = reloaded(input_ids=torch.tensor([ids])).logits[0]
+            assert (logits[row, start : start + len(ids)] - alone).abs().max() <= TOLERANCE
+
+
+def test_pack_dataset_truncates_or_splits_long_causal_examples():
+    from datasets import Dataset
+
+    from finetune.hf import pack_dataset
+
+    data = Dataset.from_dict({"input_ids": [list(range(3, 40)), [5, 6, 7]]})
+    truncated = pack_dataset(data, "causal_lm", 16, verbose=False)
+    kept = [
+        p["input_ids"][p["sequence_ids"] == s]
+        for p in truncated
+        for s in range(1, 7)
+        if (p["sequence_ids"] == s).any()
+    ]
+    assert sorted(map(list, kept)) == sorted([list(range(3, 19)), [5, 6, 7]])  # the first 16 tokens kept
+    split = pack_dataset(data, "causal_lm", 16, verbose=False, split_long=True)
+    assert sum(int((p["sequence_ids"] > 0).sum()) for p in split) == 37 + 3
+    for pack in split:  # targets never cross a piece's end
+        ends = np.flatnonzero(np.diff(pack["sequence_ids"]) != 0)
+        assert all(pack["shift_labels"][e] == -100 for e in ends)
+
+
+# ----- the commands users already have, on decoder folders -----------------------------------------
+def decoder_tokenizer():
+    """A byte-level BPE tokenizer of a decoder's kind (BOS first, EOS appended as embedding
+    models' tokenizers do), learned from the shipped BBC sentences."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from .family_helpers import SENTENCES
+
+    specials = ["<pad>", "<s>", "</s>"]
+    tokenizer = Tokenizer(models.BPE(unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB + 200, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tokenizer.train_from_iterator(SENTENCES, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", tokenizer.token_to_id("<s>")), ("</s>", tokenizer.token_to_id("</s>"))]
+    )  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   model_max_length=64)  # fmt: skip
+
+
+@pytest.mark.slow  # whole commands
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gpt2"])
+def test_predict_and_embed_take_decoder_folders(tmp_path, model_type):
+    """finetune.predict on an XxxForSequenceClassification folder equals transformers on each
+    text alone (its last token's score); finetune.embed on a sentence-transformers folder with
+    last-token pooling equals SentenceTransformer.encode."""
+    import json
+
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    from finetune import embed, predict
+
+    from .family_helpers import TEXTS
+
+    tokenizer = decoder_tokenizer()
+    vocabulary = len(tokenizer)
+    torch.manual_seed(0)
+    classifier = transformers.AutoModelForSequenceClassification.from_config(
+        tiny_config(model_type, num_labels=3, vocab_size=vocabulary)
+    )
+    classifier.save_pretrained(tmp_path / "classifier")
+    tokenizer.save_pretrained(tmp_path / "classifier")
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    argv = [
+        "--model",
+        str(tmp_path / "classifier"),
+        "--input",
+        str(source),
+        "--output",
+        str(tmp_path / "p.jsonl"),
+    ]
+    assert predict.main(argv) == 0
+    got = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    classifier.eval()
+    with torch.no_grad():
+        for record, text in zip(got, TEXTS):
+            logits = classifier(**tokenizer(text, truncation=True, return_tensors="pt")).logits[0]
+            np.testing.assert_allclose(
+                list(record["scores"].values()), torch.softmax(logits, -1).numpy(), atol=1e-5
+            )
+
+    transformers.AutoModel.from_config(tiny_config(model_type, vocab_size=vocabulary)).save_pretrained(
+        tmp_path / "bare"
+    )
+    tokenizer.save_pretrained(tmp_path / "bare")
+    transformer = models.Transformer(str(tmp_path / "bare"), max_seq_length=48)
+    pooling = models.Pooling(transformer.get_word_embedding_dimension(), "lasttoken")
+    st_model = SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu")
+    st_model.save(str(tmp_path / "st"))
+    output = tmp_path / "e.npy"
+    assert (
+        embed.main(
+            ["--model", str(tmp_path / "st"), "--input", str(source), "--output", str(output), "--quiet"]
+        )
+        == 0
+    )
+    expected = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_numpy=True)
+    cosine = (np.load(output) * expected).sum(-1)
+    assert cosine.min() >= 0.99999, cosine.min()

@@ -214,12 +214,13 @@ def test_sentence_transformers_folders_equal_encode(tmp_path, family):
 
 @pytest.mark.slow  # a whole command in a fresh interpreter
 def test_a_family_outside_the_list_is_refused_in_one_line(tmp_path):
-    from transformers import GPT2Config, GPT2Model
+    from transformers import OPTConfig, OPTModel
 
-    folder = tmp_path / "gpt2"
-    GPT2Model(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)).save_pretrained(
-        folder
-    )
+    folder = tmp_path / "opt"
+    OPTModel(
+        OPTConfig(num_hidden_layers=1, hidden_size=16, ffn_dim=32, num_attention_heads=2, vocab_size=50,
+                  max_position_embeddings=32, word_embed_proj_dim=16)
+    ).save_pretrained(folder)  # fmt: skip
     family_tokenizer("bert").save_pretrained(folder)
     texts = tmp_path / "t.jsonl"
     texts.write_text('{"text": "a text"}\n')
@@ -229,7 +230,10 @@ def test_a_family_outside_the_list_is_refused_in_one_line(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
-    assert "model_type 'gpt2' is not a packed encoder family; supported: bert, camembert" in last
+    assert (
+        "model_type 'opt' is not a packed model family (encoder or decoder); supported: bert, camembert"
+        in last
+    )
     assert "Traceback" not in done.stderr
     assert set(PACKED) >= set(FAMILIES)
 
