@@ -18,7 +18,11 @@ otherwise (reliability 5, defect 2). Hence:
   a budget's full batch often holds a little less than the budget); where nothing that
   close was measured there is no evidence, and the request is admitted (its deadline still
   bounds the wait: 504);
-- a request that would run now on an empty queue is never refused for time.
+- a request that would run now on an empty queue is never refused for time;
+- a cold server (no batch run yet, so no speed known) queues at most one batch's budget
+  (max_batch_tokens) ahead of the running one: a burst of large requests on a fresh server
+  had all been admitted and then answered 504 after the timeout (reliability 6); the first
+  batch's speed lifts the bound.
 """
 
 from __future__ import annotations
@@ -97,6 +101,12 @@ def refusal(
         )
     if queued_sequences == 0:  # it would run now: no measured speed may keep it out
         return None
+    if not rates.tokens_per_second and queued_tokens + request_tokens > max_batch_tokens:
+        return (
+            f"the server has run no batch yet (no speed measured) and queues at most one batch "
+            f"({max_batch_tokens} tokens) until it has; {queued_tokens} tokens wait, this request has "
+            f"{request_tokens}"
+        )
     total = queued_tokens + request_tokens
     seconds = rates.seconds_for(total, max_batch_tokens)
     if seconds is not None and seconds > ADMIT_WITHIN * timeout_s:

@@ -123,30 +123,7 @@ class Scheduler:
 
     # ----- the event loop's side --------------------------------------------------------------
     def start(self) -> None:
-        self.warm_up()
         self._thread.start()
-
-    def warm_up(self) -> None:
-        """Run one full batch (max_batch_tokens of the longest sequences) before serving and
-        keep its speed as the admission's first estimate. A cold server had no estimate and
-        admitted a burst of large requests that then ended in 504 (reliability 6, item 12);
-        the first forward also pays one-time costs, so the estimate errs slow (conservative)
-        until real batches replace it."""
-        length = max(int(self.settings.max_length), 2)
-        count = max(1, min(int(self.settings.max_batch_tokens) // length, self.limits.max_queue_sequences))
-        token_ids = [np.full(length, 1, dtype=np.int64) for _ in range(count)]
-        segment_ids = [np.zeros(length, dtype=np.int64) for _ in range(count)]
-        lengths = np.full(count, length, dtype=np.int64)
-        try:
-            plan = plan_batch(lengths, np.zeros(count), self.settings)
-            chosen = plan.chosen.tolist()
-            started = time.monotonic()
-            self.engine.run(
-                [token_ids[i] for i in chosen], [segment_ids[i] for i in chosen], plan.table, plan.width
-            )
-        except Exception:  # noqa: BLE001 - no estimate then: the deadline (504) still bounds the wait
-            return
-        self._rates.observe(len(chosen) * length, time.monotonic() - started)
 
     def submit(self, token_ids: list, segment_ids: list) -> Ticket:
         """Admit a request (all of its sequences) or raise QueueFull (429: not now), or
