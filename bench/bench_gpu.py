@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lamb import bert_large_shapes  # noqa: E402
+from bench_lamb import bert_large_shapes, time_steps  # noqa: E402
 from bench_model import HIST, sample_rows  # noqa: E402
 
 from model import PackedBertForPreTraining, bert_config  # noqa: E402
@@ -314,23 +314,12 @@ def lamb_microbench(steps: int = 10) -> list[dict]:
     }
     results = []
     for name, make in makers.items():
-        optimizer = make(params)
-        compile_start = time.perf_counter()
-        for _ in range(2):
-            optimizer.step()  # state allocation and compilation outside the timing
-        sync()
-        warmup = time.perf_counter() - compile_start
-        times = []
-        for _ in range(steps):
-            sync()
-            start = time.perf_counter()
-            optimizer.step()
-            sync()
-            times.append(time.perf_counter() - start)
+        started = time.perf_counter()
+        times = time_steps(make, params, steps, warmup_steps=2)  # state allocation and compilation untimed
+        warmup = time.perf_counter() - started - sum(times)
         results.append(
             {"optimizer": name, "median_step_ms": 1000 * statistics.median(times), "warmup_seconds": warmup}
         )
-        del optimizer
     base = results[0]["median_step_ms"]
     for r in results:
         r["ratio_to_fused_adamw"] = r["median_step_ms"] / base

@@ -35,9 +35,12 @@ def bert_large_shapes(vocab=BERT_VOCAB_SIZE, hidden=1024, layers=24, intermediat
     return shapes
 
 
-def time_steps(make_optimizer, params, steps):
+def time_steps(make_optimizer, params, steps, warmup_steps: int = 1):
+    """Seconds of each of `steps` optimizer steps, after `warmup_steps` untimed ones (state
+    allocation; compilation for a compiled optimizer)."""
     optimizer = make_optimizer(params)
-    optimizer.step()  # state allocation outside the timing
+    for _ in range(warmup_steps):
+        optimizer.step()
     sync = torch.cuda.synchronize if params[0].is_cuda else (lambda: None)
     times = []
     for _ in range(steps):

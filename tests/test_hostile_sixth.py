@@ -140,6 +140,21 @@ def test_a_cased_vocab_txt_folder_is_tokenized_as_transformers_does(tmp_path):
 
 
 # ----- 3, 4, 5, 6. finetune.embed's kept work, lock, temporary name and output ------------------
+def interrupted_after_one_chunk():
+    """finetune.embed's iter_encode that raises KeyboardInterrupt (Ctrl-C) after its first chunk."""
+    from finetune import embedding
+
+    real = embedding.iter_encode
+
+    def stop_after_one_chunk(*args, **kwargs):
+        for i, chunk in enumerate(real(*args, **kwargs)):
+            if i == 1:
+                raise KeyboardInterrupt
+            yield chunk
+
+    return stop_after_one_chunk
+
+
 def embed_argv(model, source, output):
     return [
         "--model",
@@ -165,13 +180,7 @@ def test_kept_rows_of_a_model_changed_in_place_are_not_continued(classifier, tmp
     texts = [f"text number {i} about london" for i in range(40)]
     source = input_file(tmp_path / "in.jsonl", texts)
     output = tmp_path / "e.npy"
-    real = embedding.iter_encode
-
-    def stop_after_one_chunk(*args, **kwargs):
-        for i, chunk in enumerate(real(*args, **kwargs)):
-            if i == 1:
-                raise KeyboardInterrupt
-            yield chunk
+    real, stop_after_one_chunk = embedding.iter_encode, interrupted_after_one_chunk()
 
     monkeypatch.setattr(embed_command, "iter_encode", stop_after_one_chunk)
     assert embed_command.main([*embed_argv(model, source, output), "--chunk-texts", "8"]) != 0
@@ -363,13 +372,7 @@ def test_a_damaged_record_of_kept_rows_starts_over(classifier, tmp_path, monkeyp
     source = input_file(tmp_path / "in.jsonl", texts)
     reference = tmp_path / "reference.npy"
     assert embed_command.main([*embed_argv(classifier, source, reference), "--chunk-texts", "8"]) == 0
-    real = embedding.iter_encode
-
-    def stop_after_one_chunk(*args, **kwargs):
-        for i, chunk in enumerate(real(*args, **kwargs)):
-            if i == 1:
-                raise KeyboardInterrupt
-            yield chunk
+    real, stop_after_one_chunk = embedding.iter_encode, interrupted_after_one_chunk()
 
     output = tmp_path / "e.npy"
     record = tmp_path / ".e.npy.partial.json"
