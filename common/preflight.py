@@ -46,7 +46,7 @@ def path_mistake(option: str, value: str, kind: str) -> str | None:
             name = value.split("/")[-1]
             return (
                 f"{option} {value}: no such folder; this looks like a Hugging Face Hub id, and models are not "
-                f"downloaded here: fetch it first (huggingface-cli download {value} --local-dir models/{name}) "
+                f"downloaded here: fetch it first (hf download {value} --local-dir models/{name}) "
                 f"and give {option} models/{name}"
             )
         return f"{option} {value}: no such folder"

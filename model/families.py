@@ -1,5 +1,6 @@
 """Packed encoders of other families, on transformers' own modules: RoBERTa, XLM-RoBERTa,
-CamemBERT, DistilBERT, ELECTRA, ModernBERT, NomicBERT, DeBERTa-v2/v3, MPNet (and BERT).
+CamemBERT, DistilBERT, ELECTRA, ModernBERT, NomicBERT, DeBERTa-v2/v3, MPNet (and BERT), and
+packed decoders: Llama, Mistral, Qwen2, Qwen3, Gemma 3 (text), Phi-3, GPT-2 (docs/decoders.md).
 
     model = PackedFamilyModel.from_pretrained(folder, task="classification")
     out = model(**rows)            # finetune.rows.pack_rows' fields as tensors
@@ -17,7 +18,14 @@ changes only what the encoder is given, by each family's rule (`FAMILIES`):
   their sliding window, measured in positions inside the sequence). DeBERTa-v2 and MPNet
   compute relative-position attention of their own and take a [B, S, S] mask instead;
   their relative positions (i - j) inside a sequence are the same packed or not;
-- token type ids only where the family has more than one type.
+- token type ids only where the family has more than one type;
+- decoders: causal attention inside each sequence (its sliding window inside it too), the
+  causal-LM loss predicting t + 1 from t only inside the sequence (`next_token_targets`),
+  classification from the sequence's last token, no key/value cache.
+
+A family is one row of `FAMILIES` (`Family`: every choice a value or a function: the
+classification read-out, the token head, the pair mask of families with attention of their
+own, the padding index); no code names a family.
 
 The heads read each sequence as the family's own head does ([CLS] through the pooler or
 the head's dense layer; ModernBERT's mean pooling over the sequence's own tokens). Outputs
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,33 +56,120 @@ from model.varlen import allowed_pairs
 PACKED_ATTENTION = "packed"
 
 
+# ----- each family's pieces: how its head reads a sequence, its tokens, its pair mask ----------------
+def read_through_pooler(model, hidden, rows, features):
+    """BERT, NomicBERT: the pooler over the first token, dropout, classifier."""
+    m = model.hf_model
+    return m.classifier(m.dropout(model.base.pooler(features)))
+
+
+def read_features(model, hidden, rows, features):
+    """RoBERTa-style heads, ELECTRA, MPNet: the head takes the hidden states, reads [:, 0]."""
+    return model.hf_model.classifier(features)
+
+
+def read_distilbert(model, hidden, rows, features):
+    m = model.hf_model
+    return m.classifier(m.dropout(F.relu(m.pre_classifier(features[:, 0]))))
+
+
+def read_context_pooler(model, hidden, rows, features):
+    """DeBERTa-v2: its ContextPooler over the first token."""
+    m = model.hf_model
+    return m.classifier(m.dropout(m.pooler(features)))
+
+
+def read_modernbert(model, hidden, rows, features):
+    """ModernBERT: mean over the sequence's own tokens or its first, as classifier_pooling says."""
+    m = model.hf_model
+    if model.config.classifier_pooling == "mean":
+        b, k = rows.cls_positions.shape
+        pooled = pool_slots(hidden, rows, ("mean",)).reshape(b * k, -1).to(hidden.dtype)
+    else:
+        pooled = features[:, 0]
+    return m.classifier(m.drop(m.head(pooled)))
+
+
+def read_last_token(model, hidden, rows, features):
+    """Decoders: the score of the sequence's last token (its whole context), as transformers'
+    XxxForSequenceClassification scores the last non-pad token."""
+    b, k = rows.cls_positions.shape
+    return model.hf_model.score(pool_slots(hidden, rows, ("lasttoken",)).reshape(b * k, -1).to(hidden.dtype))
+
+
+def tokens_through_dropout(m, hidden, task: str):
+    """BERT-style token heads: dropout -> classifier; QA: qa_outputs."""
+    return m.qa_outputs(hidden) if task == "question_answering" else m.classifier(m.dropout(hidden))
+
+
+def tokens_through_head(m, hidden, task: str):
+    """ModernBERT: head -> drop -> classifier, for tokens and QA alike."""
+    return m.classifier(m.drop(m.head(hidden)))
+
+
+def additive_pair_mask(model, arguments: dict, real, allowed) -> torch.Tensor:
+    """MPNet adds its mask to the scores; a prepared 4-D mask is taken as is. Additive float,
+    never boolean (a boolean 4-D mask is silently wrong under eager)."""
+    floor = torch.finfo(model.base.dtype).min
+    zero = torch.zeros((), dtype=model.base.dtype, device=allowed.device)
+    arguments["attention_mask"] = torch.where(allowed, zero, floor)[:, None]
+    return model.base(**arguments).last_hidden_state
+
+
+def deberta_pair_mask(model, arguments: dict, real, allowed) -> torch.Tensor:
+    """DeBERTa-v2 multiplies its embeddings by a [B, S] token mask and its attention by a
+    pair mask: the two are given separately (its forward takes one mask for both)."""
+    base = model.base
+    embeddings = base.embeddings(
+        input_ids=arguments["input_ids"], token_type_ids=arguments.get("token_type_ids"),
+        position_ids=arguments.get("position_ids"), mask=real.long(),
+    )  # fmt: skip
+    return base.encoder(
+        embeddings, allowed.long(), output_hidden_states=False, return_dict=True
+    ).last_hidden_state
+
+
 @dataclass(frozen=True)
 class Family:
-    """How a family's encoder takes packed rows."""
+    """How a family's model takes packed rows: one row of FAMILIES, every choice a value.
 
-    positions_after_padding: bool = False  # RoBERTa-style: position = pad_token_id + 1 + i
-    attention: str = "interface"  # "interface" (AttentionInterface) | "mask" (a pair mask of its own)
-    classifier: str = "pooler"  # how sequence classification reads a sequence (see _classify)
-    token_head: str = "dropout"  # "dropout": dropout -> classifier; "head": head -> drop -> classifier
-    causal: bool = False  # a decoder: each token attends to its own sequence's earlier tokens only
+    positions_after_padding: RoBERTa-style positions, numbered from the padding index + 1.
+    fixed_padding_index: that index where the family fixes it (MPNet: 1), else the config's
+        pad_token_id.
+    pair_mask: None: attention through transformers' AttentionInterface (packed_attention);
+        else the function that runs an encoder computing relative-position attention of its
+        own with the [B, S, S] pair mask (DeBERTa-v2, MPNet).
+    read_sequence: how sequence classification reads each packed sequence (its head).
+    read_tokens: how token classification and QA read every token.
+    causal: a decoder: each token attends to its own sequence's earlier tokens only.
+    """
+
+    read_sequence: Callable
+    positions_after_padding: bool = False
+    fixed_padding_index: int | None = None
+    pair_mask: Callable | None = None
+    read_tokens: Callable = tokens_through_dropout
+    causal: bool = False
 
 
-DECODER = Family(classifier="last", causal=True)  # transformers' decoders score a sequence's last token
-
+ROBERTA_STYLE = Family(read_features, positions_after_padding=True)
+# decoders: rotary (or GPT-2's learned) positions from 0 in every sequence, causal attention
+# inside it, each family's sliding window and grouped-query heads as its modules have them
+DECODER = Family(read_last_token, causal=True)
 
 FAMILIES = {
-    "bert": Family(),
-    "roberta": Family(positions_after_padding=True, classifier="features"),
-    "xlm-roberta": Family(positions_after_padding=True, classifier="features"),
-    "camembert": Family(positions_after_padding=True, classifier="features"),
-    "electra": Family(classifier="features"),
-    "distilbert": Family(classifier="distilbert"),
-    "nomic_bert": Family(),
-    "modernbert": Family(classifier="modernbert", token_head="head"),
-    "deberta-v2": Family(attention="mask", classifier="context_pooler"),
-    "mpnet": Family(positions_after_padding=True, attention="mask", classifier="features"),
-    # decoders: rotary (or GPT-2's learned) positions from 0 in every sequence, causal attention
-    # inside it, each family's sliding window and grouped-query heads as its modules have them
+    "bert": Family(read_through_pooler),
+    "roberta": ROBERTA_STYLE,
+    "xlm-roberta": ROBERTA_STYLE,
+    "camembert": ROBERTA_STYLE,
+    "electra": Family(read_features),
+    "distilbert": Family(read_distilbert),
+    "nomic_bert": Family(read_through_pooler),
+    "modernbert": Family(read_modernbert, read_tokens=tokens_through_head),
+    "deberta-v2": Family(read_context_pooler, pair_mask=deberta_pair_mask),
+    "mpnet": Family(
+        read_features, positions_after_padding=True, fixed_padding_index=1, pair_mask=additive_pair_mask
+    ),
     "llama": DECODER,
     "mistral": DECODER,
     "qwen2": DECODER,
@@ -122,8 +218,10 @@ def usable_positions(model_type: str, max_position_embeddings: int, pad_token_id
 
 
 def padding_index(model_type: str, pad_token_id: int | None) -> int:
-    """The padding index RoBERTa-style positions count from."""
-    return 1 if model_type == "mpnet" else int(pad_token_id or 0)
+    """The padding index RoBERTa-style positions count from (the family's fixed one, else the
+    config's pad_token_id)."""
+    fixed = FAMILIES[model_type].fixed_padding_index
+    return fixed if fixed is not None else int(pad_token_id or 0)
 
 
 def max_tokens(config) -> int:
@@ -136,7 +234,7 @@ def use_packed_attention(hf_model) -> None:
     """Route an already-loaded model's attention through `packed_attention` (calls without
     a packed layout still run transformers' SDPA): for a model a user loaded, such as a
     SentenceTransformer's."""
-    if family_of(hf_model.config.model_type).attention == "interface":
+    if family_of(hf_model.config.model_type).pair_mask is None:
         _register_packed_attention()
         hf_model.set_attn_implementation(PACKED_ATTENTION)
 
@@ -308,7 +406,7 @@ class PackedFamilyModel(PreTrainedModel):
                 if hasattr(config, key):  # set on the config: a key the family does not read is inert
                     setattr(config, key, value)
         loading = {}
-        if family.attention == "interface":
+        if family.pair_mask is None:
             _register_packed_attention()
             loading["attn_implementation"] = PACKED_ATTENTION
         auto = getattr(transformers, TASK_CLASSES[task])
@@ -331,34 +429,15 @@ class PackedFamilyModel(PreTrainedModel):
             arguments["position_ids"] = positions
         if self._token_types:
             arguments["token_type_ids"] = segment_ids
-        if self.family.attention == "mask":
+        if self.family.pair_mask is not None:
             allowed = PackedLayout(sequence_ids, position_ids, {}).allowed()[:, 0]
-            if self.config.model_type == "deberta-v2":
-                return self._deberta(arguments, real, allowed)
-            # MPNet adds its mask to the scores; a prepared 4-D mask is taken as is. Additive
-            # float, never boolean (a boolean 4-D mask is silently wrong under eager).
-            floor = torch.finfo(self.base.dtype).min
-            zero = torch.zeros((), dtype=self.base.dtype, device=allowed.device)
-            arguments["attention_mask"] = torch.where(allowed, zero, floor)[:, None]
-        else:
-            arguments["packed_layout"] = PackedLayout(sequence_ids, position_ids, {})
-        if self._has_attention_mask and "attention_mask" not in arguments:
+            return self.family.pair_mask(self, arguments, real, allowed)
+        arguments["packed_layout"] = PackedLayout(sequence_ids, position_ids, {})
+        if self._has_attention_mask:
             arguments["attention_mask"] = None  # attention is confined by the packed layout
         if self._has_use_cache:
             arguments["use_cache"] = False
         return self.base(**arguments).last_hidden_state
-
-    def _deberta(self, arguments: dict, real, allowed) -> torch.Tensor:
-        """DeBERTa-v2 multiplies its embeddings by a [B, S] token mask and its attention by a
-        pair mask: the two are given separately (its forward takes one mask for both)."""
-        base = self.base
-        embeddings = base.embeddings(
-            input_ids=arguments["input_ids"], token_type_ids=arguments.get("token_type_ids"),
-            position_ids=arguments.get("position_ids"), mask=real.long(),
-        )  # fmt: skip
-        return base.encoder(
-            embeddings, allowed.long(), output_hidden_states=False, return_dict=True
-        ).last_hidden_state
 
     # ----- the forward ----------------------------------------------------------------------
     @property
@@ -403,38 +482,14 @@ class PackedFamilyModel(PreTrainedModel):
         return logits
 
     def _per_token(self, hidden):
-        m = self.hf_model
-        if self.family.token_head == "head":
-            return m.classifier(m.drop(m.head(hidden)))
-        if self.task == "question_answering":
-            return m.qa_outputs(hidden)
-        return m.classifier(m.dropout(hidden))
+        return self.family.read_tokens(self.hf_model, hidden, self.task)
 
     def _classify(self, hidden, rows: SlotRows):
         """[B, K, C]: each slot's sequence read as the family's classification head reads it."""
-        m, how = self.hf_model, self.family.classifier
         b, k = rows.cls_positions.shape
         first = hidden.gather(1, rows.cls_positions[..., None].expand(b, k, hidden.shape[-1]))  # [B, K, H]
         features = first.reshape(b * k, 1, -1)  # heads that take features read [:, 0]
-        if how == "pooler":
-            pooled = self.base.pooler(features)
-            logits = m.classifier(m.dropout(pooled))
-        elif how == "features":
-            logits = m.classifier(features)
-        elif how == "distilbert":
-            logits = m.classifier(m.dropout(F.relu(m.pre_classifier(features[:, 0]))))
-        elif how == "context_pooler":
-            logits = m.classifier(m.dropout(m.pooler(features)))
-        elif how == "last":  # a decoder's score of its sequence's last token (its whole context)
-            last = pool_slots(hidden, rows, ("lasttoken",)).reshape(b * k, -1).to(hidden.dtype)
-            logits = m.score(last)
-        else:  # modernbert
-            if self.config.classifier_pooling == "mean":
-                pooled = pool_slots(hidden, rows, ("mean",)).reshape(b * k, -1).to(hidden.dtype)
-            else:
-                pooled = features[:, 0]
-            logits = m.classifier(m.drop(m.head(pooled)))
-        return logits.reshape(b, k, -1)
+        return self.family.read_sequence(self, hidden, rows, features).reshape(b, k, -1)
 
     # ----- Hugging Face folders and Trainer ------------------------------------------------
     def save_pretrained(self, folder, **trainer_options) -> None:

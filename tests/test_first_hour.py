@@ -31,7 +31,7 @@ def run(*argv, timeout=60):
         (["-m", "finetune.predict", "--model", "runs/my_clasifier/model", "--input", "README.md", "--output", "o"],
          "--model runs/my_clasifier/model: no such folder"),
         (["-m", "finetune.embed", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--input", "README.md", "--output", "o"],
-         "looks like a Hugging Face Hub id"),
+         "looks like a Hugging Face Hub id, and models are not downloaded here: fetch it first (hf download "),
         (["-m", "serving", "--model", "README.md"], "--model README.md: not a folder"),
         (["run_pretraining.py", "--config", "configs/nope.yaml"], "--config configs/nope.yaml: file not found"),
     ],
