@@ -414,7 +414,7 @@ class PackedFamilyModel(PreTrainedModel):
         hf_model, _ = load_checked(
             auto, Path(folder), new_head, config=config, trust_remote_code=False, **loading
         )
-        return cls(hf_model, task, pooling)
+        return (PackedCausalLM if task == "causal_lm" else cls)(hf_model, task, pooling)
 
     # ----- the encoder --------------------------------------------------------------------
     def encode(self, input_ids, segment_ids, position_ids, sequence_ids) -> torch.Tensor:
@@ -446,20 +446,14 @@ class PackedFamilyModel(PreTrainedModel):
 
     def forward(
         self, input_ids, segment_ids, position_ids, sequence_ids, cls_positions, example_index, labels=None,
-        num_items_in_batch=None, shift_labels=None, **unused,
+        num_items_in_batch=None, **unused,
     ):  # fmt: skip
         """Rows -> the task's outputs, as the packed BERT heads give them (model/
         classification.py, question_answering.py, token_classification.py): with labels also
         the loss (over Trainer's num_items_in_batch where given), per-example losses and
         metric sums. labels: [B, K] class ids or [B, K, C] multi-hot; [B, K, 2] spans; [B, S]
-        token labels (-100: none); causal_lm: [B, S] token labels (default: the tokens), or
-        shift_labels [B, S] (finetune.hf's next-token targets inside each sequence)."""
+        token labels (-100: none). (causal_lm: PackedCausalLM.forward.)"""
         hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids)
-        if self.task == "causal_lm":
-            logits = self._lm_logits(hidden)
-            if shift_labels is None and labels is not None:
-                shift_labels = next_token_targets(labels, sequence_ids)
-            return causal_lm_outputs(logits, shift_labels, num_items_in_batch)
         rows = SlotRows(sequence_ids, cls_positions, example_index)
         if self.task == "embedding":
             embeddings = pool_slots(hidden, rows, self.pooling)
@@ -511,3 +505,21 @@ class PackedFamilyModel(PreTrainedModel):
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
         """TrainingArguments(gradient_checkpointing=True) reaches the family's own layers."""
         self.hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs)
+
+
+class PackedCausalLM(PackedFamilyModel):
+    """A decoder's causal LM on packed rows (PackedFamilyModel.from_pretrained(folder,
+    "causal_lm")). Its own forward signature: transformers' Trainer reads a model's label
+    columns from it (every parameter naming "label"), and only this task has `shift_labels`."""
+
+    def forward(
+        self, input_ids, segment_ids, position_ids, sequence_ids, cls_positions=None, example_index=None,
+        labels=None, shift_labels=None, num_items_in_batch=None, **unused,
+    ):  # fmt: skip
+        """Rows -> {"logits" [B, S, V]} and, with labels ([B, S] token labels, -100 where not
+        predicted) or shift_labels ([B, S] next-token targets inside each sequence, as
+        finetune.hf.pack_dataset writes them), the loss (causal_lm_outputs)."""
+        hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids)
+        if shift_labels is None and labels is not None:
+            shift_labels = next_token_targets(labels, sequence_ids)
+        return causal_lm_outputs(self._lm_logits(hidden), shift_labels, num_items_in_batch)

@@ -19,10 +19,10 @@ otherwise (reliability 5, defect 2). Hence:
   close was measured there is no evidence, and the request is admitted (its deadline still
   bounds the wait: 504);
 - a request that would run now on an empty queue is never refused for time;
-- a cold server (no batch run yet, so no speed known) queues at most one batch's budget
-  (max_batch_tokens) ahead of the running one: a burst of large requests on a fresh server
-  had all been admitted and then answered 504 after the timeout (reliability 6); the first
-  batch's speed lifts the bound.
+- a cold server (no batch run yet) decides on a first estimate, `prior_tokens_per_second`:
+  the engine's conservative guess from its model's size (serving/engines.py), replaced by
+  what the first batches measure. Without it a burst of large requests on a fresh server was
+  all admitted and then answered 504 after the timeout (reliability 6).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class MeasuredRates:
     """tokens/s per bucket (bucket_of), a moving average over the batches run at that size."""
 
     tokens_per_second: dict[int, float] = field(default_factory=dict)
+    prior_tokens_per_second: float | None = None  # before any batch has run; None: no estimate
 
     def observe(self, tokens: int, seconds: float) -> None:
         """One batch the worker ran: `tokens` real tokens in `seconds` of forward."""
@@ -58,7 +59,10 @@ class MeasuredRates:
 
     def rate_for(self, tokens: int) -> float | None:
         """tokens/s for a batch of `tokens`: its bucket's, else the nearest measured bucket
-        above, else the bucket just below; None if none of these was measured."""
+        above, else the bucket just below; None if none of these was measured. Before any
+        batch was measured: the prior (None where there is none)."""
+        if not self.tokens_per_second:  # cold: the first estimate, if any
+            return self.prior_tokens_per_second
         key = bucket_of(tokens)
         above = sorted(k for k in self.tokens_per_second if k >= key)
         if above:
@@ -101,12 +105,6 @@ def refusal(
         )
     if queued_sequences == 0:  # it would run now: no measured speed may keep it out
         return None
-    if not rates.tokens_per_second and queued_tokens + request_tokens > max_batch_tokens:
-        return (
-            f"the server has run no batch yet (no speed measured) and queues at most one batch "
-            f"({max_batch_tokens} tokens) until it has; {queued_tokens} tokens wait, this request has "
-            f"{request_tokens}"
-        )
     total = queued_tokens + request_tokens
     seconds = rates.seconds_for(total, max_batch_tokens)
     if seconds is not None and seconds > ADMIT_WITHIN * timeout_s:

@@ -65,6 +65,11 @@ def load_engine(
     return engine_class(runner, loaded)
 
 
+# fp32 FLOP/s assumed of a cold server's forward: a fraction of the 60-130 GFLOP/s the 2-core
+# machines here measure on the model's matmuls (bench/bench_flops.py).
+COLD_FLOPS_PER_SECOND = 20e9
+
+
 class _Engine:
     """What every engine shares: its finetune.runner.Runner (model, device, dtype)."""
 
@@ -73,6 +78,14 @@ class _Engine:
     def __init__(self, runner: Runner, info: dict):
         self.runner, self.model, self.info = runner, runner.model, info
         self.max_length = max_tokens(self.model.config)  # RoBERTa-style tables hold pad + 1 fewer
+
+    def cold_tokens_per_second(self) -> float:
+        """A conservative first estimate of the forward's speed, for admission before any
+        batch has run (serving/admission.py): 2 FLOPs per parameter per token at
+        COLD_FLOPS_PER_SECOND, a rate most CPUs beat several times over, so that a cold server
+        refuses only what could not run in time even then."""
+        parameters = sum(p.numel() for p in self.model.parameters())
+        return COLD_FLOPS_PER_SECOND / max(2 * parameters, 1)
 
     def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int, outputs) -> list:
         """One forward of the policy's table -> [RunBatch] (finetune.runner's read-back helpers)."""

@@ -116,7 +116,9 @@ class Scheduler:
         self.engine, self.settings, self.limits, self.metrics = engine, settings, limits, metrics
         self._queue: deque[_Waiting] = deque()
         self._queued_tokens = 0  # real tokens waiting
-        self._rates = MeasuredRates()  # the worker's tokens/s per batch size
+        # the worker's tokens/s per batch size; before the first batch, the engine's estimate
+        prior = getattr(engine, "cold_tokens_per_second", None)
+        self._rates = MeasuredRates(prior_tokens_per_second=prior() if prior else None)
         self._condition = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="serving-worker", daemon=True)

@@ -205,6 +205,9 @@ def test_trainer_trains_a_packed_decoder_and_saves_a_folder_transformers_loads(t
                     total, tokens = total + out.loss.item() * predicted, tokens + predicted
         return total / tokens
 
+    # shift_labels reaches the model (Trainer keeps the columns its forward names) and Trainer
+    # counts it as num_items_in_batch: the predicted tokens, none across a sequence's end
+    assert sorted(trainer.label_names) == ["labels", "shift_labels"]
     assert abs(trainer.evaluate()["eval_loss"] - stock_mean_loss(tmp_path / "start")) <= 1e-5
     trainer.train()
     trainer.save_model(str(tmp_path / "out"))

@@ -390,9 +390,13 @@ def test_a_damaged_record_of_kept_rows_starts_over(classifier, tmp_path, monkeyp
 
 # ----- 12. a cold server bounds admission by a first measured estimate -----------------------------
 class LinearEngine:
-    """A model double: 10 ms plus 20 us per token (50,000 tokens/s at full batches)."""
+    """A model double: 10 ms plus 20 us per token (50,000 tokens/s at full batches); its
+    first estimate (as serving/engines.py's engines give one) is a conservative 20,000."""
 
     task = "classification"
+
+    def cold_tokens_per_second(self):
+        return 20_000.0
 
     def run(self, token_ids, segment_ids, table, width):
         time.sleep(0.01 + 2e-5 * sum(len(t) for t in token_ids))
@@ -401,8 +405,8 @@ class LinearEngine:
 
 def test_a_burst_on_a_cold_server_is_refused_rather_than_left_to_time_out():
     """40 requests of 8 x 512 tokens at once, 1 s timeout: about 4 s of work. A cold server
-    had no estimate, admitted them all and answered most with 504 after the wait; the warm-up
-    batch's speed now refuses (429) what cannot run in time, and every admitted one answers."""
+    had no estimate, admitted them all and answered most with 504 after the wait; the engine's
+    first estimate now refuses (429) what cannot run in time, and every admitted one answers."""
     import asyncio
 
     from serving.metrics import ServerMetrics
