@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
+import sys
 from pathlib import Path
 
 
@@ -32,12 +34,40 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return super()._format_action(action)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser whose mistakes are one `error:` line (exit 2), a mistyped option
+    with the nearest real one ("did you mean --output?"), rather than the usage block."""
+
+    def parse_args(self, args=None, namespace=None):
+        """A mistyped option is named first: argparse would report the required option it
+        hides (`--ouput` -> "--output is required") before the unknown one."""
+        argv = sys.argv[1:] if args is None else [str(a) for a in args]
+        known = [name for action in self._actions for name in action.option_strings]
+        for word in argv:
+            name = word.split("=")[0]
+            if word == "--":
+                break
+            if name.startswith("--") and not any(option.startswith(name) for option in known):
+                self.error(f"unrecognized arguments: {word}")
+        return super().parse_args(argv, namespace)
+
+    def error(self, message: str):
+        unknown = message.removeprefix("unrecognized arguments: ")
+        if unknown != message:
+            known = [name for action in self._actions for name in action.option_strings]
+            hints = []
+            for word in unknown.split():
+                close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6)
+                hints.append(f"{word} (did you mean {close[0]}?)" if close else word)
+            message = "unrecognized arguments: " + ", ".join(hints)
+        self.exit(2, f"error: {message}; see {self.prog} --help\n")
+
+
 def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
     """The parser of a `python -m ...` command: its name, the first paragraph of the
-    module's docstring as description, every option's default in --help."""
-    return argparse.ArgumentParser(
-        prog=prog, description=doc.split("\n\n")[0], formatter_class=DefaultsHelpFormatter
-    )
+    module's docstring as description, every option's default in --help, mistakes in one
+    line (CommandParser)."""
+    return CommandParser(prog=prog, description=doc.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
 
 
 PACKING_ALGORITHMS = ("spfhp", "lpfhp", "nnlshp", "lp")

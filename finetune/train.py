@@ -451,6 +451,11 @@ def clear_run(output: Path) -> None:
             path.unlink()
 
 
+# Settings a resumed run may change (none of them changes what is computed): the time budget,
+# the threads, the progress bar. Everything else must equal the checkpoint's config.
+CHANGEABLE_ON_RESUME = {("training", "max_seconds"), ("training", "threads"), ("training", "progress")}
+
+
 def check_output(output: Path, resume: bool) -> dict | None:
     """The output folder may hold nothing finished; --resume needs its checkpoint. -> the
     checkpoint's progress (resume) or None."""
@@ -490,11 +495,12 @@ def run_finetune(
     if overwrite and not resume:
         clear_run(output)
     progress = check_output(output, resume)
-    if progress is not None and progress["config"] != config:
-        changed = sorted(
-            f"{section}.{key}" for section in config for key in config[section]
-            if progress["config"].get(section, {}).get(key) != config[section][key]
-        )  # fmt: skip
+    changed = sorted(
+        f"{section}.{key}" for section in config for key in config[section]
+        if progress is not None and (section, key) not in CHANGEABLE_ON_RESUME
+        and progress["config"].get(section, {}).get(key) != config[section][key]
+    )  # fmt: skip
+    if changed:
         raise FinetuneError(
             f"--resume: the config differs from the checkpoint's in {', '.join(changed) or 'its sections'}; "
             "resume with the same config"
@@ -545,6 +551,7 @@ def run_finetune(
                 f"contents: {', '.join(k for k in data_digest if state['data_sha256'].get(k) != data_digest[k])}); "
                 "resume with the data it was trained on, or start over with --overwrite"
             )
+        state["config"] = config  # the same but for CHANGEABLE_ON_RESUME: the new budget is recorded
         log.info(
             "resumed from %s: epoch %d, %d batches done in it",
             checkpoint_path(output),

@@ -184,3 +184,17 @@ def test_saved_folders_get_the_users_umask_and_stale_temporaries_are_removed(tmp
     with atomic_folder(tmp_path / "x") as tmp:
         (tmp / "f").write_text("x")
     assert oct((tmp_path / "x").stat().st_mode & 0o777) == oct(0o755)
+
+
+def test_resume_takes_a_new_time_budget(tmp_path, checkpoint):  # noqa: F811
+    """The time budget (and threads, the progress bar) may change on --resume: the one setting
+    a user resumes to change; the weights still equal the uninterrupted run's."""
+    config = load_finetune_config(str(write_config(tmp_path, checkpoint, training={"epochs": 2})), [])
+    straight = finetune.run_finetune(config, tmp_path / "straight")
+    with pytest.raises(finetune.Interrupted):
+        finetune.run_finetune(config, tmp_path / "run", stop=StopAfter(3))
+    config["training"]["max_seconds"] = 3600.0
+    resumed = finetune.run_finetune(config, tmp_path / "run", resume=True)
+    a, b = weights(tmp_path / "straight"), weights(tmp_path / "run")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["train_steps"] == straight["train_steps"]

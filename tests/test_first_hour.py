@@ -178,3 +178,19 @@ def test_the_mlperf_config_names_every_missing_prerequisite_at_once(tmp_path):
     if not torch.cuda.is_available():
         assert "execution.device cuda" in line and "CPU build" in line
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["-m", "finetune.predict", "--model", ".", "--input", "README.md", "--ouput", "o"],
+         "error: unrecognized arguments: --ouput (did you mean --output?); see python -m finetune.predict --help"),
+        (["-m", "finetune.embed", "--model", ".", "--input", "README.md"],
+         "error: the following arguments are required: --output; see python -m finetune.embed --help"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_or_missing_option_is_one_line_naming_the_nearest(argv, says):
+    """argparse's usage block is replaced by one line; a typo names the option meant, and is
+    named before the required option it hides."""
+    done, _ = run(*argv)
+    assert done.returncode == 2 and done.stderr.strip() == says, done.stderr[-500:]
