@@ -34,6 +34,17 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return super()._format_action(action)
 
 
+def option_names(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string a parser takes, its subcommands' included."""
+    names = []
+    for action in parser._actions:
+        names += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                names += option_names(sub)
+    return names
+
+
 class CommandParser(argparse.ArgumentParser):
     """argparse's parser whose mistakes are one `error:` line (exit 2), a mistyped option
     with the nearest real one ("did you mean --output?"), rather than the usage block."""
@@ -42,7 +53,7 @@ class CommandParser(argparse.ArgumentParser):
         """A mistyped option is named first: argparse would report the required option it
         hides (`--ouput` -> "--output is required") before the unknown one."""
         argv = sys.argv[1:] if args is None else [str(a) for a in args]
-        known = [name for action in self._actions for name in action.option_strings]
+        known = option_names(self)
         for word in argv:
             name = word.split("=")[0]
             if word == "--":
@@ -52,9 +63,10 @@ class CommandParser(argparse.ArgumentParser):
         return super().parse_args(argv, namespace)
 
     def error(self, message: str):
-        unknown = message.removeprefix("unrecognized arguments: ")
-        if unknown != message:
-            known = [name for action in self._actions for name in action.option_strings]
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):  # (str.removeprefix is Python 3.9+; this module runs on 3.8)
+            unknown = message[len(prefix) :]
+            known = option_names(self)
             hints = []
             for word in unknown.split():
                 close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6)
