@@ -269,7 +269,6 @@ def model_fingerprint(folder) -> str:
         if p.is_file()
         and p.suffix in MODEL_FILE_SUFFIXES
         and p.relative_to(folder).parts[0] not in EXPORT_FOLDERS
-        and p.name != "README.md"
     )
     for path in files:
         digest.update(str(path.relative_to(folder)).encode() + b"\0" + sha256_file(path).encode())

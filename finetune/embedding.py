@@ -255,7 +255,7 @@ def load_encoder(
             f"{folder}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
         ) from None
     tokenizer = load_tokenizer_of(folder)
-    check_vocabulary_fits(folder, tokenizer)
+    check_vocabulary_fits(folder, tokenizer, model)
     length = max_length or min(described["max_length"] or positions, positions)
     if not 3 <= length <= positions:
         raise ExampleError(f"max length {length}: the model takes 3 to {positions} tokens per text")

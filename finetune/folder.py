@@ -188,12 +188,12 @@ def load_finetuned(folder: Path, attention_backend: str | None = None) -> ModelF
     if info_path.is_file() and info.get("tokenizer", "vocab.txt") == "vocab.txt":
         # finetune.train's own folders: the WordPiece it trained with, exactly
         tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
-        check_vocabulary_fits(folder, tokenizer)
+        check_vocabulary_fits(folder, tokenizer, model)
         return ModelFolder(folder, model, info, tokenizer, vocab)
     # Any other folder: the tokenizer transformers builds from whatever files it has (a
     # vocab.txt-only folder keeps tokenizer_config.json's do_lower_case, cased or not).
     tokenizer = folder_tokenizer(folder)
-    check_vocabulary_fits(folder, tokenizer)
+    check_vocabulary_fits(folder, tokenizer, model)
     return ModelFolder(folder, model, info, tokenizer, None, hands_token_types(folder))
 
 
@@ -396,10 +396,11 @@ def check_config_values(folder: Path) -> None:
             )
 
 
-def check_vocabulary_fits(folder: Path, tokenizer) -> None:
-    """A tokenizer whose ids reach past the model's embedding table (vocab_size) would index
-    out of range on the first text holding such a token: refused in one line."""
-    vocab_size = read_json_object(folder / "config.json").get("vocab_size")
+def check_vocabulary_fits(folder: Path, tokenizer, model) -> None:
+    """A tokenizer whose ids reach past the loaded model's embedding table (its config's
+    vocab_size) would index out of range on the first text holding such a token: refused in
+    one line."""
+    vocab_size = getattr(model.config, "vocab_size", None)
     tokens = tokenizer.get_vocab_size(with_added_tokens=True)
     if isinstance(vocab_size, int) and tokens > vocab_size:
         raise ExampleError(

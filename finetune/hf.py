@@ -268,15 +268,6 @@ def _causal_examples(dataset, max_length: int, label_column: str | None, split_l
     return tokens, labels, cut
 
 
-def next_token_targets(labels: np.ndarray, sequence_ids: np.ndarray) -> np.ndarray:
-    """[P, S] token labels -> [P, S]: at t, the label of t + 1 where it is in the same
-    sequence, else -100 (model.families.next_token_targets, on the host)."""
-    same = (sequence_ids[:, 1:] == sequence_ids[:, :-1]) & (sequence_ids[:, 1:] != 0)
-    targets = np.full_like(labels, IGNORED)
-    targets[:, :-1] = np.where(same, labels[:, 1:], IGNORED)
-    return targets
-
-
 def pack_dataset(
     dataset,
     task: str,
@@ -327,7 +318,11 @@ def pack_dataset(
         cls_positions=rows["cls_positions"], example_index=rows["example_index"], labels=packed_labels
     )
     if task == "causal_lm":
-        columns["shift_labels"] = next_token_targets(packed_labels, rows["sequence_ids"])
+        # the model's own rule (model.families.next_token_targets), once here on the host
+        from model.families import next_token_targets
+
+        targets = next_token_targets(torch.from_numpy(packed_labels), torch.from_numpy(rows["sequence_ids"]))
+        columns["shift_labels"] = targets.numpy()
     packed = Dataset.from_dict({name: list(values) for name, values in columns.items()})
     if verbose and task == "causal_lm" and cut:
         print(
