@@ -14,12 +14,12 @@ from common.config_schema import ConfigError, Key, apply_overrides, markdown, re
 from finetune.batching import BATCHING_MODES
 from model.config import ATTENTION_BACKENDS
 
-TASKS = ("classification", "question_answering")
+TASKS = ("classification", "question_answering", "causal_lm")
 SOURCES = ("jsonl", "bbc_news", "squad")
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
-        "init_checkpoint": Key(str, None, "Hugging Face BERT folder to fine-tune (asset:model = MiniLM-L6)"),
+        "init_checkpoint": Key(str, None, "Hugging Face folder to fine-tune: an encoder, or a decoder for causal_lm (asset:model = MiniLM-L6)"),
         "attention_backend": Key(str, "varlen", "block-diagonal attention kernel", ATTENTION_BACKENDS),
         "hidden_dropout": Key(float, 0.1, "dropout after attention and FFN", minimum=0, maximum=1),
         "attention_dropout": Key(float, 0.1, "dropout on attention probabilities", minimum=0, maximum=1),
@@ -39,6 +39,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "text_field": Key(str, "text", "jsonl field of the text"),
         "pair_field": Key(str, "text_pair", "jsonl field of the optional second segment"),
         "label_field": Key(str, "label", "jsonl field of the label (a list for multi-label)"),
+        "prompt_field": Key(str, "prompt", "causal_lm: jsonl field of the prompt (no loss on it)"),
+        "completion_field": Key(str, "completion", "causal_lm: jsonl field of the completion (learned)"),
         "labels": Key(
             "str_list", None, "class names in index order; null = sorted names seen", optional=True
         ),
@@ -113,6 +115,10 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
         raise ConfigError(
             f"{source}: data.source: {data['source']} does not go with data.task {data['task']} "
             f"(question_answering reads source squad; classification reads jsonl or bbc_news)"
+        )
+    if data["task"] == "causal_lm" and data["source"] != "jsonl":
+        raise ConfigError(
+            f"{source}: data.source: causal_lm reads prompt/completion jsonl, not {data['source']}"
         )
     if qa_task and config["qa"]["doc_stride"] >= data["max_sequence_length"] - 4:
         raise ConfigError(

@@ -27,7 +27,7 @@ import torch
 from model.embedding import check_pooling
 from model.families import FAMILIES, PackedFamilyModel, UnsupportedFamily, max_tokens, use_packed_attention
 
-TASKS = ("classification", "token_classification", "question_answering", "embedding")
+TASKS = ("classification", "token_classification", "question_answering", "embedding", "causal_lm")
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,18 @@ def open_model(folder, task: str, options: ModelOptions | None = None) -> Opened
     if task not in TASKS:
         raise ValueError(f"task {task!r}: expected one of {', '.join(TASKS)}")
     folder = Path(folder)
-    return opener_for(model_type_of(folder))(folder, task, options or ModelOptions())
+    model_type = model_type_of(folder)
+    opener = opener_for(model_type)
+    if task == "causal_lm" and not (model_type in FAMILIES and FAMILIES[model_type].causal):
+        raise UnsupportedFamily(
+            f"model_type {model_type!r} is an encoder (it attends both ways): causal_lm trains a decoder; "
+            f"decoder families: {', '.join(decoder_model_types())}"
+        )
+    return opener(folder, task, options or ModelOptions())
+
+
+def decoder_model_types() -> list[str]:
+    return sorted(model_type for model_type, family in FAMILIES.items() if family.causal)
 
 
 def qa_fine_tuning_refusal(folder) -> str | None:

@@ -131,7 +131,9 @@ def test_a_failed_final_save_is_one_line_and_keeps_the_checkpoint(tmp_path, chec
     def failing_save(model, folder):  # what the disk answers when it is full
         raise OSError(28, "No space left on device", str(folder / "model.safetensors"))
 
-    monkeypatch.setattr(finetune, "Job", lambda *fields: original(*fields[:5], failing_save, *fields[6:]))
+    from finetune import jobs  # where the task's Job is built
+
+    monkeypatch.setattr(jobs, "Job", lambda *fields: original(*fields[:5], failing_save, *fields[6:]))
     with pytest.raises(finetune.FinetuneError) as failed:
         finetune.run_finetune(config, output)
     monkeypatch.undo()

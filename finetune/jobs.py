@@ -1,0 +1,307 @@
+"""What each fine-tuning task gives the shared loop (finetune.train): its data, its model,
+how it is evaluated, written and saved, as one `Job`. `JOBS` maps data.task to the function
+that builds it; the loop itself names no task.
+
+    classification      jsonl / BBC News -> labels checked -> tokens (the checkpoint's own
+                        tokenizer, or WordPiece over a vocab.txt) -> the packed classifier
+    question_answering  SQuAD -> context windows with span labels (finetune.qa_task) ->
+                        this project's packed QA head
+    causal_lm           prompt/completion JSON lines -> tokens, the prompt's labels -100
+                        (finetune.causal_lm_task) -> a decoder's packed causal LM
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.cli import first_line
+from common.config_schema import ConfigError
+from data.classification_data import (
+    Examples,
+    TokenizedExamples,
+    encode_labels,
+    label_names_of,
+    read_bbc_news,
+    read_jsonl,
+    split_by_seed,
+    tokenize,
+    tokenize_by_template,
+)
+from data.tokenizer import load_tokenizer
+from finetune.batching import collate
+from finetune.errors import Diverged, FinetuneError
+from finetune.folder import check_config_values, save_finetuned
+from finetune.inference import predict_logits, score, write_predictions
+from model.families import UnsupportedFamily
+from model.opening import ModelOptions, open_model, qa_fine_tuning_refusal
+
+log = logging.getLogger("finetune")
+
+STEP_SUMS = ("loss_sum", "count", "correct", "correct_count")  # what a training step adds up
+
+
+def classification_sums(out: dict, batch: dict | None = None) -> dict:
+    """A packed head's outputs -> the step's sums (STEP_SUMS): its loss over `count` examples
+    and `correct` of `correct_count` predictions (the batch is not needed)."""
+    return {key: float(out[key]) for key in STEP_SUMS}
+
+
+@dataclass
+class Job:
+    """What the shared loop needs from a task: the training and validation rows (anything
+    with token_ids, segment_ids, labels and lengths), the model, and how to evaluate, write
+    and save; how a batch table becomes model inputs and a step's outputs its sums."""
+
+    train: object
+    validation: object
+    model: torch.nn.Module
+    evaluate: Callable  # (model, eval batcher) -> (metrics dict, inference timing, outputs)
+    write_outputs: Callable  # (output folder, outputs) -> None
+    save: Callable  # (model, model folder) -> None
+    description: str  # "5 classes" / "1,203 questions"
+    collate: Callable = collate  # (rows, batch table [B, K], width) -> model inputs
+    step_sums: Callable = classification_sums  # (model outputs, batch) -> STEP_SUMS
+
+
+@dataclass
+class Task:
+    """Everything the loop needs about the data, tokenized, in input order."""
+
+    train: TokenizedExamples
+    validation: TokenizedExamples
+    label_names: list[str]
+    vocab_file: Path | None  # None: the checkpoint's own tokenizer (tokenizer.json)
+
+
+def resolve_asset(value: str | None) -> str | None:
+    """'asset:model' / 'asset:corpus' -> the installed demo asset's path; anything else as is."""
+    if value is None or not value.startswith("asset:"):
+        return value
+    from data import assets
+
+    paths = {"asset:model": assets.model_dir, "asset:corpus": assets.corpus_glob}
+    if value not in paths:
+        raise ConfigError(f"{value!r}: unknown asset; expected one of {', '.join(paths)}")
+    return str(paths[value]())
+
+
+def check_vocabulary(checkpoint: Path, vocab_file: Path) -> None:
+    """The tokenizer must produce the ids the checkpoint's embeddings were trained on."""
+    tokens = vocab_file.read_text(encoding="utf-8").splitlines()
+    own = checkpoint / "vocab.txt"
+    if own.is_file() and own.resolve() != vocab_file.resolve():
+        theirs = own.read_text(encoding="utf-8").splitlines()
+        if theirs != tokens:
+            row = next(
+                (i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs))
+            )
+            raise FinetuneError(
+                f"data.vocab_file {vocab_file} differs from the checkpoint's {own} at line {row + 1} "
+                f"({len(tokens)} vs {len(theirs)} tokens): the checkpoint's embeddings expect its own "
+                f"vocabulary; leave data.vocab_file null to use it"
+            )
+    model_vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size")
+    if model_vocab is not None and len(tokens) > model_vocab:
+        raise FinetuneError(
+            f"data.vocab_file {vocab_file} has {len(tokens)} tokens but the checkpoint {checkpoint} "
+            f"embeds vocab_size={model_vocab}: token ids would fall outside its embedding table"
+        )
+
+
+def read_examples(data: dict, path: str) -> Examples:
+    if data["source"] == "bbc_news":
+        return read_bbc_news(path)
+    return read_jsonl(path, data["text_field"], data["pair_field"], data["label_field"])
+
+
+def prepare_task(config: dict) -> Task:
+    """Read, check and tokenize the train and validation examples: with the checkpoint's
+    own tokenizer (tokenizer.json: its normalizer, specials and pair template, as
+    transformers tokenizes for it) where it has one and data.vocab_file is not set, else
+    BERT WordPiece over the vocab.txt."""
+    data = config["data"]
+    checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
+    # The checkpoint's own tokenizer as transformers builds it: tokenizer.json, or a vocab.txt
+    # with tokenizer_config.json (its do_lower_case: a cased model stays cased).
+    own_tokenizer = data["vocab_file"] is None and (
+        (checkpoint / "tokenizer.json").is_file() or (checkpoint / "tokenizer_config.json").is_file()
+    )
+    if own_tokenizer:
+        from finetune.folder import folder_tokenizer, hands_token_types
+
+        vocab_file, template = None, folder_tokenizer(checkpoint)
+        token_types = hands_token_types(checkpoint)
+    else:
+        vocab_file = Path(resolve_asset(data["vocab_file"]) or checkpoint / "vocab.txt")
+        if not vocab_file.is_file():
+            raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
+        check_vocabulary(checkpoint, vocab_file)
+        tokenizer, vocab = load_tokenizer(vocab_file)
+
+    examples = read_examples(data, resolve_asset(data["train_file"]))
+    for note in examples.notes:
+        log.info("note: %s", note)
+    if data["validation_file"] is None:
+        train_rows, val_rows = split_by_seed(len(examples), data["validation_fraction"], data["split_seed"])
+        train, validation = examples.subset(train_rows), examples.subset(val_rows)
+    else:
+        train, validation = examples, read_examples(data, data["validation_file"])
+    label_names = data["labels"] or label_names_of(train)
+    splits = []
+    for name, part in (("train", train), ("validation", validation)):
+        labels = encode_labels(part, label_names, data["multi_label"])
+        length, too_long = data["max_sequence_length"], data["too_long"]
+        if own_tokenizer:
+            tokenized = tokenize_by_template(part, template, labels, length, too_long)
+            if not token_types:  # the model is given zeros by transformers' tokenizer: the same here
+                tokenized.segment_ids = [np.zeros_like(s) for s in tokenized.segment_ids]
+        else:
+            tokenized = tokenize(part, tokenizer, vocab, labels, length, too_long)
+        if tokenized.truncated:
+            log.warning(
+                "%s: %d of %d examples truncated to %d tokens",
+                name,
+                tokenized.truncated,
+                len(tokenized),
+                data["max_sequence_length"],
+            )
+        splits.append(tokenized)
+    return Task(splits[0], splits[1], label_names, vocab_file)
+
+
+def build_classifier(config: dict, task: Task):
+    """The packed classifier over the checkpoint: this project's packed BERT for a BERT
+    folder, transformers' own modules with packed attention for the other encoder
+    families (model/families.py)."""
+    model_cfg, data = config["model"], config["data"]
+    checkpoint = resolve_asset(model_cfg["init_checkpoint"])
+    torch.manual_seed(config["training"]["seed"])  # the classifier's init
+    problem_type = "multi_label_classification" if data["multi_label"] else "single_label_classification"
+    labels = {"id2label": dict(enumerate(task.label_names)),
+              "label2id": {name: i for i, name in enumerate(task.label_names)}}  # fmt: skip
+    options = ModelOptions(
+        new_head=True,  # fine-tuning: the classifier may be new; the encoder must be whole
+        attention_backend=model_cfg["attention_backend"],
+        dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"],
+                 "classifier": model_cfg["classifier_dropout"]},
+        config={"num_labels": len(task.label_names), "problem_type": problem_type, **labels},
+    )  # fmt: skip
+    try:
+        check_config_values(Path(checkpoint))  # sizes transformers would trip on, in one line
+        opened = open_model(checkpoint, "classification", options)
+        model, positions = opened.model, opened.max_tokens
+    except UnsupportedFamily as err:
+        raise FinetuneError(f"model.init_checkpoint {checkpoint}: {err}") from None
+    except (OSError, ValueError, RuntimeError) as err:  # a missing, truncated or foreign folder
+        if isinstance(err, FinetuneError):
+            raise
+        raise FinetuneError(
+            f"model.init_checkpoint {checkpoint}: cannot be loaded ({first_line(err)[:300]})"
+        ) from None
+    longest = int(max(task.train.lengths.max(), task.validation.lengths.max()))
+    if longest > positions:
+        raise FinetuneError(
+            f"data.max_sequence_length: examples of {longest} tokens exceed the checkpoint's {positions} positions"
+        )
+    return model
+
+
+def classification_job(config: dict) -> Job:
+    task = prepare_task(config)
+    model = build_classifier(config, task)
+    multi_label = config["data"]["multi_label"]
+
+    def evaluate(model, batcher):
+        logits, inference = predict_logits(model, task.validation, batcher)
+        if not np.isfinite(logits).all():
+            raise Diverged(
+                "validation logits are not finite: the run diverged (lower optim.lr?); nothing saved"
+            )
+        return score(logits, task.validation.labels, multi_label), inference, logits
+
+    return Job(
+        task.train,
+        task.validation,
+        model,
+        evaluate,
+        lambda output, logits: write_predictions(
+            output / "validation_predictions.jsonl", logits, task.label_names, multi_label
+        ),
+        lambda model, folder: save_finetuned(
+            model,
+            config,
+            task.label_names,
+            task.vocab_file,
+            folder,
+            tokenizer_source=Path(resolve_asset(config["model"]["init_checkpoint"])),
+        ),  # fmt: skip
+        f"{len(task.label_names)} classes",
+    )
+
+
+def qa_job(config: dict) -> Job:
+    from finetune.qa_task import (
+        answer_questions,
+        answer_settings,
+        build_qa_model,
+        prepare_qa,
+        score_answers,
+        write_answer_files,
+    )
+
+    checkpoint = resolve_asset(config["model"]["init_checkpoint"])
+    refusal = qa_fine_tuning_refusal(checkpoint)
+    if refusal:
+        raise FinetuneError(f"model.init_checkpoint {checkpoint}: {refusal}")
+    vocab_file = Path(resolve_asset(config["data"]["vocab_file"]) or Path(checkpoint) / "vocab.txt")
+    if not vocab_file.is_file():
+        raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
+    check_vocabulary(Path(checkpoint), vocab_file)
+    _, vocab = load_tokenizer(vocab_file)
+    train, validation, tokenizer = prepare_qa(config, vocab, resolve_asset)
+    model = build_qa_model(config, checkpoint)
+    longest = int(max(train.windows.lengths.max(), validation.windows.lengths.max()))
+    if longest > model.config.max_position_embeddings:
+        raise FinetuneError(
+            f"data.max_sequence_length: windows of {longest} tokens exceed the checkpoint's "
+            f"{model.config.max_position_embeddings} positions"
+        )
+    qa = config["qa"]
+    settings = answer_settings(qa)
+
+    def evaluate(model, batcher):
+        answers, inference = answer_questions(model, validation, batcher, settings)
+        return score_answers(answers, validation.examples, qa["version_2_with_negative"]), inference, answers
+
+    return Job(
+        train.windows,
+        validation.windows,
+        model,
+        evaluate,
+        lambda output, answers: write_answer_files(
+            output / "validation_predictions.json", answers, validation.examples
+        ),
+        lambda model, folder: save_finetuned(model, config, None, vocab_file, folder, tokenizer),
+        f"{len(train.examples)} / {len(validation.examples)} questions",
+    )
+
+
+def causal_lm_job(config: dict) -> Job:
+    from finetune.causal_lm_task import causal_lm_job as build
+
+    return build(config)
+
+
+# data.task -> the function that builds its Job
+JOBS: dict[str, Callable[[dict], Job]] = {
+    "classification": classification_job,
+    "question_answering": qa_job,
+    "causal_lm": causal_lm_job,
+}

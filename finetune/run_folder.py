@@ -1,0 +1,150 @@
+"""The run's output folder and its checkpoint's claims: what a run may start on, what
+--overwrite removes, what --resume may change, and the final save.
+
+    OUTPUT/  model/ checkpoint/ summary.json metrics.jsonl validation_predictions.json[l]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from common.cli import first_line
+from common.files import describe_os_error
+from finetune.errors import FinetuneError
+from finetune.jobs import resolve_asset
+
+
+def input_digest(config: dict) -> dict:
+    """sha256 of the training and validation files (each file of a glob), so that --resume
+    refuses data changed at the same path. -> {"train_file": hex, "validation_file": hex}."""
+    import glob as globbing
+
+    from common.files import sha256_file
+
+    digests = {}
+    for key in ("train_file", "validation_file"):
+        spec = resolve_asset(config["data"].get(key))
+        if spec is None:
+            continue
+        files = sorted(globbing.glob(spec)) if globbing.has_magic(spec) else [spec]
+        digest = hashlib.sha256()
+        for path in files:
+            if os.path.isfile(path):
+                digest.update(f"{path}\0{sha256_file(path)}\n".encode())
+        digests[key] = digest.hexdigest()
+    return digests
+
+
+def check_positions(config: dict) -> None:
+    """data.max_sequence_length must fit the checkpoint's position embeddings: checked from
+    its config.json before any text is read, tokenized or packed."""
+    checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
+    config_file = checkpoint / "config.json"
+    if not checkpoint.is_dir():
+        raise FinetuneError(f"model.init_checkpoint {checkpoint}: no such folder")
+    if not config_file.is_file():
+        raise FinetuneError(
+            f"model.init_checkpoint {checkpoint}: no config.json (not a Hugging Face model folder)"
+        )
+    try:
+        described = json.loads(config_file.read_text())
+        positions = described.get("max_position_embeddings", described.get("n_positions"))
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise FinetuneError(f"{config_file}: not a readable config ({err})") from None
+    from model.families import usable_positions
+
+    if isinstance(positions, int):
+        positions = usable_positions(described.get("model_type"), positions, described.get("pad_token_id"))
+    length = config["data"]["max_sequence_length"]
+    if isinstance(positions, int) and length > positions:
+        raise FinetuneError(
+            f"data.max_sequence_length {length}: the checkpoint {checkpoint} has {positions} positions; "
+            f"give at most {positions}"
+        )
+
+
+# What a run writes in its output folder (removed, and only these, by --overwrite).
+RUN_FILES = ("model", "checkpoint", "summary.json", "metrics.jsonl", "validation_predictions.jsonl",
+             "validation_predictions.json")  # fmt: skip
+
+
+def clear_run(output: Path) -> None:
+    """--overwrite: remove a previous run's files from `output` (RUN_FILES only: anything
+    else in the folder, such as the data, is left alone)."""
+    import shutil
+
+    for name in RUN_FILES:
+        path = output / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+# Settings a resumed run may change (none of them changes what is computed): the time budget,
+# the threads, the progress bar. Everything else must equal the checkpoint's config.
+CHANGEABLE_ON_RESUME = {("training", "max_seconds"), ("training", "threads"), ("training", "progress")}
+
+
+def check_output(output: Path, resume: bool) -> dict | None:
+    """The output folder may hold nothing finished; --resume needs its checkpoint. -> the
+    checkpoint's progress (resume) or None."""
+    from finetune.checkpoint import checkpoint_path, read_progress
+
+    if (output / "summary.json").exists() or (output / "model").exists():
+        raise FinetuneError(
+            f"--output-dir {output}: holds a finished run; choose another folder, or --overwrite to replace it"
+        )
+    try:
+        progress = read_progress(output)
+    except ValueError as err:
+        raise FinetuneError(
+            f"--resume: {err}; the checkpoint is damaged: start over with --overwrite"
+        ) from None
+    if resume and progress is None:
+        raise FinetuneError(f"--resume: {checkpoint_path(output)} holds no checkpoint to resume from")
+    if not resume and progress is not None:
+        raise FinetuneError(
+            f"--output-dir {output}: holds an unfinished run (checkpoint at epoch {progress['epoch']}); "
+            "continue it with --resume, replace it with --overwrite, or choose another folder"
+        )
+    return progress
+
+
+def resume_differences(config: dict, progress: dict | None) -> list[str]:
+    """The settings (section.key) where `config` differs from the checkpoint's, apart from
+    CHANGEABLE_ON_RESUME; [] for a new run."""
+    if progress is None:
+        return []
+    return sorted(
+        f"{section}.{key}" for section in config for key in config[section]
+        if (section, key) not in CHANGEABLE_ON_RESUME
+        and progress["config"].get(section, {}).get(key) != config[section][key]
+    )  # fmt: skip
+
+
+def save_final(job, model, output: Path) -> None:
+    """The model folder predict reads; a failed save (no space, a file-size limit) is one
+    line naming the folder and the checkpoint that is kept, never a traceback."""
+    from safetensors import SafetensorError
+
+    from finetune.checkpoint import checkpoint_path, read_progress
+
+    try:
+        job.save(model, output / "model")
+    except (OSError, SafetensorError, RuntimeError) as err:
+        kept = checkpoint_path(output)
+        progress = read_progress(output) if kept.is_dir() else None
+        what = (
+            f"the checkpoint of epoch {progress['epoch'] - 1} is kept at {kept}: free the space and run the "
+            "same command with --resume to save it"
+            if progress is not None
+            else "no checkpoint was written"
+        )
+        reason = describe_os_error(err) if isinstance(err, OSError) else first_line(err)[:200]
+        raise FinetuneError(
+            f"{output / 'model'}: the final model could not be saved ({reason}); {what}"
+        ) from None
