@@ -162,10 +162,11 @@ class Ways:
 
     # inference ---------------------------------------------------------------------------
     def packed(self, with_tokenizing: bool = False):
-        from finetune.predict import predict_in_width_groups
+        from finetune.classify import InferenceOptions, predict_in_width_groups
 
-        options = argparse.Namespace(batching="packed", batch_size=64, max_sequences_per_pack=6,
-                                     algorithm="lpfhp", pack_length=None)  # fmt: skip
+        options = InferenceOptions(
+            batching="packed", batch_size=64, max_sequences_per_pack=6, algorithm="lpfhp"
+        )
 
         def call():
             data = self.data

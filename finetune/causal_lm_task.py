@@ -32,6 +32,7 @@ from data.classification_data import ExampleError, check_readable, example_of_li
 from finetune.batching import Batcher
 from finetune.errors import Diverged, FinetuneError
 from finetune.inference import to_device
+from finetune.job_contract import Job, resolve_asset
 from finetune.rows import pack_rows
 from model.families import IGNORED, next_token_targets
 
@@ -230,7 +231,6 @@ def causal_lm_job(config: dict):
     checkpoint's tokenizer, the decoder's packed causal LM opened for training."""
     from transformers import AutoTokenizer
 
-    from finetune.jobs import Job, resolve_asset
     from model.families import UnsupportedFamily
     from model.opening import ModelOptions, open_model
 

@@ -19,7 +19,11 @@ SOURCES = ("jsonl", "bbc_news", "squad")
 
 SCHEMA: dict[str, dict[str, Key]] = {
     "model": {
-        "init_checkpoint": Key(str, None, "Hugging Face folder to fine-tune: an encoder, or a decoder for causal_lm (asset:model = MiniLM-L6)"),
+        "init_checkpoint": Key(
+            str,
+            None,
+            "Hugging Face folder to fine-tune: an encoder, or a decoder for causal_lm (asset:model = MiniLM-L6)",
+        ),
         "attention_backend": Key(str, "varlen", "block-diagonal attention kernel", ATTENTION_BACKENDS),
         "hidden_dropout": Key(float, 0.1, "dropout after attention and FFN", minimum=0, maximum=1),
         "attention_dropout": Key(float, 0.1, "dropout on attention probabilities", minimum=0, maximum=1),

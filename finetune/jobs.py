@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from common.cli import first_line
-from common.config_schema import ConfigError
 from data.classification_data import (
     Examples,
     TokenizedExamples,
@@ -35,39 +34,15 @@ from data.classification_data import (
     tokenize_by_template,
 )
 from data.tokenizer import load_tokenizer
-from finetune.batching import collate
+from finetune.causal_lm_task import causal_lm_job
 from finetune.errors import Diverged, FinetuneError
 from finetune.folder import check_config_values, save_finetuned
 from finetune.inference import predict_logits, score, write_predictions
+from finetune.job_contract import Job, resolve_asset
 from model.families import UnsupportedFamily
 from model.opening import ModelOptions, open_model, qa_fine_tuning_refusal
 
 log = logging.getLogger("finetune")
-
-STEP_SUMS = ("loss_sum", "count", "correct", "correct_count")  # what a training step adds up
-
-
-def classification_sums(out: dict, batch: dict | None = None) -> dict:
-    """A packed head's outputs -> the step's sums (STEP_SUMS): its loss over `count` examples
-    and `correct` of `correct_count` predictions (the batch is not needed)."""
-    return {key: float(out[key]) for key in STEP_SUMS}
-
-
-@dataclass
-class Job:
-    """What the shared loop needs from a task: the training and validation rows (anything
-    with token_ids, segment_ids, labels and lengths), the model, and how to evaluate, write
-    and save; how a batch table becomes model inputs and a step's outputs its sums."""
-
-    train: object
-    validation: object
-    model: torch.nn.Module
-    evaluate: Callable  # (model, eval batcher) -> (metrics dict, inference timing, outputs)
-    write_outputs: Callable  # (output folder, outputs) -> None
-    save: Callable  # (model, model folder) -> None
-    description: str  # "5 classes" / "1,203 questions"
-    collate: Callable = collate  # (rows, batch table [B, K], width) -> model inputs
-    step_sums: Callable = classification_sums  # (model outputs, batch) -> STEP_SUMS
 
 
 @dataclass
@@ -78,18 +53,6 @@ class Task:
     validation: TokenizedExamples
     label_names: list[str]
     vocab_file: Path | None  # None: the checkpoint's own tokenizer (tokenizer.json)
-
-
-def resolve_asset(value: str | None) -> str | None:
-    """'asset:model' / 'asset:corpus' -> the installed demo asset's path; anything else as is."""
-    if value is None or not value.startswith("asset:"):
-        return value
-    from data import assets
-
-    paths = {"asset:model": assets.model_dir, "asset:corpus": assets.corpus_glob}
-    if value not in paths:
-        raise ConfigError(f"{value!r}: unknown asset; expected one of {', '.join(paths)}")
-    return str(paths[value]())
 
 
 def check_vocabulary(checkpoint: Path, vocab_file: Path) -> None:
@@ -291,12 +254,6 @@ def qa_job(config: dict) -> Job:
         lambda model, folder: save_finetuned(model, config, None, vocab_file, folder, tokenizer),
         f"{len(train.examples)} / {len(validation.examples)} questions",
     )
-
-
-def causal_lm_job(config: dict) -> Job:
-    from finetune.causal_lm_task import causal_lm_job as build
-
-    return build(config)
 
 
 # data.task -> the function that builds its Job

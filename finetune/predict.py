@@ -31,6 +31,7 @@ if __name__ == "__main__":  # path mistakes answered before torch is imported (c
 
 import json
 import os
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -39,9 +40,10 @@ from common.cli import add_inference_options, add_ray_options, below_one, comman
 from common.files import describe_os_error, output_over_inputs, write_json_atomic
 from data.classification_data import ExampleError, encode_labels, read_jsonl
 from data.tokenizer import DataInputError
-from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec, width_groups
+from finetune.batching import BATCHING_MODES
+from finetune.classify import InferenceOptions, classify_examples
 from finetune.folder import load_finetuned
-from finetune.inference import predict_logits, score, write_predictions
+from finetune.inference import score, write_predictions
 from finetune.precision import device_problem
 from finetune.runner import Runner
 from model.families import max_tokens
@@ -114,7 +116,9 @@ def main(argv=None) -> int:
             else np.zeros(len(examples), dtype=np.int64)
         )
         runner = Runner(model, args.device, args.dtype)
-        logits, timing, data = classify_examples(folder, runner, examples, labels, args)
+        logits, timing, data = classify_examples(
+            folder, runner, examples, labels, InferenceOptions.from_args(args)
+        )
     except (ExampleError, DataInputError, PackingInputError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -152,68 +156,9 @@ def run_on_ray(args) -> int:
     except ExampleError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    options = {"batching": args.batching, "batch_size": args.batch_size, "algorithm": args.algorithm,
-               "max_sequences_per_pack": args.max_sequences_per_pack, "pack_length": args.pack_length,
-               "dtype": args.dtype}  # fmt: skip
+    options = asdict(InferenceOptions.from_args(args))  # what each replica is given
     described = {"labels": info["labels"], "multi_label": info["multi_label"]}
     return run_job(args, "predict", options, info["fields"]["text"], info["fields"]["pair"], described)
-
-
-def classify_examples(folder, runner: Runner, examples, labels, args):
-    """A classification folder's logits for `examples`, in input order: what predict
-    writes, and what each Ray replica runs on its share (finetune.ray_data).
-
-    args: the batching options (batching, batch_size, max_sequences_per_pack, algorithm,
-    pack_length). -> (logits float32 [n, C], timing, the TokenizedExamples run).
-    ExampleError (one line) where --pack-length is shorter than the longest input."""
-    info = folder.info
-    # New text may be longer than anything seen in training: take it up to the model's
-    # own maximum (its position embeddings; a transformers folder: its tokenizer's
-    # model_max_length), truncating beyond (counted in the report), and widen rows and
-    # packs to the longest input rather than refuse the file.
-    limit = max_tokens(folder.model.config)  # RoBERTa-style tables hold pad + 1 fewer
-    if info.get("source") == "config.json":
-        limit = min(limit, info["max_sequence_length"])
-    data = folder.tokenize(examples, labels, limit, "truncate")
-    longest = int(data.lengths.max())
-    if args.pack_length is not None and args.pack_length < longest:
-        raise ExampleError(
-            f"--pack-length {args.pack_length} is shorter than the longest input ({longest} tokens); "
-            f"give at least {longest}, or leave it out"
-        )
-    width = max(info["max_sequence_length"], longest)
-    if args.batching == "packed" and args.pack_length is None and info.get("pack_length") is None:
-        logits, timing = predict_in_width_groups(args, runner, data, width)
-    else:
-        batcher = batcher_for(args, data.lengths, width, max(info.get("pack_length") or width, longest))
-        logits, timing = predict_logits(runner, data, batcher)
-    return logits, timing, data
-
-
-def predict_in_width_groups(args, runner, data, longest: int):
-    """Packed inference where the folder names no pack length (a transformers folder): the
-    texts are packed in groups of row widths (finetune.batching.width_groups: each text in
-    the narrowest of 64 / 128 / 256 / 512 that holds it, groups merged where that is less
-    work), not all in rows as wide as the model's maximum. -> (logits [n, C], timing)."""
-    from data.classification_data import TokenizedExamples
-
-    hidden = runner.model.config.hidden_size
-    groups = width_groups(data.lengths, longest, args.max_sequences_per_pack, args.algorithm, hidden)
-    stats = runner.stats
-    real_before, rows_before = stats.real_tokens, stats.row_tokens  # this pass's share of the runner's counts
-    logits, timing = None, {"examples": len(data), "seconds": 0.0, "batches": 0}
-    for members, width in groups:
-        part = TokenizedExamples([data.token_ids[i] for i in members], [data.segment_ids[i] for i in members],
-                                 data.labels[members], 0)  # fmt: skip
-        part_logits, part_timing = predict_logits(runner, part, batcher_for(args, part.lengths, width, width))
-        if logits is None:
-            logits = np.empty((len(data), part_logits.shape[1]), dtype=part_logits.dtype)
-        logits[members] = part_logits
-        timing["seconds"] += part_timing["seconds"]
-        timing["batches"] += part_timing["batches"]
-    timing["examples_per_second"] = len(data) / timing["seconds"]
-    timing["padding_fraction"] = 1.0 - (stats.real_tokens - real_before) / (stats.row_tokens - rows_before)
-    return logits, timing
 
 
 def predict_tags(args, folder, summary_path: Path) -> int:
@@ -228,7 +173,7 @@ def predict_tags(args, folder, summary_path: Path) -> int:
     tagged = tokenize_for_tags(examples.texts, examples.where, folder.tokenizer, limit)
     lengths = np.array([len(t) for t in tagged.token_ids])
     width = int(lengths.max())
-    batcher = batcher_for(args, lengths, width, width)
+    batcher = InferenceOptions.from_args(args).batcher(lengths, width, width)
     runner = Runner(folder.model, args.device, args.dtype)
     tables = batcher.epoch(0, shuffle=False)
     batches = list(runner.run(tagged.token_ids, tables, batcher.width, tagged.segment_ids, ("logits",)))
@@ -269,7 +214,7 @@ def predict_answers(args, folder, summary_path: Path) -> int:
             f"--pack-length {pack_length} is shorter than the model's windows ({width} tokens)"
         )
     settings = answer_settings(qa, keep_nbest=args.nbest_output is not None)
-    batcher = batcher_for(args, windows.lengths, width, pack_length)
+    batcher = InferenceOptions.from_args(args).batcher(windows.lengths, width, pack_length)
     runner = Runner(model, args.device, args.dtype)
     answers, timing = answer_questions(runner, QaSplit(examples, windows), batcher, settings)
     report = {"task": "question_answering", "batching": args.batching, **timing}
@@ -291,21 +236,6 @@ def write_outputs(write, summary_path: Path, report: dict) -> int:
         return 2
     print(json.dumps(report, indent=1))
     return 0
-
-
-def batcher_for(args, lengths, width: int, default_pack_length: int) -> Batcher:
-    """The command's batching (--batching, --batch-size, --max-sequences-per-pack,
-    --algorithm, --pack-length) over examples of `lengths`, rows `width` tokens wide."""
-    pack_length = args.pack_length or default_pack_length
-    spec = BatchingSpec(
-        args.batching,
-        args.batch_size,
-        width,
-        args.max_sequences_per_pack,
-        args.algorithm,
-        pack_length=pack_length,
-    )
-    return Batcher(lengths, spec, seed=0)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ finetune/ray_job.py's.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +144,7 @@ class PackedPredictor:
     ):  # fmt: skip
         import torch
 
+        from finetune.classify import InferenceOptions
         from finetune.folder import load_finetuned
         from finetune.runner import Runner
 
@@ -161,12 +161,13 @@ class PackedPredictor:
         self.pair_column = pair_column if pair_column is not None else info["fields"]["pair"]
         self.label_names, self.multi_label = info["labels"], info["multi_label"]
         self.runner = Runner(self.folder.model, "cpu", dtype)
-        self.options = argparse.Namespace(batching=batching, batch_size=batch_size, algorithm=algorithm,
-                                          max_sequences_per_pack=max_sequences_per_pack, pack_length=pack_length)  # fmt: skip
+        self.options = InferenceOptions(
+            batching, batch_size, max_sequences_per_pack, algorithm, pack_length, dtype
+        )
 
     def logits(self, texts: list[str], pairs: list | None = None, where=lambda i: f"row {i}") -> np.ndarray:
         """Texts (and pairs) -> logits float32 [n, C] in order."""
-        from finetune.predict import classify_examples
+        from finetune.classify import classify_examples
 
         checked_texts(texts, self.text_column, where, empty_ok=True)  # finetune.predict's rule
         if pairs is not None:

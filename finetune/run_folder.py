@@ -14,7 +14,7 @@ from pathlib import Path
 from common.cli import first_line
 from common.files import describe_os_error
 from finetune.errors import FinetuneError
-from finetune.jobs import resolve_asset
+from finetune.job_contract import resolve_asset
 
 
 def input_digest(config: dict) -> dict:

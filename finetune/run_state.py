@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 
-from finetune.jobs import STEP_SUMS
+from finetune.job_contract import STEP_SUMS
 
 
 def zero_sums() -> dict[str, float]:

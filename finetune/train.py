@@ -57,7 +57,8 @@ from finetune.batching import Batcher, BatchingSpec
 from finetune.config import load_finetune_config
 from finetune.errors import Diverged, FinetuneError, Interrupted
 from finetune.inference import to_device
-from finetune.jobs import JOBS, Job, classification_sums, prepare_task, read_examples, resolve_asset
+from finetune.job_contract import Job, classification_sums, resolve_asset
+from finetune.jobs import JOBS, prepare_task, read_examples
 from finetune.run_folder import (
     check_output,
     check_positions,
