@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from common.cli import command_parser
+from common.cli import command_parser, refuse
 
 
 def parse_args(argv=None):
@@ -40,8 +40,7 @@ def main(argv=None) -> int:
 
     mistake = path_mistake("--config", args.config, "file")  # before torch is imported
     if mistake:
-        print(f"error: {mistake}", file=sys.stderr)
-        return 2
+        return refuse(mistake)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from training.config import ConfigError, load_config
 
@@ -49,8 +48,7 @@ def main(argv=None) -> int:
         overrides = args.set + (["execution.compile_only=true"] if args.compile_only else [])
         config = load_config(args.config, overrides)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     from model.hf_checkpoint import quiet_transformers
 
     quiet_transformers()  # its "Writing model shards" bar at every checkpoint repeats our log line
@@ -61,8 +59,7 @@ def main(argv=None) -> int:
     # IPU engine's check_config names before anything else).
     missing = missing_prerequisites(config)
     if len(missing) >= 2 and config["execution"]["device"] in ("cpu", "cuda"):
-        print(f"error: {prerequisites_line(args.config, missing)}", file=sys.stderr)
-        return 2
+        return refuse(prerequisites_line(args.config, missing))
     output = Path(args.output_dir or Path("runs") / Path(args.config).stem)
     from training.run import run
 

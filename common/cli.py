@@ -113,7 +113,9 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
     ray.add_argument("--workers", type=int, default=2, help="model replicas (Ray actors)")
     ray.add_argument("--threads-per-worker", type=int, default=1, help="CPUs (torch threads) per replica")
     ray.add_argument("--chunk-rows", type=int, default=4096, help="rows per shard (packed together)")
-    ray.add_argument("--overwrite", action="store_true", help="replace a finished job's --output folder")
+    ray.add_argument(
+        "--overwrite", action="store_true", help="replace a finished --output (--ray's folder; embed's .npy)"
+    )
 
 
 def below_one(args: argparse.Namespace, names) -> str | None:
@@ -140,6 +142,15 @@ def no_gpu(what: str, torch_version: str, cuda_build: bool) -> str:
             f"on a machine with an NVIDIA GPU install the CUDA build (README): {CUDA_WHEEL}"
         )
     return f"{what}: torch {torch_version} (a CUDA build) sees no GPU on this machine (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+
+
+def refuse(message: str) -> int:
+    """The user's mistake as the one line every command answers with (`error: MESSAGE` on
+    stderr). -> exit code 2."""
+    import sys
+
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def run_main(main, on_interrupt: str) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import command_parser
+from common.cli import command_parser, refuse
 from common.files import atomic_folder, describe_os_error
 
 SKIPPED = re.compile(
@@ -285,11 +285,9 @@ def main(argv=None) -> int:
         report.update(checkpoint=str(args.checkpoint), source=args.source)
         write_folder(args.output, tensors, config, report)
     except ConversionError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except OSError as err:  # an unreadable checkpoint, a full disk, an unwritable --output
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
     print(json.dumps({k: v for k, v in report.items() if k != "skipped_names"}))
     return 0
 

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.cli import command_parser
+from common.cli import command_parser, refuse
 from common.files import write_json_atomic
 from data.pretraining_instances import Recipe, SpecialIds, create_instances
 from data.reference_tokenizer import ReferenceTokenizer, read_vocab
@@ -339,8 +339,7 @@ def main(argv=None) -> int:
     try:
         summary = create(args)
     except DataInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     print(json.dumps({k: v for k, v in summary.items() if k not in ("options", "shards")}))
     return 0
 

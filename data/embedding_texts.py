@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from common.cli import command_parser
+from common.cli import command_parser, refuse
 from common.files import atomic_path
 from data.classification_data import ExampleError
 from data.create_pretraining_data import read_document, split_sentences
@@ -70,8 +70,7 @@ def main(argv=None) -> int:
         with atomic_path(args.output) as tmp, tmp.open("w") as f:
             f.writelines(json.dumps({"text": text}) + "\n" for text in texts)
     except (ExampleError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     print(f"{len(texts)} texts -> {args.output}", file=sys.stderr)
     return 0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import command_parser
+from common.cli import command_parser, refuse
 from common.files import atomic_folder, describe_os_error, write_json_atomic
 from data.unpacked_hdf5 import write_unpacked_shard
 from packing.errors import PackingInputError
@@ -91,19 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.count < 1:
-        print(f"error: --count must be >= 1, got {args.count}", file=sys.stderr)
-        return 2
+        return refuse(f"--count must be >= 1, got {args.count}")
     if args.output.exists():
-        print(f"error: --output {args.output} exists; choose a new folder", file=sys.stderr)
-        return 2
+        return refuse(f"--output {args.output} exists; choose a new folder")
     try:
         summary = pick(args.input, args.output, args.count, args.vocab_size)
     except PackingInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except OSError as err:  # an unreadable input, a full disk, an unwritable --output
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
     print(json.dumps({k: v for k, v in summary.items() if k != "source_rows"}))
     return 0
 

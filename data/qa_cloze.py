@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import command_parser
+from common.cli import command_parser, refuse
 from common.files import atomic_path
 from data.create_pretraining_data import read_document
 
@@ -211,11 +211,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     files = sorted(Path(p) for p in glob.glob(args.input))
     if not files:
-        print(f"error: --input {args.input}: no files match", file=sys.stderr)
-        return 2
+        return refuse(f"--input {args.input}: no files match")
     if not 0 < args.dev_fraction < 1 or args.questions_per_article < 1:
-        print("error: --dev-fraction must be in (0, 1) and --questions-per-article >= 1", file=sys.stderr)
-        return 2
+        return refuse("--dev-fraction must be in (0, 1) and --questions-per-article >= 1")
     if args.vocab is None:
         from data import assets
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from common.cli import command_parser
+from common.cli import command_parser, refuse
 from common.files import atomic_path, describe_os_error, output_over_inputs
 from data.create_pretraining_data import _read_text, expand
 from data.reference_tokenizer import read_vocab
@@ -81,11 +81,9 @@ def main(argv=None) -> int:
             tmp.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
             read_vocab(tmp)  # data creation's reader accepts it (no repeated token), or no file
     except DataInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except OSError as err:
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
     print(f"wrote {args.output}: {len(tokens)} tokens")
     return 0
 

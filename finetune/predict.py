@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import add_inference_options, add_ray_options, below_one, command_parser
+from common.cli import add_inference_options, add_ray_options, below_one, command_parser, refuse
 from common.files import describe_os_error, output_over_inputs, write_json_atomic
 from data.classification_data import ExampleError, encode_labels, read_jsonl
 from data.tokenizer import DataInputError
@@ -80,8 +80,7 @@ def main(argv=None) -> int:
         ),
     ) or device_problem(args.device, args.dtype)
     if wrong:
-        print(f"error: {wrong}", file=sys.stderr)
-        return 2
+        return refuse(wrong)
     if args.ray:
         return run_on_ray(args)
     summary_path = args.output.with_suffix(".summary.json")
@@ -89,8 +88,7 @@ def main(argv=None) -> int:
     for output in outputs:  # an output never replaces an input, nor lands in the model folder
         clash = output_over_inputs(output, [args.input], [args.model])
         if clash:
-            print(f"error: {clash}", file=sys.stderr)
-            return 2
+            return refuse(clash)
     try:
         # Before any compute: an unwritable output would otherwise lose a finished inference.
         for output in outputs:
@@ -98,8 +96,7 @@ def main(argv=None) -> int:
             if not os.access(output.parent, os.W_OK):
                 raise PermissionError(13, "Permission denied (cannot write here)", str(output.parent))
     except OSError as err:
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
     try:
         folder = load_finetuned(args.model)
         model, info = folder.model, folder.info
@@ -120,11 +117,9 @@ def main(argv=None) -> int:
             folder, runner, examples, labels, InferenceOptions.from_args(args)
         )
     except (ExampleError, DataInputError, PackingInputError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except OSError as err:
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
     report = {"batching": args.batching, **timing, "truncated": data.truncated}
     if has_labels:
         report.update(score(logits, labels, info["multi_label"]))
@@ -154,8 +149,7 @@ def run_on_ray(args) -> int:
                 f"{args.model}: a {info['task']} folder; --ray runs sequence classification (run this one without --ray)"
             )
     except ExampleError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     options = asdict(InferenceOptions.from_args(args))  # what each replica is given
     described = {"labels": info["labels"], "multi_label": info["multi_label"]}
     return run_job(args, "predict", options, info["fields"]["text"], info["fields"]["pair"], described)
@@ -232,8 +226,7 @@ def write_outputs(write, summary_path: Path, report: dict) -> int:
         write()
         write_json_atomic(summary_path, report)
     except OSError as err:
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
     print(json.dumps(report, indent=1))
     return 0
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.cli import refuse
 from common.files import (
     FolderInUse,
     atomic_path,
@@ -439,19 +440,16 @@ def run_job(
         lock_folder(args.output, f"{kind} job writing this output")  # one job per output at a time
         kept = reusable_chunks(partial, job_key, chunks)
     except (ExampleError, FolderInUse) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except OSError as err:
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
     total = sum(c.rows for c in chunks)
     todo = [asdict(c) for c in chunks if c.number not in kept]
     try:
         ray = start_ray(args.ray, args.workers, args.threads_per_worker, args.quiet) if todo else None
     except Exception as err:  # noqa: BLE001 - ray.init raises ConnectionError, RuntimeError, ValueError, ...
         reason = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
-        print(f"error: --ray {args.ray}: the cluster could not be joined ({reason})", file=sys.stderr)
-        return 2
+        return refuse(f"--ray {args.ray}: the cluster could not be joined ({reason})")
     try:
         done = []
         if todo:
@@ -563,16 +561,13 @@ def main(argv=None) -> int:
 
     wrong = output_over_inputs(args.output, [], [args.folder])
     if wrong:
-        print(f"error: {wrong}", file=sys.stderr)
-        return 2
+        return refuse(wrong)
     try:
         return gather(args.folder, args.output)
     except ExampleError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except OSError as err:
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
 
 
 if __name__ == "__main__":

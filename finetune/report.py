@@ -10,6 +10,8 @@ import json
 import sys
 from pathlib import Path
 
+from common.cli import refuse
+
 
 def load(folder: Path) -> dict:
     path = folder / "summary.json"
@@ -79,8 +81,7 @@ def main(argv=None) -> int:
     try:
         summaries = [load(f) for f in folders]
     except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     print(table(summaries))
     return 0
 

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common.cli import command_parser, first_line
+from common.cli import command_parser, first_line, refuse
 from common.config_schema import ConfigError
 from common.files import describe_os_error, write_json_atomic
 from data.classification_data import ExampleError
@@ -403,11 +403,9 @@ def main(argv=None) -> int:
             config, args.output_dir, resume=args.resume, stop=stop, overwrite=args.overwrite
         )
     except (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except OSError as err:
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
     except Diverged as err:
         print(f"error: {err}", file=sys.stderr)
         return 3

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
-from common.cli import DefaultsHelpFormatter, command_parser
+from common.cli import DefaultsHelpFormatter, command_parser, refuse
 from packing.algorithms import ALGORITHMS, pack
 from packing.errors import PackingInputError
 from packing.histogram import Histogram
@@ -215,12 +214,10 @@ def main(argv=None) -> int:
     try:
         return COMMANDS[args.command][1](args)
     except PackingInputError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except OSError as err:  # a full disk, a file-size limit, an unwritable folder, ...
         from common.files import describe_os_error
 
         if err.filename is None and getattr(args, "output", None) is not None:
             err = OSError(err.errno, err.strerror or str(err), f"writing into {args.output}")
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))

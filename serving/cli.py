@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 
-from common.cli import add_inference_options, below_one, command_parser
+from common.cli import add_inference_options, below_one, command_parser, refuse
 from serving.policies import POLICIES
 
 
@@ -91,19 +91,16 @@ def main(argv=None) -> int:
     wrong = below_one(args, ("port", "max_batch_tokens", "max_sequences_per_pack", "batch_size", "max_queue",
                              "max_client_batch_size", "max_body_bytes", "tokenizer_threads"))  # fmt: skip
     if wrong:
-        print(f"error: {wrong}", file=sys.stderr)
-        return 2
+        return refuse(wrong)
     if args.timeout_s <= 0 or args.body_timeout_s <= 0 or args.max_wait_ms < 0:
-        print("error: --timeout-s and --body-timeout-s must be > 0, --max-wait-ms >= 0", file=sys.stderr)
-        return 2
+        return refuse("--timeout-s and --body-timeout-s must be > 0, --max-wait-ms >= 0")
 
     from serving.access import AccessRules
 
     try:  # before the model loads: an empty key is refused at once
         access = AccessRules.for_bind(args.host, args.api_key, args.allowed_hosts)
     except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
 
     import uvicorn
 
@@ -119,8 +116,7 @@ def main(argv=None) -> int:
     quiet_transformers()
     wrong = device_problem(args.device, args.dtype)
     if wrong:
-        print(f"error: {wrong}", file=sys.stderr)
-        return 2
+        return refuse(wrong)
     try:
         engine = load_engine(args.model, args.device, args.attention_backend, args.dtype, args.pooling)
         policy = PolicySettings(
@@ -129,11 +125,9 @@ def main(argv=None) -> int:
             pad_to=engine.info["max_sequence_length"],
         )  # fmt: skip
     except (ExampleError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except OSError as err:
-        print(f"error: {args.model}: {err.strerror or err}", file=sys.stderr)
-        return 2
+        return refuse(f"{args.model}: {err.strerror or err}")
     queue = QueueLimits(args.max_queue, args.max_wait_ms, args.timeout_s)
     limits = RequestLimits(
         args.max_body_bytes, args.max_client_batch_size, body_timeout_s=args.body_timeout_s

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from common.cli import refuse
 from common.files import describe_os_error
 from packing.errors import PackingInputError
 from training import checkpoint as ckpt
@@ -312,14 +313,11 @@ def run(config: dict, output: Path, resume: bool) -> int:
     try:
         return run_training(config, output, resume, engine_class(config))
     except RunError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except PackingInputError as err:  # a shard that changed or breaks the format, found at read time
-        print(f"error: {one_line(err)}", file=sys.stderr)
-        return 2
+        return refuse(one_line(err))
     except OSError as err:  # a full disk, an unwritable or misplaced output folder, ...
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
     finally:
         shut_down_process_group()
 

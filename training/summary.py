@@ -11,13 +11,12 @@ end time, and the unigram baseline (always predicting the most frequent masked t
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import yaml
 
-from common.cli import command_parser
+from common.cli import command_parser, refuse
 from training.curves import MetricsFileError, curve_from_records, plot_curves, read_records, unigram_baseline
 
 
@@ -97,8 +96,7 @@ def main(argv=None) -> int:
         # A missing, cut-off or foreign run folder: one line, not a traceback.
         reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
         where = f"{err.filename}: " if isinstance(err, OSError) and err.filename else ""
-        print(f"error: {where}{reason} (expected a run_pretraining.py output folder)", file=sys.stderr)
-        return 2
+        return refuse(f"{where}{reason} (expected a run_pretraining.py output folder)")
     if unpacked is None:
         return print_single(packed, args.plot)
     print(
@@ -114,8 +112,7 @@ def main(argv=None) -> int:
             f"{f['sequences_per_second']:.1f} | {f['tokens_per_second']:.0f} | {loss} | {acc} |"
         )
     if not unpacked["sequences_per_second"]:
-        print(f"error: {args.unpacked}: no trained logging window to compare with", file=sys.stderr)
-        return 2
+        return refuse(f"{args.unpacked}: no trained logging window to compare with")
     speedup = packed["sequences_per_second"] / unpacked["sequences_per_second"]
     print(
         f"\nrealized speed-up {speedup:.3f} (sequences/s packed / unpacked) = "
