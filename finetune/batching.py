@@ -37,7 +37,7 @@ class BatchingSpec:
     mode: str
     batch_size: int  # examples per batch (packed: packs = round(batch_size / packing factor))
     max_sequence_length: int  # tokens; the padded row width (and the pack length by default)
-    max_per_pack: int = 6  # K, packed mode only
+    max_per_pack: int | None = None  # K, packed mode only; None: from the lengths (fitting_depth)
     algorithm: str = "lpfhp"
     pad_last_batch: bool = False
     pack_length: int | None = None  # packed row width; any value >= the longest example
@@ -124,7 +124,9 @@ class Batcher:
 PACK_WIDTHS = (64, 128, 256, 512)
 
 
-def width_groups(lengths: np.ndarray, longest: int, max_per_pack: int, algorithm: str, hidden: int) -> list:
+def width_groups(
+    lengths: np.ndarray, longest: int, max_per_pack: int | None, algorithm: str, hidden: int
+) -> list:
     """[(text indices, row width)]: which texts are packed together, into rows how wide.
 
     Each text starts in the narrowest of PACK_WIDTHS (those below `longest`, then `longest`)

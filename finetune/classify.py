@@ -29,7 +29,7 @@ class InferenceOptions:
 
     batching: str = "packed"
     batch_size: int = 64
-    max_sequences_per_pack: int = 6
+    max_sequences_per_pack: int | None = None  # None: chosen from the lengths
     algorithm: str = "lpfhp"
     pack_length: int | None = None
     dtype: str = "float32"

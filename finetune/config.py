@@ -59,7 +59,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
             int, 32, "examples per training batch (packed: packs = this / packing factor)", minimum=1
         ),
         "eval_batch_size": Key(int, 64, "examples per inference batch", minimum=1),
-        "max_sequences_per_pack": Key(int, 6, "K, packed mode", minimum=1),
+        "max_sequences_per_pack": Key(
+            int,
+            None,
+            "K, packed mode; null = chosen from the lengths (least padding)",
+            optional=True,
+            minimum=1,
+        ),
         "algorithm": Key(str, "lpfhp", "packing algorithm", ("spfhp", "lpfhp", "nnlshp", "lp")),
         "pack_length": Key(
             int, None, "tokens per pack; null = data.max_sequence_length", optional=True, minimum=8

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import add_inference_options, add_ray_options, below_one, command_parser
+from common.cli import add_inference_options, add_ray_options, below_one, command_parser, refuse
 from common.files import (
     FolderInUse,
     describe_os_error,
@@ -66,7 +66,6 @@ from model.embedding import POOLING_MODES
 def build_parser():
     parser = command_parser("python -m finetune.embed", __doc__)
     add_inference_options(parser, "a sentence-transformers folder, or any BERT folder with --pooling")
-    parser.set_defaults(max_sequences_per_pack=16)
     parser.add_argument("--input", required=True, type=Path, help="JSON lines with a text field")
     parser.add_argument("--output", required=True, type=Path, help="the .npy array, float32 [lines, D]")
     parser.add_argument("--text-field", default="text")
@@ -281,9 +280,11 @@ def main(argv=None) -> int:
     wrong = wrong or device_problem(args.device, args.dtype)
     if not args.ray:
         wrong = wrong or output_over_inputs(args.output, [args.input], [args.model])
+        if not wrong and args.output.exists() and not args.overwrite:  # a corpus's embeddings cost minutes
+            wrong = (f"--output {args.output}: holds a finished output; give --overwrite to replace it, "
+                     "or another path")  # fmt: skip
     if wrong:
-        print(f"error: {wrong}", file=sys.stderr)
-        return 2
+        return refuse(wrong)
     from model.hf_checkpoint import quiet_transformers
 
     quiet_transformers()
@@ -312,11 +313,9 @@ def main(argv=None) -> int:
         print(f"interrupted: {err}", file=sys.stderr)
         return 128 + int(err.signum)
     except (ExampleError, FolderInUse) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        return refuse(err)
     except OSError as err:
-        print(f"error: {describe_os_error(err)}", file=sys.stderr)
-        return 2
+        return refuse(describe_os_error(err))
     stats = encoder.stats
     summary = {
         "texts": n,

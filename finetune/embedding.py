@@ -52,7 +52,7 @@ class EncodeOptions:
 
     batching: str = "packed"
     batch_size: int = 32
-    max_per_pack: int = 16
+    max_per_pack: int | None = None  # K; None: chosen from the lengths (packing.tokenized.fitting_depth)
     algorithm: str = "lpfhp"
     device: str = "cpu"
     dtype: str = "float32"

@@ -272,7 +272,7 @@ def pack_dataset(
     dataset,
     task: str,
     max_sequence_length: int,
-    max_sequences_per_pack: int = 6,
+    max_sequences_per_pack: int | None = None,
     algorithm: str = "lpfhp",
     label_column: str | None = None,
     num_labels: int | None = None,

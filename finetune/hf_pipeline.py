@@ -43,7 +43,7 @@ def packed_pipeline(
     model,
     tokenizer=None,
     batch_size: int = 64,
-    max_sequences_per_pack: int = 6,
+    max_sequences_per_pack: int | None = None,
     algorithm: str = "lpfhp",
     max_length: int | None = None,
     device: str = "cpu",

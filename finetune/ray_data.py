@@ -100,7 +100,7 @@ class PackedEmbedder:
     def __init__(
         self, model, text_column: str = "text", output_column: str = "embedding", pooling=None,
         normalize=None, max_length=None, prompt_name=None, batching: str = "packed", batch_size: int = 32,
-        max_sequences_per_pack: int = 16, algorithm: str = "lpfhp", dtype: str = "float32", threads: int | None = None,
+        max_sequences_per_pack: int | None = None, algorithm: str = "lpfhp", dtype: str = "float32", threads: int | None = None,
     ):  # fmt: skip
         import torch
 
@@ -139,7 +139,7 @@ class PackedPredictor:
 
     def __init__(
         self, model, text_column: str | None = None, pair_column: str | None = None, batching: str = "packed",
-        batch_size: int = 64, max_sequences_per_pack: int = 6, algorithm: str = "lpfhp", pack_length=None,
+        batch_size: int = 64, max_sequences_per_pack: int | None = None, algorithm: str = "lpfhp", pack_length=None,
         dtype: str = "float32", threads: int | None = None,
     ):  # fmt: skip
         import torch

@@ -191,15 +191,24 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     optimizer, scheduler = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
     eval_batcher = Batcher(job.validation.lengths, batching_spec(config, batching["eval_batch_size"]), seed)
     log.info(
-        "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row",
+        "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s",
         batcher.spec.mode, len(job.train), len(job.validation), job.description,
-        batcher.batches_per_epoch, batcher.packing_factor,
+        batcher.batches_per_epoch, batcher.packing_factor, packing_note(batcher, batching["max_sequences_per_pack"]),
     )  # fmt: skip
     torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
     state = RunState(config, input_digest(config))
     if progress is not None:
         state = restore_state(output, model, optimizer, scheduler, state)
     return Run(config, output, job, model, batcher, eval_batcher, optimizer, scheduler, state, stop)
+
+
+def packing_note(batcher: Batcher, asked: int | None) -> str:
+    """ ", K=16 (chosen from the lengths), 1.0% padding" for packed batching; "" otherwise."""
+    if batcher.spec.mode != "packed":
+        return ""
+    how = "chosen from the lengths" if asked is None else f"at most {asked}"
+    padding = 1.0 - float(batcher.lengths.sum()) / (batcher.table.shape[0] * batcher.spec.fixed_width)
+    return f", K={batcher.table.shape[1]} ({how}), {padding:.1%} padding"
 
 
 def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState) -> RunState:

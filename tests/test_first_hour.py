@@ -126,6 +126,15 @@ def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_t
         "t.jsonl",
         "whole.npy",
     ]
+    # a finished output is never replaced without --overwrite (one line, before any model loads)
+    before = (tmp_path / "e.npy").stat().st_mtime_ns
+    again = subprocess.run(
+        [*argv, "--output", str(tmp_path / "e.npy")], cwd=REPO, capture_output=True, text=True
+    )
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+        f"error: --output {tmp_path / 'e.npy'}: holds a finished output; give --overwrite to replace it, or another path"
+    ]
+    assert (tmp_path / "e.npy").stat().st_mtime_ns == before
 
 
 def test_a_time_budget_bar_counts_to_the_budget_not_to_max_steps(tmp_path):
