@@ -58,7 +58,9 @@ def write_news_jsonl(output: Path) -> int:
     output.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(output) as tmp, tmp.open("w", encoding="utf-8") as lines:
         for text, pair, label in zip(examples.texts, examples.pairs, examples.labels):
-            lines.write(json.dumps({"text": text, "text_pair": pair, "label": label}, ensure_ascii=False) + "\n")
+            lines.write(
+                json.dumps({"text": text, "text_pair": pair, "label": label}, ensure_ascii=False) + "\n"
+            )
     return len(examples)
 
 
