@@ -73,8 +73,45 @@ def missing_packages(names=("torch", "transformers")) -> str | None:
     )
 
 
+def json_input_mistake(option: str, value: str) -> str | None:
+    """JSON lines (or SQuAD's JSON) start with "{": a file whose first non-blank character is
+    something else (a CSV's header, plain text) is answered in one line."""
+    try:
+        with open(value, "rb") as text:
+            head = text.read(4096).lstrip()
+    except OSError:
+        return None  # unreadable: the command says why
+    if not head or head.startswith(b"{"):
+        return None
+    first = head.splitlines()[0][:60].decode("utf-8", "replace")
+    looks = "; it looks like CSV: convert it" if b"," in head.splitlines()[0] else ""
+    return (
+        f"{option} {value}:1: not JSON lines (it starts {first!r}); expected one JSON object per line, "
+        f'such as {{"text": "..."}}{looks}'
+    )
+
+
+def device_mistake(argv: list[str]) -> str | None:
+    """--device cuda with the CPU build of torch installed (its version says +cpu), read from
+    the package's metadata, not by importing it."""
+    if value_of(argv, "--device") != "cuda":
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("torch")
+    except PackageNotFoundError:
+        return None
+    if "+cpu" not in installed:
+        return None  # a CUDA build: whether it sees a GPU is for torch to say
+    from common.cli import no_gpu
+
+    return no_gpu("--device cuda", installed, cuda_build=False)
+
+
 def exit_on_path_mistakes(spec: dict[str, str], argv: list[str] | None = None) -> None:
-    """Check the options of `spec` ({option: "folder" | "file"}) in `argv` (default
+    """Check the options of `spec` ({option: "folder" | "file" | "json" | "inputs"}; json: a
+    file that must be JSON) and --device in `argv` (default
     sys.argv[1:]); print one line and exit 2 at the first mistake. --help is left alone.
     A Python without the project's packages is answered first, in one line."""
     argv = sys.argv[1:] if argv is None else argv
@@ -88,7 +125,13 @@ def exit_on_path_mistakes(spec: dict[str, str], argv: list[str] | None = None) -
         value = value_of(argv, option)
         if value is None:
             continue
-        mistake = path_mistake(option, value, kind)
+        mistake = path_mistake(option, value, "file" if kind == "json" else kind)
+        if not mistake and kind == "json":
+            mistake = json_input_mistake(option, value)
         if mistake:
             print(f"error: {mistake}", file=sys.stderr)
             raise SystemExit(2)
+    mistake = device_mistake(argv)
+    if mistake:
+        print(f"error: {mistake}", file=sys.stderr)
+        raise SystemExit(2)

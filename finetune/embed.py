@@ -29,7 +29,7 @@ if __name__ == "__main__":  # path mistakes answered before torch is imported (c
     from common.preflight import exit_on_path_mistakes, value_of
 
     ray = value_of(sys.argv[1:], "--ray") is not None  # --input may then be a folder or a glob
-    exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "file"})
+    exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "json"})
 
 import argparse
 import errno

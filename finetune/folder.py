@@ -268,16 +268,10 @@ def read_json_object(path: Path) -> dict:
     return value
 
 
-def describe_hub_folder(folder: Path) -> dict:
-    """What a folder without finetune.json says about running it, from config.json and the
-    tokenizer's files, with transformers' pipelines' defaults for the rest."""
-    config_path = folder / "config.json"
-    if not config_path.is_file():
-        raise ExampleError(
-            f"{folder}: no config.json and no {FINETUNE_INFO}; expected a folder written by "
-            "finetune.train or by transformers' save_pretrained"
-        )
-    config = read_json_object(config_path)
+def task_of_architectures(config: dict, config_path: Path) -> str:
+    """The task predict runs a transformers folder as, from config.json's `architectures`
+    (ARCHITECTURE_TASKS); ExampleError naming the key otherwise. No torch: the preflight asks
+    it too, before the imports."""
     architectures = config.get("architectures") or []
     if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
         raise ExampleError(f"{config_path}: key 'architectures' must be a list of class names")
@@ -290,6 +284,33 @@ def describe_hub_folder(folder: Path) -> dict:
             "*ForSequenceClassification, *ForTokenClassification or *ForQuestionAnswering folder "
             "(for embeddings of a bare encoder use finetune.embed --pooling)"
         )
+    return task
+
+
+def predict_folder_mistake(folder: Path) -> str | None:
+    """What predict would refuse in a folder before loading it, or None: a transformers folder
+    (no finetune.json) whose config.json names no head predict runs."""
+    config_path = Path(folder) / "config.json"
+    if (Path(folder) / FINETUNE_INFO).is_file() or not config_path.is_file():
+        return None  # finetune.train's folders, and what the command says after its imports
+    try:
+        task_of_architectures(read_json_object(config_path), config_path)
+    except ExampleError as err:
+        return str(err)
+    return None
+
+
+def describe_hub_folder(folder: Path) -> dict:
+    """What a folder without finetune.json says about running it, from config.json and the
+    tokenizer's files, with transformers' pipelines' defaults for the rest."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ExampleError(
+            f"{folder}: no config.json and no {FINETUNE_INFO}; expected a folder written by "
+            "finetune.train or by transformers' save_pretrained"
+        )
+    config = read_json_object(config_path)
+    task = task_of_architectures(config, config_path)
     from model.families import usable_positions
     from model.opening import supported_model_types
 

@@ -27,7 +27,14 @@ if __name__ == "__main__":  # path mistakes answered before torch is imported (c
     from common.preflight import exit_on_path_mistakes, value_of
 
     ray = value_of(sys.argv[1:], "--ray") is not None  # --input may then be a folder or a glob
-    exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "file"})
+    exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "json"})
+    from finetune.folder import predict_folder_mistake  # no torch: config.json's head, read as JSON
+
+    model_option = value_of(sys.argv[1:], "--model")
+    mistake = model_option and predict_folder_mistake(model_option)
+    if mistake:
+        print(f"error: {mistake}", file=sys.stderr)
+        sys.exit(2)
 
 import json
 import os

@@ -129,3 +129,17 @@ def test_collate_zeroes_labels_of_empty_slots():
 def test_pack_examples_refuses_lengths_out_of_range():
     with pytest.raises(PackingInputError, match="example 1 has 60 tokens; expected 1..48"):
         pack_examples(np.array([3, 60, 5]), S, 3, "spfhp", 0)
+
+
+def test_the_default_k_follows_the_lengths_and_an_explicit_k_wins():
+    """Issue 61: short texts in 128-token rows left 42.6% padding at the old default K = 6.
+    K chosen from the histogram (packing.tokenized.fitting_depth) leaves <= 10%; long
+    examples get a shallow K; an explicit K is a limit that holds."""
+    rng = np.random.default_rng(0)
+    short = rng.integers(6, 30, 2000)
+    chosen = Batcher(short, BatchingSpec("packed", 32, 128), seed=0)
+    assert chosen.padding_fraction(chosen.epoch(0)) <= 0.10 and chosen.table.shape[1] > 6
+    limited = Batcher(short, BatchingSpec("packed", 32, 128, max_per_pack=6), seed=0)
+    assert limited.table.shape[1] <= 6 and limited.padding_fraction(limited.epoch(0)) > 0.15
+    long = Batcher(rng.integers(200, 400, 500), BatchingSpec("packed", 32, 512), seed=0)
+    assert long.table.shape[1] <= 3

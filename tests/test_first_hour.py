@@ -34,9 +34,24 @@ def run(*argv, timeout=60):
          "looks like a Hugging Face Hub id, and models are not downloaded here: fetch it first (hf download "),
         (["-m", "serving", "--model", "README.md"], "--model README.md: not a folder"),
         (["run_pretraining.py", "--config", "configs/nope.yaml"], "--config configs/nope.yaml: file not found"),
+        # issue 61: a CSV given as JSON lines, --device cuda on the CPU build, a bare encoder to predict
+        (["-m", "finetune.embed", "--model", "ASSET", "--input", "CSV", "--output", "o.npy"],
+         ":1: not JSON lines (it starts 'text,label'); expected one JSON object per line"),
+        (["-m", "finetune.embed", "--model", "ASSET", "--input", "examples/sft/train.jsonl", "--output", "o.npy",
+          "--device", "cuda"], "--device cuda: this torch (2.13.0+cpu) is the CPU build"),
+        (["-m", "finetune.predict", "--model", "ASSET", "--input", "examples/sft/train.jsonl", "--output", "o"],
+         "key 'architectures' is ['BertModel']; predict runs a *ForSequenceClassification"),
     ],
 )  # fmt: skip
-def test_path_mistakes_are_one_line_without_importing_torch(argv, says):
+def test_path_mistakes_are_one_line_without_importing_torch(argv, says, tmp_path):
+    from importlib.metadata import version
+
+    from data.assets import model_dir
+
+    if "cuda" in argv and "+cpu" not in version("torch"):
+        pytest.skip("the CPU-build line needs the CPU build of torch")
+    (tmp_path / "a.csv").write_text("text,label\nhello,positive\n")
+    argv = [{"ASSET": str(model_dir()), "CSV": str(tmp_path / "a.csv")}.get(word, word) for word in argv]
     done, _ = run("-X", "importtime", *argv)
     assert done.returncode == 2
     lines = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
