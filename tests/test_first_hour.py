@@ -207,9 +207,9 @@ def test_the_mlperf_config_names_every_missing_prerequisite_at_once(tmp_path):
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (["-m", "finetune.predict", "--model", ".", "--input", "README.md", "--ouput", "o"],
+        (["-m", "finetune.predict", "--model", ".", "--input", "examples/sft/train.jsonl", "--ouput", "o"],
          "error: unrecognized arguments: --ouput (did you mean --output?); see python -m finetune.predict --help"),
-        (["-m", "finetune.embed", "--model", ".", "--input", "README.md"],
+        (["-m", "finetune.embed", "--model", ".", "--input", "examples/sft/train.jsonl"],
          "error: the following arguments are required: --output; see python -m finetune.embed --help"),
     ],
 )  # fmt: skip

@@ -127,6 +127,16 @@ def test_max_train_seconds_stops_the_run(packed, tmp_path):
     end = metrics(tmp_path / "run", "end")[-1]
     assert 2.0 <= end["train_seconds"] < 10.0
     assert end["step"] < 10**6
+    # the record says what ended it (MLPerf's run_stop stays "aborted": its rules' word for
+    # any end short of the target), and the steps after the last log line are counted
+    assert end["stopped_by"] == "max_train_seconds" and end["status"] == "aborted"
+    train = metrics(tmp_path / "run", "train")
+    assert train[-1]["step"] == end["step"] and sum(r["sequences"] for r in train) == end["samples"]
+    from training.summary import run_figures
+
+    figures = run_figures(tmp_path / "run")
+    assert figures["sequences_per_second"] > 0 and figures["final_train_loss"] is not None
+    assert figures["stopped_by"] == "max_train_seconds"
 
 
 def test_summary_prints_speedup_baseline_and_plots(packed, tmp_path):

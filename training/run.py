@@ -70,7 +70,10 @@ class Run(RunSetup):
                 "%s; eval every %d sequences", self.arithmetic.describe(), self.eval_schedule.every_samples
             )
         self.reporter.mlperf.run_start(state.samples)
+        # status is MLPerf's run_stop status (success only at the target: its rules call any
+        # other end "aborted"); stopped_by says which end it was, for the run's own record.
         status, exit_code, self.started = "aborted", 0, time.perf_counter()
+        self.stopped_by, lr = "diverged", None
         self.resumed_train_seconds, self.paused_seconds = state.train_seconds, 0.0
         self._new_window()
         try:
@@ -94,6 +97,10 @@ class Run(RunSetup):
                         log.warning("stop requested (signal): checkpointing at step %d", state.step)
                         exit_code = EXIT_INTERRUPTED
                         break
+                if exit_code == 0 and self.window_samples and lr is not None:
+                    self._log_window(
+                        lr
+                    )  # steps since the last log line (a short or time-budget run): counted
                 if (
                     exit_code == 0
                     and not state.reached_target
@@ -105,6 +112,13 @@ class Run(RunSetup):
                         state.reached_target, status = True, "success"
                 if self.saved_step != state.step:  # not twice for the same step
                     self._save()
+                self.stopped_by = (
+                    "target"
+                    if state.reached_target
+                    else "signal"
+                    if exit_code
+                    else self._limit_reached() or "limit"
+                )
             except Diverged as err:
                 print(f"error: {err}", file=sys.stderr)
                 exit_code = EXIT_DIVERGED
@@ -125,17 +139,19 @@ class Run(RunSetup):
         reason = "training.on_nonfinite is stop" if policy == "stop" else f"more than {allowed} skipped steps"
         raise Diverged(f"{what}; stopping ({reason}); the newest checkpoint is the last good one")
 
-    def _limit_reached(self) -> bool:
+    def _limit_reached(self) -> str | None:
+        """The training.* limit the run has reached ("max_steps", "max_samples",
+        "max_train_seconds", "max_seconds"), or None."""
         state, limits = self.state, self.limits
         if state.step >= limits["max_steps"]:
-            return True
+            return "max_steps"
         if limits["max_samples"] is not None and state.samples >= limits["max_samples"]:
-            return True
+            return "max_samples"
         if limits["max_train_seconds"] is not None and self.train_seconds() >= limits["max_train_seconds"]:
-            return True
-        return (
-            limits["max_seconds"] is not None and time.perf_counter() - self.started >= limits["max_seconds"]
-        )
+            return "max_train_seconds"
+        if limits["max_seconds"] is not None and time.perf_counter() - self.started >= limits["max_seconds"]:
+            return "max_seconds"
+        return None
 
     def train_seconds(self) -> float:
         """Seconds spent training: wall time since the start (plus the resumed run's) less
@@ -297,6 +313,7 @@ class Run(RunSetup):
                 "step": self.state.step,
                 "samples": self.state.samples,
                 "status": status,
+                "stopped_by": self.stopped_by,  # target | max_steps | max_samples | max_*seconds | signal | diverged
                 "seconds": time.perf_counter() - self.started,
                 "train_seconds": self.train_seconds(),
             },

@@ -44,6 +44,7 @@ def run_figures(run: Path) -> dict:
         "sequences_per_second": sum(r["sequences"] for r in steady) / seconds if seconds else 0.0,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "final_train_loss": trained[-1]["loss"] if trained else None,
+        "stopped_by": end.get("stopped_by", end.get("status", "-")),
         "eval_mlm_accuracy": evals[-1]["mlm_accuracy"] if evals else None,
         "curve": curve_from_records(evals),
     }
@@ -58,13 +59,15 @@ def accuracy_at(curve: dict, seconds: float) -> float | None:
 def print_single(figures: dict, plot: Path | None) -> int:
     """One run's table row, its unigram baseline and (optionally) its learning curve."""
     print(
-        "| run | packing factor | steps | sequences | training s | sequences/s | real tokens/s | train loss | eval MLM acc |"
+        "| run | packing factor | steps | stopped by | sequences | training s | sequences/s | real tokens/s | train loss "
+        "| eval MLM acc |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     acc = "-" if figures["eval_mlm_accuracy"] is None else f"{figures['eval_mlm_accuracy']:.4f}"
     loss = "-" if figures["final_train_loss"] is None else f"{figures['final_train_loss']:.3f}"
     print(
-        f"| {figures['run']} | {figures['packing_factor']:.3f} | {figures['steps']} | {figures['sequences']} | "
+        f"| {figures['run']} | {figures['packing_factor']:.3f} | {figures['steps']} | {figures['stopped_by']} "
+        f"| {figures['sequences']} | "
         f"{figures['train_seconds']:.0f} | {figures['sequences_per_second']:.1f} | {figures['tokens_per_second']:.0f} "
         f"| {loss} | {acc} |"
     )
