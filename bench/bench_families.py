@@ -29,7 +29,11 @@ alternating which goes first:
            megabatches of min(50, texts // 64) x 16 texts, so 96 texts make megabatches
            of one batch (no grouping at all) and 640 make them of 160 texts
 
-  embed    a sentence-transformers model (the encoder + mean pooling):
+Decoders (--families llama qwen3 gpt2 ...): the same comparisons on a 12-layer, 768-wide
+decoder (4 key/value heads where the family has them); sorted pads on the right, as
+transformers' decoder classifiers read the last non-pad token; embed pools the last token.
+
+  embed    a sentence-transformers model (the encoder + mean pooling; decoders: last token):
            `SentenceTransformer.encode(batch_size=32)` against `packed_encode`
 
 Printed per comparison: texts/s per way (median over rounds) and packed / theirs, paired
@@ -53,9 +57,28 @@ sys.path.insert(0, str(REPO))
 BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 
 
+# Decoders at base size: 12 layers, 768 wide, grouped-query attention (4 key/value heads)
+# where the family has it; the embed comparison pools the last token, as decoder embedders do.
+DECODERS = {
+    "llama": {"num_key_value_heads": 4},
+    "mistral": {"num_key_value_heads": 4},
+    "qwen2": {"num_key_value_heads": 4},
+    "qwen3": {"num_key_value_heads": 4, "head_dim": 64},
+    "phi3": {"num_key_value_heads": 4},
+    "gemma3_text": {"num_key_value_heads": 4, "head_dim": 64, "query_pre_attn_scalar": 64},
+}
+
+
 def base_config(model_type: str):
     from transformers import AutoConfig
 
+    if model_type == "gpt2":
+        return AutoConfig.for_model("gpt2", n_embd=768, n_layer=12, n_head=12, vocab_size=30522, num_labels=5,
+                                    pad_token_id=0, n_positions=1024)  # fmt: skip
+    if model_type in DECODERS:
+        return AutoConfig.for_model(model_type, **BASE, vocab_size=30522, num_labels=5, pad_token_id=0,
+                                    max_position_embeddings=1024, tie_word_embeddings=False,
+                                    **DECODERS[model_type])  # fmt: skip
     size = dict(BASE)
     if model_type == "distilbert":
         size = {"dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072}
@@ -231,7 +254,12 @@ class Ways:
 
         if not hasattr(self, "_st"):
             transformer = models.Transformer(self.folder, max_seq_length=256)
-            pooling = models.Pooling(transformer.get_embedding_dimension(), "mean")
+            decoder = (
+                self.reference.config.model_type in DECODERS or self.reference.config.model_type == "gpt2"
+            )
+            pooling = models.Pooling(
+                transformer.get_embedding_dimension(), "lasttoken" if decoder else "mean"
+            )
             self._st = SentenceTransformer(modules=[transformer, pooling], device="cpu")
             self._packed_st = SentenceTransformer(modules=[transformer, pooling], device="cpu")
         return self._st
@@ -291,6 +319,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir())
+    encoder_inputs = list(tokenizer.model_input_names)
     texts = texts_of(bbc_articles(corpus_glob()), "mixed")
     picks = np.random.default_rng(0).choice(len(texts), size=args.texts + args.train_texts, replace=False)
     chosen = [texts[i] for i in picks[: args.texts]]
@@ -306,6 +335,10 @@ def main() -> int:
             transformers.AutoModelForSequenceClassification.from_config(base_config(family)).save_pretrained(
                 scratch
             )
+            # a decoder's tokenizer hands no token_type_ids (GPT-2 would add wte(0) to every
+            # token if one did, which its own tokenizer never asks for)
+            decoder = family in DECODERS or family == "gpt2"
+            tokenizer.model_input_names = ["input_ids", "attention_mask"] if decoder else encoder_inputs
             tokenizer.save_pretrained(scratch)
             ways = Ways(family, scratch, chosen, train_texts, tokenizer)
             for name in args.compare:

@@ -284,7 +284,8 @@ def encoder_from_sentence_transformer(st_model) -> Encoder:
     encoder = transformer.auto_model
     # BERT on this project's embedding model (the weights loaded by name, no copy kept),
     # other families on their own modules with packed attention: model.opening decides.
-    model = packed_from_loaded(encoder, check_pooling(pooling.pooling_mode))
+    token_types = "token_type_ids" in getattr(transformer.tokenizer, "model_input_names", ())
+    model = packed_from_loaded(encoder, check_pooling(pooling.pooling_mode), token_types)
     return Encoder(
         model=model,
         tokenizer=_backend_tokenizer(transformer.tokenizer),

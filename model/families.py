@@ -339,6 +339,17 @@ def causal_lm_outputs(logits, shift_labels, num_items_in_batch=None) -> dict:
     return {"loss": loss_sum / divisor, **out, "token_loss_sum": loss_sum.detach(), "token_count": count}
 
 
+def tokenizer_hands_token_types(folder) -> bool:
+    """Whether transformers' tokenizer of `folder` returns token_type_ids (False where the
+    folder has none it can build)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return "token_type_ids" in AutoTokenizer.from_pretrained(folder).model_input_names
+    except Exception:  # noqa: BLE001 - no tokenizer files, or one transformers cannot build
+        return False
+
+
 # ----- the model ---------------------------------------------------------------------------------
 class PackedFamilyModel(PreTrainedModel):
     """A transformers task model (`hf_model`) run on packed rows; see the module docstring.
@@ -366,9 +377,12 @@ class PackedFamilyModel(PreTrainedModel):
         self.base = hf_model if task == "embedding" else hf_model.base_model
         self.pooling = check_pooling(list(pooling)) if task == "embedding" else ()
         takes = inspect.signature(self.base.forward).parameters
-        self._token_types = (
-            "token_type_ids" in takes and (getattr(self.config, "type_vocab_size", 0) or 0) > 1
-        )
+        type_vocabulary = getattr(self.config, "type_vocab_size", None)
+        self._token_types = "token_type_ids" in takes and (type_vocabulary or 0) > 1
+        # GPT-2 has no token-type table: token_type_ids, where its tokenizer hands them (a BERT
+        # tokenizer over GPT-2 weights), are embedded with the token table; None adds nothing.
+        # Whether they are given is the tokenizer's to say (hand_token_types).
+        self._token_types_optional = "token_type_ids" in takes and type_vocabulary is None
         self._has_position_ids = "position_ids" in takes
         self._has_attention_mask = "attention_mask" in takes
         self._has_use_cache = "use_cache" in takes  # decoders: no key/value cache over packed rows
@@ -376,6 +390,13 @@ class PackedFamilyModel(PreTrainedModel):
     @property
     def dimension(self) -> int:
         return self.config.hidden_size * len(self.pooling)
+
+    def hand_token_types(self, given: bool) -> PackedFamilyModel:
+        """Whether the tokenizer hands token_type_ids, for a family that adds them only when
+        given (GPT-2): then the rows' segment ids are passed, as transformers is given them."""
+        if self._token_types_optional:
+            self._token_types = bool(given)
+        return self
 
     @property
     def max_tokens(self) -> int:
@@ -414,7 +435,8 @@ class PackedFamilyModel(PreTrainedModel):
         hf_model, _ = load_checked(
             auto, Path(folder), new_head, config=config, trust_remote_code=False, **loading
         )
-        return (PackedCausalLM if task == "causal_lm" else cls)(hf_model, task, pooling)
+        packed = (PackedCausalLM if task == "causal_lm" else cls)(hf_model, task, pooling)
+        return packed.hand_token_types(packed._token_types_optional and tokenizer_hands_token_types(folder))
 
     # ----- the encoder --------------------------------------------------------------------
     def encode(self, input_ids, segment_ids, position_ids, sequence_ids) -> torch.Tensor:

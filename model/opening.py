@@ -165,14 +165,15 @@ def qa_fine_tuning_refusal(folder) -> str | None:
     )
 
 
-def packed_from_loaded(hf_encoder, pooling) -> torch.nn.Module:
+def packed_from_loaded(hf_encoder, pooling, token_types: bool = False) -> torch.nn.Module:
     """A packed embedding model over an already loaded transformers encoder (a
     SentenceTransformer's `auto_model`), sharing its weights: no file read. BERT: this
     project's embedding model with the weights loaded by name; other families: the module
-    itself, its attention routed through the packed function."""
+    itself, its attention routed through the packed function. token_types: whether the
+    model's tokenizer hands token_type_ids (PackedFamilyModel.hand_token_types)."""
     if OPENERS.get(getattr(hf_encoder.config, "model_type", None)) is not open_bert:
         use_packed_attention(hf_encoder)
-        return PackedFamilyModel(hf_encoder, "embedding", tuple(pooling)).eval()
+        return PackedFamilyModel(hf_encoder, "embedding", tuple(pooling)).hand_token_types(token_types).eval()
     from model.embedding import PackedBertForEmbedding
 
     config = type(hf_encoder.config).from_dict(hf_encoder.config.to_dict())

@@ -46,14 +46,16 @@ S, K = 24, 4
 ROWS = [[5, 9, 1], [7], [10, 14], [1, 1, 3]]  # one-token sequences; [10, 14] ends at the row's end
 
 
-def packed_rows(seed: int = 0):
-    """Random token sequences in ROWS' layout -> (the packed rows as tensors, the sequences)."""
+def packed_rows(seed: int = 0, layout=None):
+    """Random token sequences in `layout`'s (ROWS') layout -> (the packed rows as tensors, the
+    sequences)."""
+    layout = ROWS if layout is None else layout
     rng = np.random.default_rng(seed)
-    sequences, fields = [], {n: np.zeros((len(ROWS), S), np.int64) for n in ("input_ids", "segment_ids",
-                                                                          "position_ids", "sequence_ids")}  # fmt: skip
-    cls_positions = np.zeros((len(ROWS), K), np.int64)
-    example_index = np.full((len(ROWS), K), -1, np.int64)
-    for row, lengths in enumerate(ROWS):
+    sequences, fields = [], {n: np.zeros((len(layout), S), np.int64) for n in ("input_ids", "segment_ids",
+                                                                            "position_ids", "sequence_ids")}  # fmt: skip
+    cls_positions = np.zeros((len(layout), K), np.int64)
+    example_index = np.full((len(layout), K), -1, np.int64)
+    for row, lengths in enumerate(layout):
         start = 0
         for slot, length in enumerate(lengths):
             ids = rng.integers(3, VOCAB, size=length)
@@ -67,8 +69,8 @@ def packed_rows(seed: int = 0):
     return {n: torch.as_tensor(v) for n, v in fields.items()}, sequences
 
 
-def where_each_sequence_is():
-    for row, lengths in enumerate(ROWS):
+def where_each_sequence_is(layout=None):
+    for row, lengths in enumerate(ROWS if layout is None else layout):
         start = 0
         for length in lengths:
             yield row, start, length
@@ -122,6 +124,59 @@ def test_causal_lm_logits_loss_and_gradients_equal_each_example_alone(decoder_fo
     for name, p in stock.named_parameters():
         grad = ours[name].grad
         assert (grad - p.grad).abs().max() <= 1e-5 * max(p.grad.abs().max().item(), 1.0), (model_type, name)
+
+
+@pytest.fixture(scope="module")
+def llama_and_qwen2(tmp_path_factory):
+    """A Llama (global attention) and a Qwen2 with a 4-token sliding layer, random, float32."""
+    from transformers import AutoModelForCausalLM
+
+    from model.families import PackedFamilyModel
+
+    models = []
+    for model_type in ("llama", "qwen2"):
+        folder = tmp_path_factory.mktemp(f"h_{model_type}")
+        torch.manual_seed(1)
+        AutoModelForCausalLM.from_config(tiny_config(model_type)).save_pretrained(folder)
+        models.append((PackedFamilyModel.from_pretrained(folder, "causal_lm").eval(),
+                       reference("AutoModelForCausalLM", folder)))  # fmt: skip
+    return models
+
+
+def row_layouts():
+    """1-3 rows of 1..K sequences of 1..S tokens each, each row within S tokens (some end at
+    the row's very end)."""
+    from hypothesis import strategies as st
+
+    row = st.lists(st.integers(1, S), min_size=1, max_size=K).filter(lambda lengths: sum(lengths) <= S)
+    return st.lists(row, min_size=1, max_size=3)
+
+
+def test_any_layout_gives_each_sequence_its_own_logits_and_loss(llama_and_qwen2):
+    """Hypothesis over lengths and layouts (one-token sequences, sequences ending at the row's
+    end, full rows): packed logits and the packed loss equal transformers per sequence."""
+    from hypothesis import given, settings
+
+    @settings(max_examples=25, deadline=None)
+    @given(layout=row_layouts())
+    def check(layout):
+        rows, sequences = packed_rows(len(layout), layout)
+        for packed, stock in llama_and_qwen2:
+            with torch.no_grad():
+                out = packed(**rows, labels=rows["input_ids"])
+                total, count = 0.0, 0
+                for (row, start, length), ids in zip(where_each_sequence_is(layout), sequences):
+                    alone = stock(input_ids=torch.as_tensor(ids)[None], labels=torch.as_tensor(ids)[None])
+                    assert (
+                        out["logits"][row, start : start + length] - alone.logits[0]
+                    ).abs().max() <= TOLERANCE
+                    if length > 1:
+                        total, count = total + alone.loss.item() * (length - 1), count + length - 1
+            assert int(out["token_count"]) == count
+            if count:
+                assert abs(out["loss"].item() - total / count) <= TOLERANCE
+
+    check()
 
 
 def test_the_shift_and_the_attention_stay_inside_each_sequence(decoder_folders):
@@ -330,3 +385,37 @@ def test_predict_and_embed_take_decoder_folders(tmp_path, model_type):
     expected = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(TEXTS, convert_to_numpy=True)
     cosine = (np.load(output) * expected).sum(-1)
     assert cosine.min() >= 0.99999, cosine.min()
+
+
+def test_gpt2_with_a_tokenizer_that_hands_token_types_is_fed_them_as_transformers_is(tmp_path):
+    """GPT-2 has no token-type table: when its tokenizer hands token_type_ids (a BERT
+    WordPiece over GPT-2 weights, as some GPT-2 models ship), transformers embeds them with
+    the token table. The packed model is given them too (they were once dropped: cosine 0.75)."""
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    from data.assets import model_dir
+    from finetune.embedding import load_encoder, packed_encode
+
+    from .family_helpers import TEXTS
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir())
+    assert "token_type_ids" in tokenizer.model_input_names
+    torch.manual_seed(0)
+    transformers.AutoModel.from_config(tiny_config("gpt2", vocab_size=len(tokenizer))).save_pretrained(
+        tmp_path / "g"
+    )
+    tokenizer.save_pretrained(tmp_path / "g")
+    transformer = models.Transformer(str(tmp_path / "g"), max_seq_length=48)
+    pooling = models.Pooling(transformer.get_embedding_dimension(), "lasttoken")
+    st_model = SentenceTransformer(modules=[transformer, pooling], device="cpu")
+    expected = st_model.encode(TEXTS, batch_size=4, convert_to_numpy=True)
+    st_model.save(str(tmp_path / "st"))
+
+    def cosine(a, b):
+        return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+    assert cosine(packed_encode(st_model, TEXTS), expected).min() >= 0.99999
+    from finetune.embedding import encode
+
+    assert cosine(encode(TEXTS, load_encoder(tmp_path / "st")), expected).min() >= 0.99999

@@ -1,0 +1,290 @@
+"""Supervised fine-tuning of a decoder, packed, against TRL's SFTTrainer on the same data and
+device (issue 58), and what TRL's own packing would let leak across sequences here.
+
+    python bench/bench_sft.py [--parts packing leak sft] [--examples 400] [--steps 4] [--threads 2]
+
+Data: BBC News as prompt/completion pairs ("Write a headline for this article:" + the
+article's body, cut at --body-chars characters; the headline as completion), tokenized by
+a byte-level BPE learned from the same corpus (BOS, EOS, pad). Model: a base-sized random
+Llama (12 layers, 768 wide, 4 key/value heads; speed does not depend on the weights).
+
+  packing  the length profile packed into rows of 2,048 and 8,192 tokens: this project's
+           LPFHP and LP (K chosen from the lengths) against TRL's best-fit-decreasing
+           (trl.data_utils.pack_dataset, strategy "bfd"): real tokens / row tokens
+  leak     TRL's packing (SFTConfig(packing=True)) keeps sequences apart only under
+           FlashAttention; here (SDPA / eager on a CPU) its rows are causal over the whole
+           row. Reported: the share of a row's causal (query, key) pairs that cross into
+           another sequence, and the share of attention weight that does in the random model
+  sft      training tokens/s over --steps optimizer steps (after one warm-up step): TRL's
+           SFTTrainer without packing (batches padded to their longest, completion-only
+           loss) against transformers' Trainer over finetune.hf.pack_dataset's packs with
+           PackedFamilyModel (the same loss, sequences kept apart), the same examples per
+           step; real (non-padding) tokens counted in both
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 4,
+        "intermediate_size": 3072}  # fmt: skip
+
+
+def headline_pairs(body_chars: int) -> list[dict]:
+    """{"prompt", "completion"} per BBC article: its body (cut), its headline."""
+    from data.assets import corpus_files
+    from data.create_pretraining_data import read_document
+
+    pairs = []
+    for path in corpus_files():
+        text, _ = read_document(path)
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if len(lines) < 2:
+            continue
+        body = " ".join(lines[1:])[:body_chars]
+        pairs.append(
+            {"prompt": f"Write a headline for this article:\n{body}\nHeadline:", "completion": " " + lines[0]}
+        )
+    return pairs
+
+
+def bpe_tokenizer(texts: list[str], vocab: int = 16000):
+    """A byte-level BPE of a decoder's kind learned from `texts` (BOS first, EOS and pad)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token=None))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tokenizer.train_from_iterator(texts, trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   model_max_length=8192)  # fmt: skip
+
+
+def encoded(pairs, tokenizer, max_length: int):
+    """finetune.causal_lm_task's tokens and labels (-100 on the prompt) of the pairs."""
+    from finetune.causal_lm_task import PromptCompletions, encode_examples
+
+    examples = PromptCompletions([p["prompt"] for p in pairs], [p["completion"] for p in pairs],
+                                 [f"pair {i}" for i in range(len(pairs))])  # fmt: skip
+    return encode_examples(examples, tokenizer, max_length, "truncate")
+
+
+# ----- packing efficiency ---------------------------------------------------------------------
+def packing_part(lengths: np.ndarray) -> list[dict]:
+    from datasets import Dataset
+    from trl.data_utils import pack_dataset as trl_pack
+
+    from packing.tokenized import pack_examples
+
+    rows = []
+    real = int(lengths.sum())
+    for width in (2048, 8192):
+        row = {"pack_length": width, "sequences": len(lengths), "tokens": real}
+        for algorithm in ("lpfhp", "lp"):
+            started = time.perf_counter()
+            table = pack_examples(np.minimum(lengths, width), width, None, algorithm, seed=0)
+            row[f"ours_{algorithm}"] = real / (len(table) * width)
+            row[f"ours_{algorithm}_K"] = int(table.shape[1])
+            row[f"ours_{algorithm}_seconds"] = time.perf_counter() - started
+        data = Dataset.from_dict({"input_ids": [[1] * int(n) for n in lengths]})
+        started = time.perf_counter()
+        packed = trl_pack(data, width, strategy="bfd")
+        row["trl_bfd"] = real / (len(packed) * width)
+        row["trl_bfd_seconds"] = time.perf_counter() - started
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+# ----- what TRL's packing lets leak -----------------------------------------------------------------
+def leak_part(examples, folder: Path, width: int = 512, rows: int = 4) -> dict:
+    """TRL's BFD rows of `width` tokens, causal over the whole row (no FlashAttention)."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl.data_utils import pack_dataset as trl_pack
+
+    data = Dataset.from_dict({"input_ids": [t.tolist()[:width] for t in examples.token_ids]})
+    packed = trl_pack(data, width, strategy="bfd")
+    crossing = allowed = 0
+    for row in packed:
+        starts = np.flatnonzero(np.asarray(row["position_ids"]) == 0)
+        sequence = np.cumsum(np.isin(np.arange(len(row["input_ids"])), starts))
+        same = sequence[:, None] == sequence[None, :]
+        causal = np.tril(np.ones_like(same, dtype=bool))
+        crossing += int((causal & ~same).sum())
+        allowed += int(causal.sum())
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    mass, total = 0.0, 0.0
+    with torch.inference_mode():
+        for row in list(packed)[:rows]:
+            ids = torch.tensor([row["input_ids"]])
+            positions = torch.tensor([row["position_ids"]])
+            starts = np.flatnonzero(np.asarray(row["position_ids"]) == 0)
+            sequence = torch.as_tensor(np.cumsum(np.isin(np.arange(ids.shape[1]), starts)))
+            other = (sequence[:, None] != sequence[None, :]).float()
+            # what a model runs on TRL's padding-free rows without FlashAttention: position ids
+            # restart, the mask is causal over the row
+            attentions = model(input_ids=ids, position_ids=positions, output_attentions=True).attentions
+            for layer in attentions:  # [1, heads, S, S]
+                mass += float((layer[0] * other).sum())
+                total += float(layer[0].sum())
+    result = {"rows": len(packed), "pack_length": width, "crossing_pair_share": crossing / allowed,
+              "crossing_attention_weight_share": mass / total, "rows_measured": rows}  # fmt: skip
+    print(json.dumps(result), flush=True)
+    return result
+
+
+# ----- SFT speed --------------------------------------------------------------------------------------
+class StepClock:
+    """A Trainer callback: seconds of every optimizer step after the first (warm-up)."""
+
+    def __init__(self):
+        self.seconds, self.steps = 0.0, 0
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                clock.started = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step > 1:
+                    clock.seconds += time.perf_counter() - clock.started
+                    clock.steps += 1
+
+        return Callback()
+
+
+def counting(collator, counts: dict):
+    """The collator, counting the real (attention-masked or sequence) tokens of each batch
+    after the first (the warm-up step's)."""
+
+    def collate(features):
+        batch = collator(features)
+        counts["batches"] += 1
+        if counts["batches"] > 1:
+            if "attention_mask" in batch:
+                counts["tokens"] += int(batch["attention_mask"].sum())
+            elif "sequence_ids" in batch:
+                counts["tokens"] += int((batch["sequence_ids"] > 0).sum())
+            else:
+                counts["tokens"] += int(batch["input_ids"].numel())
+            counts["row_tokens"] += int(batch["input_ids"].numel())
+        return batch
+
+    return collate
+
+
+def sft_part(pairs, examples, folder: Path, steps: int, batch: int) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+    from trl import SFTConfig, SFTTrainer
+
+    from finetune.hf import PackedDataCollator, pack_dataset
+    from model.families import PackedFamilyModel
+
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        common = dict(output_dir=scratch, max_steps=steps + 1, learning_rate=1e-5, report_to=[], use_cpu=True,
+                      save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0)  # fmt: skip
+        # TRL: the prompt/completion pairs as given, completion-only loss, no packing
+        clock, counts = StepClock(), {"batches": 0, "tokens": 0, "row_tokens": 0}
+        torch.manual_seed(0)
+        config = SFTConfig(**common, per_device_train_batch_size=batch, packing=False, max_length=512,
+                           completion_only_loss=True, dataloader_drop_last=True)  # fmt: skip
+        trainer = SFTTrainer(model=str(folder), args=config, train_dataset=Dataset.from_list(pairs),
+                             processing_class=str(folder), callbacks=[clock.callback()])  # fmt: skip
+        trainer.data_collator = counting(trainer.data_collator, counts)
+        trainer.train()
+        results["trl"] = {"seconds": clock.seconds, "steps": clock.steps, **counts,
+                          "tokens_per_second": counts["tokens"] / clock.seconds}  # fmt: skip
+        print("TRL SFTTrainer (no packing):", json.dumps(results["trl"]), flush=True)
+        # ours: the same examples per step, packed into rows of 512 tokens
+        data = Dataset.from_dict({"input_ids": [t.tolist() for t in examples.token_ids],
+                                  "labels": [t.tolist() for t in examples.label_ids]})  # fmt: skip
+        packs = pack_dataset(data, "causal_lm", 512, verbose=False)
+        rows = max(1, round(batch * len(packs) / len(data)))
+        clock, counts = StepClock(), {"batches": 0, "tokens": 0, "row_tokens": 0}
+        torch.manual_seed(0)
+        model = PackedFamilyModel.from_pretrained(folder, "causal_lm")
+        arguments = TrainingArguments(**common, per_device_train_batch_size=rows, dataloader_drop_last=True)
+        trainer = Trainer(model=model, args=arguments, train_dataset=packs,
+                          data_collator=counting(PackedDataCollator(), counts), callbacks=[clock.callback()])  # fmt: skip
+        trainer.train()
+        results["packed"] = {"seconds": clock.seconds, "steps": clock.steps, "rows_per_step": rows, **counts,
+                             "tokens_per_second": counts["tokens"] / clock.seconds}  # fmt: skip
+        print("Trainer on packs:", json.dumps(results["packed"]), flush=True)
+    results["speedup_tokens_per_second"] = (
+        results["packed"]["tokens_per_second"] / results["trl"]["tokens_per_second"]
+    )
+    print(f"packed / TRL: {results['speedup_tokens_per_second']:.2f}x tokens/s", flush=True)
+    return results
+
+
+def main() -> int:
+    import torch
+    import transformers
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--parts", nargs="+", choices=("packing", "leak", "sft"), default=["packing", "leak", "sft"]
+    )
+    parser.add_argument(
+        "--examples", type=int, default=400, help="pairs trained on (sft) and measured (leak)"
+    )
+    parser.add_argument("--body-chars", type=int, default=1200)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=8, help="examples per optimizer step")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    long_pairs = headline_pairs(10**6)  # whole articles: the packing profile
+    pairs = headline_pairs(args.body_chars)
+    tokenizer = bpe_tokenizer([p["prompt"] + p["completion"] for p in long_pairs])
+    results = {"tokenizer_vocabulary": len(tokenizer), "articles": len(long_pairs)}
+    if "packing" in args.parts:
+        whole = encoded(long_pairs, tokenizer, 8192)
+        results["packing"] = packing_part(whole.lengths)
+    rng = np.random.default_rng(0)
+    chosen = [pairs[i] for i in rng.choice(len(pairs), size=args.examples, replace=False)]
+    examples = encoded(chosen, tokenizer, 512)
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "llama"
+        torch.manual_seed(0)
+        config = transformers.AutoConfig.for_model("llama", **BASE, vocab_size=len(tokenizer), pad_token_id=0,
+                                                   bos_token_id=1, eos_token_id=2, max_position_embeddings=8192)  # fmt: skip
+        transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        if "leak" in args.parts:
+            results["leak"] = leak_part(examples, folder)
+        if "sft" in args.parts:
+            results["sft"] = sft_part(chosen, examples, folder, args.steps, args.batch)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
