@@ -8,8 +8,9 @@ article's body, cut at --body-chars characters; the headline as completion), tok
 a byte-level BPE learned from the same corpus (BOS, EOS, pad). Model: a base-sized random
 Llama (12 layers, 768 wide, 4 key/value heads; speed does not depend on the weights).
 
-  packing  the length profile packed into rows of 2,048 and 8,192 tokens: this project's
-           LPFHP and LP (K chosen from the lengths) against TRL's best-fit-decreasing
+  packing  the length profile (whole articles) packed into rows of 2,048 and 8,192 tokens:
+           this project's LPFHP and (2,048 only: minutes at 8,192) LP, K chosen from the
+           lengths, against TRL's best-fit-decreasing
            (trl.data_utils.pack_dataset, strategy "bfd"): real tokens / row tokens
   leak     TRL's packing (SFTConfig(packing=True)) keeps sequences apart only under
            FlashAttention; here (SDPA / eager on a CPU) its rows are causal over the whole
@@ -19,7 +20,9 @@ Llama (12 layers, 768 wide, 4 key/value heads; speed does not depend on the weig
            SFTTrainer without packing (batches padded to their longest, completion-only
            loss) against transformers' Trainer over finetune.hf.pack_dataset's packs with
            PackedFamilyModel (the same loss, sequences kept apart), the same examples per
-           step; real (non-padding) tokens counted in both
+           step; real (non-padding) tokens counted in both. The same arithmetic both ways:
+           TRL's own defaults (bf16 autocast, gradient checkpointing) are set as ours are;
+           --bf16 runs both in bf16. --spread gives the bodies a spread of lengths.
 """
 
 from __future__ import annotations
@@ -40,8 +43,10 @@ BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, 
         "intermediate_size": 3072}  # fmt: skip
 
 
-def headline_pairs(body_chars: int) -> list[dict]:
-    """{"prompt", "completion"} per BBC article: its body (cut), its headline."""
+def headline_pairs(body_chars: int, spread: bool = False) -> list[dict]:
+    """{"prompt", "completion"} per BBC article: its body (cut at body_chars, or with spread at
+    a random 5-100% of it, seeded), its headline."""
+    rng = np.random.default_rng(0)
     from data.assets import corpus_files
     from data.create_pretraining_data import read_document
 
@@ -51,7 +56,8 @@ def headline_pairs(body_chars: int) -> list[dict]:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         if len(lines) < 2:
             continue
-        body = " ".join(lines[1:])[:body_chars]
+        cut = int(body_chars * rng.uniform(0.05, 1.0)) if spread else body_chars
+        body = " ".join(lines[1:])[:cut]
         pairs.append(
             {"prompt": f"Write a headline for this article:\n{body}\nHeadline:", "completion": " " + lines[0]}
         )
@@ -91,16 +97,19 @@ def packing_part(lengths: np.ndarray) -> list[dict]:
     from packing.tokenized import pack_examples
 
     rows = []
-    real = int(lengths.sum())
     for width in (2048, 8192):
-        row = {"pack_length": width, "sequences": len(lengths), "tokens": real}
-        for algorithm in ("lpfhp", "lp"):
+        kept = np.minimum(lengths, width)  # longer examples are truncated to the row, as TRL's BFD cuts them
+        real = int(kept.sum())
+        row = {"pack_length": width, "sequences": len(lengths), "tokens": real,
+               "truncated": int((lengths > width).sum())}  # fmt: skip
+        # LP's columns grow with the row length: at 8,192 tokens it runs for many minutes
+        for algorithm in ("lpfhp", "lp") if width <= 2048 else ("lpfhp",):
             started = time.perf_counter()
-            table = pack_examples(np.minimum(lengths, width), width, None, algorithm, seed=0)
+            table = pack_examples(kept, width, None, algorithm, seed=0)
             row[f"ours_{algorithm}"] = real / (len(table) * width)
             row[f"ours_{algorithm}_K"] = int(table.shape[1])
             row[f"ours_{algorithm}_seconds"] = time.perf_counter() - started
-        data = Dataset.from_dict({"input_ids": [[1] * int(n) for n in lengths]})
+        data = Dataset.from_dict({"input_ids": [[1] * int(n) for n in kept]})
         started = time.perf_counter()
         packed = trl_pack(data, width, strategy="bfd")
         row["trl_bfd"] = real / (len(packed) * width)
@@ -120,10 +129,15 @@ def leak_part(examples, folder: Path, width: int = 512, rows: int = 4) -> dict:
 
     data = Dataset.from_dict({"input_ids": [t.tolist()[:width] for t in examples.token_ids]})
     packed = trl_pack(data, width, strategy="bfd")
+
+    def layout(row):  # TRL's packs name each sequence's length: -> sequence number, position per token
+        sequence = np.repeat(np.arange(len(row["seq_lengths"])), row["seq_lengths"])
+        positions = np.concatenate([np.arange(n) for n in row["seq_lengths"]])
+        return sequence, positions
+
     crossing = allowed = 0
     for row in packed:
-        starts = np.flatnonzero(np.asarray(row["position_ids"]) == 0)
-        sequence = np.cumsum(np.isin(np.arange(len(row["input_ids"])), starts))
+        sequence, _ = layout(row)
         same = sequence[:, None] == sequence[None, :]
         causal = np.tril(np.ones_like(same, dtype=bool))
         crossing += int((causal & ~same).sum())
@@ -133,9 +147,8 @@ def leak_part(examples, folder: Path, width: int = 512, rows: int = 4) -> dict:
     with torch.inference_mode():
         for row in list(packed)[:rows]:
             ids = torch.tensor([row["input_ids"]])
-            positions = torch.tensor([row["position_ids"]])
-            starts = np.flatnonzero(np.asarray(row["position_ids"]) == 0)
-            sequence = torch.as_tensor(np.cumsum(np.isin(np.arange(ids.shape[1]), starts)))
+            sequence, positions = (torch.as_tensor(a) for a in layout(row))
+            positions = positions[None]
             other = (sequence[:, None] != sequence[None, :]).float()
             # what a model runs on TRL's padding-free rows without FlashAttention: position ids
             # restart, the mask is causal over the row
@@ -173,30 +186,34 @@ class StepClock:
         return Callback()
 
 
-def counting(collator, counts: dict):
-    """The collator, counting the real (attention-masked or sequence) tokens of each batch
-    after the first (the warm-up step's)."""
+def counting(collator, batches: list):
+    """The collator, noting each batch's (real tokens, row tokens) in the order the loader
+    makes them (step k trains batch k; the loader may make one more ahead)."""
 
     def collate(features):
         batch = collator(features)
-        counts["batches"] += 1
-        if counts["batches"] > 1:
-            if "attention_mask" in batch:
-                counts["tokens"] += int(batch["attention_mask"].sum())
-            elif "sequence_ids" in batch:
-                counts["tokens"] += int((batch["sequence_ids"] > 0).sum())
-            else:
-                counts["tokens"] += int(batch["input_ids"].numel())
-            counts["row_tokens"] += int(batch["input_ids"].numel())
+        if "attention_mask" in batch:
+            real = int(batch["attention_mask"].sum())
+        else:
+            real = int((batch["sequence_ids"] > 0).sum())
+        batches.append((real, int(batch["input_ids"].numel())))
         return batch
 
     return collate
 
 
-def sft_part(pairs, examples, folder: Path, steps: int, batch: int) -> dict:
+def step_figures(clock: StepClock, batches: list) -> dict:
+    """Tokens of the timed steps (2 .. steps + 1) over their seconds."""
+    timed = batches[1 : 1 + clock.steps]
+    tokens, row_tokens = sum(b[0] for b in timed), sum(b[1] for b in timed)
+    return {"seconds": clock.seconds, "steps": clock.steps, "tokens": tokens, "row_tokens": row_tokens,
+            "padding_fraction": 1 - tokens / row_tokens, "tokens_per_second": tokens / clock.seconds}  # fmt: skip
+
+
+def sft_part(pairs, examples, folder: Path, steps: int, batch: int, pack_length: int, bf16: bool) -> dict:
     import torch
     from datasets import Dataset
-    from transformers import Trainer, TrainingArguments
+    from transformers import AutoTokenizer, Trainer, TrainingArguments
     from trl import SFTConfig, SFTTrainer
 
     from finetune.hf import PackedDataCollator, pack_dataset
@@ -204,34 +221,35 @@ def sft_part(pairs, examples, folder: Path, steps: int, batch: int) -> dict:
 
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
+        # the same arithmetic both ways: TRL's defaults (bf16 autocast, gradient checkpointing)
+        # set as ours are, bf16 in both with --bf16
         common = dict(output_dir=scratch, max_steps=steps + 1, learning_rate=1e-5, report_to=[], use_cpu=True,
-                      save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0)  # fmt: skip
+                      save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0, bf16=bf16,
+                      gradient_checkpointing=False)  # fmt: skip
         # TRL: the prompt/completion pairs as given, completion-only loss, no packing
-        clock, counts = StepClock(), {"batches": 0, "tokens": 0, "row_tokens": 0}
+        clock, batches = StepClock(), []
         torch.manual_seed(0)
         config = SFTConfig(**common, per_device_train_batch_size=batch, packing=False, max_length=512,
                            completion_only_loss=True, dataloader_drop_last=True)  # fmt: skip
         trainer = SFTTrainer(model=str(folder), args=config, train_dataset=Dataset.from_list(pairs),
-                             processing_class=str(folder), callbacks=[clock.callback()])  # fmt: skip
-        trainer.data_collator = counting(trainer.data_collator, counts)
+                             processing_class=AutoTokenizer.from_pretrained(folder), callbacks=[clock.callback()])  # fmt: skip
+        trainer.data_collator = counting(trainer.data_collator, batches)
         trainer.train()
-        results["trl"] = {"seconds": clock.seconds, "steps": clock.steps, **counts,
-                          "tokens_per_second": counts["tokens"] / clock.seconds}  # fmt: skip
+        results["trl"] = step_figures(clock, batches)
         print("TRL SFTTrainer (no packing):", json.dumps(results["trl"]), flush=True)
         # ours: the same examples per step, packed into rows of 512 tokens
         data = Dataset.from_dict({"input_ids": [t.tolist() for t in examples.token_ids],
                                   "labels": [t.tolist() for t in examples.label_ids]})  # fmt: skip
-        packs = pack_dataset(data, "causal_lm", 512, verbose=False)
+        packs = pack_dataset(data, "causal_lm", pack_length, verbose=False)
         rows = max(1, round(batch * len(packs) / len(data)))
-        clock, counts = StepClock(), {"batches": 0, "tokens": 0, "row_tokens": 0}
+        clock, batches = StepClock(), []
         torch.manual_seed(0)
         model = PackedFamilyModel.from_pretrained(folder, "causal_lm")
         arguments = TrainingArguments(**common, per_device_train_batch_size=rows, dataloader_drop_last=True)
         trainer = Trainer(model=model, args=arguments, train_dataset=packs,
-                          data_collator=counting(PackedDataCollator(), counts), callbacks=[clock.callback()])  # fmt: skip
+                          data_collator=counting(PackedDataCollator(), batches), callbacks=[clock.callback()])  # fmt: skip
         trainer.train()
-        results["packed"] = {"seconds": clock.seconds, "steps": clock.steps, "rows_per_step": rows, **counts,
-                             "tokens_per_second": counts["tokens"] / clock.seconds}  # fmt: skip
+        results["packed"] = {**step_figures(clock, batches), "rows_per_step": rows}
         print("Trainer on packs:", json.dumps(results["packed"]), flush=True)
     results["speedup_tokens_per_second"] = (
         results["packed"]["tokens_per_second"] / results["trl"]["tokens_per_second"]
@@ -251,8 +269,21 @@ def main() -> int:
     parser.add_argument(
         "--examples", type=int, default=400, help="pairs trained on (sft) and measured (leak)"
     )
-    parser.add_argument("--body-chars", type=int, default=1200)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument(
+        "--body-chars", type=int, default=1200, help="an article's body is cut at this many characters"
+    )
+    parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="cut each body at a random 5-100%% of --body-chars instead (lengths spread as instructions' are)",
+    )
+    parser.add_argument(
+        "--pack-length", type=int, default=1024, help="tokens per packed row (examples are cut at 512)"
+    )
+    parser.add_argument(
+        "--bf16", action="store_true", help="bf16 autocast in both (TRL's default; fp32 otherwise)"
+    )
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--batch", type=int, default=8, help="examples per optimizer step")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -260,7 +291,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     long_pairs = headline_pairs(10**6)  # whole articles: the packing profile
-    pairs = headline_pairs(args.body_chars)
+    pairs = headline_pairs(args.body_chars, spread=args.spread)
     tokenizer = bpe_tokenizer([p["prompt"] + p["completion"] for p in long_pairs])
     results = {"tokenizer_vocabulary": len(tokenizer), "articles": len(long_pairs)}
     if "packing" in args.parts:
@@ -279,7 +310,9 @@ def main() -> int:
         if "leak" in args.parts:
             results["leak"] = leak_part(examples, folder)
         if "sft" in args.parts:
-            results["sft"] = sft_part(chosen, examples, folder, args.steps, args.batch)
+            results["sft"] = sft_part(
+                chosen, examples, folder, args.steps, args.batch, args.pack_length, args.bf16
+            )
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1))

@@ -229,7 +229,8 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
                 labels[r] = hf_model.config.id2label[label]
     out["sorted_loop"] = (len(texts) / (time.perf_counter() - start), labels)
     # ours: finetune.predict's path
-    model, info, tokenizer, vocab = load_finetuned(folder)
+    loaded = load_finetuned(folder)
+    model, described, tokenizer, vocab = loaded.model, loaded.spec, loaded.tokenizer, loaded.vocab
     start = time.perf_counter()
     examples = Examples(texts, [None] * len(texts), [None] * len(texts), [str(i) for i in range(len(texts))])
     data = tokenize(
@@ -237,16 +238,16 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
         tokenizer,
         vocab,
         np.zeros(len(texts), dtype=np.int64),
-        info["max_sequence_length"],
+        described.max_sequence_length,
         "truncate",
     )
-    batching = info["config"]["batching"]
-    spec = BatchingSpec("packed", batch, info["max_sequence_length"], batching["max_sequences_per_pack"],
-                        batching["algorithm"], pack_length=info.get("pack_length"))  # fmt: skip
+    batching = described.config["batching"]
+    spec = BatchingSpec("packed", batch, described.max_sequence_length, batching["max_sequences_per_pack"],
+                        batching["algorithm"], pack_length=described.pack_length)  # fmt: skip
     logits, _ = predict_logits(model, data, Batcher(data.lengths, spec, seed=0))
     out["ours_packed"] = (
         len(texts) / (time.perf_counter() - start),
-        [info["labels"][i] for i in logits.argmax(-1)],
+        [described.labels[i] for i in logits.argmax(-1)],
     )
     # ours through the pipeline interface (transformers' tokenizer, packed batches)
     from finetune.hf_pipeline import packed_pipeline

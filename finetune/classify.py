@@ -53,14 +53,14 @@ def classify_examples(folder, runner: Runner, examples, labels, options: Inferen
 
     -> (logits float32 [n, C], timing, the TokenizedExamples run).
     ExampleError (one line) where --pack-length is shorter than the longest input."""
-    info = folder.info
+    spec = folder.spec
     # New text may be longer than anything seen in training: take it up to the model's
     # own maximum (its position embeddings; a transformers folder: its tokenizer's
     # model_max_length), truncating beyond (counted in the report), and widen rows and
     # packs to the longest input rather than refuse the file.
     limit = max_tokens(folder.model.config)  # RoBERTa-style tables hold pad + 1 fewer
-    if info.get("source") == "config.json":
-        limit = min(limit, info["max_sequence_length"])
+    if spec.source == "config.json":
+        limit = min(limit, spec.max_sequence_length)
     data = folder.tokenize(examples, labels, limit, "truncate")
     longest = int(data.lengths.max())
     if options.pack_length is not None and options.pack_length < longest:
@@ -68,11 +68,11 @@ def classify_examples(folder, runner: Runner, examples, labels, options: Inferen
             f"--pack-length {options.pack_length} is shorter than the longest input ({longest} tokens); "
             f"give at least {longest}, or leave it out"
         )
-    width = max(info["max_sequence_length"], longest)
-    if options.batching == "packed" and options.pack_length is None and info.get("pack_length") is None:
+    width = max(spec.max_sequence_length, longest)
+    if options.batching == "packed" and options.pack_length is None and spec.pack_length is None:
         logits, timing = predict_in_width_groups(options, runner, data, width)
     else:
-        batcher = options.batcher(data.lengths, width, max(info.get("pack_length") or width, longest))
+        batcher = options.batcher(data.lengths, width, max(spec.pack_length or width, longest))
         logits, timing = predict_logits(runner, data, batcher)
     return logits, timing, data
 

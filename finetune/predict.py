@@ -28,7 +28,7 @@ if __name__ == "__main__":  # path mistakes answered before torch is imported (c
 
     ray = value_of(sys.argv[1:], "--ray") is not None  # --input may then be a folder or a glob
     exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "json"})
-    from finetune.folder import predict_folder_mistake  # no torch: config.json's head, read as JSON
+    from finetune.folder_spec import predict_folder_mistake  # no torch: config.json's head, read as JSON
 
     model_option = value_of(sys.argv[1:], "--model")
     mistake = model_option and predict_folder_mistake(model_option)
@@ -106,16 +106,16 @@ def main(argv=None) -> int:
         return refuse(describe_os_error(err))
     try:
         folder = load_finetuned(args.model)
-        model, info = folder.model, folder.info
-        if info["task"] == "question_answering":
+        model, spec = folder.model, folder.spec
+        if spec.task == "question_answering":
             return predict_answers(args, folder, summary_path)
-        if info["task"] == "token_classification":
+        if spec.task == "token_classification":
             return predict_tags(args, folder, summary_path)
-        fields = info["fields"]
-        examples = read_jsonl(args.input, fields["text"], fields["pair"], fields["label"], need_labels=False)
+        fields = spec.fields
+        examples = read_jsonl(args.input, fields.text, fields.pair, fields.label, need_labels=False)
         has_labels = all(label is not None for label in examples.labels)
         labels = (
-            encode_labels(examples, info["labels"], info["multi_label"])
+            encode_labels(examples, list(spec.labels), spec.multi_label)
             if has_labels
             else np.zeros(len(examples), dtype=np.int64)
         )
@@ -129,9 +129,9 @@ def main(argv=None) -> int:
         return refuse(describe_os_error(err))
     report = {"batching": args.batching, **timing, "truncated": data.truncated}
     if has_labels:
-        report.update(score(logits, labels, info["multi_label"]))
+        report.update(score(logits, labels, spec.multi_label))
     return write_outputs(
-        lambda: write_predictions(args.output, logits, info["labels"], info["multi_label"]),
+        lambda: write_predictions(args.output, logits, list(spec.labels), spec.multi_label),
         summary_path,
         report,
     )
@@ -150,16 +150,16 @@ def run_on_ray(args) -> int:
         )
         return 2
     try:
-        info = load_finetuned(args.model).info
-        if info["task"] != "classification":
+        spec = load_finetuned(args.model).spec
+        if spec.task != "classification":
             raise ExampleError(
-                f"{args.model}: a {info['task']} folder; --ray runs sequence classification (run this one without --ray)"
+                f"{args.model}: a {spec.task} folder; --ray runs sequence classification (run this one without --ray)"
             )
     except ExampleError as err:
         return refuse(err)
     options = asdict(InferenceOptions.from_args(args))  # what each replica is given
-    described = {"labels": info["labels"], "multi_label": info["multi_label"]}
-    return run_job(args, "predict", options, info["fields"]["text"], info["fields"]["pair"], described)
+    described = {"labels": list(spec.labels), "multi_label": spec.multi_label}
+    return run_job(args, "predict", options, spec.fields.text, spec.fields.pair, described)
 
 
 def predict_tags(args, folder, summary_path: Path) -> int:
@@ -169,8 +169,8 @@ def predict_tags(args, folder, summary_path: Path) -> int:
     from finetune.runner import per_sequence_tokens
     from finetune.token_task import entities, tokenize_for_tags
 
-    examples = read_jsonl(args.input, folder.info["fields"]["text"], None, None, need_labels=False)
-    limit = min(max_tokens(folder.model.config), folder.info["max_sequence_length"])
+    examples = read_jsonl(args.input, folder.spec.fields.text, None, None, need_labels=False)
+    limit = min(max_tokens(folder.model.config), folder.spec.max_sequence_length)
     tagged = tokenize_for_tags(examples.texts, examples.where, folder.tokenizer, limit)
     lengths = np.array([len(t) for t in tagged.token_ids])
     width = int(lengths.max())
@@ -179,7 +179,7 @@ def predict_tags(args, folder, summary_path: Path) -> int:
     tables = batcher.epoch(0, shuffle=False)
     batches = list(runner.run(tagged.token_ids, tables, batcher.width, tagged.segment_ids, ("logits",)))
     logits = per_sequence_tokens(batches, "logits", lengths)
-    labels = folder.info["labels"]
+    labels = list(folder.spec.labels)
     records = [{"index": i, "entities": entities(logits[i], tagged, i, labels)} for i in range(len(lengths))]
     report = {
         "task": "token_classification", "batching": args.batching, "examples": len(lengths),
@@ -204,12 +204,12 @@ def predict_answers(args, folder, summary_path: Path) -> int:
     from data.qa_windows import make_windows
     from finetune.qa_task import QaSplit, answer_questions, answer_settings, score_answers, write_answer_files
 
-    model, info = folder.model, folder.info
-    qa = info["qa"]
+    model, spec = folder.model, folder.spec
+    qa = spec.qa
     examples = read_squad(args.input)
-    width = info["max_sequence_length"]
+    width = spec.max_sequence_length
     windows = make_windows(examples, folder.hf_tokenizer(), width, qa["doc_stride"])
-    pack_length = args.pack_length or info.get("pack_length") or width
+    pack_length = args.pack_length or spec.pack_length or width
     if pack_length < width:
         raise ExampleError(
             f"--pack-length {pack_length} is shorter than the model's windows ({width} tokens)"

@@ -151,15 +151,15 @@ class PackedPredictor:
         if threads:
             torch.set_num_threads(threads)
         self.folder = load_finetuned(Path(model))
-        info = self.folder.info
-        if info["task"] != "classification":
+        spec = self.folder.spec
+        if spec.task != "classification":
             raise ExampleError(
-                f"{model}: a {info['task']} folder; Ray inference runs sequence classification (predict and "
+                f"{model}: a {spec.task} folder; Ray inference runs sequence classification (predict and "
                 "the server run this folder)"
             )
-        self.text_column = text_column or info["fields"]["text"]
-        self.pair_column = pair_column if pair_column is not None else info["fields"]["pair"]
-        self.label_names, self.multi_label = info["labels"], info["multi_label"]
+        self.text_column = text_column or spec.fields.text
+        self.pair_column = pair_column if pair_column is not None else spec.fields.pair
+        self.label_names, self.multi_label = list(spec.labels), spec.multi_label
         self.runner = Runner(self.folder.model, "cpu", dtype)
         self.options = InferenceOptions(
             batching, batch_size, max_sequences_per_pack, algorithm, pack_length, dtype

@@ -122,7 +122,7 @@ def main(argv=None) -> int:
         policy = PolicySettings(
             args.policy, args.max_batch_tokens, engine.max_length, tuple(args.widths), args.batch_size,
             args.max_sequences_per_pack or default_sequences_per_pack(engine.task), args.algorithm,
-            pad_to=engine.info["max_sequence_length"],
+            pad_to=engine.max_sequence_length,
         )  # fmt: skip
     except (ExampleError, ValueError) as err:
         return refuse(err)

@@ -25,7 +25,8 @@ import numpy as np
 
 from data.classification_data import ExampleError, Examples
 from finetune.embedding import Encoder, l2_normalize, load_encoder
-from finetune.folder import FINETUNE_INFO, load_finetuned
+from finetune.folder import load_finetuned
+from finetune.folder_spec import FINETUNE_INFO
 from finetune.inference import class_scores
 from finetune.runner import Runner, per_sequence, per_sequence_tokens
 from model.families import max_tokens
@@ -60,7 +61,7 @@ def load_engine(
     loaded = load_finetuned(folder, attention_backend)
     runner = Runner(loaded.model, device, dtype)
     engine_class = {"question_answering": QaEngine, "token_classification": TokenEngine}.get(
-        loaded.info["task"], ClassificationEngine
+        loaded.spec.task, ClassificationEngine
     )
     return engine_class(runner, loaded)
 
@@ -75,8 +76,10 @@ class _Engine:
 
     task: str
 
-    def __init__(self, runner: Runner, info: dict):
-        self.runner, self.model, self.info = runner, runner.model, info
+    def __init__(self, runner: Runner, max_sequence_length: int, name: str = ""):
+        # max_sequence_length: the length the folder's texts were made for (the padded policy's width)
+        self.runner, self.model = runner, runner.model
+        self.max_sequence_length, self.name = max_sequence_length, name
         self.max_length = max_tokens(self.model.config)  # RoBERTa-style tables hold pad + 1 fewer
 
     def cold_tokens_per_second(self) -> float:
@@ -98,12 +101,12 @@ class ClassificationEngine(_Engine):
     task = "classification"
 
     def __init__(self, runner: Runner, folder):
-        super().__init__(runner, folder.info)
+        super().__init__(runner, folder.spec.max_sequence_length)
         self.folder = folder
-        self.labels = list(folder.info["labels"])
-        self.multi_label = bool(folder.info["multi_label"])
-        if folder.info.get("source") == "config.json":
-            self.max_length = min(self.max_length, folder.info["max_sequence_length"])
+        self.labels = list(folder.spec.labels)
+        self.multi_label = folder.spec.multi_label
+        if folder.spec.source == "config.json":
+            self.max_length = min(self.max_length, folder.spec.max_sequence_length)
 
     def prepare(self, request: Request) -> Prepared:
         """/predict's [(text, pair or None)] or /rerank's (query, text) pairs -> token ids
@@ -185,12 +188,12 @@ class QaEngine(_Engine):
     def __init__(self, runner: Runner, folder):
         from finetune.qa_task import answer_settings
 
-        info = folder.info
-        super().__init__(runner, info)
+        spec = folder.spec
+        super().__init__(runner, spec.max_sequence_length)
         self.tokenizer = folder.hf_tokenizer()
-        self.window = int(info["max_sequence_length"])
-        self.doc_stride = int(info["qa"]["doc_stride"])
-        self.settings = answer_settings(info["qa"])
+        self.window = spec.max_sequence_length
+        self.doc_stride = int(spec.qa["doc_stride"])
+        self.settings = answer_settings(spec.qa)
 
     def prepare(self, request: Request) -> Prepared:
         """[{"question", "context"}] -> every window of every question."""
@@ -259,10 +262,10 @@ class TokenEngine(_Engine):
     task = "token_classification"
 
     def __init__(self, runner: Runner, folder):
-        super().__init__(runner, folder.info)
+        super().__init__(runner, folder.spec.max_sequence_length)
         self.folder = folder
-        self.labels = list(folder.info["labels"])
-        self.max_length = min(self.max_length, folder.info["max_sequence_length"])
+        self.labels = list(folder.spec.labels)
+        self.max_length = min(self.max_length, folder.spec.max_sequence_length)
 
     def prepare(self, request: Request) -> Prepared:
         from finetune.token_task import tokenize_for_tags
@@ -298,7 +301,7 @@ class EmbeddingEngine(_Engine):
     task = "embedding"
 
     def __init__(self, encoder: Encoder, runner: Runner):
-        super().__init__(runner, {"max_sequence_length": encoder.max_length, "name": encoder.name})
+        super().__init__(runner, encoder.max_length, encoder.name)
         self.encoder = encoder
         self.max_length = encoder.max_length
         self.dimension = encoder.dimension
@@ -350,5 +353,5 @@ class EmbeddingEngine(_Engine):
              "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if base64_encoded else v.tolist()}
             for i, v in enumerate(vectors)
         ]  # fmt: skip
-        return {"object": "list", "data": data, "model": self.info["name"],
+        return {"object": "list", "data": data, "model": self.name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip

@@ -139,7 +139,7 @@ def test_a_cased_classifier_predicts_transformers_scores_per_example(folders, tm
         assert record["label"] == LABELS[int(np.argmax(logits))]
     # the folder's own (cased) tokenizer decides the ids: not a lower-cased vocab.txt
     loaded = load_finetuned(folders["single"])
-    assert loaded.vocab is None and loaded.info["labels"] == list(LABELS.values())
+    assert loaded.vocab is None and list(loaded.spec.labels) == list(LABELS.values())
 
 
 def test_multi_label_and_a_one_label_cross_encoder_score_by_sigmoid(folders, tmp_path):
@@ -183,7 +183,7 @@ def test_question_answering_logits_equal_transformers_per_window(folders):
     from finetune.qa_task import predict_spans
 
     loaded = load_finetuned(folders["qa"])
-    assert loaded.info["qa"]["max_answer_length"] == 15 and loaded.info["max_sequence_length"] == 96
+    assert loaded.spec.qa["max_answer_length"] == 15 and loaded.spec.max_sequence_length == 96
     n = 6
     examples = QaExamples(
         [str(i) for i in range(n)], [f"Who said {TEXTS[i].split()[0]}?" for i in range(n)],

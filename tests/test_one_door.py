@@ -159,7 +159,8 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_finetune_and_serving_have_no_import_circle():
     assert import_circles(import_graph()) == []
-    # the check can fail: the circle predict -> ray_job -> ray_data -> predict that
-    # classify_examples once closed is found
+    # the check can fail: the circle predict -> ray_job -> ray_shards -> ray_data -> predict
+    # that classify_examples once closed is found
     planted = {**import_graph(), "finetune.ray_data": {"finetune.predict"}}
-    assert ["finetune.predict", "finetune.ray_data", "finetune.ray_job"] in import_circles(planted)
+    assert any({"finetune.predict", "finetune.ray_data", "finetune.ray_job"} <= set(group)
+               for group in import_circles(planted))  # fmt: skip
