@@ -168,6 +168,9 @@ bench: install
 	$(PY) bench/bench_embed.py --texts 3000 --rounds 2 --profile paragraphs
 	$(PY) bench/profile_policies.py --k 16
 	$(PY) bench/bench_families.py --texts 300 --rounds 2
+	$(PY) bench/bench_families.py --families llama qwen3 gpt2 --compare sorted embed --texts 200 --rounds 2
+	$(PY) bench/bench_sft.py
+	$(PY) bench/bench_sft.py --parts sft --spread --body-chars 2400
 	$(PY) bench/bench_serve.py --workload embed --seconds 15 --rounds 3 --overload-seconds 20
 	$(PY) bench/bench_serve_light.py --rate 7.5 --seconds 60 --rounds 2
 
