@@ -75,7 +75,11 @@ def missing_packages(names=("torch", "transformers")) -> str | None:
 
 def json_input_mistake(option: str, value: str) -> str | None:
     """JSON lines (or SQuAD's JSON) start with "{": a file whose first non-blank character is
-    something else (a CSV's header, plain text) is answered in one line."""
+    something else (a CSV's header, plain text) is answered in one line. Only a regular file
+    is looked at: opening a pipe would wait for its writer, and reading it would take the
+    lines from the command."""
+    if not Path(value).is_file():
+        return None
     try:
         with open(value, "rb") as text:
             head = text.read(4096).lstrip()

@@ -356,7 +356,8 @@ def test_sentence_transformers_prompts_are_applied_as_encode_applies_them(tmp_pa
     for argv, expected_name in ([[], None], [["--prompt-name", "passage"], "passage"]):
         done = subprocess.run(
             [sys.executable, "-m", "finetune.embed", "--model", str(folder), "--input", str(source), "--output",
-             str(tmp_path / "e.npy"), "--quiet", *argv], cwd=REPO, capture_output=True, text=True, timeout=120,
+             str(tmp_path / "e.npy"), "--quiet", "--overwrite", *argv], cwd=REPO, capture_output=True, text=True,
+            timeout=120,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         np.testing.assert_allclose(

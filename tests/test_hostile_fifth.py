@@ -65,7 +65,7 @@ def test_a_folder_output_over_a_file_or_device_is_refused(tmp_path):
 )
 def test_commands_refuse_a_device_or_fifo_output_in_one_line(tmp_path, command):
     text = tmp_path / "in.txt"
-    text.write_text("some words here\n")
+    text.write_text('{"text": "some words here"}\n')  # JSON lines for embed and predict, text for train_vocab
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for out in (fifo, "/dev/null"):

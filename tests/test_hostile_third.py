@@ -510,7 +510,9 @@ def test_summary_reports_the_runs_end_not_its_last_logging_window(tmp_path, caps
     ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert summary.main(["--packed", str(run_dir)]) == 0
-    assert "| 1.500 | 19 | aborted | 290 | 60 |" in capsys.readouterr().out  # an end record from before stopped_by
+    assert (
+        "| 1.500 | 19 | aborted | 290 | 60 |" in capsys.readouterr().out
+    )  # an end record from before stopped_by
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines[:2]))
     assert summary.main(["--packed", str(run_dir)]) == 0  # killed before its end record
     assert "| 1.500 | 10 | - | 150 | 36 |" in capsys.readouterr().out
