@@ -67,6 +67,18 @@ def command(module: str, *arguments, check: bool = False) -> subprocess.Complete
     return result
 
 
+def refused_here(capsys, *arguments) -> str:
+    """finetune.embed's refusal run in this process (a mistake answered before any cluster
+    starts: no interpreter to start) -> its one stderr line; exit code 2 asserted."""
+    from finetune import embed
+
+    capsys.readouterr()
+    assert embed.main([str(a) for a in arguments]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    return lines[0]
+
+
 def started(module: str, *arguments) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", module, *map(str, arguments)], cwd=REPO, text=True,
@@ -207,7 +219,7 @@ def test_the_python_api_runs_inside_a_users_own_map_batches(cluster, tmp_path):
     assert len(helper.take_all()[0]["embedding"]) == expected.shape[1]
 
 
-def test_bad_inputs_are_refused_in_one_line_with_nothing_written(cluster, inputs, embedded, tmp_path):
+def test_bad_inputs_are_refused_in_one_line_with_nothing_written(cluster, inputs, embedded, tmp_path, capsys):
     folder, joined = inputs
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -239,37 +251,22 @@ def test_bad_inputs_are_refused_in_one_line_with_nothing_written(cluster, inputs
     not_parquet = tmp_path / "np"
     not_parquet.mkdir()
     (not_parquet / "y.parquet").write_text("not parquet")
-    done = command(
-        "finetune.embed",
-        "--model",
-        model_dir(),
-        "--input",
-        not_parquet,
-        "--output",
-        tmp_path / "o2",
-        *ray_args,
+    line = refused_here(
+        capsys, "--model", model_dir(), "--input", not_parquet, "--output", tmp_path / "o2", *ray_args
     )
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert (
-        done.stderr.strip()
-        .splitlines()[-1]
-        .startswith(f"error: {not_parquet / 'y.parquet'}: not a readable Parquet")
-    )
+    assert line.startswith(f"error: {not_parquet / 'y.parquet'}: not a readable Parquet")
 
     _, finished, _ = embedded
     before = (finished / "manifest.json").read_text()
-    again = command(
-        "finetune.embed", "--model", model_dir(), "--input", joined, "--output", finished, *ray_args
-    )
-    assert again.returncode == 2 and "--overwrite" in again.stderr
+    assert "--overwrite" in refused_here(capsys, "--model", model_dir(), "--input", joined, "--output", finished,
+                                         *ray_args)  # fmt: skip
     assert (finished / "manifest.json").read_text() == before
-
-    over = command("finetune.embed", "--model", model_dir(), "--input", folder, "--output", folder, *ray_args)
-    assert over.returncode == 2 and "never replaces an input" in over.stderr
+    over = refused_here(capsys, "--model", model_dir(), "--input", folder, "--output", folder, *ray_args)
+    assert "never replaces an input" in over
     assert sorted(p.name for p in folder.iterdir()) == ["a.jsonl", "b.parquet"]
-    glob_none = command("finetune.embed", "--model", model_dir(), "--input", tmp_path / "*.nothing", "--output",
-                        out, *ray_args)  # fmt: skip
-    assert glob_none.returncode == 2 and "matches no file" in glob_none.stderr
+    glob_none = refused_here(capsys, "--model", model_dir(), "--input", tmp_path / "*.nothing", "--output", out,
+                             *ray_args)  # fmt: skip
+    assert "matches no file" in glob_none
 
 
 def test_batches_from_parquet_or_a_user_meet_the_commands_rules_in_one_line():
