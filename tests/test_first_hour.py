@@ -83,7 +83,7 @@ def test_one_message_for_cuda_without_a_gpu():
 
 
 @pytest.mark.slow
-def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_them(tmp_path):
+def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_them(tmp_path, capsys):
     """SIGTERM, then SIGKILL, mid-run: one line (exit 143) saying how many rows are kept,
     nothing at the output's name; the same command run again continues after the rows
     kept and the array equals an uninterrupted run's, bit for bit (chunks pack alike)."""
@@ -142,11 +142,12 @@ def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_t
         "whole.npy",
     ]
     # a finished output is never replaced without --overwrite (one line, before any model loads)
+    from finetune import embed
+
     before = (tmp_path / "e.npy").stat().st_mtime_ns
-    again = subprocess.run(
-        [*argv, "--output", str(tmp_path / "e.npy")], cwd=REPO, capture_output=True, text=True
-    )
-    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+    capsys.readouterr()
+    assert embed.main([*argv[3:], "--output", str(tmp_path / "e.npy")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         f"error: --output {tmp_path / 'e.npy'}: holds a finished output; give --overwrite to replace it, or another path"
     ]
     assert (tmp_path / "e.npy").stat().st_mtime_ns == before
