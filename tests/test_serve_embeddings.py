@@ -193,3 +193,40 @@ def test_rerank_scores_equal_transformers_best_first(cross_encoder, texts):
     assert all(r["text"] == candidates[r["index"]] for r in ranked)
     np.testing.assert_allclose([r["score"] for r in raw], np.sort(logits)[::-1], atol=1e-4)
     assert bad.status_code == 422 and "empty" in bad.json()["error"]
+
+
+def test_a_decoder_embedder_with_prompts_serves_what_sentence_transformers_encodes(tmp_path, texts):
+    """Qwen3-Embedding's layout on a small random Qwen3: the tokenizer appends EOS, last-token
+    pooling, Normalize, an instruction prompt in config_sentence_transformers.json. /embed and
+    /v1/embeddings (with and without the prompt) equal SentenceTransformer.encode."""
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    from .test_decoders import decoder_tokenizer, tiny_config
+
+    tokenizer = decoder_tokenizer()  # "<s> $A </s>": EOS appended, as Qwen3-Embedding's tokenizer does
+    torch.manual_seed(0)
+    transformers.AutoModel.from_config(tiny_config("qwen3", vocab_size=len(tokenizer))).save_pretrained(
+        tmp_path / "q"
+    )
+    tokenizer.save_pretrained(tmp_path / "q")
+    transformer = models.Transformer(str(tmp_path / "q"), max_seq_length=64)
+    st_model = SentenceTransformer(
+        modules=[transformer, models.Pooling(transformer.get_embedding_dimension(), "lasttoken"), models.Normalize()],
+        prompts={"query": "Instruct: find the article\nQuery: "}, device="cpu",
+    )  # fmt: skip
+    st_model.save(str(tmp_path / "st"))
+    reloaded = SentenceTransformer(str(tmp_path / "st"), device="cpu")
+    short = [t[:40] for t in texts[:8]]
+    plain = reloaded.encode(short, convert_to_numpy=True)
+    query = reloaded.encode(short, prompt_name="query", convert_to_numpy=True)
+    with Server(tmp_path / "st") as server:
+        answer = httpx.post(server.url + "/v1/embeddings", json={"input": short, "model": "m"}).json()
+        assert "data" in answer, answer
+        got = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
+        np.testing.assert_allclose(got, plain, atol=2e-5)
+        got = np.array(
+            httpx.post(server.url + "/embed", json={"inputs": short, "prompt_name": "query"}).json()
+        )
+        np.testing.assert_allclose(got, query, atol=2e-5)
+        assert np.abs(query - plain).max() > 1e-3  # the prompt made a difference
