@@ -150,6 +150,7 @@ qa-demo: install
 	$(PY) -m finetune.report $(addprefix runs/qa_,$(QA_MODES))
 
 bench: install
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
 	$(PY) bench/bench_packing.py
 	$(PY) bench/bench_pipeline.py --sizes 1000000 4000000 --workers 2
 	$(PY) bench/bench_lamb.py
@@ -166,6 +167,7 @@ bench: install
 	$(PY) bench/bench_serve.py --workload mixed
 	$(PY) bench/bench_embed.py --texts 2000 --rounds 3
 	$(PY) bench/bench_embed.py --texts 3000 --rounds 2 --profile paragraphs
+	$(PY) bench/bench_onnx.py --texts 1000 --rounds 3
 	$(PY) bench/profile_policies.py --k 16
 	$(PY) bench/bench_families.py --texts 300 --rounds 2
 	$(PY) bench/bench_families.py --families llama qwen3 gpt2 --compare sorted embed --texts 200 --rounds 2
