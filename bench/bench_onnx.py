@@ -7,12 +7,9 @@ sentence-transformers' own `backend="onnx"` does not import with the pinned tran
 what such a user writes instead: the MiniLM folder's encoder exported once with
 `torch.onnx.export` (the export a user would run:
 
-    python -c "import torch, transformers; m = transformers.AutoModel.from_pretrained(FOLDER).eval();
-      ids = torch.ones(2, 16, dtype=torch.long);
-      torch.onnx.export(m, (ids, ids, torch.zeros_like(ids)), 'minilm.onnx',
-          input_names=['input_ids', 'attention_mask', 'token_type_ids'], output_names=['last_hidden_state'],
-          dynamic_axes={n: {0: 'batch', 1: 'tokens'} for n in ['input_ids', 'attention_mask', 'token_type_ids']},
-          dynamo=False)"
+    export_onnx(FOLDER, "minilm.onnx") below: transformers.AutoModel's encoder wrapped to take
+    input_ids, attention_mask, token_type_ids by name, torch.onnx.export with the batch and
+    token axes dynamic (the TorchScript exporter, dynamo=False)
 
 ), an `onnxruntime.InferenceSession` (fp32, intra-op threads = --threads) fed as
 sentence-transformers feeds its model: texts sorted by length, 32 per batch, padded to the
@@ -49,9 +46,20 @@ def export_onnx(folder: Path, path: Path) -> None:
     import transformers
 
     model = transformers.AutoModel.from_pretrained(folder).eval()
+
+    class ByName(torch.nn.Module):  # the forward's inputs by name (its positional order has changed)
+        def __init__(self):
+            super().__init__()
+            self.encoder = model  # a submodule: its weights export as weights
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                                token_type_ids=token_type_ids).last_hidden_state  # fmt: skip
+
     ids = torch.ones(2, 16, dtype=torch.long)
     names = ["input_ids", "attention_mask", "token_type_ids"]
-    torch.onnx.export(model, (ids, ids, torch.zeros_like(ids)), str(path), input_names=names,
+    with torch.no_grad():
+        torch.onnx.export(ByName().eval(), (ids, ids, torch.zeros_like(ids)), str(path), input_names=names,
                       output_names=["last_hidden_state"], dynamic_axes={n: {0: "batch", 1: "tokens"} for n in names},
                       dynamo=False)  # fmt: skip
 
