@@ -28,7 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data.classification_data import ExampleError, check_readable, example_of_line, split_by_seed
+from common.cli import first_line
+from data.classification_data import ExampleError, read_jsonl, split_by_seed
 from finetune.batching import Batcher
 from finetune.errors import Diverged, FinetuneError
 from finetune.inference import to_device
@@ -81,27 +82,16 @@ class CausalExamples:
 
 
 def read_prompt_completions(path, prompt_field: str, completion_field: str) -> PromptCompletions:
-    """One example per non-blank line; both fields strings (the text rule of
-    data.classification_data.example_of_line: UTF-8, a JSON object, at most MAX_FIELD_CHARS)."""
-    path = Path(path)
-    check_readable(path)
-    out = PromptCompletions([], [], [])
-    with path.open("rb") as lines:
-        for number, raw in enumerate(lines, 1):
-            if not raw.strip():
-                continue
-            where = f"{path}:{number}"
-            prompt, completion, _ = example_of_line(raw, where, prompt_field, completion_field)
-            if completion is None:
-                raise ExampleError(
-                    f"{where}: field '{completion_field}' is missing (a string: what the model learns)"
-                )
-            out.prompts.append(prompt)
-            out.completions.append(completion)
-            out.where.append(where)
-    if not out.prompts:
-        raise ExampleError(f"{path}: no examples (empty file)")
-    return out
+    """One example per non-blank line, read as classification's JSON lines are
+    (data.classification_data.read_jsonl: UTF-8, a JSON object, string fields of at most
+    MAX_FIELD_CHARS); the completion is required."""
+    examples = read_jsonl(path, prompt_field, completion_field, None, need_labels=False)
+    for completion, where in zip(examples.pairs, examples.where):
+        if completion is None:
+            raise ExampleError(
+                f"{where}: field '{completion_field}' is missing (a string: what the model learns)"
+            )
+    return PromptCompletions(examples.texts, examples.pairs, examples.where)
 
 
 def leading_specials(tokenizer) -> list[int]:
@@ -160,12 +150,15 @@ def collate_causal(data: CausalExamples, table: np.ndarray, width: int, with_lab
     return batch
 
 
+def correct_tokens(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """bool [B, S]: the tokens whose argmax is their next-token target (-100: never)."""
+    return (logits.argmax(-1) == targets) & (targets != IGNORED)
+
+
 def token_sums(out: dict, batch: dict) -> dict:
     """The causal LM's outputs -> the step's sums: the loss over its predicted tokens and the
     next-token accuracy (argmax = the target)."""
-    targets = batch["shift_labels"].to(out["logits"].device)
-    predicted = targets != IGNORED
-    correct = ((out["logits"].argmax(-1) == targets) & predicted).sum()
+    correct = correct_tokens(out["logits"], batch["shift_labels"].to(out["logits"].device)).sum()
     count = float(out["token_count"])
     return {
         "loss_sum": float(out["token_loss_sum"]),
@@ -175,9 +168,11 @@ def token_sums(out: dict, batch: dict) -> dict:
     }
 
 
-def per_example_losses(model, data: CausalExamples, batcher: Batcher) -> tuple[np.ndarray, np.ndarray, dict]:
+def per_example_losses(
+    model, data: CausalExamples, batcher: Batcher
+) -> tuple[np.ndarray, np.ndarray, int, dict]:
     """Summed token loss and predicted-token count per example (float64 [n], int64 [n], input
-    order), and the pass's timing and padding figures."""
+    order), the tokens predicted right, and the pass's timing and padding figures."""
     device = next(model.parameters()).device
     tables = batcher.epoch(0, shuffle=False)
     loss_sums, counts, correct = np.zeros(len(data)), np.zeros(len(data), dtype=np.int64), 0
@@ -192,7 +187,7 @@ def per_example_losses(model, data: CausalExamples, batcher: Batcher) -> tuple[n
                 logits.transpose(1, 2), targets, ignore_index=IGNORED, reduction="none"
             )
             predicted = targets != IGNORED
-            correct += int(((logits.argmax(-1) == targets) & predicted).sum())
+            correct += int(correct_tokens(logits, targets).sum())
             slots = batch["sequence_ids"].clamp(min=1) - 1  # a token's slot in its row's table
             example = torch.gather(batch["example_index"], 1, slots)
             keep = predicted & (batch["sequence_ids"] > 0)
@@ -200,8 +195,8 @@ def per_example_losses(model, data: CausalExamples, batcher: Batcher) -> tuple[n
             np.add.at(counts, example[keep].cpu().numpy(), 1)
     seconds = time.perf_counter() - start
     timing = {"examples": len(data), "seconds": seconds, "examples_per_second": len(data) / seconds,
-              "batches": len(tables), "padding_fraction": batcher.padding_fraction(tables), "correct": correct}  # fmt: skip
-    return loss_sums, counts, timing
+              "batches": len(tables), "padding_fraction": batcher.padding_fraction(tables)}  # fmt: skip
+    return loss_sums, counts, correct, timing
 
 
 def score_losses(loss_sums: np.ndarray, counts: np.ndarray, correct: int) -> dict:
@@ -277,7 +272,7 @@ def causal_lm_job(config: dict):
         raise FinetuneError(f"model.init_checkpoint {checkpoint}: {err}") from None
     except (OSError, ValueError, RuntimeError) as err:
         raise FinetuneError(
-            f"model.init_checkpoint {checkpoint}: cannot be loaded ({str(err).splitlines()[0][:300]})"
+            f"model.init_checkpoint {checkpoint}: cannot be loaded ({first_line(err)[:300]})"
         ) from None
     if int(max(train.lengths.max(), validation.lengths.max())) > opened.max_tokens:
         raise FinetuneError(
@@ -285,8 +280,8 @@ def causal_lm_job(config: dict):
         )
 
     def evaluate(model, batcher):
-        loss_sums, counts, timing = per_example_losses(model, validation, batcher)
-        return score_losses(loss_sums, counts, timing.pop("correct")), timing, (loss_sums, counts)
+        loss_sums, counts, correct, timing = per_example_losses(model, validation, batcher)
+        return score_losses(loss_sums, counts, correct), timing, (loss_sums, counts)
 
     def save(model, folder: Path) -> None:
         model.save_pretrained(folder)  # AutoModelForCausalLM's folder, written atomically

@@ -169,13 +169,11 @@ def load_packed_model(folder: Path, task: str, attention_backend: str | None = N
 
 def hands_token_types(folder: Path) -> bool:
     """Whether transformers' tokenizer of the folder returns token_type_ids (its
-    model_input_names): where it does not, the model is given zeros, pairs included."""
-    from transformers import AutoTokenizer
+    model_input_names): where it does not, the model is given zeros, pairs included. A tokenizer
+    transformers cannot build: the template's own ids (True)."""
+    from model.families import tokenizer_hands_token_types
 
-    try:
-        return "token_type_ids" in AutoTokenizer.from_pretrained(folder).model_input_names
-    except Exception:  # noqa: BLE001 - a tokenizer transformers cannot build: the template's own ids
-        return True
+    return tokenizer_hands_token_types(folder, default=True)
 
 
 def folder_tokenizer(folder: Path):

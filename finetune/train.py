@@ -207,7 +207,7 @@ def packing_note(batcher: Batcher, asked: int | None) -> str:
     if batcher.spec.mode != "packed":
         return ""
     how = "chosen from the lengths" if asked is None else f"at most {asked}"
-    padding = 1.0 - float(batcher.lengths.sum()) / (batcher.table.shape[0] * batcher.spec.fixed_width)
+    padding = batcher.padding_fraction([batcher.table])  # every pack of an epoch, in any order
     return f", K={batcher.table.shape[1]} ({how}), {padding:.1%} padding"
 
 

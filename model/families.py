@@ -339,15 +339,15 @@ def causal_lm_outputs(logits, shift_labels, num_items_in_batch=None) -> dict:
     return {"loss": loss_sum / divisor, **out, "token_loss_sum": loss_sum.detach(), "token_count": count}
 
 
-def tokenizer_hands_token_types(folder) -> bool:
-    """Whether transformers' tokenizer of `folder` returns token_type_ids (False where the
-    folder has none it can build)."""
+def tokenizer_hands_token_types(folder, default: bool = False) -> bool:
+    """Whether transformers' tokenizer of `folder` returns token_type_ids (its
+    model_input_names); `default` where the folder has none transformers can build."""
     from transformers import AutoTokenizer
 
     try:
         return "token_type_ids" in AutoTokenizer.from_pretrained(folder).model_input_names
     except Exception:  # noqa: BLE001 - no tokenizer files, or one transformers cannot build
-        return False
+        return default
 
 
 # ----- the model ---------------------------------------------------------------------------------
