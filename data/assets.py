@@ -70,7 +70,13 @@ if __name__ == "__main__":
         if len(sys.argv) != 3:
             print("usage: python -m data.assets news-jsonl OUTPUT.jsonl", file=sys.stderr)
             sys.exit(2)
-        print(f"{write_news_jsonl(Path(sys.argv[2]))} labelled articles -> {sys.argv[2]}")
+        try:
+            print(f"{write_news_jsonl(Path(sys.argv[2]))} labelled articles -> {sys.argv[2]}")
+        except (OSError, MissingAsset) as err:  # a device, a folder, no space, the asset not installed
+            from common.cli import refuse
+            from common.files import describe_os_error
+
+            sys.exit(refuse(describe_os_error(err) if isinstance(err, OSError) else err))
         sys.exit(0)
     paths = {"vocab": vocab_file, "model": model_dir, "corpus": corpus_glob}
     if what not in paths:

@@ -219,3 +219,22 @@ def test_a_mistyped_or_missing_option_is_one_line_naming_the_nearest(argv, says)
     named before the required option it hides."""
     done, _ = run(*argv)
     assert done.returncode == 2 and done.stderr.strip() == says, done.stderr[-500:]
+
+
+def test_the_news_jsonl_recipe_input_is_the_corpus_in_the_users_format(tmp_path):
+    """Recipe 2's first command: every BBC article once, as {"text", "text_pair", "label"};
+    a device or a folder as the output is one line, exit 2, and is left as it is."""
+    import json
+
+    from data.assets import corpus_files
+
+    done, _ = run("-m", "data.assets", "news-jsonl", tmp_path / "news.jsonl")
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in (tmp_path / "news.jsonl").read_text().splitlines()]
+    assert len(lines) == len(corpus_files()) == 2225
+    assert {line["label"] for line in lines} == {"business", "entertainment", "politics", "sports", "tech"}
+    assert all(isinstance(line["text"], str) and line["text"] for line in lines)
+    for output in ("/dev/null", tmp_path):
+        done, _ = run("-m", "data.assets", "news-jsonl", output)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "regular file" in done.stderr and "Traceback" not in done.stderr
