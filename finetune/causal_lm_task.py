@@ -106,18 +106,28 @@ def leading_specials(tokenizer) -> list[int]:
     return []
 
 
+def render_prompt(tokenizer, prompt: str, where: str) -> str:
+    """The prompt as one user turn with the assistant's opening, through the tokenizer's chat
+    template; a template that fails is ExampleError naming the example (not a traceback)."""
+    try:
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+    except Exception as err:  # noqa: BLE001 - jinja2's errors and the template's own raise_exception
+        raise ExampleError(
+            f"{where}: the tokenizer's chat template cannot render this prompt ({type(err).__name__}: "
+            f"{first_line(err)[:200]})"
+        ) from None
+
+
 def encode_examples(examples: PromptCompletions, tokenizer, max_length: int, too_long: str) -> CausalExamples:
     """Prompt/completion text -> token ids and labels (module docstring)."""
     chat = bool(getattr(tokenizer, "chat_template", None))
     head = [] if chat else leading_specials(tokenizer)  # a chat template writes its own
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     prompts = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-        )
-        if chat
-        else p
-        for p in examples.prompts
+        render_prompt(tokenizer, p, where) if chat else p
+        for p, where in zip(examples.prompts, examples.where)
     ]
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     completion_ids = tokenizer(examples.completions, add_special_tokens=False)["input_ids"]

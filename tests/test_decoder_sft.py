@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from data.classification_data import ExampleError
 from finetune import train as finetune
 from finetune.causal_lm_task import encode_examples, read_prompt_completions
 
@@ -126,6 +127,12 @@ def test_examples_mask_the_prompt_and_follow_the_chat_template(tmp_path):
     rendered = tokenizer(f"<s>user: {examples.prompts[0]}\nassistant:", add_special_tokens=False)["input_ids"]
     assert chat.token_ids[0].tolist()[: len(rendered)] == rendered
     assert (chat.label_ids[0][: len(rendered)] == -100).all() and chat.label_ids[0][len(rendered)] != -100
+    tokenizer.chat_template = "{{ raise_exception('system turns only') }}"
+    with pytest.raises(
+        ExampleError, match=r"p.jsonl:1: the tokenizer's chat template cannot render this prompt"
+    ):
+        encode_examples(examples, tokenizer, 200, "truncate")
+    tokenizer.chat_template = None
     cut = encode_examples(examples, tokenizer, 8, "truncate")
     assert cut.truncated == 3 and all(len(ids) == 8 for ids in cut.token_ids)
 
