@@ -25,11 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from common.choices import BATCHING_MODES
 from finetune.rows import pack_rows, pad_table, unpacked_table
 from packing.errors import PackingInputError
 from packing.tokenized import check_table, pack_examples
-
-BATCHING_MODES = ("padded", "dynamic", "uniform", "packed")
 
 
 @dataclass(frozen=True)

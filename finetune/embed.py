@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__":  # path mistakes answered before torch is imported (common/preflight.py)
+if __name__ == "__main__":  # option and path mistakes answered before torch is imported
     from common.preflight import exit_on_path_mistakes, value_of
+    from finetune.parsers import embed_parser
+
+    embed_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
 
     ray = value_of(sys.argv[1:], "--ray") is not None  # --input may then be a folder or a glob
     exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "json"})
 
-import argparse
 import errno
 import io
 import itertools
@@ -45,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import add_inference_options, add_ray_options, below_one, command_parser, refuse
+from common.cli import below_one, refuse
 from common.files import (
     FolderInUse,
     describe_os_error,
@@ -58,47 +60,9 @@ from common.files import (
     write_json_atomic,
 )
 from data.classification_data import MAX_FIELD_CHARS, ExampleError, json_object
-from finetune.embedding import EMBED_BATCHING, EncodeOptions, iter_encode, load_encoder
+from finetune.embedding import EncodeOptions, iter_encode, load_encoder
+from finetune.parsers import embed_parser
 from finetune.precision import device_problem
-from model.embedding import POOLING_MODES
-
-
-def build_parser():
-    parser = command_parser("python -m finetune.embed", __doc__)
-    add_inference_options(parser, "a sentence-transformers folder, or any BERT folder with --pooling")
-    parser.add_argument("--input", required=True, type=Path, help="JSON lines with a text field")
-    parser.add_argument("--output", required=True, type=Path, help="the .npy array, float32 [lines, D]")
-    parser.add_argument("--text-field", default="text")
-    parser.add_argument("--batching", default="packed", choices=tuple(EMBED_BATCHING))
-    parser.add_argument(
-        "--batch-size", type=int, default=32, help="texts per batch (sentence-transformers' 32)"
-    )
-    parser.add_argument(
-        "--pooling", nargs="+", choices=POOLING_MODES, help="default: the folder's Pooling module's mode"
-    )
-    parser.add_argument(
-        "--normalize",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="L2-normalize (default: whether the folder has a Normalize module)",
-    )
-    parser.add_argument(
-        "--max-length", type=int, help="tokens per text (default: the folder's max_seq_length)"
-    )
-    parser.add_argument(
-        "--attention-backend",
-        choices=("dense", "sdpa", "flex", "varlen"),
-        help="default: sdpa (measured fastest)",
-    )
-    parser.add_argument("--chunk-texts", type=int, default=8192, help="texts tokenized and packed at once")
-    parser.add_argument(
-        "--prompt-name",
-        help="a prompt of the folder's config_sentence_transformers.json put before every text (default: its "
-        "default_prompt_name, as sentence-transformers' encode)",
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_ray_options(parser)
-    return parser
 
 
 def run_on_ray(args) -> int:
@@ -274,7 +238,7 @@ def write_embeddings(args, encoder, options: EncodeOptions, n: int) -> float:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = embed_parser(__doc__).parse_args(argv)
     wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "chunk_texts", "max_length", "workers",
                              "threads_per_worker", "chunk_rows"))  # fmt: skip
     wrong = wrong or device_problem(args.device, args.dtype)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.choices import EMBED_BATCHING
 from data.classification_data import ExampleError, check_unicode, encode_within
 from finetune.batching import Batcher, BatchingSpec, width_groups
 from finetune.folder import check_config_values, check_vocabulary_fits, check_weights_file
@@ -31,9 +32,6 @@ from model.embedding import check_pooling
 from model.families import UnsupportedFamily
 from model.opening import ModelOptions, open_model, packed_from_loaded
 
-# --batching names -> finetune.batching modes (padded: fixed rows of max_seq_length tokens;
-# sorted: sentence-transformers' encode, batches of length-sorted texts padded to their longest)
-EMBED_BATCHING = {"packed": "packed", "sorted": "uniform", "padded": "padded"}
 # sentence-transformers' legacy pooling flags, in the order its Pooling concatenates them
 LEGACY_POOLING_KEYS = {
     "pooling_mode_cls_token": "cls",

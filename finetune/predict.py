@@ -23,8 +23,11 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__":  # path mistakes answered before torch is imported (common/preflight.py)
+if __name__ == "__main__":  # option and path mistakes answered before torch is imported
     from common.preflight import exit_on_path_mistakes, value_of
+    from finetune.parsers import predict_parser
+
+    predict_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
 
     ray = value_of(sys.argv[1:], "--ray") is not None  # --input may then be a folder or a glob
     exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "json"})
@@ -43,14 +46,14 @@ from pathlib import Path
 
 import numpy as np
 
-from common.cli import add_inference_options, add_ray_options, below_one, command_parser, refuse
+from common.cli import below_one, refuse
 from common.files import describe_os_error, output_over_inputs, write_json_atomic
 from data.classification_data import ExampleError, encode_labels, read_jsonl
 from data.tokenizer import DataInputError
-from finetune.batching import BATCHING_MODES
 from finetune.classify import InferenceOptions, classify_examples
 from finetune.folder import load_finetuned
 from finetune.inference import score, write_predictions
+from finetune.parsers import predict_parser
 from finetune.precision import device_problem
 from finetune.runner import Runner
 from model.families import max_tokens
@@ -59,20 +62,7 @@ from packing.errors import PackingInputError
 
 
 def main(argv=None) -> int:
-    parser = command_parser("python -m finetune.predict", __doc__)
-    add_inference_options(parser, "finetune.train output model folder")
-    parser.add_argument("--input", required=True, type=Path, help="JSON lines to classify")
-    parser.add_argument("--output", required=True, type=Path, help="predictions, JSON lines, input order")
-    parser.add_argument("--batching", default="packed", choices=BATCHING_MODES)
-    parser.add_argument("--batch-size", type=int, default=64, help="examples per batch")
-    parser.add_argument(
-        "--pack-length", type=int, default=None, help="tokens per pack (default: the model's)"
-    )
-    parser.add_argument(
-        "--nbest-output", type=Path, default=None, help="question answering: also write the n-best file"
-    )
-    parser.add_argument("--quiet", action="store_true", help="--ray: no progress bars")
-    add_ray_options(parser)
+    parser = predict_parser(__doc__)
     args = parser.parse_args(argv)
     quiet_transformers()
     wrong = below_one(

@@ -32,8 +32,11 @@ from __future__ import annotations
 
 import sys
 
-if __name__ == "__main__":  # path mistakes answered before torch is imported (common/preflight.py)
+if __name__ == "__main__":  # option and path mistakes answered before torch is imported
     from common.preflight import exit_on_path_mistakes
+    from finetune.parsers import train_parser
+
+    train_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
 
     exit_on_path_mistakes({"--config": "file"})
 
@@ -48,7 +51,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from common.cli import command_parser, first_line, refuse
+from common.cli import first_line, refuse
 from common.config_schema import ConfigError
 from common.files import describe_os_error, write_json_atomic
 from data.classification_data import ExampleError
@@ -59,6 +62,7 @@ from finetune.errors import Diverged, FinetuneError, Interrupted
 from finetune.inference import to_device
 from finetune.job_contract import Job, classification_sums, resolve_asset
 from finetune.jobs import JOBS, prepare_task, read_examples
+from finetune.parsers import train_parser
 from finetune.run_folder import (
     check_output,
     check_positions,
@@ -377,16 +381,7 @@ def main(argv=None) -> int:
     import signal
     import threading
 
-    parser = command_parser("python -m finetune.train", __doc__)
-    parser.add_argument("--config", required=True, help="fine-tuning YAML (see configs/README.md)")
-    parser.add_argument("--output-dir", required=True, type=Path)
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument(
-        "--resume", action="store_true", help="continue the run in --output-dir from its checkpoint (exactly)"
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace a previous run in --output-dir (its files only)"
-    )
+    parser = train_parser(__doc__)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     quiet_transformers()

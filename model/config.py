@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from transformers import BertConfig
 
+from common.choices import ATTENTION_BACKENDS
 from common.constants import BERT_VOCAB_SIZE
 
-ATTENTION_BACKENDS = ("dense", "sdpa", "flex", "varlen")
 MLM_LOSS_MODES = ("per_token", "per_sequence")
 
 PRESETS = {

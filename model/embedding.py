@@ -19,19 +19,9 @@ import torch
 import torch.nn.functional as F
 from transformers import BertConfig
 
+from common.choices import POOLING_MODES, check_pooling  # noqa: F401 - re-exported
 from model.encoder import slot_masks
 from model.packed_head import PackedHead, SlotRows
-
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
-
-
-def check_pooling(pooling) -> tuple[str, ...]:
-    """A mode name or a sequence of them -> the tuple of modes (ValueError if unknown)."""
-    modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
-    unknown = [mode for mode in modes if mode not in POOLING_MODES]
-    if not modes or unknown:
-        raise ValueError(f"pooling must be one or more of {POOLING_MODES}, got {pooling!r}")
-    return modes
 
 
 def pool_slots(hidden, rows: SlotRows, modes: tuple[str, ...]) -> torch.Tensor:

@@ -41,6 +41,17 @@ def run(*argv, timeout=60):
           "--device", "cuda"], "--device cuda: this torch (2.13.0+cpu) is the CPU build"),
         (["-m", "finetune.predict", "--model", "ASSET", "--input", "examples/sft/train.jsonl", "--output", "o"],
          "key 'architectures' is ['BertModel']; predict runs a *ForSequenceClassification"),
+        # option mistakes: every command parses its line before its imports (finetune/parsers.py)
+        (["-m", "finetune.predict", "--model", ".", "--input", "README.md", "--ouput", "o"],
+         "unrecognized arguments: --ouput (did you mean --output?); see python -m finetune.predict --help"),
+        (["-m", "finetune.embed", "--model", ".", "--input", "README.md"],
+         "the following arguments are required: --output; see python -m finetune.embed --help"),
+        (["-m", "finetune.embed", "--model", ".", "--input", "README.md", "--output", "o", "--batching", "pakced"],
+         "argument --batching: invalid choice: 'pakced'"),
+        (["-m", "finetune.train", "--config", "configs/finetune_bbc.yaml", "--ouput-dir", "x"],
+         "unrecognized arguments: --ouput-dir (did you mean --output-dir?)"),
+        (["-m", "training.summary", "--pakced", "runs/x"], "unrecognized arguments: --pakced (did you mean --packed?)"),
+        (["-m", "serving", "--model", ".", "--prot", "8080"], "unrecognized arguments: --prot (did you mean --port?)"),
     ],
 )  # fmt: skip
 def test_path_mistakes_are_one_line_without_importing_torch(argv, says, tmp_path):

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from packing.shards import PackedDataset
-from training.data import PackedShards, eval_batches
+if TYPE_CHECKING:
+    from packing.shards import PackedDataset
 
 
 class MetricsFileError(ValueError):
@@ -68,6 +69,8 @@ def curve_from_records(evals: list[dict]) -> dict[str, np.ndarray]:
 def masked_labels(dataset: PackedDataset, packs: list[int] | None = None) -> np.ndarray:
     """int64 [masked tokens]: the labels of every used masked-LM slot of `packs` (all packs
     when None), read in blocks."""
+    from training.data import PackedShards  # torch: imported only where data is read
+
     shards = PackedShards(dataset)
     packs = list(range(len(shards))) if packs is None else packs
     labels = []
@@ -83,6 +86,9 @@ def unigram_baseline(train_dir, eval_dir, max_sequences: int) -> tuple[int, floa
     MLM accuracy of always predicting it on the evaluation a run performs (the first
     packs holding at most `max_sequences` sequences, as training.data.eval_batches picks).
     A model has learned something beyond token frequencies only above this accuracy."""
+    from packing.shards import PackedDataset
+    from training.data import eval_batches
+
     train = masked_labels(PackedDataset.open(train_dir))
     most_frequent = int(np.bincount(train).argmax())
     eval_data = PackedDataset.open(eval_dir)
