@@ -135,6 +135,7 @@ def run_recipes(tmp_path, names) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     blocks = readme_blocks()
     for name in names:
+        load_at_start = os.getloadavg()[0]  # the load each stated time ran at, recorded with it
         started = time.perf_counter()
         for command in blocks[name]:
             if command.startswith("hf download"):  # no network here: a folder of the same kind instead
@@ -148,15 +149,22 @@ def run_recipes(tmp_path, names) -> None:
                 f"README {name}: {command}\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
             )
         if AS_WRITTEN:
-            record_time(name, time.perf_counter() - started)
+            record_time(name, time.perf_counter() - started, load_at_start)
 
 
-def record_time(recipe: str, seconds: float) -> None:
-    print(f"README recipe {recipe}: {seconds:.0f} s as written")
+def record_time(recipe: str, seconds: float, load_at_start: float) -> None:
+    """README_TIMINGS[recipe] = {seconds, the 1-minute load average when it started, cores,
+    date}: a stated time comes with the load it ran at."""
+    print(f"README recipe {recipe}: {seconds:.0f} s as written (load {load_at_start:.2f} at its start)")
     path = Path(os.environ.get("README_TIMINGS", REPO / "work" / "readme_timings.json"))
     path.parent.mkdir(parents=True, exist_ok=True)
     times = json.loads(path.read_text()) if path.exists() else {}
-    times[recipe] = round(seconds, 1)
+    times[recipe] = {
+        "seconds": round(seconds, 1),
+        "load_1min_at_start": round(load_at_start, 2),
+        "cores": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
     path.write_text(json.dumps(times, indent=1) + "\n")
 
 
