@@ -15,32 +15,23 @@ input; `iter_encode` yields one chunk's array at a time for streaming writers.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from common.choices import EMBED_BATCHING
-from data.classification_data import ExampleError, check_unicode, encode_within
+from common.choices import EMBED_BATCHING, check_pooling
+from data.classification_data import ExampleError
 from finetune.batching import Batcher, BatchingSpec, width_groups
 from finetune.folder import check_config_values, check_vocabulary_fits, check_weights_file
+from finetune.folder_spec import EmbeddingSpec, embedding_spec
+from finetune.loaded import LoadedModel
 from finetune.rows import unpack_outputs
-from finetune.runner import Runner
-from model.embedding import check_pooling
+from finetune.st_folder import describe_embedding_folder
 from model.families import UnsupportedFamily
 from model.opening import ModelOptions, open_model, packed_from_loaded
-
-# sentence-transformers' legacy pooling flags, in the order its Pooling concatenates them
-LEGACY_POOLING_KEYS = {
-    "pooling_mode_cls_token": "cls",
-    "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_tokens": "mean",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
-    "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken",
-}
 
 
 @dataclass
@@ -56,151 +47,6 @@ class EncodeOptions:
     dtype: str = "float32"
     chunk_texts: int = 8192
     prompt_name: str | None = None  # None: the model's default prompt (if it has one)
-
-
-@dataclass
-class Encoder:
-    """A loaded embedding model and how texts reach it."""
-
-    model: object  # a packed embedding model (model.opening): pools, never normalizes; `normalize` is applied after
-    tokenizer: object  # a `tokenizers` Tokenizer; truncation off (done here)
-    max_length: int  # tokens per text, [CLS] and [SEP] included (max_seq_length)
-    normalize: bool  # L2-normalize (sentence-transformers' Normalize module)
-    lowercase: bool = False  # sentence-transformers' do_lower_case: lower-case before tokenizing
-    name: str = ""
-    prompts: dict = field(default_factory=dict)  # name -> text put before each text (sentence-transformers')
-    default_prompt_name: str | None = None
-    stats: dict = field(default_factory=lambda: {"texts": 0, "tokens": 0, "slots": 0, "truncated": 0})
-    _runners: dict = field(default_factory=dict, repr=False)  # (device, dtype) -> Runner
-    _cutters: dict = field(default_factory=dict, repr=False)  # direction -> truncating tokenizer
-
-    @property
-    def dimension(self) -> int:
-        return self.model.dimension
-
-    def prompt(self, name: str | None) -> str:
-        """The text put before every text, as sentence-transformers' encode(prompt_name=)
-        does: the named prompt, or with no name the model's default one ("" if none)."""
-        name = self.default_prompt_name if name is None else name
-        if name is None:
-            return ""
-        if name not in self.prompts:
-            known = ", ".join(sorted(self.prompts)) or "none"
-            raise ExampleError(f"prompt name {name!r}: this model's prompts are {known}")
-        return self.prompts[name]
-
-    def runner(self, device: str, dtype: str) -> Runner:
-        """The model's finetune.runner.Runner on `device` in `dtype` (built, and so checked,
-        once per pair)."""
-        key = (str(device), dtype)
-        if key not in self._runners:
-            self._runners[key] = Runner(self.model, device, dtype)
-        return self._runners[key]
-
-    def tokenize(self, texts: list[str], where: list[str], truncate: bool = True, direction: str = "right"):
-        """-> (token id arrays int64, truncated count): the tokenizer's own template
-        (BERT's [CLS] ... [SEP], RoBERTa's <s> ... </s>, ...), cut to max_length as
-        sentence-transformers cuts. Too long with truncate=False raises ExampleError naming
-        the text; direction "left" keeps a text's end (TEI's option)."""
-        for text, place in zip(texts, where):
-            check_unicode(text, place)
-        inputs = [t.lower() for t in texts] if self.lowercase else texts
-        encoded, long = encode_within(
-            self.tokenizer, inputs, self.max_length, truncate, direction, self._cutters
-        )
-        if long and not truncate:
-            i = long[0]
-            raise ExampleError(
-                f"{where[i]}: {len(encoded[i].ids)} tokens; the model takes at most {self.max_length}"
-            )
-        return [np.asarray(e.ids, dtype=np.int64) for e in encoded], len(long)
-
-
-def read_sentence_transformers(folder: Path) -> dict | None:
-    """What a sentence-transformers folder says about encoding: {pooling, normalize,
-    max_length, lowercase}; None for a folder without modules.json. ExampleError (one line,
-    naming the file and key) when it is malformed or holds modules packing cannot run."""
-    modules_file = folder / "modules.json"
-    if not modules_file.is_file():
-        return None
-    try:
-        modules = json.loads(modules_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ExampleError(f"{modules_file}: not valid JSON ({err})") from None
-    if not isinstance(modules, list) or not all(isinstance(m, dict) and "type" in m for m in modules):
-        raise ExampleError(f"{modules_file}: expected a list of objects with a 'type'")
-    kinds = [str(m["type"]).rsplit(".", 1)[-1] for m in modules]
-    if kinds[:2] != ["Transformer", "Pooling"] or any(k != "Normalize" for k in kinds[2:]):
-        raise ExampleError(
-            f"{modules_file}: modules {kinds}; packed encoding runs Transformer -> Pooling (-> Normalize)"
-        )
-    pooling_config = _json_file(folder / modules[1].get("path", "") / "config.json")
-    if "pooling_mode" in pooling_config:
-        modes = pooling_config["pooling_mode"]
-    else:
-        modes = [mode for key, mode in LEGACY_POOLING_KEYS.items() if pooling_config.get(key)] or ["mean"]
-    if pooling_config.get("include_prompt", True) is not True:
-        raise ExampleError(
-            f"{folder / modules[1].get('path', '')}/config.json: include_prompt false is not supported"
-        )
-    try:
-        modes = check_pooling(modes)
-    except ValueError as err:
-        raise ExampleError(f"{folder / modules[1].get('path', '')}/config.json: {err}") from None
-    transformer_folder = folder / modules[0].get("path", "")
-    transformer_config = _json_file(transformer_folder / "sentence_bert_config.json", {})
-    # max_seq_length: sentence_bert_config.json (older folders), else the tokenizer's
-    # model_max_length (where sentence-transformers 5+ saves it); capped by the positions later.
-    max_length = transformer_config.get("max_seq_length")
-    if max_length is None:
-        max_length = _json_file(transformer_folder / "tokenizer_config.json", {}).get("model_max_length")
-        max_length = max_length if isinstance(max_length, int) and 3 <= max_length < 1_000_000 else None
-    if max_length is not None and (
-        not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 3
-    ):
-        raise ExampleError(
-            f"{transformer_folder}/sentence_bert_config.json: max_seq_length must be an integer >= 3, got {max_length!r}"
-        )
-    prompts, default_prompt = read_prompts(folder / "config_sentence_transformers.json")
-    return {
-        "pooling": modes,
-        "normalize": "Normalize" in kinds,
-        "max_length": max_length,
-        "lowercase": bool(transformer_config.get("do_lower_case", False)),
-        "prompts": prompts,
-        "default_prompt_name": default_prompt,
-    }
-
-
-def read_prompts(path: Path) -> tuple[dict, str | None]:
-    """config_sentence_transformers.json's `prompts` {name: text} and `default_prompt_name`
-    (e5-, bge- and nomic-style models ship them); ExampleError naming the key if malformed."""
-    described = _json_file(path, {})
-    prompts = described.get("prompts") or {}
-    if not isinstance(prompts, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()
-    ):
-        raise ExampleError(f"{path}: key 'prompts' must be an object of name -> prompt text")
-    default = described.get("default_prompt_name")
-    if default is not None and default not in prompts:
-        raise ExampleError(
-            f"{path}: key 'default_prompt_name' is {default!r}, not one of its prompts {sorted(prompts)}"
-        )
-    return prompts, default
-
-
-def _json_file(path: Path, default=None) -> dict:
-    if not path.is_file():
-        if default is not None:
-            return default
-        raise ExampleError(f"{path}: not found (the folder's modules.json names it)")
-    try:
-        value = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ExampleError(f"{path}: not valid JSON ({err})") from None
-    if not isinstance(value, dict):
-        raise ExampleError(f"{path}: expected a JSON object")
-    return value
 
 
 def load_tokenizer_of(folder: Path):
@@ -219,27 +65,19 @@ def load_encoder(
     max_length: int | None = None,
     device: str = "cpu",
     attention_backend: str | None = None,
-) -> Encoder:
+) -> LoadedModel:
     """A sentence-transformers folder (its modules.json decides pooling, Normalize,
-    max_seq_length and lower-casing; arguments given here override), or any BERT folder
-    with `pooling` given (max_length then defaults to its position embeddings).
+    max_seq_length and lower-casing; arguments given here override), or any encoder or
+    decoder folder with `pooling` given (max_length then defaults to its positions).
     ExampleError (one line) for a folder that cannot be read."""
-    folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise ExampleError(f"{folder}: no config.json; expected a sentence-transformers or BERT folder")
-    described = read_sentence_transformers(folder)
-    if described is None:
-        if pooling is None:
-            raise ExampleError(
-                f"{folder}: no modules.json (not a sentence-transformers folder); give --pooling"
-            )
-        described = {"pooling": pooling, "normalize": False, "max_length": None, "lowercase": False}
+    spec = describe_embedding_folder(folder, pooling)
+    folder = spec.path
     check_weights_file(folder)
     check_config_values(folder)
     # SDPA unless asked otherwise: a sentence-transformers folder names no backend, and SDPA
     # measured fastest here for every batching mode (docs/embeddings.md)
     options = ModelOptions(  # pooling has no weights: no head is needed from the file
-        new_head=True, attention_backend=attention_backend or "sdpa", pooling=pooling or described["pooling"]
+        new_head=True, attention_backend=attention_backend or "sdpa", pooling=spec.embedding.pooling
     )
     try:
         opened = open_model(folder, "embedding", options)
@@ -254,24 +92,17 @@ def load_encoder(
         ) from None
     tokenizer = load_tokenizer_of(folder)
     check_vocabulary_fits(folder, tokenizer, model)
-    length = max_length or min(described["max_length"] or positions, positions)
+    length = max_length or min(spec.max_sequence_length or positions, positions)
     if not 3 <= length <= positions:
         raise ExampleError(f"max length {length}: the model takes 3 to {positions} tokens per text")
-    return Encoder(
-        model=model.to(device).eval(),
-        tokenizer=tokenizer,
-        max_length=length,
-        normalize=described["normalize"] if normalize is None else normalize,
-        lowercase=described["lowercase"],
-        name=folder.name,
-        prompts=described.get("prompts", {}),
-        default_prompt_name=described.get("default_prompt_name"),
-    )
+    embedding = spec.embedding if normalize is None else replace(spec.embedding, normalize=normalize)
+    spec = replace(spec, max_sequence_length=length, embedding=embedding)
+    return LoadedModel(spec, model.to(device).eval(), tokenizer)
 
 
-def encoder_from_sentence_transformer(st_model) -> Encoder:
-    """An Encoder sharing the weights of a loaded `SentenceTransformer` (Transformer ->
-    Pooling (-> Normalize), a BERT inside): no copy of the weights, no file read."""
+def encoder_from_sentence_transformer(st_model) -> LoadedModel:
+    """A LoadedModel sharing the weights of a loaded `SentenceTransformer` (Transformer ->
+    Pooling (-> Normalize)): no copy of the weights, no file read."""
     modules = list(st_model)
     kinds = [type(m).__name__ for m in modules]
     if kinds[:2] != ["Transformer", "Pooling"] or any(k != "Normalize" for k in kinds[2:]):
@@ -279,21 +110,20 @@ def encoder_from_sentence_transformer(st_model) -> Encoder:
             f"packed encoding runs Transformer -> Pooling (-> Normalize); this model has {kinds}"
         )
     transformer, pooling = modules[0], modules[1]
-    encoder = transformer.auto_model
     # BERT on this project's embedding model (the weights loaded by name, no copy kept),
     # other families on their own modules with packed attention: model.opening decides.
     token_types = "token_type_ids" in getattr(transformer.tokenizer, "model_input_names", ())
-    model = packed_from_loaded(encoder, check_pooling(pooling.pooling_mode), token_types)
-    return Encoder(
-        model=model,
-        tokenizer=_backend_tokenizer(transformer.tokenizer),
-        max_length=int(st_model.max_seq_length),
+    model = packed_from_loaded(transformer.auto_model, check_pooling(pooling.pooling_mode), token_types)
+    embedding = EmbeddingSpec(
+        pooling=check_pooling(pooling.pooling_mode),
         normalize="Normalize" in kinds,
         lowercase=bool(getattr(transformer, "do_lower_case", False)),
-        name=str(getattr(st_model, "model_card_data", None) and st_model.model_card_data.base_model or ""),
         prompts=dict(getattr(st_model, "prompts", None) or {}),
         default_prompt_name=getattr(st_model, "default_prompt_name", None),
     )
+    name = str(getattr(st_model, "model_card_data", None) and st_model.model_card_data.base_model or "")
+    spec = embedding_spec(None, embedding, int(st_model.max_seq_length), name, source="SentenceTransformer")
+    return LoadedModel(spec, model, _backend_tokenizer(transformer.tokenizer))
 
 
 def _backend_tokenizer(hf_tokenizer):
@@ -306,7 +136,7 @@ def _backend_tokenizer(hf_tokenizer):
 
 def packed_encode(st_model, texts: list[str], **options) -> np.ndarray:
     """sentence-transformers' `model.encode(texts)` (numpy float32 [n, D]), packed: the same
-    vectors, computed on packs. The Encoder is built once per model object and kept on it."""
+    vectors, computed on packs. The LoadedModel is built once per model object and kept on it."""
     encoder = getattr(st_model, "_packed_encoder", None)
     if encoder is None:
         encoder = encoder_from_sentence_transformer(st_model)
@@ -316,7 +146,7 @@ def packed_encode(st_model, texts: list[str], **options) -> np.ndarray:
 
 
 def run_tables(
-    encoder: Encoder, token_ids: list, tables: Iterable[np.ndarray], width_of, options: EncodeOptions
+    encoder: LoadedModel, token_ids: list, tables: Iterable[np.ndarray], width_of, options: EncodeOptions
 ):
     """Forward every batch table; -> (per-slot embeddings [rows, K, D], example_index [rows, K])
     per batch. The model pools; normalization is the caller's."""
@@ -325,7 +155,7 @@ def run_tables(
         yield batch.outputs["embeddings"], batch.rows["example_index"]
 
 
-def embed_token_ids(encoder: Encoder, token_ids: list, options: EncodeOptions) -> np.ndarray:
+def embed_token_ids(encoder: LoadedModel, token_ids: list, options: EncodeOptions) -> np.ndarray:
     """Token id arrays -> float32 [n, D] in input order (normalized when the encoder says).
 
     Packed: each text goes to the narrowest of finetune.batching.PACK_WIDTHS (up to
@@ -356,7 +186,9 @@ def embed_token_ids(encoder: Encoder, token_ids: list, options: EncodeOptions) -
     return l2_normalize(vectors) if encoder.normalize else vectors
 
 
-def _embed_part(encoder: Encoder, token_ids: list, lengths: np.ndarray, width: int, options: EncodeOptions):
+def _embed_part(
+    encoder: LoadedModel, token_ids: list, lengths: np.ndarray, width: int, options: EncodeOptions
+):
     """One batching pass over texts of at most `width` tokens -> [n, D] in their order."""
     spec = BatchingSpec(
         EMBED_BATCHING[options.batching], options.batch_size, encoder.max_length, options.max_per_pack,
@@ -379,35 +211,58 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 
 
 def iter_encode(
-    texts: Iterable[str], encoder: Encoder, options: EncodeOptions, where=None
+    texts: Iterable[str], encoder: LoadedModel, options: EncodeOptions, where=None
 ) -> Iterator[np.ndarray]:
     """Embeddings of `texts` chunk by chunk (options.chunk_texts texts each), in input order.
-    `where(i)` names text i in errors (default "texts[i]")."""
+    `where(i)` names text i in errors (default "texts[i]").
+
+    The next chunk is read and tokenized in a second thread while the model runs the current
+    one (the tokenizer releases the GIL); a mistake in the next chunk is raised only after the
+    current chunk's array is yielded, so a writer keeps every row before it (as it did
+    unprefetched)."""
+    chunks = iter(_text_chunks(texts, options.chunk_texts))
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
+
+        def tokenize_next() -> list | None:  # None: the input is done
+            start, chunk = next(chunks, (None, None))
+            return None if chunk is None else _tokenize_chunk(chunk, start, encoder, options, where)
+
+        pending = pool.submit(tokenize_next)
+        while (token_ids := pending.result()) is not None:
+            pending = pool.submit(tokenize_next)
+            yield embed_token_ids(encoder, token_ids, options)
+
+
+def _text_chunks(texts: Iterable[str], size: int) -> Iterator[tuple[int, list[str]]]:
+    """(index of the first text, up to `size` texts) in input order."""
     chunk: list[str] = []
     start = 0
     for text in texts:
         chunk.append(text)
-        if len(chunk) == options.chunk_texts:
-            yield _encode_chunk(chunk, start, encoder, options, where)
+        if len(chunk) == size:
+            yield start, chunk
             start += len(chunk)
             chunk = []
     if chunk:
-        yield _encode_chunk(chunk, start, encoder, options, where)
+        yield start, chunk
 
 
-def _encode_chunk(chunk, start, encoder, options, where) -> np.ndarray:
+def _tokenize_chunk(chunk, start, encoder, options, where) -> list:
+    """A chunk's texts (the prompt put first) -> token id arrays; ExampleError names the text."""
     places = [where(start + i) if where else f"texts[{start + i}]" for i in range(len(chunk))]
     for text, place in zip(chunk, places):
         if not isinstance(text, str):
             raise ExampleError(f"{place}: expected a string, got {type(text).__name__}")
     prompt = encoder.prompt(options.prompt_name)
-    token_ids, truncated = encoder.tokenize([prompt + text for text in chunk] if prompt else chunk, places)
+    token_ids, truncated = encoder.tokenize_texts(
+        [prompt + text for text in chunk] if prompt else chunk, places
+    )
     encoder.stats["truncated"] += truncated
-    return embed_token_ids(encoder, token_ids, options)
+    return token_ids
 
 
 def encode(
-    texts: list[str], encoder: Encoder, options: EncodeOptions | None = None, **overrides
+    texts: list[str], encoder: LoadedModel, options: EncodeOptions | None = None, **overrides
 ) -> np.ndarray:
     """Texts -> float32 [n, D], row i for texts[i]."""
     options = replace(options or EncodeOptions(), **overrides)

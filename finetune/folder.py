@@ -16,10 +16,7 @@ FOLDER/
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from common.cli import first_line
 from common.files import write_json_atomic
@@ -27,10 +24,10 @@ from data.classification_data import ExampleError
 from data.tokenizer import load_tokenizer
 from finetune.folder_spec import (
     FINETUNE_INFO,
-    FolderSpec,
     describe_folder,
     read_json_object,
 )
+from finetune.loaded import LoadedModel
 
 # A tokenizer's files as transformers saves them (copied with a model trained on its tokenizer).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
@@ -86,45 +83,7 @@ def save_finetuned(
     )
 
 
-@dataclass
-class ModelFolder:
-    """A loaded model folder: the packed model, what the folder says about running it
-    (`spec`, finetune.folder_spec.describe_folder), and its tokenizer.
-
-    `tokenizer` is the folder's own fast tokenizer (tokenizer.json: its normalizer,
-    special tokens and pair template) where the folder has one, else the WordPiece of its
-    vocab.txt, as finetune.train tokenized it (`vocab` is then that vocabulary)."""
-
-    folder: Path
-    model: object
-    spec: FolderSpec
-    tokenizer: object  # a tokenizers.Tokenizer
-    vocab: dict | None
-    token_types: bool = True  # whether the folder's tokenizer hands the model token_type_ids
-
-    def tokenize(self, examples, labels, max_sequence_length: int, too_long: str):
-        """Examples -> TokenizedExamples, as this folder's tokenizer makes them."""
-        from data.classification_data import tokenize, tokenize_by_template
-
-        if self.vocab is not None:
-            return tokenize(examples, self.tokenizer, self.vocab, labels, max_sequence_length, too_long)
-        data = tokenize_by_template(examples, self.tokenizer, labels, max_sequence_length, too_long)
-        if not self.token_types:  # transformers feeds the model zeros then: so do we
-            data.segment_ids = [np.zeros_like(s) for s in data.segment_ids]
-        return data
-
-    def hf_tokenizer(self):
-        """transformers' fast tokenizer of the folder (QA windows need its overflow and offsets)."""
-        if self.vocab is not None:
-            from data.qa_windows import fast_tokenizer
-
-            return fast_tokenizer(self.vocab)
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(self.folder)
-
-
-def load_finetuned(folder: Path, attention_backend: str | None = None) -> ModelFolder:
+def load_finetuned(folder: Path, attention_backend: str | None = None) -> LoadedModel:
     """A model folder for predict and the server: a `finetune.train` output (finetune.json)
     or any folder transformers' `save_pretrained` wrote with a sequence-classification,
     token-classification or question-answering head (task from config.json's
@@ -139,12 +98,12 @@ def load_finetuned(folder: Path, attention_backend: str | None = None) -> ModelF
         # finetune.train's own folders: the WordPiece it trained with, exactly
         tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
         check_vocabulary_fits(folder, tokenizer, model)
-        return ModelFolder(folder, model, spec, tokenizer, vocab)
+        return LoadedModel(spec, model, tokenizer, vocab)
     # Any other folder: the tokenizer transformers builds from whatever files it has (a
     # vocab.txt-only folder keeps tokenizer_config.json's do_lower_case, cased or not).
     tokenizer = folder_tokenizer(folder)
     check_vocabulary_fits(folder, tokenizer, model)
-    return ModelFolder(folder, model, spec, tokenizer, None, hands_token_types(folder))
+    return LoadedModel(spec, model, tokenizer, None, hands_token_types(folder))
 
 
 def load_packed_model(folder: Path, task: str, attention_backend: str | None = None):

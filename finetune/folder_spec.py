@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.cli import first_line
@@ -33,24 +33,43 @@ class TextFields:
 
 
 @dataclass(frozen=True)
+class EmbeddingSpec:
+    """How a folder's texts become vectors (a sentence-transformers folder's modules.json and
+    its modules' configs, or the options given for a bare encoder): pooling modes in
+    sentence-transformers' order, L2 normalisation (its Normalize module), lower-casing
+    before tokenizing (do_lower_case), the prompts {name: text} and the default prompt's name
+    (config_sentence_transformers.json)."""
+
+    pooling: tuple[str, ...]
+    normalize: bool
+    lowercase: bool = False
+    prompts: Mapping[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
+
+
+@dataclass(frozen=True)
 class FolderSpec:
     """A model folder, described (describe_folder).
 
+    path: the folder (None for a model built in memory, a SentenceTransformer's);
     source: "finetune.json" (finetune.train's folder) | "config.json" (any transformers
-    folder); task: classification | token_classification | question_answering; labels: class
-    names in index order (() for QA); max_sequence_length: tokens per text (QA: the window);
+    folder) | "modules.json" (a sentence-transformers folder); task: classification |
+    token_classification | question_answering | embedding; labels: class names in index
+    order (() for QA and embeddings); max_sequence_length: tokens per text (QA: the window;
+    embeddings: max_seq_length, None until the loader caps it by the model's positions);
     pack_length: tokens per pack, None = from the lengths; too_long: truncate | error; qa:
     doc_stride, n_best_size, max_answer_length, version_2_with_negative,
     null_score_diff_threshold (QA only); tokenizer: "vocab.txt" (finetune.train's WordPiece)
     or "tokenizer.json" (the folder's own); model_type: config.json's (None: not read here);
-    config: the run config a finetune.json keeps ({} otherwise)."""
+    config: the run config a finetune.json keeps ({} otherwise); embedding: how texts become
+    vectors (task embedding only); name: the model's name in responses (the folder's)."""
 
-    path: Path
+    path: Path | None
     source: str
     task: str
     labels: tuple[str, ...]
     multi_label: bool
-    max_sequence_length: int
+    max_sequence_length: int | None
     pack_length: int | None
     too_long: str
     fields: TextFields
@@ -58,6 +77,8 @@ class FolderSpec:
     tokenizer: str
     model_type: str | None = None
     config: Mapping | None = None
+    embedding: EmbeddingSpec | None = None
+    name: str = ""
 
 
 def describe_folder(path) -> FolderSpec:
@@ -84,7 +105,24 @@ def describe_folder(path) -> FolderSpec:
         tokenizer=info.get("tokenizer", "vocab.txt") if own else "tokenizer.json",
         model_type=info.get("model_type"),
         config=info.get("config") or {},
+        name=folder.name,
     )
+
+
+def embedding_spec(
+    path: Path | None,
+    embedding: EmbeddingSpec,
+    max_length: int | None,
+    name: str,
+    source: str = "modules.json",
+) -> FolderSpec:
+    """The FolderSpec of an embedding model: one text field, no labels, truncation as
+    sentence-transformers truncates."""
+    return FolderSpec(
+        path=path, source=source, task="embedding", labels=(), multi_label=False, max_sequence_length=max_length,
+        pack_length=None, too_long="truncate", fields=TextFields("text", None, None), qa=None,
+        tokenizer="tokenizer.json", embedding=embedding, name=name,
+    )  # fmt: skip
 
 
 FINETUNE_INFO = "finetune.json"

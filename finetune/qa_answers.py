@@ -95,20 +95,13 @@ def best_answers(
     window, s_tok, e_tok, score, example = (a[order] for a in (window, s_tok, e_tok, score, example))
     first = np.searchsorted(example, np.arange(questions))
     stop = np.searchsorted(example, np.arange(questions), side="right")
-
-    null_score = null_start = null_end = None
-    if settings.version_2_with_negative:
-        # The lowest [CLS] score of a question's windows; the first such window on ties.
-        cls_score = start[:, 0] + end[:, 0]
-        owners = example_of_window
-        by_score = np.lexsort((np.arange(len(owners)), cls_score, owners))
-        lowest = by_score[np.searchsorted(owners[by_score], np.arange(questions))]
-        null_score, null_start, null_end = cls_score[lowest], start[lowest, 0], end[lowest, 0]
+    nulls = (
+        null_answers(start, end, example_of_window, questions) if settings.version_2_with_negative else None
+    )
 
     texts, diffs, nbest = [], np.full(questions, np.nan), [] if settings.keep_nbest else None
     spans, probability = np.zeros((questions, 2), dtype=np.int64), np.zeros(questions)
     for q in range(questions):
-        picked = range(first[q], min(stop[q], first[q] + settings.n_best_size))
         entries = [
             {
                 "text": contexts[q][offsets[window[c], s_tok[c], 0] : offsets[window[c], e_tok[c], 1]],
@@ -118,59 +111,66 @@ def best_answers(
                 "null": False,
                 "span": (int(offsets[window[c], s_tok[c], 0]), int(offsets[window[c], e_tok[c], 1])),
             }
-            for c in picked
+            for c in range(first[q], min(stop[q], first[q] + settings.n_best_size))
         ]
-        if null_score is not None:
-            null = {
-                "text": "",
-                "start_logit": null_start[q],
-                "end_logit": null_end[q],
-                "score": null_score[q],
-                "null": True,
-                "span": (0, 0),
-            }
-            # The null answer joins the candidates before the cut; it is added after the
-            # cut when it did not make it (the reference does both).
-            entries = sorted(entries + [null], key=lambda p: -p["score"])[: settings.n_best_size]
-            if not any(p["null"] for p in entries):
-                entries.append(null)
-        if not entries or (len(entries) == 1 and entries[0]["text"] == ""):
-            zero = np.float32(0.0)
-            entries.insert(
-                0,
-                {
-                    "text": EMPTY,
-                    "start_logit": zero,
-                    "end_logit": zero,
-                    "score": zero,
-                    "null": False,
-                    "span": (0, 0),
-                },
-            )
+        entries = with_null_and_empty(entries, nulls and nulls[q], settings.n_best_size)
         scores = np.array([p["score"] for p in entries], dtype=np.float64)
         probabilities = np.exp(scores - scores.max())
         probabilities /= probabilities.sum()
-        if null_score is None:
-            chosen = 0
-        else:
+        chosen = 0
+        if nulls is not None:
             chosen = next(i for i, p in enumerate(entries) if p["text"] != "")
             best = entries[chosen]
-            diffs[q] = float(null_score[q] - best["start_logit"] - best["end_logit"])  # float32, as theirs
+            diffs[q] = float(
+                nulls[q]["score"] - best["start_logit"] - best["end_logit"]
+            )  # float32, as theirs
             if diffs[q] > settings.null_score_diff_threshold:
                 chosen = next(i for i, p in enumerate(entries) if p["null"])
         texts.append(entries[chosen]["text"])
         spans[q] = entries[chosen]["span"]
         probability[q] = probabilities[chosen]
         if nbest is not None:
-            nbest.append(
-                [
-                    {
-                        "text": p["text"],
-                        "probability": float(prob),
-                        "start_logit": float(p["start_logit"]),
-                        "end_logit": float(p["end_logit"]),
-                    }
-                    for p, prob in zip(entries, probabilities)
-                ]
-            )
+            nbest.append([
+                {"text": p["text"], "probability": float(prob), "start_logit": float(p["start_logit"]),
+                 "end_logit": float(p["end_logit"])}
+                for p, prob in zip(entries, probabilities)
+            ])  # fmt: skip
     return Answers(texts, diffs, nbest, spans, probability)
+
+
+def null_answers(
+    start: np.ndarray, end: np.ndarray, example_of_window: np.ndarray, questions: int
+) -> list[dict]:
+    """SQuAD v2.0's no-answer candidate of each question: the lowest [CLS] score of its
+    windows (the first such window on ties), with that window's start and end logits."""
+    cls_score = start[:, 0] + end[:, 0]
+    owners = example_of_window
+    by_score = np.lexsort((np.arange(len(owners)), cls_score, owners))
+    lowest = by_score[np.searchsorted(owners[by_score], np.arange(questions))]
+    return [
+        {"text": "", "start_logit": start[w, 0], "end_logit": end[w, 0], "score": cls_score[w], "null": True,
+         "span": (0, 0)}
+        for w in lowest
+    ]  # fmt: skip
+
+
+def with_null_and_empty(entries: list[dict], null: dict | None, n_best_size: int) -> list[dict]:
+    """A question's n-best list as the reference builds it: the null answer (v2.0) joins the
+    candidates before the cut and is added after the cut when it did not make it; a list with
+    no text gets the reference's "empty" entry first."""
+    if null is not None:
+        entries = sorted(entries + [null], key=lambda p: -p["score"])[:n_best_size]
+        if not any(p["null"] for p in entries):
+            entries.append(null)
+    if not entries or (len(entries) == 1 and entries[0]["text"] == ""):
+        zero = np.float32(0.0)
+        empty = {
+            "text": EMPTY,
+            "start_logit": zero,
+            "end_logit": zero,
+            "score": zero,
+            "null": False,
+            "span": (0, 0),
+        }
+        entries.insert(0, empty)
+    return entries

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +143,61 @@ def failure_line(err: BaseException) -> tuple[str, int]:
     )
 
 
+@dataclass
+class JobPlan:
+    """A job checked and planned, before any cluster starts: its input files, chunks, the
+    partial folder its shards go to, the job's identity (what kept shards must match) and
+    the chunk numbers kept from an earlier run."""
+
+    files: list
+    chunks: list
+    partial: Path
+    job: dict
+    kept: set
+
+
+def plan_job(args, kind: str, options: dict, text_field: str, pair_field: str | None, check_model) -> JobPlan:
+    """The inputs, the output, the model (check_model) and the cluster's address checked, the
+    output locked, the kept chunks found. ExampleError / FolderInUse / OSError: the user's."""
+    files = input_files(str(args.input))
+    wrong = check_output(args.output, files, args.overwrite)
+    if wrong:
+        raise ExampleError(wrong)
+    chunks = plan_chunks(files, args.chunk_rows, text_field)
+    partial = partial_folder(args.output)
+    # Kept shards are tied to the model's content, not its path: a folder updated in place
+    # (a new revision downloaded there, a model re-saved) recomputes every chunk.
+    job = {"kind": kind, "model": str(Path(args.model).resolve()), "folder": str(partial),
+           "model_fingerprint": model_fingerprint(args.model),
+           "text_field": text_field, "pair_field": pair_field,
+           "options": {**options, "threads": args.threads_per_worker}}  # fmt: skip
+    job_key = {k: v for k, v in job.items() if k != "folder"}
+    if check_model is not None:
+        check_model()
+    wrong = unreachable(args.ray)  # before anything is written beside the output
+    if wrong:
+        raise ExampleError(wrong)
+    lock_folder(args.output, f"{kind} job writing this output")  # one job per output at a time
+    return JobPlan(files, chunks, partial, job, reusable_chunks(partial, job_key, chunks))
+
+
+def run_chunks(ray, todo: list[dict], job: dict, args) -> list[dict]:
+    """Each chunk to do through a ShardWriter actor (a packed replica) -> its result rows."""
+    if not todo:
+        return []
+    return (
+        ray.data.from_items(todo, override_num_blocks=len(todo))
+        .map_batches(
+            ShardWriter,
+            fn_constructor_kwargs={"job": job},
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=min(args.workers, len(todo))),
+            num_cpus=args.threads_per_worker,
+        )  # fmt: skip
+        .take_all()
+    )
+
+
 def run_job(
     args,
     kind: str,
@@ -160,30 +215,12 @@ def run_job(
     (ExampleError: one line), so that cheap mistakes are answered first."""
     started = time.perf_counter()
     try:
-        files = input_files(str(args.input))
-        wrong = check_output(args.output, files, args.overwrite)
-        if wrong:
-            raise ExampleError(wrong)
-        chunks = plan_chunks(files, args.chunk_rows, text_field)
-        partial = partial_folder(args.output)
-        # Kept shards are tied to the model's content, not its path: a folder updated in place
-        # (a new revision downloaded there, a model re-saved) recomputes every chunk.
-        job = {"kind": kind, "model": str(Path(args.model).resolve()), "folder": str(partial),
-               "model_fingerprint": model_fingerprint(args.model),
-               "text_field": text_field, "pair_field": pair_field,
-               "options": {**options, "threads": args.threads_per_worker}}  # fmt: skip
-        job_key = {k: v for k, v in job.items() if k != "folder"}
-        if check_model is not None:
-            check_model()
-        wrong = unreachable(args.ray)  # before anything is written beside the output
-        if wrong:
-            raise ExampleError(wrong)
-        lock_folder(args.output, f"{kind} job writing this output")  # one job per output at a time
-        kept = reusable_chunks(partial, job_key, chunks)
+        plan = plan_job(args, kind, options, text_field, pair_field, check_model)
     except (ExampleError, FolderInUse) as err:
         return refuse(err)
     except OSError as err:
         return refuse(describe_os_error(err))
+    chunks, partial, kept = plan.chunks, plan.partial, plan.kept
     total = sum(c.rows for c in chunks)
     todo = [asdict(c) for c in chunks if c.number not in kept]
     try:
@@ -192,36 +229,22 @@ def run_job(
         reason = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
         return refuse(f"--ray {args.ray}: the cluster could not be joined ({reason})")
     try:
-        done = []
-        if todo:
-            done = (
-                ray.data.from_items(todo, override_num_blocks=len(todo))
-                .map_batches(
-                    ShardWriter,
-                    fn_constructor_kwargs={"job": job},
-                    batch_size=1,
-                    compute=ray.data.ActorPoolStrategy(size=min(args.workers, len(todo))),
-                    num_cpus=args.threads_per_worker,
-                )  # fmt: skip
-                .take_all()
-            )
+        done = run_chunks(ray, todo, plan.job, args)
         refused = sorted((r for r in done if r["error"]), key=lambda r: r["number"])
         if refused:
             rows = sum(r["rows"] for r in done if not r["error"]) + sum(
                 c.rows for c in chunks if c.number in kept
             )
-            print(
-                f"error: {refused[0]['error']} ({len(refused)} of {len(chunks)} chunks refused; the other {rows:,} "
+            return refuse(
+                f"{refused[0]['error']} ({len(refused)} of {len(chunks)} chunks refused; the other {rows:,} "
                 f"rows are kept in {partial}: fix the input and run the same command again to compute only what is "
-                f"missing)",
-                file=sys.stderr,
+                f"missing)"
             )
-            return 2
         shards = verify_shards(partial, chunks)
         seconds = time.perf_counter() - started
         manifest = {
-            "kind": kind, "rows": total, "shards": shards, "model": job["model"],
-            "inputs": [str(p) for p in files], "text_field": text_field,
+            "kind": kind, "rows": total, "shards": shards, "model": plan.job["model"],
+            "inputs": [str(p) for p in plan.files], "text_field": text_field,
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "ray": args.ray,
             "workers": args.workers, "threads_per_worker": args.threads_per_worker,
             "chunks_run": len(done), "chunks_kept": len(kept), "seconds": round(seconds, 3),

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from data.classification_data import ExampleError, Examples
-from finetune.embedding import Encoder, l2_normalize, load_encoder
-from finetune.folder import load_finetuned
-from finetune.folder_spec import FINETUNE_INFO
+from finetune.door import open_folder
+from finetune.embedding import l2_normalize
 from finetune.inference import class_scores
+from finetune.loaded import LoadedModel
 from finetune.runner import Runner, per_sequence, per_sequence_tokens
 from model.families import max_tokens
 from serving.api import Request, RequestError
@@ -50,20 +50,12 @@ def load_engine(
     dtype: str = "float32",
     pooling=None,
 ):
-    """The engine for a `finetune.train` model folder, or for a sentence-transformers folder
-    (or any BERT folder given `pooling`): an embedding engine. Raises ExampleError for a bad
-    folder; attention_backend overrides the folder's (every backend computes the same
-    outputs); dtype: finetune.precision's (bfloat16 under autocast)."""
-    folder = Path(folder)
-    if not (folder / FINETUNE_INFO).is_file() and ((folder / "modules.json").is_file() or pooling):
-        encoder = load_encoder(folder, pooling, device=device, attention_backend=attention_backend)
-        return EmbeddingEngine(encoder, encoder.runner(device, dtype))
-    loaded = load_finetuned(folder, attention_backend)
-    runner = Runner(loaded.model, device, dtype)
-    engine_class = {"question_answering": QaEngine, "token_classification": TokenEngine}.get(
-        loaded.spec.task, ClassificationEngine
-    )
-    return engine_class(runner, loaded)
+    """The engine for a model folder: the folder opened once (finetune.door.open_folder: a
+    model with a head, or an embedding model), its Runner, and ENGINES[spec.task]. Raises
+    ExampleError for a bad folder; attention_backend overrides BERT's (every backend computes
+    the same outputs); dtype: finetune.precision's (bfloat16 under autocast)."""
+    loaded = open_folder(folder, pooling=pooling, attention_backend=attention_backend, device=device)
+    return ENGINES[loaded.spec.task](loaded.runner(device, dtype), loaded)
 
 
 # fp32 FLOP/s assumed of a cold server's forward: a fraction of the 60-130 GFLOP/s the 2-core
@@ -300,7 +292,7 @@ class EmbeddingEngine(_Engine):
 
     task = "embedding"
 
-    def __init__(self, encoder: Encoder, runner: Runner):
+    def __init__(self, runner: Runner, encoder: LoadedModel):
         super().__init__(runner, encoder.max_length, encoder.name)
         self.encoder = encoder
         self.max_length = encoder.max_length
@@ -316,7 +308,7 @@ class EmbeddingEngine(_Engine):
             raise RequestError(422, f'field "prompt_name": {err}') from None
         texts = [prompt + text for text in texts] if prompt else texts
         try:
-            token_ids, _ = self.encoder.tokenize(
+            token_ids, _ = self.encoder.tokenize_texts(
                 texts, [f"{field}[{i}]" for i in range(len(texts))], request.truncate,
                 request.options.get("direction", "right"),
             )  # fmt: skip
@@ -355,3 +347,12 @@ class EmbeddingEngine(_Engine):
         ]  # fmt: skip
         return {"object": "list", "data": data, "model": self.name,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}  # fmt: skip
+
+
+# FolderSpec.task -> the engine that answers its routes
+ENGINES: dict[str, type[_Engine]] = {
+    "classification": ClassificationEngine,
+    "question_answering": QaEngine,
+    "token_classification": TokenEngine,
+    "embedding": EmbeddingEngine,
+}

@@ -280,6 +280,44 @@ def test_trainer_trains_a_packed_decoder_and_saves_a_folder_transformers_loads(t
             assert (logits[row, start : start + len(ids)] - alone).abs().max() <= TOLERANCE
 
 
+@pytest.mark.slow  # two processes under torchrun, and one alone
+def test_trainer_over_two_processes_ends_on_the_weights_of_one_process(tmp_path):
+    """Trainer (DDP over gloo, CPU) trains the packed decoder unchanged: 2 processes x 2
+    accumulated packs per step end on the weights of 1 process x 4 packs per step over the same
+    packs, in the same order: the token-weighted loss (num_items_in_batch summed over the
+    processes) and the gradient reduction agree with one process."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from .conftest import REPO
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_config("llama")).save_pretrained(tmp_path / "start")
+    script = str(REPO / "tests" / "ddp_decoder_train.py")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    runs = {
+        "two": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                str(29600 + os.getpid() % 1000), script, str(tmp_path / "start"), str(tmp_path / "two.safetensors"), "2"],
+        "one": [sys.executable, script, str(tmp_path / "start"), str(tmp_path / "one.safetensors"), "4"],
+    }  # fmt: skip
+    for name, command in runs.items():
+        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
+    two, one = load_file(tmp_path / "two.safetensors"), load_file(tmp_path / "one.safetensors")
+    start = AutoModelForCausalLM.from_pretrained(tmp_path / "start").state_dict()
+    assert two.keys() == one.keys()
+    moved = 0
+    for name in start:  # the transformers model inside PackedFamilyModel (hf_model): every weight
+        ours = f"hf_model.{name}"
+        torch.testing.assert_close(two[ours], one[ours], atol=1e-6, rtol=1e-5, msg=name)
+        moved += int(not torch.equal(one[ours], start[name]))
+    assert moved >= len(start) // 2  # it trained: most tensors changed
+
+
 def test_pack_dataset_truncates_or_splits_long_causal_examples():
     from datasets import Dataset
 
@@ -327,8 +365,8 @@ def decoder_tokenizer():
 @pytest.mark.slow  # whole commands
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "gpt2"])
 def test_predict_and_embed_take_decoder_folders(tmp_path, model_type):
-    """finetune.predict on an XxxForSequenceClassification folder equals transformers on each
-    text alone (its last token's score); finetune.embed on a sentence-transformers folder with
+    """finetune.predict and the server's /predict on an XxxForSequenceClassification folder
+    equal transformers on each text alone (its last token's score); finetune.embed on a sentence-transformers folder with
     last-token pooling equals SentenceTransformer.encode."""
     import json
 
@@ -366,6 +404,22 @@ def test_predict_and_embed_take_decoder_folders(tmp_path, model_type):
             np.testing.assert_allclose(
                 list(record["scores"].values()), torch.softmax(logits, -1).numpy(), atol=1e-5
             )
+    # the server's /predict (TEI's API) on the same folder: the same scores, per text
+    import httpx
+
+    from .test_serve import Server
+
+    with Server(tmp_path / "classifier") as server:
+        answered = httpx.post(
+            server.url + "/predict", json={"inputs": [[t] for t in TEXTS], "truncate": True}, timeout=60
+        )
+    assert answered.status_code == 200, answered.text
+    for record, scored in zip(got, answered.json()):
+        served = {entry["label"]: entry["score"] for entry in scored}
+        assert served.keys() == record["scores"].keys()
+        np.testing.assert_allclose(
+            [served[k] for k in record["scores"]], list(record["scores"].values()), atol=1e-5
+        )
 
     transformers.AutoModel.from_config(tiny_config(model_type, vocab_size=vocabulary)).save_pretrained(
         tmp_path / "bare"

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from data.assets import corpus_glob, model_dir
+from data.classification_data import ExampleError
 from data.embedding_texts import bbc_articles, texts_of
 from finetune import embed as embed_command
 from finetune.embedding import (
@@ -22,8 +23,8 @@ from finetune.embedding import (
     encoder_from_sentence_transformer,
     load_encoder,
     packed_encode,
-    read_sentence_transformers,
 )
+from finetune.st_folder import describe_embedding_folder
 from model.embedding import POOLING_MODES
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
@@ -66,6 +67,35 @@ def assert_same_vectors(ours, reference):
     assert ours.shape == reference.shape and ours.dtype == np.float32
     assert cosines(ours, reference).min() >= 0.99999
     np.testing.assert_allclose(ours, reference, atol=2e-5, rtol=1e-4)
+
+
+def test_the_next_chunk_is_tokenized_beside_the_model_and_a_bad_text_waits_its_turn(texts):
+    """iter_encode tokenizes chunk i+1 in its own thread while chunk i runs; a mistake in a
+    later chunk is raised only after every earlier chunk's array was yielded."""
+    import threading
+
+    from finetune.embedding import EncodeOptions, iter_encode
+
+    encoder = load_encoder(model_dir(), max_length=MAX_LENGTH)
+    tokenized_in, real = [], encoder.tokenize_texts
+
+    def recording(*args, **kwargs):
+        tokenized_in.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    encoder.tokenize_texts = recording
+
+    def lines():
+        yield from texts[:8]
+        raise ExampleError("in.jsonl:9: not valid JSON")
+
+    got = []
+    with pytest.raises(ExampleError, match="in.jsonl:9"):
+        for chunk in iter_encode(lines(), encoder, EncodeOptions(chunk_texts=4)):
+            got.append(chunk)
+    assert [len(chunk) for chunk in got] == [4, 4]
+    assert tokenized_in and all(name.startswith("tokenize") for name in tokenized_in)
+    assert_same_vectors(np.concatenate(got), encode(texts[:8], encoder))
 
 
 @pytest.mark.parametrize("normalize", [True, False])
@@ -114,14 +144,11 @@ def test_a_saved_folder_with_legacy_pooling_keys_is_read_as_written(st_model, te
     config.pop("pooling_mode")
     config.update(pooling_mode_cls_token=True, pooling_mode_mean_tokens=False)
     pooling_config.write_text(json.dumps(config))
-    described = read_sentence_transformers(tmp_path / "st")
-    assert {k: described[k] for k in ("pooling", "normalize", "max_length", "lowercase")} == {
-        "pooling": ("cls",),
-        "normalize": False,
-        "max_length": MAX_LENGTH,
-        "lowercase": False,
-    }
-    assert described["default_prompt_name"] is None  # sentence-transformers saves empty prompts: no-ops
+    spec = describe_embedding_folder(tmp_path / "st")
+    assert (spec.task, spec.source, spec.max_sequence_length) == ("embedding", "modules.json", MAX_LENGTH)
+    embedding = spec.embedding
+    assert (embedding.pooling, embedding.normalize, embedding.lowercase) == (("cls",), False, False)
+    assert embedding.default_prompt_name is None  # sentence-transformers saves empty prompts: no-ops
     encoder = load_encoder(tmp_path / "st")
     assert_same_vectors(encode(texts, encoder), reference_model.encode(texts, convert_to_numpy=True))
 
