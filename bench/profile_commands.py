@@ -44,6 +44,9 @@ OPERATOR_CLASSES = [
 ]
 
 
+TOP: dict[str, float] = {}  # the ten costliest top-level operators of the profiled pass
+
+
 def operator_class(name: str) -> str:
     lowered = name.lower()
     for label, needles in OPERATOR_CLASSES:
@@ -108,21 +111,27 @@ class StageClock:
         return original
 
 
-def forward_by_operator(model, batches: list[dict]) -> dict:
-    """Seconds by operator class over one pass of the recorded batches (already warm)."""
+def forward_by_operator(model, batches: list[dict], dtype: str) -> dict:
+    """Seconds by operator class over one pass of the recorded batches (already warm), in the
+    run's precision (finetune.precision: bfloat16 under autocast)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+    from finetune.precision import precision
+
+    with torch.inference_mode(), precision("cpu", dtype), profile(activities=[ProfilerActivity.CPU]) as prof:
         started = time.perf_counter()
         for batch in batches:
             model(**batch)
         wall = time.perf_counter() - started
     by_class: dict[str, float] = collections.defaultdict(float)
+    by_name: dict[str, float] = collections.defaultdict(float)
     for event in prof.events():
         if event.cpu_parent is not None:
             continue  # top-level operators only: their children are inside them
         by_class[operator_class(event.name)] += event.cpu_time_total / 1e6
+        by_name[event.name] += event.cpu_time_total / 1e6
+    TOP.update({k: round(v, 3) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:10]})
     return {
         "wall": round(wall, 3),
         "by_class": {k: round(v, 3) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
@@ -253,7 +262,10 @@ def main() -> int:
         "run_seconds": round(wall, 3),
         "stages_seconds": stages,
         "rest_of_run_seconds": round(max(wall - measured, 0.0), 3),
-        "forward_by_operator": forward_by_operator(model, batches),
+        "forward_by_operator": forward_by_operator(
+            model, batches, "bfloat16" if "bfloat16" in args.extra else "float32"
+        ),
+        "top_operators": TOP,
         "texts": sum(1 for line in args.input.open() if line.strip()),
     }
     print(json.dumps(result, indent=1))

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 # block-diagonal attention kernels of this project's packed BERT (model/attention.py)
 ATTENTION_BACKENDS = ("dense", "sdpa", "flex", "varlen")
+# the kernel inference runs where none is asked for (predict, embed, the server, Ray): every
+# backend computes the same outputs, and SDPA with the block mask measured fastest on the CPU
+# (docs/embeddings.md, "Where a whole run's time goes": predict's forward 1.5x the dense one)
+INFERENCE_ATTENTION_BACKEND = "sdpa"
 # sentence-embedding pooling, as sentence-transformers' Pooling names the modes
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 

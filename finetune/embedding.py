@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common.choices import EMBED_BATCHING, check_pooling
+from common.choices import EMBED_BATCHING, INFERENCE_ATTENTION_BACKEND, check_pooling
 from data.classification_data import ExampleError
 from finetune.batching import Batcher, BatchingSpec, width_groups
 from finetune.folder import check_config_values, check_vocabulary_fits, check_weights_file
@@ -77,7 +77,9 @@ def load_encoder(
     # SDPA unless asked otherwise: a sentence-transformers folder names no backend, and SDPA
     # measured fastest here for every batching mode (docs/embeddings.md)
     options = ModelOptions(  # pooling has no weights: no head is needed from the file
-        new_head=True, attention_backend=attention_backend or "sdpa", pooling=spec.embedding.pooling
+        new_head=True,
+        attention_backend=attention_backend or INFERENCE_ATTENTION_BACKEND,
+        pooling=spec.embedding.pooling,
     )
     try:
         opened = open_model(folder, "embedding", options)

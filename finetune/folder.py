@@ -18,6 +18,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from common.choices import INFERENCE_ATTENTION_BACKEND
 from common.cli import first_line
 from common.files import write_json_atomic
 from data.classification_data import ExampleError
@@ -88,12 +89,13 @@ def load_finetuned(folder: Path, attention_backend: str | None = None) -> Loaded
     or any folder transformers' `save_pretrained` wrote with a sequence-classification,
     token-classification or question-answering head (task from config.json's
     `architectures`, labels from `id2label`, multi-label from `problem_type`, tokenization
-    by the folder's tokenizer.json). attention_backend overrides BERT's (every backend
-    computes the same outputs). ExampleError (one line, naming the file and key) for a folder
+    by the folder's tokenizer.json). attention_backend: BERT's kernel (default
+    INFERENCE_ATTENTION_BACKEND, whatever the folder was trained with: every backend computes
+    the same outputs). ExampleError (one line, naming the file and key) for a folder
     that cannot be run."""
     spec = describe_folder(folder)
     folder = spec.path
-    model = load_packed_model(folder, spec.task, attention_backend)
+    model = load_packed_model(folder, spec.task, attention_backend or INFERENCE_ATTENTION_BACKEND)
     if spec.tokenizer == "vocab.txt":
         # finetune.train's own folders: the WordPiece it trained with, exactly
         tokenizer, vocab = load_tokenizer(folder / "vocab.txt")

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from common.choices import INFERENCE_ATTENTION_BACKEND
 from model.embedding import check_pooling
 from model.families import FAMILIES, PackedFamilyModel, UnsupportedFamily, max_tokens, use_packed_attention
 
@@ -179,7 +180,7 @@ def packed_from_loaded(hf_encoder, pooling, token_types: bool = False) -> torch.
     config = type(hf_encoder.config).from_dict(hf_encoder.config.to_dict())
     config.embedding_pooling = list(pooling)
     config.embedding_normalize = False
-    config.attention_backend = "sdpa"  # as finetune.embedding.load_encoder's default
+    config.attention_backend = INFERENCE_ATTENTION_BACKEND
     model = PackedBertForEmbedding.build(config)
     state = {f"bert.{k}": v for k, v in hf_encoder.state_dict().items() if not k.startswith("pooler.")}
     missing, unexpected = model.load_state_dict(state, strict=False)

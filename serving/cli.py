@@ -25,6 +25,7 @@ import os
 import signal
 import sys
 
+from common.choices import ATTENTION_BACKENDS, INFERENCE_ATTENTION_BACKEND
 from common.cli import add_inference_options, below_one, command_parser, refuse
 from serving.policies import POLICIES
 
@@ -47,9 +48,9 @@ def main(argv=None) -> int:
     parser.add_argument("--policy", default="packed", choices=POLICIES)
     parser.add_argument(
         "--attention-backend",
-        choices=("dense", "sdpa", "flex", "varlen"),
-        help="default: the folder's (varlen: packs of <= 128 tokens as one block-diagonal SDPA call, "
-        "longer ones per sequence); sdpa is transformers' and TEI's CPU form for padded batches",
+        choices=ATTENTION_BACKENDS,
+        help=f"BERT's block-diagonal kernel (default {INFERENCE_ATTENTION_BACKEND}: measured fastest on the CPU; "
+        "every backend computes the same outputs)",
     )
     parser.add_argument(
         "--max-batch-tokens", type=int, default=16384, help="tokens per forward (TEI's default)"

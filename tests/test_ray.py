@@ -124,9 +124,31 @@ def test_embed_on_ray_equals_the_single_process_command(embedded):
     assert float((got * expected).sum(1).min()) >= 0.99999  # both normalized (MiniLM's Normalize)
 
 
-def test_predict_on_ray_equals_the_single_process_command_for_a_family_folder(cluster, inputs, tmp_path):
+def decoder_classifier(folder):
+    """A Llama-shaped XxxForSequenceClassification folder with a byte-level BPE tokenizer."""
+    import torch
+    import transformers
+
+    from .test_decoders import decoder_tokenizer, tiny_config
+
+    tokenizer = decoder_tokenizer()
+    torch.manual_seed(0)
+    config = tiny_config("llama", num_labels=3, vocab_size=len(tokenizer))
+    transformers.AutoModelForSequenceClassification.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", ["xlm-roberta", "llama"])
+def test_predict_on_ray_equals_the_single_process_command_for_a_family_folder(
+    cluster, inputs, tmp_path, family
+):
+    """An encoder family and a decoder (its last token's score) alike."""
     folder, joined = inputs
-    model = save_family_folder(tmp_path / "xlmr", "xlm-roberta", "classification")
+    if family == "llama":
+        model = decoder_classifier(tmp_path / "llama")
+    else:
+        model = save_family_folder(tmp_path / "xlmr", "xlm-roberta", "classification")
     command(
         "finetune.predict",
         "--model",

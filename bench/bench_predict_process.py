@@ -1,0 +1,114 @@
+"""`finetune.predict` against a length-sorted transformers loop, each a whole process (imports,
+loading, tokenizing, the forward, writing), on the same texts, the same threads, fp32.
+
+    python bench/bench_predict_process.py --model FOLDER --input TEXTS.jsonl [--rounds 3] [--threads 2]
+
+FOLDER: a transformers sequence-classification folder (save_pretrained). The peer is what a
+transformers user writes without packing: AutoTokenizer, sort the texts by length, batches of
+64 padded to their longest, AutoModelForSequenceClassification (SDPA), softmax, back to input
+order, JSON lines out (`--peer` runs it: this file is its own script). Rounds alternate the
+order of the two; the wall time of each process is measured from outside; the median and the
+paired ratios are reported, and the two outputs' scores compared (max absolute difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sorted_loop(model_folder: str, input_path: str, output_path: str, batch_size: int = 64) -> None:
+    """The peer, run in its own process: a length-sorted, padded transformers loop."""
+    import numpy as np
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    texts = [json.loads(line)["text"] for line in open(input_path, encoding="utf-8") if line.strip()]
+    tokenizer = AutoTokenizer.from_pretrained(model_folder)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_folder, attn_implementation="sdpa"
+    ).eval()
+    encoded = tokenizer(texts, truncation=True)["input_ids"]
+    order = np.argsort([len(ids) for ids in encoded], kind="stable")
+    scores = [None] * len(texts)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            members = order[start : start + batch_size]
+            batch = tokenizer.pad({"input_ids": [encoded[i] for i in members]}, return_tensors="pt")
+            probabilities = torch.softmax(model(**batch).logits, -1).numpy()
+            for i, row in zip(members, probabilities):
+                scores[i] = row
+    labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+    with open(output_path, "w", encoding="utf-8") as out:
+        for i, row in enumerate(scores):
+            out.write(json.dumps({"index": i, "scores": dict(zip(labels, map(float, row)))}) + "\n")
+
+
+def timed(command: list[str], threads: int) -> float:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
+    started = time.perf_counter()
+    subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--input", required=True, type=Path)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--peer", nargs=2, metavar=("INPUT", "OUTPUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--output", type=Path, help="also write the JSON here")
+    args = parser.parse_args()
+    if args.peer:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        sorted_loop(args.model, *args.peer)
+        return 0
+    texts = sum(1 for line in args.input.open() if line.strip())
+    with tempfile.TemporaryDirectory() as scratch:
+        ours_out, peer_out = Path(scratch) / "ours.jsonl", Path(scratch) / "peer.jsonl"
+        commands = {
+            "finetune.predict": [sys.executable, "-m", "finetune.predict", "--model", args.model, "--input",
+                                 str(args.input), "--output", str(ours_out), "--overwrite"],
+            "sorted transformers loop": [sys.executable, __file__, "--model", args.model, "--input", str(args.input),
+                                         "--threads", str(args.threads), "--peer", str(args.input), str(peer_out)],
+        }  # fmt: skip
+        seconds = {name: [] for name in commands}
+        for round_number in range(args.rounds):
+            names = list(commands) if round_number % 2 == 0 else list(reversed(commands))
+            for name in names:
+                seconds[name].append(timed(commands[name], args.threads))
+        ours = [json.loads(line)["scores"] for line in ours_out.read_text().splitlines()]
+        peer = [json.loads(line)["scores"] for line in peer_out.read_text().splitlines()]
+    difference = max(abs(a[k] - b[k]) for a, b in zip(ours, peer) for k in a)
+    ratios = [p / o for o, p in zip(seconds["finetune.predict"], seconds["sorted transformers loop"])]
+    result = {
+        "command": f"python bench/bench_predict_process.py {' '.join(sys.argv[1:])}",
+        "date": time.strftime("%Y-%m-%d"),
+        "texts": texts,
+        "threads": args.threads,
+        "seconds": {name: [round(s, 2) for s in values] for name, values in seconds.items()},
+        "median_seconds": {name: round(statistics.median(values), 2) for name, values in seconds.items()},
+        "speedup_paired": [round(r, 3) for r in ratios],
+        "speedup_median": round(statistics.median(ratios), 3),
+        "max_score_difference": difference,
+    }
+    print(json.dumps(result, indent=1))
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
