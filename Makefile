@@ -168,6 +168,7 @@ bench: install
 	$(PY) bench/bench_embed.py --texts 2000 --rounds 3
 	$(PY) bench/bench_embed.py --texts 3000 --rounds 2 --profile paragraphs
 	$(PY) bench/bench_onnx.py --texts 1000 --rounds 3
+	$(PY) bench/bench_predict_process.py --rounds 5
 	$(PY) bench/profile_policies.py --k 16
 	$(PY) bench/bench_families.py --texts 300 --rounds 2
 	$(PY) bench/bench_families.py --families llama qwen3 gpt2 --compare sorted embed --texts 200 --rounds 2

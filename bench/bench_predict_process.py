@@ -1,7 +1,7 @@
 """`finetune.predict` against a length-sorted transformers loop, each a whole process (imports,
 loading, tokenizing, the forward, writing), on the same texts, the same threads, fp32.
 
-    python bench/bench_predict_process.py --model FOLDER --input TEXTS.jsonl [--rounds 3] [--threads 2]
+    python bench/bench_predict_process.py [--model FOLDER --input TEXTS.jsonl] [--rounds 3] [--threads 2]
 
 FOLDER: a transformers sequence-classification folder (save_pretrained). The peer is what a
 transformers user writes without packing: AutoTokenizer, sort the texts by length, batches of
@@ -53,6 +53,25 @@ def sorted_loop(model_folder: str, input_path: str, output_path: str, batch_size
             out.write(json.dumps({"index": i, "scores": dict(zip(labels, map(float, row)))}) + "\n")
 
 
+def default_inputs(scratch: Path, texts: int) -> tuple[str, Path]:
+    """Without --model / --input: the shipped MiniLM-L6 encoder saved as a transformers
+    5-label sequence-classification folder (its head random: speed and equality need no
+    training), and the first `texts` mixed BBC texts (data.embedding_texts)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    sys.path.insert(0, str(REPO))
+    from data.assets import corpus_glob, model_dir
+    from data.embedding_texts import bbc_articles, texts_of
+
+    folder = scratch / "minilm_cls"
+    AutoModelForSequenceClassification.from_pretrained(model_dir(), num_labels=5).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(model_dir()).save_pretrained(folder)
+    path = scratch / "texts.jsonl"
+    chosen = texts_of(bbc_articles(corpus_glob()), "mixed")[:texts]
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in chosen), encoding="utf-8")
+    return str(folder), path
+
+
 def timed(command: list[str], threads: int) -> float:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
     started = time.perf_counter()
@@ -62,8 +81,8 @@ def timed(command: list[str], threads: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--input", required=True, type=Path)
+    parser.add_argument("--model", help="default: MiniLM-L6 as a classification folder (default_inputs)")
+    parser.add_argument("--input", type=Path, help="default: 2,000 mixed BBC texts")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peer", nargs=2, metavar=("INPUT", "OUTPUT"), help=argparse.SUPPRESS)
@@ -75,8 +94,11 @@ def main() -> int:
         torch.set_num_threads(args.threads)
         sorted_loop(args.model, *args.peer)
         return 0
-    texts = sum(1 for line in args.input.open() if line.strip())
     with tempfile.TemporaryDirectory() as scratch:
+        if args.model is None or args.input is None:
+            model, texts_path = default_inputs(Path(scratch), 2000)
+            args.model, args.input = args.model or model, args.input or texts_path
+        texts = sum(1 for line in args.input.open() if line.strip())
         ours_out, peer_out = Path(scratch) / "ours.jsonl", Path(scratch) / "peer.jsonl"
         commands = {
             "finetune.predict": [sys.executable, "-m", "finetune.predict", "--model", args.model, "--input",
