@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 
 
 def sorted_loop(model_folder: str, input_path: str, output_path: str, batch_size: int = 64) -> None:
@@ -59,7 +60,6 @@ def default_inputs(scratch: Path, texts: int) -> tuple[str, Path]:
     training), and the first `texts` mixed BBC texts (data.embedding_texts)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    sys.path.insert(0, str(REPO))
     from data.assets import corpus_glob, model_dir
     from data.embedding_texts import bbc_articles, texts_of
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import os
@@ -42,9 +43,6 @@ OPERATOR_CLASSES = [
         ("copy", "index", "cat", "embedding", "to", "contiguous", "gather", "where", "masked", "select"),
     ),
 ]
-
-
-TOP: dict[str, float] = {}  # the ten costliest top-level operators of the profiled pass
 
 
 def operator_class(name: str) -> str:
@@ -112,8 +110,9 @@ class StageClock:
 
 
 def forward_by_operator(model, batches: list[dict], dtype: str) -> dict:
-    """Seconds by operator class over one pass of the recorded batches (already warm), in the
-    run's precision (finetune.precision: bfloat16 under autocast)."""
+    """Seconds by operator class, and of the ten costliest top-level operators, over one pass
+    of the recorded batches (already warm), in the run's precision (finetune.precision:
+    bfloat16 under autocast)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -131,10 +130,10 @@ def forward_by_operator(model, batches: list[dict], dtype: str) -> dict:
             continue  # top-level operators only: their children are inside them
         by_class[operator_class(event.name)] += event.cpu_time_total / 1e6
         by_name[event.name] += event.cpu_time_total / 1e6
-    TOP.update({k: round(v, 3) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:10]})
     return {
         "wall": round(wall, 3),
         "by_class": {k: round(v, 3) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
+        "top_operators": {k: round(v, 3) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:10]},
     }
 
 
@@ -198,7 +197,7 @@ def profile_run(command: str, argv: list[str]) -> tuple[dict, float, list[dict],
     restore.append((runner, "precision", real_call))
     try:
         started = time.perf_counter()
-        with open(os.devnull, "w") as quiet, _redirect_stdout(quiet):
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
             code = module.main(argv)
         wall = time.perf_counter() - started
     finally:
@@ -221,17 +220,6 @@ class _TimedContext:
         result = self.inner.__exit__(*exc)
         self.clock.seconds[self.stage] += time.perf_counter() - self.started
         return result
-
-
-class _redirect_stdout:
-    def __init__(self, target):
-        self.target = target
-
-    def __enter__(self):
-        self.saved, sys.stdout = sys.stdout, self.target
-
-    def __exit__(self, *exc):
-        sys.stdout = self.saved
 
 
 def main() -> int:
@@ -265,7 +253,6 @@ def main() -> int:
         "forward_by_operator": forward_by_operator(
             model, batches, "bfloat16" if "bfloat16" in args.extra else "float32"
         ),
-        "top_operators": TOP,
         "texts": sum(1 for line in args.input.open() if line.strip()),
     }
     print(json.dumps(result, indent=1))

@@ -113,7 +113,7 @@ def best_answers(
             }
             for c in range(first[q], min(stop[q], first[q] + settings.n_best_size))
         ]
-        entries = with_null_and_empty(entries, nulls and nulls[q], settings.n_best_size)
+        entries = with_null_and_empty(entries, None if nulls is None else nulls[q], settings.n_best_size)
         scores = np.array([p["score"] for p in entries], dtype=np.float64)
         probabilities = np.exp(scores - scores.max())
         probabilities /= probabilities.sum()
