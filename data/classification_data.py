@@ -21,10 +21,7 @@ import numpy as np
 
 from common import json_text
 from data.create_pretraining_data import read_document, split_sentences
-
-
-class ExampleError(ValueError):
-    """Bad classification input; the message names file, row and field. CLI exit code 2."""
+from data.text_rule import MAX_FIELD_CHARS, ExampleError, check_text  # noqa: F401 (both are read from here too)
 
 
 @dataclass
@@ -89,12 +86,6 @@ def read_bbc_news(pattern: str) -> Examples:
     return out
 
 
-# Characters of one example's text (or pair) that are read: far beyond any encoder's 512
-# tokens (~3,000 characters of English), and a bound on tokenizing one line (a 20 MB line
-# took 3.4 GB to tokenize whole).
-MAX_FIELD_CHARS = 1_000_000
-
-
 def check_readable(path: Path) -> None:
     """An input read once may be a regular file or a pipe (`--input <(cat f)`, /dev/stdin);
     ExampleError if nothing is there or it is a folder."""
@@ -102,17 +93,6 @@ def check_readable(path: Path) -> None:
         raise ExampleError(f"{path}: file not found")
     if path.is_dir():
         raise ExampleError(f"{path}: is a directory; give the input file")
-
-
-def check_unicode(text: str, where: str) -> None:
-    """ExampleError unless `text` is valid Unicode. JSON can carry a lone UTF-16 surrogate
-    ("\\ud800"), which Python keeps in a str but no tokenizer (nor UTF-8) can encode."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        raise ExampleError(
-            f"{where}: not valid Unicode (a lone surrogate U+{ord(text[err.start]):04X} at character {err.start})"
-        ) from None
 
 
 def json_object(line: str, where: str) -> dict:
@@ -127,29 +107,19 @@ def json_object(line: str, where: str) -> dict:
     return record
 
 
-def example_of_line(raw: bytes, where: str, text_field: str, pair_field: str | None):
+def example_of_line(raw: bytes, where: str, text_field: str, pair_field: str | None, empty_ok: bool = True):
     """One JSON line (bytes) -> (text, pair or None, the whole record), checked: UTF-8, a
-    JSON object, a string text and an optional string pair, each of at most
-    MAX_FIELD_CHARS characters. ExampleError names `where` (file:line) and the field."""
+    JSON object, a text and an optional pair under data.text_rule (`empty_ok`: a blank text
+    is kept, as predict labels it; embed refuses it). ExampleError names `where`
+    (file:line) and the field."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise ExampleError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
     record = json_object(line, where)
-    text = record.get(text_field)
-    if not isinstance(text, str):
-        raise ExampleError(f"{where}: field '{text_field}' must be a string, got {text!r}")
+    text = check_text(record.get(text_field), f"{where}: field '{text_field}'", empty_ok=empty_ok)
     pair = record.get(pair_field) if pair_field else None
-    if pair is not None and not isinstance(pair, str):
-        raise ExampleError(f"{where}: field '{pair_field}' must be a string or absent, got {pair!r}")
-    for name, value in ((text_field, text), (pair_field, pair)):
-        if value is not None:
-            check_unicode(value, f"{where}: field '{name}'")
-        if value is not None and len(value) > MAX_FIELD_CHARS:
-            raise ExampleError(
-                f"{where}: field '{name}' has {len(value):,} characters, more than the {MAX_FIELD_CHARS:,} "
-                "read per example (a model sees at most 512 tokens of it; split the text)"
-            )
+    check_text(pair, f"{where}: field '{pair_field}'", empty_ok=True, none_ok=True)
     return text, pair, record
 
 
@@ -267,11 +237,8 @@ def tokenize(
 def check_texts(examples: Examples) -> None:
     """Every example has text, and every text and pair is valid Unicode (ExampleError)."""
     for text, pair, where in zip(examples.texts, examples.pairs, examples.where):
-        if not text.strip():
-            raise ExampleError(f"{where}: the text is empty (field text); every example needs text")
-        check_unicode(text, where)
-        if pair is not None:
-            check_unicode(pair, where)
+        check_text(text, f"{where}: the text")
+        check_text(pair, f"{where}: the text pair", empty_ok=True, none_ok=True)
 
 
 def encode_within(tokenizer, inputs: list, max_length: int, truncate: bool, direction: str = "right",

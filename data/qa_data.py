@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import json_text
-from data.classification_data import ExampleError, check_readable, check_unicode
+from data.classification_data import ExampleError, check_readable
+from data.text_rule import check_text
 
 
 @dataclass
@@ -145,9 +146,7 @@ def _add(out: QaExamples, qid, question, context, answers, where_prefix: str) ->
     qid = str(qid)
     where = f"{where_prefix}: question {qid!r}"
     for name, value in (("question", question), ("context", context)):
-        if not isinstance(value, str) or not value.strip():
-            raise ExampleError(f"{where}: field '{name}' must be a non-empty string, got {value!r:.60}")
-        check_unicode(value, f"{where}: field '{name}'")
+        check_text(value, f"{where}: field '{name}'")
     parsed = None
     if answers is not None:
         if not isinstance(answers, dict) or not isinstance(answers.get("text"), list):

@@ -59,7 +59,7 @@ from common.files import (
     regular_file,
     write_json_atomic,
 )
-from data.classification_data import MAX_FIELD_CHARS, ExampleError, json_object
+from data.classification_data import ExampleError, example_of_line
 from finetune.embedding import EncodeOptions, iter_encode, load_encoder
 from finetune.parsers import embed_parser
 from finetune.precision import device_problem
@@ -107,25 +107,8 @@ def read_texts(path: Path, text_field: str) -> Iterator[str]:
     """The text of each line, checked as it is read (one-line errors naming file:line)."""
     with path.open("rb") as f:
         for number, raw in enumerate(f, 1):
-            where = f"{path}:{number}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ExampleError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
-            record = json_object(line, where)
-            text = record.get(text_field)
-            if not isinstance(text, str):
-                raise ExampleError(
-                    f"{where}: field '{text_field}' must be a string, got {json.dumps(text)[:40]}"
-                )
-            if len(text) > MAX_FIELD_CHARS:
-                raise ExampleError(
-                    f"{where}: field '{text_field}' has {len(text):,} characters, more than the "
-                    f"{MAX_FIELD_CHARS:,} read per text"
-                )
-            if not text.strip():  # the server's rule (serving/api.py: 422): one rule for both
-                raise ExampleError(f"{where}: the text is empty")
-            yield text
+            # data.text_rule, as the server applies it; a blank text is refused
+            yield example_of_line(raw, f"{path}:{number}", text_field, None, empty_ok=False)[0]
 
 
 STOPPED_BY = [signal.SIGINT]  # the signal that ended the run (SIGTERM's handler sets it)

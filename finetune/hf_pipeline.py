@@ -95,17 +95,15 @@ def packed_pipeline(
     return lambda inputs: runner.answer(inputs, {**options, "max_length": max_length or 384})
 
 
-def _check_texts(texts: list, what: str, allow_none: bool = False) -> None:
-    """ValueError naming the input unless each text is a string of valid Unicode (what the
-    tokenizer can encode); `allow_none`: a missing text pair is fine."""
-    from data.classification_data import check_unicode
+def _check_texts(texts: list, what: str, allow_none: bool = False, allow_empty: bool = True) -> None:
+    """ValueError naming the input unless each text passes data.text_rule (a string of valid
+    Unicode, what the tokenizer can encode); `allow_none`: a missing text pair is fine;
+    `allow_empty`: a blank text is (a classification of "" is asked for; a blank QA context
+    has no answer to find)."""
+    from data.text_rule import check_text  # its ExampleError is a ValueError
 
     for i, text in enumerate(texts):
-        if text is None and allow_none:
-            continue
-        if not isinstance(text, str):
-            raise ValueError(f"input {i}: {what} must be a string, got {type(text).__name__}")
-        check_unicode(text, f"input {i}: {what}")
+        check_text(text, f"input {i}: {what}", empty_ok=allow_empty, none_ok=allow_none)
 
 
 class _Runner:
@@ -175,10 +173,7 @@ class _Runner:
             if not isinstance(item, dict) or not {"question", "context"} <= set(item):
                 raise ValueError(f'input {i}: expected {{"question": ..., "context": ...}}')
         for name in ("question", "context"):
-            _check_texts([item[name] for item in items], f"the {name}")
-            empty = [i for i, item in enumerate(items) if not item[name].strip()]
-            if empty:
-                raise ValueError(f"input {empty[0]}: the {name} is empty")
+            _check_texts([item[name] for item in items], f"the {name}", allow_empty=False)
         examples = QaExamples(
             [str(i) for i in range(len(items))],
             [item["question"] for item in items],

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from data.classification_data import ExampleError, check_unicode, encode_within
+from data.classification_data import ExampleError, encode_within
+from data.text_rule import check_text
 from finetune.folder_spec import FolderSpec
 from finetune.runner import Runner
 
@@ -113,7 +114,7 @@ class LoadedModel:
         sentence-transformers cuts. Too long with truncate=False raises ExampleError naming
         the text; direction "left" keeps a text's end (TEI's option)."""
         for text, place in zip(texts, where):
-            check_unicode(text, place)
+            check_text(text, place, empty_ok=True)
         inputs = [t.lower() for t in texts] if self.spec.embedding.lowercase else texts
         encoded, long = encode_within(
             self.tokenizer, inputs, self.max_length, truncate, direction, self._cutters

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from data.classification_data import MAX_FIELD_CHARS, ExampleError, Examples, check_unicode
+from data.classification_data import ExampleError, Examples
+from data.text_rule import check_text
 
 
 def texts_of(batch, column: str) -> list:
@@ -75,18 +76,7 @@ def checked_texts(texts: list, column: str, where, empty_ok: bool = False, none_
     allows it and embed does not; none_ok: None allowed, for pairs), valid Unicode, at most
     MAX_FIELD_CHARS characters; else one line naming the row."""
     for i, text in enumerate(texts):
-        if none_ok and text is None:
-            continue
-        if not isinstance(text, str) or (not empty_ok and not text.strip()):
-            got = "an empty text" if isinstance(text, str) else f"{type(text).__name__} {str(text)[:40]!r}"
-            what = "a string" if empty_ok else "a non-empty string"
-            raise ExampleError(f"{where(i)}: column '{column}' must be {what}, got {got}")
-        check_unicode(text, f"{where(i)}: column '{column}'")
-        if len(text) > MAX_FIELD_CHARS:
-            raise ExampleError(
-                f"{where(i)}: column '{column}' has {len(text):,} characters, more than the {MAX_FIELD_CHARS:,} "
-                "read per text (a model sees at most 512 tokens of it; split the text)"
-            )
+        check_text(text, f"{where(i)}: column '{column}'", empty_ok=empty_ok, none_ok=none_ok)
     return texts
 
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data.classification_data import ExampleError, check_unicode, encode_within
+from data.classification_data import ExampleError, encode_within
+from data.text_rule import check_text
 
 IGNORE_LABELS = ("O",)
 
@@ -39,11 +40,7 @@ def tokenize_for_tags(
     """`tokenizer`: a `tokenizers.Tokenizer` (the folder's tokenizer.json, or the WordPiece
     of its vocab.txt). Too long without `truncate`: ExampleError naming the text."""
     for text, place in zip(texts, where):
-        if not isinstance(text, str):
-            raise ExampleError(f"{place}: expected a string, got {type(text).__name__}")
-        if not text.strip():
-            raise ExampleError(f"{place}: the text is empty")
-        check_unicode(text, place)
+        check_text(text, f"{place}: the text")
     encoded, long = encode_within(tokenizer, texts, max_length, truncate)
     if long and not truncate:
         raise ExampleError(

@@ -32,6 +32,7 @@ import json
 from dataclasses import dataclass, field
 
 from common import json_text
+from data.text_rule import Fault, text_problem
 
 
 class RequestError(Exception):
@@ -97,19 +98,9 @@ def _flag(data: dict, name: str) -> bool:
 
 
 def _text(value, where: str, limits: RequestLimits) -> str:
-    if not isinstance(value, str):
-        raise RequestError(422, f"{where}: expected a string, got {type(value).__name__}")
-    if not value.strip():
-        raise RequestError(422, f"{where}: the text is empty")
-    if len(value) > limits.max_chars:
-        raise RequestError(413, f"{where}: {len(value)} characters; at most {limits.max_chars} are accepted")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as err:  # valid JSON ("\\ud800") but not valid Unicode
-        raise RequestError(
-            422,
-            f"{where}: not valid Unicode (a lone surrogate U+{ord(value[err.start]):04X} at character {err.start})",
-        ) from None
+    problem = text_problem(value, limit=limits.max_chars)  # data.text_rule, as the commands apply it
+    if problem is not None:
+        raise RequestError(413 if problem.fault is Fault.TOO_LONG else 422, problem.message(where))
     return value
 
 

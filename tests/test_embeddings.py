@@ -190,10 +190,13 @@ def test_command_writes_rows_in_line_order(st_model, texts, tmp_path, capsys):
     [
         (['{"text": "fine"}', "", '{"text": "after"}'], ":2: blank line"),
         (['{"text": "fine"}', '{"txt": "no field"}'], ":2: field 'text' must be a string"),
-        (['{"text": "fine"}', '{"text": "\\ud800x"}'], ":2: not valid Unicode (a lone surrogate U+D800"),
+        (
+            ['{"text": "fine"}', '{"text": "\\ud800x"}'],
+            ":2: field 'text': not valid Unicode (a lone surrogate U+D800",
+        ),
         (['{"text": 3}'], ":1: field 'text' must be a string"),
         (["not json"], ":1: not valid JSON"),
-        (['{"text": "fine"}', '{"text": "  "}'], ":2: the text is empty"),
+        (['{"text": "fine"}', '{"text": "  "}'], ":2: field 'text' is empty"),
     ],
 )
 def test_command_refuses_bad_lines_with_one_line_and_writes_nothing(tmp_path, capsys, lines, message):

@@ -401,7 +401,7 @@ def test_pipelines_refuse_bad_texts_naming_the_input_and_take_empty_batches(chec
     )
     for run, bad, says in [
         (classify, ["fine", "\ud800x"], "input 1: the text: not valid Unicode (a lone surrogate U+D800"),
-        (classify, ["fine", None], "input 1: the text must be a string, got NoneType"),
+        (classify, ["fine", None], "input 1: the text must be a string, got None"),
         (classify, [("fine", "\udfff")], "input 0: the text pair: not valid Unicode"),
         (tag, ["\ud800"], "input 0: the text: not valid Unicode"),
         (answer, [{"question": "who?", "context": "\ud800 x"}], "input 0: the context: not valid Unicode"),

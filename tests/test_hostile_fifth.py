@@ -358,7 +358,7 @@ def test_embed_refuses_a_pipe_and_an_empty_text_in_one_line(tmp_path):
     texts.write_text('{"text": "fine"}\n{"text": "   "}\n')
     line = one_line_error(run_module("finetune.embed", "--model", model_dir(), "--input", texts,
                                      "--output", tmp_path / "e.npy"))  # fmt: skip
-    assert line == f"error: {texts}:2: the text is empty"
+    assert line == f"error: {texts}:2: field 'text' is empty"
     assert not (tmp_path / "e.npy").exists()
 
 

@@ -68,8 +68,8 @@ def test_v2_unanswerable_questions_read_as_empty_answers(tmp_path):
             lambda r: r.update(answers={"text": ["Santa Clara"], "answer_start": [27]}),
             "not at answer_start 27",
         ),
-        (lambda r: r.update(context="  "), "field 'context' must be a non-empty string"),
-        (lambda r: r.update(question=""), "field 'question' must be a non-empty string"),
+        (lambda r: r.update(context="  "), "field 'context' is empty"),
+        (lambda r: r.update(question=""), "field 'question' is empty"),
         (lambda r: r.update(id="q2"), "field 'id': duplicate id 'q2'"),
         (
             lambda r: r.update(answers={"text": ["x"]}),

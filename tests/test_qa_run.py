@@ -240,7 +240,7 @@ def test_server_qa_edge_cases_are_4xx_or_clean_answers(trained, squad_files):
         ({"question": "\ud800?", "context": q["context"]}, 422, "lone surrogate"),
         ({"question": q["question"]}, 422, '"question" and "context"'),
         ({"question": q["question"], "context": q["context"], "id": 1}, 422, '"question" and "context"'),
-        ({"question": 7, "context": q["context"]}, 422, "expected a string"),
+        ({"question": 7, "context": q["context"]}, 422, "must be a string"),
     ]
     with Server(trained / "model", "packed", max_batch_tokens=2048, limits=RequestLimits()) as server:
         for body, status, says in cases:

@@ -302,9 +302,9 @@ def test_batches_from_parquet_or_a_user_meet_the_commands_rules_in_one_line():
         return f"b.parquet: row {i}"
 
     cases = [
-        (["a", 3], {}, "b.parquet: row 1: column 'text' must be a non-empty string, got int '3'"),
-        (["a", " "], {}, "row 1: column 'text' must be a non-empty string, got an empty text"),
-        (["a", None], {"empty_ok": True}, "row 1: column 'text' must be a string, got NoneType"),
+        (["a", 3], {}, "b.parquet: row 1: column 'text' must be a string, got int '3'"),
+        (["a", " "], {}, "row 1: column 'text' is empty"),
+        (["a", None], {"empty_ok": True}, "row 1: column 'text' must be a string, got None"),
         (["\ud800"], {}, "row 0: column 'text': not valid Unicode (a lone surrogate U+D800"),
         (["x" * (MAX_FIELD_CHARS + 1)], {}, f"column 'text' has {MAX_FIELD_CHARS + 1:,} characters"),
     ]

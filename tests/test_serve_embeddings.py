@@ -97,7 +97,7 @@ def test_single_string_base64_and_dimensions(texts, expected):
 
 BAD_EMBED = [
     ({"inputs": []}, 422, "batch is empty"),
-    ({"inputs": [1, 2]}, 422, "expected a string"),
+    ({"inputs": [1, 2]}, 422, "must be a string"),
     ({"inputs": "\ud800x"}, 422, "not valid Unicode"),
     ({"inputs": ["ok", "\udfffend"]}, 422, "inputs[1]: not valid Unicode"),
     ({"inputs": ["a"] * 33}, 413, "at most 32 per request"),
@@ -109,7 +109,7 @@ BAD_EMBED = [
 BAD_OPENAI = [
     ({"input": []}, 422, 'field "input": the batch is empty'),
     ({"input": "word " * 400}, 413, "input[0]: 402 tokens; the model takes at most 256"),
-    ({"input": [[101, 102]]}, 422, "expected a string"),
+    ({"input": [[101, 102]]}, 422, "must be a string"),
     ({"input": "a", "encoding_format": "int8"}, 422, "encoding_format"),
     ({"input": "a", "dimensions": 0}, 422, "dimensions"),
     ({"input": "a", "dimensions": 385}, 422, "dimensions"),
