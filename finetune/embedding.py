@@ -73,7 +73,7 @@ def load_encoder(
     spec = describe_embedding_folder(folder, pooling)
     folder = spec.path
     check_weights_file(folder)
-    check_config_values(folder)
+    check_config_values(folder, spec.model_config)
     # SDPA unless asked otherwise: a sentence-transformers folder names no backend, and SDPA
     # measured fastest here for every batching mode (docs/embeddings.md)
     options = ModelOptions(  # pooling has no weights: no head is needed from the file
@@ -82,7 +82,7 @@ def load_encoder(
         pooling=spec.embedding.pooling,
     )
     try:
-        opened = open_model(folder, "embedding", options)
+        opened = open_model(folder, "embedding", options, spec.model_config or None)
         model, positions = opened.model, opened.max_tokens
     except UnsupportedFamily as err:
         raise ExampleError(f"{folder / 'config.json'}: {err}") from None

@@ -95,7 +95,9 @@ def load_finetuned(folder: Path, attention_backend: str | None = None) -> Loaded
     that cannot be run."""
     spec = describe_folder(folder)
     folder = spec.path
-    model = load_packed_model(folder, spec.task, attention_backend or INFERENCE_ATTENTION_BACKEND)
+    model = load_packed_model(
+        folder, spec.task, attention_backend or INFERENCE_ATTENTION_BACKEND, spec.model_config
+    )
     if spec.tokenizer == "vocab.txt":
         # finetune.train's own folders: the WordPiece it trained with, exactly
         tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
@@ -105,22 +107,24 @@ def load_finetuned(folder: Path, attention_backend: str | None = None) -> Loaded
     # vocab.txt-only folder keeps tokenizer_config.json's do_lower_case, cased or not).
     tokenizer = folder_tokenizer(folder)
     check_vocabulary_fits(folder, tokenizer, model)
-    return LoadedModel(spec, model, tokenizer, None, hands_token_types(folder))
+    return LoadedModel(spec, model, tokenizer, None, hands_token_types(folder, model.config))
 
 
-def load_packed_model(folder: Path, task: str, attention_backend: str | None = None):
+def load_packed_model(folder: Path, task: str, attention_backend: str | None = None, config=None):
     """The packed model of a folder for `task` ("classification" | "token_classification" |
     "question_answering"), through the one door (model.opening.open_model), loaded strictly
     (its head must be in the file). attention_backend: BERT's (every backend computes the
     same outputs). ExampleError (one line) for weights that are a pickle, a model_type the
-    door does not hold, or a folder that cannot be loaded."""
+    door does not hold, or a folder that cannot be loaded. config: config.json as the caller
+    read it (FolderSpec.model_config; None: read here)."""
     from model.families import UnsupportedFamily
-    from model.opening import ModelOptions, open_model
+    from model.opening import ModelOptions, open_model, read_model_config
 
     check_weights_file(folder)
-    check_config_values(folder)
+    config = read_model_config(folder) if config is None else config
+    check_config_values(folder, config)
     try:
-        return open_model(folder, task, ModelOptions(attention_backend=attention_backend)).model
+        return open_model(folder, task, ModelOptions(attention_backend=attention_backend), config).model
     except UnsupportedFamily as err:
         raise ExampleError(f"{folder / 'config.json'}: {err}") from None
     except (OSError, ValueError, RuntimeError) as err:
@@ -128,13 +132,13 @@ def load_packed_model(folder: Path, task: str, attention_backend: str | None = N
         raise ExampleError(f"{folder}: the model cannot be loaded ({reason[:400]})") from None
 
 
-def hands_token_types(folder: Path) -> bool:
+def hands_token_types(folder: Path, config=None) -> bool:
     """Whether transformers' tokenizer of the folder returns token_type_ids (its
     model_input_names): where it does not, the model is given zeros, pairs included. A tokenizer
     transformers cannot build: the template's own ids (True)."""
     from model.families import tokenizer_hands_token_types
 
-    return tokenizer_hands_token_types(folder, default=True)
+    return tokenizer_hands_token_types(folder, default=True, config=config)
 
 
 def folder_tokenizer(folder: Path):
@@ -168,10 +172,11 @@ SIZE_KEYS = (
 )  # fmt: skip
 
 
-def check_config_values(folder: Path) -> None:
-    """config.json's sizes, checked before transformers reads them: one line naming the key."""
+def check_config_values(folder: Path, config=None) -> None:
+    """config.json's sizes (`config`: the file as read; None: read here), checked before
+    transformers reads them: one line naming the key."""
     config_path = folder / "config.json"
-    config = read_json_object(config_path)
+    config = config or read_json_object(config_path)  # {}: a folder without one, which this names
     for key in SIZE_KEYS:
         if key not in config:
             continue

@@ -62,7 +62,9 @@ class FolderSpec:
     null_score_diff_threshold (QA only); tokenizer: "vocab.txt" (finetune.train's WordPiece)
     or "tokenizer.json" (the folder's own); model_type: config.json's (None: not read here);
     config: the run config a finetune.json keeps ({} otherwise); embedding: how texts become
-    vectors (task embedding only); name: the model's name in responses (the folder's)."""
+    vectors (task embedding only); name: the model's name in responses (the folder's);
+    model_config: config.json as read once here ({} where the folder has none), handed to
+    the loader (model.opening.open_model) so that nothing reads it again."""
 
     path: Path | None
     source: str
@@ -79,6 +81,7 @@ class FolderSpec:
     config: Mapping | None = None
     embedding: EmbeddingSpec | None = None
     name: str = ""
+    model_config: Mapping = field(default_factory=dict)
 
 
 def describe_folder(path) -> FolderSpec:
@@ -89,7 +92,9 @@ def describe_folder(path) -> FolderSpec:
         raise ExampleError(f"{folder}: no such folder" if not folder.exists() else f"{folder}: not a folder")
     info_path = folder / FINETUNE_INFO
     own = info_path.is_file()
-    info = read_finetune_info(info_path) if own else describe_hub_folder(folder)
+    config_path = folder / "config.json"
+    model_config = read_json_object(config_path) if config_path.is_file() else {}
+    info = read_finetune_info(info_path) if own else describe_hub_folder(folder, model_config)
     fields = info.get("fields") or JSONL_FIELDS
     return FolderSpec(
         path=folder,
@@ -106,6 +111,7 @@ def describe_folder(path) -> FolderSpec:
         model_type=info.get("model_type"),
         config=info.get("config") or {},
         name=folder.name,
+        model_config=model_config,
     )
 
 
@@ -115,13 +121,14 @@ def embedding_spec(
     max_length: int | None,
     name: str,
     source: str = "modules.json",
+    model_config: Mapping | None = None,
 ) -> FolderSpec:
     """The FolderSpec of an embedding model: one text field, no labels, truncation as
     sentence-transformers truncates."""
     return FolderSpec(
         path=path, source=source, task="embedding", labels=(), multi_label=False, max_sequence_length=max_length,
         pack_length=None, too_long="truncate", fields=TextFields("text", None, None), qa=None,
-        tokenizer="tokenizer.json", embedding=embedding, name=name,
+        tokenizer="tokenizer.json", embedding=embedding, name=name, model_config=model_config or {},
     )  # fmt: skip
 
 
@@ -258,16 +265,16 @@ def predict_folder_mistake(folder: Path) -> str | None:
     return None
 
 
-def describe_hub_folder(folder: Path) -> dict:
-    """What a folder without finetune.json says about running it, from config.json and the
-    tokenizer's files, with transformers' pipelines' defaults for the rest."""
+def describe_hub_folder(folder: Path, config: dict) -> dict:
+    """What a folder without finetune.json says about running it, from config.json (`config`,
+    as read; {} where the folder has none) and the tokenizer's files, with transformers'
+    pipelines' defaults for the rest."""
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ExampleError(
             f"{folder}: no config.json and no {FINETUNE_INFO}; expected a folder written by "
             "finetune.train or by transformers' save_pretrained"
         )
-    config = read_json_object(config_path)
     task = task_of_architectures(config, config_path)
     from model.families import usable_positions
     from model.opening import supported_model_types

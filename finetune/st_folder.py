@@ -14,7 +14,7 @@ from pathlib import Path
 
 from common.choices import check_pooling
 from data.classification_data import ExampleError
-from finetune.folder_spec import EmbeddingSpec, FolderSpec, embedding_spec
+from finetune.folder_spec import EmbeddingSpec, FolderSpec, embedding_spec, read_json_object
 
 # sentence-transformers' legacy pooling flags, in the order its Pooling concatenates them
 LEGACY_POOLING_KEYS = {
@@ -35,6 +35,7 @@ def describe_embedding_folder(path, pooling=None) -> FolderSpec:
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise ExampleError(f"{folder}: no config.json; expected a sentence-transformers or BERT folder")
+    model_config = read_json_object(folder / "config.json")
     described = read_sentence_transformers(folder)
     if described is None and pooling is None:
         raise ExampleError(f"{folder}: no modules.json (not a sentence-transformers folder); give --pooling")
@@ -43,11 +44,14 @@ def describe_embedding_folder(path, pooling=None) -> FolderSpec:
     except ValueError as err:
         raise ExampleError(f"{folder}: {err}") from None
     if described is None:
-        return embedding_spec(folder, EmbeddingSpec(modes, False), None, folder.name, "config.json")
+        return embedding_spec(
+            folder, EmbeddingSpec(modes, False), None, folder.name, "config.json", model_config
+        )
     embedding, max_length = described
     return embedding_spec(
-        folder, replace(embedding, pooling=modes or embedding.pooling), max_length, folder.name
-    )
+        folder, replace(embedding, pooling=modes or embedding.pooling), max_length, folder.name,
+        model_config=model_config,
+    )  # fmt: skip
 
 
 def read_sentence_transformers(folder: Path) -> tuple[EmbeddingSpec, int | None] | None:

@@ -339,13 +339,15 @@ def causal_lm_outputs(logits, shift_labels, num_items_in_batch=None) -> dict:
     return {"loss": loss_sum / divisor, **out, "token_loss_sum": loss_sum.detach(), "token_count": count}
 
 
-def tokenizer_hands_token_types(folder, default: bool = False) -> bool:
+def tokenizer_hands_token_types(folder, default: bool = False, config=None) -> bool:
     """Whether transformers' tokenizer of `folder` returns token_type_ids (its
-    model_input_names); `default` where the folder has none transformers can build."""
+    model_input_names); `default` where the folder has none transformers can build.
+    config: the model's config, already read (None: transformers reads config.json)."""
     from transformers import AutoTokenizer
 
+    given = {} if config is None else {"config": config}
     try:
-        return "token_type_ids" in AutoTokenizer.from_pretrained(folder).model_input_names
+        return "token_type_ids" in AutoTokenizer.from_pretrained(folder, **given).model_input_names
     except Exception:  # noqa: BLE001 - no tokenizer files, or one transformers cannot build
         return default
 
@@ -411,16 +413,21 @@ class PackedFamilyModel(PreTrainedModel):
         pooling=("mean",),
         dropout: dict | None = None,
         new_head: bool = False,
+        config_dict=None,
         **options,
     ):
         """Load `folder` with transformers' Auto class of the task (never with remote code).
         options: config settings (num_labels, id2label, problem_type, ...); dropout:
         {"hidden", "attention", "classifier"} probabilities, set on whichever of the
-        family's config keys name them (DROPOUT_KEYS)."""
+        family's config keys name them (DROPOUT_KEYS); config_dict: config.json as already
+        read (None: read here), built as AutoConfig builds it from the file."""
         import transformers
-        from transformers import AutoConfig
+        from transformers import CONFIG_MAPPING, AutoConfig
 
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **options)
+        if config_dict and config_dict.get("model_type") in CONFIG_MAPPING:
+            config = CONFIG_MAPPING[config_dict["model_type"]].from_dict(dict(config_dict), **options)
+        else:
+            config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **options)
         family = family_of(config.model_type)
         for what, value in (dropout or {}).items():
             for key in DROPOUT_KEYS[what]:
@@ -436,7 +443,9 @@ class PackedFamilyModel(PreTrainedModel):
             auto, Path(folder), new_head, config=config, trust_remote_code=False, **loading
         )
         packed = (PackedCausalLM if task == "causal_lm" else cls)(hf_model, task, pooling)
-        return packed.hand_token_types(packed._token_types_optional and tokenizer_hands_token_types(folder))
+        return packed.hand_token_types(
+            packed._token_types_optional and tokenizer_hands_token_types(folder, config=config)
+        )
 
     # ----- the encoder --------------------------------------------------------------------
     def encode(self, input_ids, segment_ids, position_ids, sequence_ids) -> torch.Tensor:

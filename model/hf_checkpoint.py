@@ -134,11 +134,15 @@ def loading_problem(info: dict, encoder: tuple[str, ...], new_head: bool) -> str
     return None  # what is left over is another task's head (a pretraining head): unused, harmless
 
 
-def read_config(folder: Path, overrides: dict) -> BertConfig:
-    """folder/config.json with `overrides` set; shape fields must match the checkpoint."""
-    if not (folder / "config.json").is_file():
+def read_config(folder: Path, overrides: dict, config_dict=None) -> BertConfig:
+    """folder/config.json with `overrides` set; shape fields must match the checkpoint.
+    config_dict: the file as the caller already read it (None: read here)."""
+    if config_dict:
+        config = BertConfig.from_dict(dict(config_dict))
+    elif not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder}: no config.json; expected a Hugging Face BERT folder")
-    config = BertConfig.from_pretrained(folder)
+    else:
+        config = BertConfig.from_pretrained(folder)
     for key, value in overrides.items():
         if key in SHAPE_FIELDS and getattr(config, key) != value:
             raise ValueError(

@@ -84,7 +84,7 @@ BERT_DROPOUT_KEYS = {
 }
 
 
-def open_bert(folder: Path, task: str, options: ModelOptions) -> OpenedModel:
+def open_bert(folder: Path, task: str, options: ModelOptions, config: Mapping) -> OpenedModel:
     """This project's packed BERT head for `task` (dropouts as BertConfig names them)."""
     settings = dict(options.config)
     if options.attention_backend is not None:
@@ -92,21 +92,23 @@ def open_bert(folder: Path, task: str, options: ModelOptions) -> OpenedModel:
     settings.update({BERT_DROPOUT_KEYS[what]: value for what, value in options.dropout.items()})
     if task == "embedding":  # pooled by this project: the encoder's own pooler is not used
         settings.update(pooling=list(check_pooling(options.pooling or "mean")), normalize=False)
-    model = _bert_classes()[task].from_pretrained(folder, new_head=options.new_head, **settings)
+    model = _bert_classes()[task].from_pretrained(
+        folder, new_head=options.new_head, config_dict=config, **settings
+    )
     return OpenedModel(model, model.config.max_position_embeddings)
 
 
-def open_family(folder: Path, task: str, options: ModelOptions) -> OpenedModel:
+def open_family(folder: Path, task: str, options: ModelOptions, config: Mapping) -> OpenedModel:
     """transformers' own modules of the family, attention packed (model/families.py)."""
     model = PackedFamilyModel.from_pretrained(
         folder, task, check_pooling(options.pooling or "mean"), dropout=dict(options.dropout) or None, new_head=options.new_head,
-        **dict(options.config),
+        config_dict=config, **dict(options.config),
     )  # fmt: skip
     return OpenedModel(model, model.max_tokens)
 
 
 # model_type -> builder: BERT on its own stack, every other encoder family on its own modules.
-OPENERS: dict[str, Callable[[Path, str, ModelOptions], OpenedModel]] = {
+OPENERS: dict[str, Callable[[Path, str, ModelOptions, Mapping], OpenedModel]] = {
     **{model_type: open_family for model_type in FAMILIES},
     "bert": open_bert,
 }
@@ -116,15 +118,21 @@ def supported_model_types() -> list[str]:
     return sorted(OPENERS)
 
 
+def read_model_config(folder: Path) -> dict:
+    """config.json as a dict ({} where unreadable or not an object: the loader then says why)."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def model_type_of(folder: Path) -> str | None:
     """config.json's model_type (None where unreadable: the loader then says why)."""
-    try:
-        return json.loads((Path(folder) / "config.json").read_text(encoding="utf-8")).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
+    return read_model_config(folder).get("model_type")
 
 
-def opener_for(model_type: str | None) -> Callable[[Path, str, ModelOptions], OpenedModel]:
+def opener_for(model_type: str | None) -> Callable[[Path, str, ModelOptions, Mapping], OpenedModel]:
     if model_type not in OPENERS:
         raise UnsupportedFamily(
             f"model_type {model_type!r} is not a packed model family (encoder or decoder); supported: {', '.join(supported_model_types())}"
@@ -132,21 +140,26 @@ def opener_for(model_type: str | None) -> Callable[[Path, str, ModelOptions], Op
     return OPENERS[model_type]
 
 
-def open_model(folder, task: str, options: ModelOptions | None = None) -> OpenedModel:
-    """The packed model of `folder` for `task` (TASKS). UnsupportedFamily for a model_type the
-    table does not hold; ValueError / OSError / RuntimeError (one line naming the folder) for
-    a folder that cannot be loaded."""
+def open_model(
+    folder, task: str, options: ModelOptions | None = None, config: Mapping | None = None
+) -> OpenedModel:
+    """The packed model of `folder` for `task` (TASKS). config: the folder's config.json as
+    the caller read it (FolderSpec.model_config; None: read here), so that the file is read
+    once on the way in. UnsupportedFamily for a model_type the table does not hold;
+    ValueError / OSError / RuntimeError (one line naming the folder) for a folder that
+    cannot be loaded."""
     if task not in TASKS:
         raise ValueError(f"task {task!r}: expected one of {', '.join(TASKS)}")
     folder = Path(folder)
-    model_type = model_type_of(folder)
+    config = read_model_config(folder) if config is None else config
+    model_type = config.get("model_type")
     opener = opener_for(model_type)
     if task == "causal_lm" and not (model_type in FAMILIES and FAMILIES[model_type].causal):
         raise UnsupportedFamily(
             f"model_type {model_type!r} is an encoder (it attends both ways): causal_lm trains a decoder; "
             f"decoder families: {', '.join(decoder_model_types())}"
         )
-    return opener(folder, task, options or ModelOptions())
+    return opener(folder, task, options or ModelOptions(), config)
 
 
 def decoder_model_types() -> list[str]:

@@ -133,17 +133,20 @@ class PackedHead(BertPreTrainedModel):
                 setattr(config, key, overrides[key])
 
     @classmethod
-    def from_pretrained(cls, folder, num_labels: int | None = None, new_head: bool = False, **overrides):
+    def from_pretrained(
+        cls, folder, num_labels: int | None = None, new_head: bool = False, config_dict=None, **overrides
+    ):
         """Read an HF BERT folder: a fine-tuned `reference_class`, or any BERT encoder
         (BertModel, BertForPreTraining) whose head layers are then initialised and named in
         `loading_report` and the log. num_labels must match a fine-tuned checkpoint's head;
         overrides set non-shape options (dropout, attention_backend, ...); options a
         subclass's `configure` names (problem_type, ...) are passed to it. Loaded strictly
         (model.hf_checkpoint.load_checked): new_head=True where fine-tuning starts from an
-        encoder (a head absent from the file is initialised); False (inference) refuses it."""
+        encoder (a head absent from the file is initialised); False (inference) refuses it.
+        config_dict: config.json as already read (None: read here)."""
         folder = Path(folder)
         options = {key: overrides.pop(key) for key in cls.configure_options() if key in overrides}
-        config = read_config(folder, overrides)
+        config = read_config(folder, overrides, config_dict)
         cls.configure(config, num_labels, overrides, **options)
         reference, info = load_reference(
             cls.reference_class, folder, new_head=new_head, config=config, **cls.reference_options

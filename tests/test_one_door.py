@@ -4,6 +4,7 @@ comparing a `model_type`, and every task of every family in the table opens thro
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,97 @@ def test_finetune_and_serving_have_no_import_circle():
     planted = {**import_graph(), "finetune.ray_data": {"finetune.predict"}}
     assert any({"finetune.predict", "finetune.ray_data", "finetune.ray_job"} <= set(group)
                for group in import_circles(planted))  # fmt: skip
+
+
+def config_reads(open_it, folder) -> int:
+    """How often Python opens `folder`/config.json while `open_it()` runs."""
+    import builtins
+    from unittest import mock
+
+    target = (folder / "config.json").resolve()
+    real_open, reads = builtins.open, []
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, str | bytes) or hasattr(file, "__fspath__"):
+            if Path(file).resolve() == target:
+                reads.append(file)
+        return real_open(file, *args, **kwargs)
+
+    with mock.patch("builtins.open", counting_open), mock.patch("io.open", counting_open):
+        open_it()
+    return len(reads)
+
+
+def save_decoder_folder(folder: Path, head: str) -> Path:
+    import transformers
+
+    from .test_decoders import decoder_tokenizer, tiny_config
+
+    tokenizer = decoder_tokenizer()
+    extra = {"num_labels": 3} if head == "classification" else {}
+    auto = transformers.AutoModelForSequenceClassification if extra else transformers.AutoModel
+    auto.from_config(tiny_config("llama", vocab_size=len(tokenizer), **extra)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "llama"])
+def test_the_server_reads_a_folders_config_once(tmp_path, family):
+    """The way in (serving.engines.load_engine: describe_folder -> open_model -> the family's
+    builder -> the tokenizer's input names) reads config.json once and hands it on; the
+    embedding door (load_encoder with a pooling) too."""
+    from serving.engines import load_engine
+
+    from .family_helpers import save_family_folder
+
+    save = save_decoder_folder if family == "llama" else lambda f, task: save_family_folder(f, family, task)
+    folder = save(tmp_path / "cls", "classification")
+    assert config_reads(lambda: load_engine(folder), folder) == 1
+    encoder = save(tmp_path / "enc", "embedding")
+    assert config_reads(lambda: load_engine(encoder, pooling="mean"), encoder) == 1
+    # the count can fail: a second reader is seen
+    from model.opening import model_type_of
+
+    assert config_reads(lambda: (load_engine(folder), model_type_of(folder)), folder) == 2
+
+
+def modules_on_the_way_in(open_it) -> list[str]:
+    """The repository modules on the call stack when the family's builder is reached
+    (PackedFamilyModel.from_pretrained), outermost first, consecutive repeats merged."""
+    import traceback
+    from unittest import mock
+
+    from model.families import PackedFamilyModel
+
+    seen = []
+    real = PackedFamilyModel.from_pretrained.__func__
+
+    def watched(cls, *args, **kwargs):
+        frames = [f.filename for f in traceback.extract_stack()]
+        inside = [str(Path(f).relative_to(REPO)) for f in frames if f.startswith(str(REPO) + "/")]
+        modules = [m for m in inside if m.split("/")[0] in ("serving", "finetune", "model")]
+        modules.append("model/families.py")
+        seen.extend(m for i, m in enumerate(modules) if i == 0 or modules[i - 1] != m)
+        return real(cls, *args, **kwargs)
+
+    with mock.patch.object(PackedFamilyModel, "from_pretrained", classmethod(watched)):
+        open_it()
+    return seen
+
+
+def test_from_the_servers_command_line_to_the_family_is_five_hops_one_way(tmp_path):
+    """serving/cli.py -> serving/engines.py -> finetune/door.py -> (finetune/folder.py or
+    finetune/embedding.py) -> model/opening.py -> model/families.py: each hop goes down a
+    layer or along it (serving, finetune, model), never back up."""
+    from serving.engines import load_engine
+
+    from .family_helpers import save_family_folder
+
+    layer = {"serving": 0, "finetune": 1, "model": 2}
+    folder = save_family_folder(tmp_path / "cls", "roberta", "classification")
+    encoder = save_family_folder(tmp_path / "enc", "roberta", "embedding")
+    for open_it in (lambda: load_engine(folder), lambda: load_engine(encoder, pooling="mean")):
+        path = ["serving/cli.py", *modules_on_the_way_in(open_it)]
+        assert len(path) - 1 <= 5, path
+        layers = [layer[m.split("/")[0]] for m in path]
+        assert layers == sorted(layers) and len(set(path)) == len(path), path
