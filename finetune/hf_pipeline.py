@@ -64,14 +64,16 @@ def packed_pipeline(
         raise ValueError(problem)
     from transformers import AutoTokenizer
 
-    from finetune.folder import load_packed_model
+    from finetune.folder import load_finetuned
 
-    if isinstance(model, str | Path):  # a BERT folder on the packed BERT heads, other families on theirs
-        folder = Path(model)
-        tasks = {"text-classification": "classification", "question-answering": "question_answering",
-                 "token-classification": "token_classification"}  # fmt: skip
-        model = load_packed_model(folder, tasks[task])
-        tokenizer = tokenizer or folder
+    if isinstance(model, str | Path):  # opened as predict and the server open it (LoadedModel)
+        loaded = load_finetuned(Path(model))
+        wanted = {"text-classification": "classification", "question-answering": "question_answering",
+                  "token-classification": "token_classification"}[task]  # fmt: skip
+        if loaded.spec.task != wanted:
+            raise ValueError(f"{model}: a {loaded.spec.task} model; task {task!r} needs a {wanted} model")
+        model = loaded.model
+        tokenizer = tokenizer or loaded.hf_tokenizer()
     if tokenizer is None:
         raise ValueError("tokenizer: give a tokenizer (or a folder) when model is not a folder")
     if isinstance(tokenizer, str | Path):

@@ -411,3 +411,12 @@ def test_pipelines_refuse_bad_texts_naming_the_input_and_take_empty_batches(chec
         with pytest.raises(ValueError, match=re.escape(says)):
             run(bad)
     assert classify([]) == [] and tag([]) == [] and answer([]) == []
+
+
+def test_a_folder_opened_for_another_task_is_refused_naming_both(checkpoint_with_head):
+    """packed_pipeline opens a folder through the door predict and the server use (LoadedModel):
+    a classification folder asked to answer questions is one ValueError, not a random head."""
+    with pytest.raises(
+        ValueError, match=r"a classification model; task 'question-answering' needs a question_answering"
+    ):
+        packed_pipeline("question-answering", model=checkpoint_with_head[False])
