@@ -30,8 +30,6 @@ from data.classification_data import (
     read_bbc_news,
     read_jsonl,
     split_by_seed,
-    tokenize,
-    tokenize_by_template,
 )
 from data.tokenizer import load_tokenizer
 from finetune.causal_lm_task import causal_lm_job
@@ -39,6 +37,7 @@ from finetune.errors import Diverged, FinetuneError
 from finetune.folder import check_config_values, save_finetuned
 from finetune.inference import predict_logits, score, write_predictions
 from finetune.job_contract import Job, resolve_asset
+from finetune.loaded import tokenize_examples
 from model.families import UnsupportedFamily
 from model.opening import ModelOptions, open_model, qa_fine_tuning_refusal
 
@@ -99,7 +98,7 @@ def prepare_task(config: dict) -> Task:
     if own_tokenizer:
         from finetune.folder import folder_tokenizer, hands_token_types
 
-        vocab_file, template = None, folder_tokenizer(checkpoint)
+        vocab_file, tokenizer, vocab = None, folder_tokenizer(checkpoint), None
         token_types = hands_token_types(checkpoint)
     else:
         vocab_file = Path(resolve_asset(data["vocab_file"]) or checkpoint / "vocab.txt")
@@ -107,6 +106,7 @@ def prepare_task(config: dict) -> Task:
             raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
         check_vocabulary(checkpoint, vocab_file)
         tokenizer, vocab = load_tokenizer(vocab_file)
+        token_types = True
 
     examples = read_examples(data, resolve_asset(data["train_file"]))
     for note in examples.notes:
@@ -121,12 +121,7 @@ def prepare_task(config: dict) -> Task:
     for name, part in (("train", train), ("validation", validation)):
         labels = encode_labels(part, label_names, data["multi_label"])
         length, too_long = data["max_sequence_length"], data["too_long"]
-        if own_tokenizer:
-            tokenized = tokenize_by_template(part, template, labels, length, too_long)
-            if not token_types:  # the model is given zeros by transformers' tokenizer: the same here
-                tokenized.segment_ids = [np.zeros_like(s) for s in tokenized.segment_ids]
-        else:
-            tokenized = tokenize(part, tokenizer, vocab, labels, length, too_long)
+        tokenized = tokenize_examples(part, labels, length, too_long, tokenizer, vocab, token_types)
         if tokenized.truncated:
             log.warning(
                 "%s: %d of %d examples truncated to %d tokens",

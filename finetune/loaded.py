@@ -23,6 +23,24 @@ from finetune.folder_spec import FolderSpec
 from finetune.runner import Runner
 
 
+def tokenize_examples(
+    examples, labels, max_sequence_length: int, too_long: str, tokenizer, vocab, token_types
+):
+    """Labelled examples -> TokenizedExamples: BERT WordPiece over `vocab` where it is given
+    (finetune.train's folders), else the tokenizer's own template; where the folder's
+    tokenizer hands no token types, zeros (transformers feeds the model zeros then). The one
+    rule for a folder being run (LoadedModel.tokenize) and a checkpoint fine-tuned
+    (finetune.jobs.prepare_task)."""
+    from data.classification_data import tokenize, tokenize_by_template
+
+    if vocab is not None:
+        return tokenize(examples, tokenizer, vocab, labels, max_sequence_length, too_long)
+    data = tokenize_by_template(examples, tokenizer, labels, max_sequence_length, too_long)
+    if not token_types:
+        data.segment_ids = [np.zeros_like(s) for s in data.segment_ids]
+    return data
+
+
 @dataclass
 class LoadedModel:
     """spec: what the folder says about running it; model: the packed model (embedding
@@ -74,14 +92,9 @@ class LoadedModel:
     # -- labelled examples (classification, QA) ---------------------------------------------
     def tokenize(self, examples, labels, max_sequence_length: int, too_long: str):
         """Examples -> TokenizedExamples, as this folder's tokenizer makes them."""
-        from data.classification_data import tokenize, tokenize_by_template
-
-        if self.vocab is not None:
-            return tokenize(examples, self.tokenizer, self.vocab, labels, max_sequence_length, too_long)
-        data = tokenize_by_template(examples, self.tokenizer, labels, max_sequence_length, too_long)
-        if not self.token_types:  # transformers feeds the model zeros then: so do we
-            data.segment_ids = [np.zeros_like(s) for s in data.segment_ids]
-        return data
+        return tokenize_examples(
+            examples, labels, max_sequence_length, too_long, self.tokenizer, self.vocab, self.token_types
+        )
 
     def hf_tokenizer(self):
         """transformers' fast tokenizer of the folder (QA windows need its overflow and offsets)."""
