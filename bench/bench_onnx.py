@@ -1,4 +1,4 @@
-"""Packed embeddings against ONNX Runtime on the same texts and threads (issue 60).
+"""Packed embeddings against ONNX Runtime and OpenVINO on the same texts and threads (issue 60).
 
     python bench/bench_onnx.py [--texts 1000] [--rounds 3] [--threads 2]
 
@@ -15,12 +15,19 @@ what such a user writes instead: the MiniLM folder's encoder exported once with
 sentence-transformers feeds its model: texts sorted by length, 32 per batch, padded to the
 batch's longest, mean pooling over the mask, then L2-normalised.
 
-Three ways on three length profiles of BBC News (data/embedding_texts.py: sentences,
+OpenVINO (where it is installed: requirements-bench.txt pins it) compiles the same exported
+file (`openvino.Core().compile_model("minilm.onnx", "CPU", {"INFERENCE_PRECISION_HINT":
+"f32", "INFERENCE_NUM_THREADS": threads})`: fp32 asked for, since on a CPU with AMX its
+default is bf16) and is fed the same batches. sentence-transformers' `backend="openvino"`
+needs optimum-intel, which has the same import problem as its ONNX backend.
+
+Four ways on three length profiles of BBC News (data/embedding_texts.py: sentences,
 paragraphs, mixed), rounds alternating the order, texts/s (median) and paired ratios:
 
-  encode  SentenceTransformer.encode(batch_size=32), torch
-  onnx    the ONNX Runtime session above
-  packed  finetune.embedding.packed_encode on the same SentenceTransformer (this project)
+  encode    SentenceTransformer.encode(batch_size=32), torch
+  onnx      the ONNX Runtime session above
+  openvino  the OpenVINO compiled model above
+  packed    finetune.embedding.packed_encode on the same SentenceTransformer (this project)
 
 In one process, after a warm-up of each way: whole-process figures (imports, loading) are
 not here. The vectors are compared (min cosine against encode's).
@@ -64,18 +71,38 @@ def export_onnx(folder: Path, path: Path) -> None:
                       dynamo=False)  # fmt: skip
 
 
-class OnnxEncoder:
-    """sentence-transformers' batching over an ONNX Runtime session: sorted, 32 per batch,
-    padded, mean pooling, normalised."""
+def onnx_runtime(path: Path, threads: int):
+    """feeds -> last hidden states [B, T, 384], through an ONNX Runtime session (fp32)."""
+    import onnxruntime
 
-    def __init__(self, path: Path, tokenizer, threads: int, max_length: int = 256):
-        import onnxruntime
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return lambda feeds: session.run(["last_hidden_state"], feeds)[0]
 
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        self.tokenizer, self.max_length = tokenizer, max_length
+
+def openvino_runtime(path: Path, threads: int):
+    """feeds -> last hidden states, through OpenVINO's CPU plugin, fp32 asked for; None where
+    openvino is not installed."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    compiled = openvino.Core().compile_model(
+        str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": threads}
+    )
+    request = compiled.create_infer_request()
+    output = compiled.output("last_hidden_state")
+    return lambda feeds: request.infer(feeds)[output]
+
+
+class SortedBatchEncoder:
+    """sentence-transformers' batching over a runtime (`run`: feeds -> hidden states): sorted,
+    32 per batch, padded, mean pooling, normalised."""
+
+    def __init__(self, run, tokenizer, max_length: int = 256):
+        self.run, self.tokenizer, self.max_length = run, tokenizer, max_length
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         order = np.argsort([-len(t) for t in texts], kind="stable")  # sentence-transformers: longest first
@@ -88,7 +115,7 @@ class OnnxEncoder:
                 name: batch[name].astype(np.int64)
                 for name in ("input_ids", "attention_mask", "token_type_ids")
             }
-            hidden = self.session.run(["last_hidden_state"], feeds)[0]
+            hidden = self.run(feeds)
             mask = feeds["attention_mask"][..., None].astype(np.float32)
             pooled = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
             out[chosen] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
@@ -124,12 +151,15 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / "minilm.onnx"
         export_onnx(model_dir(), path)
-        onnx = OnnxEncoder(path, tokenizer, args.threads)
         ways = {
             "encode": lambda texts: st_model.encode(texts, batch_size=32, convert_to_numpy=True),
-            "onnx": onnx.encode,
-            "packed": lambda texts: packed_encode(st_model, texts),
+            "onnx": SortedBatchEncoder(onnx_runtime(path, args.threads), tokenizer).encode,
         }
+        openvino = openvino_runtime(path, args.threads)
+        if openvino is not None:
+            ways["openvino"] = SortedBatchEncoder(openvino, tokenizer).encode
+        ways["packed"] = lambda texts: packed_encode(st_model, texts)
+        peers = [name for name in ways if name != "packed"]
         for profile in ("sentences", "paragraphs", "mixed"):
             pool = texts_of(articles, profile)
             picks = np.random.default_rng(0).choice(len(pool), size=min(args.texts, len(pool)), replace=False)
@@ -145,23 +175,24 @@ def main() -> int:
                     seconds[name].append(took)
             rate = {name: len(texts) / statistics.median(s) for name, s in seconds.items()}
             paired = {other: statistics.median(o / p for o, p in zip(seconds[other], seconds["packed"]))
-                      for other in ("encode", "onnx")}  # fmt: skip
+                      for other in peers}  # fmt: skip
             cosine = {
-                name: float((vectors[name] * vectors["encode"]).sum(1).min()) for name in ("onnx", "packed")
+                name: float((vectors[name] * vectors["encode"]).sum(1).min())
+                for name in ways
+                if name != "encode"
             }
-            row = {"profile": profile, "texts": len(texts), **{f"{k}_texts_per_second": v for k, v in rate.items()},
-                   "packed_over_encode": paired["encode"], "packed_over_onnx": paired["onnx"],
-                   "onnx_over_encode": rate["onnx"] / rate["encode"], "min_cosine": cosine}  # fmt: skip
+            row = {"profile": profile, "texts": len(texts), "texts_per_second": rate,
+                   "packed_over": paired, "min_cosine_to_encode": cosine}  # fmt: skip
             rows.append(row)
             print(row, flush=True)
-    print(
-        "\n| profile | encode, texts/s | ONNX Runtime | packed | packed / encode | packed / ONNX Runtime | ONNX / encode |"
-    )
-    print("|---|---|---|---|---|---|---|")
+    names = {"encode": "encode (torch)", "onnx": "ONNX Runtime", "openvino": "OpenVINO", "packed": "packed"}
+    print("\n| profile | " + " | ".join(f"{names[n]}, texts/s" for n in ways) + " | "
+          + " | ".join(f"packed / {names[n]}" for n in peers) + " | min cosine to encode |")  # fmt: skip
+    print("|---|" + "---|" * (len(ways) + len(peers) + 1))
     for row in rows:
-        print(f"| {row['profile']} | {row['encode_texts_per_second']:.1f} | {row['onnx_texts_per_second']:.1f} | "
-              f"{row['packed_texts_per_second']:.1f} | {row['packed_over_encode']:.2f}x | {row['packed_over_onnx']:.2f}x "
-              f"| {row['onnx_over_encode']:.2f}x |")  # fmt: skip
+        print(f"| {row['profile']} | " + " | ".join(f"{row['texts_per_second'][n]:.1f}" for n in ways) + " | "
+              + " | ".join(f"{row['packed_over'][n]:.2f}x" for n in peers) + " | "
+              + f"{min(row['min_cosine_to_encode'].values()):.7f} |")  # fmt: skip
     return 0
 
 
