@@ -1,7 +1,7 @@
 """Packed embeddings against sentence-transformers' `encode`, as whole processes.
 
     python bench/bench_embed.py [--texts 4000] [--rounds 3] [--threads 2] [--dtype float32]
-        [--profile mixed | paragraphs]
+        [--profile mixed | paragraphs | sentences] [--peers]
 
 The same BBC News texts (titles, sentences and paragraphs: short and long mixed,
 data/embedding_texts.py) as a JSON-lines file; each round runs, alternately and in a
@@ -11,6 +11,16 @@ rotating order, in fresh interpreters with the same torch thread count:
                 batch_size=32) (its default length sorting), saved with numpy
   embed-sorted  python -m finetune.embed --batching sorted (the same batching as encode)
   embed-packed  python -m finetune.embed --batching packed (the default)
+
+With --peers (fp32 only), also the runtimes a user would otherwise reach for, each a whole
+process over the same texts that imports no torch: the MiniLM encoder exported once to ONNX
+before the rounds (bench/bench_onnx.py's `export_onnx`; the export is not timed, a user does
+it once), then fed as sentence-transformers feeds its model (sorted, 32 per batch, padded,
+mean pooling, normalised: bench_onnx's `SortedBatchEncoder`; the folder's tokenizer.json
+through `tokenizers`, truncated at 256 tokens as the folder's max_seq_length):
+
+  onnxruntime   an onnxruntime InferenceSession, fp32, intra-op threads = --threads
+  openvino      OpenVINO's CPU plugin, fp32 asked for, threads = --threads (if installed)
 
 Each is timed twice: the whole process (interpreter start, imports, model load, reading,
 writing: what a user waits for) and its own encode loop. The vectors of every run are
@@ -33,6 +43,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # bench_onnx's export and batching
 
 ST_SCRIPT = """
 import json, sys, time, numpy as np, torch
@@ -46,6 +57,21 @@ vectors = model.encode(texts, batch_size=32, convert_to_numpy=True)
 seconds = time.perf_counter() - started
 np.save(sys.argv[3], vectors.astype(np.float32))
 print(json.dumps({"texts": len(texts), "seconds": seconds}))
+"""
+
+PEER_SCRIPT = """
+import json, sys, time
+sys.path.insert(0, sys.argv[6])
+import numpy as np
+from bench_onnx import SortedBatchEncoder, onnx_runtime, openvino_runtime, tokenizers_batches
+texts = [json.loads(line)["text"] for line in open(sys.argv[2])]
+runtime = {"onnxruntime": onnx_runtime, "openvino": openvino_runtime}[sys.argv[5]]
+encoder = SortedBatchEncoder(runtime(sys.argv[1], int(sys.argv[4])), tokenizers_batches(sys.argv[7]))
+started = time.perf_counter()
+vectors = encoder.encode(texts)
+seconds = time.perf_counter() - started
+np.save(sys.argv[3], vectors)
+print(json.dumps({"texts": len(texts), "seconds": seconds, "torch": "torch" in sys.modules}))
 """
 
 
@@ -70,13 +96,16 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
-        "--profile", default="mixed", choices=("mixed", "paragraphs"),
+        "--profile", default="mixed", choices=("mixed", "paragraphs", "sentences"),
         help="mixed: titles, sentences and paragraphs; paragraphs: paragraphs (median ~110 tokens) "
-        "plus one in six passages of four paragraphs (cut at max_seq_length)",
+        "plus one in six passages of four paragraphs (cut at max_seq_length); sentences: the bodies' sentences",
     )  # fmt: skip
+    parser.add_argument("--peers", action="store_true", help="also ONNX Runtime and OpenVINO (fp32)")
     args = parser.parse_args()
-    if args.profile == "mixed":
-        texts = texts_of(bbc_articles(corpus_glob()), "mixed")
+    if args.peers and args.dtype != "float32":
+        parser.error("--peers: the peers run fp32 only")
+    if args.profile in ("mixed", "sentences"):
+        texts = texts_of(bbc_articles(corpus_glob()), args.profile)
     else:
         paragraphs = texts_of(bbc_articles(corpus_glob()), "paragraphs")
         starts = np.random.default_rng(1).choice(
@@ -87,7 +116,18 @@ def main() -> int:
     texts = [texts[i] for i in picks]
     model = str(model_dir())
     results: dict[str, list] = {"st-encode": [], "embed-sorted": [], "embed-packed": []}
+    if args.peers:
+        import importlib.util
+
+        results["onnxruntime"] = []
+        if importlib.util.find_spec("openvino") is not None:
+            results["openvino"] = []
     with tempfile.TemporaryDirectory() as scratch:
+        if args.peers:
+            from bench_onnx import export_onnx
+
+            exported = Path(scratch) / "minilm.onnx"
+            export_onnx(Path(model), exported)
         source = Path(scratch) / "texts.jsonl"
         source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         outputs = {name: Path(scratch) / f"{name}.npy" for name in results}
@@ -96,15 +136,20 @@ def main() -> int:
             if name == "st-encode":
                 return [sys.executable, "-c", ST_SCRIPT, model, str(source), str(outputs[name]),
                         str(args.threads), args.dtype]  # fmt: skip
+            if name in ("onnxruntime", "openvino"):
+                return [sys.executable, "-c", PEER_SCRIPT, str(exported), str(source), str(outputs[name]),
+                        str(args.threads), name, str(REPO / "bench"), model]  # fmt: skip
             return [sys.executable, "-m", "finetune.embed", "--model", model, "--input", str(source),
                     "--output", str(outputs[name]), "--batching", name.split("-")[1], "--dtype", args.dtype,
                     "--quiet"]  # fmt: skip
 
         names = list(results)
         for round_ in range(args.rounds):
-            for name in names[round_ % 3 :] + names[: round_ % 3]:
+            for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
                 wall, report = run(argv_of(name), args.threads)
                 results[name].append({"wall": wall, "encode": report["seconds"]})
+                if report.get("torch"):
+                    raise RuntimeError(f"{name} imported torch: not the torch-free process it stands for")
                 print(f"round {round_} {name}: {wall:.1f} s whole, {report['seconds']:.1f} s encoding",
                       file=sys.stderr, flush=True)  # fmt: skip
         reference = np.load(outputs["st-encode"])
@@ -129,6 +174,11 @@ def main() -> int:
         whole = [s["wall"] / p["wall"] for s, p in zip(results["st-encode"], results[name])]
         loop = [s["encode"] / p["encode"] for s, p in zip(results["st-encode"], results[name])]
         print(f"\n{name} / st-encode, paired per round: whole process {np.median(whole):.2f}x "
+              f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
+    for peer in [name for name in ("onnxruntime", "openvino") if name in results]:
+        whole = [s["wall"] / p["wall"] for s, p in zip(results[peer], results["embed-packed"])]
+        loop = [s["encode"] / p["encode"] for s, p in zip(results[peer], results["embed-packed"])]
+        print(f"embed-packed / {peer}, paired per round: whole process {np.median(whole):.2f}x "
               f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"texts": n, "runs": results, "min_cosine": agreement}, indent=1))

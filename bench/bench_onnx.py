@@ -97,24 +97,51 @@ def openvino_runtime(path: Path, threads: int):
     return lambda feeds: request.infer(feeds)[output]
 
 
+def transformers_batches(tokenizer, max_length: int = 256):
+    """texts -> padded int64 feeds, by a transformers tokenizer (imports torch with it)."""
+
+    def tokenize(texts):
+        batch = tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="np")
+        return {
+            name: batch[name].astype(np.int64) for name in ("input_ids", "attention_mask", "token_type_ids")
+        }
+
+    return tokenize
+
+
+def tokenizers_batches(folder: Path, max_length: int = 256):
+    """texts -> padded int64 feeds, by the folder's tokenizer.json through `tokenizers` alone
+    (what a torch-free ONNX process uses): truncated at max_length, padded to the longest."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(folder) / "tokenizer.json"))
+    tokenizer.enable_truncation(max_length)
+    tokenizer.enable_padding()
+
+    def tokenize(texts):
+        encoded = tokenizer.encode_batch(texts)
+        return {
+            "input_ids": np.array([e.ids for e in encoded], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encoded], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encoded], dtype=np.int64),
+        }
+
+    return tokenize
+
+
 class SortedBatchEncoder:
     """sentence-transformers' batching over a runtime (`run`: feeds -> hidden states): sorted,
-    32 per batch, padded, mean pooling, normalised."""
+    32 per batch, padded (`tokenize`: texts -> feeds), mean pooling, normalised."""
 
-    def __init__(self, run, tokenizer, max_length: int = 256):
-        self.run, self.tokenizer, self.max_length = run, tokenizer, max_length
+    def __init__(self, run, tokenize):
+        self.run, self.tokenize = run, tokenize
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         order = np.argsort([-len(t) for t in texts], kind="stable")  # sentence-transformers: longest first
         out = np.empty((len(texts), 384), dtype=np.float32)
         for first in range(0, len(texts), batch_size):
             chosen = order[first : first + batch_size]
-            batch = self.tokenizer([texts[i] for i in chosen], padding=True, truncation=True,
-                                   max_length=self.max_length, return_tensors="np")  # fmt: skip
-            feeds = {
-                name: batch[name].astype(np.int64)
-                for name in ("input_ids", "attention_mask", "token_type_ids")
-            }
+            feeds = self.tokenize([texts[i] for i in chosen])
             hidden = self.run(feeds)
             mask = feeds["attention_mask"][..., None].astype(np.float32)
             pooled = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
@@ -153,11 +180,13 @@ def main() -> int:
         export_onnx(model_dir(), path)
         ways = {
             "encode": lambda texts: st_model.encode(texts, batch_size=32, convert_to_numpy=True),
-            "onnx": SortedBatchEncoder(onnx_runtime(path, args.threads), tokenizer).encode,
+            "onnx": SortedBatchEncoder(
+                onnx_runtime(path, args.threads), transformers_batches(tokenizer)
+            ).encode,
         }
         openvino = openvino_runtime(path, args.threads)
         if openvino is not None:
-            ways["openvino"] = SortedBatchEncoder(openvino, tokenizer).encode
+            ways["openvino"] = SortedBatchEncoder(openvino, transformers_batches(tokenizer)).encode
         ways["packed"] = lambda texts: packed_encode(st_model, texts)
         peers = [name for name in ways if name != "packed"]
         for profile in ("sentences", "paragraphs", "mixed"):
