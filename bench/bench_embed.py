@@ -141,7 +141,7 @@ def main() -> int:
                         str(args.threads), name, str(REPO / "bench"), model]  # fmt: skip
             return [sys.executable, "-m", "finetune.embed", "--model", model, "--input", str(source),
                     "--output", str(outputs[name]), "--batching", name.split("-")[1], "--dtype", args.dtype,
-                    "--quiet"]  # fmt: skip
+                    "--quiet", "--overwrite"]  # fmt: skip
 
         names = list(results)
         for round_ in range(args.rounds):
