@@ -233,7 +233,11 @@ def test_server_qa_edge_cases_are_4xx_or_clean_answers(trained, squad_files):
     long_context = " ".join(d["context"] for d in dev)[:30_000]
     window = json.loads((trained / "model" / "finetune.json").read_text())["max_sequence_length"]
     cases = [
-        ({"question": q["question"], "context": "x" * 100_001}, 413, "more than the 100,000"),  # over the limit
+        (
+            {"question": q["question"], "context": "x" * 100_001},
+            413,
+            "more than the 100,000",
+        ),  # over the limit
         ({"question": "why " * window, "context": q["context"]}, 413, "field 'question'"),  # past the window
         ({"question": q["question"], "context": ""}, 422, "empty"),
         ({"question": q["question"], "context": " \n\t "}, 422, "empty"),
