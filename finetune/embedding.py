@@ -115,9 +115,10 @@ def encoder_from_sentence_transformer(st_model) -> LoadedModel:
     # BERT on this project's embedding model (the weights loaded by name, no copy kept),
     # other families on their own modules with packed attention: model.opening decides.
     token_types = "token_type_ids" in getattr(transformer.tokenizer, "model_input_names", ())
-    model = packed_from_loaded(transformer.auto_model, check_pooling(pooling.pooling_mode), token_types)
+    modes = check_pooling(pooling.pooling_mode)
+    model = packed_from_loaded(transformer.auto_model, modes, token_types)
     embedding = EmbeddingSpec(
-        pooling=check_pooling(pooling.pooling_mode),
+        pooling=modes,
         normalize="Normalize" in kinds,
         lowercase=bool(getattr(transformer, "do_lower_case", False)),
         prompts=dict(getattr(st_model, "prompts", None) or {}),

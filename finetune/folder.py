@@ -118,10 +118,10 @@ def load_packed_model(folder: Path, task: str, attention_backend: str | None = N
     door does not hold, or a folder that cannot be loaded. config: config.json as the caller
     read it (FolderSpec.model_config; None: read here)."""
     from model.families import UnsupportedFamily
-    from model.opening import ModelOptions, open_model, read_model_config
+    from model.opening import ModelOptions, open_model
 
     check_weights_file(folder)
-    config = read_model_config(folder) if config is None else config
+    config = config or read_json_object(folder / "config.json")  # one line naming the file if unreadable
     check_config_values(folder, config)
     try:
         return open_model(folder, task, ModelOptions(attention_backend=attention_backend), config).model
