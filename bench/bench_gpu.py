@@ -133,10 +133,17 @@ def parse_setup(text: str) -> Setup:
 
 
 def fp8_linear_filter(module, fqn: str) -> bool:
-    """Float8 matmuls need both dimensions divisible by 16: the encoder's Linear layers
-    (not the NSP head's 2 outputs; the MLM decoder's vocabulary of 30,522 is not either)."""
+    """Float8 matmuls (torch._scaled_mm) need every dimension divisible by 16, the token count
+    too (it is the contracted dimension of the weight gradient). Only the encoder's Linear
+    layers qualify: they see rows x S tokens (S a multiple of 16). The pooler sees rows x K
+    [CLS] tokens and the MLM transform rows x M masked slots, counts that vary with the batch
+    (an odd number of rows failed in the backward on the H100); the NSP head has 2 outputs and
+    the MLM decoder's vocabulary of 30,522 is not a multiple of 16."""
     return (
-        isinstance(module, torch.nn.Linear) and module.in_features % 16 == 0 and module.out_features % 16 == 0
+        isinstance(module, torch.nn.Linear)
+        and ".encoder." in f".{fqn}"
+        and module.in_features % 16 == 0
+        and module.out_features % 16 == 0
     )
 
 
