@@ -63,3 +63,36 @@ def test_gpu_benchmarks_say_there_is_no_gpu_in_one_line(command):
     out = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
     assert out.stderr.startswith("error:") and "CUDA" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_fp8_filter_takes_the_encoders_linear_layers_only():
+    """torch._scaled_mm needs every dimension divisible by 16, the token count too; only the
+    encoder's layers see rows x S tokens. The pooler (rows x K) and the MLM transform (rows x M)
+    failed on the H100 for an odd number of rows."""
+    from bench_gpu import fp8_linear_filter
+
+    from model import PackedBertForPreTraining, bert_config
+
+    model = PackedBertForPreTraining(bert_config("bert-tiny"))
+    chosen = {name for name, module in model.named_modules() if fp8_linear_filter(module, name)}
+    linears = {name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    assert chosen == {name for name in linears if name.startswith("bert.encoder.")}
+    assert len(chosen) == 6 * bert_config("bert-tiny").num_hidden_layers
+
+
+def test_gpu_inference_bench_rehearses_on_the_cpu(tmp_path):
+    """bench_gpu_inference.py's measurement, on the CPU: both sides run, the vectors agree,
+    and a folder travelling without weights gets seeded ones that load."""
+    import shutil
+
+    from bench_gpu_inference import measure, random_weights
+
+    from data.assets import model_dir
+
+    folder = tmp_path / "minilm"
+    shutil.copytree(model_dir(), folder, ignore=shutil.ignore_patterns("model.safetensors"))
+    random_weights(folder)
+    texts = ["a short one", "a somewhat longer sentence about the news of the day", "x"] * 4
+    result = measure(folder, texts, "float32", rounds=2, device="cpu")
+    assert result["texts"] == 12 and result["lowest_cosine"] >= 0.99999
+    assert len(result["seconds"]["encode"]) == len(result["seconds"]["packed"]) == 2
