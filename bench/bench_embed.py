@@ -50,8 +50,8 @@ import json, sys, time, numpy as np, torch
 torch.set_num_threads(int(sys.argv[4]))
 from sentence_transformers import SentenceTransformer
 texts = [json.loads(line)["text"] for line in open(sys.argv[2])]
-model = SentenceTransformer(sys.argv[1], device="cpu")
 kwargs = {"model_kwargs": {"dtype": torch.bfloat16}} if sys.argv[5] == "bfloat16" else {}
+model = SentenceTransformer(sys.argv[1], device="cpu", **kwargs)
 started = time.perf_counter()
 vectors = model.encode(texts, batch_size=32, convert_to_numpy=True)
 seconds = time.perf_counter() - started
