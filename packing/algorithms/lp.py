@@ -22,9 +22,12 @@ K sequences, and a pattern (strategy) is a multiset of lengths that fits.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import scipy.optimize
-import scipy.sparse
+
+if TYPE_CHECKING:  # scipy is imported where a program is solved: packing with another
+    import scipy.sparse  # algorithm (embed, predict, the server) pays nothing for it
 
 from packing.algorithms.heuristics import lpfhp
 from packing.algorithms.nnlshp import exact_fill_strategies
@@ -112,6 +115,8 @@ class _ColumnPool:
 
     def matrix(self) -> scipy.sparse.csc_matrix:
         """[present lengths, patterns]: copies of each length in each pattern."""
+        import scipy.sparse
+
         if self._matrix is None:
             self._matrix = scipy.sparse.csc_matrix(
                 (np.ones(len(self._rows)), (self._rows, self._cols)),
@@ -121,6 +126,8 @@ class _ColumnPool:
 
 
 def _solve_restricted_lp(a: scipy.sparse.csc_matrix, demand: np.ndarray):
+    import scipy.optimize
+
     result = scipy.optimize.linprog(
         np.ones(a.shape[1]),
         A_ub=-a,
@@ -226,6 +233,9 @@ class _Pricer:
 def _pack_residual(residual: Histogram, depth: int, pool: _ColumnPool):
     """Pack the few sequences the rounded LP leaves: an integer program over the pool's
     patterns that fit the residual counts, or LPFHP, whichever needs fewer packs."""
+    import scipy.optimize
+    import scipy.sparse
+
     heuristic = lpfhp(residual, depth)
     heuristic_packs = sum(c for _, c in heuristic)
     counts = residual.counts

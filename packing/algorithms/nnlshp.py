@@ -12,9 +12,12 @@ leaves the packs and the efficiency unchanged and makes the plan exact).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import scipy.optimize
-import scipy.sparse
+
+if TYPE_CHECKING:  # imported where solved (see packing/algorithms/lp.py)
+    import scipy.sparse
 
 from packing.algorithms.heuristics import lpfhp
 from packing.errors import PackingInputError
@@ -53,6 +56,8 @@ def _weighted_nnls(a: scipy.sparse.csr_matrix, b: np.ndarray) -> np.ndarray:
     conditions hold for ALL columns, so the answer is an exact NNLS optimum.
     If that does not converge, fall back to nnls on every column, then to bvls.
     """
+    import scipy.optimize
+
     dense = a.toarray()
     a_t = a.T.tocsr()
     tolerance = 1e-9 * max(1.0, float(np.abs(a_t @ b).max()))
@@ -107,6 +112,8 @@ def _kkt_ok(a, b, x, rtol=1e-6) -> bool:
 
 
 def nnlshp(histogram: Histogram, depth: int):
+    import scipy.sparse
+
     n = histogram.max_sequence_length
     if depth > MAX_DEPTH:
         raise PackingInputError(
