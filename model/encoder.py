@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 import torch.utils.checkpoint
 from torch import nn
-from transformers.activations import ACT2FN
 
+from model.activations import activation
 from model.attention import PackedSelfAttention, build_mask, rows_mask
 from model.dropout import Dropout
 
@@ -66,7 +66,7 @@ class _Intermediate(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = ACT2FN[config.hidden_act]
+        self.act = activation(config.hidden_act)
 
     def forward(self, x):
         return self.act(self.dense(x))
