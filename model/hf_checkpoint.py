@@ -79,6 +79,70 @@ def load_checked(model_class, folder: Path, new_head: bool, **kwargs):
     return model, info
 
 
+# Names transformers renames on load (old TF-converted checkpoints): such a file goes
+# through transformers' loader, which knows them.
+LEGACY_NAME_PARTS = ("LayerNorm.gamma", "LayerNorm.beta")
+
+
+def load_encoder_weights(
+    encoder, folder: Path, config, new_head: bool = False, prefix: str = "bert."
+) -> dict:
+    """Load `folder`'s weights into `encoder`, a model.encoder.PackedBertModel (transformers'
+    BertModel names: embeddings.*, encoder.*, pooler.* where it has a pooler), as strictly
+    as load_checked; -> the loading info (missing / unexpected / mismatched keys).
+
+    Read straight from model.safetensors, by name, as transformers' BertModel reads it (a
+    task model's `bert.` prefix dropped, its head left over), without building a
+    transformers model: that needs transformers' modeling_utils, seconds of start-up for a
+    command that only runs the encoder. A folder without a single model.safetensors
+    (sharded, or PyTorch's pickle format) or with legacy names goes through transformers'
+    BertModel (load_reference) and the same checks."""
+    path = Path(folder) / "model.safetensors"
+    state = read_safetensors(path, folder) if path.is_file() else None
+    if state is None or any(part in name for name in state for part in LEGACY_NAME_PARTS):
+        pooler = any(name.startswith("pooler.") for name in encoder.state_dict())
+        reference, info = load_reference(
+            "BertModel", Path(folder), new_head=new_head, config=config, add_pooling_layer=pooler
+        )
+        state = reference.state_dict()
+    else:
+        if not any(name.startswith(("embeddings.", "encoder.")) for name in state):
+            state = {name.removeprefix(prefix): value for name, value in state.items()}
+        own = encoder.state_dict()
+        info = {
+            "missing_keys": sorted(own.keys() - state.keys()),
+            "unexpected_keys": sorted(state.keys() - own.keys()),
+            "mismatched_keys": sorted(
+                (name, tuple(state[name].shape), tuple(own[name].shape))
+                for name in own.keys() & state.keys()
+                if state[name].shape != own[name].shape
+            ),
+        }
+        prefixes = tuple(f"{name}." for name, _ in encoder.named_children() if name != "pooler")
+        problem = loading_problem(info, prefixes, new_head)
+        if problem:
+            raise ValueError(f"{folder}: {problem}")
+        state = {name: value for name, value in state.items() if name in own}
+    missing, unexpected = encoder.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"{folder}: weight names do not map: missing {missing}, unexpected {unexpected}")
+    return info
+
+
+def read_safetensors(path: Path, folder: Path) -> dict:
+    """{name: tensor} of a safetensors file; a truncated or foreign file is a ValueError
+    naming the folder (safetensors raises its own SafetensorError)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except SafetensorError as err:
+        raise ValueError(
+            f"{folder}: the weights cannot be read ({err}; a truncated or damaged file?)"
+        ) from None
+
+
 def encoder_prefixes(model) -> tuple[str, ...]:
     """Weight-name prefixes of the encoder proper inside a transformers model (its base
     model's children but the pooler): 'bert.embeddings.', 'bert.encoder.' for a task model,

@@ -17,6 +17,7 @@ fine-tuning (or pooling for embeddings) needs no head from the file.
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ import torch
 
 from common.choices import INFERENCE_ATTENTION_BACKEND
 from model.embedding import check_pooling
-from model.families import FAMILIES, PackedFamilyModel, UnsupportedFamily, max_tokens, use_packed_attention
+from model.families import FAMILIES, UnsupportedFamily, max_tokens, use_packed_attention
 
 TASKS = ("classification", "token_classification", "question_answering", "embedding", "causal_lm")
 
@@ -62,18 +63,20 @@ class OpenedModel:
     max_tokens: int
 
 
-def _bert_classes() -> dict[str, type]:
-    from model.classification import PackedBertForSequenceClassification
-    from model.embedding import PackedBertForEmbedding
-    from model.question_answering import PackedBertForQuestionAnswering
-    from model.token_classification import PackedBertForTokenClassification
+# task -> (module, class) of this project's BERT head. Imported when a folder of that task
+# is opened: the trainable heads are transformers PreTrainedModels (model/packed_head.py),
+# whose import costs seconds; the embedding model is a plain torch module.
+BERT_HEADS: dict[str, tuple[str, str]] = {
+    "classification": ("model.classification", "PackedBertForSequenceClassification"),
+    "token_classification": ("model.token_classification", "PackedBertForTokenClassification"),
+    "question_answering": ("model.question_answering", "PackedBertForQuestionAnswering"),
+    "embedding": ("model.embedding", "PackedBertForEmbedding"),
+}
 
-    return {
-        "classification": PackedBertForSequenceClassification,
-        "token_classification": PackedBertForTokenClassification,
-        "question_answering": PackedBertForQuestionAnswering,
-        "embedding": PackedBertForEmbedding,
-    }
+
+def bert_head(task: str) -> type:
+    module, name = BERT_HEADS[task]
+    return getattr(importlib.import_module(module), name)
 
 
 # ModelOptions.dropout's names -> BertConfig's keys
@@ -92,7 +95,7 @@ def open_bert(folder: Path, task: str, options: ModelOptions, config: Mapping) -
     settings.update({BERT_DROPOUT_KEYS[what]: value for what, value in options.dropout.items()})
     if task == "embedding":  # pooled by this project: the encoder's own pooler is not used
         settings.update(pooling=list(check_pooling(options.pooling or "mean")), normalize=False)
-    model = _bert_classes()[task].from_pretrained(
+    model = bert_head(task).from_pretrained(
         folder, new_head=options.new_head, config_dict=config, **settings
     )
     return OpenedModel(model, model.config.max_position_embeddings)
@@ -100,6 +103,8 @@ def open_bert(folder: Path, task: str, options: ModelOptions, config: Mapping) -
 
 def open_family(folder: Path, task: str, options: ModelOptions, config: Mapping) -> OpenedModel:
     """transformers' own modules of the family, attention packed (model/families.py)."""
+    from model.family_model import PackedFamilyModel
+
     model = PackedFamilyModel.from_pretrained(
         folder, task, check_pooling(options.pooling or "mean"), dropout=dict(options.dropout) or None, new_head=options.new_head,
         config_dict=config, **dict(options.config),
@@ -186,6 +191,8 @@ def packed_from_loaded(hf_encoder, pooling, token_types: bool = False) -> torch.
     itself, its attention routed through the packed function. token_types: whether the
     model's tokenizer hands token_type_ids (PackedFamilyModel.hand_token_types)."""
     if OPENERS.get(getattr(hf_encoder.config, "model_type", None)) is not open_bert:
+        from model.family_model import PackedFamilyModel
+
         use_packed_attention(hf_encoder)
         return PackedFamilyModel(hf_encoder, "embedding", tuple(pooling)).hand_token_types(token_types).eval()
     from model.embedding import PackedBertForEmbedding

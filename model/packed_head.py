@@ -23,44 +23,16 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import NamedTuple
 
-import torch
 from transformers import BertConfig, BertPreTrainedModel
 
 from model.config import set_packing_defaults
-from model.encoder import PackedBertModel, encode_rows
+from model.encoder import PackedBertModel
 from model.hf_checkpoint import adopt_weights, load_reference, read_config, save_as_reference
-
-# Outputs transformers' Trainer must not gather as predictions (metric sums, masks).
-TRAINER_IGNORED_OUTPUTS = ["present", "loss_sum", "count", "correct", "correct_count"]
+from model.packed_rows import TRAINER_IGNORED_OUTPUTS, PackedRows, SlotRows, examples_in  # noqa: F401 - re-exported
 
 
-def examples_in(num_items_in_batch, items_per_example: int):
-    """transformers' Trainer counts a step's items as `labels != -100` over its micro-batches
-    (its num_items_in_batch): examples x items_per_example. -> examples, or None."""
-    if num_items_in_batch is None:
-        return None
-    return num_items_in_batch / items_per_example
-
-
-class SlotRows(NamedTuple):
-    """What a head reads of the rows besides the hidden states."""
-
-    sequence_ids: torch.Tensor  # [B, S]: j = 1..K on the tokens of slot j's sequence, 0 padding
-    cls_positions: torch.Tensor  # [B, K]: where each slot's sequence starts
-    example_index: torch.Tensor  # [B, K]: the example in each slot, < 0 where absent
-
-    @property
-    def slots(self) -> int:
-        return self.cls_positions.shape[1]
-
-    @property
-    def present(self) -> torch.Tensor:
-        return self.example_index >= 0
-
-
-class PackedHead(BertPreTrainedModel):
+class PackedHead(PackedRows, BertPreTrainedModel):
     """A transformers PreTrainedModel, so that `Trainer` saves it as a folder, checkpoints
     and resumes it; it accepts Trainer's `num_items_in_batch` (gradient accumulation
     normalises by the items of the whole step).
@@ -84,40 +56,6 @@ class PackedHead(BertPreTrainedModel):
         self.config = config
         self.bert = PackedBertModel(config, add_pooling_layer=self.add_pooling_layer)
         self.loading_report: dict = {}
-
-    def forward(
-        self,
-        input_ids,
-        segment_ids,
-        position_ids,
-        sequence_ids,
-        cls_positions,
-        example_index,
-        labels=None,
-        num_items_in_batch=None,
-        **unused,
-    ) -> dict:
-        """Rows [B, S] and slots [B, K] (finetune.rows.pack_rows' fields, as tensors) ->
-        the head's outputs (`read_out`). Other fields are accepted and ignored."""
-        rows = SlotRows(sequence_ids, cls_positions, example_index)
-        # A head that reads only [CLS] has the last layer compute those rows alone (its
-        # queries, attention output and feed-forward block; keys and values from every
-        # token): about 5/6 of a layer's work saved, with the same outputs and gradients.
-        read_positions = cls_positions if self.reads_cls_only else None
-        hidden = self.encode(
-            input_ids, segment_ids, position_ids, sequence_ids, cls_positions, read_positions
-        )
-        return self.read_out(hidden, rows, labels, num_items_in_batch)
-
-    def read_out(self, hidden, rows: SlotRows, labels, num_items_in_batch) -> dict:
-        """hidden [B, S, H] ([B, K, H] when reads_cls_only) -> the head's outputs."""
-        raise NotImplementedError
-
-    def encode(self, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions=None):
-        """Rows -> hidden states; see `encode_rows`."""
-        return encode_rows(
-            self.bert, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions
-        )
 
     # ----- Hugging Face checkpoints -----------------------------------------------------
     @classmethod

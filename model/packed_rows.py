@@ -1,0 +1,84 @@
+"""What every packed model shares, whatever its base class: the rows a head reads
+(`SlotRows`), the outputs `Trainer` must not gather, and the forward over packed rows
+(`PackedRows`: the encoder call, the read positions, then the head's `read_out`).
+
+Kept apart from model/packed_head.py, whose `PackedHead` is a transformers PreTrainedModel
+(for `Trainer`): importing that base costs seconds of start-up, which an inference-only
+model (model/embedding.py's) does not need to pay.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from model.encoder import encode_rows
+
+# Outputs transformers' Trainer must not gather as predictions (metric sums, masks).
+TRAINER_IGNORED_OUTPUTS = ["present", "loss_sum", "count", "correct", "correct_count"]
+
+
+def examples_in(num_items_in_batch, items_per_example: int):
+    """transformers' Trainer counts a step's items as `labels != -100` over its micro-batches
+    (its num_items_in_batch): examples x items_per_example. -> examples, or None."""
+    if num_items_in_batch is None:
+        return None
+    return num_items_in_batch / items_per_example
+
+
+class SlotRows(NamedTuple):
+    """What a head reads of the rows besides the hidden states."""
+
+    sequence_ids: torch.Tensor  # [B, S]: j = 1..K on the tokens of slot j's sequence, 0 padding
+    cls_positions: torch.Tensor  # [B, K]: where each slot's sequence starts
+    example_index: torch.Tensor  # [B, K]: the example in each slot, < 0 where absent
+
+    @property
+    def slots(self) -> int:
+        return self.cls_positions.shape[1]
+
+    @property
+    def present(self) -> torch.Tensor:
+        return self.example_index >= 0
+
+
+class PackedRows:
+    """The forward of a packed head over `self.bert` (a model.encoder.PackedBertModel), mixed
+    into a torch module. A head sets `reads_cls_only` and defines `read_out`."""
+
+    reads_cls_only = False
+
+    def forward(
+        self,
+        input_ids,
+        segment_ids,
+        position_ids,
+        sequence_ids,
+        cls_positions,
+        example_index,
+        labels=None,
+        num_items_in_batch=None,
+        **unused,
+    ) -> dict:
+        """Rows [B, S] and slots [B, K] (finetune.rows.pack_rows' fields, as tensors) ->
+        the head's outputs (`read_out`). Other fields are accepted and ignored."""
+        rows = SlotRows(sequence_ids, cls_positions, example_index)
+        # A head that reads only [CLS] has the last layer compute those rows alone (its
+        # queries, attention output and feed-forward block; keys and values from every
+        # token): about 5/6 of a layer's work saved, with the same outputs and gradients.
+        read_positions = cls_positions if self.reads_cls_only else None
+        hidden = self.encode(
+            input_ids, segment_ids, position_ids, sequence_ids, cls_positions, read_positions
+        )
+        return self.read_out(hidden, rows, labels, num_items_in_batch)
+
+    def read_out(self, hidden, rows: SlotRows, labels, num_items_in_batch) -> dict:
+        """hidden [B, S, H] ([B, K, H] when reads_cls_only) -> the head's outputs."""
+        raise NotImplementedError
+
+    def encode(self, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions=None):
+        """Rows -> hidden states; see `encode_rows`."""
+        return encode_rows(
+            self.bert, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions
+        )
