@@ -14,7 +14,7 @@ import torch
 from common.files import atomic_path
 from finetune.batching import Batcher
 from finetune.runner import Runner, per_sequence
-from model.classification import classification_metrics
+from model.classifier_head import classification_metrics
 
 
 def predict_logits(

@@ -15,18 +15,14 @@ several concatenated in the order given. `normalize` divides each vector by its 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
-from torch import nn
 from transformers import BertConfig
 
 from common.choices import POOLING_MODES, check_pooling  # noqa: F401 - re-exported
-from model.config import set_packing_defaults
-from model.encoder import PackedBertModel, slot_masks
-from model.hf_checkpoint import load_encoder_weights, read_config
-from model.packed_rows import PackedRows, SlotRows
+from model.encoder import slot_masks
+from model.inference_head import InferenceHead
+from model.packed_rows import SlotRows
 
 
 def pool_slots(hidden, rows: SlotRows, modes: tuple[str, ...]) -> torch.Tensor:
@@ -64,20 +60,20 @@ def pool_slots(hidden, rows: SlotRows, modes: tuple[str, ...]) -> torch.Tensor:
     return torch.where(rows.present[..., None], out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
-class PackedBertForEmbedding(PackedRows, nn.Module):
+class PackedBertForEmbedding(InferenceHead):
     """Every token -> per-sequence pooling (-> L2 normalisation), over this project's BERT
-    encoder. Inference only: no loss, no labels, never saved; so a plain torch module, not a
-    transformers PreTrainedModel as the trainable heads are (model/packed_head.py): that
-    base costs seconds of imports a command that embeds does not need."""
+    encoder. Inference only (no loss, no labels, never saved): a plain torch module
+    (model.inference_head), loading a bare BertModel's names as sentence-transformers
+    folders hold them, or any BERT task model's `bert.*`."""
+
+    reference_class = "BertModel"
+    reference_options = {"add_pooling_layer": False}
+    base_model_only = True
 
     def __init__(self, config: BertConfig, pooling="mean", normalize: bool = False):
-        super().__init__()
-        set_packing_defaults(config)
-        self.config = config
-        self.bert = PackedBertModel(config, add_pooling_layer=False)
+        super().__init__(config)
         self.pooling = check_pooling(pooling)
         self.normalize = bool(normalize)
-        self.loading_report: dict = {}
 
     @property
     def dimension(self) -> int:
@@ -92,27 +88,14 @@ class PackedBertForEmbedding(PackedRows, nn.Module):
         return {"embeddings": embeddings, "example_index": rows.example_index, "present": rows.present}
 
     @classmethod
-    def from_pretrained(
-        cls,
-        folder,
-        new_head: bool = False,
-        config_dict=None,
-        pooling="mean",
-        normalize: bool = False,
-        **overrides,
-    ):
-        """A BERT folder's encoder (a bare BertModel, as in sentence-transformers folders, or
-        any BERT task model's `bert.*`), loaded strictly (model.hf_checkpoint.
-        load_encoder_weights). overrides set non-shape config options (attention_backend,
-        dropout); config_dict: config.json as already read (None: read here)."""
-        folder = Path(folder)
-        config = read_config(folder, overrides, config_dict)
+    def configure_options(cls) -> tuple[str, ...]:
+        return ("pooling", "normalize")
+
+    @classmethod
+    def configure(cls, config, num_labels, overrides, pooling="mean", normalize=False) -> None:
+        super().configure(config, num_labels, overrides)
         config.embedding_pooling = list(check_pooling(pooling))
         config.embedding_normalize = bool(normalize)
-        model = cls.build(config)
-        info = load_encoder_weights(model.bert, folder, config, new_head=new_head)
-        model.loading_report = {key: list(value) for key, value in info.items() if value}
-        return model
 
     @classmethod
     def build(cls, config: BertConfig):

@@ -84,31 +84,42 @@ def load_checked(model_class, folder: Path, new_head: bool, **kwargs):
 LEGACY_NAME_PARTS = ("LayerNorm.gamma", "LayerNorm.beta")
 
 
-def load_encoder_weights(
-    encoder, folder: Path, config, new_head: bool = False, prefix: str = "bert."
+def load_weights(
+    model,
+    folder: Path,
+    config,
+    new_head: bool = False,
+    reference_class: str = "BertModel",
+    reference_options: dict | None = None,
+    base_model_only: bool = False,
 ) -> dict:
-    """Load `folder`'s weights into `encoder`, a model.encoder.PackedBertModel (transformers'
-    BertModel names: embeddings.*, encoder.*, pooler.* where it has a pooler), as strictly
-    as load_checked; -> the loading info (missing / unexpected / mismatched keys).
+    """Load `folder`'s weights into `model`, a packed BERT model whose names are transformers'
+    `reference_class`'s (`bert.*` plus its head's; base_model_only: the file is a bare
+    BertModel's, compared without `bert.`), as strictly as load_checked; -> the loading info
+    (missing / unexpected / mismatched keys, in the reference's names).
 
-    Read straight from model.safetensors, by name, as transformers' BertModel reads it (a
-    task model's `bert.` prefix dropped, its head left over), without building a
-    transformers model: that needs transformers' modeling_utils, seconds of start-up for a
-    command that only runs the encoder. A folder without a single model.safetensors
-    (sharded, or PyTorch's pickle format) or with legacy names goes through transformers'
-    BertModel (load_reference) and the same checks."""
-    path = Path(folder) / "model.safetensors"
+    Read straight from model.safetensors, by name, as transformers reads it (a bare
+    BertModel's names take the `bert.` prefix of a task model and the reverse; what the
+    model does not have is left over), without building a transformers model: that needs
+    transformers' modeling code, seconds of start-up for a command that only runs the
+    model. A folder without a single model.safetensors (sharded, or PyTorch's pickle
+    format) or with legacy names goes through transformers' `reference_class`
+    (load_reference) and the same checks."""
+    folder = Path(folder)
+    path = folder / "model.safetensors"
     state = read_safetensors(path, folder) if path.is_file() else None
     if state is None or any(part in name for name in state for part in LEGACY_NAME_PARTS):
-        pooler = any(name.startswith("pooler.") for name in encoder.state_dict())
         reference, info = load_reference(
-            "BertModel", Path(folder), new_head=new_head, config=config, add_pooling_layer=pooler
+            reference_class, folder, new_head=new_head, config=config, **(reference_options or {})
         )
         state = reference.state_dict()
     else:
-        if not any(name.startswith(("embeddings.", "encoder.")) for name in state):
-            state = {name.removeprefix(prefix): value for name, value in state.items()}
-        own = encoder.state_dict()
+        own = model.state_dict()
+        if base_model_only:
+            own = {_strip(name, BASE_PREFIX): value for name, value in own.items()}
+            state = {_strip(name, BASE_PREFIX): value for name, value in state.items()}
+        elif not any(name.startswith(BASE_PREFIX) for name in state):
+            state = {f"{BASE_PREFIX}{name}": value for name, value in state.items()}
         info = {
             "missing_keys": sorted(own.keys() - state.keys()),
             "unexpected_keys": sorted(state.keys() - own.keys()),
@@ -118,15 +129,23 @@ def load_encoder_weights(
                 if state[name].shape != own[name].shape
             ),
         }
-        prefixes = tuple(f"{name}." for name, _ in encoder.named_children() if name != "pooler")
-        problem = loading_problem(info, prefixes, new_head)
+        base = "" if base_model_only else BASE_PREFIX
+        encoder = tuple(f"{base}{name}." for name, _ in model.bert.named_children() if name != "pooler")
+        problem = loading_problem(info, encoder, new_head)
         if problem:
             raise ValueError(f"{folder}: {problem}")
         state = {name: value for name, value in state.items() if name in own}
-    missing, unexpected = encoder.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"{folder}: weight names do not map: missing {missing}, unexpected {unexpected}")
+    if base_model_only:
+        state = {f"{BASE_PREFIX}{name}": value for name, value in state.items()}
+    adopt_weights(model, state, info, folder, level=logging.INFO)  # every weight of the model, from the file
     return info
+
+
+BASE_PREFIX = "bert."
+
+
+def _strip(name: str, prefix: str) -> str:
+    return name[len(prefix) :] if name.startswith(prefix) else name
 
 
 def read_safetensors(path: Path, folder: Path) -> dict:

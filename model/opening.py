@@ -11,8 +11,10 @@ every other encoder family on transformers' own modules with packed attention
 compare a `model_type`. A type the table does not hold is one UnsupportedFamily line naming
 the supported list.
 
-Every builder loads strictly (model.hf_checkpoint.load_checked): `new_head=True` where
-fine-tuning (or pooling for embeddings) needs no head from the file.
+Every builder loads strictly (model.hf_checkpoint.load_checked, load_weights): `new_head=True`
+where fine-tuning (or pooling for embeddings) needs no head from the file. Opened for
+inference, BERT's classifier and embedding models are plain torch modules
+(model/inference_head.py): start-up without transformers' modeling code.
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ TASKS = ("classification", "token_classification", "question_answering", "embedd
 class ModelOptions:
     """What a caller sets when opening a folder; None keeps the folder's own value.
 
-    new_head: a head absent from the file may be initialised (the start of fine-tuning);
-        False refuses it (inference).
+    new_head: a head absent from the file may be initialised (the start of fine-tuning:
+        the model is trainable, a transformers PreTrainedModel); False refuses it
+        (inference: BERT's heads are then built as plain torch modules, model.inference_head,
+        without importing transformers' modeling code).
     attention_backend: dense | sdpa | flex | varlen (BERT's own stack; the other families
         run transformers' attention interface with packed masks).
     dropout: {"hidden" | "attention" | "classifier": probability or None}: each key given
@@ -72,10 +76,15 @@ BERT_HEADS: dict[str, tuple[str, str]] = {
     "question_answering": ("model.question_answering", "PackedBertForQuestionAnswering"),
     "embedding": ("model.embedding", "PackedBertForEmbedding"),
 }
+# Opened for inference (no new head): the same layers as a plain torch module
+# (model/inference_head.py), loaded without transformers' modeling code.
+BERT_INFERENCE_HEADS: dict[str, tuple[str, str]] = {
+    "classification": ("model.inference_head", "SequenceClassifierForInference"),
+}
 
 
-def bert_head(task: str) -> type:
-    module, name = BERT_HEADS[task]
+def bert_head(task: str, new_head: bool = False) -> type:
+    module, name = BERT_HEADS[task] if new_head else BERT_INFERENCE_HEADS.get(task, BERT_HEADS[task])
     return getattr(importlib.import_module(module), name)
 
 
@@ -95,7 +104,7 @@ def open_bert(folder: Path, task: str, options: ModelOptions, config: Mapping) -
     settings.update({BERT_DROPOUT_KEYS[what]: value for what, value in options.dropout.items()})
     if task == "embedding":  # pooled by this project: the encoder's own pooler is not used
         settings.update(pooling=list(check_pooling(options.pooling or "mean")), normalize=False)
-    model = bert_head(task).from_pretrained(
+    model = bert_head(task, options.new_head).from_pretrained(
         folder, new_head=options.new_head, config_dict=config, **settings
     )
     return OpenedModel(model, model.config.max_position_embeddings)

@@ -1,0 +1,90 @@
+"""BERT heads for inference only: plain torch modules, not transformers PreTrainedModels.
+
+The trainable heads (model/packed_head.py) subclass transformers' BertPreTrainedModel so
+that `Trainer` saves, checkpoints and resumes them; importing that base costs seconds
+(transformers' modeling_utils brings torch._dynamo, torch.distributed.tensor, sympy and
+scipy), which a command that only predicts or embeds pays for nothing. These models have
+the same layers, the same names and the same forward (model.packed_rows.PackedRows plus the
+head's mixin), and read a folder's model.safetensors directly (model.hf_checkpoint.
+load_weights: the same strict checks as loading through transformers). model.opening
+builds them where a folder is opened for inference (no new head); they are never saved.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import nn
+from transformers import BertConfig
+
+from model.classifier_head import SequenceClassifierHead
+from model.config import set_packing_defaults
+from model.encoder import PackedBertModel
+from model.hf_checkpoint import load_weights, read_config
+from model.packed_rows import PackedRows
+
+
+class InferenceHead(PackedRows, nn.Module):
+    """The base: `self.bert` (with a pooler where `add_pooling_layer`), the loading, and
+    PackedHead's `configure` / `configure_options` / `build` contract, so that a head's
+    mixin configures both bases alike. Subclasses set `reference_class` (the transformers
+    class whose names they keep), `reference_options`, `base_model_only`."""
+
+    reference_class: str = "BertModel"
+    reference_options: dict = {}
+    add_pooling_layer = False
+    base_model_only = False
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        set_packing_defaults(config)
+        self.config = config
+        self.bert = PackedBertModel(config, add_pooling_layer=self.add_pooling_layer)
+        self.loading_report: dict = {}
+
+    @classmethod
+    def configure(cls, config: BertConfig, num_labels: int | None, overrides: dict, **options) -> None:
+        """As PackedHead.configure: num_labels, then id2label / label2id from the overrides."""
+        if options:
+            raise TypeError(f"{cls.__name__}.from_pretrained got unexpected arguments {sorted(options)}")
+        if num_labels is not None:
+            config.num_labels = num_labels
+        for key in ("id2label", "label2id"):
+            if key in overrides:
+                setattr(config, key, overrides[key])
+
+    @classmethod
+    def configure_options(cls) -> tuple[str, ...]:
+        return ()
+
+    @classmethod
+    def build(cls, config: BertConfig):
+        return cls(config)
+
+    @classmethod
+    def from_pretrained(
+        cls, folder, num_labels: int | None = None, new_head: bool = False, config_dict=None, **overrides
+    ):
+        """As PackedHead.from_pretrained, for inference: the folder's config.json with the
+        overrides, every weight of the model from the file (load_weights)."""
+        folder = Path(folder)
+        options = {key: overrides.pop(key) for key in cls.configure_options() if key in overrides}
+        config = read_config(folder, overrides, config_dict)
+        cls.configure(config, num_labels, overrides, **options)
+        model = cls.build(config)
+        load_weights(
+            model, folder, config, new_head, cls.reference_class, cls.reference_options, cls.base_model_only
+        )
+        return model
+
+
+class SequenceClassifierForInference(SequenceClassifierHead, InferenceHead):
+    """PackedBertForSequenceClassification's layers and outputs, for inference only."""
+
+    reference_class = "BertForSequenceClassification"
+    reference_options = {"ignore_mismatched_sizes": False}
+    add_pooling_layer = True
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.add_head(config)
