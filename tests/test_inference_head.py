@@ -1,0 +1,159 @@
+"""Inference without transformers' modeling code (issue 60, start-up): a BERT folder opened
+for inference is a plain torch module (model/inference_head.py) with the trainable head's
+outputs, loaded from model.safetensors with load_checked's checks, and a whole predict or
+embed run never imports transformers.modeling_utils (whose import brings torch._dynamo,
+torch.distributed.tensor, sympy and scipy: seconds of every run's start-up)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from .conftest import REPO
+
+SMALL = dict(vocab_size=600, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+             max_position_embeddings=40, num_labels=3)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def classifier_folder(tmp_path_factory):
+    """A transformers BertForSequenceClassification folder (save_pretrained: safetensors)."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    folder = tmp_path_factory.mktemp("classifier")
+    torch.manual_seed(0)
+    BertForSequenceClassification(BertConfig(**SMALL)).save_pretrained(folder)
+    return folder
+
+
+def rows(seed: int = 0):
+    """Two packed rows of 24 tokens: sequences of 9 + 11 and 15 tokens (K = 2)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, SMALL["vocab_size"], (2, 24), generator=generator)
+    sequence_ids = torch.zeros(2, 24, dtype=torch.long)
+    sequence_ids[0, :9], sequence_ids[0, 9:20], sequence_ids[1, :15] = 1, 2, 1
+    position_ids = torch.zeros(2, 24, dtype=torch.long)
+    position_ids[0, :9], position_ids[0, 9:20], position_ids[1, :15] = (
+        torch.arange(9), torch.arange(11), torch.arange(15),
+    )  # fmt: skip
+    return dict(
+        input_ids=ids * (sequence_ids > 0),
+        segment_ids=torch.zeros(2, 24, dtype=torch.long),
+        position_ids=position_ids,
+        sequence_ids=sequence_ids,
+        cls_positions=torch.tensor([[0, 9], [0, 0]]),
+        example_index=torch.tensor([[0, 1], [2, -1]]),
+    )
+
+
+def test_the_inference_classifier_equals_the_trainable_one(classifier_folder):
+    """Same names, same weights, same outputs; opened for inference it is not a
+    PreTrainedModel, opened with a new head (fine-tuning) it is."""
+    from transformers import PreTrainedModel
+
+    from model.classification import PackedBertForSequenceClassification
+    from model.inference_head import SequenceClassifierForInference
+    from model.opening import ModelOptions, open_model
+
+    trainable = PackedBertForSequenceClassification.from_pretrained(classifier_folder).eval()
+    inference = open_model(classifier_folder, "classification", ModelOptions()).model.eval()
+    assert isinstance(inference, SequenceClassifierForInference) and not isinstance(
+        inference, PreTrainedModel
+    )
+    assert isinstance(open_model(classifier_folder, "classification", ModelOptions(new_head=True)).model,
+                      PreTrainedModel)  # fmt: skip
+    a, b = trainable.state_dict(), inference.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[n], b[n]) for n in a)
+    with torch.no_grad():
+        assert torch.equal(trainable(**rows())["logits"], inference(**rows())["logits"])
+
+
+def test_the_inference_classifier_refuses_what_load_checked_refuses(classifier_folder, tmp_path):
+    """A bare encoder's file (no head), a head of another size, fewer layers in the file
+    than config.json names, a truncated file: one ValueError naming the folder each."""
+    from model.inference_head import SequenceClassifierForInference
+
+    state = load_file(classifier_folder / "model.safetensors")
+    config = json.loads((classifier_folder / "config.json").read_text())
+
+    def folder_with(name, weights, **changes):
+        folder = tmp_path / name
+        folder.mkdir()
+        save_file(weights, folder / "model.safetensors")
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+        return folder
+
+    bare = {k.removeprefix("bert."): v for k, v in state.items() if k.startswith("bert.")}
+    cases = {
+        folder_with("bare", bare): "head is not in the file",
+        folder_with("labels", state, id2label={str(i): str(i) for i in range(5)}): "weight classifier.bias has shape [3] in the file but [5]",
+        folder_with("layers", state, num_hidden_layers=3): "encoder weights of the model are not in the file",
+        folder_with("fewer", state, num_hidden_layers=1): "encoder weights in the file are not used",
+    }  # fmt: skip
+    truncated = folder_with("cut", state)
+    data = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(data[: len(data) // 2])
+    cases[truncated] = "the weights cannot be read"
+    for folder, expected in cases.items():
+        with pytest.raises(ValueError) as raised:
+            SequenceClassifierForInference.from_pretrained(folder)
+        assert str(folder) in str(raised.value) and expected in str(raised.value), (folder.name, raised.value)
+
+
+def test_legacy_names_and_pickle_files_go_through_transformers(classifier_folder, tmp_path):
+    """LayerNorm.gamma / .beta (old TF-converted files) are renamed by transformers' loader;
+    a folder without model.safetensors is read by it too: the same weights either way."""
+    from model.inference_head import SequenceClassifierForInference
+
+    reference = SequenceClassifierForInference.from_pretrained(classifier_folder).state_dict()
+    state = load_file(classifier_folder / "model.safetensors")
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+               for k, v in state.items()}  # fmt: skip
+    save_file(renamed, legacy / "model.safetensors")
+    (legacy / "config.json").write_text((classifier_folder / "config.json").read_text())
+    loaded = SequenceClassifierForInference.from_pretrained(legacy).state_dict()
+    assert all(torch.equal(loaded[n], reference[n]) for n in reference)
+
+
+def test_predict_and_embed_never_import_transformers_modeling_code(classifier_folder, tmp_path):
+    """Whole runs, in a fresh interpreter: finetune.predict on a BERT classifier folder and
+    finetune.embed on a sentence-transformers BERT folder; then the modules loaded."""
+    from data.assets import model_dir
+
+    from .family_helpers import family_tokenizer
+
+    family_tokenizer("bert").save_pretrained(classifier_folder)
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["a b c", "d e", "a c e b d a"]))
+    heavy = [
+        "transformers.modeling_utils",
+        "torch._dynamo",
+        "torch.distributed.tensor",
+        "sympy",
+        "scipy.optimize",
+    ]
+    script = (
+        "import runpy, sys\n"
+        "sys.argv = sys.argv[1:]\n"
+        "try:\n    runpy.run_module(sys.argv[0], run_name='__main__')\n"
+        "except SystemExit as end:\n    assert not end.code, end.code\n"
+        f"print('LOADED', [m for m in {heavy!r} if m in sys.modules])\n"
+    )
+    runs = {
+        "finetune.predict": ["--model", str(classifier_folder), "--output", str(tmp_path / "p.jsonl")],
+        "finetune.embed": ["--model", str(model_dir()), "--output", str(tmp_path / "e.npy")],
+    }
+    for module, arguments in runs.items():
+        out = subprocess.run(
+            [sys.executable, "-c", script, module, "--input", str(texts), "--quiet", *arguments],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "LOADED []" in out.stdout, (module, out.stdout[-500:])
