@@ -1,7 +1,7 @@
 """`finetune.predict` against a length-sorted transformers loop, each a whole process (imports,
 loading, tokenizing, the forward, writing), on the same texts, the same threads, fp32.
 
-    python bench/bench_predict_process.py [--model FOLDER --input TEXTS.jsonl] [--rounds 3] [--threads 2]
+    python bench/bench_predict_process.py [--model FOLDER --input TEXTS.jsonl] [--rounds 3] [--threads 2] [--bf16]
 
 FOLDER: a transformers sequence-classification folder (save_pretrained). The peer is what a
 transformers user writes without packing: AutoTokenizer, sort the texts by length, batches of
@@ -9,6 +9,8 @@ transformers user writes without packing: AutoTokenizer, sort the texts by lengt
 order, JSON lines out (`--peer` runs it: this file is its own script). Rounds alternate the
 order of the two; the wall time of each process is measured from outside; the median and the
 paired ratios are reported, and the two outputs' scores compared (max absolute difference).
+--bf16 adds `finetune.predict --dtype bfloat16` to the rounds: bf16 against fp32 as whole
+processes (on a CPU without bf16 the command refuses in one line, and that line is reported).
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peer", nargs=2, metavar=("INPUT", "OUTPUT"), help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help="also write the JSON here")
+    parser.add_argument("--bf16", action="store_true", help="also finetune.predict --dtype bfloat16")
     args = parser.parse_args()
     if args.peer:
         import torch
@@ -106,13 +109,37 @@ def main() -> int:
             "sorted transformers loop": [sys.executable, __file__, "--model", args.model, "--input", str(args.input),
                                          "--threads", str(args.threads), "--peer", str(args.input), str(peer_out)],
         }  # fmt: skip
+        bf16_out, bf16_refusal = Path(scratch) / "bf16.jsonl", None
+        if args.bf16:
+            bf16 = commands["finetune.predict"][:-3] + [
+                "--output",
+                str(bf16_out),
+                "--overwrite",
+                "--dtype",
+                "bfloat16",
+            ]
+            probe = subprocess.run(bf16, cwd=REPO, capture_output=True, text=True)
+            if probe.returncode == 0:
+                commands["finetune.predict bf16"] = bf16
+            else:
+                bf16_refusal = (
+                    probe.stderr.strip().splitlines()[-1]
+                    if probe.stderr.strip()
+                    else f"exit {probe.returncode}"
+                )
         seconds = {name: [] for name in commands}
         for round_number in range(args.rounds):
-            names = list(commands) if round_number % 2 == 0 else list(reversed(commands))
+            names = list(commands)
+            names = names[round_number % len(names) :] + names[: round_number % len(names)]
             for name in names:
                 seconds[name].append(timed(commands[name], args.threads))
         ours = [json.loads(line)["scores"] for line in ours_out.read_text().splitlines()]
         peer = [json.loads(line)["scores"] for line in peer_out.read_text().splitlines()]
+        low = (
+            [json.loads(line)["scores"] for line in bf16_out.read_text().splitlines()]
+            if bf16_out.exists()
+            else []
+        )
     difference = max(abs(a[k] - b[k]) for a, b in zip(ours, peer) for k in a)
     ratios = [p / o for o, p in zip(seconds["finetune.predict"], seconds["sorted transformers loop"])]
     result = {
@@ -126,6 +153,15 @@ def main() -> int:
         "speedup_median": round(statistics.median(ratios), 3),
         "max_score_difference": difference,
     }
+    if args.bf16 and bf16_refusal:
+        result["bf16"] = f"not measured: {bf16_refusal}"
+    elif args.bf16:
+        fp32, bf16_seconds = seconds["finetune.predict"], seconds["finetune.predict bf16"]
+        result["bf16_over_fp32_paired"] = [round(a / b, 3) for a, b in zip(fp32, bf16_seconds)]
+        result["bf16_over_fp32_median"] = round(
+            statistics.median(a / b for a, b in zip(fp32, bf16_seconds)), 3
+        )
+        result["bf16_max_score_difference"] = max(abs(a[k] - b[k]) for a, b in zip(ours, low) for k in a)
     print(json.dumps(result, indent=1))
     if args.output:
         args.output.write_text(json.dumps(result, indent=1) + "\n")
