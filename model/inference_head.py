@@ -20,14 +20,14 @@ from transformers import BertConfig
 from model.classifier_head import SequenceClassifierHead
 from model.config import set_packing_defaults
 from model.encoder import PackedBertModel
-from model.hf_checkpoint import load_weights, read_config
+from model.hf_checkpoint import load_weights
 from model.packed_rows import PackedRows
 
 
 class InferenceHead(PackedRows, nn.Module):
-    """The base: `self.bert` (with a pooler where `add_pooling_layer`), the loading, and
-    PackedHead's `configure` / `configure_options` / `build` contract, so that a head's
-    mixin configures both bases alike. Subclasses set `reference_class` (the transformers
+    """The base: `self.bert` (with a pooler where `add_pooling_layer`) and the loading; the
+    `configure` / `configure_options` / `build` contract comes with PackedRows, so that a
+    head's mixin configures both bases alike. Subclasses set `reference_class` (the transformers
     class whose names they keep), `reference_options`, `base_model_only`."""
 
     reference_class: str = "BertModel"
@@ -43,34 +43,13 @@ class InferenceHead(PackedRows, nn.Module):
         self.loading_report: dict = {}
 
     @classmethod
-    def configure(cls, config: BertConfig, num_labels: int | None, overrides: dict, **options) -> None:
-        """As PackedHead.configure: num_labels, then id2label / label2id from the overrides."""
-        if options:
-            raise TypeError(f"{cls.__name__}.from_pretrained got unexpected arguments {sorted(options)}")
-        if num_labels is not None:
-            config.num_labels = num_labels
-        for key in ("id2label", "label2id"):
-            if key in overrides:
-                setattr(config, key, overrides[key])
-
-    @classmethod
-    def configure_options(cls) -> tuple[str, ...]:
-        return ()
-
-    @classmethod
-    def build(cls, config: BertConfig):
-        return cls(config)
-
-    @classmethod
     def from_pretrained(
         cls, folder, num_labels: int | None = None, new_head: bool = False, config_dict=None, **overrides
     ):
         """As PackedHead.from_pretrained, for inference: the folder's config.json with the
         overrides, every weight of the model from the file (load_weights)."""
         folder = Path(folder)
-        options = {key: overrides.pop(key) for key in cls.configure_options() if key in overrides}
-        config = read_config(folder, overrides, config_dict)
-        cls.configure(config, num_labels, overrides, **options)
+        config = cls.configured(folder, num_labels, config_dict, overrides)
         model = cls.build(config)
         load_weights(
             model, folder, config, new_head, cls.reference_class, cls.reference_options, cls.base_model_only

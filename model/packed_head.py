@@ -28,7 +28,7 @@ from transformers import BertConfig, BertPreTrainedModel
 
 from model.config import set_packing_defaults
 from model.encoder import PackedBertModel
-from model.hf_checkpoint import adopt_weights, load_reference, read_config, save_as_reference
+from model.hf_checkpoint import adopt_weights, load_reference, save_as_reference
 from model.packed_rows import TRAINER_IGNORED_OUTPUTS, PackedRows, SlotRows, examples_in  # noqa: F401 - re-exported
 
 
@@ -59,18 +59,6 @@ class PackedHead(PackedRows, BertPreTrainedModel):
 
     # ----- Hugging Face checkpoints -----------------------------------------------------
     @classmethod
-    def configure(cls, config: BertConfig, num_labels: int | None, overrides: dict, **options) -> None:
-        """Set what `from_pretrained`'s arguments ask for in `config` (in place). The base
-        sets num_labels, then id2label / label2id from the overrides (num_labels resets them)."""
-        if options:
-            raise TypeError(f"{cls.__name__}.from_pretrained got unexpected arguments {sorted(options)}")
-        if num_labels is not None:
-            config.num_labels = num_labels
-        for key in ("id2label", "label2id"):
-            if key in overrides:
-                setattr(config, key, overrides[key])
-
-    @classmethod
     def from_pretrained(
         cls, folder, num_labels: int | None = None, new_head: bool = False, config_dict=None, **overrides
     ):
@@ -83,9 +71,7 @@ class PackedHead(PackedRows, BertPreTrainedModel):
         encoder (a head absent from the file is initialised); False (inference) refuses it.
         config_dict: config.json as already read (None: read here)."""
         folder = Path(folder)
-        options = {key: overrides.pop(key) for key in cls.configure_options() if key in overrides}
-        config = read_config(folder, overrides, config_dict)
-        cls.configure(config, num_labels, overrides, **options)
+        config = cls.configured(folder, num_labels, config_dict, overrides)
         reference, info = load_reference(
             cls.reference_class, folder, new_head=new_head, config=config, **cls.reference_options
         )
@@ -96,16 +82,6 @@ class PackedHead(PackedRows, BertPreTrainedModel):
         # A new task's head is always initialised: that is news, not a warning.
         adopt_weights(model, state, info, folder, level=logging.INFO)
         return model
-
-    @classmethod
-    def build(cls, config: BertConfig):
-        """The model for a configured config (a head with constructor options reads them there)."""
-        return cls(config)
-
-    @classmethod
-    def configure_options(cls) -> tuple[str, ...]:
-        """Names `from_pretrained` hands to `configure` rather than to the config."""
-        return ()
 
     def save_pretrained(self, folder, **trainer_options) -> None:
         """A folder `reference_class` loads as is (safetensors, config.json). Atomic:

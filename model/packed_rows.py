@@ -82,3 +82,36 @@ class PackedRows:
         return encode_rows(
             self.bert, input_ids, segment_ids, position_ids, sequence_ids, slots, read_positions
         )
+
+    # ----- what from_pretrained's arguments set (both bases: PackedHead, InferenceHead) ------------
+    @classmethod
+    def configure(cls, config, num_labels: int | None, overrides: dict, **options) -> None:
+        """Set what `from_pretrained`'s arguments ask for in `config` (in place). The base
+        sets num_labels, then id2label / label2id from the overrides (num_labels resets them)."""
+        if options:
+            raise TypeError(f"{cls.__name__}.from_pretrained got unexpected arguments {sorted(options)}")
+        if num_labels is not None:
+            config.num_labels = num_labels
+        for key in ("id2label", "label2id"):
+            if key in overrides:
+                setattr(config, key, overrides[key])
+
+    @classmethod
+    def configure_options(cls) -> tuple[str, ...]:
+        """Names `from_pretrained` hands to `configure` rather than to the config."""
+        return ()
+
+    @classmethod
+    def build(cls, config):
+        """The model for a configured config (a head with constructor options reads them there)."""
+        return cls(config)
+
+    @classmethod
+    def configured(cls, folder, num_labels, config_dict, overrides: dict):
+        """folder's config.json (or config_dict) with the overrides and `configure` applied."""
+        from model.hf_checkpoint import read_config
+
+        options = {key: overrides.pop(key) for key in cls.configure_options() if key in overrides}
+        config = read_config(folder, overrides, config_dict)
+        cls.configure(config, num_labels, overrides, **options)
+        return config
