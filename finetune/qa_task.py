@@ -32,7 +32,6 @@ from data.squad_metrics import squad_scores
 from finetune.batching import Batcher
 from finetune.qa_answers import Answers, AnswerSettings, best_answers
 from finetune.runner import Runner, per_token
-from model.question_answering import PackedBertForQuestionAnswering
 
 log = logging.getLogger("finetune")
 
@@ -99,7 +98,11 @@ def prepare_qa(config: dict, vocab: dict, resolve) -> tuple[QaSplit, QaSplit, ob
     return splits[0], splits[1], tokenizer
 
 
-def build_qa_model(config: dict, checkpoint: str) -> PackedBertForQuestionAnswering:
+def build_qa_model(config: dict, checkpoint: str):
+    """The trainable QA head (a transformers PreTrainedModel: imported here, not with the
+    module, which predict also imports to answer questions)."""
+    from model.question_answering import PackedBertForQuestionAnswering
+
     model_cfg = config["model"]
     torch.manual_seed(config["training"]["seed"])  # qa_outputs' init
     try:

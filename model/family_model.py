@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from model.classification import classification_outputs
+from model.classifier_head import classification_outputs
 from model.embedding import check_pooling, pool_slots
 from model.families import (
     DROPOUT_KEYS,
@@ -30,8 +30,8 @@ from model.families import (
 )
 from model.hf_checkpoint import load_checked
 from model.packed_head import TRAINER_IGNORED_OUTPUTS, SlotRows
-from model.question_answering import span_outputs
-from model.token_classification import token_outputs
+from model.span_head import span_outputs
+from model.token_head import token_outputs
 
 
 class PackedFamilyModel(PreTrainedModel):

@@ -22,6 +22,8 @@ from model.config import set_packing_defaults
 from model.encoder import PackedBertModel
 from model.hf_checkpoint import load_weights
 from model.packed_rows import PackedRows
+from model.span_head import SpanHead
+from model.token_head import TokenClassifierHead
 
 
 class InferenceHead(PackedRows, nn.Module):
@@ -65,5 +67,26 @@ class SequenceClassifierForInference(SequenceClassifierHead, InferenceHead):
     add_pooling_layer = True
 
     def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.add_head(config)
+
+
+class TokenClassifierForInference(TokenClassifierHead, InferenceHead):
+    """PackedBertForTokenClassification's layers and outputs, for inference only."""
+
+    reference_class = "BertForTokenClassification"
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.add_head(config)
+
+
+class QuestionAnsweringForInference(SpanHead, InferenceHead):
+    """PackedBertForQuestionAnswering's layer and outputs, for inference only."""
+
+    reference_class = "BertForQuestionAnswering"
+
+    def __init__(self, config: BertConfig):
+        config.num_labels = 2
         super().__init__(config)
         self.add_head(config)

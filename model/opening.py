@@ -80,6 +80,8 @@ BERT_HEADS: dict[str, tuple[str, str]] = {
 # (model/inference_head.py), loaded without transformers' modeling code.
 BERT_INFERENCE_HEADS: dict[str, tuple[str, str]] = {
     "classification": ("model.inference_head", "SequenceClassifierForInference"),
+    "token_classification": ("model.inference_head", "TokenClassifierForInference"),
+    "question_answering": ("model.inference_head", "QuestionAnsweringForInference"),
 }
 
 

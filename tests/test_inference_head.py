@@ -51,26 +51,43 @@ def rows(seed: int = 0):
     )
 
 
-def test_the_inference_classifier_equals_the_trainable_one(classifier_folder):
+HEADS = {  # task -> (transformers class saved, the trainable head, its inference twin, output compared)
+    "classification": ("BertForSequenceClassification", "classification.PackedBertForSequenceClassification",
+                       "inference_head.SequenceClassifierForInference", "logits"),
+    "token_classification": ("BertForTokenClassification", "token_classification.PackedBertForTokenClassification",
+                             "inference_head.TokenClassifierForInference", "logits"),
+    "question_answering": ("BertForQuestionAnswering", "question_answering.PackedBertForQuestionAnswering",
+                           "inference_head.QuestionAnsweringForInference", "start_logits"),
+}  # fmt: skip
+
+
+def model_class(dotted: str):
+    import importlib
+
+    module, name = dotted.rsplit(".", 1)
+    return getattr(importlib.import_module(f"model.{module}"), name)
+
+
+@pytest.mark.parametrize("task", sorted(HEADS))
+def test_each_inference_head_equals_the_trainable_one(task, tmp_path):
     """Same names, same weights, same outputs; opened for inference it is not a
-    PreTrainedModel, opened with a new head (fine-tuning) it is."""
+    PreTrainedModel, opened with a new head (fine-tuning) it is the trainable head."""
+    import transformers
     from transformers import PreTrainedModel
 
-    from model.classification import PackedBertForSequenceClassification
-    from model.inference_head import SequenceClassifierForInference
     from model.opening import ModelOptions, open_model
 
-    trainable = PackedBertForSequenceClassification.from_pretrained(classifier_folder).eval()
-    inference = open_model(classifier_folder, "classification", ModelOptions()).model.eval()
-    assert isinstance(inference, SequenceClassifierForInference) and not isinstance(
-        inference, PreTrainedModel
-    )
-    assert isinstance(open_model(classifier_folder, "classification", ModelOptions(new_head=True)).model,
-                      PreTrainedModel)  # fmt: skip
+    saved, trainable_name, inference_name, output = HEADS[task]
+    torch.manual_seed(0)
+    getattr(transformers, saved)(transformers.BertConfig(**SMALL)).save_pretrained(tmp_path)
+    trainable = model_class(trainable_name).from_pretrained(tmp_path).eval()
+    inference = open_model(tmp_path, task, ModelOptions()).model.eval()
+    assert type(inference) is model_class(inference_name) and not isinstance(inference, PreTrainedModel)
+    assert type(open_model(tmp_path, task, ModelOptions(new_head=True)).model) is model_class(trainable_name)
     a, b = trainable.state_dict(), inference.state_dict()
     assert list(a) == list(b) and all(torch.equal(a[n], b[n]) for n in a)
     with torch.no_grad():
-        assert torch.equal(trainable(**rows())["logits"], inference(**rows())["logits"])
+        assert torch.equal(trainable(**rows())[output], inference(**rows())[output])
 
 
 def test_the_inference_classifier_refuses_what_load_checked_refuses(classifier_folder, tmp_path):
@@ -123,13 +140,20 @@ def test_legacy_names_and_pickle_files_go_through_transformers(classifier_folder
 
 
 def test_predict_and_embed_never_import_transformers_modeling_code(classifier_folder, tmp_path):
-    """Whole runs, in a fresh interpreter: finetune.predict on a BERT classifier folder and
-    finetune.embed on a sentence-transformers BERT folder; then the modules loaded."""
+    """Whole runs, in a fresh interpreter: finetune.predict on a BERT classifier folder and on a
+    token classifier's, finetune.embed on a sentence-transformers BERT folder; then the modules
+    loaded. (Question answering's inference head is opened by the same table; its predict run
+    needs SQuAD-shaped input and is not run here.)"""
+    from transformers import BertConfig, BertForTokenClassification
+
     from data.assets import model_dir
 
     from .family_helpers import family_tokenizer
 
     family_tokenizer("bert").save_pretrained(classifier_folder)
+    tagger = tmp_path / "tagger"
+    BertForTokenClassification(BertConfig(**SMALL)).save_pretrained(tagger)
+    family_tokenizer("bert").save_pretrained(tagger)
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["a b c", "d e", "a c e b d a"]))
     heavy = [
@@ -146,11 +170,12 @@ def test_predict_and_embed_never_import_transformers_modeling_code(classifier_fo
         "except SystemExit as end:\n    assert not end.code, end.code\n"
         f"print('LOADED', [m for m in {heavy!r} if m in sys.modules])\n"
     )
-    runs = {
-        "finetune.predict": ["--model", str(classifier_folder), "--output", str(tmp_path / "p.jsonl")],
-        "finetune.embed": ["--model", str(model_dir()), "--output", str(tmp_path / "e.npy")],
-    }
-    for module, arguments in runs.items():
+    runs = [
+        ("finetune.predict", ["--model", str(classifier_folder), "--output", str(tmp_path / "p.jsonl")]),
+        ("finetune.predict", ["--model", str(tagger), "--output", str(tmp_path / "t.jsonl")]),
+        ("finetune.embed", ["--model", str(model_dir()), "--output", str(tmp_path / "e.npy")]),
+    ]
+    for module, arguments in runs:
         out = subprocess.run(
             [sys.executable, "-c", script, module, "--input", str(texts), "--quiet", *arguments],
             cwd=REPO, capture_output=True, text=True, timeout=300,
