@@ -79,7 +79,10 @@ def test_each_inference_head_equals_the_trainable_one(task, tmp_path):
 
     saved, trainable_name, inference_name, output = HEADS[task]
     torch.manual_seed(0)
-    getattr(transformers, saved)(transformers.BertConfig(**SMALL)).save_pretrained(tmp_path)
+    labels = 2 if task == "question_answering" else SMALL["num_labels"]  # start, end
+    getattr(transformers, saved)(transformers.BertConfig(**{**SMALL, "num_labels": labels})).save_pretrained(
+        tmp_path
+    )
     trainable = model_class(trainable_name).from_pretrained(tmp_path).eval()
     inference = open_model(tmp_path, task, ModelOptions()).model.eval()
     assert type(inference) is model_class(inference_name) and not isinstance(inference, PreTrainedModel)
@@ -182,3 +185,29 @@ def test_predict_and_embed_never_import_transformers_modeling_code(classifier_fo
         )  # fmt: skip
         assert out.returncode == 0, out.stderr[-2000:]
         assert "LOADED []" in out.stdout, (module, out.stdout[-500:])
+
+
+def test_the_server_loads_a_bert_folder_without_transformers_modeling_code(classifier_folder):
+    """`python -m serving`'s modules and its engine for a BERT classifier folder, in a fresh
+    interpreter: none of the heavy modules is imported."""
+    from .family_helpers import family_tokenizer
+
+    family_tokenizer("bert").save_pretrained(classifier_folder)
+    heavy = [
+        "transformers.modeling_utils",
+        "torch._dynamo",
+        "torch.distributed.tensor",
+        "sympy",
+        "scipy.optimize",
+    ]
+    script = (
+        "import sys\nfrom pathlib import Path\nimport serving.cli, serving.app\n"
+        "from serving.engines import load_engine\n"
+        f"load_engine(Path({str(classifier_folder)!r}))\n"
+        f"print('LOADED', [m for m in {heavy!r} if m in sys.modules])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "LOADED []" in out.stdout, out.stdout[-500:]
