@@ -211,3 +211,27 @@ def test_the_server_loads_a_bert_folder_without_transformers_modeling_code(class
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "LOADED []" in out.stdout, out.stdout[-500:]
+
+
+@pytest.mark.slow
+def test_the_whole_process_bench_compares_predict_with_the_loop_and_bf16(classifier_folder, tmp_path):
+    """bench/bench_predict_process.py --bf16 on a tiny folder, one round: the three processes
+    ran, the scores agree, and bf16 is measured or (a CPU without bf16) reported in one line."""
+    from .family_helpers import family_tokenizer
+
+    family_tokenizer("bert").save_pretrained(classifier_folder)
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": " ".join("abcde"[: 1 + i % 5])}) + "\n" for i in range(20)))
+    out = subprocess.run(
+        [sys.executable, "bench/bench_predict_process.py", "--model", str(classifier_folder), "--input", str(texts),
+         "--rounds", "1", "--bf16", "--output", str(tmp_path / "result.json")],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["texts"] == 20 and result["max_score_difference"] < 1e-5
+    assert set(result["median_seconds"]) >= {"finetune.predict", "sorted transformers loop"}
+    if "bf16" in result:
+        assert result["bf16"].startswith("not measured: ")
+    else:
+        assert result["bf16_over_fp32_median"] > 0 and result["bf16_max_score_difference"] < 0.05
