@@ -18,8 +18,6 @@ from torch import nn
 from transformers import BertConfig
 
 from model.classifier_head import SequenceClassifierHead
-from model.config import set_packing_defaults
-from model.encoder import PackedBertModel
 from model.hf_checkpoint import load_weights
 from model.packed_rows import PackedRows
 from model.span_head import SpanHead
@@ -34,15 +32,11 @@ class InferenceHead(PackedRows, nn.Module):
 
     reference_class: str = "BertModel"
     reference_options: dict = {}
-    add_pooling_layer = False
     base_model_only = False
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        set_packing_defaults(config)
-        self.config = config
-        self.bert = PackedBertModel(config, add_pooling_layer=self.add_pooling_layer)
-        self.loading_report: dict = {}
+        self.add_encoder(config)
 
     @classmethod
     def from_pretrained(

@@ -26,8 +26,6 @@ from pathlib import Path
 
 from transformers import BertConfig, BertPreTrainedModel
 
-from model.config import set_packing_defaults
-from model.encoder import PackedBertModel
 from model.hf_checkpoint import adopt_weights, load_reference, save_as_reference
 from model.packed_rows import TRAINER_IGNORED_OUTPUTS, PackedRows, SlotRows, examples_in  # noqa: F401 - re-exported
 
@@ -52,10 +50,7 @@ class PackedHead(PackedRows, BertPreTrainedModel):
     def __init__(self, config: BertConfig):
         super().__init__(config)
         config.keys_to_ignore_at_inference = TRAINER_IGNORED_OUTPUTS
-        set_packing_defaults(config)
-        self.config = config
-        self.bert = PackedBertModel(config, add_pooling_layer=self.add_pooling_layer)
-        self.loading_report: dict = {}
+        self.add_encoder(config)
 
     # ----- Hugging Face checkpoints -----------------------------------------------------
     @classmethod

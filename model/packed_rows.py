@@ -3,8 +3,8 @@
 (`PackedRows`: the encoder call, the read positions, then the head's `read_out`).
 
 Kept apart from model/packed_head.py, whose `PackedHead` is a transformers PreTrainedModel
-(for `Trainer`): importing that base costs seconds of start-up, which an inference-only
-model (model/embedding.py's) does not need to pay.
+(for `Trainer`): importing that base costs seconds of start-up, which the inference-only
+models (model/inference_head.py) do not pay.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from model.encoder import encode_rows
+from model.config import set_packing_defaults
+from model.encoder import PackedBertModel, encode_rows
 
 # Outputs transformers' Trainer must not gather as predictions (metric sums, masks).
 TRAINER_IGNORED_OUTPUTS = ["present", "loss_sum", "count", "correct", "correct_count"]
@@ -48,6 +49,15 @@ class PackedRows:
     into a torch module. A head sets `reads_cls_only` and defines `read_out`."""
 
     reads_cls_only = False
+    add_pooling_layer = False
+
+    def add_encoder(self, config) -> None:
+        """The packing defaults set on `config`, and `self.bert` built from it (a pooler where
+        the head's `add_pooling_layer`); called by both bases' __init__."""
+        set_packing_defaults(config)
+        self.config = config
+        self.bert = PackedBertModel(config, add_pooling_layer=self.add_pooling_layer)
+        self.loading_report: dict = {}
 
     def forward(
         self,

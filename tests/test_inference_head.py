@@ -142,6 +142,26 @@ def test_legacy_names_and_pickle_files_go_through_transformers(classifier_folder
     assert all(torch.equal(loaded[n], reference[n]) for n in reference)
 
 
+# What transformers' modeling_utils brings in at import (seconds of start-up): none of it may
+# be loaded by a command that only runs a BERT folder.
+HEAVY_MODULES = [
+    "transformers.modeling_utils",
+    "torch._dynamo",
+    "torch.distributed.tensor",
+    "sympy",
+    "scipy.optimize",
+]
+
+
+def heavy_modules_after(script: str, *arguments: str) -> list[str]:
+    """Run `script` in a fresh interpreter; -> the HEAVY_MODULES it had imported at its end."""
+    script += f"\nimport sys\nprint('LOADED', [m for m in {HEAVY_MODULES!r} if m in sys.modules])\n"
+    out = subprocess.run([sys.executable, "-c", script, *arguments], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.rsplit("LOADED ", 1)[1].replace("'", '"'))
+
+
 def test_predict_and_embed_never_import_transformers_modeling_code(classifier_folder, tmp_path):
     """Whole runs, in a fresh interpreter: finetune.predict on a BERT classifier folder and on a
     token classifier's, finetune.embed on a sentence-transformers BERT folder; then the modules
@@ -159,19 +179,11 @@ def test_predict_and_embed_never_import_transformers_modeling_code(classifier_fo
     family_tokenizer("bert").save_pretrained(tagger)
     texts = tmp_path / "texts.jsonl"
     texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["a b c", "d e", "a c e b d a"]))
-    heavy = [
-        "transformers.modeling_utils",
-        "torch._dynamo",
-        "torch.distributed.tensor",
-        "sympy",
-        "scipy.optimize",
-    ]
     script = (
         "import runpy, sys\n"
         "sys.argv = sys.argv[1:]\n"
         "try:\n    runpy.run_module(sys.argv[0], run_name='__main__')\n"
         "except SystemExit as end:\n    assert not end.code, end.code\n"
-        f"print('LOADED', [m for m in {heavy!r} if m in sys.modules])\n"
     )
     runs = [
         ("finetune.predict", ["--model", str(classifier_folder), "--output", str(tmp_path / "p.jsonl")]),
@@ -179,12 +191,7 @@ def test_predict_and_embed_never_import_transformers_modeling_code(classifier_fo
         ("finetune.embed", ["--model", str(model_dir()), "--output", str(tmp_path / "e.npy")]),
     ]
     for module, arguments in runs:
-        out = subprocess.run(
-            [sys.executable, "-c", script, module, "--input", str(texts), "--quiet", *arguments],
-            cwd=REPO, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert out.returncode == 0, out.stderr[-2000:]
-        assert "LOADED []" in out.stdout, (module, out.stdout[-500:])
+        assert heavy_modules_after(script, module, "--input", str(texts), "--quiet", *arguments) == [], module
 
 
 def test_the_server_loads_a_bert_folder_without_transformers_modeling_code(classifier_folder):
@@ -193,24 +200,12 @@ def test_the_server_loads_a_bert_folder_without_transformers_modeling_code(class
     from .family_helpers import family_tokenizer
 
     family_tokenizer("bert").save_pretrained(classifier_folder)
-    heavy = [
-        "transformers.modeling_utils",
-        "torch._dynamo",
-        "torch.distributed.tensor",
-        "sympy",
-        "scipy.optimize",
-    ]
     script = (
-        "import sys\nfrom pathlib import Path\nimport serving.cli, serving.app\n"
+        "from pathlib import Path\nimport serving.cli, serving.app\n"
         "from serving.engines import load_engine\n"
-        f"load_engine(Path({str(classifier_folder)!r}))\n"
-        f"print('LOADED', [m for m in {heavy!r} if m in sys.modules])\n"
+        f"load_engine(Path({str(classifier_folder)!r}))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "LOADED []" in out.stdout, out.stdout[-500:]
+    assert heavy_modules_after(script) == []
 
 
 @pytest.mark.slow
