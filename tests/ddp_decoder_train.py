@@ -47,6 +47,12 @@ def main(start: str, out: str, accumulate: int) -> None:
     if trainer.is_world_process_zero():
         state = {name: tensor.detach().clone() for name, tensor in trainer.model.state_dict().items()}
         save_file(state, out)
+    if torch.distributed.is_initialized():
+        # An orderly end: a rank leaving while its peer still writes, with the process group
+        # alive, was aborted once in gloo's teardown on a loaded machine ("terminate called
+        # without an active exception", CI 2026-11-27).
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
