@@ -29,7 +29,7 @@ from model.families import (
     tokenizer_hands_token_types,
 )
 from model.hf_checkpoint import load_checked
-from model.packed_head import TRAINER_IGNORED_OUTPUTS, SlotRows
+from model.packed_rows import TRAINER_IGNORED_OUTPUTS, SlotRows
 from model.span_head import span_outputs
 from model.token_head import token_outputs
 

@@ -70,9 +70,7 @@ def load_checked(model_class, folder: Path, new_head: bool, **kwargs):
             retry = {**kwargs, "ignore_mismatched_sizes": True}
             model, info = model_class.from_pretrained(folder, output_loading_info=True, **retry)
     except SafetensorError as err:
-        raise ValueError(
-            f"{folder}: the weights cannot be read ({err}; a truncated or damaged file?)"
-        ) from None
+        raise unreadable_weights(folder, err) from None
     problem = loading_problem(info, encoder_prefixes(model), new_head)
     if problem:
         raise ValueError(f"{folder}: {problem}")
@@ -109,10 +107,9 @@ def load_weights(
     path = folder / "model.safetensors"
     state = read_safetensors(path, folder) if path.is_file() else None
     if state is None or any(part in name for name in state for part in LEGACY_NAME_PARTS):
-        reference, info = load_reference(
-            reference_class, folder, new_head=new_head, config=config, **(reference_options or {})
+        state, info = reference_state(
+            reference_class, folder, config, new_head, reference_options or {}, base_model_only
         )
-        state = reference.state_dict()
     else:
         own = model.state_dict()
         if base_model_only:
@@ -134,14 +131,32 @@ def load_weights(
         problem = loading_problem(info, encoder, new_head)
         if problem:
             raise ValueError(f"{folder}: {problem}")
-        state = {name: value for name, value in state.items() if name in own}
-    if base_model_only:
-        state = {f"{BASE_PREFIX}{name}": value for name, value in state.items()}
+        state = {
+            (f"{BASE_PREFIX}{name}" if base_model_only else name): value
+            for name, value in state.items()
+            if name in own
+        }
     adopt_weights(model, state, info, folder, level=logging.INFO)  # every weight of the model, from the file
     return info
 
 
 BASE_PREFIX = "bert."
+
+
+def reference_state(
+    reference_class: str, folder: Path, config, new_head: bool, reference_options: dict, base_model_only: bool
+) -> tuple[dict, dict]:
+    """(the weights in a packed BERT model's names, loading info), loaded through
+    transformers' `reference_class` (load_reference: load_checked's checks; a head absent
+    from the file initialised where new_head). base_model_only: the reference is a bare
+    BertModel, whose names take the packed model's `bert.` prefix."""
+    reference, info = load_reference(
+        reference_class, folder, new_head=new_head, config=config, **reference_options
+    )
+    state = reference.state_dict()
+    if base_model_only:
+        state = {f"{BASE_PREFIX}{name}": value for name, value in state.items()}
+    return state, info
 
 
 def _strip(name: str, prefix: str) -> str:
@@ -157,9 +172,13 @@ def read_safetensors(path: Path, folder: Path) -> dict:
     try:
         return load_file(path)
     except SafetensorError as err:
-        raise ValueError(
-            f"{folder}: the weights cannot be read ({err}; a truncated or damaged file?)"
-        ) from None
+        raise unreadable_weights(folder, err) from None
+
+
+def unreadable_weights(folder: Path, err) -> ValueError:
+    """The one line for weights safetensors cannot read (its own SafetensorError, which
+    callers that report OSError / ValueError would not catch)."""
+    return ValueError(f"{folder}: the weights cannot be read ({err}; a truncated or damaged file?)")
 
 
 def encoder_prefixes(model) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from transformers import BertConfig, BertPreTrainedModel
 
-from model.hf_checkpoint import adopt_weights, load_reference, save_as_reference
+from model.hf_checkpoint import adopt_weights, reference_state, save_as_reference
 from model.packed_rows import TRAINER_IGNORED_OUTPUTS, PackedRows, SlotRows, examples_in  # noqa: F401 - re-exported
 
 
@@ -67,13 +67,10 @@ class PackedHead(PackedRows, BertPreTrainedModel):
         config_dict: config.json as already read (None: read here)."""
         folder = Path(folder)
         config = cls.configured(folder, num_labels, config_dict, overrides)
-        reference, info = load_reference(
-            cls.reference_class, folder, new_head=new_head, config=config, **cls.reference_options
+        state, info = reference_state(
+            cls.reference_class, folder, config, new_head, cls.reference_options, cls.base_model_only
         )
-        model = cls.build(config)
-        state = reference.state_dict()
-        if cls.base_model_only:
-            state = {f"bert.{name}": value for name, value in state.items()}
+        model = cls.build(config)  # after the reference: its head's init draws first, as before
         # A new task's head is always initialised: that is news, not a warning.
         adopt_weights(model, state, info, folder, level=logging.INFO)
         return model

@@ -15,6 +15,7 @@ import torch
 
 from model.config import set_packing_defaults
 from model.encoder import PackedBertModel, encode_rows
+from model.hf_checkpoint import read_config
 
 # Outputs transformers' Trainer must not gather as predictions (metric sums, masks).
 TRAINER_IGNORED_OUTPUTS = ["present", "loss_sum", "count", "correct", "correct_count"]
@@ -119,8 +120,6 @@ class PackedRows:
     @classmethod
     def configured(cls, folder, num_labels, config_dict, overrides: dict):
         """folder's config.json (or config_dict) with the overrides and `configure` applied."""
-        from model.hf_checkpoint import read_config
-
         options = {key: overrides.pop(key) for key in cls.configure_options() if key in overrides}
         config = read_config(folder, overrides, config_dict)
         cls.configure(config, num_labels, overrides, **options)
