@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.dropout import Dropout
-from model.packed_rows import SlotRows, examples_in
+from model.packed_rows import SlotRows, examples_in, present_slot_metrics
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
 
@@ -98,14 +98,4 @@ def classification_metrics(logits, labels, present, multi_label: bool) -> dict:
         per_example = per_example.view_as(target)
         hits = logits.argmax(-1) == target
         correct_count = count
-    zero = torch.zeros((), dtype=per_example.dtype, device=per_example.device)
-    example_loss = torch.where(present, per_example, zero)
-    loss_sum = example_loss.sum()
-    return {
-        "example_loss": example_loss.detach(),
-        "loss": loss_sum / count.clamp(min=1),
-        "loss_sum": loss_sum.detach(),
-        "count": count,
-        "correct": torch.where(present, hits, 0).sum(),
-        "correct_count": correct_count,
-    }
+    return present_slot_metrics(per_example, present, torch.where(present, hits, 0).sum(), correct_count)

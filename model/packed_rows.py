@@ -29,6 +29,25 @@ def examples_in(num_items_in_batch, items_per_example: int):
     return num_items_in_batch / items_per_example
 
 
+def present_slot_metrics(per_example, present, correct, correct_count) -> dict:
+    """A head's loss and metric sums over present slots only (sums and counts, never means
+    of means). per_example [B, K] losses (absent slots removed with torch.where, so even a
+    non-finite loss there cannot leak into the sum); present bool [B, K]; correct: the
+    head's hit count (a tensor); correct_count: what it is out of."""
+    zero = torch.zeros((), dtype=per_example.dtype, device=per_example.device)
+    example_loss = torch.where(present, per_example, zero)
+    loss_sum = example_loss.sum()
+    count = present.sum()
+    return {
+        "example_loss": example_loss.detach(),
+        "loss": loss_sum / count.clamp(min=1),
+        "loss_sum": loss_sum.detach(),
+        "count": count,
+        "correct": correct,
+        "correct_count": correct_count,
+    }
+
+
 class SlotRows(NamedTuple):
     """What a head reads of the rows besides the hidden states."""
 

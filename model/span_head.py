@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from model.encoder import slot_masks
-from model.packed_rows import SlotRows, examples_in
+from model.packed_rows import SlotRows, examples_in, present_slot_metrics
 
 
 class SpanHead:
@@ -82,15 +82,4 @@ def span_metrics(start_logits, end_logits, sequence_ids, cls_positions, labels, 
         per_window.append(-log_probs.gather(-1, target[..., None]).squeeze(-1))
         hits.append(log_probs.argmax(-1) == target)
     loss = (per_window[0] + per_window[1]) / 2
-    zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
-    window_loss = torch.where(present, loss, zero)
-    loss_sum = window_loss.sum()
-    count = present.sum()
-    return {
-        "example_loss": window_loss.detach(),
-        "loss": loss_sum / count.clamp(min=1),
-        "loss_sum": loss_sum.detach(),
-        "count": count,
-        "correct": (present & hits[0] & hits[1]).sum(),
-        "correct_count": count,
-    }
+    return present_slot_metrics(loss, present, (present & hits[0] & hits[1]).sum(), present.sum())
