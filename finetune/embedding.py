@@ -31,7 +31,7 @@ from finetune.loaded import LoadedModel
 from finetune.rows import unpack_outputs
 from finetune.st_folder import describe_embedding_folder
 from model.families import UnsupportedFamily
-from model.opening import ModelOptions, open_model, packed_from_loaded
+from model.opening import ModelOptions, NonFiniteWeights, open_model, packed_from_loaded
 
 
 @dataclass
@@ -49,13 +49,13 @@ class EncodeOptions:
     prompt_name: str | None = None  # None: the model's default prompt (if it has one)
 
 
-def load_tokenizer_of(folder: Path):
+def load_tokenizer_of(folder: Path, config=None):
     """The folder's fast tokenizer as transformers' AutoTokenizer (and so sentence-transformers)
     builds it: tokenizer.json, else what it converts from the folder's files (a vocab.txt with
     tokenizer_config.json's do_lower_case, cased or not)."""
-    from finetune.folder import folder_tokenizer
+    from finetune.folder import open_tokenizer
 
-    return folder_tokenizer(folder)
+    return open_tokenizer(folder, config).tokenizer
 
 
 def load_encoder(
@@ -89,10 +89,12 @@ def load_encoder(
     except (OSError, ValueError, RuntimeError) as err:
         if isinstance(err, ExampleError):
             raise
+        if isinstance(err, NonFiniteWeights):  # names the weights file and the weight itself
+            raise ExampleError(str(err)) from None
         raise ExampleError(
             f"{folder}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
         ) from None
-    tokenizer = load_tokenizer_of(folder)
+    tokenizer = load_tokenizer_of(folder, spec.model_config or None)
     check_vocabulary_fits(folder, tokenizer, model)
     length = max_length or min(spec.max_sequence_length or positions, positions)
     if not 3 <= length <= positions:

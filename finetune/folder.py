@@ -16,6 +16,8 @@ FOLDER/
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from common.choices import INFERENCE_ATTENTION_BACKEND
@@ -105,9 +107,9 @@ def load_finetuned(folder: Path, attention_backend: str | None = None) -> Loaded
         return LoadedModel(spec, model, tokenizer, vocab)
     # Any other folder: the tokenizer transformers builds from whatever files it has (a
     # vocab.txt-only folder keeps tokenizer_config.json's do_lower_case, cased or not).
-    tokenizer = folder_tokenizer(folder)
-    check_vocabulary_fits(folder, tokenizer, model)
-    return LoadedModel(spec, model, tokenizer, None, hands_token_types(folder, model.config))
+    opened = open_tokenizer(folder, spec.model_config)
+    check_vocabulary_fits(folder, opened.tokenizer, model)
+    return LoadedModel(spec, model, opened.tokenizer, None, opened.token_types)
 
 
 def load_packed_model(folder: Path, task: str, attention_backend: str | None = None, config=None):
@@ -118,7 +120,7 @@ def load_packed_model(folder: Path, task: str, attention_backend: str | None = N
     door does not hold, or a folder that cannot be loaded. config: config.json as the caller
     read it (FolderSpec.model_config; None: read here)."""
     from model.families import UnsupportedFamily
-    from model.opening import ModelOptions, open_model
+    from model.opening import ModelOptions, NonFiniteWeights, open_model
 
     check_weights_file(folder)
     config = config or read_json_object(folder / "config.json")  # one line naming the file if unreadable
@@ -127,39 +129,73 @@ def load_packed_model(folder: Path, task: str, attention_backend: str | None = N
         return open_model(folder, task, ModelOptions(attention_backend=attention_backend), config).model
     except UnsupportedFamily as err:
         raise ExampleError(f"{folder / 'config.json'}: {err}") from None
+    except NonFiniteWeights as err:  # names the weights file and the weight itself
+        raise ExampleError(str(err)) from None
     except (OSError, ValueError, RuntimeError) as err:
         reason = first_line(err).removeprefix(f"{folder}: ")  # our own checks name the folder already
         raise ExampleError(f"{folder}: the model cannot be loaded ({reason[:400]})") from None
 
 
-def hands_token_types(folder: Path, config=None) -> bool:
-    """Whether transformers' tokenizer of the folder returns token_type_ids (its
-    model_input_names): where it does not, the model is given zeros, pairs included. A tokenizer
-    transformers cannot build: the template's own ids (True)."""
-    from model.families import tokenizer_hands_token_types
+@dataclass(frozen=True)
+class FolderTokenizer:
+    """A folder's tokenizer as transformers builds it: `tokenizer`, a `tokenizers.Tokenizer`
+    (padding and truncation off: the callers cut, and count what they cut); token_types:
+    whether transformers' tokenizer returns token_type_ids (where not, the model is given
+    zeros, pairs included)."""
 
-    return tokenizer_hands_token_types(folder, default=True, config=config)
+    tokenizer: object
+    token_types: bool
 
 
-def folder_tokenizer(folder: Path):
-    """The folder's tokenizer.json as a `tokenizers.Tokenizer` (a folder with only a
-    sentencepiece model or BPE files: the one transformers converts them to), padding and
-    truncation off (the callers truncate, and count what they cut)."""
+def open_tokenizer(folder: Path, config: Mapping | None = None) -> FolderTokenizer:
+    """The folder's tokenizer exactly as `AutoTokenizer.from_pretrained(folder)` tokenizes:
+    its backend tokenizer. transformers 5.x tokenizer classes may rebuild the normalizer,
+    pre-tokenizer and post-processor from the class rather than take tokenizer.json's (a
+    Qwen2 folder gets NFC and Qwen2's split pattern whatever its file says; Llama's class sets
+    the BOS template from add_bos_token), so tokenizer.json read alone can give other ids.
+    config: config.json as read (None: transformers reads it if it needs the class). Where
+    transformers cannot build a tokenizer (no class it knows), the folder's tokenizer.json
+    is the tokenizer: nothing else defines one. ExampleError (one line) where neither reads."""
     from tokenizers import Tokenizer
 
     try:
-        if (folder / "tokenizer.json").is_file():
-            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        hf = auto_tokenizer(folder, config)
+    except Exception as err:  # noqa: BLE001 - transformers raises many kinds for a class it cannot build
+        if not (folder / "tokenizer.json").is_file():
+            raise ExampleError(f"{folder}: its tokenizer cannot be read ({first_line(err)[:120]})") from None
+        hf = None
+    try:
+        if hf is not None:
+            tokenizer = Tokenizer.from_str(hf.backend_tokenizer.to_str())  # a copy: settings of our own
         else:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=True).backend_tokenizer
-            tokenizer = Tokenizer.from_str(tokenizer.to_str())
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     except Exception as err:  # noqa: BLE001 - the tokenizers library raises its own Exception
         raise ExampleError(f"{folder}: its tokenizer cannot be read ({first_line(err)[:120]})") from None
     tokenizer.no_truncation()
     tokenizer.no_padding()
-    return tokenizer
+    token_types = True if hf is None else "token_type_ids" in hf.model_input_names
+    return FolderTokenizer(tokenizer, token_types)
+
+
+def auto_tokenizer(folder: Path, config: Mapping | None):
+    """transformers' fast tokenizer of the folder, given config.json as read (so that the file
+    is not read again where tokenizer_config.json names no class)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    given = {}
+    settings = dict(config or {})
+    family = settings.pop("model_type", None)
+    if isinstance(family, str):
+        try:
+            given["config"] = AutoConfig.for_model(family, **settings)
+        except (ValueError, TypeError, KeyError):
+            pass  # transformers reads config.json itself, and says what is wrong with it
+    return AutoTokenizer.from_pretrained(folder, use_fast=True, trust_remote_code=False, **given)
+
+
+def folder_tokenizer(folder: Path):
+    """The folder's tokenizer (open_tokenizer) alone."""
+    return open_tokenizer(folder).tokenizer
 
 
 # Sizes in config.json that build the model's tensors (BERT's, DistilBERT's and GPT-2's names): each,

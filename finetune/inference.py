@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from common.files import atomic_path
+from data.classification_data import ExampleError
 from finetune.batching import Batcher
 from finetune.runner import Runner, per_sequence
 from model.classifier_head import classification_metrics
@@ -81,7 +82,7 @@ def write_predictions(path: Path, logits: np.ndarray, label_names: list[str], mu
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp, tmp.open("w") as f:
         for record in prediction_records(logits, label_names, multi_label):
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(record, allow_nan=False) + "\n")
 
 
 def prediction_records(logits: np.ndarray, label_names: list[str], multi_label: bool, first_index: int = 0):
@@ -89,6 +90,11 @@ def prediction_records(logits: np.ndarray, label_names: list[str], multi_label: 
     "scores": {label name: softmax (multi-label: sigmoid) score, 6 decimals, in class
     order}}, indices from first_index."""
     for i, row in enumerate(class_scores(logits, multi_label)):
+        if not np.isfinite(row).all():  # never a label picked from NaN, never NaN in a JSON line
+            raise ExampleError(
+                f"example {first_index + i}: the model's scores are not finite ({row.tolist()[:4]}); "
+                "its weights or the dtype overflow on this input"
+            )
         record = {"index": first_index + i}
         if multi_label:
             record["labels"] = [label_names[c] for c in np.flatnonzero(row > 0.5)]

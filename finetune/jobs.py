@@ -96,10 +96,10 @@ def prepare_task(config: dict) -> Task:
         (checkpoint / "tokenizer.json").is_file() or (checkpoint / "tokenizer_config.json").is_file()
     )
     if own_tokenizer:
-        from finetune.folder import folder_tokenizer, hands_token_types
+        from finetune.folder import open_tokenizer
 
-        vocab_file, tokenizer, vocab = None, folder_tokenizer(checkpoint), None
-        token_types = hands_token_types(checkpoint)
+        opened = open_tokenizer(checkpoint)
+        vocab_file, tokenizer, vocab, token_types = None, opened.tokenizer, None, opened.token_types
     else:
         vocab_file = Path(resolve_asset(data["vocab_file"]) or checkpoint / "vocab.txt")
         if not vocab_file.is_file():

@@ -183,7 +183,7 @@ def predict_tags(args, folder, summary_path: Path) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(args.output) as tmp, tmp.open("w") as f:
             for record in records:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
 
     return write_outputs(write, summary_path, report)
 

@@ -101,18 +101,17 @@ def prepare_qa(config: dict, vocab: dict, resolve) -> tuple[QaSplit, QaSplit, ob
 def build_qa_model(config: dict, checkpoint: str):
     """The trainable QA head (a transformers PreTrainedModel: imported here, not with the
     module, which predict also imports to answer questions)."""
-    from model.question_answering import PackedBertForQuestionAnswering
+    from model.opening import ModelOptions, open_model
 
     model_cfg = config["model"]
     torch.manual_seed(config["training"]["seed"])  # qa_outputs' init
-    try:
-        return PackedBertForQuestionAnswering.from_pretrained(
-            checkpoint,
-            new_head=True,  # fine-tuning: qa_outputs may be new; the encoder must be whole
-            attention_backend=model_cfg["attention_backend"],
-            hidden_dropout_prob=model_cfg["hidden_dropout"],
-            attention_probs_dropout_prob=model_cfg["attention_dropout"],
-        )
+    options = ModelOptions(
+        new_head=True,  # fine-tuning: qa_outputs may be new; the encoder must be whole
+        attention_backend=model_cfg["attention_backend"],
+        dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]},
+    )
+    try:  # through the door, as every other task (its checks: strict weights, finite weights)
+        return open_model(checkpoint, "question_answering", options).model
     except (OSError, ValueError, RuntimeError) as err:  # a missing, truncated or foreign folder
         from data.classification_data import ExampleError
 

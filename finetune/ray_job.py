@@ -305,7 +305,7 @@ def gather(folder: Path, output: Path) -> int:
         with atomic_path(output) as tmp, tmp.open("w") as f:
             for row in table.to_pylist():  # predict's lines: scores by label name
                 row["scores"] = dict(zip(names, row["scores"]))
-                f.write(json.dumps(row) + "\n")
+                f.write(json.dumps(row, allow_nan=False) + "\n")
     print(json.dumps({"rows": manifest["rows"], "output": str(output)}))
     return 0
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.dropout import Dropout
+from model.outputs import PackedOutput
 from model.packed_rows import SlotRows, examples_in, present_slot_metrics
 
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification")
@@ -65,7 +66,7 @@ def classification_outputs(logits, rows: SlotRows, labels, num_items_in_batch, m
     logits [B, K, C]; labels as read_out's, or None. With Trainer's num_items_in_batch
     (the step's label items over all micro-batches) the loss is the loss sum over that
     many examples, so gradient accumulation weighs examples, not micro-batches."""
-    out = {"logits": logits, "present": rows.present}
+    out = PackedOutput(logits=logits, present=rows.present)
     if labels is not None:
         out.update(classification_metrics(logits, labels, out["present"], multi_label))
         examples = examples_in(num_items_in_batch, logits.shape[-1] if multi_label else 1)

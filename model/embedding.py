@@ -22,6 +22,7 @@ from transformers import BertConfig
 from common.choices import POOLING_MODES, check_pooling  # noqa: F401 - re-exported
 from model.encoder import slot_masks
 from model.inference_head import InferenceHead
+from model.outputs import PackedOutput
 from model.packed_rows import SlotRows
 
 
@@ -85,7 +86,7 @@ class PackedBertForEmbedding(InferenceHead):
         embeddings = pool_slots(hidden, rows, self.pooling)
         if self.normalize:
             embeddings = F.normalize(embeddings, p=2, dim=-1)  # an absent slot's zeros stay zeros
-        return {"embeddings": embeddings, "example_index": rows.example_index, "present": rows.present}
+        return PackedOutput(embeddings=embeddings, example_index=rows.example_index, present=rows.present)
 
     @classmethod
     def configure_options(cls) -> tuple[str, ...]:

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from model.embedding import pool_slots
+from model.outputs import PackedOutput
 from model.varlen import allowed_pairs
 
 PACKED_ATTENTION = "packed"
@@ -316,7 +317,7 @@ def causal_lm_outputs(logits, shift_labels, num_items_in_batch=None) -> dict:
     """{"logits"} and, with targets, {"loss": the mean cross-entropy over the predicted tokens
     (over Trainer's num_items_in_batch where given: gradient accumulation weighs tokens),
     "token_loss_sum", "token_count"}."""
-    out = {"logits": logits}
+    out = PackedOutput(logits=logits)
     if shift_labels is None:
         return out
     loss_sum = F.cross_entropy(
@@ -327,7 +328,7 @@ def causal_lm_outputs(logits, shift_labels, num_items_in_batch=None) -> dict:
     divisor = num_items_in_batch if num_items_in_batch is not None else count.clamp(min=1)
     if torch.is_tensor(divisor):
         divisor = divisor.to(loss_sum.device)
-    return {"loss": loss_sum / divisor, **out, "token_loss_sum": loss_sum.detach(), "token_count": count}
+    return PackedOutput(loss=loss_sum / divisor, **out, token_loss_sum=loss_sum.detach(), token_count=count)
 
 
 def tokenizer_hands_token_types(folder, default: bool = False, config=None) -> bool:

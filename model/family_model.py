@@ -29,6 +29,7 @@ from model.families import (
     tokenizer_hands_token_types,
 )
 from model.hf_checkpoint import load_checked
+from model.outputs import PackedOutput
 from model.packed_rows import TRAINER_IGNORED_OUTPUTS, SlotRows
 from model.span_head import span_outputs
 from model.token_head import token_outputs
@@ -169,7 +170,7 @@ class PackedFamilyModel(PreTrainedModel):
         rows = SlotRows(sequence_ids, cls_positions, example_index)
         if self.task == "embedding":
             embeddings = pool_slots(hidden, rows, self.pooling)
-            return {"embeddings": embeddings, "present": rows.present, "example_index": example_index}
+            return PackedOutput(embeddings=embeddings, present=rows.present, example_index=example_index)
         if self.task == "classification":
             logits = self._classify(hidden, rows)
             return classification_outputs(logits, rows, labels, num_items_in_batch, self.multi_label)

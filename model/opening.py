@@ -175,7 +175,47 @@ def open_model(
             f"model_type {model_type!r} is an encoder (it attends both ways): causal_lm trains a decoder; "
             f"decoder families: {', '.join(decoder_model_types())}"
         )
-    return opener(folder, task, options or ModelOptions(), config)
+    opened = opener(folder, task, options or ModelOptions(), config)
+    check_finite_weights(folder, opened.model)
+    return opened
+
+
+class NonFiniteWeights(ValueError):
+    """A folder whose weights hold NaN or an infinity (a diverged fp16 fine-tune saves such
+    a folder): every output would be NaN, so it is never run."""
+
+
+def first_non_finite(model: torch.nn.Module) -> tuple[str, str] | None:
+    """(name, "NaN" | "inf") of the first floating weight or buffer of `model`, in its
+    state-dict order, that holds a non-finite value; None when all are finite. One pass
+    over the weights (~50 ms per 100M parameters on a CPU core), with no copy kept."""
+    for name, tensor in model.state_dict().items():
+        if not tensor.is_floating_point():
+            continue
+        if not bool(torch.isfinite(tensor).all()):
+            return name, ("NaN" if bool(torch.isnan(tensor).any()) else "inf")
+    return None
+
+
+def check_finite_weights(folder: Path, model: torch.nn.Module) -> None:
+    """NonFiniteWeights naming the weights file and the first non-finite weight."""
+    found = first_non_finite(model)
+    if found is not None:
+        name, what = found
+        raise NonFiniteWeights(
+            f"{folder / weights_file_name(folder)}: weight {name} holds {what}; weights that are not finite "
+            "give NaN for every input (a diverged run saved them?) and are never run"
+        )
+
+
+def weights_file_name(folder: Path) -> str:
+    """model.safetensors, or its shard index where the weights are sharded."""
+    index = "model.safetensors.index.json"
+    return (
+        index
+        if (Path(folder) / index).is_file() and not (Path(folder) / "model.safetensors").is_file()
+        else "model.safetensors"
+    )
 
 
 def decoder_model_types() -> list[str]:
@@ -222,6 +262,7 @@ def packed_from_loaded(hf_encoder, pooling, token_types: bool = False) -> torch.
 
 __all__ = [
     "ModelOptions",
+    "NonFiniteWeights",
     "OpenedModel",
     "TASKS",
     "max_tokens",

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from model.encoder import slot_masks
+from model.outputs import PackedOutput
 from model.packed_rows import SlotRows, examples_in, present_slot_metrics
 
 
@@ -39,7 +40,7 @@ def span_outputs(start_logits, end_logits, rows: SlotRows, labels, num_items_in_
     """Every packed QA head's outputs, in the order transformers' Trainer gathers them
     (start, end, example_loss, example_index, sequence_ids). start/end [B, S] fp32;
     labels int [B, K, 2] or None; num_items_in_batch counts 2 label items per window."""
-    out = {"start_logits": start_logits, "end_logits": end_logits, "present": rows.present}
+    out = PackedOutput(start_logits=start_logits, end_logits=end_logits, present=rows.present)
     if labels is not None:
         out.update(
             span_metrics(

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.dropout import Dropout
+from model.outputs import PackedOutput
 from model.packed_rows import SlotRows
 
 
@@ -36,7 +37,7 @@ def token_outputs(logits, rows: SlotRows, labels, num_items_in_batch) -> dict:
     them (logits, example_index, sequence_ids, token_loss). logits [B, S, C]; labels int
     [B, S] (-100: no label) or None; the loss is over the step's labelled tokens
     (Trainer's num_items_in_batch) where given, else over this batch's."""
-    out = {"logits": logits, "example_index": rows.example_index, "sequence_ids": rows.sequence_ids}
+    out = PackedOutput(logits=logits, example_index=rows.example_index, sequence_ids=rows.sequence_ids)
     if labels is not None:
         labelled = labels != -100
         per_token = F.cross_entropy(
