@@ -117,7 +117,10 @@ def example_of_line(raw: bytes, where: str, text_field: str, pair_field: str | N
     except UnicodeDecodeError as err:
         raise ExampleError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
     record = json_object(line, where)
-    text = check_text(record.get(text_field), f"{where}: field '{text_field}'", empty_ok=empty_ok)
+    if text_field not in record:  # absent, not None: say so, and what the line holds instead
+        present = ", ".join(repr(k[:40]) for k in list(record)[:6]) or "none"
+        raise ExampleError(f"{where}: field '{text_field}' is missing (the line's fields: {present})")
+    text = check_text(record[text_field], f"{where}: field '{text_field}'", empty_ok=empty_ok)
     pair = record.get(pair_field) if pair_field else None
     check_text(pair, f"{where}: field '{pair_field}'", empty_ok=True, none_ok=True)
     return text, pair, record

@@ -247,6 +247,13 @@ def causal_lm_job(config: dict):
         raise FinetuneError(
             f"model.init_checkpoint {checkpoint}: no tokenizer transformers can load ({err})"
         ) from None
+    from finetune.folder import check_vocabulary_size
+    from finetune.folder_spec import read_json_object
+
+    # config.json read once, here, and handed to the door: the tokenizer must fit the
+    # embedding table before any example is read or packed
+    model_config = read_json_object(Path(checkpoint) / "config.json")
+    check_vocabulary_size(Path(checkpoint), model_config.get("vocab_size"), len(tokenizer))
     examples = read_prompt_completions(
         resolve_asset(data["train_file"]), data["prompt_field"], data["completion_field"]
     )
@@ -268,16 +275,18 @@ def causal_lm_job(config: dict):
                 "%s: %d of %d examples truncated to %d tokens", name, part.truncated, len(part), length
             )
         if part.predicted_tokens == 0:
-            raise ExampleError(
-                f"data.{name}_file: no completion token survives truncation to {length} tokens: nothing to learn from"
-            )
+            cause = (
+                f"survives truncation to {length} tokens" if part.truncated
+                else "in any example: every completion is empty and the tokenizer has no EOS token to end one"
+            )  # fmt: skip
+            raise ExampleError(f"data.{name}_file: no completion token {cause}: nothing to learn from")
     torch.manual_seed(config["training"]["seed"])
     options = ModelOptions(
         new_head=False,  # the LM head is the checkpoint's (tied or its own): a missing one is an error
         dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]},
     )
     try:
-        opened = open_model(checkpoint, "causal_lm", options)
+        opened = open_model(checkpoint, "causal_lm", options, model_config)
     except UnsupportedFamily as err:
         raise FinetuneError(f"model.init_checkpoint {checkpoint}: {err}") from None
     except (OSError, ValueError, RuntimeError) as err:

@@ -52,7 +52,7 @@ from common.files import (
     FolderInUse,
     describe_os_error,
     lock_folder,
-    model_fingerprint,
+    model_files_identity,
     open_private,
     output_file,
     output_over_inputs,
@@ -133,7 +133,7 @@ def job_of(args, encoder, options: EncodeOptions, n: int) -> dict:
     """What an interrupted run's rows were computed from: resumed only if all of it is equal."""
     stat = args.input.stat()
     return {"input": str(args.input.resolve()), "input_bytes": stat.st_size, "input_mtime_ns": stat.st_mtime_ns,
-            "lines": n, "model": str(Path(args.model).resolve()), "model_fingerprint": model_fingerprint(args.model),
+            "lines": n, "model": str(Path(args.model).resolve()), "model_files": model_files_identity(args.model),
             "dimension": encoder.dimension,
             "text_field": args.text_field, "pooling": args.pooling, "normalize": args.normalize,
             "max_length": args.max_length, "options": asdict(options)}  # fmt: skip

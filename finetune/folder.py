@@ -231,8 +231,13 @@ def check_vocabulary_fits(folder: Path, tokenizer, model) -> None:
     """A tokenizer whose ids reach past the loaded model's embedding table (its config's
     vocab_size) would index out of range on the first text holding such a token: refused in
     one line."""
-    vocab_size = getattr(model.config, "vocab_size", None)
-    tokens = tokenizer.get_vocab_size(with_added_tokens=True)
+    check_vocabulary_size(
+        folder, getattr(model.config, "vocab_size", None), tokenizer.get_vocab_size(with_added_tokens=True)
+    )
+
+
+def check_vocabulary_size(folder: Path, vocab_size, tokens: int) -> None:
+    """check_vocabulary_fits on config.json's vocab_size as read (before any model is built)."""
     if isinstance(vocab_size, int) and tokens > vocab_size:
         raise ExampleError(
             f"{folder / 'config.json'}: key 'vocab_size' is {vocab_size}, but the folder's tokenizer has {tokens} "
@@ -246,6 +251,14 @@ def check_weights_file(folder: Path) -> None:
     refuses to load it without code execution, and so do we."""
     if (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file():
         return
+    from common.files import not_a_file
+
+    for name in ("model.safetensors", "model.safetensors.index.json"):
+        what = not_a_file(folder / name)  # a FIFO or device is there, not absent
+        if what is not None:
+            raise ExampleError(
+                f"{folder / name}: is {what}, not a weights file; expected the file transformers saves"
+            )
     pickles = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt*"))
     if pickles:
         raise ExampleError(

@@ -35,7 +35,34 @@ def input_digest(config: dict) -> dict:
             if os.path.isfile(path):
                 digest.update(f"{path}\0{sha256_file(path)}\n".encode())
         digests[key] = digest.hexdigest()
+    digests["tokenizer"] = tokenizer_digest(config)
     return digests
+
+
+# The files a tokenizer is built from (transformers' names; a chat template in its own file too).
+TOKENIZER_FILE_PATTERNS = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "*.model",
+)  # fmt: skip
+
+
+def tokenizer_digest(config: dict) -> str:
+    """sha256 over the tokenizer's files: data.vocab_file where set, else those of the init
+    checkpoint (names and contents), so that --resume refuses a tokenizer changed in place
+    (a chat template added, tokenizer.json replaced): the plan of batches came from it."""
+    from common.files import sha256_file
+
+    vocab_file = resolve_asset(config["data"].get("vocab_file"))
+    if vocab_file is not None:
+        files = [Path(vocab_file)]
+    else:
+        checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
+        files = sorted({p for pattern in TOKENIZER_FILE_PATTERNS for p in checkpoint.glob(pattern)})
+    digest = hashlib.sha256()
+    for path in files:
+        if path.is_file():
+            digest.update(f"{path.name}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
 
 
 def check_positions(config: dict) -> None:

@@ -229,8 +229,16 @@ def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState) ->
         ) from None
     # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
     state = RunState.from_progress(progress, fresh.config, fresh.data_sha256)
-    if state.data_sha256 != fresh.data_sha256:
-        changed = ", ".join(k for k in fresh.data_sha256 if state.data_sha256.get(k) != fresh.data_sha256[k])
+    kept_tokenizer = state.data_sha256.get("tokenizer")  # absent: a checkpoint from before it was kept
+    if kept_tokenizer is not None and kept_tokenizer != fresh.data_sha256["tokenizer"]:
+        raise FinetuneError(
+            "--resume: the tokenizer's files changed since the checkpoint (model.init_checkpoint's tokenizer "
+            "files or data.vocab_file: same paths, other contents); the planned batches came from the old "
+            "tokenizer: restore it, or start over with --overwrite"
+        )
+    data_keys = [k for k in fresh.data_sha256 if k != "tokenizer"]
+    if any(state.data_sha256.get(k) != fresh.data_sha256[k] for k in data_keys):
+        changed = ", ".join(k for k in data_keys if state.data_sha256.get(k) != fresh.data_sha256[k])
         raise FinetuneError(
             f"--resume: the training or validation data changed since the checkpoint (same paths, other "
             f"contents: {changed}); resume with the data it was trained on, or start over with --overwrite"

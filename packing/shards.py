@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.files import sha256_file
+from common.constants import BERT_VOCAB_SIZE
+from common.files import not_a_file, sha256_file
 from packing.compact import SequenceStore, _ranges, _starts
 from packing.errors import PackingInputError
 from packing.format import FORMAT_NAME, FORMAT_VERSION, PACKED_FIELDS, empty_packs, field_dtypes
@@ -225,6 +226,9 @@ class PackedDataset:
                     for name, (dim, _) in PACKED_FIELDS.items():
                         if name not in f:
                             raise PackingInputError(f"{path}: field '{name}' is missing")
+                        problem = field_type_problem(f[name], name, self.metadata.get("vocab_size"))
+                        if problem:
+                            raise PackingInputError(f"{path}: field '{name}' {problem}")
                         shape = f[name].shape
                         if shape[0] != record["packs"]:
                             raise PackingInputError(
@@ -282,6 +286,31 @@ class PackedDataset:
             raise PackingInputError(f"{path}: packs {start}..{stop - 1} cannot be read ({err})") from None
 
 
+def field_type_problem(node, name: str, vocab_size) -> str | None:
+    """What makes an HDF5 node unfit to be packed field `name`, or None: it must be a dataset
+    of integers that holds every value the format's dtype holds (a uint16 field may be
+    stored wider, never narrower: int8 ids over 127 would wrap negative), and a signed one
+    must hold no negative value (ids, positions and labels are >= 0; source_index -1 marks
+    an empty slot). Floats (which would be truncated) and byte strings are refused."""
+    import h5py
+
+    if not isinstance(node, h5py.Dataset):
+        return f"is a {type(node).__name__.lower()}, expected a dataset"
+    dtype = node.dtype
+    expected = np.dtype(field_dtypes(vocab_size or BERT_VOCAB_SIZE)[name])
+    if dtype.kind not in "iu" or not np.can_cast(expected, dtype, "safe"):
+        return f"has dtype {dtype}, expected integers holding {expected} (the packed format's)"
+    if dtype.kind == "i" and name != "source_index" and node.size:
+        rows = node.shape[0]
+        step = max(1, (1 << 24) // max(1, node.size // max(1, rows)))  # ~16M values a block
+        for start in range(0, rows, step):
+            block = node[start : start + step]
+            if block.size and block.min() < 0:
+                row = start + int(np.argwhere(block < 0)[0][0])
+                return f"holds a negative value at row {row}; the packed format's values are >= 0"
+    return None
+
+
 def check_shard_records(folder: Path, metadata: dict) -> None:
     """metadata.json's shard list, checked without reading shard contents: every name a
     plain file name inside the folder, every file present, and the totals (packs,
@@ -298,6 +327,9 @@ def check_shard_records(folder: Path, metadata: dict) -> None:
             )
         path = folder / name
         if not path.is_file():
+            what = not_a_file(path)  # a FIFO or device stands there: not "missing"
+            if what is not None:
+                raise PackingInputError(f"{path} is listed in {METADATA} but is {what}, not a shard file")
             raise PackingInputError(f"{path} is listed in {METADATA} but missing")
         for key in ("packs", "sequences", "bytes"):
             if not isinstance(record.get(key), int) or record[key] < 0:

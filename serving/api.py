@@ -230,9 +230,40 @@ def parse_rerank(data: dict, limits: RequestLimits) -> tuple[list[tuple[str, str
     return [(query, text) for text in texts], *flags, _direction(data)
 
 
+# The fields each embedding route takes (TEI's EmbedRequest; OpenAI's embeddings request with
+# sentence-transformers' prompt_name): any other is refused with 422, as OpenAI answers an
+# unknown parameter, rather than ignored (a misspelt "normalise" would silently do nothing).
+ROUTE_FIELDS: dict[str, frozenset[str]] = {
+    "embed": frozenset({"inputs", "normalize", "truncate", "truncation_direction", "prompt_name"}),
+    "openai": frozenset({"input", "model", "encoding_format", "dimensions", "user", "prompt_name"}),
+}
+
+
+def unknown_field(route: str, data: dict) -> str | None:
+    """The first field of `data` the route does not take, or None."""
+    fields = ROUTE_FIELDS.get(route)
+    if fields is None:
+        return None
+    return next((name for name in sorted(data) if name not in fields), None)
+
+
+def _prompt_name(data: dict) -> str | None:
+    """The "prompt_name" field (a prompt of the model's configuration), or None."""
+    prompt_name = data.get("prompt_name")
+    if prompt_name is not None and not isinstance(prompt_name, str):
+        raise RequestError(422, f'field "prompt_name": expected a string, got {json.dumps(prompt_name)[:40]}')
+    return prompt_name
+
+
 def read_request(route: str, data: dict, limits: RequestLimits, dimension: int | None = None) -> Request:
     """A route's JSON body (already parsed) -> its Request; RequestError (one line) if it is
     not what the route takes. dimension: an embedding model's, for OpenAI's `dimensions`."""
+    unknown = unknown_field(route, data)
+    if unknown is not None:
+        raise RequestError(
+            422,
+            f'field "{unknown[:40]}": not a field of this route; it takes {", ".join(sorted(ROUTE_FIELDS[route]))}',
+        )
     if route == "predict":
         sequences, single, truncate, raw_scores = parse_predict(data, limits)
         return Request(route, sequences, single, truncate, {"raw_scores": raw_scores})
@@ -247,12 +278,8 @@ def read_request(route: str, data: dict, limits: RequestLimits, dimension: int |
         return Request(route, texts, single, truncate)
     if route == "embed":
         texts, truncate, direction, normalize = parse_embed(data, limits)
-        prompt_name = data.get("prompt_name")  # TEI's field: a prompt of the model's configuration
-        if prompt_name is not None and not isinstance(prompt_name, str):
-            raise RequestError(
-                422, f'field "prompt_name": expected a string, got {json.dumps(prompt_name)[:40]}'
-            )
-        options = {"direction": direction, "normalize": normalize, "prompt_name": prompt_name}
+        options = {"direction": direction, "normalize": normalize, "prompt_name": _prompt_name(data)}
         return Request(route, texts, False, truncate, options)
     texts, encoding, dimensions = parse_openai_embeddings(data, limits, dimension)
-    return Request("openai", texts, False, False, {"encoding": encoding, "dimensions": dimensions})
+    options = {"encoding": encoding, "dimensions": dimensions, "prompt_name": _prompt_name(data)}
+    return Request("openai", texts, False, False, options)

@@ -76,6 +76,15 @@ def main(argv=None) -> int:
         default=10.0,
         help="seconds a request body may take to arrive (408 after)",
     )
+    parser.add_argument(
+        "--max-header-bytes", type=int, default=64 * 1024, help="a request's head: line and headers (431 beyond)"
+    )
+    parser.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=10.0,
+        help="seconds a request's head may take to arrive, from its first byte (408 after)",
+    )
     parser.add_argument("--tokenizer-threads", type=int, default=1)
     parser.add_argument(
         "--api-key",
@@ -90,11 +99,12 @@ def main(argv=None) -> int:
     parser.set_defaults(max_sequences_per_pack=None)
     args = parser.parse_args(argv)
     wrong = below_one(args, ("port", "max_batch_tokens", "max_sequences_per_pack", "batch_size", "max_queue",
-                             "max_client_batch_size", "max_body_bytes", "tokenizer_threads"))  # fmt: skip
+                             "max_client_batch_size", "max_body_bytes", "max_header_bytes",
+                             "tokenizer_threads"))  # fmt: skip
     if wrong:
         return refuse(wrong)
-    if args.timeout_s <= 0 or args.body_timeout_s <= 0 or args.max_wait_ms < 0:
-        return refuse("--timeout-s and --body-timeout-s must be > 0, --max-wait-ms >= 0")
+    if args.timeout_s <= 0 or args.body_timeout_s <= 0 or args.header_timeout_s <= 0 or args.max_wait_ms < 0:
+        return refuse("--timeout-s, --body-timeout-s and --header-timeout-s must be > 0, --max-wait-ms >= 0")
 
     from serving.access import AccessRules
 
@@ -111,6 +121,7 @@ def main(argv=None) -> int:
     from serving.api import RequestLimits
     from serving.app import create_app
     from serving.engines import load_engine
+    from serving.headers import HeadLimits, bounded_protocol
     from serving.policies import PolicySettings
     from serving.scheduler import QueueLimits
 
@@ -145,8 +156,9 @@ def main(argv=None) -> int:
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda received, frame: stopped_by.append(received))
     uvicorn.run(
-        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout_s
-    )
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout_s,
+        http=bounded_protocol(HeadLimits(args.max_header_bytes, args.header_timeout_s)),
+    )  # fmt: skip
     metrics = app.state.metrics
     answered = {
         s.labels["status"]: int(s.value)

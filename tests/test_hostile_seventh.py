@@ -156,7 +156,9 @@ def test_a_folder_is_tokenized_as_autotokenizer_tokenizes_it(qwen2_classifier):
     alone = Tokenizer.from_file(str(qwen2_classifier / "tokenizer.json"))
     assert [alone.encode(t).ids for t in COMBINING] != expected  # the file alone differs (the defect)
     assert [load_finetuned(qwen2_classifier).tokenizer.encode(t).ids for t in COMBINING] == expected
-    ids, _ = load_encoder(qwen2_classifier, pooling="lasttoken").tokenize_texts(COMBINING, ["t"] * len(COMBINING))
+    ids, _ = load_encoder(qwen2_classifier, pooling="lasttoken").tokenize_texts(
+        COMBINING, ["t"] * len(COMBINING)
+    )
     assert [list(map(int, i)) for i in ids] == expected
 
 
@@ -186,11 +188,11 @@ def test_predict_scores_equal_transformers_on_text_with_combining_marks(qwen2_cl
 def test_every_packed_model_answers_its_outputs_as_attributes(classifier, tmp_path):
     """`model(**batch).loss` as on any transformers model (a plain dict raised AttributeError);
     an unset declared field reads None, as a ModelOutput's does; index access as to_tuple."""
+    import transformers
+
     from model.opening import ModelOptions, open_model
 
     from .test_decoders import packed_rows, tiny_config
-
-    import transformers
 
     config = tiny_config("llama")
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "llama")
@@ -205,3 +207,480 @@ def test_every_packed_model_answers_its_outputs_as_attributes(classifier, tmp_pa
     bert = open_model(classifier, "classification", ModelOptions()).model
     head_out = bert(**{**rows, "input_ids": rows["input_ids"] % 50})
     assert head_out.logits is head_out["logits"] and head_out.loss is None
+
+
+# ----- 6, 8, 14. YAML: alias bombs, a list config with --set, a key given twice ---------------------
+def alias_bomb(levels: int = 9) -> str:
+    """Each level a list of nine aliases of the one before: 9^levels values in < 500 bytes."""
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, levels):
+        lines.append(f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + f"\ntraining:\n  lr: *a{levels - 1}\n"
+
+
+CONFIG_LOADERS = [("finetune.config", "load_finetune_config"), ("training.config", "load_config")]
+
+
+@pytest.mark.parametrize("module, loader", CONFIG_LOADERS)
+def test_an_alias_bomb_is_one_bounded_line_in_little_memory(tmp_path, module, loader):
+    import importlib
+    import tracemalloc
+
+    from common.config_schema import ConfigError
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    assert len(path.read_bytes()) < 1024
+    load = getattr(importlib.import_module(module), loader)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError) as caught:
+            load(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(caught.value)
+    assert "aliases expand to more than 100,000 values" in message and len(message) < 300
+    assert "\n" not in message and peak < 50 * 2**20
+
+
+@pytest.mark.parametrize("module, loader", CONFIG_LOADERS)
+def test_wrong_values_are_quoted_in_bounded_excerpts(tmp_path, module, loader):
+    import importlib
+
+    from common.config_schema import ConfigError
+
+    load = getattr(importlib.import_module(module), loader)
+    path = tmp_path / "long.yaml"
+    path.write_text("training:\n  seed: [" + ", ".join(["1"] * 5000) + "]\n")
+    with pytest.raises(ConfigError, match=r"training.seed: expected an integer, got a list of 5000 items$"):
+        load(path)
+    path.write_text("training:\n  seed: '" + "y" * 5000 + "'\n")
+    with pytest.raises(ConfigError, match=r"got 'yyyy.*\.\.\. \(5002 characters\)$"):
+        load(path)
+
+
+def test_self_referring_aliases_are_one_line(tmp_path):
+    from common.config_schema import ConfigError, read_yaml
+
+    path = tmp_path / "loop.yaml"
+    path.write_text("training: &t\n  seed: *t\n")
+    with pytest.raises(ConfigError, match="an alias refers to the value that holds it"):
+        read_yaml(path)
+
+
+@pytest.mark.parametrize("module, loader", CONFIG_LOADERS)
+def test_a_config_that_is_a_list_is_one_line_with_or_without_set(tmp_path, module, loader):
+    import importlib
+
+    from common.config_schema import ConfigError
+
+    load = getattr(importlib.import_module(module), loader)
+    path = tmp_path / "list.yaml"
+    path.write_text("- training\n- data\n")
+    for assignments in ([], ["training.seed=3"]):
+        with pytest.raises(ConfigError, match=r"list.yaml: expected a mapping of sections, got list$"):
+            load(path, assignments)
+
+
+@pytest.mark.parametrize("module, loader", CONFIG_LOADERS)
+def test_a_key_given_twice_is_refused_as_json_lines_refuse_it(tmp_path, module, loader):
+    import importlib
+
+    from common.config_schema import ConfigError
+
+    load = getattr(importlib.import_module(module), loader)
+    path = tmp_path / "twice.yaml"
+    path.write_text("training:\n  seed: 1\n  seed: 2\n")
+    with pytest.raises(ConfigError, match=r"twice.yaml: key 'seed' is given twice in one mapping \(line 3\)"):
+        load(path)
+    path.write_text("training: {}\ntraining: {}\n")
+    with pytest.raises(ConfigError, match=r"key 'training' is given twice"):
+        load(path)
+    # a merge key (<<) is YAML's way to override on purpose: still allowed
+    path.write_text("base: &b {seed: 1}\n")
+    from common.config_schema import read_yaml
+
+    path.write_text("training:\n  <<: {seed: 1}\n  seed: 2\n")
+    assert read_yaml(path) == {"training": {"seed": 2}}
+
+
+def test_a_set_value_that_is_not_yaml_is_one_line(tmp_path):
+    from common.config_schema import ConfigError
+    from finetune.config import load_finetune_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text("training:\n  seed: 1\n")
+    with pytest.raises(ConfigError, match=r"--set training.seed: not valid YAML"):
+        load_finetune_config(path, ["training.seed=[1,"])
+
+
+@pytest.mark.slow  # both commands in fresh interpreters
+def test_both_commands_refuse_the_bomb_and_a_list_with_set_in_one_line(tmp_path):
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(alias_bomb())
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n")
+    for argv in (
+        ["finetune.train", "--config", bomb, "--output-dir", tmp_path / "o1"],
+        ["finetune.train", "--config", listed, "--output-dir", tmp_path / "o2", "--set", "training.seed=1"],
+    ):
+        assert "bomb.yaml" in one_line_error(run_module(*argv)) or "list.yaml" in argv[2].name
+    for config in (bomb, listed):
+        done = subprocess.run(
+            [sys.executable, "run_pretraining.py", "--config", str(config), "--output-dir", str(tmp_path / "p"),
+             "--set", "training.seed=1"],
+            cwd=REPO, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        assert config.name in one_line_error(done)
+
+
+# ----- 4. SFT from a folder whose tokenizer outgrows vocab_size: one line before any work ----------
+def test_sft_refuses_a_tokenizer_larger_than_the_embedding_table_before_reading_data(tmp_path, capsys):
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    from finetune import train
+
+    from .test_decoder_sft import config_for
+    from .test_decoders import decoder_tokenizer, tiny_config
+
+    tokenizer = decoder_tokenizer()
+    start = tmp_path / "start"
+    AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=len(tokenizer) - 8)).save_pretrained(
+        start
+    )
+    tokenizer.save_pretrained(start)
+    capsys.readouterr()  # (save_pretrained's progress bar)
+    config = config_for(tmp_path, start)
+    config["data"]["train_file"] = str(tmp_path / "not_read.jsonl")  # the refusal comes first
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code = train.main(["--config", str(path), "--output-dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert (
+        f"key 'vocab_size' is {len(tokenizer) - 8}, but the folder's tokenizer has {len(tokenizer)} tokens"
+        in err[0]
+    )
+    assert not (tmp_path / "out" / "model").exists()
+
+
+# ----- 5. SFT --resume after the init folder's tokenizer changed in place ---------------------------
+def test_resume_refuses_a_tokenizer_changed_in_place(tmp_path):
+    import shutil as files
+
+    from transformers import AutoModelForCausalLM
+
+    from finetune import train
+
+    from .test_decoder_sft import config_for
+    from .test_decoders import decoder_tokenizer, tiny_config
+    from .test_finetune_resume import StopAfter
+
+    tokenizer = decoder_tokenizer()
+    start = tmp_path / "start"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(
+        tiny_config("qwen2", vocab_size=len(tokenizer) + 8, max_position_embeddings=128)
+    ).save_pretrained(start)
+    tokenizer.save_pretrained(start)
+    config = config_for(tmp_path, start)
+    with pytest.raises(train.Interrupted, match="--resume"):
+        train.run_finetune(config, tmp_path / "run", stop=StopAfter(2))
+    kept = tmp_path / "kept_tokenizer"
+    files.copytree(start, kept)
+    settings = json.loads((start / "tokenizer_config.json").read_text())
+    settings["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (start / "tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(
+        train.FinetuneError, match="--resume: the tokenizer's files changed since the checkpoint"
+    ):
+        train.run_finetune(config, tmp_path / "run", resume=True)
+    files.copyfile(kept / "tokenizer_config.json", start / "tokenizer_config.json")  # restored: resumes
+    assert train.run_finetune(config, tmp_path / "run", resume=True)["train_steps"] > 0
+
+
+# ----- 9. packed shards of other dtypes: one line naming shard and field ---------------------------
+def rewrite_shard(packed, change):
+    """Shard 0 rewritten with `change(fields)` applied (metadata kept consistent)."""
+    import h5py
+
+    from common.files import sha256_file
+
+    meta = json.loads((packed / "metadata.json").read_text())
+    shard = packed / meta["shards"][0]["name"]
+    with h5py.File(shard) as f:
+        fields = {name: f[name][:] for name in f}
+    shard.unlink()
+    with h5py.File(shard, "w") as f:
+        for name, values in change(fields).items():
+            if values is None:
+                f.create_group(name)
+            else:
+                f.create_dataset(name, data=values)
+    meta["shards"][0].update(bytes=shard.stat().st_size, sha256=sha256_file(shard))
+    (packed / "metadata.json").write_text(json.dumps(meta))
+    return shard
+
+
+@pytest.mark.parametrize(
+    "name, change, expected",
+    [
+        ("int8_ids", lambda f: {**f, "input_ids": f["input_ids"].astype(np.int8)},
+         "field 'input_ids' has dtype int8, expected integers holding uint16"),
+        ("bytes_segments", lambda f: {**f, "segment_ids": f["segment_ids"].astype("S1")},
+         "field 'segment_ids' has dtype |S1, expected integers holding uint8"),
+        ("group", lambda f: {**f, "sequence_ids": None}, "field 'sequence_ids' is a group, expected a dataset"),
+        ("float_ids", lambda f: {**f, "input_ids": f["input_ids"] + 0.5},
+         "field 'input_ids' has dtype float64, expected integers"),
+        ("negative_ids", lambda f: {**f, "input_ids": np.where(np.arange(f["input_ids"].shape[1]) == 3, -5,
+                                                               f["input_ids"].astype(np.int32))},
+         "field 'input_ids' holds a negative value at row 0"),
+        ("wider_is_fine", lambda f: {**f, "input_ids": f["input_ids"].astype(np.int64)}, None),
+    ],
+)  # fmt: skip
+def test_each_field_dtype_is_checked_when_a_shard_is_opened(tmp_path, name, change, expected):
+    from packing.errors import PackingInputError
+    from packing.shards import PackedDataset
+
+    from .training_helpers import make_packed
+
+    (tmp_path / "data").mkdir()
+    packed = make_packed(tmp_path / "data") / "train"
+    shard = rewrite_shard(packed, change)
+    if expected is None:
+        PackedDataset.open(packed).check_contents(sha256=True)
+        return
+    with pytest.raises(PackingInputError) as caught:
+        PackedDataset.open(packed).check_contents(sha256=False)
+    assert str(caught.value).startswith(f"{shard}: ") and expected in str(caught.value)
+
+
+# ----- 10. pretraining --resume on a checkpoint whose manifest matches damaged weights --------------
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    from .training_helpers import make_packed
+
+    return make_packed(tmp_path_factory.mktemp("train-data"))
+
+
+def test_resume_skips_a_checkpoint_whose_weights_match_the_manifest_but_do_not_load(packed, tmp_path):
+    from common.files import sha256_file
+
+    from .training_helpers import final_weights, run, write_config
+
+    config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 4, "checkpoint_every_steps": 2})
+    assert run(config, tmp_path / "straight").returncode == 0
+    assert run(config, tmp_path / "r").returncode == 0
+    newest = sorted((tmp_path / "r" / "checkpoints").glob("step-*"))[-1]
+    weights = newest / "model" / "model.safetensors"
+    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")  # damaged, then the manifest rewritten
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["files"]["model/model.safetensors"] = {
+        "bytes": weights.stat().st_size,
+        "sha256": sha256_file(weights),
+    }
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    done = run(config, tmp_path / "r", "--resume")
+    assert done.returncode == 0, done.stderr
+    assert "its model cannot be loaded" in done.stderr and "Traceback" not in done.stderr
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "r")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the previous checkpoint, trained on to the same end
+
+
+# ----- 12. embedding routes: prompt_name on OpenAI's route, unknown fields refused ----------------
+def test_embedding_routes_take_prompt_name_and_refuse_unknown_fields():
+    from serving.api import RequestError, RequestLimits, read_request
+
+    limits = RequestLimits()
+    request = read_request("openai", {"input": ["a"], "prompt_name": "query"}, limits, dimension=8)
+    assert request.options["prompt_name"] == "query"
+    assert (
+        read_request("embed", {"inputs": "a", "prompt_name": "query"}, limits).options["prompt_name"]
+        == "query"
+    )
+    for route, body in (
+        ("openai", {"input": "a", "normalize": True}),
+        ("embed", {"inputs": "a", "input": "b"}),
+    ):
+        with pytest.raises(RequestError) as caught:
+            read_request(route, body, limits, dimension=8)
+        assert caught.value.status == 422 and "not a field of this route" in str(caught.value)
+    with pytest.raises(RequestError, match='field "prompt_name": expected a string'):
+        read_request("openai", {"input": "a", "prompt_name": 3}, limits, dimension=8)
+
+
+# ----- 13. messages that name the real cause -------------------------------------------------------
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_a_fifo_or_device_as_weights_or_shard_is_named_as_such(classifier, tmp_path, kind):
+    import os
+
+    from data.classification_data import ExampleError
+    from finetune.folder import load_finetuned
+    from packing.errors import PackingInputError
+    from packing.shards import PackedDataset
+
+    from .training_helpers import make_packed
+
+    def plant(path):
+        path.unlink()
+        os.mkfifo(path) if kind == "fifo" else os.symlink("/dev/zero", path)
+
+    folder = tmp_path / "m"
+    shutil.copytree(classifier, folder)
+    plant(folder / "model.safetensors")
+    what = "a FIFO \\(named pipe\\)" if kind == "fifo" else "a character device"
+    with pytest.raises(ExampleError, match=f"model.safetensors: is {what}, not a weights file"):
+        load_finetuned(folder)
+    (tmp_path / "data").mkdir()
+    packed = make_packed(tmp_path / "data") / "train"
+    shard = packed / json.loads((packed / "metadata.json").read_text())["shards"][0]["name"]
+    plant(shard)
+    with pytest.raises(
+        PackingInputError, match=f"is listed in metadata.json but is {what}, not a shard file"
+    ):
+        PackedDataset.open(packed)
+
+
+def test_a_line_without_its_text_field_says_missing_and_what_it_has(tmp_path):
+    from data.classification_data import ExampleError
+    from finetune.causal_lm_task import read_prompt_completions
+
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(
+        ExampleError, match=r"chat.jsonl:1: field 'prompt' is missing \(the line's fields: 'messages'\)$"
+    ):
+        read_prompt_completions(path, "prompt", "completion")
+
+
+def test_empty_completions_without_eos_are_not_blamed_on_truncation(tmp_path, capsys):
+    import yaml
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from finetune import train
+
+    from .test_decoder_sft import config_for
+    from .test_decoders import decoder_tokenizer, tiny_config
+
+    tokenizer = PreTrainedTokenizerFast(  # no EOS token: nothing ends an empty completion
+        tokenizer_object=decoder_tokenizer().backend_tokenizer, bos_token="<s>", pad_token="<pad>"
+    )
+    start = tmp_path / "start"
+    AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=len(tokenizer))).save_pretrained(start)
+    tokenizer.save_pretrained(start)
+    config = config_for(tmp_path, start)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("".join(json.dumps({"prompt": f"text {i}", "completion": ""}) + "\n" for i in range(4)))
+    config["data"]["train_file"] = config["data"]["validation_file"] = str(empty)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(config))
+    capsys.readouterr()
+    assert train.main(["--config", str(path), "--output-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "every completion is empty and the tokenizer has no EOS token" in err and "truncation" not in err
+
+
+# ----- 11. (low) embed does not hash the model folder's bytes on every run -------------------------
+def test_embed_keys_kept_rows_on_file_identity_without_reading_the_weights(classifier, tmp_path, monkeypatch):
+    import common.files
+    from finetune import embed as embed_command
+
+    model = tmp_path / "model"
+    shutil.copytree(classifier, model)
+    (model / "extra.safetensors").write_bytes(b"\0" * (1 << 20))  # read by a content hash
+    hashed = []
+    real = common.files.sha256_file
+    monkeypatch.setattr(common.files, "sha256_file", lambda path, *a: hashed.append(str(path)) or real(path, *a))
+    source = input_file(tmp_path / "in.jsonl", ["a text", "another"])
+    argv = ["--model", str(model), "--input", str(source), "--output", str(tmp_path / "e.npy"), "--pooling", "mean",
+            "--quiet"]  # fmt: skip
+    assert embed_command.main(argv) == 0
+    assert not [p for p in hashed if p.startswith(str(model))], hashed
+    before = common.files.model_files_identity(model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes())  # the same bytes saved again: a new identity (mtime)
+    assert common.files.model_files_identity(model) != before
+
+
+# ----- 7. the server bounds request heads in size and time ----------------------------------------
+def raw_client(port: int):
+    import socket
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    return sock
+
+
+def read_all(sock) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.slow  # a real uvicorn server, clients over loopback, a timeout to wait out
+def test_hostile_heads_are_refused_and_other_clients_answered_within_a_second(classifier):
+    import threading
+    import time
+
+    import httpx
+
+    from serving.headers import HeadLimits, bounded_protocol
+
+    from .test_serve import Server
+
+    limits = HeadLimits(max_bytes=16 * 1024, timeout_s=2.0)
+    with Server(classifier, http=bounded_protocol(limits)) as server:
+        # 1. one client streaming a 200 MB header: 431 after the limit, never the whole stream
+        big = raw_client(server.port)
+        answer = {}
+
+        def stream_header():
+            big.sendall(b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+            sent = 0
+            try:
+                while sent < 200 << 20:
+                    big.sendall(b"a" * (1 << 16))
+                    sent += 1 << 16
+            except OSError:
+                pass
+            answer["sent"] = sent
+            answer["reply"] = read_all(big)
+
+        streamer = threading.Thread(target=stream_header)
+        streamer.start()
+        # 2. 100 clients trickling a head a byte at a time
+        tricklers = [raw_client(server.port) for _ in range(100)]
+        for sock in tricklers:
+            sock.sendall(b"P")
+        started = time.monotonic()
+        latencies = []
+        while time.monotonic() - started < 3.0:
+            t0 = time.monotonic()
+            reply = httpx.post(server.url + "/predict", json={"inputs": "a small request"}, timeout=10)
+            latencies.append(time.monotonic() - t0)
+            assert reply.status_code == 200, reply.text
+        streamer.join(60)
+        assert answer["reply"].startswith(b"HTTP/1.1 431") and answer["sent"] < 200 << 20
+        refused = [read_all(sock) for sock in tricklers]  # the deadline has passed: each refused, closed
+        assert all(r.startswith(b"HTTP/1.1 408") for r in refused), refused[:2]
+        assert max(latencies) < 1.0, latencies
+        # a normal client on a kept-alive connection is not timed out between requests
+        with httpx.Client(base_url=server.url) as client:
+            assert client.post("/predict", json={"inputs": "one"}).status_code == 200
+            time.sleep(2.5)
+            assert client.post("/predict", json={"inputs": "two"}).status_code == 200
+
+
+def test_the_server_command_takes_the_head_limits():
+    from serving import cli
+
+    assert cli.main(["--model", "x", "--max-header-bytes", "0"]) == 2
+    assert cli.main(["--model", "x", "--header-timeout-s", "0"]) == 2

@@ -53,12 +53,12 @@ def free_port() -> int:
 class Server:
     """An in-process uvicorn server on a free port, in a thread."""
 
-    def __init__(self, folder, policy="packed", queue=None, limits=None, engine=None, **settings):
+    def __init__(self, folder, policy="packed", queue=None, limits=None, engine=None, http="auto", **settings):
         engine = engine or load_engine(folder)
         policy_settings = PolicySettings(policy, max_length=engine.max_length, **settings)
         self.app = create_app(engine, policy_settings, queue or QueueLimits(), limits or RequestLimits())
         self.port = free_port()
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", http=http)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{self.port}"

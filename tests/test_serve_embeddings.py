@@ -230,3 +230,15 @@ def test_a_decoder_embedder_with_prompts_serves_what_sentence_transformers_encod
         )
         np.testing.assert_allclose(got, query, atol=2e-5)
         assert np.abs(query - plain).max() > 1e-3  # the prompt made a difference
+        # OpenAI's route takes prompt_name too (it was ignored: 200 with unprompted vectors)
+        answer = httpx.post(server.url + "/v1/embeddings", json={"input": short, "prompt_name": "query"}).json()
+        got = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
+        np.testing.assert_allclose(got, query, atol=2e-5)
+        for route, body in (("/v1/embeddings", {"input": short, "prompt_name": "nope"}),
+                            ("/embed", {"inputs": short, "prompt_name": "nope"})):  # fmt: skip
+            refused = httpx.post(server.url + route, json=body)
+            assert refused.status_code == 422 and "prompt name 'nope'" in refused.text, refused.text
+        for route, body in (("/v1/embeddings", {"input": short, "normalise": True}),
+                            ("/embed", {"inputs": short, "normalise": False})):  # fmt: skip
+            refused = httpx.post(server.url + route, json=body)
+            assert refused.status_code == 422 and 'field "normalise": not a field of this route' in refused.text

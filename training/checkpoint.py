@@ -149,15 +149,20 @@ def check_checkpoint(path: Path) -> None:
             raise CheckpointError(f"{path}: {name} does not match its sha256 in manifest.json (corrupt)")
 
 
-def latest_valid_checkpoint(folder: Path) -> Path | None:
-    """The newest intact checkpoint; corrupt ones are reported and skipped."""
+def intact_checkpoints(folder: Path):
+    """The intact checkpoints, newest first; corrupt ones are reported and skipped."""
     for path in reversed(list_checkpoints(folder)):
         try:
             check_checkpoint(path)
-            return path
         except CheckpointError as err:
             log.error("refusing checkpoint: %s; trying the previous one", err)
-    return None
+            continue
+        yield path
+
+
+def latest_valid_checkpoint(folder: Path) -> Path | None:
+    """The newest intact checkpoint; corrupt ones are reported and skipped."""
+    return next(intact_checkpoints(folder), None)
 
 
 def load_training_state(path: Path) -> dict:
