@@ -30,7 +30,7 @@ $(TF_STAMP): requirements-tf.txt
 	$(TF_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-tf.txt
 	touch $(TF_STAMP)
 
-# Optional Ray (packed batch inference on a Ray cluster: finetune.embed / finetune.predict --ray),
+# Optional Ray (packed batch inference on a Ray cluster: commands.embed / commands.predict --ray),
 # into .venv beside the main install.
 RAY_STAMP := $(VENV)/.installed-ray
 install-ray: $(RAY_STAMP)

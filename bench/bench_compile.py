@@ -2,10 +2,10 @@
 
     python bench/bench_compile.py [--texts 2000] [--passes 3] [--threads 2] [--input TEXTS.jsonl]
 
-The MiniLM folder opened as finetune.embed opens it (finetune.embedding.load_encoder), its
+The MiniLM folder opened as commands.embed opens it (inference.embedding.load_encoder), its
 packed model replaced by `torch.compile(model)` with inductor's `freezing` (weights folded
 and pre-packed for oneDNN; static shapes, one graph per pack width and row count), then
-`finetune.embedding.encode` over the same texts `--passes` times in each of two fresh
+`inference.embedding.encode` over the same texts `--passes` times in each of two fresh
 processes (eager, compiled): the first compiled pass pays the compiling. Vectors compared.
 Default texts: BBC News, the mixed profile (data/embedding_texts.py).
 """
@@ -28,7 +28,7 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np, torch
 torch.set_num_threads(int(sys.argv[4]))
 from data.assets import model_dir
-from finetune.embedding import EncodeOptions, encode, load_encoder
+from inference.embedding import EncodeOptions, encode, load_encoder
 texts = [json.loads(line)["text"] for line in open(sys.argv[2])]
 encoder = load_encoder(model_dir())
 if sys.argv[3] == "compiled":

@@ -15,15 +15,15 @@ alternating which goes first:
   sorted   transformers: AutoModelForSequenceClassification, texts sorted by length,
            batches of 32 padded to their longest (attention mask, SDPA): what a user who
            sorts writes, and faster than `pipeline`'s unsorted batches
-  packed   this project: model/families.py through finetune.runner in width groups
-           (finetune.predict's path for a folder without a pack length)
+  packed   this project: model/families.py through inference.runner in width groups
+           (commands.predict's path for a folder without a pack length)
 
   pipeline transformers' `pipeline("text-classification", batch_size=32)` on the texts,
            against packed with its tokenization timed too
   trainer  fine-tuning one epoch of `--train-texts` texts (cut at 128 tokens, random labels):
            transformers' Trainer, train_sampling_strategy="group_by_length" and
            DataCollatorWithPadding, batch 16, against the same Trainer over
-           finetune.hf.pack_dataset's packs (128 tokens, up to 6 texts) with
+           hf_integration.trainer.pack_dataset's packs (128 tokens, up to 6 texts) with
            PackedFamilyModel: the same examples per step (16 / packing factor packs).
            Give Trainer enough texts to group: its sampler sorts by length within
            megabatches of min(50, texts // 64) x 16 texts, so 96 texts make megabatches
@@ -161,8 +161,8 @@ class Ways:
         from datasets import Dataset
 
         from data.classification_data import TokenizedExamples
-        from finetune.runner import Runner
-        from model.families import PackedFamilyModel
+        from inference.runner import Runner
+        from model.family_model import PackedFamilyModel
 
         self.folder, self.texts, self.tokenizer = folder, texts, tokenizer
         auto = transformers.AutoModelForSequenceClassification
@@ -185,7 +185,7 @@ class Ways:
 
     # inference ---------------------------------------------------------------------------
     def packed(self, with_tokenizing: bool = False):
-        from finetune.classify import InferenceOptions, predict_in_width_groups
+        from inference.classify import InferenceOptions, predict_in_width_groups
 
         options = InferenceOptions(
             batching="packed", batch_size=64, max_sequences_per_pack=6, algorithm="lpfhp"
@@ -235,8 +235,8 @@ class Ways:
         return trainer_epoch(model, self.train, collator, 16, grouped=True), None
 
     def trainer_packed(self):
-        from finetune.hf import PackedDataCollator, pack_dataset
-        from model.families import PackedFamilyModel
+        from hf_integration.trainer import PackedDataCollator, pack_dataset
+        from model.family_model import PackedFamilyModel
 
         def call():
             packs = pack_dataset(
@@ -269,7 +269,7 @@ class Ways:
         return timed(lambda: model.encode(self.texts, batch_size=32, convert_to_numpy=True))
 
     def packed_encode(self):
-        from finetune.embedding import packed_encode
+        from inference.embedding import packed_encode
 
         self.sentence_transformer()
         return timed(lambda: packed_encode(self._packed_st, self.texts))

@@ -25,10 +25,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from finetune.batching import BATCHING_MODES, Batcher, collate  # noqa: E402
 from finetune.config import load_finetune_config  # noqa: E402
-from finetune.inference import predict_logits  # noqa: E402
 from finetune.train import batching_spec, build_adamw, build_classifier, finetune_step, prepare_task  # noqa: E402
+from inference.batching import BATCHING_MODES, Batcher, collate  # noqa: E402
+from inference.predictions import predict_logits  # noqa: E402
 from model.hf_checkpoint import quiet_transformers  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"

@@ -13,7 +13,7 @@ classifier, and measures, against each example run alone with stock transformers
   2. the flattened row through BertForSequenceClassification: how many logit rows come
      back per batch of examples, and how far the hidden state of each example's [CLS]
      moves from the stand-alone one (cross-attention);
-  3. the same examples packed by finetune.hf.pack_dataset through
+  3. the same examples packed by hf_integration.trainer.pack_dataset through
      PackedBertForSequenceClassification: per-example logits against stand-alone.
 
 Prints a markdown table (docs/finetune.md quotes it).
@@ -48,7 +48,7 @@ def main() -> int:
     from datasets import Dataset
     from transformers import BertForSequenceClassification, DataCollatorWithFlattening
 
-    from finetune.hf import PackedDataCollator, pack_dataset, unpack_predictions
+    from hf_integration.trainer import PackedDataCollator, pack_dataset, unpack_predictions
     from model.classification import PackedBertForSequenceClassification
 
     task = prepare_task(load_finetune_config(CONFIG, ["training.progress=false"]))
@@ -119,7 +119,7 @@ def main() -> int:
         f"max {cls_moves.max():.3f} (first example of a row: {cls_moves[:: args.batch].max():.2e}) |"
     )
     print(
-        f"| packed (finetune.hf): logits vs example alone, max abs diff | {packed_diff:.1e} (one row per example) |"
+        f"| packed (hf_integration.trainer): logits vs example alone, max abs diff | {packed_diff:.1e} (one row per example) |"
     )
     return 0
 

@@ -41,7 +41,7 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from finetune.folder import load_finetuned
+    from door.folder import load_finetuned
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True)

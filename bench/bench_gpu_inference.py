@@ -1,4 +1,4 @@
-"""Embeddings on one GPU: `finetune.embedding.packed_encode` against
+"""Embeddings on one GPU: `inference.embedding.packed_encode` against
 `SentenceTransformer.encode` on the same CUDA device, same model object, same texts.
 
     python bench/bench_gpu_inference.py --model FOLDER --texts DIR [--rounds 3] [--out DIR]
@@ -82,7 +82,7 @@ def timed(call, device: str) -> tuple[float, np.ndarray]:
 def measure(model_folder: Path, texts: list[str], dtype: str, rounds: int, device: str = "cuda") -> dict:
     from sentence_transformers import SentenceTransformer
 
-    from finetune.embedding import packed_encode
+    from inference.embedding import packed_encode
 
     st = SentenceTransformer(str(model_folder), device=device)
     if dtype == "bfloat16":

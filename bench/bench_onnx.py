@@ -27,7 +27,7 @@ paragraphs, mixed), rounds alternating the order, texts/s (median) and paired ra
   encode    SentenceTransformer.encode(batch_size=32), torch
   onnx      the ONNX Runtime session above
   openvino  the OpenVINO compiled model above
-  packed    finetune.embedding.packed_encode on the same SentenceTransformer (this project)
+  packed    inference.embedding.packed_encode on the same SentenceTransformer (this project)
 
 In one process, after a warm-up of each way: whole-process figures (imports, loading) are
 not here. The vectors are compared (min cosine against encode's).
@@ -162,7 +162,7 @@ def main() -> int:
 
     from data.assets import corpus_glob, model_dir
     from data.embedding_texts import bbc_articles, texts_of
-    from finetune.embedding import packed_encode
+    from inference.embedding import packed_encode
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=1000)

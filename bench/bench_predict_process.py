@@ -1,4 +1,4 @@
-"""`finetune.predict` against a length-sorted transformers loop, each a whole process (imports,
+"""`commands.predict` against a length-sorted transformers loop, each a whole process (imports,
 loading, tokenizing, the forward, writing), on the same texts, the same threads, fp32.
 
     python bench/bench_predict_process.py [--model FOLDER --input TEXTS.jsonl] [--rounds 3] [--threads 2] [--bf16]
@@ -9,7 +9,7 @@ transformers user writes without packing: AutoTokenizer, sort the texts by lengt
 order, JSON lines out (`--peer` runs it: this file is its own script). Rounds alternate the
 order of the two; the wall time of each process is measured from outside; the median and the
 paired ratios are reported, and the two outputs' scores compared (max absolute difference).
---bf16 adds `finetune.predict --dtype bfloat16` to the rounds: bf16 against fp32 as whole
+--bf16 adds `commands.predict --dtype bfloat16` to the rounds: bf16 against fp32 as whole
 processes (on a CPU without bf16 the command refuses in one line, and that line is reported).
 """
 
@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peer", nargs=2, metavar=("INPUT", "OUTPUT"), help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help="also write the JSON here")
-    parser.add_argument("--bf16", action="store_true", help="also finetune.predict --dtype bfloat16")
+    parser.add_argument("--bf16", action="store_true", help="also commands.predict --dtype bfloat16")
     args = parser.parse_args()
     if args.peer:
         import torch

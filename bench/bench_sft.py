@@ -18,7 +18,7 @@ Llama (12 layers, 768 wide, 4 key/value heads; speed does not depend on the weig
            another sequence, and the share of attention weight that does in the random model
   sft      training tokens/s over --steps optimizer steps (after one warm-up step): TRL's
            SFTTrainer without packing (batches padded to their longest, completion-only
-           loss) against transformers' Trainer over finetune.hf.pack_dataset's packs with
+           loss) against transformers' Trainer over hf_integration.trainer.pack_dataset's packs with
            PackedFamilyModel (the same loss, sequences kept apart), the same examples per
            step; real (non-padding) tokens counted in both. The same arithmetic both ways:
            TRL's own defaults (bf16 autocast, gradient checkpointing) are set as ours are;
@@ -216,8 +216,8 @@ def sft_part(pairs, examples, folder: Path, steps: int, batch: int, pack_length:
     from transformers import AutoTokenizer, Trainer, TrainingArguments
     from trl import SFTConfig, SFTTrainer
 
-    from finetune.hf import PackedDataCollator, pack_dataset
-    from model.families import PackedFamilyModel
+    from hf_integration.trainer import PackedDataCollator, pack_dataset
+    from model.family_model import PackedFamilyModel
 
     results = {}
     with tempfile.TemporaryDirectory() as scratch:

@@ -11,7 +11,7 @@ so a slow spell of the machine falls on all of them; the median is reported):
   trainer_padded    transformers.Trainer, DataCollatorWithPadding to 128 tokens
   trainer_dynamic   transformers.Trainer, DataCollatorWithPadding (pad to the batch's longest)
   trainer_grouped   transformers.Trainer, train_sampling_strategy="group_by_length"
-  trainer_packed    transformers.Trainer, unchanged, on finetune.hf.pack_dataset's packs
+  trainer_packed    transformers.Trainer, unchanged, on hf_integration.trainer.pack_dataset's packs
                     (the config's pack length, K and algorithm) with PackedDataCollator and
                     our PackedBertForSequenceClassification; batch = 32 / packing factor packs
   ours_<mode>       python -m finetune.train's loop, batching.mode = packed | uniform | dynamic
@@ -25,8 +25,8 @@ Inference (text in, labels out, the 445 validation texts plus the 1,780 training
 batch 64, the same weights: ours fine-tuned for one epoch, saved, loaded by transformers):
   pipeline          transformers.pipeline("text-classification")
   sorted_loop       tokenize, sort by length, pad each batch to its longest, forward, unsort
-  ours_packed       finetune.predict's path (tokenize, pack, forward, back to input order)
-  packed_pipeline   finetune.hf_pipeline.packed_pipeline("text-classification") on the folder
+  ours_packed       commands.predict's path (tokenize, pack, forward, back to input order)
+  packed_pipeline   hf_integration.pipeline.packed_pipeline("text-classification") on the folder
 Predictions of the three are compared (the share of identical labels is printed).
 """
 
@@ -47,10 +47,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data.assets import model_dir  # noqa: E402
-from finetune.batching import Batcher, BatchingSpec  # noqa: E402
 from finetune.config import load_finetune_config  # noqa: E402
-from finetune.inference import predict_logits  # noqa: E402
 from finetune.train import prepare_task, run_finetune  # noqa: E402
+from inference.batching import Batcher, BatchingSpec  # noqa: E402
+from inference.predictions import predict_logits  # noqa: E402
 from model.hf_checkpoint import quiet_transformers  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
@@ -99,7 +99,7 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
     batch_size = config["batching"]["batch_size"]
     eval_batch_size = config["batching"]["eval_batch_size"]
     if recipe == "trainer_packed":
-        from finetune.hf import PackedDataCollator, pack_dataset
+        from hf_integration.trainer import PackedDataCollator, pack_dataset
         from model.classification import PackedBertForSequenceClassification
 
         batching = config["batching"]
@@ -171,7 +171,7 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
             }
         )
         if recipe == "trainer_packed":
-            from finetune.hf import unpack_predictions
+            from hf_integration.trainer import unpack_predictions
 
             start = time.perf_counter()
             validation = pack_dataset(validation, "single_label_classification", width, **pack)
@@ -200,7 +200,7 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
     from transformers import BertForSequenceClassification, BertTokenizerFast, pipeline
 
     from data.classification_data import Examples, tokenize
-    from finetune.folder import load_finetuned
+    from door.folder import load_finetuned
 
     batch = config["batching"]["eval_batch_size"]
     out = {}
@@ -228,7 +228,7 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
             for r, label in zip(rows, logits.argmax(-1).tolist()):
                 labels[r] = hf_model.config.id2label[label]
     out["sorted_loop"] = (len(texts) / (time.perf_counter() - start), labels)
-    # ours: finetune.predict's path
+    # ours: commands.predict's path
     loaded = load_finetuned(folder)
     model, described, tokenizer, vocab = loaded.model, loaded.spec, loaded.tokenizer, loaded.vocab
     start = time.perf_counter()
@@ -250,7 +250,7 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
         [described.labels[i] for i in logits.argmax(-1)],
     )
     # ours through the pipeline interface (transformers' tokenizer, packed batches)
-    from finetune.hf_pipeline import packed_pipeline
+    from hf_integration.pipeline import packed_pipeline
 
     hf_tokenizer.save_pretrained(folder)
     classify = packed_pipeline(

@@ -1,4 +1,4 @@
-"""Where a whole `finetune.embed` or `finetune.predict` run spends its time, end to end: the
+"""Where a whole `commands.embed` or `commands.predict` run spends its time, end to end: the
 interpreter and imports, loading the folder, reading the input, tokenizing, planning packs,
 building rows and masks, the forward (by operator class), putting outputs back in input
 order, writing; each measured inside one real run of the command's `main`.
@@ -8,7 +8,7 @@ order, writing; each measured inside one real run of the command's `main`.
 
 Each stage is the wall time spent inside the functions that do it (wrapped with timers for the
 run; tokenizing runs in a second thread beside the forward, so the stages may sum to more
-than the run). Imports are timed in a fresh interpreter (`python -c "import finetune.embed"`),
+than the run). Imports are timed in a fresh interpreter (`python -c "import commands.embed"`),
 so they are the cost a command pays before its first line of work. The forward's operator
 classes come from torch.profiler over a second pass of the same batches (top-level operators:
 linear and matmul, attention, layer norm, activation, elementwise, copies and indexing).
@@ -111,12 +111,12 @@ class StageClock:
 
 def forward_by_operator(model, batches: list[dict], dtype: str) -> dict:
     """Seconds by operator class, and of the ten costliest top-level operators, over one pass
-    of the recorded batches (already warm), in the run's precision (finetune.precision:
+    of the recorded batches (already warm), in the run's precision (inference.precision:
     bfloat16 under autocast)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from finetune.precision import precision
+    from inference.precision import precision
 
     with torch.inference_mode(), precision("cpu", dtype), profile(activities=[ProfilerActivity.CPU]) as prof:
         started = time.perf_counter()
@@ -140,10 +140,10 @@ def forward_by_operator(model, batches: list[dict], dtype: str) -> dict:
 def profile_run(command: str, argv: list[str]) -> tuple[dict, float, list[dict], object]:
     """Run the command's main once with its stages wrapped -> (stage seconds, wall seconds,
     the batches the model ran, the model)."""
-    import finetune.embedding as embedding
-    import finetune.loaded as loaded
-    import finetune.runner as runner
-    from finetune import batching
+    import door.loaded as loaded
+    import inference.embedding as embedding
+    import inference.runner as runner
+    from inference import batching
 
     clock = StageClock()
     recorded: list[dict] = []
@@ -170,7 +170,7 @@ def profile_run(command: str, argv: list[str]) -> tuple[dict, float, list[dict],
     remember(loaded.LoadedModel, "tokenize_texts", "tokenizing")
     remember(loaded.LoadedModel, "tokenize", "tokenizing")
     if command == "embed":
-        import finetune.embed as module
+        import commands.embed as module
 
         remember(module, "load_encoder", "loading the folder")
         remember(module, "read_texts", "reading the input", generator=True)
@@ -178,9 +178,9 @@ def profile_run(command: str, argv: list[str]) -> tuple[dict, float, list[dict],
         remember(embedding, "unpack_outputs", "back to input order")
         remember(embedding, "l2_normalize", "back to input order")
     else:
-        import finetune.classify as classify
-        import finetune.inference as inference
-        import finetune.predict as module
+        import commands.predict as module
+        import inference.classify as classify
+        import inference.predictions as inference
 
         remember(module, "load_finetuned", "loading the folder")
         remember(module, "read_jsonl", "reading the input")

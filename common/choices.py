@@ -1,5 +1,5 @@
 """The names an option chooses from, in one place. Standard library only: the commands'
-parsers (finetune/parsers.py) and finetune.folder_spec read them before torch is imported;
+parsers (commands/parsers.py) and door.folder_spec read them before torch is imported;
 model/, finetune/ and the configs use the same tuples."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def check_pooling(pooling) -> tuple[str, ...]:
     return modes
 
 
-# how examples form batches (finetune/batching.py): fixed rows, per-batch longest, length-sorted, packed
+# how examples form batches (inference/batching.py): fixed rows, per-batch longest, length-sorted, packed
 BATCHING_MODES = ("padded", "dynamic", "uniform", "packed")
-# finetune.embed's --batching -> BATCHING_MODES (padded: rows of max_seq_length tokens; sorted:
+# commands.embed's --batching -> BATCHING_MODES (padded: rows of max_seq_length tokens; sorted:
 # sentence-transformers' encode, batches of length-sorted texts padded to their longest)
 EMBED_BATCHING = {"packed": "packed", "sorted": "uniform", "padded": "padded"}

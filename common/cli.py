@@ -106,7 +106,7 @@ def add_inference_options(parser: argparse.ArgumentParser, model_help: str) -> N
 
 
 def add_ray_options(parser: argparse.ArgumentParser) -> None:
-    """--ray and what goes with it (finetune/ray_job.py): the whole input on a Ray cluster,
+    """--ray and what goes with it (ray_jobs/job.py): the whole input on a Ray cluster,
     Parquet shards and a manifest in the --output folder."""
     ray = parser.add_argument_group("on a Ray cluster (make install-ray; docs/ray.md)")
     ray.add_argument(

@@ -40,7 +40,7 @@ from common.files import write_json_atomic
 from data.pretraining_instances import Recipe, SpecialIds, create_instances
 from data.reference_tokenizer import ReferenceTokenizer, read_vocab
 from data.tokenizer import DataInputError
-from data.unpacked_hdf5 import write_unpacked_shard
+from packing.unpacked_hdf5 import write_unpacked_shard
 
 INPUT_FORMATS = ("lines", "one-document-per-file")
 SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")

@@ -21,7 +21,7 @@ import numpy as np
 
 from common.cli import command_parser, refuse
 from common.files import atomic_folder, describe_os_error, write_json_atomic
-from data.unpacked_hdf5 import write_unpacked_shard
+from packing.unpacked_hdf5 import write_unpacked_shard
 from packing.errors import PackingInputError
 from packing.sources import FIELDS, Limits, describe_problem, expand_inputs, open_source, validate_rows
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from common.constants import BERT_VOCAB_SIZE
 from common.files import atomic_path
-from data.unpacked_hdf5 import DTYPES, create_unpacked_datasets
+from packing.unpacked_hdf5 import DTYPES, create_unpacked_datasets
 
 CLS, SEP = 101, 102
 

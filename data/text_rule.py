@@ -1,6 +1,6 @@
 """The text rule: what every reader accepts as one text to tokenize.
 
-One decision for every door a text comes in by (finetune.embed's and predict's JSON lines,
+One decision for every door a text comes in by (commands.embed's and predict's JSON lines,
 classification and QA files, the Ray batches, token tasks, the Hugging Face pipelines,
 the server's requests): a text is a string, not blank unless the caller allows it, valid
 Unicode (JSON can carry a lone UTF-16 surrogate, "\\ud800", which Python keeps in a str but

@@ -1,16 +1,17 @@
-"""Packed fine-tuning and inference: classification, question answering, token
-classification, sentence embeddings; the Hugging Face integration.
+"""Packed fine-tuning: classification, question answering and decoders' supervised
+fine-tuning, from a checkpoint opened through the door, validated through inference/.
 
-    config      the fine-tuning YAML schema
-    batching    padded / dynamic / uniform / packed batch tables; rows.py: tables -> rows -> input order
-    folder      the fine-tuned model folder (weights + vocab.txt + finetune.json), written and read
-    train       `python -m finetune.train`: fine-tune (classification or QA), validate, save
-    predict     `python -m finetune.predict`: any batching mode, predictions in input order
-    embed       `python -m finetune.embed`: a JSON-lines file -> an .npy of embeddings (embedding.py)
-    precision   float32 / bfloat16 inference, refused where the device has no bf16
-    hf, hf_pipeline   pack_dataset / PackedDataCollator for Trainer; packed_pipeline
-    report      `python -m finetune.report`: runs side by side
-    serve       an alias of `python -m serving` (the server lives in serving/, which builds on this)
+    train          `python -m finetune.train` / `packed train`: the run as named steps over a typed state
+    parser, config the command line and the YAML schema
+    jobs           data.task -> its Job (job_contract): classification here, QA (qa_task), SFT (causal_lm_task)
+    run_folder, run_state, checkpoint   the output folder, resume's checks, exact --resume
+    folder_writer  the fine-tuned folder written (read back by door/)
+    report         `python -m finetune.report`: runs side by side
+    errors         FinetuneError, Diverged
 
-Uses model/, data/, packing/ and common/; never training/ (pretraining) nor serving/.
+    predict, embed, ray_job, serve   `python -m finetune.X` kept for scripts that name it: each
+                   runs its command (commands/, ray_jobs/, serving/) as the main module, no logic
+
+Uses door/, inference/, model/, optim/, data/, packing/ and common/. Never imports
+training/ (pretraining), serving/, ray_jobs/, hf_integration/ or commands/ (tests/test_house.py).
 """

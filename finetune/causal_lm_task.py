@@ -30,11 +30,11 @@ import torch.nn.functional as F
 
 from common.cli import first_line
 from data.classification_data import ExampleError, read_jsonl, split_by_seed
-from finetune.batching import Batcher
 from finetune.errors import Diverged, FinetuneError
-from finetune.inference import to_device
 from finetune.job_contract import Job, resolve_asset
-from finetune.rows import pack_rows
+from inference.batching import Batcher
+from inference.predictions import to_device
+from inference.rows import pack_rows
 from model.families import IGNORED, next_token_targets
 
 log = logging.getLogger("finetune")
@@ -150,7 +150,7 @@ def encode_examples(examples: PromptCompletions, tokenizer, max_length: int, too
 
 
 def collate_causal(data: CausalExamples, table: np.ndarray, width: int, with_labels: bool = True) -> dict:
-    """Model inputs of one batch table: the packed rows (finetune.rows.pack_rows) and
+    """Model inputs of one batch table: the packed rows (inference.rows.pack_rows) and
     shift_labels [rows, width]: each token's next-token target inside its own sequence."""
     rows = pack_rows(data.token_ids, table, width, data.segment_ids)
     batch = {name: torch.from_numpy(value) for name, value in rows.items()}
@@ -247,8 +247,8 @@ def causal_lm_job(config: dict):
         raise FinetuneError(
             f"model.init_checkpoint {checkpoint}: no tokenizer transformers can load ({err})"
         ) from None
-    from finetune.folder import check_vocabulary_size
-    from finetune.folder_spec import read_json_object
+    from door.folder import check_vocabulary_size
+    from door.folder_spec import read_json_object
 
     # config.json read once, here, and handed to the door: the tokenizer must fit the
     # embedding table before any example is read or packed

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from common.config_schema import ConfigError, Key, apply_overrides, markdown, read_yaml, resolve
-from finetune.batching import BATCHING_MODES
+from inference.batching import BATCHING_MODES
 from model.config import ATTENTION_BACKENDS
 
 TASKS = ("classification", "question_answering", "causal_lm")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from common.config_schema import ConfigError
-from finetune.batching import collate
+from inference.batching import collate
 
 STEP_SUMS = ("loss_sum", "count", "correct", "correct_count")  # what a training step adds up
 

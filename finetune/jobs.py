@@ -32,12 +32,13 @@ from data.classification_data import (
     split_by_seed,
 )
 from data.tokenizer import load_tokenizer
+from door.folder import check_config_values
+from door.loaded import tokenize_examples
 from finetune.causal_lm_task import causal_lm_job
 from finetune.errors import Diverged, FinetuneError
-from finetune.folder import check_config_values, save_finetuned
-from finetune.inference import predict_logits, score, write_predictions
+from finetune.folder_writer import save_finetuned
 from finetune.job_contract import Job, resolve_asset
-from finetune.loaded import tokenize_examples
+from inference.predictions import predict_logits, score, write_predictions
 from model.families import UnsupportedFamily
 from model.opening import ModelOptions, open_model, qa_fine_tuning_refusal
 
@@ -96,7 +97,7 @@ def prepare_task(config: dict) -> Task:
         (checkpoint / "tokenizer.json").is_file() or (checkpoint / "tokenizer_config.json").is_file()
     )
     if own_tokenizer:
-        from finetune.folder import open_tokenizer
+        from door.folder import open_tokenizer
 
         opened = open_tokenizer(checkpoint)
         vocab_file, tokenizer, vocab, token_types = None, opened.tokenizer, None, opened.token_types
@@ -205,11 +206,10 @@ def classification_job(config: dict) -> Job:
 
 
 def qa_job(config: dict) -> Job:
-    from finetune.qa_task import (
+    from finetune.qa_task import build_qa_model, prepare_qa
+    from inference.question_answering import (
         answer_questions,
         answer_settings,
-        build_qa_model,
-        prepare_qa,
         score_answers,
         write_answer_files,
     )

@@ -5,7 +5,7 @@ with packed (or padded) batches.
         [--set batching.mode=dynamic ...]
 
 Data flow (classification): examples (jsonl or BBC News) -> labels checked -> WordPiece
-ids -> train / validation split -> batch tables (finetune.batching: padded | dynamic |
+ids -> train / validation split -> batch tables (inference.batching: padded | dynamic |
 uniform | packed) -> collate -> PackedBertForSequenceClassification -> per-example loss
 -> AdamW step. Question answering (data.task: question_answering, finetune.qa_task):
 SQuAD questions -> overlapping context windows with span labels -> the same batch tables
@@ -34,7 +34,7 @@ import sys
 
 if __name__ == "__main__":  # option and path mistakes answered before torch is imported
     from common.preflight import exit_on_path_mistakes
-    from finetune.parsers import train_parser
+    from finetune.parser import train_parser
 
     train_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
 
@@ -56,13 +56,11 @@ from common.config_schema import ConfigError
 from common.files import describe_os_error, write_json_atomic
 from data.classification_data import ExampleError
 from data.tokenizer import DataInputError
-from finetune.batching import Batcher, BatchingSpec
 from finetune.config import load_finetune_config
 from finetune.errors import Diverged, FinetuneError, Interrupted
-from finetune.inference import to_device
 from finetune.job_contract import Job, classification_sums, resolve_asset
 from finetune.jobs import JOBS, prepare_task, read_examples
-from finetune.parsers import train_parser
+from finetune.parser import train_parser
 from finetune.run_folder import (
     check_output,
     check_positions,
@@ -72,6 +70,8 @@ from finetune.run_folder import (
     save_final,
 )
 from finetune.run_state import RunState, zero_sums
+from inference.batching import Batcher, BatchingSpec
+from inference.predictions import to_device
 from model.hf_checkpoint import quiet_transformers
 from optim import weight_decay_groups
 from packing.errors import PackingInputError

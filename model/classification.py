@@ -2,7 +2,7 @@
 
 from model.classification import PackedBertForSequenceClassification
 m = PackedBertForSequenceClassification.from_pretrained(folder, num_labels=5)
-out = m(**rows)            # finetune.rows.pack_rows fields, as tensors, + labels
+out = m(**rows)            # inference.rows.pack_rows fields, as tensors, + labels
 out["logits"]              # [B, K, C]; slots with example_index < 0 are absent
 out["loss_sum"], out["count"], out["correct"], out["correct_count"]
 

@@ -40,7 +40,7 @@ class SequenceClassifierHead:
     def read_out(self, hidden, rows: SlotRows, labels, num_items_in_batch) -> dict:
         """[CLS] hidden [B, K, H] -> logits [B, K, C] (+ loss and metric sums with labels).
         labels: int [B, K] class ids (single-label) or {0, 1} [B, K, C] (multi-label); any
-        value in absent slots (example_index < 0) is ignored (finetune.hf writes -100).
+        value in absent slots (example_index < 0) is ignored (hf_integration.trainer writes -100).
         Outputs also `example_index` and, with labels, `example_loss` [B, K] (0 where
         absent): per-example values that transformers' Trainer gathers for evaluation."""
         pooled = self.bert.pooler.pool(hidden)  # [B, K, H]

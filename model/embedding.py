@@ -2,7 +2,7 @@
 
 from model.embedding import PackedBertForEmbedding
 m = PackedBertForEmbedding.from_pretrained(folder, pooling="mean", normalize=True)
-out = m(**rows)            # finetune.rows.pack_rows fields, as tensors
+out = m(**rows)            # inference.rows.pack_rows fields, as tensors
 out["embeddings"]          # [B, K, D] float32; slots with example_index < 0 are zeros
 
 Pooling is sentence-transformers' (its `Pooling` module's modes, computed per packed

@@ -3,7 +3,7 @@ CamemBERT, DistilBERT, ELECTRA, ModernBERT, NomicBERT, DeBERTa-v2/v3, MPNet (and
 packed decoders: Llama, Mistral, Qwen2, Qwen3, Gemma 3 (text), Phi-3, GPT-2 (docs/decoders.md).
 
     model = PackedFamilyModel.from_pretrained(folder, task="classification")
-    out = model(**rows)            # finetune.rows.pack_rows' fields as tensors
+    out = model(**rows)            # inference.rows.pack_rows' fields as tensors
     out["logits"]                  # [B, K, C] | token tasks: [B, S, C] | QA: start/end [B, S]
     out["embeddings"]              # task "embedding": pooled per slot, [B, K, D]
 
@@ -29,7 +29,7 @@ own, the padding index); no code names a family.
 
 The heads read each sequence as the family's own head does ([CLS] through the pooler or
 the head's dense layer; ModernBERT's mean pooling over the sequence's own tokens). Outputs
-follow the packed heads' contract (model/packed_head.py) so that finetune.runner, the
+follow the packed heads' contract (model/packed_head.py) so that inference.runner, the
 server and the embeddings run them unchanged.
 """
 
@@ -343,14 +343,3 @@ def tokenizer_hands_token_types(folder, default: bool = False, config=None) -> b
     except Exception:  # noqa: BLE001 - no tokenizer files, or one transformers cannot build
         return default
 
-
-# ----- the models: PreTrainedModel subclasses, in model/family_model.py -------------------------
-# Importing transformers' PreTrainedModel costs seconds of start-up (modeling_utils imports
-# torch._dynamo, torch.distributed.tensor and sympy); a command that opens a BERT folder
-# never needs it, so the classes are imported when first named.
-def __getattr__(name: str):
-    if name in ("PackedFamilyModel", "PackedCausalLM"):
-        from model import family_model
-
-        return getattr(family_model, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -42,8 +42,8 @@ class PackedFamilyModel(PreTrainedModel):
     pooling (embedding): sentence-transformers' modes, as model/embedding.py's.
 
     A PreTrainedModel, as the packed BERT heads are, so that transformers' `Trainer` takes
-    it over `finetune.hf.pack_dataset`'s packs: it accepts Trainer's `num_items_in_batch`,
-    its outputs come in the order `finetune.hf.packed_metrics` reads, `save_pretrained`
+    it over `hf_integration.trainer.pack_dataset`'s packs: it accepts Trainer's `num_items_in_batch`,
+    its outputs come in the order `hf_integration.trainer.packed_metrics` reads, `save_pretrained`
     writes the task model's own folder (Auto classes load it) and `load_state_dict` takes
     that folder's names back (Trainer's resume from a checkpoint)."""
 
@@ -231,7 +231,7 @@ class PackedCausalLM(PackedFamilyModel):
     ):  # fmt: skip
         """Rows -> {"logits" [B, S, V]} and, with labels ([B, S] token labels, -100 where not
         predicted) or shift_labels ([B, S] next-token targets inside each sequence, as
-        finetune.hf.pack_dataset writes them), the loss (causal_lm_outputs)."""
+        hf_integration.trainer.pack_dataset writes them), the loss (causal_lm_outputs)."""
         hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids)
         if shift_labels is None and labels is not None:
             shift_labels = next_token_targets(labels, sequence_ids)

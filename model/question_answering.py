@@ -3,7 +3,7 @@ window's answer distribution taken over its own tokens only.
 
 from model.question_answering import PackedBertForQuestionAnswering
 m = PackedBertForQuestionAnswering.from_pretrained(folder)
-out = m(**rows)              # finetune.rows.pack_rows fields, as tensors, + labels [B, K, 2]
+out = m(**rows)              # inference.rows.pack_rows fields, as tensors, + labels [B, K, 2]
 out["start_logits"], out["end_logits"]    # [B, S], one per token of the row
 out["loss_sum"], out["count"], out["correct"], out["correct_count"]
 

@@ -45,7 +45,7 @@ from packing.pipeline_tasks import (
     _scan_piece,
     _write_shard,
 )
-from packing.pipeline_work import WORK, _job_fingerprint, _prepare_output, _save_npy
+from packing.pipeline_work import WORK, PackJob, job_fingerprint, prepare_output, save_npy
 from packing.plan import MaxPerPack
 from packing.shards import METADATA
 from packing.sources import (
@@ -58,23 +58,6 @@ from packing.workers import run_tasks
 
 SKIPPED = "skipped_rows.jsonl"
 __all__ = ["BLOCK_PACKS", "PIECE_ROWS", "READ_ROWS", "SKIPPED", "WORK", "PackJob", "run_pack"]
-
-
-@dataclass(frozen=True)
-class PackJob:
-    """Everything that defines the packed output (workers do not: they change no byte)."""
-
-    inputs: tuple[str, ...]
-    output: str
-    algorithm: str
-    max_sequences_per_pack: MaxPerPack
-    max_sequence_length: int
-    max_predictions_per_seq: int
-    seed: int
-    shard_size: int
-    vocab_size: int | None = None
-    max_predictions_per_pack: int | None = None
-    skip_invalid: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,13 +96,13 @@ def run_pack(job: PackJob, workers: int = 1, quiet: bool = False) -> dict:
     output = Path(job.output)
     limits = _limits(job)
     inputs = _open_inputs(job, limits)
-    fingerprint = _job_fingerprint(job, inputs.sources)
+    fingerprint = job_fingerprint(job, inputs.sources)
     try:  # one pack per folder at a time; held until this process exits
         lock_folder(output, "pack")
     except FolderInUse as err:
         raise PackingInputError(f"--output: {err}") from None
     work = output / WORK
-    if _prepare_output(output, work, fingerprint):
+    if prepare_output(output, work, fingerprint):
         if not quiet:
             print(
                 f"{output}: already holds this packed dataset (metadata.json matches); nothing to do",
@@ -217,7 +200,7 @@ def _pass1(job: PackJob, inputs: Inputs, limits: Limits, work: Path, workers: in
                 }
             )
         for name, array in (("lengths", lengths), ("predictions", predictions)):
-            _save_npy(work / f"{name}.npy", array)
+            save_npy(work / f"{name}.npy", array)
         if skipped:
             with atomic_path(output / SKIPPED) as tmp:
                 tmp.write_text("".join(json.dumps(r) + "\n" for r in skipped))
@@ -256,11 +239,11 @@ def _plan_and_assign(
     table_path = work / "assignment.npy"
     if not table_path.is_file():
         table = assign_sequences(plan, lengths, job.seed, k)
-        _save_npy(table_path, table)
+        save_npy(table_path, table)
         dest = np.full(n, -1, dtype=np.int32)
         present = table >= 0
         dest[table[present]] = (np.nonzero(present)[0] // job.shard_size).astype(np.int32)
-        _save_npy(work / "dest_shard.npy", dest)
+        save_npy(work / "dest_shard.npy", dest)
         del dest, present
     table = np.load(table_path, mmap_mode="r")
     packs = table.shape[0]

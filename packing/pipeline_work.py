@@ -6,29 +6,43 @@ files that appear by atomic rename."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from common.files import atomic_path, write_json_atomic
 from packing.errors import PackingInputError
+from packing.plan import MaxPerPack
 from packing.shards import METADATA
-
-if TYPE_CHECKING:
-    from packing.pipeline import PackJob
 
 WORK = ".work"
 
 
-def _save_npy(path: Path, array: np.ndarray) -> None:
+@dataclass(frozen=True)
+class PackJob:
+    """Everything that defines the packed output (workers do not: they change no byte)."""
+
+    inputs: tuple[str, ...]
+    output: str
+    algorithm: str
+    max_sequences_per_pack: MaxPerPack
+    max_sequence_length: int
+    max_predictions_per_seq: int
+    seed: int
+    shard_size: int
+    vocab_size: int | None = None
+    max_predictions_per_pack: int | None = None
+    skip_invalid: bool = False
+
+
+def save_npy(path: Path, array: np.ndarray) -> None:
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
             np.save(fh, array)
 
 
-def _job_fingerprint(job: PackJob, sources) -> dict:
+def job_fingerprint(job: PackJob, sources) -> dict:
     """What makes two runs produce the same bytes: the options and the inputs' identity."""
     options = asdict(job)
     options.pop("output")
@@ -39,7 +53,7 @@ def _job_fingerprint(job: PackJob, sources) -> dict:
     return options
 
 
-def _prepare_output(output: Path, work: Path, fingerprint: dict) -> bool:
+def prepare_output(output: Path, work: Path, fingerprint: dict) -> bool:
     """Create, resume or refuse the output folder. True if it already holds this dataset."""
     if output.exists() and not output.is_dir():
         raise PackingInputError(f"--output {output} exists and is not a directory")

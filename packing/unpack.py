@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from common.files import atomic_path
-from data.unpacked_hdf5 import create_unpacked_datasets
+from packing.unpacked_hdf5 import create_unpacked_datasets
 from packing.errors import PackingInputError
 from packing.shards import PackedDataset, extract
 

@@ -9,7 +9,7 @@
 Classification folders answer text-embeddings-inference's `POST /predict` (its clients work
 unchanged; multi-label scores are sigmoids, where TEI applies softmax); question-answering
 folders answer `POST /qa`, token-classification folders `POST /tokens`; any folder
-transformers' save_pretrained wrote is taken as it is (finetune/folder.py). Also /health, /ready, /metrics (Prometheus), /info. The
+transformers' save_pretrained wrote is taken as it is (door/folder.py). Also /health, /ready, /metrics (Prometheus), /info. The
 policies (serving/policies.py): `packed` packs what is waiting into rows of a few fixed
 widths, longest first, the starving first; `fifo-tokens` is TEI's (first come, first
 served up to the token budget, padded to the longest); `padded` is a fixed batch padded
@@ -33,7 +33,7 @@ from serving.policies import POLICIES
 def default_sequences_per_pack(task: str) -> int:
     """K when --max-sequences-per-pack is not given: 16 for embeddings (short texts: at
     saturation K = 6 left BBC texts' rows 73% real tokens, K = 16 96%, 1.37x the real
-    tokens/s; bench/profile_policies.py, docs/embeddings.md), as finetune.embed's; 6 else."""
+    tokens/s; bench/profile_policies.py, docs/embeddings.md), as commands.embed's; 6 else."""
     return 16 if task == "embedding" else 6
 
 
@@ -77,7 +77,10 @@ def main(argv=None) -> int:
         help="seconds a request body may take to arrive (408 after)",
     )
     parser.add_argument(
-        "--max-header-bytes", type=int, default=64 * 1024, help="a request's head: line and headers (431 beyond)"
+        "--max-header-bytes",
+        type=int,
+        default=64 * 1024,
+        help="a request's head: line and headers (431 beyond)",
     )
     parser.add_argument(
         "--header-timeout-s",
@@ -116,7 +119,7 @@ def main(argv=None) -> int:
     import uvicorn
 
     from data.classification_data import ExampleError
-    from finetune.precision import device_problem
+    from inference.precision import device_problem
     from model.hf_checkpoint import quiet_transformers
     from serving.api import RequestLimits
     from serving.app import create_app

@@ -9,9 +9,9 @@ folder (sentence-transformers') as three steps.
 Every engine has these three signatures; routes know none of an engine's arguments (the
 Request carries the route and its flags).
 
-Tokenization and scoring are `finetune.predict`'s (the folder's vocabulary and
+Tokenization and scoring are `commands.predict`'s (the folder's vocabulary and
 data.classification_data.tokenize; QA windows by data.qa_windows with the folder's
-window length and stride, answers by finetune.qa_answers), so the server answers what
+window length and stride, answers by inference.qa_answers), so the server answers what
 `python -m finetune.predict` writes for the same texts. The engine runs whatever table the
 policy gives: packed rows (K > 1) and one-sequence rows alike, through the same model.
 """
@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from data.classification_data import ExampleError, Examples
-from finetune.door import open_folder
-from finetune.embedding import l2_normalize
-from finetune.inference import class_scores
-from finetune.loaded import LoadedModel
-from finetune.runner import Runner, per_sequence, per_sequence_tokens
+from door.loaded import LoadedModel
+from door.opener import open_folder
+from inference.embedding import l2_normalize
+from inference.predictions import class_scores
+from inference.runner import Runner, per_sequence, per_sequence_tokens, runner_of
 from model.families import max_tokens
 from serving.api import Request, RequestError
 
@@ -50,12 +50,12 @@ def load_engine(
     dtype: str = "float32",
     pooling=None,
 ):
-    """The engine for a model folder: the folder opened once (finetune.door.open_folder: a
+    """The engine for a model folder: the folder opened once (door.opener.open_folder: a
     model with a head, or an embedding model), its Runner, and ENGINES[spec.task]. Raises
     ExampleError for a bad folder; attention_backend overrides BERT's (every backend computes
-    the same outputs); dtype: finetune.precision's (bfloat16 under autocast)."""
+    the same outputs); dtype: inference.precision's (bfloat16 under autocast)."""
     loaded = open_folder(folder, pooling=pooling, attention_backend=attention_backend, device=device)
-    return ENGINES[loaded.spec.task](loaded.runner(device, dtype), loaded)
+    return ENGINES[loaded.spec.task](runner_of(loaded, device, dtype), loaded)
 
 
 # fp32 FLOP/s assumed of a cold server's forward: a fraction of the 60-130 GFLOP/s the 2-core
@@ -64,7 +64,7 @@ COLD_FLOPS_PER_SECOND = 20e9
 
 
 class _Engine:
-    """What every engine shares: its finetune.runner.Runner (model, device, dtype)."""
+    """What every engine shares: its inference.runner.Runner (model, device, dtype)."""
 
     task: str
 
@@ -83,7 +83,7 @@ class _Engine:
         return COLD_FLOPS_PER_SECOND / max(2 * parameters, 1)
 
     def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int, outputs) -> list:
-        """One forward of the policy's table -> [RunBatch] (finetune.runner's read-back helpers)."""
+        """One forward of the policy's table -> [RunBatch] (inference.runner's read-back helpers)."""
         return [self.runner.forward(token_ids, table, width, segment_ids, outputs)]
 
 
@@ -102,7 +102,7 @@ class ClassificationEngine(_Engine):
 
     def prepare(self, request: Request) -> Prepared:
         """/predict's [(text, pair or None)] or /rerank's (query, text) pairs -> token ids
-        as finetune.predict makes them. Too long without truncate: 413, as TEI answers."""
+        as commands.predict makes them. Too long without truncate: 413, as TEI answers."""
         if request.route == "rerank" and len(self.labels) != 1:
             raise RequestError(
                 422,
@@ -138,7 +138,7 @@ class ClassificationEngine(_Engine):
         return list(per_sequence(batches, "logits", len(token_ids)))
 
     def scores(self, logits: np.ndarray, raw_scores: bool) -> np.ndarray:
-        """[n, C]: logits (raw_scores), else finetune.predict's own scores."""
+        """[n, C]: logits (raw_scores), else commands.predict's own scores."""
         return logits if raw_scores else class_scores(logits, self.multi_label)
 
     def answer(self, prepared: Prepared, outputs: list):
@@ -178,7 +178,7 @@ class QaEngine(_Engine):
     task = "question_answering"
 
     def __init__(self, runner: Runner, folder):
-        from finetune.qa_task import answer_settings
+        from inference.question_answering import answer_settings
 
         spec = folder.spec
         super().__init__(runner, spec.max_sequence_length)
@@ -223,8 +223,8 @@ class QaEngine(_Engine):
 
     def answer(self, prepared: Prepared, outputs: list) -> list[dict]:
         """Per question: the transformers pipeline's {"score", "start", "end", "answer"}."""
-        from finetune.qa_answers import best_answers
-        from finetune.qa_task import offsets_table
+        from inference.question_answering import offsets_table
+        from inference.qa_answers import best_answers
 
         examples, windows = prepared.context
         width = max(len(s) for s, _ in outputs)
@@ -249,7 +249,7 @@ class QaEngine(_Engine):
 
 class TokenEngine(_Engine):
     """Token classification (NER): per input, transformers' token-classification pipeline's
-    entities (aggregation "none"; finetune.token_task), POST /tokens."""
+    entities (aggregation "none"; inference.token_task), POST /tokens."""
 
     task = "token_classification"
 
@@ -260,7 +260,7 @@ class TokenEngine(_Engine):
         self.max_length = min(self.max_length, folder.spec.max_sequence_length)
 
     def prepare(self, request: Request) -> Prepared:
-        from finetune.token_task import tokenize_for_tags
+        from inference.token_task import tokenize_for_tags
 
         texts = request.inputs
         try:
@@ -280,7 +280,7 @@ class TokenEngine(_Engine):
         return per_sequence_tokens(batches, "logits", [len(t) for t in token_ids])
 
     def answer(self, prepared: Prepared, outputs: list) -> list[list[dict]]:
-        from finetune.token_task import entities
+        from inference.token_task import entities
 
         out = [entities(logits, prepared.context, i, self.labels) for i, logits in enumerate(outputs)]
         return out[0] if prepared.request.single else out
@@ -299,7 +299,7 @@ class EmbeddingEngine(_Engine):
         self.dimension = encoder.dimension
 
     def prepare(self, request: Request) -> Prepared:
-        """Texts -> token ids as finetune.embed makes them. Too long without truncate: 413,
+        """Texts -> token ids as commands.embed makes them. Too long without truncate: 413,
         naming the field (TEI's `inputs`, OpenAI's `input`)."""
         texts, field = request.inputs, "input" if request.route == "openai" else "inputs"
         try:

@@ -26,11 +26,11 @@ from transformers import (
     BertTokenizerFast,
 )
 
+from commands import predict
 from data.assets import corpus_glob
 from data.classification_data import ExampleError
 from data.embedding_texts import bbc_articles, texts_of
-from finetune import predict
-from finetune.folder import load_finetuned
+from door.folder import load_finetuned
 
 from .conftest import REPO
 
@@ -179,8 +179,8 @@ def test_token_classification_equals_the_pipelines_tokens(folders, tmp_path):
 def test_question_answering_logits_equal_transformers_per_window(folders):
     from data.qa_data import QaExamples
     from data.qa_windows import make_windows
-    from finetune.batching import Batcher, BatchingSpec
-    from finetune.qa_task import predict_spans
+    from inference.question_answering import predict_spans
+    from inference.batching import Batcher, BatchingSpec
 
     loaded = load_finetuned(folders["qa"])
     assert loaded.spec.qa["max_answer_length"] == 15 and loaded.spec.max_sequence_length == 96
@@ -290,14 +290,15 @@ def test_folders_that_cannot_run_are_refused_in_one_line(folders, tmp_path):
 
 
 def test_only_the_runner_calls_the_model_in_inference():
-    """The packed inference forward is written once (finetune/runner.py); training's step is
+    """The packed inference forward is written once (inference/runner.py); training's step is
     the one other call."""
     callers = []
-    for path in sorted((REPO / "finetune").glob("*.py")) + sorted((REPO / "serving").glob("*.py")):
+    rooms = ("inference", "finetune", "serving", "door", "ray_jobs", "hf_integration", "commands")
+    for path in [p for room in rooms for p in sorted((REPO / room).glob("*.py"))]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"model\(\*\*", line) and not line.lstrip().startswith(("#", "logits =")):
                 callers.append(f"{path.relative_to(REPO)}:{number}")
-    assert [c.split(":")[0] for c in callers] == ["finetune/runner.py", "finetune/train.py"], callers
+    assert sorted(c.split(":")[0] for c in callers) == ["finetune/train.py", "inference/runner.py"], callers
 
 
 def test_server_engines_share_one_signature():

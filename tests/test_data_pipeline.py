@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data.synthetic import synthetic_rows, write_synthetic_shards
-from data.unpacked_hdf5 import write_unpacked_shard
+from packing.unpacked_hdf5 import write_unpacked_shard
 from packing import pipeline
 from packing.algorithms import pack
 from packing.assign import assign_sequences
@@ -365,7 +365,7 @@ def test_token_ids_past_uint16_are_refused_without_vocab_size(tmp_path, capsys):
     """Issue 22, D12: without --vocab-size, an id >= 65,536 used to be stored wrapped
     (70000 as 4464); now the row is refused, naming the flag, and nothing is written."""
     from data.synthetic import synthetic_rows
-    from data.unpacked_hdf5 import write_unpacked_shard
+    from packing.unpacked_hdf5 import write_unpacked_shard
 
     rng = np.random.default_rng(0)
     rows = synthetic_rows(rng.integers(8, S + 1, size=20), S, P, rng, vocab_size=5000)
@@ -383,7 +383,7 @@ def test_pack_after_fixing_a_bad_input_in_place_runs(tmp_path, capsys):
     """Issue 22, D17: a pack refused for a bad row leaves nothing behind, so the same
     command succeeds once the input is fixed in place."""
     from data.synthetic import synthetic_rows
-    from data.unpacked_hdf5 import write_unpacked_shard
+    from packing.unpacked_hdf5 import write_unpacked_shard
 
     rng = np.random.default_rng(0)
     rows = synthetic_rows(rng.integers(8, S + 1, size=20), S, P, rng, vocab_size=5000)

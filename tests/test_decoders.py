@@ -100,7 +100,7 @@ def reference(auto, folder):
 
 
 def test_causal_lm_logits_loss_and_gradients_equal_each_example_alone(decoder_folders):
-    from model.families import PackedFamilyModel
+    from model.family_model import PackedFamilyModel
 
     model_type, root = decoder_folders
     rows, sequences = packed_rows()
@@ -131,7 +131,7 @@ def llama_and_qwen2(tmp_path_factory):
     """A Llama (global attention) and a Qwen2 with a 4-token sliding layer, random, float32."""
     from transformers import AutoModelForCausalLM
 
-    from model.families import PackedFamilyModel
+    from model.family_model import PackedFamilyModel
 
     models = []
     for model_type in ("llama", "qwen2"):
@@ -182,7 +182,8 @@ def test_any_layout_gives_each_sequence_its_own_logits_and_loss(llama_and_qwen2)
 def test_the_shift_and_the_attention_stay_inside_each_sequence(decoder_folders):
     """Changing one sequence's tokens changes no other sequence's logits or targets; the last
     token of a sequence has no target (mutation check of the shift and the mask)."""
-    from model.families import IGNORED, PackedFamilyModel, next_token_targets
+    from model.families import IGNORED, next_token_targets
+    from model.family_model import PackedFamilyModel
 
     _, root = decoder_folders
     rows, _ = packed_rows(1)
@@ -201,7 +202,7 @@ def test_the_shift_and_the_attention_stay_inside_each_sequence(decoder_folders):
 
 
 def test_classification_and_last_token_embeddings_equal_each_example_alone(decoder_folders):
-    from model.families import PackedFamilyModel
+    from model.family_model import PackedFamilyModel
 
     model_type, root = decoder_folders
     rows, sequences = packed_rows(2)
@@ -229,8 +230,8 @@ def test_trainer_trains_a_packed_decoder_and_saves_a_folder_transformers_loads(t
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
-    from finetune.hf import PackedDataCollator, pack_dataset
-    from model.families import PackedFamilyModel
+    from hf_integration.trainer import PackedDataCollator, pack_dataset
+    from model.family_model import PackedFamilyModel
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(tiny_config("llama")).save_pretrained(tmp_path / "start")
@@ -321,7 +322,7 @@ def test_trainer_over_two_processes_ends_on_the_weights_of_one_process(tmp_path)
 def test_pack_dataset_truncates_or_splits_long_causal_examples():
     from datasets import Dataset
 
-    from finetune.hf import pack_dataset
+    from hf_integration.trainer import pack_dataset
 
     data = Dataset.from_dict({"input_ids": [list(range(3, 40)), [5, 6, 7]]})
     truncated = pack_dataset(data, "causal_lm", 16, verbose=False)
@@ -365,15 +366,15 @@ def decoder_tokenizer():
 @pytest.mark.slow  # whole commands
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "gpt2"])
 def test_predict_and_embed_take_decoder_folders(tmp_path, model_type):
-    """finetune.predict and the server's /predict on an XxxForSequenceClassification folder
-    equal transformers on each text alone (its last token's score); finetune.embed on a sentence-transformers folder with
+    """commands.predict and the server's /predict on an XxxForSequenceClassification folder
+    equal transformers on each text alone (its last token's score); commands.embed on a sentence-transformers folder with
     last-token pooling equals SentenceTransformer.encode."""
     import json
 
     import transformers
     from sentence_transformers import SentenceTransformer, models
 
-    from finetune import embed, predict
+    from commands import embed, predict
 
     from .family_helpers import TEXTS
 
@@ -449,7 +450,7 @@ def test_gpt2_with_a_tokenizer_that_hands_token_types_is_fed_them_as_transformer
     from sentence_transformers import SentenceTransformer, models
 
     from data.assets import model_dir
-    from finetune.embedding import load_encoder, packed_encode
+    from inference.embedding import load_encoder, packed_encode
 
     from .family_helpers import TEXTS
 
@@ -470,6 +471,6 @@ def test_gpt2_with_a_tokenizer_that_hands_token_types_is_fed_them_as_transformer
         return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
     assert cosine(packed_encode(st_model, TEXTS), expected).min() >= 0.99999
-    from finetune.embedding import encode
+    from inference.embedding import encode
 
     assert cosine(encode(TEXTS, load_encoder(tmp_path / "st")), expected).min() >= 0.99999

@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 import torch
 
+from commands import embed as embed_command
 from data.assets import corpus_glob, model_dir
 from data.classification_data import ExampleError
 from data.embedding_texts import bbc_articles, texts_of
-from finetune import embed as embed_command
-from finetune.embedding import (
+from door.st_folder import describe_embedding_folder
+from inference.embedding import (
     EncodeOptions,
     encode,
     encoder_from_sentence_transformer,
     load_encoder,
     packed_encode,
 )
-from finetune.st_folder import describe_embedding_folder
 from model.embedding import POOLING_MODES
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
@@ -74,7 +74,7 @@ def test_the_next_chunk_is_tokenized_beside_the_model_and_a_bad_text_waits_its_t
     later chunk is raised only after every earlier chunk's array was yielded."""
     import threading
 
-    from finetune.embedding import EncodeOptions, iter_encode
+    from inference.embedding import EncodeOptions, iter_encode
 
     encoder = load_encoder(model_dir(), max_length=MAX_LENGTH)
     tokenized_in, real = [], encoder.tokenize_texts
@@ -189,7 +189,7 @@ def test_command_writes_rows_in_line_order(st_model, texts, tmp_path, capsys):
     "lines,message",
     [
         (['{"text": "fine"}', "", '{"text": "after"}'], ":2: blank line"),
-        (['{"text": "fine"}', '{"txt": "no field"}'], ":2: field 'text' must be a string"),
+        (['{"text": "fine"}', '{"txt": "no field"}'], ":2: field 'text' is missing (the line's fields: 'txt')"),
         (
             ['{"text": "fine"}', '{"text": "\\ud800x"}'],
             ":2: field 'text': not valid Unicode (a lone surrogate U+D800",
@@ -227,7 +227,7 @@ def test_command_refuses_bad_options(tmp_path, capsys):
 
 
 def test_bfloat16_is_refused_where_the_cpu_has_no_bf16(tmp_path, capsys, monkeypatch):
-    from finetune import precision
+    from inference import precision
 
     monkeypatch.setattr(precision, "native_bf16", lambda device: False)
     source = write_jsonl(tmp_path / "t.jsonl", ["a"])
@@ -239,7 +239,7 @@ def test_bfloat16_is_refused_where_the_cpu_has_no_bf16(tmp_path, capsys, monkeyp
 def test_bfloat16_autocast_agrees_with_float32(st_model, texts, monkeypatch):
     """Where bf16 runs (here forced past the hardware check, so that a CPU without bf16
     instructions emulates it), vectors stay close to fp32."""
-    from finetune import precision
+    from inference import precision
 
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     encoder = load_encoder(model_dir(), max_length=MAX_LENGTH)

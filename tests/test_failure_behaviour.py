@@ -435,8 +435,8 @@ def test_bad_received_files_are_one_line_errors(tmp_path):
     """D13: non-UTF-8 JSON lines name the line; a garbage finetune.json or weights file is
     refused in one line."""
     from data.classification_data import ExampleError, read_jsonl
-    from finetune.folder import load_finetuned
-    from finetune.folder_spec import FINETUNE_INFO
+    from door.folder import load_finetuned
+    from door.folder_spec import FINETUNE_INFO
 
     bad = tmp_path / "x.jsonl"
     bad.write_bytes(b'{"text": "fine", "label": "a"}\n{"text": "caf\xe9", "label": "a"}\n')

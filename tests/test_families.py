@@ -16,9 +16,9 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from finetune.rows import pack_rows
+from inference.rows import pack_rows
 from model.families import FAMILIES as PACKED
-from model.families import PackedFamilyModel
+from model.family_model import PackedFamilyModel
 from packing.tokenized import pack_examples
 
 from .conftest import REPO
@@ -158,7 +158,7 @@ def test_predict_takes_a_family_folder_with_its_tokenizer(tmp_path, family):
     """A classifier folder as save_pretrained writes it: predict's scores equal
     AutoModelForSequenceClassification on each (text, pair) alone, tokenized by
     AutoTokenizer (the family's template, token types only where it has them)."""
-    from finetune import predict
+    from commands import predict
 
     folder = save_family_folder(tmp_path / "m", family, "classification")
     pairs = [TEXTS[(i + 3) % len(TEXTS)] if i % 2 else None for i in range(len(TEXTS))]
@@ -199,7 +199,7 @@ def sentence_transformers_folder(root, family):
 def test_sentence_transformers_folders_equal_encode(tmp_path, family):
     from sentence_transformers import SentenceTransformer
 
-    from finetune.embedding import encode, load_encoder, packed_encode
+    from inference.embedding import encode, load_encoder, packed_encode
 
     folder = sentence_transformers_folder(tmp_path, family)
     texts = TEXTS + [" ".join(TEXTS[:6])]  # one past max_seq_length: truncated as encode truncates
@@ -244,8 +244,8 @@ def test_the_server_answers_a_family_folder_as_predict_and_encode_under_concurre
 
     import httpx
 
-    from finetune import predict
-    from finetune.embedding import encode, l2_normalize, load_encoder
+    from commands import predict
+    from inference.embedding import encode, l2_normalize, load_encoder
 
     from .test_serve import Server
 
@@ -291,7 +291,7 @@ def test_finetune_train_starts_from_a_family_folder_and_saves_one_transformers_l
     """finetune.train from a bare encoder folder of another family (its tokenizer.json, no
     vocab.txt): it learns, and its output loads in AutoModelForSequenceClassification, and
     predict on it equals transformers per example."""
-    from finetune import predict
+    from commands import predict
     from finetune import train as finetune
 
     from .test_finetune_run import write_config
@@ -331,7 +331,7 @@ def test_sentence_transformers_prompts_are_applied_as_encode_applies_them(tmp_pa
     import httpx
     from sentence_transformers import SentenceTransformer
 
-    from finetune.embedding import encode, load_encoder, packed_encode
+    from inference.embedding import encode, load_encoder, packed_encode
 
     from .test_serve import Server
 
@@ -404,8 +404,8 @@ def test_texts_longer_than_a_roberta_style_table_are_cut_to_its_usable_positions
     """RoBERTa-style tables hold pad + 1 fewer positions than max_position_embeddings: a
     text past them is cut there by predict (finetune.train's folder format too) and by
     packed_pipeline, as transformers cuts it, never an index error."""
-    from finetune import predict
-    from finetune.hf_pipeline import packed_pipeline
+    from commands import predict
+    from hf_integration.pipeline import packed_pipeline
 
     folder = save_family_folder(tmp_path / "m", "roberta", "classification")
     info = {"task": "classification", "labels": ["a", "b", "c"], "multi_label": False, "max_sequence_length": 32,

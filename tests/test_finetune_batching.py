@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from data.classification_data import TokenizedExamples
-from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec, collate
-from finetune.inference import predict_logits
-from finetune.rows import pack_rows, pad_table
+from inference.batching import BATCHING_MODES, Batcher, BatchingSpec, collate
+from inference.predictions import predict_logits
+from inference.rows import pack_rows, pad_table
 from packing.errors import PackingInputError
 from packing.tokenized import pack_examples
 

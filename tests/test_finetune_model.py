@@ -6,9 +6,9 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from data.classification_data import TokenizedExamples
-from finetune.batching import BATCHING_MODES, Batcher, BatchingSpec
-from finetune.inference import predict_logits
-from finetune.rows import pack_rows, unpack_outputs
+from inference.batching import BATCHING_MODES, Batcher, BatchingSpec
+from inference.predictions import predict_logits
+from inference.rows import pack_rows, unpack_outputs
 from model.classification import PackedBertForSequenceClassification, classification_metrics
 from packing.tokenized import pack_examples
 

@@ -8,10 +8,10 @@ import torch
 import yaml
 from transformers import BertConfig, BertModel
 
+from commands import predict
 from data.classification_data import ExampleError, read_bbc_news, read_jsonl, split_by_seed
-from finetune import predict
 from finetune import train as finetune
-from finetune.batching import BATCHING_MODES
+from inference.batching import BATCHING_MODES
 
 WORDS = "the a market shares profit bank film music award star match goal team win game vote party".split()
 TOPIC = {0: ["market", "shares", "profit", "bank"], 1: ["film", "music", "award", "star"],

@@ -41,7 +41,7 @@ def run(*argv, timeout=60):
           "--device", "cuda"], "--device cuda: this torch (2.13.0+cpu) is the CPU build"),
         (["-m", "finetune.predict", "--model", "ASSET", "--input", "examples/sft/train.jsonl", "--output", "o"],
          "key 'architectures' is ['BertModel']; predict runs a *ForSequenceClassification"),
-        # option mistakes: every command parses its line before its imports (finetune/parsers.py)
+        # option mistakes: every command parses its line before its imports (commands/parsers.py)
         (["-m", "finetune.predict", "--model", ".", "--input", "README.md", "--ouput", "o"],
          "unrecognized arguments: --ouput (did you mean --output?); see python -m finetune.predict --help"),
         (["-m", "finetune.embed", "--model", ".", "--input", "README.md"],
@@ -85,7 +85,7 @@ def test_one_message_for_cuda_without_a_gpu():
     assert "CPU build" in message and "download.pytorch.org/whl/cu130" in message
     import torch
 
-    from finetune.precision import device_problem
+    from inference.precision import device_problem
 
     if not torch.cuda.is_available():
         assert device_problem("cuda") == no_gpu(
@@ -153,7 +153,7 @@ def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_t
         "whole.npy",
     ]
     # a finished output is never replaced without --overwrite (one line, before any model loads)
-    from finetune import embed
+    from commands import embed
 
     before = (tmp_path / "e.npy").stat().st_mtime_ns
     capsys.readouterr()

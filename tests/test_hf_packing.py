@@ -1,4 +1,4 @@
-"""Packing for Hugging Face users (finetune.hf, finetune.hf_pipeline): `datasets` in, a real
+"""Packing for Hugging Face users (hf_integration.trainer, hf_integration.pipeline): `datasets` in, a real
 transformers `Trainer` and pipeline-style inference out, judged by the stock transformers
 classes run unpacked on the same examples."""
 
@@ -25,15 +25,15 @@ from transformers import (
 from data import assets
 from data.qa_windows import fast_tokenizer
 from data.tokenizer import load_tokenizer
-from finetune.hf import (
+from hf_integration.pipeline import packed_pipeline
+from hf_integration.trainer import (
     PackedDataCollator,
     PackedDatasetError,
     pack_dataset,
     packed_metrics,
     unpack_predictions,
 )
-from finetune.hf_pipeline import packed_pipeline
-from finetune.rows import pack_rows
+from inference.rows import pack_rows
 from model.classification import PackedBertForSequenceClassification
 from model.question_answering import PackedBertForQuestionAnswering
 from model.token_classification import PackedBertForTokenClassification
@@ -335,9 +335,9 @@ def test_bad_datasets_are_refused_naming_column_and_row(bbc, change, message):
 
 
 def test_question_answering_pipeline_answers_as_predict(tmp_path, checkpoint):
-    """The QA pipeline's answers are finetune.predict's on the same folder and questions."""
+    """The QA pipeline's answers are commands.predict's on the same folder and questions."""
+    from commands import predict
     from data.qa_cloze import build, official_layout
-    from finetune import predict
 
     torch.manual_seed(3)
     model = PackedBertForQuestionAnswering.from_pretrained(checkpoint, new_head=True)

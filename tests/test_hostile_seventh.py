@@ -51,8 +51,8 @@ def input_file(path, texts):
 @pytest.mark.parametrize("value, what", [(float("nan"), "NaN"), (float("inf"), "inf")])
 def test_a_folder_with_a_non_finite_weight_is_refused_by_every_door(classifier, tmp_path, value, what):
     from data.classification_data import ExampleError
-    from finetune.embedding import load_encoder
-    from finetune.folder import load_finetuned
+    from door.folder import load_finetuned
+    from inference.embedding import load_encoder
 
     folder = with_weight(classifier, tmp_path / "broken", "classifier.weight", value)
     with pytest.raises(ExampleError, match=rf"model\.safetensors: weight classifier\.weight holds {what}"):
@@ -66,7 +66,7 @@ def test_a_folder_with_a_non_finite_weight_is_refused_by_every_door(classifier, 
 
 def test_scores_that_are_not_finite_are_never_written():
     from data.classification_data import ExampleError
-    from finetune.inference import prediction_records
+    from inference.predictions import prediction_records
 
     logits = np.array([[0.0, 1.0], [np.nan, 0.0]], dtype=np.float32)
     with pytest.raises(ExampleError, match="example 1: the model's scores are not finite"):
@@ -146,8 +146,8 @@ def qwen2_classifier(tmp_path_factory):
 def test_a_folder_is_tokenized_as_autotokenizer_tokenizes_it(qwen2_classifier):
     from transformers import AutoTokenizer
 
-    from finetune.embedding import load_encoder
-    from finetune.folder import load_finetuned
+    from door.folder import load_finetuned
+    from inference.embedding import load_encoder
 
     reference = AutoTokenizer.from_pretrained(qwen2_classifier)
     expected = [reference(text)["input_ids"] for text in COMBINING]
@@ -166,7 +166,7 @@ def test_predict_scores_equal_transformers_on_text_with_combining_marks(qwen2_cl
     import transformers
     from transformers import AutoTokenizer
 
-    from finetune import predict
+    from commands import predict
 
     source = input_file(tmp_path / "in.jsonl", COMBINING)
     assert (
@@ -517,7 +517,7 @@ def test_a_fifo_or_device_as_weights_or_shard_is_named_as_such(classifier, tmp_p
     import os
 
     from data.classification_data import ExampleError
-    from finetune.folder import load_finetuned
+    from door.folder import load_finetuned
     from packing.errors import PackingInputError
     from packing.shards import PackedDataset
 
@@ -585,14 +585,16 @@ def test_empty_completions_without_eos_are_not_blamed_on_truncation(tmp_path, ca
 # ----- 11. (low) embed does not hash the model folder's bytes on every run -------------------------
 def test_embed_keys_kept_rows_on_file_identity_without_reading_the_weights(classifier, tmp_path, monkeypatch):
     import common.files
-    from finetune import embed as embed_command
+    from commands import embed as embed_command
 
     model = tmp_path / "model"
     shutil.copytree(classifier, model)
     (model / "extra.safetensors").write_bytes(b"\0" * (1 << 20))  # read by a content hash
     hashed = []
     real = common.files.sha256_file
-    monkeypatch.setattr(common.files, "sha256_file", lambda path, *a: hashed.append(str(path)) or real(path, *a))
+    monkeypatch.setattr(
+        common.files, "sha256_file", lambda path, *a: hashed.append(str(path)) or real(path, *a)
+    )
     source = input_file(tmp_path / "in.jsonl", ["a text", "another"])
     argv = ["--model", str(model), "--input", str(source), "--output", str(tmp_path / "e.npy"), "--pooling", "mean",
             "--quiet"]  # fmt: skip

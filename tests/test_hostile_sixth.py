@@ -75,7 +75,7 @@ def test_a_folder_whose_weights_are_not_its_configs_model_is_refused(
     classifier, tmp_path, name, edit, drop, expected
 ):
     from data.classification_data import ExampleError
-    from finetune.folder import load_finetuned
+    from door.folder import load_finetuned
 
     folder = variant(classifier, tmp_path / name, edit, drop)
     with pytest.raises(ExampleError) as refused:
@@ -99,7 +99,7 @@ def test_fine_tuning_may_start_a_new_head_but_never_a_random_encoder(classifier,
     """finetune.train's loading (new_head=True): a bare encoder gets its classifier; weights of
     another family (or fewer layers) are refused, not fine-tuned from random."""
     from model.classification import PackedBertForSequenceClassification
-    from model.families import PackedFamilyModel
+    from model.family_model import PackedFamilyModel
 
     bare = variant(classifier, tmp_path / "bare", drop_weights=("classifier.",))
     model = PackedBertForSequenceClassification.from_pretrained(bare, num_labels=3, new_head=True)
@@ -116,8 +116,8 @@ def test_fine_tuning_may_start_a_new_head_but_never_a_random_encoder(classifier,
 def test_a_cased_vocab_txt_folder_is_tokenized_as_transformers_does(tmp_path):
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from finetune.embedding import load_tokenizer_of
-    from finetune.folder import load_finetuned
+    from door.folder import load_finetuned
+    from door.embedding_folder import load_tokenizer_of
 
     folder = tmp_path / "cased"
     folder.mkdir()
@@ -139,10 +139,10 @@ def test_a_cased_vocab_txt_folder_is_tokenized_as_transformers_does(tmp_path):
     assert expected[1:3] == [vocab.index("New"), vocab.index("York")]  # the case is kept
 
 
-# ----- 3, 4, 5, 6. finetune.embed's kept work, lock, temporary name and output ------------------
+# ----- 3, 4, 5, 6. commands.embed's kept work, lock, temporary name and output ------------------
 def interrupted_after_one_chunk():
-    """finetune.embed's iter_encode that raises KeyboardInterrupt (Ctrl-C) after its first chunk."""
-    from finetune import embedding
+    """commands.embed's iter_encode that raises KeyboardInterrupt (Ctrl-C) after its first chunk."""
+    from inference import embedding
 
     real = embedding.iter_encode
 
@@ -172,8 +172,8 @@ def embed_argv(model, source, output):
 def test_kept_rows_of_a_model_changed_in_place_are_not_continued(classifier, tmp_path, monkeypatch):
     """Interrupted after its first chunk, the folder then re-saved with other weights: the
     rerun computes every row with the new model (it had mixed old and new rows)."""
-    from finetune import embed as embed_command
-    from finetune import embedding
+    from commands import embed as embed_command
+    from inference import embedding
 
     model = tmp_path / "model"
     shutil.copytree(classifier, model)
@@ -209,7 +209,7 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(classif
     try:
         assert holder.stdout.readline().strip() == "held"
         done = run_module("finetune.embed", *embed_argv(classifier, source, output))
-        assert "in use by another finetune.embed" in one_line_error(done)
+        assert "in use by another commands.embed" in one_line_error(done)
         assert not output.exists() and not (tmp_path / ".e.npy.partial").exists()
     finally:
         holder.kill()
@@ -220,7 +220,7 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(classif
 
 
 def test_a_link_or_fifo_at_the_temporary_name_is_never_followed(classifier, tmp_path):
-    from finetune import embed as embed_command
+    from commands import embed as embed_command
 
     source = input_file(tmp_path / "in.jsonl", ["one text", "another text"])
     victim = tmp_path / "victim.txt"
@@ -237,8 +237,8 @@ def test_a_link_or_fifo_at_the_temporary_name_is_never_followed(classifier, tmp_
 def test_an_output_into_a_hub_cache_snapshot_or_its_blobs_is_refused(classifier, tmp_path, capsys):
     """The cache layout: snapshots/REV/FILE -> ../../blobs/HASH. An output naming a snapshot
     file, or any path in blobs, would replace a cached model's file."""
+    from commands import embed as embed_command
     from common.files import sha256_file
-    from finetune import embed as embed_command
 
     repo = tmp_path / "hub" / "models--someone--tiny"
     blobs, snapshot = repo / "blobs", repo / "snapshots" / "abc123"
@@ -316,8 +316,8 @@ def test_loopback_clients_keep_loopback_names_under_allowed_hosts():
 )
 def test_config_values_transformers_would_trip_on_are_one_line(classifier, tmp_path, edit, expected):
     from data.classification_data import ExampleError
-    from finetune.embedding import load_encoder
-    from finetune.folder import load_finetuned
+    from door.folder import load_finetuned
+    from inference.embedding import load_encoder
 
     folder = variant(classifier, tmp_path / "m", edit)
     if "vocab_size' is 100" in expected:  # the table must still fit the weights: cut it too
@@ -365,8 +365,8 @@ def test_a_damaged_record_of_kept_rows_starts_over(classifier, tmp_path, monkeyp
     """An interrupted run's .NAME.partial.json edited to rows_written -1, 1.5 or "3" (the
     rest of the record intact): the rows are not trusted, the run starts over and writes
     every row (it was a traceback or a repeated error)."""
-    from finetune import embed as embed_command
-    from finetune import embedding
+    from commands import embed as embed_command
+    from inference import embedding
 
     texts = [f"text number {i}" for i in range(24)]
     source = input_file(tmp_path / "in.jsonl", texts)

@@ -49,7 +49,7 @@ def test_train_vocab_refuses_its_corpus_as_output_an_empty_corpus_and_absurd_siz
 def test_predict_checks_its_output_can_be_written_before_inference(tmp_path, capsys):
     """#10: an output that cannot be written (here: a folder under a file, which root cannot
     write either) is one line before any compute, not a lost finished inference."""
-    from finetune import predict
+    from commands import predict
 
     (tmp_path / "a_file").write_text("x")
     code = predict.main(["--model", str(tmp_path / "m"), "--input", str(tmp_path / "in.jsonl"),
@@ -60,7 +60,7 @@ def test_predict_checks_its_output_can_be_written_before_inference(tmp_path, cap
 
 def test_predict_refuses_an_output_inside_the_model_folder(tmp_path, capsys):
     """#3: `--output M/vocab.txt` no longer replaces the model's vocabulary."""
-    from finetune import predict
+    from commands import predict
 
     model = tmp_path / "model"
     model.mkdir()
@@ -430,7 +430,7 @@ def test_pick_names_a_bad_row_in_its_source_and_os_errors_are_one_line(tmp_path,
     from data.pick_eval_samples import main as pick_main
     from data.pick_eval_samples import picked_rows
     from data.synthetic import synthetic_rows
-    from data.unpacked_hdf5 import write_unpacked_shard
+    from packing.unpacked_hdf5 import write_unpacked_shard
 
     rng = np.random.default_rng(0)
     rows = synthetic_rows(rng.integers(4, 32, size=50), 32, 5, rng)
@@ -573,8 +573,8 @@ def test_metadata_with_a_string_vocab_size_or_an_external_shard_is_refused_at_op
 
 def test_finetune_json_of_wrong_types_and_truncated_weights_are_one_line(tmp_path, capsys):
     """#14: finetune.json 'fields' as a string, and a truncated model.safetensors
-    (SafetensorError), were tracebacks in finetune.predict."""
-    from finetune import predict
+    (SafetensorError), were tracebacks in commands.predict."""
+    from commands import predict
     from model.classification import PackedBertForSequenceClassification
     from model.config import bert_config
 

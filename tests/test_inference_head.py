@@ -163,8 +163,8 @@ def heavy_modules_after(script: str, *arguments: str) -> list[str]:
 
 
 def test_predict_and_embed_never_import_transformers_modeling_code(classifier_folder, tmp_path):
-    """Whole runs, in a fresh interpreter: finetune.predict on a BERT classifier folder and on a
-    token classifier's, finetune.embed on a sentence-transformers BERT folder; then the modules
+    """Whole runs, in a fresh interpreter: commands.predict on a BERT classifier folder and on a
+    token classifier's, commands.embed on a sentence-transformers BERT folder; then the modules
     loaded. (Question answering's inference head is opened by the same table; its predict run
     needs SQuAD-shaped input and is not run here.)"""
     from transformers import BertConfig, BertForTokenClassification

@@ -23,8 +23,8 @@ RULES = {
     "data": ["torch", "model", "training", "finetune", "optim"],
     "finetune.train": ["training", "poptorch", "serving"],
     "finetune.predict": ["training", "poptorch", "serving"],
-    "finetune.hf": ["training", "poptorch", "serving"],
-    "finetune.hf_pipeline": ["training", "poptorch", "serving"],
+    "hf_integration.trainer": ["training", "poptorch", "serving"],
+    "hf_integration.pipeline": ["training", "poptorch", "serving"],
     "finetune.serve": ["training", "poptorch", "torch", "uvicorn", "serving"],  # an alias: runs serving
     "serving.cli": ["training", "poptorch", "torch", "uvicorn"],  # parses first, then imports
     "serving.app": ["training", "poptorch"],

@@ -1,4 +1,4 @@
-"""Question answering end to end: `finetune.train` and `finetune.predict` on a tiny BERT
+"""Question answering end to end: `finetune.train` and `commands.predict` on a tiny BERT
 with the real vocabulary, cloze questions from real BBC text; the saved folder in
 transformers; every batching mode answering identically; bad input refused."""
 
@@ -12,12 +12,12 @@ import torch
 import yaml
 from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, BertModel
 
+from commands import predict
 from data import assets
 from data.qa_cloze import build, official_layout
 from data.qa_windows import fast_tokenizer
-from finetune import predict
 from finetune import train as finetune
-from finetune.batching import BATCHING_MODES
+from inference.batching import BATCHING_MODES
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Packed inference on Ray Data (finetune/ray_data.py, finetune/ray_job.py), judged on a real
+"""Packed inference on Ray Data (ray_jobs/actors.py, ray_jobs/job.py), judged on a real
 local cluster of two nodes of one CPU each (ray.cluster_utils.Cluster): `--ray` output
 equals the single-process command's row for row, every index exactly once, also when a
 worker process is SIGKILLed mid-job; the Python API inside a user's own map_batches; bad
@@ -68,9 +68,9 @@ def command(module: str, *arguments, check: bool = False) -> subprocess.Complete
 
 
 def refused_here(capsys, *arguments) -> str:
-    """finetune.embed's refusal run in this process (a mistake answered before any cluster
+    """commands.embed's refusal run in this process (a mistake answered before any cluster
     starts: no interpreter to start) -> its one stderr line; exit code 2 asserted."""
-    from finetune import embed
+    from commands import embed
 
     capsys.readouterr()
     assert embed.main([str(a) for a in arguments]) == 2
@@ -220,8 +220,8 @@ def test_a_worker_killed_mid_job_still_gives_every_row_once(cluster, inputs, emb
 def test_the_python_api_runs_inside_a_users_own_map_batches(cluster, tmp_path):
     import ray.data
 
-    from finetune.embedding import encode, load_encoder
-    from finetune.ray_data import PackedEmbedder, embed_dataset
+    from inference.embedding import encode, load_encoder
+    from ray_jobs.actors import PackedEmbedder, embed_dataset
 
     ray.init(address=cluster.address, ignore_reinit_error=True, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -296,7 +296,7 @@ def test_batches_from_parquet_or_a_user_meet_the_commands_rules_in_one_line():
     (embed: a non-empty string; predict: any string, pairs may be None; valid Unicode; at
     most MAX_FIELD_CHARS) are applied to them, naming the row."""
     from data.classification_data import MAX_FIELD_CHARS, ExampleError
-    from finetune.ray_data import checked_texts
+    from ray_jobs.actors import checked_texts
 
     def where(i):
         return f"b.parquet: row {i}"

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import uvicorn
 
-from finetune import predict
+from commands import predict
 from finetune import train as finetune
 from serving.api import RequestLimits
 from serving.app import create_app
@@ -53,7 +53,9 @@ def free_port() -> int:
 class Server:
     """An in-process uvicorn server on a free port, in a thread."""
 
-    def __init__(self, folder, policy="packed", queue=None, limits=None, engine=None, http="auto", **settings):
+    def __init__(
+        self, folder, policy="packed", queue=None, limits=None, engine=None, http="auto", **settings
+    ):
         engine = engine or load_engine(folder)
         policy_settings = PolicySettings(policy, max_length=engine.max_length, **settings)
         self.app = create_app(engine, policy_settings, queue or QueueLimits(), limits or RequestLimits())
@@ -120,7 +122,7 @@ def read_records(path):
 
 
 def predict_file(trained, records, tmp_path):
-    """finetune.predict's scores for `records` (JSON lines), in input order."""
+    """commands.predict's scores for `records` (JSON lines), in input order."""
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert (
@@ -257,10 +259,10 @@ def test_sigterm_under_load_answers_or_rejects_everything_and_exits_0(trained):
 
 def test_bfloat16_predictions_agree_with_float32_and_are_refused_without_bf16(trained, tmp_path, monkeypatch):
     """bf16 autocast (forced past the hardware check: this CPU has no bf16 instructions, so
-    torch emulates it) gives the float32 labels for >= 99% of the texts, in finetune.predict
+    torch emulates it) gives the float32 labels for >= 99% of the texts, in commands.predict
     and packed_pipeline; without bf16 hardware both refuse with one line."""
-    from finetune import precision
-    from finetune.hf_pipeline import packed_pipeline
+    from hf_integration.pipeline import packed_pipeline
+    from inference import precision
 
     records = read_records(trained / "val.jsonl")
     folder = trained / "run" / "model"

@@ -1,7 +1,7 @@
 """The server's embedding and reranking routes on 127.0.0.1 (real uvicorn): TEI's /embed
 and /rerank, OpenAI's /v1/embeddings.
 
-Answers must equal `finetune.embedding.encode` (what `python -m finetune.embed` writes) for
+Answers must equal `inference.embedding.encode` (what `python -m finetune.embed` writes) for
 concurrent clients, in request order, under every policy; /rerank must equal transformers'
 BertForSequenceClassification on the (query, text) pairs; bad input gets a one-line 4xx,
 never a 500."""
@@ -19,7 +19,7 @@ import torch
 
 from data.assets import corpus_glob, model_dir
 from data.embedding_texts import bbc_articles, texts_of
-from finetune.embedding import encode, l2_normalize, load_encoder
+from inference.embedding import encode, l2_normalize, load_encoder
 from serving.api import RequestLimits
 from serving.policies import POLICIES
 
@@ -150,7 +150,7 @@ def cross_encoder(tmp_path_factory):
     """A one-label classification folder (a cross-encoder's shape) in finetune.train's
     layout: MiniLM with a seeded single-logit head. Its weights need not be trained for the
     scores to be compared with transformers' on the same folder."""
-    from finetune.folder import save_finetuned
+    from finetune.folder_writer import save_finetuned
     from model.classification import PackedBertForSequenceClassification
 
     torch.manual_seed(0)
@@ -231,7 +231,9 @@ def test_a_decoder_embedder_with_prompts_serves_what_sentence_transformers_encod
         np.testing.assert_allclose(got, query, atol=2e-5)
         assert np.abs(query - plain).max() > 1e-3  # the prompt made a difference
         # OpenAI's route takes prompt_name too (it was ignored: 200 with unprompted vectors)
-        answer = httpx.post(server.url + "/v1/embeddings", json={"input": short, "prompt_name": "query"}).json()
+        answer = httpx.post(
+            server.url + "/v1/embeddings", json={"input": short, "prompt_name": "query"}
+        ).json()
         got = np.array([d["embedding"] for d in answer["data"]], dtype=np.float32)
         np.testing.assert_allclose(got, query, atol=2e-5)
         for route, body in (("/v1/embeddings", {"input": short, "prompt_name": "nope"}),
@@ -241,4 +243,6 @@ def test_a_decoder_embedder_with_prompts_serves_what_sentence_transformers_encod
         for route, body in (("/v1/embeddings", {"input": short, "normalise": True}),
                             ("/embed", {"inputs": short, "normalise": False})):  # fmt: skip
             refused = httpx.post(server.url + route, json=body)
-            assert refused.status_code == 422 and 'field "normalise": not a field of this route' in refused.text
+            assert (
+                refused.status_code == 422 and 'field "normalise": not a field of this route' in refused.text
+            )

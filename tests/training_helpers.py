@@ -13,7 +13,7 @@ import yaml
 from safetensors.torch import load_file
 
 from data.synthetic import synthetic_rows
-from data.unpacked_hdf5 import write_unpacked_shard
+from packing.unpacked_hdf5 import write_unpacked_shard
 from packing.pipeline import PackJob, run_pack
 
 from .conftest import REPO

@@ -13,8 +13,8 @@ import torch
 
 from common.files import atomic_path
 from data.classification_data import ExampleError
-from finetune.batching import Batcher
-from finetune.runner import Runner, per_sequence
+from inference.batching import Batcher
+from inference.runner import Runner, per_sequence
 from model.classifier_head import classification_metrics
 
 
@@ -22,7 +22,7 @@ def predict_logits(
     model, data, batcher: Batcher, device=None, dtype: str = "float32"
 ) -> tuple[np.ndarray, dict]:
     """Logits float32 [n, C] in input order, and timing/padding figures of the pass.
-    `model` is a module (run on its own device) or a finetune.runner.Runner."""
+    `model` is a module (run on its own device) or a inference.runner.Runner."""
     runner = model if isinstance(model, Runner) else Runner(model, device, dtype)
     tables = batcher.epoch(0, shuffle=False)
     start = time.perf_counter()

@@ -1,5 +1,5 @@
-"""Sequence classification of new text, the core every way in runs: finetune.predict's
-command, each Ray replica (finetune.ray_data.PackedPredictor) and the benches. How a
+"""Sequence classification of new text, the core every way in runs: commands.predict's
+command, each Ray replica (ray_jobs.actors.PackedPredictor) and the benches. How a
 command batches travels as one `InferenceOptions` value: built from the command's options,
 taken by the Python API, sent to Ray's actors as `dataclasses.asdict(options)`.
 """
@@ -11,9 +11,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from data.classification_data import ExampleError
-from finetune.batching import Batcher, BatchingSpec, width_groups
-from finetune.inference import predict_logits
-from finetune.runner import Runner
+from inference.batching import Batcher, BatchingSpec, width_groups
+from inference.predictions import predict_logits
+from inference.runner import Runner
 from model.families import max_tokens
 
 
@@ -22,8 +22,8 @@ class InferenceOptions:
     """How inference batches (the commands' --batching, --batch-size,
     --max-sequences-per-pack, --algorithm, --pack-length, --dtype).
 
-    batching: finetune.batching.BATCHING_MODES; batch_size: examples per batch (packed: per
-    batch of packs, as finetune.batching reads it); pack_length: tokens per pack, None = the
+    batching: inference.batching.BATCHING_MODES; batch_size: examples per batch (packed: per
+    batch of packs, as inference.batching reads it); pack_length: tokens per pack, None = the
     folder's (or, where it names none, packs grouped by row width); dtype: float32 |
     bfloat16 (autocast)."""
 
@@ -49,7 +49,7 @@ class InferenceOptions:
 
 def classify_examples(folder, runner: Runner, examples, labels, options: InferenceOptions):
     """A classification folder's logits for `examples`, in input order: what predict
-    writes, and what each Ray replica runs on its share (finetune.ray_data).
+    writes, and what each Ray replica runs on its share (ray_jobs.actors).
 
     -> (logits float32 [n, C], timing, the TokenizedExamples run).
     ExampleError (one line) where --pack-length is shorter than the longest input."""
@@ -79,7 +79,7 @@ def classify_examples(folder, runner: Runner, examples, labels, options: Inferen
 
 def predict_in_width_groups(options: InferenceOptions, runner, data, longest: int):
     """Packed inference where the folder names no pack length (a transformers folder): the
-    texts are packed in groups of row widths (finetune.batching.width_groups: each text in
+    texts are packed in groups of row widths (inference.batching.width_groups: each text in
     the narrowest of 64 / 128 / 256 / 512 that holds it, groups merged where that is less
     work), not all in rows as wide as the model's maximum. -> (logits [n, C], timing)."""
     from data.classification_data import TokenizedExamples

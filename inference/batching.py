@@ -2,7 +2,7 @@
 
 Every mode turns a dataset into a list of batch tables: int64 [rows, K] of example
 indices (-1 = empty slot). `collate` turns a table into the model's rows with
-finetune.rows.pack_rows, so padded, dynamic, uniform and packed batches are the
+inference.rows.pack_rows, so padded, dynamic, uniform and packed batches are the
 same fields through the same PackedBertForSequenceClassification:
 
 | mode    | K | row width              | order in training                              |
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from common.choices import BATCHING_MODES
-from finetune.rows import pack_rows, pad_table, unpacked_table
+from inference.rows import pack_rows, pad_table, unpacked_table
 from packing.errors import PackingInputError
 from packing.tokenized import check_table, pack_examples
 

@@ -2,7 +2,7 @@
 modules.json (Transformer -> Pooling (-> Normalize)), the Pooling module's modes, the
 Transformer's max_seq_length and do_lower_case, the prompts of
 config_sentence_transformers.json. `describe_embedding_folder` is the door for an embedding
-model, as finetune.folder_spec.describe_folder is for a model with a head: both give a
+model, as door.folder_spec.describe_folder is for a model with a head: both give a
 FolderSpec.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from common.choices import check_pooling
 from data.classification_data import ExampleError
-from finetune.folder_spec import EmbeddingSpec, FolderSpec, embedding_spec, read_json_object
+from door.folder_spec import EmbeddingSpec, FolderSpec, embedding_spec, read_json_object
 
 # sentence-transformers' legacy pooling flags, in the order its Pooling concatenates them
 LEGACY_POOLING_KEYS = {

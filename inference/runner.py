@@ -8,7 +8,7 @@ run their models through a `Runner`.
     logits = per_sequence(batches, "logits", n)             # [n, ...] in input order
     start = per_token(batches, "start_logits", lengths)     # [n, longest], -inf past each end
 
-A table is [rows, K] example indices (-1: an empty slot; finetune.batching or a serving
+A table is [rows, K] example indices (-1: an empty slot; inference.batching or a serving
 policy makes it); `width_of(table)` its row width in tokens. The runner keeps the pass's
 figures in `stats` (batches, forward seconds, real and row tokens): the timing and
 padding a command reports come from here.
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from finetune.precision import device_problem, precision
-from finetune.rows import pack_rows, unpack_outputs, unpack_token_outputs
+from inference.precision import device_problem, precision
+from inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
 
 
 @dataclass
@@ -51,7 +51,7 @@ class RunStats:
 
 @dataclass
 class Runner:
-    """A model in eval mode on `device`, run in `dtype` (finetune.precision: float32, or
+    """A model in eval mode on `device`, run in `dtype` (inference.precision: float32, or
     bfloat16 under autocast where the device computes it natively). ValueError (one line)
     if this machine cannot run that device or dtype."""
 
@@ -145,3 +145,12 @@ def per_sequence_tokens(batches: list[RunBatch], name: str, lengths) -> list[np.
     if missing:
         raise ValueError(f"sequences {missing[:5]} are missing from the batches")
     return out
+
+
+def runner_of(loaded, device: str, dtype: str) -> Runner:
+    """A LoadedModel's Runner on `device` in `dtype`, built (and so checked) once per pair and
+    kept on the LoadedModel."""
+    key = (str(device), dtype)
+    if key not in loaded._runners:
+        loaded._runners[key] = Runner(loaded.model, device, dtype)
+    return loaded._runners[key]

@@ -5,7 +5,7 @@ one line at once (0.1 s, not the 5-7 s of the imports). The command parses again
 with the same parser.
 
     if __name__ == "__main__":
-        from finetune.parsers import predict_parser
+        from commands.parsers import predict_parser
         predict_parser(__doc__).parse_args()   # exits 2 (or 0 for --help) on its own
 """
 
@@ -19,7 +19,7 @@ from common.cli import add_inference_options, add_ray_options, command_parser
 
 
 def predict_parser(doc: str) -> argparse.ArgumentParser:
-    """finetune.predict's options (doc: the command's module docstring, for --help)."""
+    """commands.predict's options (doc: the command's module docstring, for --help)."""
     parser = command_parser("python -m finetune.predict", doc)
     add_inference_options(parser, "finetune.train output model folder")
     parser.add_argument("--input", required=True, type=Path, help="JSON lines to classify")
@@ -38,7 +38,7 @@ def predict_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def embed_parser(doc: str) -> argparse.ArgumentParser:
-    """finetune.embed's options."""
+    """commands.embed's options."""
     parser = command_parser("python -m finetune.embed", doc)
     add_inference_options(parser, "a sentence-transformers folder, or any BERT folder with --pooling")
     parser.add_argument("--input", required=True, type=Path, help="JSON lines with a text field")
@@ -71,19 +71,4 @@ def embed_parser(doc: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_ray_options(parser)
-    return parser
-
-
-def train_parser(doc: str) -> argparse.ArgumentParser:
-    """finetune.train's options."""
-    parser = command_parser("python -m finetune.train", doc)
-    parser.add_argument("--config", required=True, help="fine-tuning YAML (see configs/README.md)")
-    parser.add_argument("--output-dir", required=True, type=Path)
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument(
-        "--resume", action="store_true", help="continue the run in --output-dir from its checkpoint (exactly)"
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace a previous run in --output-dir (its files only)"
-    )
     return parser

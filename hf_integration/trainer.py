@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from finetune.rows import pack_rows, unpack_outputs, unpack_token_outputs
+from inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
 from packing.errors import PackingInputError
 from packing.tokenized import pack_examples
 

@@ -1,15 +1,15 @@
 """The door from a folder to a LoadedModel where the caller does not know its kind (the
-server, the Ray actors): an embedding folder opens through finetune.embedding.load_encoder,
-a folder with a head through finetune.folder.load_finetuned."""
+server, the Ray actors): an embedding folder opens through inference.embedding.load_encoder,
+a folder with a head through door.folder.load_finetuned."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from finetune.embedding import load_encoder
-from finetune.folder import load_finetuned
-from finetune.folder_spec import FINETUNE_INFO
-from finetune.loaded import LoadedModel
+from door.folder import load_finetuned
+from door.folder_spec import FINETUNE_INFO
+from door.loaded import LoadedModel
+from door.embedding_folder import load_encoder
 
 
 def open_folder(

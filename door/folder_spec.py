@@ -1,5 +1,5 @@
 """What a model folder says about running it, read once into one typed value: the door from
-a folder the user names to what predict, the server and the Ray actors run (finetune.folder
+a folder the user names to what predict, the server and the Ray actors run (door.folder
 then loads the model and tokenizer it describes). No torch: the preflight asks it too.
 
     spec = describe_folder("runs/bbc/model")

@@ -1,14 +1,14 @@
 """A model folder opened for running: the one result every loader gives (predict, embed, QA,
 the token tasks, the server's engines, the Ray actors, `packed_encode`).
 
-    loaded = open_folder(folder)                 # either kind, as the folder says (finetune.door)
-    loaded = load_finetuned(folder)              # a folder with a head (finetune.folder)
-    loaded = load_encoder(folder)                # an embedding model (finetune.embedding)
-    loaded.spec                                  # what the folder says (finetune.folder_spec.FolderSpec)
+    loaded = open_folder(folder)                 # either kind, as the folder says (door.opener)
+    loaded = load_finetuned(folder)              # a folder with a head (door.folder)
+    loaded = load_encoder(folder)                # an embedding model (inference.embedding)
+    loaded.spec                                  # what the folder says (door.folder_spec.FolderSpec)
     loaded.model                                 # the packed torch module (model.opening.open_model)
     loaded.tokenize(examples, labels, L, "truncate")   # labelled examples -> TokenizedExamples
     loaded.tokenize_texts(texts, where)          # texts -> token ids, cut as sentence-transformers cuts
-    loaded.runner(device, dtype)                 # finetune.runner.Runner, built once per pair
+    runner_of(loaded, device, dtype)             # inference.runner: its Runner, built once per pair
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import numpy as np
 
 from data.classification_data import ExampleError, encode_within
 from data.text_rule import check_text
-from finetune.folder_spec import FolderSpec
-from finetune.runner import Runner
+from door.folder_spec import FolderSpec
 
 
 def tokenize_examples(
@@ -57,7 +56,7 @@ class LoadedModel:
     vocab: dict | None = None
     token_types: bool = True
     stats: dict = field(default_factory=lambda: {"texts": 0, "tokens": 0, "slots": 0, "truncated": 0})
-    _runners: dict = field(default_factory=dict, repr=False)  # (device, dtype) -> Runner
+    _runners: dict = field(default_factory=dict, repr=False)  # (device, dtype) -> Runner (inference.runner.runner_of)
     _cutters: dict = field(default_factory=dict, repr=False)  # direction -> truncating tokenizer
 
     # -- what the spec says, by the names the inference code reads --------------------------
@@ -81,13 +80,6 @@ class LoadedModel:
     @property
     def dimension(self) -> int:
         return self.model.dimension
-
-    def runner(self, device: str, dtype: str) -> Runner:
-        """The model's Runner on `device` in `dtype` (built, and so checked, once per pair)."""
-        key = (str(device), dtype)
-        if key not in self._runners:
-            self._runners[key] = Runner(self.model, device, dtype)
-        return self._runners[key]
 
     # -- labelled examples (classification, QA) ---------------------------------------------
     def tokenize(self, examples, labels, max_sequence_length: int, too_long: str):

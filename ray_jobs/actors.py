@@ -2,7 +2,7 @@
 actor, every batch packed inside its replica.
 
     import ray.data
-    from finetune.ray_data import PackedEmbedder, PackedPredictor, embed_dataset
+    from ray_jobs.actors import PackedEmbedder, PackedPredictor, embed_dataset
 
     ds = ray.data.read_parquet("s3://bucket/docs/")            # a "text" column
     ds = ds.map_batches(PackedEmbedder, fn_constructor_kwargs={"model": "models/minilm"},
@@ -15,12 +15,12 @@ actor, every batch packed inside its replica.
 A batch (pyarrow Table, pandas DataFrame or dict of numpy arrays, as Ray hands it) goes
 out as the same kind with columns added: `embedding` (list of float32, D per row) from
 PackedEmbedder; `label` (multi-label: `labels`) and `scores` (list of float64) from
-PackedPredictor (scores: predict's, rounded to 6 decimals). The numbers are the single-process commands' (finetune.embed,
-finetune.predict): the same loaders, the same packed runner. Larger batches pack better
+PackedPredictor (scores: predict's, rounded to 6 decimals). The numbers are the single-process commands' (commands.embed,
+commands.predict): the same loaders, the same packed runner. Larger batches pack better
 (more lengths to fit together): 1,000-10,000 texts per batch is a good range.
 
 The whole-file jobs with exactly-once output (`--ray` on the commands) are
-finetune/ray_job.py's.
+ray_jobs/job.py's.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class PackedEmbedder:
     texts -> `embedding` (float32, normalized when the folder says), packed.
 
     model: the folder (every node must see it); text_column: the texts; the other options
-    are finetune.embed's (pooling, normalize, max_length, prompt_name, batching, K...)."""
+    are commands.embed's (pooling, normalize, max_length, prompt_name, batching, K...)."""
 
     def __init__(
         self, model, text_column: str = "text", output_column: str = "embedding", pooling=None,
@@ -94,7 +94,7 @@ class PackedEmbedder:
     ):  # fmt: skip
         import torch
 
-        from finetune.embedding import EncodeOptions, load_encoder
+        from inference.embedding import EncodeOptions, load_encoder
 
         if threads:
             torch.set_num_threads(threads)
@@ -110,7 +110,7 @@ class PackedEmbedder:
 
     def embed(self, texts: list[str], where=lambda i: f"row {i}") -> np.ndarray:
         """Texts -> float32 [n, D] in order."""
-        from finetune.embedding import iter_encode
+        from inference.embedding import iter_encode
 
         checked_texts(texts, self.text_column, where)
         chunks = list(iter_encode(texts, self.encoder, self.options, where))
@@ -125,7 +125,7 @@ class PackedPredictor:
     as a `map_batches` callable: texts (and pairs) -> `label` / `labels` and `scores`.
 
     model: the folder; text_column / pair_column: the inputs (default: the fields the
-    folder was trained with); the other options are finetune.predict's."""
+    folder was trained with); the other options are commands.predict's."""
 
     def __init__(
         self, model, text_column: str | None = None, pair_column: str | None = None, batching: str = "packed",
@@ -134,9 +134,9 @@ class PackedPredictor:
     ):  # fmt: skip
         import torch
 
-        from finetune.classify import InferenceOptions
-        from finetune.folder import load_finetuned
-        from finetune.runner import Runner
+        from door.folder import load_finetuned
+        from inference.classify import InferenceOptions
+        from inference.runner import Runner
 
         if threads:
             torch.set_num_threads(threads)
@@ -157,9 +157,9 @@ class PackedPredictor:
 
     def logits(self, texts: list[str], pairs: list | None = None, where=lambda i: f"row {i}") -> np.ndarray:
         """Texts (and pairs) -> logits float32 [n, C] in order."""
-        from finetune.classify import classify_examples
+        from inference.classify import classify_examples
 
-        checked_texts(texts, self.text_column, where, empty_ok=True)  # finetune.predict's rule
+        checked_texts(texts, self.text_column, where, empty_ok=True)  # commands.predict's rule
         if pairs is not None:
             checked_texts(pairs, self.pair_column, where, empty_ok=True, none_ok=True)
         pairs = pairs if pairs is not None else [None] * len(texts)
@@ -174,8 +174,8 @@ class PackedPredictor:
     def records(
         self, texts: list[str], pairs=None, where=lambda i: f"row {i}", first_index: int = 0
     ) -> list[dict]:
-        """Texts -> finetune.predict's output records ({"index", "label" | "labels", "scores"})."""
-        from finetune.inference import prediction_records
+        """Texts -> commands.predict's output records ({"index", "label" | "labels", "scores"})."""
+        from inference.predictions import prediction_records
 
         return list(prediction_records(self.logits(texts, pairs, where), self.label_names, self.multi_label,
                                        first_index))  # fmt: skip

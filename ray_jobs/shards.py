@@ -1,4 +1,4 @@
-"""The --ray job's data on disk (finetune.ray_job runs the job): the inputs planned into
+"""The --ray job's data on disk (ray_jobs.job runs the job): the inputs planned into
 chunks (JSON lines counted, byte offsets kept; Parquet row groups), a chunk's rows read and
 checked as the single-process command checks them, each chunk's shard written by atomic
 rename (`ShardWriter`, one model per Ray actor), the shards checked to hold every row exactly
@@ -158,7 +158,7 @@ class ShardWriter:
     one Parquet shard written by atomic rename. -> {"number", "rows", "error"} per chunk ("" where written)."""
 
     def __init__(self, job: dict):
-        from finetune.ray_data import PackedEmbedder, PackedPredictor
+        from ray_jobs.actors import PackedEmbedder, PackedPredictor
 
         self.job, self.folder = job, Path(job["folder"])
         engine = PackedEmbedder if job["kind"] == "embed" else PackedPredictor
@@ -185,7 +185,7 @@ class ShardWriter:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        from finetune.ray_data import with_columns
+        from ray_jobs.actors import with_columns
 
         texts, pairs, where = read_chunk(chunk, self.job["text_field"], self.job.get("pair_field"))
         index = pa.table(

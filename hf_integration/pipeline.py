@@ -13,7 +13,7 @@ Inputs are tokenized without padding, packed (packing.tokenized.pack_examples) a
 in batches of packs; outputs return to input order through each slot's example index.
 Scores follow transformers' pipelines: softmax for single-label classification, sigmoid
 for multi-label (problem_type multi_label_classification) and one-label models; QA answers
-are chosen by the reference post-processing (finetune.qa_answers), the same as
+are chosen by the reference post-processing (inference.qa_answers), the same as
 `python -m finetune.predict`; token classification reports every token whose label is
 not in ignore_labels ("O"), special tokens left out, as aggregation_strategy="none".
 """
@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from finetune.inference import class_scores
-from finetune.precision import device_problem
-from finetune.runner import Runner, per_sequence, per_sequence_tokens, per_token
-from finetune.token_task import TaggedTexts, entities
+from inference.precision import device_problem
+from inference.predictions import class_scores
+from inference.runner import Runner, per_sequence, per_sequence_tokens, per_token
+from inference.token_task import TaggedTexts, entities
 from model.families import max_tokens
 from packing.tokenized import pack_examples
 
@@ -56,7 +56,7 @@ def packed_pipeline(
     Options: top_k (text-classification), ignore_labels (token-classification),
     doc_stride, n_best_size, max_answer_length, version_2_with_negative,
     null_score_diff_threshold (question-answering). dtype: "float32", or "bfloat16" (bf16
-    autocast; ValueError where the device has no bf16, finetune.precision)."""
+    autocast; ValueError where the device has no bf16, inference.precision)."""
     if task not in PIPELINE_TASKS:
         raise ValueError(f"task {task!r}: expected one of {', '.join(PIPELINE_TASKS)}")
     problem = device_problem(device, dtype)
@@ -64,7 +64,7 @@ def packed_pipeline(
         raise ValueError(problem)
     from transformers import AutoTokenizer
 
-    from finetune.folder import load_finetuned
+    from door.folder import load_finetuned
 
     if isinstance(model, str | Path):  # opened as predict and the server open it (LoadedModel)
         loaded = load_finetuned(Path(model))
@@ -109,7 +109,7 @@ def _check_texts(texts: list, what: str, allow_none: bool = False, allow_empty: 
 
 
 class _Runner:
-    """The three tasks' tokenization and answers around one finetune.runner.Runner."""
+    """The three tasks' tokenization and answers around one inference.runner.Runner."""
 
     def __init__(self, runner: Runner, tokenizer, batch_size, max_per_pack, algorithm, max_length, outputs):
         self.runner, self.model, self.tokenizer, self.outputs = runner, runner.model, tokenizer, outputs
@@ -117,7 +117,7 @@ class _Runner:
         self.max_length = max_length or max_tokens(self.model.config)
 
     def run(self, token_ids: list, segment_ids: list) -> list:
-        """Pack the examples, run every batch of packs -> [finetune.runner.RunBatch]."""
+        """Pack the examples, run every batch of packs -> [inference.runner.RunBatch]."""
         lengths = np.array([len(t) for t in token_ids], dtype=np.int64)
         width = int(lengths.max())
         table = pack_examples(lengths, width, self.max_per_pack, self.algorithm, seed=0)
@@ -165,8 +165,8 @@ class _Runner:
     def answer(self, inputs, options):
         from data.qa_data import QaExamples
         from data.qa_windows import make_windows
-        from finetune.qa_answers import AnswerSettings, best_answers
-        from finetune.qa_task import offsets_table
+        from inference.question_answering import offsets_table
+        from inference.qa_answers import AnswerSettings, best_answers
 
         items = [inputs] if isinstance(inputs, dict) else list(inputs)
         if not items:
