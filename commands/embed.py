@@ -61,7 +61,8 @@ from common.files import (
     write_json_atomic,
 )
 from data.classification_data import ExampleError, example_of_line
-from inference.embedding import EncodeOptions, iter_encode, load_encoder
+from door.opener import open_folder
+from inference.embedding import EncodeOptions, iter_encode
 from inference.precision import device_problem
 
 
@@ -81,9 +82,10 @@ def run_on_ray(args) -> int:
                "dtype": args.dtype, "text_column": args.text_field}  # fmt: skip
 
     def check_model():  # the folder and the prompt, in one line, before any cluster starts
-        load_encoder(args.model, args.pooling, args.normalize, args.max_length, "cpu", None).prompt(
-            args.prompt_name
+        encoder = open_folder(
+            args.model, args.pooling, task="embedding", normalize=args.normalize, max_length=args.max_length
         )
+        encoder.prompt(args.prompt_name)
 
     return run_job(args, "embed", options, args.text_field, check_model=check_model)
 
@@ -246,9 +248,10 @@ def main(argv=None) -> int:
                 "twice (counts the lines, then embeds them): save it to a file first"
             )
         n = count_lines(args.input, args.text_field)
-        encoder = load_encoder(
-            args.model, args.pooling, args.normalize, args.max_length, args.device, args.attention_backend
-        )
+        encoder = open_folder(
+            args.model, args.pooling, args.attention_backend, args.device, task="embedding",
+            normalize=args.normalize, max_length=args.max_length,
+        )  # fmt: skip
         encoder.prompt(args.prompt_name)  # an unknown prompt name: refused before any compute
         options = EncodeOptions(
             args.batching, args.batch_size, args.max_sequences_per_pack, args.algorithm, args.device, args.dtype,

@@ -51,12 +51,11 @@ from common.cli import below_one, refuse
 from common.files import describe_os_error, output_over_inputs, write_json_atomic
 from data.classification_data import ExampleError, encode_labels, read_jsonl
 from data.tokenizer import DataInputError
-from door.folder import load_finetuned
+from door.opener import open_folder
 from inference.classify import InferenceOptions, classify_examples
 from inference.precision import device_problem
 from inference.predictions import score, write_predictions
 from inference.runner import Runner
-from model.families import max_tokens
 from model.hf_checkpoint import quiet_transformers
 from packing.errors import PackingInputError
 
@@ -95,7 +94,7 @@ def main(argv=None) -> int:
     except OSError as err:
         return refuse(describe_os_error(err))
     try:
-        folder = load_finetuned(args.model)
+        folder = open_folder(args.model)
         model, spec = folder.model, folder.spec
         if spec.task == "question_answering":
             return predict_answers(args, folder, summary_path)
@@ -140,7 +139,7 @@ def run_on_ray(args) -> int:
         )
         return 2
     try:
-        spec = load_finetuned(args.model).spec
+        spec = open_folder(args.model).spec
         if spec.task != "classification":
             raise ExampleError(
                 f"{args.model}: a {spec.task} folder; --ray runs sequence classification (run this one without --ray)"
@@ -160,7 +159,7 @@ def predict_tags(args, folder, summary_path: Path) -> int:
     from inference.token_task import entities, tokenize_for_tags
 
     examples = read_jsonl(args.input, folder.spec.fields.text, None, None, need_labels=False)
-    limit = min(max_tokens(folder.model.config), folder.spec.max_sequence_length)
+    limit = folder.max_length
     tagged = tokenize_for_tags(examples.texts, examples.where, folder.tokenizer, limit)
     lengths = np.array([len(t) for t in tagged.token_ids])
     width = int(lengths.max())

@@ -21,9 +21,9 @@ import numpy as np
 
 from common.cli import command_parser, refuse
 from common.files import atomic_folder, describe_os_error, write_json_atomic
-from packing.unpacked_hdf5 import write_unpacked_shard
 from packing.errors import PackingInputError
 from packing.sources import FIELDS, Limits, describe_problem, expand_inputs, open_source, validate_rows
+from packing.unpacked_hdf5 import write_unpacked_shard
 
 MLPERF_EVAL_SAMPLES = 10_000
 

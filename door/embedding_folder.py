@@ -10,12 +10,11 @@ from pathlib import Path
 
 from common.choices import INFERENCE_ATTENTION_BACKEND, check_pooling
 from data.classification_data import ExampleError
-from door.folder import check_config_values, check_vocabulary_fits, check_weights_file
+from door.folder import check_vocabulary_fits, open_packed_model
 from door.folder_spec import EmbeddingSpec, embedding_spec
 from door.loaded import LoadedModel
 from door.st_folder import describe_embedding_folder
-from model.families import UnsupportedFamily
-from model.opening import ModelOptions, NonFiniteWeights, open_model, packed_from_loaded
+from model.opening import ModelOptions, packed_from_loaded
 
 
 def load_tokenizer_of(folder: Path, config=None):
@@ -41,8 +40,6 @@ def load_encoder(
     ExampleError (one line) for a folder that cannot be read."""
     spec = describe_embedding_folder(folder, pooling)
     folder = spec.path
-    check_weights_file(folder)
-    check_config_values(folder, spec.model_config)
     # SDPA unless asked otherwise: a sentence-transformers folder names no backend, and SDPA
     # measured fastest here for every batching mode (docs/embeddings.md)
     options = ModelOptions(  # pooling has no weights: no head is needed from the file
@@ -50,19 +47,8 @@ def load_encoder(
         attention_backend=attention_backend or INFERENCE_ATTENTION_BACKEND,
         pooling=spec.embedding.pooling,
     )
-    try:
-        opened = open_model(folder, "embedding", options, spec.model_config or None)
-        model, positions = opened.model, opened.max_tokens
-    except UnsupportedFamily as err:
-        raise ExampleError(f"{folder / 'config.json'}: {err}") from None
-    except (OSError, ValueError, RuntimeError) as err:
-        if isinstance(err, ExampleError):
-            raise
-        if isinstance(err, NonFiniteWeights):  # names the weights file and the weight itself
-            raise ExampleError(str(err)) from None
-        raise ExampleError(
-            f"{folder}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
-        ) from None
+    opened = open_packed_model(folder, "embedding", options, spec.model_config or None)
+    model, positions = opened.model, opened.max_tokens
     tokenizer = load_tokenizer_of(folder, spec.model_config or None)
     check_vocabulary_fits(folder, tokenizer, model)
     length = max_length or min(spec.max_sequence_length or positions, positions)
@@ -70,7 +56,7 @@ def load_encoder(
         raise ExampleError(f"max length {length}: the model takes 3 to {positions} tokens per text")
     embedding = spec.embedding if normalize is None else replace(spec.embedding, normalize=normalize)
     spec = replace(spec, max_sequence_length=length, embedding=embedding)
-    return LoadedModel(spec, model.to(device).eval(), tokenizer)
+    return LoadedModel(spec, model.to(device).eval(), tokenizer, max_input_length=length)
 
 
 def encoder_from_sentence_transformer(st_model) -> LoadedModel:
@@ -97,7 +83,9 @@ def encoder_from_sentence_transformer(st_model) -> LoadedModel:
     )
     name = str(getattr(st_model, "model_card_data", None) and st_model.model_card_data.base_model or "")
     spec = embedding_spec(None, embedding, int(st_model.max_seq_length), name, source="SentenceTransformer")
-    return LoadedModel(spec, model, _backend_tokenizer(transformer.tokenizer))
+    return LoadedModel(
+        spec, model, _backend_tokenizer(transformer.tokenizer), max_input_length=int(st_model.max_seq_length)
+    )
 
 
 def _backend_tokenizer(hf_tokenizer):

@@ -17,6 +17,7 @@ from data.classification_data import ExampleError
 from data.tokenizer import load_tokenizer
 from door.folder_spec import describe_folder, read_json_object
 from door.loaded import LoadedModel
+from model.opening import ModelOptions
 
 
 def load_finetuned(folder: Path, attention_backend: str | None = None) -> LoadedModel:
@@ -24,49 +25,58 @@ def load_finetuned(folder: Path, attention_backend: str | None = None) -> Loaded
     or any folder transformers' `save_pretrained` wrote with a sequence-classification,
     token-classification or question-answering head (task from config.json's
     `architectures`, labels from `id2label`, multi-label from `problem_type`, tokenization
-    by the folder's tokenizer.json). attention_backend: BERT's kernel (default
-    INFERENCE_ATTENTION_BACKEND, whatever the folder was trained with: every backend computes
-    the same outputs). ExampleError (one line, naming the file and key) for a folder
-    that cannot be run."""
+    by the folder's tokenizer as transformers builds it). attention_backend: BERT's kernel
+    (default INFERENCE_ATTENTION_BACKEND, whatever the folder was trained with: every
+    backend computes the same outputs). ExampleError (one line, naming the file and key) for
+    a folder that cannot be run. Reached through door.opener.open_folder."""
     spec = describe_folder(folder)
     folder = spec.path
-    model = load_packed_model(
-        folder, spec.task, attention_backend or INFERENCE_ATTENTION_BACKEND, spec.model_config
-    )
+    opened = open_packed_model(
+        folder, spec.task, ModelOptions(attention_backend=attention_backend or INFERENCE_ATTENTION_BACKEND),
+        spec.model_config,
+    )  # fmt: skip
+    model = opened.model
+    # New text may be longer than anything seen in training: a finetune.train folder takes it
+    # up to the model's positions; any other folder up to its tokenizer's model_max_length too.
+    limit = opened.max_tokens if spec.length_cap is None else min(opened.max_tokens, spec.length_cap)
     if spec.tokenizer == "vocab.txt":
         # finetune.train's own folders: the WordPiece it trained with, exactly
         tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
         check_vocabulary_fits(folder, tokenizer, model)
-        return LoadedModel(spec, model, tokenizer, vocab)
+        return LoadedModel(spec, model, tokenizer, vocab, max_input_length=limit)
     # Any other folder: the tokenizer transformers builds from whatever files it has (a
     # vocab.txt-only folder keeps tokenizer_config.json's do_lower_case, cased or not).
-    opened = open_tokenizer(folder, spec.model_config)
-    check_vocabulary_fits(folder, opened.tokenizer, model)
-    return LoadedModel(spec, model, opened.tokenizer, None, opened.token_types)
+    opened_tokenizer = open_tokenizer(folder, spec.model_config)
+    check_vocabulary_fits(folder, opened_tokenizer.tokenizer, model)
+    return LoadedModel(
+        spec, model, opened_tokenizer.tokenizer, None, opened_tokenizer.token_types, max_input_length=limit
+    )
 
 
-def load_packed_model(folder: Path, task: str, attention_backend: str | None = None, config=None):
-    """The packed model of a folder for `task` ("classification" | "token_classification" |
-    "question_answering"), through the one door (model.opening.open_model), loaded strictly
-    (its head must be in the file). attention_backend: BERT's (every backend computes the
-    same outputs). ExampleError (one line) for weights that are a pickle, a model_type the
-    door does not hold, or a folder that cannot be loaded. config: config.json as the caller
-    read it (FolderSpec.model_config; None: read here)."""
+def open_packed_model(folder: Path, task: str, options: ModelOptions, config, label: str | None = None):
+    """model.opening.open_model for every door, with the one wrap of its failures: the weights
+    file checked first (safetensors, never a pickle), config.json's sizes, then one
+    ExampleError line for a model_type the table does not hold, weights that are not finite,
+    or a folder that cannot be loaded. config: config.json as read (read here if None);
+    label: how the line names the folder (default: the folder; fine-tuning names its key,
+    "model.init_checkpoint ..."). -> model.opening.OpenedModel."""
     from model.families import UnsupportedFamily
-    from model.opening import ModelOptions, NonFiniteWeights, open_model
+    from model.opening import NonFiniteWeights, open_model
 
     check_weights_file(folder)
     config = config or read_json_object(folder / "config.json")  # one line naming the file if unreadable
     check_config_values(folder, config)
     try:
-        return open_model(folder, task, ModelOptions(attention_backend=attention_backend), config).model
+        return open_model(folder, task, options, config)
     except UnsupportedFamily as err:
-        raise ExampleError(f"{folder / 'config.json'}: {err}") from None
+        raise ExampleError(f"{label or folder / 'config.json'}: {err}") from None
     except NonFiniteWeights as err:  # names the weights file and the weight itself
         raise ExampleError(str(err)) from None
+    except ExampleError:
+        raise
     except (OSError, ValueError, RuntimeError) as err:
         reason = first_line(err).removeprefix(f"{folder}: ")  # our own checks name the folder already
-        raise ExampleError(f"{folder}: the model cannot be loaded ({reason[:400]})") from None
+        raise ExampleError(f"{label or folder}: the model cannot be loaded ({reason[:400]})") from None
 
 
 @dataclass(frozen=True)

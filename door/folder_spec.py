@@ -64,7 +64,10 @@ class FolderSpec:
     config: the run config a finetune.json keeps ({} otherwise); embedding: how texts become
     vectors (task embedding only); name: the model's name in responses (the folder's);
     model_config: config.json as read once here ({} where the folder has none), handed to
-    the loader (model.opening.open_model) so that nothing reads it again."""
+    the loader (model.opening.open_model) so that nothing reads it again; length_cap: the
+    folder's own limit on a text's tokens beyond the model's positions (a transformers
+    folder's tokenizer model_max_length; None for finetune.train's folders, which take new
+    text up to the positions: door.folder computes LoadedModel.max_input_length from it)."""
 
     path: Path | None
     source: str
@@ -82,6 +85,7 @@ class FolderSpec:
     embedding: EmbeddingSpec | None = None
     name: str = ""
     model_config: Mapping = field(default_factory=dict)
+    length_cap: int | None = None
 
 
 def describe_folder(path) -> FolderSpec:
@@ -112,6 +116,7 @@ def describe_folder(path) -> FolderSpec:
         config=info.get("config") or {},
         name=folder.name,
         model_config=model_config,
+        length_cap=info.get("length_cap"),
     )
 
 
@@ -309,6 +314,7 @@ def describe_hub_folder(folder: Path, config: dict) -> dict:
         "fields": dict(JSONL_FIELDS),
         "source": "config.json",
         "model_type": model_type,
+        "length_cap": length,  # the tokenizer's model_max_length, capped by the positions
     }
     if task == "question_answering":
         window = min(PIPELINE_QA_WINDOW, length)

@@ -55,6 +55,7 @@ class LoadedModel:
     tokenizer: object
     vocab: dict | None = None
     token_types: bool = True
+    max_input_length: int = 0  # tokens per text a run takes (specials included); set by the door, read after it
     stats: dict = field(default_factory=lambda: {"texts": 0, "tokens": 0, "slots": 0, "truncated": 0})
     _runners: dict = field(default_factory=dict, repr=False)  # (device, dtype) -> Runner (inference.runner.runner_of)
     _cutters: dict = field(default_factory=dict, repr=False)  # direction -> truncating tokenizer
@@ -66,8 +67,10 @@ class LoadedModel:
 
     @property
     def max_length(self) -> int:
-        """Tokens per text, the tokenizer's specials included."""
-        return self.spec.max_sequence_length
+        """Tokens per text a run takes, the tokenizer's specials included: computed once by
+        the door (the positions, the tokenizer's model_max_length, an embedding model's
+        max_seq_length) and never after it."""
+        return self.max_input_length
 
     @property
     def normalize(self) -> bool:

@@ -2,9 +2,9 @@
 fine-tuning, from a checkpoint opened through the door, validated through inference/.
 
     train          `python -m finetune.train` / `packed train`: the run as named steps over a typed state
-    parser, config the command line and the YAML schema
+    config         the YAML schema and the command line (train_parser, standard library and YAML only)
     jobs           data.task -> its Job (job_contract): classification here, QA (qa_task), SFT (causal_lm_task)
-    run_folder, run_state, checkpoint   the output folder, resume's checks, exact --resume
+    run_folder, checkpoint   the output folder, resume's checks, the run's typed state (RunState), exact --resume
     folder_writer  the fine-tuned folder written (read back by door/)
     report         `python -m finetune.report`: runs side by side
     errors         FinetuneError, Diverged

@@ -231,28 +231,26 @@ def write_losses(path: Path, loss_sums: np.ndarray, counts: np.ndarray) -> None:
         tmp.write_text("".join(line + "\n" for line in lines))
 
 
-def causal_lm_job(config: dict):
+def causal_lm_job(config: dict, checkpoint_config: dict | None = None):
     """The Job (finetune.jobs) of a causal-LM run: examples read and split, tokenized with the
-    checkpoint's tokenizer, the decoder's packed causal LM opened for training."""
-    from transformers import AutoTokenizer
-
-    from model.families import UnsupportedFamily
-    from model.opening import ModelOptions, open_model
+    checkpoint's tokenizer, the decoder's packed causal LM opened for training.
+    checkpoint_config: the checkpoint's config.json as read (None: read here), handed to the
+    tokenizer and the door so that nothing reads it again."""
+    from door.folder import auto_tokenizer, check_vocabulary_size
+    from door.folder_spec import read_json_object
+    from door.opener import open_folder
+    from model.opening import ModelOptions
 
     data, model_cfg = config["data"], config["model"]
     checkpoint = resolve_asset(model_cfg["init_checkpoint"])
+    model_config = checkpoint_config or read_json_object(Path(checkpoint) / "config.json")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=False)
+        tokenizer = auto_tokenizer(Path(checkpoint), model_config)
     except (OSError, ValueError) as err:
         raise FinetuneError(
             f"model.init_checkpoint {checkpoint}: no tokenizer transformers can load ({err})"
         ) from None
-    from door.folder import check_vocabulary_size
-    from door.folder_spec import read_json_object
-
-    # config.json read once, here, and handed to the door: the tokenizer must fit the
-    # embedding table before any example is read or packed
-    model_config = read_json_object(Path(checkpoint) / "config.json")
+    # the tokenizer must fit the embedding table before any example is read or packed
     check_vocabulary_size(Path(checkpoint), model_config.get("vocab_size"), len(tokenizer))
     examples = read_prompt_completions(
         resolve_asset(data["train_file"]), data["prompt_field"], data["completion_field"]
@@ -285,17 +283,13 @@ def causal_lm_job(config: dict):
         new_head=False,  # the LM head is the checkpoint's (tied or its own): a missing one is an error
         dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]},
     )
-    try:
-        opened = open_model(checkpoint, "causal_lm", options, model_config)
-    except UnsupportedFamily as err:
-        raise FinetuneError(f"model.init_checkpoint {checkpoint}: {err}") from None
-    except (OSError, ValueError, RuntimeError) as err:
+    opened = open_folder(
+        checkpoint, task="causal_lm", model_options=options, config=model_config,
+        label=f"model.init_checkpoint {checkpoint}",
+    )  # fmt: skip
+    if int(max(train.lengths.max(), validation.lengths.max())) > opened.max_length:
         raise FinetuneError(
-            f"model.init_checkpoint {checkpoint}: cannot be loaded ({first_line(err)[:300]})"
-        ) from None
-    if int(max(train.lengths.max(), validation.lengths.max())) > opened.max_tokens:
-        raise FinetuneError(
-            f"data.max_sequence_length: examples exceed the checkpoint's {opened.max_tokens} positions"
+            f"data.max_sequence_length: examples exceed the checkpoint's {opened.max_length} positions"
         )
 
     def evaluate(model, batcher):

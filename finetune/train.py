@@ -17,7 +17,7 @@ Causal LM (data.task: causal_lm, finetune.causal_lm_task): prompt/completion JSO
 
 Where things live: finetune.jobs (each task's data, model, evaluation and save: `JOBS`),
 finetune.run_folder (the output folder, --overwrite, --resume's checks, the final save),
-finetune.run_state (`RunState`: a checkpoint's progress), finetune.checkpoint (its files).
+finetune.run_folder (`RunState`: a checkpoint's progress), finetune.checkpoint (its files).
 This module: the optimizer, the step, and the run as named steps (start_run, train_epoch,
 validate_epoch, finish_run).
 
@@ -34,7 +34,7 @@ import sys
 
 if __name__ == "__main__":  # option and path mistakes answered before torch is imported
     from common.preflight import exit_on_path_mistakes
-    from finetune.parser import train_parser
+    from finetune.config import train_parser
 
     train_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
 
@@ -56,20 +56,20 @@ from common.config_schema import ConfigError
 from common.files import describe_os_error, write_json_atomic
 from data.classification_data import ExampleError
 from data.tokenizer import DataInputError
-from finetune.config import load_finetune_config
+from finetune.config import load_finetune_config, train_parser
 from finetune.errors import Diverged, FinetuneError, Interrupted
 from finetune.job_contract import Job, classification_sums, resolve_asset
 from finetune.jobs import JOBS, prepare_task, read_examples
-from finetune.parser import train_parser
 from finetune.run_folder import (
+    RunState,
     check_output,
     check_positions,
     clear_run,
     input_digest,
     resume_differences,
     save_final,
+    zero_sums,
 )
-from finetune.run_state import RunState, zero_sums
 from inference.batching import Batcher, BatchingSpec
 from inference.predictions import to_device
 from model.hf_checkpoint import quiet_transformers
@@ -171,7 +171,7 @@ def run_finetune(
 def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -> Run:
     """Check the output folder and the config against a checkpoint, build the task's job, the
     batchers and the optimizer, and restore the checkpoint's state (--resume)."""
-    check_positions(config)  # before anything is read, packed or (--overwrite) removed
+    checkpoint_config = check_positions(config)  # before anything is read, packed or (--overwrite) removed
     if overwrite and not resume:
         clear_run(output)
     progress = check_output(output, resume)
@@ -187,7 +187,7 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
         from common.cli import no_gpu
 
         raise FinetuneError(no_gpu("training.device cuda", torch.__version__, torch.version.cuda is not None))
-    job = JOBS[config["data"]["task"]](config)
+    job = JOBS[config["data"]["task"]](config, checkpoint_config)  # config.json read once, handed on
     output.mkdir(parents=True, exist_ok=True)
     model = job.model.to(training["device"])
     seed, batching = config["batching"]["shuffle_seed"], config["batching"]

@@ -64,16 +64,18 @@ def packed_pipeline(
         raise ValueError(problem)
     from transformers import AutoTokenizer
 
-    from door.folder import load_finetuned
+    from door.opener import open_folder
 
+    input_limit = None
     if isinstance(model, str | Path):  # opened as predict and the server open it (LoadedModel)
-        loaded = load_finetuned(Path(model))
+        loaded = open_folder(Path(model))
         wanted = {"text-classification": "classification", "question-answering": "question_answering",
                   "token-classification": "token_classification"}[task]  # fmt: skip
         if loaded.spec.task != wanted:
             raise ValueError(f"{model}: a {loaded.spec.task} model; task {task!r} needs a {wanted} model")
         model = loaded.model
         tokenizer = tokenizer or loaded.hf_tokenizer()
+        input_limit = loaded.max_length  # the door's limit (QA's windows stay max_length or 384)
     if tokenizer is None:
         raise ValueError("tokenizer: give a tokenizer (or a folder) when model is not a folder")
     if isinstance(tokenizer, str | Path):
@@ -84,7 +86,7 @@ def packed_pipeline(
         batch_size,
         max_sequences_per_pack,
         algorithm,
-        max_length,
+        max_length or input_limit,
         ("start_logits", "end_logits") if task == "question-answering" else ("logits",),
     )
     if task == "text-classification":
@@ -114,6 +116,7 @@ class _Runner:
     def __init__(self, runner: Runner, tokenizer, batch_size, max_per_pack, algorithm, max_length, outputs):
         self.runner, self.model, self.tokenizer, self.outputs = runner, runner.model, tokenizer, outputs
         self.batch_size, self.max_per_pack, self.algorithm = batch_size, max_per_pack, algorithm
+        # a model object handed in (no folder, so no door): the limit of its position table
         self.max_length = max_length or max_tokens(self.model.config)
 
     def run(self, token_ids: list, segment_ids: list) -> list:
@@ -165,8 +168,8 @@ class _Runner:
     def answer(self, inputs, options):
         from data.qa_data import QaExamples
         from data.qa_windows import make_windows
-        from inference.question_answering import offsets_table
         from inference.qa_answers import AnswerSettings, best_answers
+        from inference.question_answering import offsets_table
 
         items = [inputs] if isinstance(inputs, dict) else list(inputs)
         if not items:

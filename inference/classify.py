@@ -14,7 +14,6 @@ from data.classification_data import ExampleError
 from inference.batching import Batcher, BatchingSpec, width_groups
 from inference.predictions import predict_logits
 from inference.runner import Runner
-from model.families import max_tokens
 
 
 @dataclass(frozen=True)
@@ -54,14 +53,11 @@ def classify_examples(folder, runner: Runner, examples, labels, options: Inferen
     -> (logits float32 [n, C], timing, the TokenizedExamples run).
     ExampleError (one line) where --pack-length is shorter than the longest input."""
     spec = folder.spec
-    # New text may be longer than anything seen in training: take it up to the model's
-    # own maximum (its position embeddings; a transformers folder: its tokenizer's
-    # model_max_length), truncating beyond (counted in the report), and widen rows and
-    # packs to the longest input rather than refuse the file.
-    limit = max_tokens(folder.model.config)  # RoBERTa-style tables hold pad + 1 fewer
-    if spec.source == "config.json":
-        limit = min(limit, spec.max_sequence_length)
-    data = folder.tokenize(examples, labels, limit, "truncate")
+    # New text may be longer than anything seen in training: take it up to the folder's
+    # limit (LoadedModel.max_length, the door's: the positions; a transformers folder: its
+    # tokenizer's model_max_length too), truncating beyond (counted in the report), and widen
+    # rows and packs to the longest input rather than refuse the file.
+    data = folder.tokenize(examples, labels, folder.max_length, "truncate")
     longest = int(data.lengths.max())
     if options.pack_length is not None and options.pack_length < longest:
         raise ExampleError(

@@ -46,7 +46,6 @@ from packing.pipeline_tasks import (
     _write_shard,
 )
 from packing.pipeline_work import WORK, PackJob, job_fingerprint, prepare_output, save_npy
-from packing.plan import MaxPerPack
 from packing.shards import METADATA
 from packing.sources import (
     Limits,

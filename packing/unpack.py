@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from common.files import atomic_path
-from packing.unpacked_hdf5 import create_unpacked_datasets
 from packing.errors import PackingInputError
 from packing.shards import PackedDataset, extract
+from packing.unpacked_hdf5 import create_unpacked_datasets
 
 
 def unpacked_name(record: dict, index: int, taken: set) -> str:

@@ -94,11 +94,14 @@ class PackedEmbedder:
     ):  # fmt: skip
         import torch
 
-        from inference.embedding import EncodeOptions, load_encoder
+        from door.opener import open_folder
+        from inference.embedding import EncodeOptions
 
         if threads:
             torch.set_num_threads(threads)
-        self.encoder = load_encoder(Path(model), pooling, normalize, max_length, "cpu", None)
+        self.encoder = open_folder(
+            Path(model), pooling, task="embedding", normalize=normalize, max_length=max_length
+        )
         self.encoder.prompt(prompt_name)  # an unknown prompt name: refused at construction
         self.text_column, self.output_column = text_column, output_column
         self.options = EncodeOptions(batching, batch_size, max_sequences_per_pack, algorithm, "cpu", dtype,
@@ -134,13 +137,13 @@ class PackedPredictor:
     ):  # fmt: skip
         import torch
 
-        from door.folder import load_finetuned
+        from door.opener import open_folder
         from inference.classify import InferenceOptions
         from inference.runner import Runner
 
         if threads:
             torch.set_num_threads(threads)
-        self.folder = load_finetuned(Path(model))
+        self.folder = open_folder(Path(model))
         spec = self.folder.spec
         if spec.task != "classification":
             raise ExampleError(

@@ -29,7 +29,6 @@ from door.opener import open_folder
 from inference.embedding import l2_normalize
 from inference.predictions import class_scores
 from inference.runner import Runner, per_sequence, per_sequence_tokens, runner_of
-from model.families import max_tokens
 from serving.api import Request, RequestError
 
 
@@ -68,11 +67,12 @@ class _Engine:
 
     task: str
 
-    def __init__(self, runner: Runner, max_sequence_length: int, name: str = ""):
-        # max_sequence_length: the length the folder's texts were made for (the padded policy's width)
+    def __init__(self, runner: Runner, loaded: LoadedModel, name: str = ""):
+        # max_sequence_length: the length the folder's texts were made for (the padded policy's
+        # width); max_length: the most a text may have, as the door computed it (LoadedModel)
         self.runner, self.model = runner, runner.model
-        self.max_sequence_length, self.name = max_sequence_length, name
-        self.max_length = max_tokens(self.model.config)  # RoBERTa-style tables hold pad + 1 fewer
+        self.max_sequence_length, self.name = loaded.spec.max_sequence_length, name
+        self.max_length = loaded.max_length
 
     def cold_tokens_per_second(self) -> float:
         """A conservative first estimate of the forward's speed, for admission before any
@@ -93,12 +93,10 @@ class ClassificationEngine(_Engine):
     task = "classification"
 
     def __init__(self, runner: Runner, folder):
-        super().__init__(runner, folder.spec.max_sequence_length)
+        super().__init__(runner, folder)
         self.folder = folder
         self.labels = list(folder.spec.labels)
         self.multi_label = folder.spec.multi_label
-        if folder.spec.source == "config.json":
-            self.max_length = min(self.max_length, folder.spec.max_sequence_length)
 
     def prepare(self, request: Request) -> Prepared:
         """/predict's [(text, pair or None)] or /rerank's (query, text) pairs -> token ids
@@ -181,7 +179,7 @@ class QaEngine(_Engine):
         from inference.question_answering import answer_settings
 
         spec = folder.spec
-        super().__init__(runner, spec.max_sequence_length)
+        super().__init__(runner, folder)
         self.tokenizer = folder.hf_tokenizer()
         self.window = spec.max_sequence_length
         self.doc_stride = int(spec.qa["doc_stride"])
@@ -223,8 +221,8 @@ class QaEngine(_Engine):
 
     def answer(self, prepared: Prepared, outputs: list) -> list[dict]:
         """Per question: the transformers pipeline's {"score", "start", "end", "answer"}."""
-        from inference.question_answering import offsets_table
         from inference.qa_answers import best_answers
+        from inference.question_answering import offsets_table
 
         examples, windows = prepared.context
         width = max(len(s) for s, _ in outputs)
@@ -254,10 +252,9 @@ class TokenEngine(_Engine):
     task = "token_classification"
 
     def __init__(self, runner: Runner, folder):
-        super().__init__(runner, folder.spec.max_sequence_length)
+        super().__init__(runner, folder)
         self.folder = folder
         self.labels = list(folder.spec.labels)
-        self.max_length = min(self.max_length, folder.spec.max_sequence_length)
 
     def prepare(self, request: Request) -> Prepared:
         from inference.token_task import tokenize_for_tags
@@ -293,9 +290,8 @@ class EmbeddingEngine(_Engine):
     task = "embedding"
 
     def __init__(self, runner: Runner, encoder: LoadedModel):
-        super().__init__(runner, encoder.max_length, encoder.name)
+        super().__init__(runner, encoder, encoder.name)
         self.encoder = encoder
-        self.max_length = encoder.max_length
         self.dimension = encoder.dimension
 
     def prepare(self, request: Request) -> Prepared:

@@ -116,8 +116,8 @@ def test_fine_tuning_may_start_a_new_head_but_never_a_random_encoder(classifier,
 def test_a_cased_vocab_txt_folder_is_tokenized_as_transformers_does(tmp_path):
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from door.folder import load_finetuned
     from door.embedding_folder import load_tokenizer_of
+    from door.folder import load_finetuned
 
     folder = tmp_path / "cased"
     folder.mkdir()

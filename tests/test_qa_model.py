@@ -11,8 +11,8 @@ from data import assets
 from data.qa_data import QaExamples
 from data.qa_windows import fast_tokenizer, make_windows
 from data.tokenizer import load_tokenizer
-from inference.question_answering import predict_spans
 from inference.batching import BATCHING_MODES, Batcher, BatchingSpec, collate
+from inference.question_answering import predict_spans
 from inference.rows import pack_rows, unpack_token_outputs
 from model.question_answering import PackedBertForQuestionAnswering, span_metrics
 from packing.tokenized import pack_examples

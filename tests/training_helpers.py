@@ -13,8 +13,8 @@ import yaml
 from safetensors.torch import load_file
 
 from data.synthetic import synthetic_rows
-from packing.unpacked_hdf5 import write_unpacked_shard
 from packing.pipeline import PackJob, run_pack
+from packing.unpacked_hdf5 import write_unpacked_shard
 
 from .conftest import REPO
 

@@ -32,8 +32,8 @@ import time
 
 import torch
 
-from optim import poptorch_lamb_kwargs, weight_decay_groups
 import training.backends.ipu_plan as ipu_plan
+from optim import poptorch_lamb_kwargs, weight_decay_groups
 from training.backends.engine import Snapshot
 from training.backends.ipu_plan import IpuPlan, make_plan
 from training.backends.ipu_step import PretrainingStep, adapt_for_ipu, step_inputs
