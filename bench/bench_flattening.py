@@ -49,7 +49,7 @@ def main() -> int:
     from transformers import BertForSequenceClassification, DataCollatorWithFlattening
 
     from hf_integration.trainer import PackedDataCollator, pack_dataset, unpack_predictions
-    from model.classification import PackedBertForSequenceClassification
+    from model.bert_heads import PackedBertForSequenceClassification
 
     task = prepare_task(load_finetune_config(CONFIG, ["training.progress=false"]))
     n = min(args.examples, len(task.validation.token_ids))

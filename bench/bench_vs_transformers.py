@@ -100,7 +100,7 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
     eval_batch_size = config["batching"]["eval_batch_size"]
     if recipe == "trainer_packed":
         from hf_integration.trainer import PackedDataCollator, pack_dataset
-        from model.classification import PackedBertForSequenceClassification
+        from model.bert_heads import PackedBertForSequenceClassification
 
         batching = config["batching"]
         width = batching["pack_length"] or config["data"]["max_sequence_length"]

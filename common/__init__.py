@@ -1,2 +1,4 @@
-"""The bottom of the project: helpers every package may use, importing no other project
-package and no torch (atomic file writes, sha256, the config-schema machinery, constants)."""
+"""The bottom of the house: helpers every room may use (atomic file writes, sha256, the
+config-schema machinery, the names options choose from, the commands' one-line errors).
+Never imports another project package, torch or numpy.
+"""

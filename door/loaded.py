@@ -55,9 +55,13 @@ class LoadedModel:
     tokenizer: object
     vocab: dict | None = None
     token_types: bool = True
-    max_input_length: int = 0  # tokens per text a run takes (specials included); set by the door, read after it
+    max_input_length: int = (
+        0  # tokens per text a run takes (specials included); set by the door, read after it
+    )
     stats: dict = field(default_factory=lambda: {"texts": 0, "tokens": 0, "slots": 0, "truncated": 0})
-    _runners: dict = field(default_factory=dict, repr=False)  # (device, dtype) -> Runner (inference.runner.runner_of)
+    _runners: dict = field(
+        default_factory=dict, repr=False
+    )  # (device, dtype) -> Runner (inference.runner.runner_of)
     _cutters: dict = field(default_factory=dict, repr=False)  # direction -> truncating tokenizer
 
     # -- what the spec says, by the names the inference code reads --------------------------

@@ -47,7 +47,9 @@ def open_folder(
     config.json as the caller read it, label how an error line names it."""
     folder = Path(folder)
     embedding = task == "embedding" or (
-        task is None and not (folder / FINETUNE_INFO).is_file() and ((folder / "modules.json").is_file() or pooling)
+        task is None
+        and not (folder / FINETUNE_INFO).is_file()
+        and ((folder / "modules.json").is_file() or pooling)
     )
     if embedding:
         return load_encoder(folder, pooling, normalize, max_length, device, attention_backend)

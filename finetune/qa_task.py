@@ -89,5 +89,3 @@ def build_qa_model(config: dict, checkpoint: str, checkpoint_config: dict | None
         checkpoint, task="question_answering", model_options=options, config=checkpoint_config,
         label=f"model.init_checkpoint {checkpoint}",
     ).model  # fmt: skip
-
-

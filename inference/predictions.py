@@ -15,7 +15,7 @@ from common.files import atomic_path
 from data.classification_data import ExampleError
 from inference.batching import Batcher
 from inference.runner import Runner, per_sequence
-from model.classifier_head import classification_metrics
+from model.task_heads import classification_metrics
 
 
 def predict_logits(

@@ -1,8 +1,12 @@
-"""Packed BERT (PyTorch). Never imports poptorch; reads no files but checkpoints."""
+"""Packed transformer models (PyTorch): this project's packed BERT on every attention backend,
+the other encoder families and the decoders on transformers' own modules with packed
+attention, the heads, losses, and the one builder of a packed model from a folder
+(model.opening.open_model, which door/ alone calls). Never imports poptorch, packing/,
+data/ or any room above it; reads no files but checkpoints.
+"""
 
-from model.config import ATTENTION_BACKENDS, PRESETS, bert_config
+from model.config import ATTENTION_BACKENDS, PRESETS, bert_config, stage_layer_ranges
 from model.pretraining import PackedBertForPreTraining
-from model.stages import stage_layer_ranges
 
 __all__ = [
     "ATTENTION_BACKENDS",

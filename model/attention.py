@@ -22,8 +22,8 @@ import math
 import torch
 from torch import nn
 
-from model.dropout import attention as sdpa_attention
-from model.dropout import dropout as dropout_
+from model.layers import attention as sdpa_attention
+from model.layers import dropout as dropout_
 from model.varlen import allowed_pairs, flash_available, varlen_attention, varlen_layout
 
 

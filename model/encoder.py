@@ -7,9 +7,8 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from model.activations import activation
 from model.attention import PackedSelfAttention, build_mask, rows_mask
-from model.dropout import Dropout
+from model.layers import Dropout, activation
 
 
 class Embeddings(nn.Module):

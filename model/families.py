@@ -342,4 +342,3 @@ def tokenizer_hands_token_types(folder, default: bool = False, config=None) -> b
         return "token_type_ids" in AutoTokenizer.from_pretrained(folder, **given).model_input_names
     except Exception:  # noqa: BLE001 - no tokenizer files, or one transformers cannot build
         return default
-

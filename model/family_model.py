@@ -13,7 +13,6 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from model.classifier_head import classification_outputs
 from model.embedding import check_pooling, pool_slots
 from model.families import (
     DROPOUT_KEYS,
@@ -31,8 +30,7 @@ from model.families import (
 from model.hf_checkpoint import load_checked
 from model.outputs import PackedOutput
 from model.packed_rows import TRAINER_IGNORED_OUTPUTS, SlotRows
-from model.span_head import span_outputs
-from model.token_head import token_outputs
+from model.task_heads import classification_outputs, span_outputs, token_outputs
 
 
 class PackedFamilyModel(PreTrainedModel):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.activations import activation
+from model.layers import activation
 
 
 class _Transform(nn.Module):

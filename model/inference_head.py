@@ -17,11 +17,9 @@ from pathlib import Path
 from torch import nn
 from transformers import BertConfig
 
-from model.classifier_head import SequenceClassifierHead
 from model.hf_checkpoint import load_weights
 from model.packed_rows import PackedRows
-from model.span_head import SpanHead
-from model.token_head import TokenClassifierHead
+from model.task_heads import SequenceClassifierHead, SpanHead, TokenClassifierHead
 
 
 class InferenceHead(PackedRows, nn.Module):

@@ -5,7 +5,7 @@
     opened.max_tokens    # tokens per sequence its position table holds
 
 Which stack runs a folder is decided here and nowhere else: BERT on this project's own
-packed BERT heads (model/classification.py, ...: every attention backend, IPU-ready),
+packed BERT heads (model/bert_heads.py, ...: every attention backend, IPU-ready),
 every other encoder family on transformers' own modules with packed attention
 (model/families.py `PackedFamilyModel`). finetune/ and serving/ ask for a task; they never
 compare a `model_type`. A type the table does not hold is one UnsupportedFamily line naming
@@ -71,9 +71,9 @@ class OpenedModel:
 # is opened: the trainable heads are transformers PreTrainedModels (model/packed_head.py),
 # whose import costs seconds; the embedding model is a plain torch module.
 BERT_HEADS: dict[str, tuple[str, str]] = {
-    "classification": ("model.classification", "PackedBertForSequenceClassification"),
-    "token_classification": ("model.token_classification", "PackedBertForTokenClassification"),
-    "question_answering": ("model.question_answering", "PackedBertForQuestionAnswering"),
+    "classification": ("model.bert_heads", "PackedBertForSequenceClassification"),
+    "token_classification": ("model.bert_heads", "PackedBertForTokenClassification"),
+    "question_answering": ("model.bert_heads", "PackedBertForQuestionAnswering"),
     "embedding": ("model.embedding", "PackedBertForEmbedding"),
 }
 # Opened for inference (no new head): the same layers as a plain torch module

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from model.dropout import attention as sdpa_attention
+from model.layers import attention as sdpa_attention
 
 # Packs up to this many tokens attend with one block-diagonal SDPA call when the flash
 # kernel does not run (see above); longer ones through length buckets.

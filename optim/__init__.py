@@ -1,4 +1,6 @@
-"""Optimizers and hyperparameter logic. Knows nothing of the model's class."""
+"""Optimizers and hyperparameter logic (LAMB, schedules, packing-aware adjustment). Never
+knows the model's class; never imports model/ or any room above it.
+"""
 
 from optim.lamb import Lamb
 from optim.packing_adjustment import (

@@ -1,4 +1,6 @@
-"""Histogram sequence packing for BERT pretraining. Pure numpy/scipy: never imports torch.
+"""Sequence packing for transformers: histograms, the packing algorithms (NNLSHP, SPFHP, LPFHP,
+LP at the LP bound), plans and their exactly-once assignment, packed and unpacked shards,
+verification. Pure numpy/scipy: never imports torch, model/ or any room above it.
 
 from packing import Histogram, pack
 plan = pack(Histogram.from_json_file("wikipedia_512.json"), "lp", 3)

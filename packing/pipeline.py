@@ -29,7 +29,6 @@ from tqdm import tqdm
 from common.constants import BERT_VOCAB_SIZE
 from common.files import FolderInUse, atomic_path, lock_folder, write_json_atomic
 from packing.algorithms import pack
-from packing.assign import assign_sequences
 from packing.errors import PackingInputError
 from packing.format import FORMAT_NAME, FORMAT_VERSION, field_dtypes
 from packing.histogram import Histogram
@@ -46,6 +45,7 @@ from packing.pipeline_tasks import (
     _write_shard,
 )
 from packing.pipeline_work import WORK, PackJob, job_fingerprint, prepare_output, save_npy
+from packing.plan import assign_sequences
 from packing.shards import METADATA
 from packing.sources import (
     Limits,

@@ -17,9 +17,9 @@ from __future__ import annotations
 import numpy as np
 
 from packing.algorithms import pack
-from packing.assign import assign_sequences
 from packing.errors import PackingBugError, PackingInputError
 from packing.histogram import Histogram
+from packing.plan import assign_sequences
 
 # The depths a default K is chosen from (fitting_depth): a few, so that the rows' [packs, K]
 # fields take few shapes.

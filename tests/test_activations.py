@@ -1,4 +1,4 @@
-"""model.activations computes what transformers' activation of the same name computes, bit
+"""model.layers computes what transformers' activation of the same name computes, bit
 for bit, without importing transformers.activations (whose import brings torch._dynamo and
 torch.distributed.tensor into every command's start-up)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.activations import FUNCTIONS, activation
+from model.layers import FUNCTIONS, activation
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))

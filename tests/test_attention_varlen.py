@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import model.varlen
 from model.attention import PackedSelfAttention, build_mask
-from model.classification import PackedBertForSequenceClassification
+from model.bert_heads import PackedBertForSequenceClassification
 from model.config import bert_config
 from model.varlen import varlen_layout
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from data.synthetic import synthetic_rows, write_synthetic_shards
 from packing import pipeline
 from packing.algorithms import pack
-from packing.assign import assign_sequences
 from packing.cli import main as packing_main
 from packing.histogram import Histogram
+from packing.plan import assign_sequences
 from packing.shards import PackedDataset
 from packing.unpacked_hdf5 import write_unpacked_shard
 

@@ -189,7 +189,10 @@ def test_command_writes_rows_in_line_order(st_model, texts, tmp_path, capsys):
     "lines,message",
     [
         (['{"text": "fine"}', "", '{"text": "after"}'], ":2: blank line"),
-        (['{"text": "fine"}', '{"txt": "no field"}'], ":2: field 'text' is missing (the line's fields: 'txt')"),
+        (
+            ['{"text": "fine"}', '{"txt": "no field"}'],
+            ":2: field 'text' is missing (the line's fields: 'txt')",
+        ),
         (
             ['{"text": "fine"}', '{"text": "\\ud800x"}'],
             ":2: field 'text': not valid Unicode (a lone surrogate U+D800",

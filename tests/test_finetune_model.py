@@ -9,7 +9,7 @@ from data.classification_data import TokenizedExamples
 from inference.batching import BATCHING_MODES, Batcher, BatchingSpec
 from inference.predictions import predict_logits
 from inference.rows import pack_rows, unpack_outputs
-from model.classification import PackedBertForSequenceClassification, classification_metrics
+from model.bert_heads import PackedBertForSequenceClassification, classification_metrics
 from packing.tokenized import pack_examples
 
 VOCAB = 97

@@ -34,9 +34,11 @@ from hf_integration.trainer import (
     unpack_predictions,
 )
 from inference.rows import pack_rows
-from model.classification import PackedBertForSequenceClassification
-from model.question_answering import PackedBertForQuestionAnswering
-from model.token_classification import PackedBertForTokenClassification
+from model.bert_heads import (
+    PackedBertForQuestionAnswering,
+    PackedBertForSequenceClassification,
+    PackedBertForTokenClassification,
+)
 from packing.tokenized import pack_examples
 
 from .test_model_equivalence import BACKENDS

@@ -98,7 +98,7 @@ def test_predict_refuses_a_roberta_config_over_bert_weights_in_one_line(classifi
 def test_fine_tuning_may_start_a_new_head_but_never_a_random_encoder(classifier, tmp_path):
     """finetune.train's loading (new_head=True): a bare encoder gets its classifier; weights of
     another family (or fewer layers) are refused, not fine-tuned from random."""
-    from model.classification import PackedBertForSequenceClassification
+    from model.bert_heads import PackedBertForSequenceClassification
     from model.family_model import PackedFamilyModel
 
     bare = variant(classifier, tmp_path / "bare", drop_weights=("classifier.",))

@@ -575,7 +575,7 @@ def test_finetune_json_of_wrong_types_and_truncated_weights_are_one_line(tmp_pat
     """#14: finetune.json 'fields' as a string, and a truncated model.safetensors
     (SafetensorError), were tracebacks in commands.predict."""
     from commands import predict
-    from model.classification import PackedBertForSequenceClassification
+    from model.bert_heads import PackedBertForSequenceClassification
     from model.config import bert_config
 
     model_dir = tmp_path / "m"

@@ -14,7 +14,7 @@ from data.tokenizer import load_tokenizer
 from inference.batching import BATCHING_MODES, Batcher, BatchingSpec, collate
 from inference.question_answering import predict_spans
 from inference.rows import pack_rows, unpack_token_outputs
-from model.question_answering import PackedBertForQuestionAnswering, span_metrics
+from model.bert_heads import PackedBertForQuestionAnswering, span_metrics
 from packing.tokenized import pack_examples
 
 from .test_model_equivalence import BACKENDS

@@ -104,7 +104,7 @@ def test_saved_folder_loads_unchanged_in_transformers(trained):
     ours = fast_tokenizer(tokenizer.get_vocab())
     question, context = "Who won @placeholder?", "The Denver Broncos won Super Bowl 50 in Santa Clara."
     assert tokenizer(question, context)["input_ids"] == ours(question, context)["input_ids"]
-    from model.question_answering import PackedBertForQuestionAnswering
+    from model.bert_heads import PackedBertForQuestionAnswering
 
     packed = PackedBertForQuestionAnswering.from_pretrained(folder).eval()
     ids = torch.tensor([tokenizer(question, context)["input_ids"]])

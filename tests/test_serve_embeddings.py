@@ -151,7 +151,7 @@ def cross_encoder(tmp_path_factory):
     layout: MiniLM with a seeded single-logit head. Its weights need not be trained for the
     scores to be compared with transformers' on the same folder."""
     from finetune.folder_writer import save_finetuned
-    from model.classification import PackedBertForSequenceClassification
+    from model.bert_heads import PackedBertForSequenceClassification
 
     torch.manual_seed(0)
     model = PackedBertForSequenceClassification.from_pretrained(

@@ -1,1 +1,4 @@
-"""Training: config schema, data loading, the step, evaluation, checkpoints, logging, backends."""
+"""Pretraining (BERT phase 2, MLPerf style): config schema, data loading, the step,
+evaluation, checkpoints, logging, engines (CPU/CUDA, torchrun, pipeline, IPU). Never
+imports door/, inference/, finetune/, serving/ or any room above it.
+"""

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from model.config import bert_config
-from model.stages import stage_layer_ranges
+from model.config import bert_config, stage_layer_ranges
 from optim import AdjustedHyperparameters
 from training.errors import RunError
 from training.step import BatchArithmetic

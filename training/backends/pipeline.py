@@ -29,9 +29,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from model.config import bert_config
+from model.config import bert_config, nonempty_stage_ranges
 from model.pretraining import HEAD_INPUTS
-from model.stages import nonempty_stage_ranges
 from training.backends.engine import Snapshot
 from training.build import build_lamb
 from training.data import padded_groups

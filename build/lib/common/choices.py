@@ -1,0 +1,30 @@
+"""The names an option chooses from, in one place. Standard library only: the commands'
+parsers (commands/parsers.py) and door.folder_spec read them before torch is imported;
+model/, finetune/ and the configs use the same tuples."""
+
+from __future__ import annotations
+
+# block-diagonal attention kernels of this project's packed BERT (model/attention.py)
+ATTENTION_BACKENDS = ("dense", "sdpa", "flex", "varlen")
+# the kernel inference runs where none is asked for (predict, embed, the server, Ray): every
+# backend computes the same outputs, and SDPA with the block mask measured fastest on the CPU
+# (docs/embeddings.md, "Where a whole run's time goes": predict's forward 1.5x the dense one)
+INFERENCE_ATTENTION_BACKEND = "sdpa"
+# sentence-embedding pooling, as sentence-transformers' Pooling names the modes
+POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+
+
+def check_pooling(pooling) -> tuple[str, ...]:
+    """A mode name or a sequence of them -> the tuple of modes (ValueError if unknown)."""
+    modes = (pooling,) if isinstance(pooling, str) else tuple(pooling)
+    unknown = [mode for mode in modes if mode not in POOLING_MODES]
+    if not modes or unknown:
+        raise ValueError(f"pooling must be one or more of {POOLING_MODES}, got {pooling!r}")
+    return modes
+
+
+# how examples form batches (inference/batching.py): fixed rows, per-batch longest, length-sorted, packed
+BATCHING_MODES = ("padded", "dynamic", "uniform", "packed")
+# commands.embed's --batching -> BATCHING_MODES (padded: rows of max_seq_length tokens; sorted:
+# sentence-transformers' encode, batches of length-sorted texts padded to their longest)
+EMBED_BATCHING = {"packed": "packed", "sorted": "uniform", "padded": "padded"}

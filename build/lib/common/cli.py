@@ -1,0 +1,170 @@
+"""What every command line of the project shares."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import sys
+from pathlib import Path
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (its type's name when it has none): what a
+    one-line `error:` quotes of a library's multi-line error."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """`--help` shows every option's default, documented or not, unless its help already
+    names one; flags (default False) and options without a default show none."""
+
+    def _format_action(self, action):
+        shown = (
+            action.option_strings
+            and action.default is not None
+            and action.default is not False
+            and action.default is not argparse.SUPPRESS
+            and "default" not in (action.help or "")
+        )
+        if shown:
+            action = copy.copy(action)
+            action.help = ((action.help or "") + " (default: %(default)s)").strip()
+        return super()._format_action(action)
+
+
+def option_names(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string a parser takes, its subcommands' included."""
+    names = []
+    for action in parser._actions:
+        names += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                names += option_names(sub)
+    return names
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser whose mistakes are one `error:` line (exit 2), a mistyped option
+    with the nearest real one ("did you mean --output?"), rather than the usage block."""
+
+    def parse_args(self, args=None, namespace=None):
+        """A mistyped option is named first: argparse would report the required option it
+        hides (`--ouput` -> "--output is required") before the unknown one."""
+        argv = sys.argv[1:] if args is None else [str(a) for a in args]
+        known = option_names(self)
+        for word in argv:
+            name = word.split("=")[0]
+            if word == "--":
+                break
+            if name.startswith("--") and not any(option.startswith(name) for option in known):
+                self.error(f"unrecognized arguments: {word}")
+        return super().parse_args(argv, namespace)
+
+    def error(self, message: str):
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):  # (str.removeprefix is Python 3.9+; this module runs on 3.8)
+            unknown = message[len(prefix) :]
+            known = option_names(self)
+            hints = []
+            for word in unknown.split():
+                close = difflib.get_close_matches(word.split("=")[0], known, n=1, cutoff=0.6)
+                hints.append(f"{word} (did you mean {close[0]}?)" if close else word)
+            message = "unrecognized arguments: " + ", ".join(hints)
+        self.exit(2, f"error: {message}; see {self.prog} --help\n")
+
+
+def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of a `python -m ...` command: its name, the first paragraph of the
+    module's docstring as description, every option's default in --help, mistakes in one
+    line (CommandParser)."""
+    return CommandParser(prog=prog, description=doc.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
+
+
+PACKING_ALGORITHMS = ("spfhp", "lpfhp", "nnlshp", "lp")
+
+
+def add_inference_options(parser: argparse.ArgumentParser, model_help: str) -> None:
+    """What every inference command (predict, embed, serve) takes alike: the model folder,
+    the device and dtype, and how examples are packed."""
+    parser.add_argument("--model", required=True, type=Path, help=model_help)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16"),
+        help="bfloat16: the forward under bf16 autocast (refused where the device has no bf16)",
+    )
+    parser.add_argument(
+        "--max-sequences-per-pack",
+        type=int,
+        default=None,
+        help="K (default: chosen from the lengths for least padding; the server: per task)",
+    )
+    parser.add_argument("--algorithm", default="lpfhp", choices=PACKING_ALGORITHMS)
+
+
+def add_ray_options(parser: argparse.ArgumentParser) -> None:
+    """--ray and what goes with it (ray_jobs/job.py): the whole input on a Ray cluster,
+    Parquet shards and a manifest in the --output folder."""
+    ray = parser.add_argument_group("on a Ray cluster (make install-ray; docs/ray.md)")
+    ray.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on Ray: 'local' starts a cluster of this machine, 'auto' joins the one `ray start` made, or its "
+        "address; --input may then be a file, a glob or a folder of JSON lines / Parquet, --output is a folder",
+    )
+    ray.add_argument("--workers", type=int, default=2, help="model replicas (Ray actors)")
+    ray.add_argument("--threads-per-worker", type=int, default=1, help="CPUs (torch threads) per replica")
+    ray.add_argument("--chunk-rows", type=int, default=4096, help="rows per shard (packed together)")
+    ray.add_argument(
+        "--overwrite", action="store_true", help="replace a finished --output (--ray's folder; embed's .npy)"
+    )
+
+
+def below_one(args: argparse.Namespace, names) -> str | None:
+    """The error line for the first of `names` (argparse dests) set below 1, or None.
+    Options left unset (None) pass."""
+    for name in names:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {value}"
+    return None
+
+
+CUDA_WHEEL = (
+    "pip install --force-reinstall --no-deps torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130"
+)
+
+
+def no_gpu(what: str, torch_version: str, cuda_build: bool) -> str:
+    """The one message every command gives when CUDA is asked for and torch sees no GPU:
+    which torch it is, and the README's line for the CUDA build."""
+    if not cuda_build:
+        return (
+            f"{what}: this torch ({torch_version}) is the CPU build that requirements.txt installs and sees no GPU; "
+            f"on a machine with an NVIDIA GPU install the CUDA build (README): {CUDA_WHEEL}"
+        )
+    return f"{what}: torch {torch_version} (a CUDA build) sees no GPU on this machine (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+
+
+def refuse(message: str) -> int:
+    """The user's mistake as the one line every command answers with (`error: MESSAGE` on
+    stderr). -> exit code 2."""
+    import sys
+
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_main(main, on_interrupt: str) -> int:
+    """main()'s exit code; Ctrl-C ends in one line saying what was kept (exit 130), never a
+    traceback. Outputs are written by atomic rename, so an interrupted command leaves none."""
+    import sys
+
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print(f"interrupted: {on_interrupt}", file=sys.stderr)
+        return 130

@@ -1,0 +1,14 @@
+"""Running a loaded model: a `LoadedModel` (door/) and options in, arrays in input order out.
+
+    runner            the one packed forward outside a training step (Runner, runner_of)
+    batching, rows    batch tables (padded | dynamic | uniform | packed); tables -> rows -> input order
+    precision         float32 / bfloat16, refused where the device has no bf16
+    classify          classification of new text (InferenceOptions: the one options type)
+    predictions       logits -> scores and records (never NaN in a JSON line)
+    embedding         texts -> vectors, chunk by chunk (encode, iter_encode, packed_encode)
+    question_answering, qa_answers   windows -> spans -> answers and SQuAD's files
+    token_task        token classification's entities
+
+Never parses a command line. Never imports finetune/, ray_jobs/, hf_integration/,
+serving/, commands/ or training/ (tests/test_house.py).
+"""

@@ -1,0 +1,43 @@
+"""Learning-rate and beta1 schedules as functions of SAMPLES seen (real sequences, never
+packs), so that packed and unpacked runs follow the same curve per sequence trained."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WarmupPolyDecay:
+    """Linear warmup to `peak_lr`, then polynomial decay to `end_lr` at `total_samples`.
+
+    The MLPerf reference (TF `polynomial_decay` + linear warmup) form:
+        s   = samples - start_offset_samples      (offset <= 0: NVIDIA's negative
+                                                   start_warmup_step, warmup already partly done)
+        lr  = peak_lr * s / warmup_samples                                    if s < warmup
+        lr  = (peak_lr - end_lr) * (1 - min(s, total) / total) ** power + end_lr   otherwise
+    """
+
+    peak_lr: float
+    warmup_samples: float
+    total_samples: float
+    power: float = 1.0
+    end_lr: float = 0.0
+    start_offset_samples: float = 0.0
+
+    def __post_init__(self):
+        for name in ("peak_lr", "warmup_samples", "total_samples", "power", "end_lr"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"WarmupPolyDecay.{name} must be finite and >= 0, got {value!r}")
+        if self.total_samples <= 0:
+            raise ValueError("WarmupPolyDecay.total_samples must be > 0")
+        if self.start_offset_samples > 0 or not math.isfinite(self.start_offset_samples):
+            raise ValueError(f"start_offset_samples must be <= 0, got {self.start_offset_samples!r}")
+
+    def __call__(self, samples: float) -> float:
+        s = samples - self.start_offset_samples
+        if s < self.warmup_samples:
+            return self.peak_lr * s / self.warmup_samples
+        progress = min(s, self.total_samples) / self.total_samples
+        return (self.peak_lr - self.end_lr) * (1.0 - progress) ** self.power + self.end_lr

@@ -1,0 +1,5 @@
+import sys
+
+from packing.cli import main
+
+sys.exit(main())

@@ -1,0 +1,327 @@
+"""The house (ARCHITECTURE.md section 6): rooms by role, floors with arrows only downward,
+each room's nevers, room sizes, one opener for every run, config.json read once, the length
+limit computed once. Static checks read every import statement and call of the product
+code (function-level ones included); each check is shown to fail on a planted breach."""
+
+from __future__ import annotations
+
+import ast
+import json
+
+import pytest
+
+from .conftest import REPO
+from .test_one_door import PRODUCT_PACKAGES, config_reads, import_circles, import_graph
+
+# Floors, bottom first: a module imports only its own floor or those below it.
+FLOORS = (
+    ("common",),
+    ("packing",),
+    ("data",),
+    ("model", "optim"),
+    ("training",),
+    ("door",),
+    ("inference",),
+    ("finetune", "ray_jobs", "hf_integration"),
+    ("serving",),
+    ("commands",),
+)
+FLOOR_OF = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
+
+# room -> rooms it never imports (beyond the floors' rule: rooms on its own floor, and what
+# its __init__.py promises)
+NEVERS = {
+    "door": ("inference", "finetune", "ray_jobs", "hf_integration", "serving", "commands", "training"),
+    "inference": ("finetune", "ray_jobs", "hf_integration", "serving", "commands", "training"),
+    "finetune": ("training", "serving", "ray_jobs", "hf_integration", "commands"),
+    "ray_jobs": ("finetune", "serving", "commands", "training", "hf_integration"),
+    "hf_integration": ("finetune", "ray_jobs", "serving", "commands", "training"),
+    "serving": ("finetune", "training", "ray_jobs", "hf_integration", "commands"),
+    "training": ("door", "inference", "finetune", "serving", "ray_jobs", "hf_integration", "commands"),
+    "model": ("packing", "training", "data", "door", "inference", "finetune"),
+}
+
+
+def room_edges(graph: dict[str, set[str]]) -> set[tuple[str, str, str, str]]:
+    """(room, target room, module, target module) for every import across rooms."""
+    return {
+        (a.split(".")[0], b.split(".")[0], a, b)
+        for a, targets in graph.items()
+        for b in targets
+        if a.split(".")[0] != b.split(".")[0]
+    }
+
+
+def upward(graph) -> list[str]:
+    return sorted(
+        f"{a} -> {b}" for room, target, a, b in room_edges(graph) if FLOOR_OF[target] > FLOOR_OF[room]
+    )
+
+
+def broken_nevers(graph) -> list[str]:
+    return sorted(f"{a} -> {b}" for room, target, a, b in room_edges(graph) if target in NEVERS.get(room, ()))
+
+
+def test_every_product_room_has_a_floor_and_a_contract():
+    rooms = {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file() and p.name in PRODUCT_PACKAGES}
+    assert rooms == set(FLOOR_OF) == set(PRODUCT_PACKAGES)
+    for room in rooms:
+        contract = ast.get_docstring(ast.parse((REPO / room / "__init__.py").read_text())) or ""
+        assert "never" in contract.lower(), f"{room}/__init__.py states no never"
+
+
+def test_no_import_goes_up_a_floor_or_breaks_a_never():
+    graph = import_graph()
+    assert upward(graph) == []
+    assert broken_nevers(graph) == []
+    assert import_circles(graph) == []
+    # the checks can fail: a planted function-level import from the door into inference
+    planted = {**graph, "door.opener": graph["door.opener"] | {"inference.runner"}}
+    assert upward(planted) == ["door.opener -> inference.runner"]
+    assert "door.opener -> inference.runner" in broken_nevers(planted)
+
+
+def test_ray_lives_in_its_room_only():
+    outside = []
+    for room in PRODUCT_PACKAGES:
+        if room == "ray_jobs":
+            continue
+        for path in (REPO / room).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                if any(n == "ray" or n.startswith("ray.") for n in names):
+                    outside.append(str(path.relative_to(REPO)))
+    assert outside == []
+
+
+def modules_and_lines(room: str) -> tuple[int, int]:
+    files = sorted((REPO / room).glob("*.py"))
+    return len(files), sum(len(f.read_text().splitlines()) for f in files)
+
+
+def test_rooms_stay_small():
+    modules, lines = modules_and_lines("finetune")
+    assert modules <= 16 and lines <= 2000, (modules, lines)
+    for room in PRODUCT_PACKAGES:
+        assert modules_and_lines(room)[0] <= 20, room
+
+
+# ----- one opener ---------------------------------------------------------------------------------
+# Calls that open a model folder; only the door (and model/, the builders it calls) makes them.
+OPENING_CALLS = {"open_model", "load_finetuned", "load_encoder", "open_packed_model", "open_checkpoint"}
+PACKED_HEADS = {"PackedBertForSequenceClassification", "PackedBertForQuestionAnswering",
+                "PackedBertForTokenClassification", "PackedBertForEmbedding", "PackedFamilyModel",
+                "PackedCausalLM", "SequenceClassifierForInference", "TokenClassifierForInference",
+                "QuestionAnsweringForInference"}  # fmt: skip
+# Pretraining opens its own checkpoints (a PackedBertForPreTraining, never a LoadedModel).
+OPENERS_ALLOWED = ("door", "model", "training")
+
+
+def opening_calls(source: str) -> list[str]:
+    """Calls in `source` that open a model folder other than through door.opener.open_folder."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in OPENING_CALLS:
+            found.append(func.id)
+        elif isinstance(func, ast.Attribute):
+            if func.attr in OPENING_CALLS:
+                found.append(func.attr)
+            elif (
+                func.attr == "from_pretrained"
+                and isinstance(func.value, ast.Name)
+                and func.value.id in PACKED_HEADS
+            ):
+                found.append(f"{func.value.id}.from_pretrained")
+    return found
+
+
+def test_one_function_opens_a_model_folder():
+    callers = {}
+    for room in PRODUCT_PACKAGES:
+        if room in OPENERS_ALLOWED:
+            continue
+        for path in (REPO / room).rglob("*.py"):
+            calls = opening_calls(path.read_text())
+            if calls:
+                callers[str(path.relative_to(REPO))] = calls
+    assert callers == {}
+    assert opening_calls("from model.opening import open_model\nopen_model(f, 'classification')") == [
+        "open_model"
+    ]
+    assert opening_calls("PackedFamilyModel.from_pretrained(f, 'embedding')") == [
+        "PackedFamilyModel.from_pretrained"
+    ]
+
+
+def test_the_length_limit_is_computed_in_the_door_only():
+    """No `max_tokens(` (the positions a model's table holds) after the door and no decision
+    on FolderSpec.source: LoadedModel.max_length is the limit. (hf_integration.pipeline
+    computes it for a model object handed in without a folder, where there is no door.)"""
+    found = []
+    for room in ("inference", "finetune", "serving", "ray_jobs", "hf_integration", "commands"):
+        for path in (REPO / room).rglob("*.py"):
+            text = path.read_text()
+            for number, line in enumerate(text.splitlines(), 1):
+                code = line.split("#")[0]
+                if ("max_tokens(" in code or "spec.source" in code) and "def " not in code:
+                    found.append(f"{path.relative_to(REPO)}:{number}")
+    assert found == ["hf_integration/pipeline.py:" + str(pipeline_line())], found
+
+
+def pipeline_line() -> int:
+    lines = (REPO / "hf_integration" / "pipeline.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if "max_tokens(self.model.config)" in line)
+
+
+# ----- config.json read once on every way in ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def hub_classifier(tmp_path_factory):
+    from .test_hostile_fifth import tiny_hub_classifier
+
+    return tiny_hub_classifier(tmp_path_factory.mktemp("house") / "classifier")
+
+
+def test_predict_and_embed_read_config_json_once(hub_classifier, tmp_path):
+    from commands import embed, predict
+
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("a text", "another text here")))
+
+    def run_predict():
+        assert (
+            predict.main(
+                [
+                    "--model",
+                    str(hub_classifier),
+                    "--input",
+                    str(source),
+                    "--output",
+                    str(tmp_path / "p.jsonl"),
+                ]
+            )
+            == 0
+        )
+
+    def run_embed():
+        argv = ["--model", str(hub_classifier), "--input", str(source), "--output", str(tmp_path / "e.npy"),
+                "--pooling", "mean", "--quiet"]  # fmt: skip
+        assert embed.main(argv) == 0
+
+    assert config_reads(run_predict, hub_classifier) == 1
+    assert config_reads(run_embed, hub_classifier) == 1
+
+
+@pytest.mark.slow  # a whole fine-tuning run
+def test_fine_tuning_from_a_checkpoint_reads_its_config_json_once(hub_classifier, tmp_path):
+    import shutil
+
+    from door.folder_spec import read_json_object
+    from finetune import train
+
+    from .test_finetune_run import write_config
+
+    checkpoint = tmp_path / "checkpoint"  # a transformers folder with its own tokenizer
+    shutil.copytree(hub_classifier, checkpoint)
+    path = write_config(tmp_path, checkpoint, training={"epochs": 1, "progress": False})
+
+    def fine_tune(extra=lambda: None):
+        def run():
+            assert (
+                train.main(["--config", str(path), "--output-dir", str(tmp_path / "run"), "--overwrite"]) == 0
+            )
+            extra()
+
+        return run
+
+    assert config_reads(fine_tune(), checkpoint) == 1
+    # the count can fail: a planted second reader is seen
+    assert config_reads(fine_tune(lambda: read_json_object(checkpoint / "config.json")), checkpoint) == 2
+
+
+# ----- one command, a real package ---------------------------------------------------------------
+def pins(lines) -> dict[str, str]:
+    out = {}
+    for line in lines:
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            out[name.split("[")[0].strip().lower()] = version.strip()
+    return out
+
+
+def test_the_package_pins_what_requirements_pin():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    declared = pins(project["dependencies"]) | pins(project["optional-dependencies"]["test"])
+    required = pins((REPO / "requirements.txt").read_text().splitlines())
+    assert declared == required
+    assert pins(project["optional-dependencies"]["ray"]) == pins(
+        (REPO / "requirements-ray.txt").read_text().splitlines()
+    )
+    assert pins(project["optional-dependencies"]["bench"]) == pins(
+        (REPO / "requirements-bench.txt").read_text().splitlines()
+    )
+    assert project["scripts"] == {"packed": "commands.packed:main"}
+
+
+def test_packed_names_every_job_and_runs_its_module(capsys):
+    import importlib.util
+
+    from commands import packed
+
+    assert packed.main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    for job in ("pack", "verify", "pretrain", "train", "predict", "embed", "serve", "gather", "report"):
+        assert f"  {job} " in listed
+    for sub in packed.SUBCOMMANDS.values():
+        assert importlib.util.find_spec(sub.module) is not None, sub.module
+    assert packed.main(["predcit"]) == 2
+    assert "did you mean 'predict'?" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # the subcommands in fresh interpreters
+def test_packed_subcommands_answer_as_their_modules(tmp_path):
+    import subprocess
+    import sys
+
+    for argv, module_argv in (
+        (["predict", "--model", str(tmp_path / "none"), "--input", "x", "--output", "y"],
+         ["finetune.predict", "--model", str(tmp_path / "none"), "--input", "x", "--output", "y"]),
+        (["pack", "--help"], ["packing", "pack", "--help"]),
+    ):  # fmt: skip
+        ours = subprocess.run(
+            [sys.executable, "-m", "commands.packed", *argv], cwd=REPO, capture_output=True, text=True
+        )
+        theirs = subprocess.run(
+            [sys.executable, "-m", *module_argv], cwd=REPO, capture_output=True, text=True
+        )
+        assert ours.returncode == theirs.returncode and ours.stderr == theirs.stderr
+        assert ours.stdout.replace("packed pack", "python -m packing pack") == theirs.stdout
+
+
+@pytest.mark.slow  # builds the wheel (setuptools from the package index)
+def test_the_wheel_carries_every_room_the_command_and_the_histograms(tmp_path):
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "-q", "-w", str(tmp_path)],
+                   check=True, capture_output=True)  # fmt: skip
+    wheel = next(tmp_path.glob("packed_transformers-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for room in PRODUCT_PACKAGES:
+        assert f"{room}/__init__.py" in names, room
+    assert "run_pretraining.py" in names and "packing/histograms/wikipedia_512.json" in names
+    entry = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "packed = commands.packed:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert not [n for n in names if n.startswith(("tests/", "bench/"))]
