@@ -32,14 +32,20 @@ class Subcommand:
 
 # The jobs, in the order a user meets them (README).
 SUBCOMMANDS: dict[str, Subcommand] = {
-    "pack": Subcommand("packing", "unpacked shards -> static-shape packed shards (packing algorithms)", ("pack",)),
+    "pack": Subcommand(
+        "packing", "unpacked shards -> static-shape packed shards (packing algorithms)", ("pack",)
+    ),
     "verify": Subcommand("packing", "check a packed dataset holds every sequence exactly once", ("verify",)),
     "describe": Subcommand("packing", "packed datasets' lengths, packing factor and padding", ("describe",)),
     "pretrain": Subcommand("run_pretraining", "pretraining from a YAML config (BERT phase 2, MLPerf style)"),
     "train": Subcommand("finetune.train", "packed fine-tuning: classification, QA, decoders' SFT"),
-    "predict": Subcommand("commands.predict", "a fine-tuned or transformers folder's predictions, input order"),
+    "predict": Subcommand(
+        "commands.predict", "a fine-tuned or transformers folder's predictions, input order"
+    ),
     "embed": Subcommand("commands.embed", "texts -> an .npy of embeddings (sentence-transformers' folders)"),
-    "serve": Subcommand("serving", "an HTTP server packing requests as they arrive (TEI's and OpenAI's APIs)"),
+    "serve": Subcommand(
+        "serving", "an HTTP server packing requests as they arrive (TEI's and OpenAI's APIs)"
+    ),
     "gather": Subcommand("ray_jobs.job", "a --ray job's Parquet shards -> the command's own output"),
     "report": Subcommand("finetune.report", "fine-tuning runs side by side"),
     "summary": Subcommand("training.summary", "pretraining runs compared, packed against unpacked"),

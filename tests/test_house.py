@@ -315,7 +315,12 @@ def test_the_wheel_carries_every_room_the_command_and_the_histograms(tmp_path):
     import sys
     import zipfile
 
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "-q", "-w", str(tmp_path)],
+    import shutil
+
+    source = tmp_path / "source"  # a copy: setuptools stages its build/ beside the sources
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".venv*", ".git", "runs", "demo_out", "demo_qa", "work", "build", "*.egg-info", "__pycache__"))  # fmt: skip
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(tmp_path)],
                    check=True, capture_output=True)  # fmt: skip
     wheel = next(tmp_path.glob("packed_transformers-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
