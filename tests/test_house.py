@@ -311,11 +311,10 @@ def test_packed_subcommands_answer_as_their_modules(tmp_path):
 
 @pytest.mark.slow  # builds the wheel (setuptools from the package index)
 def test_the_wheel_carries_every_room_the_command_and_the_histograms(tmp_path):
+    import shutil
     import subprocess
     import sys
     import zipfile
-
-    import shutil
 
     source = tmp_path / "source"  # a copy: setuptools stages its build/ beside the sources
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
