@@ -25,3 +25,23 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No test leaves a process behind: what this test process (an xdist worker, or the
+    whole run without one) still has as children at its end is listed and killed. The
+    controller of an xdist run is left alone: its children are the workers, ending too."""
+    if session.config.pluginmanager.hasplugin("dsession") and not hasattr(session.config, "workerinput"):
+        return
+    import sys
+
+    import psutil
+
+    left = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+    for process in left:
+        try:
+            command = " ".join(process.cmdline())[:200]
+            process.kill()
+        except psutil.Error:
+            continue
+        print(f"\nkilled a process the tests left behind: pid {process.pid}: {command}", file=sys.stderr)

@@ -3,7 +3,7 @@ alone (1 process): transformers' Trainer trains the packed decoder (PackedFamily
 causal_lm) on the same 8 packs, in order, 4 per optimizer step (2 processes x 2 accumulated
 micro-batches, or 1 process x 4), and process 0 writes the final weights.
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/ddp_decoder_train.py START OUT ACCUMULATE
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/ddp_decoder_train.py START OUT ACCUMULATE
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def main(start: str, out: str, accumulate: int) -> None:
         output_dir=str(Path(out).parent / "trainer"), per_device_train_batch_size=1,
         gradient_accumulation_steps=accumulate, learning_rate=1e-3, max_steps=2, report_to=[], use_cpu=True,
         save_strategy="no", seed=0, train_sampling_strategy="sequential", logging_steps=1,
+        ddp_timeout=120,  # a collective that waits longer ends the rank (gloo's default: 30 minutes)
     )  # fmt: skip
     trainer = Trainer(model=model, args=arguments, train_dataset=packs(), data_collator=PackedDataCollator())
     trainer.train()

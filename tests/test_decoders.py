@@ -288,25 +288,28 @@ def test_trainer_over_two_processes_ends_on_the_weights_of_one_process(tmp_path)
     packs, in the same order: the token-weighted loss (num_items_in_batch summed over the
     processes) and the gradient reduction agree with one process."""
     import os
-    import subprocess
     import sys
 
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from .conftest import REPO
+    from .processes import run_in_group
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(tiny_config("llama")).save_pretrained(tmp_path / "start")
     script = str(REPO / "tests" / "ddp_decoder_train.py")
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    # --standalone: the rendezvous on a free port torchrun picks (a port computed from the pid
+    # could be another test's); the ranks run in a group of their own, killed whole on a
+    # timeout, and a rank left running after torchrun ends fails the test (tests/processes.py)
     runs = {
-        "two": [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                str(29600 + os.getpid() % 1000), script, str(tmp_path / "start"), str(tmp_path / "two.safetensors"), "2"],
+        "two": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                script, str(tmp_path / "start"), str(tmp_path / "two.safetensors"), "2"],
         "one": [sys.executable, script, str(tmp_path / "start"), str(tmp_path / "one.safetensors"), "4"],
     }  # fmt: skip
     for name, command in runs.items():
-        done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        done = run_in_group(command, timeout=300, cwd=REPO, env=env)
         assert done.returncode == 0, f"{name}: {done.stderr[-3000:]}"
     two, one = load_file(tmp_path / "two.safetensors"), load_file(tmp_path / "one.safetensors")
     start = AutoModelForCausalLM.from_pretrained(tmp_path / "start").state_dict()

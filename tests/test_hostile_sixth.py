@@ -209,7 +209,7 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(classif
     try:
         assert holder.stdout.readline().strip() == "held"
         done = run_module("finetune.embed", *embed_argv(classifier, source, output))
-        assert "in use by another commands.embed" in one_line_error(done)
+        assert "in use by another finetune.embed" in one_line_error(done)
         assert not output.exists() and not (tmp_path / ".e.npy.partial").exists()
     finally:
         holder.kill()

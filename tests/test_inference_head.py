@@ -52,11 +52,11 @@ def rows(seed: int = 0):
 
 
 HEADS = {  # task -> (transformers class saved, the trainable head, its inference twin, output compared)
-    "classification": ("BertForSequenceClassification", "classification.PackedBertForSequenceClassification",
+    "classification": ("BertForSequenceClassification", "bert_heads.PackedBertForSequenceClassification",
                        "inference_head.SequenceClassifierForInference", "logits"),
-    "token_classification": ("BertForTokenClassification", "token_classification.PackedBertForTokenClassification",
+    "token_classification": ("BertForTokenClassification", "bert_heads.PackedBertForTokenClassification",
                              "inference_head.TokenClassifierForInference", "logits"),
-    "question_answering": ("BertForQuestionAnswering", "question_answering.PackedBertForQuestionAnswering",
+    "question_answering": ("BertForQuestionAnswering", "bert_heads.PackedBertForQuestionAnswering",
                            "inference_head.QuestionAnsweringForInference", "start_logits"),
 }  # fmt: skip
 

@@ -17,6 +17,7 @@ from packing.pipeline import PackJob, run_pack
 from packing.unpacked_hdf5 import write_unpacked_shard
 
 from .conftest import REPO
+from .processes import run_in_group
 
 S, P, VOCAB = 64, 10, 1200
 
@@ -88,10 +89,9 @@ def run(config: Path, output: Path, *extra, torchrun: int = 0, wait=True, fresh_
             sys.executable,
             "-m",
             "torch.distributed.run",
+            "--standalone",  # the rendezvous on a free port torchrun picks, never another test's
             "--nproc-per-node",
             str(torchrun),
-            "--master-port",
-            str(29500 + os.getpid() % 1000),
             "run_pretraining.py",
         ]
     else:
@@ -105,7 +105,8 @@ def run(config: Path, output: Path, *extra, torchrun: int = 0, wait=True, fresh_
         return subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    # in a process group of its own: no rank outlives the run (tests/processes.py)
+    return run_in_group(cmd, timeout=600, cwd=REPO, env=env)
 
 
 def final_weights(output: Path) -> dict:
