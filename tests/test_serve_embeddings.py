@@ -243,6 +243,5 @@ def test_a_decoder_embedder_with_prompts_serves_what_sentence_transformers_encod
         for route, body in (("/v1/embeddings", {"input": short, "normalise": True}),
                             ("/embed", {"inputs": short, "normalise": False})):  # fmt: skip
             refused = httpx.post(server.url + route, json=body)
-            assert (
-                refused.status_code == 422 and 'field "normalise": not a field of this route' in refused.text
-            )
+            assert refused.status_code == 422 and "normalise" in refused.text, refused.text
+            assert "not a field of this route" in refused.text
