@@ -12,10 +12,12 @@ Llama (12 layers, 768 wide, 4 key/value heads; speed does not depend on the weig
            this project's LPFHP and (2,048 only: minutes at 8,192) LP, K chosen from the
            lengths, against TRL's best-fit-decreasing
            (trl.data_utils.pack_dataset, strategy "bfd"): real tokens / row tokens
-  leak     TRL's packing (SFTConfig(packing=True)) keeps sequences apart only under
-           FlashAttention; here (SDPA / eager on a CPU) its rows are causal over the whole
-           row. Reported: the share of a row's causal (query, key) pairs that cross into
-           another sequence, and the share of attention weight that does in the random model
+  leak     TRL's packing (SFTConfig(packing=True)) rows run as TRL's compute_loss runs them
+           (use_cache=False: transformers 5.x builds a block-causal mask from the restarting
+           position ids, with any attention backend) and, for contrast, with the model's
+           default use_cache=True (causal over the whole row). Reported for each: the share
+           of attention weight that crosses into another sequence in the random model, and
+           the largest logit difference of a sequence against itself run alone
   sft      training tokens/s over --steps optimizer steps (after one warm-up step): TRL's
            SFTTrainer without packing (batches padded to their longest, completion-only
            loss) against transformers' Trainer over hf_integration.trainer.pack_dataset's packs with
@@ -121,7 +123,10 @@ def packing_part(lengths: np.ndarray) -> list[dict]:
 
 # ----- what TRL's packing lets leak -----------------------------------------------------------------
 def leak_part(examples, folder: Path, width: int = 512, rows: int = 4) -> dict:
-    """TRL's BFD rows of `width` tokens, causal over the whole row (no FlashAttention)."""
+    """TRL's BFD rows of `width` tokens, each run as TRL's compute_loss runs it (use_cache=False:
+    transformers builds a block-causal mask from the restarting position ids) and with the
+    model's default use_cache=True (causal over the whole row): the attention weight that
+    crosses into another sequence, and each sequence's logits against the sequence alone."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -143,21 +148,34 @@ def leak_part(examples, folder: Path, width: int = 512, rows: int = 4) -> dict:
         crossing += int((causal & ~same).sum())
         allowed += int(causal.sum())
     model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
-    mass, total = 0.0, 0.0
-    with torch.inference_mode():
-        for row in list(packed)[:rows]:
-            ids = torch.tensor([row["input_ids"]])
-            sequence, positions = (torch.as_tensor(a) for a in layout(row))
-            positions = positions[None]
-            other = (sequence[:, None] != sequence[None, :]).float()
-            # what a model runs on TRL's padding-free rows without FlashAttention: position ids
-            # restart, the mask is causal over the row
-            attentions = model(input_ids=ids, position_ids=positions, output_attentions=True).attentions
-            for layer in attentions:  # [1, heads, S, S]
-                mass += float((layer[0] * other).sum())
-                total += float(layer[0].sum())
-    result = {"rows": len(packed), "pack_length": width, "crossing_pair_share": crossing / allowed,
-              "crossing_attention_weight_share": mass / total, "rows_measured": rows}  # fmt: skip
+    measured = {}
+    # TRL's SFTTrainer.compute_loss runs the model with use_cache=False: transformers 5.x then
+    # builds a block-causal mask from the restarting position ids (masking_utils'
+    # find_packed_sequence_indices); with the model's default use_cache=True it does not.
+    for name, use_cache in (("as_trl_trains", False), ("default_use_cache", True)):
+        mass, total, worst = 0.0, 0.0, 0.0
+        with torch.inference_mode():
+            for row in list(packed)[:rows]:
+                ids = torch.tensor([row["input_ids"]])
+                sequence, positions = (torch.as_tensor(a) for a in layout(row))
+                other = (sequence[:, None] != sequence[None, :]).float()
+                out = model(
+                    input_ids=ids, position_ids=positions[None], output_attentions=True, use_cache=use_cache
+                )
+                for layer in out.attentions:  # [1, heads, S, S]
+                    mass += float((layer[0] * other).sum())
+                    total += float(layer[0].sum())
+                start = 0  # each sequence of the row against the sequence run alone
+                for length in row["seq_lengths"]:
+                    alone = model(input_ids=ids[:, start : start + length], use_cache=False).logits
+                    worst = max(worst, float((out.logits[:, start : start + length] - alone).abs().max()))
+                    start += length
+        measured[name] = {
+            "crossing_attention_weight_share": mass / total,
+            "max_abs_logit_diff_vs_alone": worst,
+        }
+    result = {"rows": len(packed), "pack_length": width, "crossing_pair_share_if_causal_over_the_row": crossing / allowed,
+              "rows_measured": rows, **measured}  # fmt: skip
     print(json.dumps(result), flush=True)
     return result
 

@@ -86,7 +86,7 @@ def at_tiny_scale(command: str) -> str:
     if AS_WRITTEN:
         return command
     for prefix, changes in TINY.items():
-        if command.startswith(prefix):
+        if command == prefix or command.startswith(prefix + " "):
             for old, new in changes:
                 if old:
                     assert old in command, f"the README no longer says {old!r}: update TINY"
