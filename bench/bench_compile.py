@@ -28,7 +28,8 @@ sys.path.insert(0, sys.argv[1])
 import numpy as np, torch
 torch.set_num_threads(int(sys.argv[4]))
 from data.assets import model_dir
-from inference.embedding import EncodeOptions, encode, load_encoder
+from inference.embedding import encode, load_encoder
+from inference.options import InferenceOptions
 texts = [json.loads(line)["text"] for line in open(sys.argv[2])]
 encoder = load_encoder(model_dir())
 if sys.argv[3] == "compiled":
@@ -38,7 +39,7 @@ if sys.argv[3] == "compiled":
 seconds = []
 for _ in range(int(sys.argv[5])):
     started = time.perf_counter()
-    vectors = encode(texts, encoder, EncodeOptions())
+    vectors = encode(texts, encoder, InferenceOptions.for_embedding())
     seconds.append(time.perf_counter() - started)
 np.save(sys.argv[6], vectors)
 print(json.dumps(seconds))

@@ -62,7 +62,8 @@ from common.files import (
 )
 from data.classification_data import ExampleError, example_of_line
 from door.opener import open_folder
-from inference.embedding import EncodeOptions, iter_encode
+from inference.embedding import iter_encode
+from inference.options import InferenceOptions
 from inference.precision import device_problem
 
 
@@ -131,7 +132,7 @@ def partial_paths(output: Path) -> tuple[Path, Path]:
     return target.with_name(f".{target.name}.partial"), target.with_name(f".{target.name}.partial.json")
 
 
-def job_of(args, encoder, options: EncodeOptions, n: int) -> dict:
+def job_of(args, encoder, options: InferenceOptions, n: int) -> dict:
     """What an interrupted run's rows were computed from: resumed only if all of it is equal."""
     stat = args.input.stat()
     return {"input": str(args.input.resolve()), "input_bytes": stat.st_size, "input_mtime_ns": stat.st_mtime_ns,
@@ -160,7 +161,7 @@ def rows_kept(data_path: Path, state_path: Path, job: dict, header_bytes: int) -
     return rows
 
 
-def write_embeddings(args, encoder, options: EncodeOptions, n: int) -> float:
+def write_embeddings(args, encoder, options: InferenceOptions, n: int) -> float:
     """Embed the input into a partial .npy (header first, rows appended chunk by chunk, the
     count kept beside it after every chunk), renamed to --output when complete. A run
     stopped by Ctrl-C, SIGTERM or a kill leaves the partial file: the same command run
@@ -253,10 +254,7 @@ def main(argv=None) -> int:
             normalize=args.normalize, max_length=args.max_length,
         )  # fmt: skip
         encoder.prompt(args.prompt_name)  # an unknown prompt name: refused before any compute
-        options = EncodeOptions(
-            args.batching, args.batch_size, args.max_sequences_per_pack, args.algorithm, args.device, args.dtype,
-            args.chunk_texts, args.prompt_name,
-        )  # fmt: skip
+        options = InferenceOptions.from_args(args)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         seconds = write_embeddings(args, encoder, options, n)
     except Interrupted as err:

@@ -52,7 +52,8 @@ from common.files import describe_os_error, output_over_inputs, write_json_atomi
 from data.classification_data import ExampleError, encode_labels, read_jsonl
 from data.tokenizer import DataInputError
 from door.opener import open_folder
-from inference.classify import InferenceOptions, classify_examples
+from inference.classify import classify_examples
+from inference.options import InferenceOptions
 from inference.precision import device_problem
 from inference.predictions import score, write_predictions
 from inference.runner import Runner
@@ -146,9 +147,14 @@ def run_on_ray(args) -> int:
             )
     except ExampleError as err:
         return refuse(err)
-    options = asdict(InferenceOptions.from_args(args))  # what each replica is given
+    # what each replica is given: the batching and precision (a replica runs on its own CPU)
+    options = {key: value for key, value in asdict(InferenceOptions.from_args(args)).items()
+               if key in REPLICA_OPTIONS}  # fmt: skip
     described = {"labels": list(spec.labels), "multi_label": spec.multi_label}
     return run_job(args, "predict", options, spec.fields.text, spec.fields.pair, described)
+
+
+REPLICA_OPTIONS = ("batching", "batch_size", "max_sequences_per_pack", "algorithm", "pack_length", "dtype")
 
 
 def predict_tags(args, folder, summary_path: Path) -> int:

@@ -33,8 +33,8 @@ from data.classification_data import ExampleError, read_jsonl, split_by_seed
 from finetune.errors import Diverged, FinetuneError
 from finetune.job_contract import Job, resolve_asset
 from inference.batching import Batcher
-from inference.predictions import to_device
 from inference.rows import pack_rows
+from inference.runner import Runner
 from model.families import IGNORED, next_token_targets
 
 log = logging.getLogger("finetune")
@@ -182,27 +182,43 @@ def per_example_losses(
     model, data: CausalExamples, batcher: Batcher
 ) -> tuple[np.ndarray, np.ndarray, int, dict]:
     """Summed token loss and predicted-token count per example (float64 [n], int64 [n], input
-    order), the tokens predicted right, and the pass's timing and padding figures."""
-    device = next(model.parameters()).device
+    order), the tokens predicted right, and the pass's timing and padding figures. The
+    forward is inference.runner's (on the model's device, float32); the loss is reduced on
+    the device, so the [rows, width, vocabulary] logits never leave it."""
+    runner = model if isinstance(model, Runner) else Runner(model)
     tables = batcher.epoch(0, shuffle=False)
     loss_sums, counts, correct = np.zeros(len(data)), np.zeros(len(data), dtype=np.int64), 0
-    model.eval()
-    start = time.perf_counter()
-    with torch.inference_mode():
-        for table in tables:
-            batch = to_device(collate_causal(data, table, batcher.width(table)), device)
-            targets = batch.pop("shift_labels")
-            logits = model(**batch)["logits"].float()
+
+    def token_losses(targets):
+        def read(batch, out):
+            logits = out["logits"].float()
+            shift = targets.to(logits.device)
             token_loss = F.cross_entropy(
-                logits.transpose(1, 2), targets, ignore_index=IGNORED, reduction="none"
+                logits.transpose(1, 2), shift, ignore_index=IGNORED, reduction="none"
             )
-            predicted = targets != IGNORED
-            correct += int(correct_tokens(logits, targets).sum())
             slots = batch["sequence_ids"].clamp(min=1) - 1  # a token's slot in its row's table
             example = torch.gather(batch["example_index"], 1, slots)
-            keep = predicted & (batch["sequence_ids"] > 0)
-            np.add.at(loss_sums, example[keep].cpu().numpy(), token_loss[keep].double().cpu().numpy())
-            np.add.at(counts, example[keep].cpu().numpy(), 1)
+            keep = (shift != IGNORED) & (batch["sequence_ids"] > 0)
+            return {
+                "example": example[keep].cpu().numpy(),
+                "loss": token_loss[keep].double().cpu().numpy(),
+                "correct": np.array([int(correct_tokens(logits, shift).sum())]),
+            }
+
+        return read
+
+    start = time.perf_counter()
+    for table in tables:
+        width = batcher.width(table)
+        labels = torch.from_numpy(pack_rows(data.label_ids, table, width)["input_ids"])
+        sequence_ids = torch.from_numpy(pack_rows(data.token_ids, table, width)["sequence_ids"])
+        targets = next_token_targets(labels, sequence_ids)
+        got = runner.forward(
+            data.token_ids, table, width, data.segment_ids, read=token_losses(targets)
+        ).outputs
+        np.add.at(loss_sums, got["example"], got["loss"])
+        np.add.at(counts, got["example"], 1)
+        correct += int(got["correct"][0])
     seconds = time.perf_counter() - start
     timing = {"examples": len(data), "seconds": seconds, "examples_per_second": len(data) / seconds,
               "batches": len(tables), "padding_fraction": batcher.padding_fraction(tables)}  # fmt: skip

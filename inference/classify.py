@@ -6,44 +6,13 @@ taken by the Python API, sent to Ray's actors as `dataclasses.asdict(options)`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
 import numpy as np
 
 from data.classification_data import ExampleError
-from inference.batching import Batcher, BatchingSpec, width_groups
+from inference.batching import width_groups
+from inference.options import InferenceOptions
 from inference.predictions import predict_logits
 from inference.runner import Runner
-
-
-@dataclass(frozen=True)
-class InferenceOptions:
-    """How inference batches (the commands' --batching, --batch-size,
-    --max-sequences-per-pack, --algorithm, --pack-length, --dtype).
-
-    batching: inference.batching.BATCHING_MODES; batch_size: examples per batch (packed: per
-    batch of packs, as inference.batching reads it); pack_length: tokens per pack, None = the
-    folder's (or, where it names none, packs grouped by row width); dtype: float32 |
-    bfloat16 (autocast)."""
-
-    batching: str = "packed"
-    batch_size: int = 64
-    max_sequences_per_pack: int | None = None  # None: chosen from the lengths
-    algorithm: str = "lpfhp"
-    pack_length: int | None = None
-    dtype: str = "float32"
-
-    @classmethod
-    def from_args(cls, args) -> InferenceOptions:
-        """A command's parsed options (argparse names equal the field names)."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
-
-    def batcher(self, lengths, width: int, default_pack_length: int) -> Batcher:
-        """The batching over examples of `lengths`, rows `width` tokens wide; packs of
-        pack_length tokens, else `default_pack_length`."""
-        spec = BatchingSpec(self.batching, self.batch_size, width, self.max_sequences_per_pack, self.algorithm,
-                            pack_length=self.pack_length or default_pack_length)  # fmt: skip
-        return Batcher(lengths, spec, seed=0)
 
 
 def classify_examples(folder, runner: Runner, examples, labels, options: InferenceOptions):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -26,23 +26,9 @@ from data.classification_data import ExampleError
 from door.embedding_folder import encoder_from_sentence_transformer, load_encoder  # noqa: F401 (read from here too)
 from door.loaded import LoadedModel
 from inference.batching import Batcher, BatchingSpec, width_groups
+from inference.options import InferenceOptions
 from inference.rows import unpack_outputs
 from inference.runner import runner_of
-
-
-@dataclass
-class EncodeOptions:
-    """How texts are batched and run. batch_size: texts per batch (sentence-transformers'
-    default 32; packed: rows = batch_size / packing factor); max_per_pack: K."""
-
-    batching: str = "packed"
-    batch_size: int = 32
-    max_per_pack: int | None = None  # K; None: chosen from the lengths (packing.tokenized.fitting_depth)
-    algorithm: str = "lpfhp"
-    device: str = "cpu"
-    dtype: str = "float32"
-    chunk_texts: int = 8192
-    prompt_name: str | None = None  # None: the model's default prompt (if it has one)
 
 
 def packed_encode(st_model, texts: list[str], **options) -> np.ndarray:
@@ -53,11 +39,11 @@ def packed_encode(st_model, texts: list[str], **options) -> np.ndarray:
         encoder = encoder_from_sentence_transformer(st_model)
         st_model._packed_encoder = encoder
     device = str(next(encoder.model.parameters()).device.type)
-    return encode(texts, encoder, EncodeOptions(device=device, **options))
+    return encode(texts, encoder, InferenceOptions.for_embedding(device=device, **options))
 
 
 def run_tables(
-    encoder: LoadedModel, token_ids: list, tables: Iterable[np.ndarray], width_of, options: EncodeOptions
+    encoder: LoadedModel, token_ids: list, tables: Iterable[np.ndarray], width_of, options: InferenceOptions
 ):
     """Forward every batch table; -> (per-slot embeddings [rows, K, D], example_index [rows, K])
     per batch. The model pools; normalization is the caller's."""
@@ -66,7 +52,7 @@ def run_tables(
         yield batch.outputs["embeddings"], batch.rows["example_index"]
 
 
-def embed_token_ids(encoder: LoadedModel, token_ids: list, options: EncodeOptions) -> np.ndarray:
+def embed_token_ids(encoder: LoadedModel, token_ids: list, options: InferenceOptions) -> np.ndarray:
     """Token id arrays -> float32 [n, D] in input order (normalized when the encoder says).
 
     Packed: each text goes to the narrowest of inference.batching.PACK_WIDTHS (up to
@@ -82,7 +68,11 @@ def embed_token_ids(encoder: LoadedModel, token_ids: list, options: EncodeOption
     longest = max(encoder.max_length, int(lengths.max()))
     if options.batching == "packed":
         parts = width_groups(
-            lengths, longest, options.max_per_pack, options.algorithm, encoder.model.config.hidden_size
+            lengths,
+            longest,
+            options.max_sequences_per_pack,
+            options.algorithm,
+            encoder.model.config.hidden_size,
         )
     else:
         parts = [(np.arange(n), longest)]
@@ -98,11 +88,11 @@ def embed_token_ids(encoder: LoadedModel, token_ids: list, options: EncodeOption
 
 
 def _embed_part(
-    encoder: LoadedModel, token_ids: list, lengths: np.ndarray, width: int, options: EncodeOptions
+    encoder: LoadedModel, token_ids: list, lengths: np.ndarray, width: int, options: InferenceOptions
 ):
     """One batching pass over texts of at most `width` tokens -> [n, D] in their order."""
     spec = BatchingSpec(
-        EMBED_BATCHING[options.batching], options.batch_size, encoder.max_length, options.max_per_pack,
+        EMBED_BATCHING[options.batching], options.batch_size, encoder.max_length, options.max_sequences_per_pack,
         options.algorithm, pack_length=width,
     )  # fmt: skip
     batcher = Batcher(lengths, spec, seed=0)
@@ -122,7 +112,7 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
 
 
 def iter_encode(
-    texts: Iterable[str], encoder: LoadedModel, options: EncodeOptions, where=None
+    texts: Iterable[str], encoder: LoadedModel, options: InferenceOptions, where=None
 ) -> Iterator[np.ndarray]:
     """Embeddings of `texts` chunk by chunk (options.chunk_texts texts each), in input order.
     `where(i)` names text i in errors (default "texts[i]").
@@ -173,10 +163,10 @@ def _tokenize_chunk(chunk, start, encoder, options, where) -> list:
 
 
 def encode(
-    texts: list[str], encoder: LoadedModel, options: EncodeOptions | None = None, **overrides
+    texts: list[str], encoder: LoadedModel, options: InferenceOptions | None = None, **overrides
 ) -> np.ndarray:
     """Texts -> float32 [n, D], row i for texts[i]."""
-    options = replace(options or EncodeOptions(), **overrides)
+    options = replace(options or InferenceOptions.for_embedding(), **overrides)
     if options.batching not in EMBED_BATCHING:
         raise ValueError(f"batching must be one of {tuple(EMBED_BATCHING)}, got {options.batching!r}")
     chunks = list(iter_encode(texts, encoder, options))

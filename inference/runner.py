@@ -76,9 +76,12 @@ class Runner:
     @torch.inference_mode()
     def forward(
         self, token_ids: list, table: np.ndarray, width: int, segment_ids: list | None = None,
-        outputs: Iterable[str] = ("logits",),
+        outputs: Iterable[str] = ("logits",), read: Callable[[dict, dict], dict] | None = None,
     ) -> RunBatch:  # fmt: skip
-        """One table's rows through the model -> RunBatch."""
+        """One table's rows through the model -> RunBatch. read: where an output is too large
+        to bring back whole (a causal LM's [rows, width, vocabulary] logits), a reduction
+        on the device, (batch tensors, model outputs) -> {name: numpy array}, in place of
+        `outputs`."""
         rows = pack_rows(token_ids, table, width, segment_ids)
         batch = {
             name: torch.from_numpy(value).to(self.device, non_blocking=True) for name, value in rows.items()
@@ -86,7 +89,12 @@ class Runner:
         started = time.perf_counter()
         with precision(self.device.type, self.dtype):
             out = self.model(**batch)
-        arrays = {name: out[name].float().cpu().numpy() for name in outputs}  # .cpu() waits for the device
+        if read is not None:
+            arrays = read(batch, out)  # numpy: waits for the device too
+        else:
+            arrays = {
+                name: out[name].float().cpu().numpy() for name in outputs
+            }  # .cpu() waits for the device
         self.stats.seconds += time.perf_counter() - started
         self.stats.batches += 1
         present = table[table >= 0]

@@ -95,7 +95,7 @@ class PackedEmbedder:
         import torch
 
         from door.opener import open_folder
-        from inference.embedding import EncodeOptions
+        from inference.options import InferenceOptions
 
         if threads:
             torch.set_num_threads(threads)
@@ -104,8 +104,15 @@ class PackedEmbedder:
         )
         self.encoder.prompt(prompt_name)  # an unknown prompt name: refused at construction
         self.text_column, self.output_column = text_column, output_column
-        self.options = EncodeOptions(batching, batch_size, max_sequences_per_pack, algorithm, "cpu", dtype,
-                                     prompt_name=prompt_name)  # fmt: skip
+        self.options = InferenceOptions(
+            batching,
+            batch_size,
+            max_sequences_per_pack,
+            algorithm,
+            device="cpu",
+            dtype=dtype,
+            prompt_name=prompt_name,
+        )
 
     @property
     def dimension(self) -> int:
@@ -138,7 +145,7 @@ class PackedPredictor:
         import torch
 
         from door.opener import open_folder
-        from inference.classify import InferenceOptions
+        from inference.options import InferenceOptions
         from inference.runner import Runner
 
         if threads:
@@ -155,7 +162,7 @@ class PackedPredictor:
         self.label_names, self.multi_label = list(spec.labels), spec.multi_label
         self.runner = Runner(self.folder.model, "cpu", dtype)
         self.options = InferenceOptions(
-            batching, batch_size, max_sequences_per_pack, algorithm, pack_length, dtype
+            batching, batch_size, max_sequences_per_pack, algorithm, pack_length, dtype=dtype
         )
 
     def logits(self, texts: list[str], pairs: list | None = None, where=lambda i: f"row {i}") -> np.ndarray:

@@ -19,12 +19,12 @@ from data.classification_data import ExampleError
 from data.embedding_texts import bbc_articles, texts_of
 from door.st_folder import describe_embedding_folder
 from inference.embedding import (
-    EncodeOptions,
     encode,
     encoder_from_sentence_transformer,
     load_encoder,
     packed_encode,
 )
+from inference.options import InferenceOptions
 from model.embedding import POOLING_MODES
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
@@ -74,7 +74,8 @@ def test_the_next_chunk_is_tokenized_beside_the_model_and_a_bad_text_waits_its_t
     later chunk is raised only after every earlier chunk's array was yielded."""
     import threading
 
-    from inference.embedding import EncodeOptions, iter_encode
+    from inference.embedding import iter_encode
+    from inference.options import InferenceOptions
 
     encoder = load_encoder(model_dir(), max_length=MAX_LENGTH)
     tokenized_in, real = [], encoder.tokenize_texts
@@ -91,7 +92,7 @@ def test_the_next_chunk_is_tokenized_beside_the_model_and_a_bad_text_waits_its_t
 
     got = []
     with pytest.raises(ExampleError, match="in.jsonl:9"):
-        for chunk in iter_encode(lines(), encoder, EncodeOptions(chunk_texts=4)):
+        for chunk in iter_encode(lines(), encoder, InferenceOptions.for_embedding(chunk_texts=4)):
             got.append(chunk)
     assert [len(chunk) for chunk in got] == [4, 4]
     assert tokenized_in and all(name.startswith("tokenize") for name in tokenized_in)
@@ -123,7 +124,7 @@ def test_every_attention_backend_from_the_folder(st_model, texts, backend):
     assert encoder.normalize and encoder.model.pooling == ("mean",)
     for batching in ("packed", "sorted"):
         assert_same_vectors(
-            encode(texts, encoder, batching=batching, batch_size=8, max_per_pack=8), reference
+            encode(texts, encoder, batching=batching, batch_size=8, max_sequences_per_pack=8), reference
         )
 
 
@@ -247,7 +248,7 @@ def test_bfloat16_autocast_agrees_with_float32(st_model, texts, monkeypatch):
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     encoder = load_encoder(model_dir(), max_length=MAX_LENGTH)
     fp32 = encode(texts, encoder)
-    bf16 = encode(texts, encoder, options=EncodeOptions(dtype="bfloat16"))
+    bf16 = encode(texts, encoder, options=InferenceOptions.for_embedding(dtype="bfloat16"))
     assert bf16.dtype == np.float32
     assert cosines(bf16, fp32).min() > 0.99
 

@@ -41,9 +41,7 @@ TINY = {
     "packed train": [("", " --set training.epochs=1 --set training.progress=false")],
     "packed train --config configs/finetune_own.yaml": [("", " --set training.max_seconds=5")],
     "packed embedding-texts": [("--limit 5000", "--limit 64")],
-    "packed qa-cloze": [
-        ("--questions-per-article 1", "--questions-per-article 1 --dev-fraction 0.06")
-    ],
+    "packed qa-cloze": [("--questions-per-article 1", "--questions-per-article 1 --dev-fraction 0.06")],
     "packed train --config configs/finetune_qa_bbc.yaml": [("max_seconds=90", "max_seconds=5")],
 }
 
