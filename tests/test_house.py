@@ -329,3 +329,26 @@ def test_the_wheel_carries_every_room_the_command_and_the_histograms(tmp_path):
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "packed = commands.packed:main" in zipfile.ZipFile(wheel).read(entry).decode()
     assert not [n for n in names if n.startswith(("tests/", "bench/"))]
+
+
+def test_a_process_left_behind_by_a_command_is_killed_and_reported():
+    """tests/processes.py: what the launcher leaves running in its group fails the test (the
+    torchrun rank found 50 minutes after the suite), and is killed."""
+    import subprocess
+    import sys
+    import time
+
+    from .processes import LeftBehind, run_in_group
+
+    marker = "import time; time.sleep(300)  # left-behind-probe"
+    launcher = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {marker!r}])"
+    with pytest.raises(LeftBehind, match="outlived it"):
+        run_in_group([sys.executable, "-c", launcher], timeout=60)
+    time.sleep(0.5)
+    alive = subprocess.run(
+        ["pgrep", "-f", "left-behind-probe"], capture_output=True, text=True
+    ).stdout.split()
+    assert alive == []
+    assert run_in_group([sys.executable, "-c", "print('fine')"], timeout=60).stdout == "fine\n"
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_in_group([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
