@@ -253,6 +253,7 @@ def test_configs_readme_lists_every_finetune_key():
     assert markdown(SCHEMA) in (REPO / "configs" / "README.md").read_text()
 
 
+@pytest.mark.slow  # a whole fine-tuning run of the real MiniLM, ~8-10 s
 def test_bbc_demo_config_runs_on_the_real_model(tmp_path):
     """configs/finetune_bbc.yaml as shipped (MiniLM-L6, BBC News), cut to a few seconds."""
     from tests.conftest import REPO

@@ -162,6 +162,7 @@ def heavy_modules_after(script: str, *arguments: str) -> list[str]:
     return json.loads(out.stdout.rsplit("LOADED ", 1)[1].replace("'", '"'))
 
 
+@pytest.mark.slow  # whole commands in fresh interpreters, ~12 s
 def test_predict_and_embed_never_import_transformers_modeling_code(classifier_folder, tmp_path):
     """Whole runs, in a fresh interpreter: commands.predict on a BERT classifier folder and on a
     token classifier's, commands.embed on a sentence-transformers BERT folder; then the modules
