@@ -257,38 +257,36 @@ MODEL_FILE_SUFFIXES = (".safetensors", ".json", ".txt", ".model")
 EXPORT_FOLDERS = ("onnx", "openvino")
 
 
-def model_fingerprint(folder) -> str:
-    """sha256 over the names and bytes of the files that decide a model's outputs (weights,
-    config.json, tokenizer files, sentence-transformers' module configs; two levels down).
-    Kept work is tied to it: a folder re-saved or updated in place gets another fingerprint."""
-    folder = Path(folder)
-    digest = hashlib.sha256()
-    files = sorted(
+def model_files(folder: Path) -> list[Path]:
+    """The files that decide a model's outputs (weights, config.json, tokenizer files,
+    sentence-transformers' module configs; two levels down, exports left out), sorted."""
+    return sorted(
         p
         for p in itertools.chain(folder.glob("*"), folder.glob("*/*"))
         if p.is_file()
         and p.suffix in MODEL_FILE_SUFFIXES
         and p.relative_to(folder).parts[0] not in EXPORT_FOLDERS
     )
-    for path in files:
+
+
+def model_fingerprint(folder) -> str:
+    """sha256 over the names and bytes of model_files. Kept work is tied to it: a folder
+    re-saved or updated in place gets another fingerprint."""
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for path in model_files(folder):
         digest.update(str(path.relative_to(folder)).encode() + b"\0" + sha256_file(path).encode())
     return digest.hexdigest()
 
 
 def model_files_identity(folder) -> str:
-    """sha256 over (name, size, mtime in ns, inode) of the files model_fingerprint reads,
-    without reading them: a file re-saved or replaced changes its mtime or inode. What a
-    command keys kept work on when it runs every time (embed: hashing every byte of a 4 GiB
-    folder took seconds per run, with nothing kept to compare)."""
+    """sha256 over (name, size, mtime in ns, inode) of model_files, without reading them: a
+    file re-saved or replaced changes its mtime or inode. What a command keys kept work on
+    when it runs every time (embed: hashing every byte of a 4 GiB folder took seconds per run,
+    with nothing kept to compare)."""
     folder = Path(folder)
     digest = hashlib.sha256()
-    for path in sorted(
-        p
-        for p in itertools.chain(folder.glob("*"), folder.glob("*/*"))
-        if p.is_file()
-        and p.suffix in MODEL_FILE_SUFFIXES
-        and p.relative_to(folder).parts[0] not in EXPORT_FOLDERS
-    ):
+    for path in model_files(folder):
         info = path.stat()
         digest.update(
             f"{path.relative_to(folder)}\0{info.st_size}\0{info.st_mtime_ns}\0{info.st_ino}\n".encode()

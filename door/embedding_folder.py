@@ -6,24 +6,14 @@ Each gives the one LoadedModel every inference path runs (door.loaded)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 from common.choices import INFERENCE_ATTENTION_BACKEND, check_pooling
 from data.classification_data import ExampleError
-from door.folder import check_vocabulary_fits, open_packed_model
+from door.folder import check_vocabulary_fits, open_packed_model, open_tokenizer
 from door.folder_spec import EmbeddingSpec, embedding_spec
 from door.loaded import LoadedModel
 from door.st_folder import describe_embedding_folder
 from model.opening import ModelOptions, packed_from_loaded
-
-
-def load_tokenizer_of(folder: Path, config=None):
-    """The folder's fast tokenizer as transformers' AutoTokenizer (and so sentence-transformers)
-    builds it: tokenizer.json, else what it converts from the folder's files (a vocab.txt with
-    tokenizer_config.json's do_lower_case, cased or not)."""
-    from door.folder import open_tokenizer
-
-    return open_tokenizer(folder, config).tokenizer
 
 
 def load_encoder(
@@ -49,7 +39,7 @@ def load_encoder(
     )
     opened = open_packed_model(folder, "embedding", options, spec.model_config or None)
     model, positions = opened.model, opened.max_tokens
-    tokenizer = load_tokenizer_of(folder, spec.model_config or None)
+    tokenizer = open_tokenizer(folder, spec.model_config or None).tokenizer  # as AutoTokenizer builds it
     check_vocabulary_fits(folder, tokenizer, model)
     length = max_length or min(spec.max_sequence_length or positions, positions)
     if not 3 <= length <= positions:

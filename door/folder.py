@@ -136,11 +136,6 @@ def auto_tokenizer(folder: Path, config: Mapping | None):
     return AutoTokenizer.from_pretrained(folder, use_fast=True, trust_remote_code=False, **given)
 
 
-def folder_tokenizer(folder: Path):
-    """The folder's tokenizer (open_tokenizer) alone."""
-    return open_tokenizer(folder).tokenizer
-
-
 # Sizes in config.json that build the model's tensors (BERT's, DistilBERT's and GPT-2's names): each,
 # where present, must be an integer >= 1; transformers would fail deep inside (or build an
 # empty model) on a string, null, 0 or a negative number.

@@ -189,10 +189,13 @@ def per_example_losses(
     tables = batcher.epoch(0, shuffle=False)
     loss_sums, counts, correct = np.zeros(len(data)), np.zeros(len(data), dtype=np.int64), 0
 
-    def token_losses(targets):
+    def token_losses(labels):
+        """The reduction on the device, given the table's labels [rows, width]: each token's
+        next-token target inside its own sequence (from the rows the runner packed)."""
+
         def read(batch, out):
             logits = out["logits"].float()
-            shift = targets.to(logits.device)
+            shift = next_token_targets(labels.to(logits.device), batch["sequence_ids"])
             token_loss = F.cross_entropy(
                 logits.transpose(1, 2), shift, ignore_index=IGNORED, reduction="none"
             )
@@ -211,10 +214,8 @@ def per_example_losses(
     for table in tables:
         width = batcher.width(table)
         labels = torch.from_numpy(pack_rows(data.label_ids, table, width)["input_ids"])
-        sequence_ids = torch.from_numpy(pack_rows(data.token_ids, table, width)["sequence_ids"])
-        targets = next_token_targets(labels, sequence_ids)
         got = runner.forward(
-            data.token_ids, table, width, data.segment_ids, read=token_losses(targets)
+            data.token_ids, table, width, data.segment_ids, read=token_losses(labels)
         ).outputs
         np.add.at(loss_sums, got["example"], got["loss"])
         np.add.at(counts, got["example"], 1)

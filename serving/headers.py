@@ -55,7 +55,8 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._head_bytes = 0
         self._in_head = True  # a connection that sends nothing is held by the deadline too
-        self._head_deadline = self.loop.call_later(self.head_limits.timeout_s, self._head_too_slow)
+        self._head_deadline = None
+        self._arm_deadline()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_deadline()
@@ -78,10 +79,11 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     # parser callbacks: a head begins and ends
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # a kept-alive connection idle between requests is uvicorn's to close
+        # (timeout_keep_alive); the next request's deadline starts at its first byte
         self._in_head = True
         self._head_bytes = 0
-        if self._head_deadline is None:
-            self._head_deadline = self.loop.call_later(self.head_limits.timeout_s, self._head_too_slow)
+        self._arm_deadline()
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -89,16 +91,15 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._cancel_deadline()
         super().on_headers_complete()
 
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        # an idle keep-alive connection is uvicorn's to close (timeout_keep_alive); the next
-        # request's deadline starts at its first byte (on_message_begin)
-
     def _head_too_slow(self) -> None:
         self._head_deadline = None
         if self._in_head and not self.transport.is_closing():
             if self.cycle is None or self.cycle.response_complete:
                 self._refuse(408, f"the request head did not arrive within {self.head_limits.timeout_s:g} s")
+
+    def _arm_deadline(self) -> None:
+        if self._head_deadline is None:
+            self._head_deadline = self.loop.call_later(self.head_limits.timeout_s, self._head_too_slow)
 
     def _cancel_deadline(self) -> None:
         if getattr(self, "_head_deadline", None) is not None:

@@ -15,6 +15,7 @@ import torch
 
 from .conftest import REPO
 from .test_hostile_fifth import one_line_error, run_module, tiny_hub_classifier
+from .test_serve import free_port
 
 
 @pytest.fixture(scope="module")
@@ -32,14 +33,6 @@ def with_weight(folder, where, name, value):
     weights[name].view(-1)[0] = value
     save_file(weights, where / "model.safetensors", metadata={"format": "pt"})
     return where
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def input_file(path, texts):

@@ -116,8 +116,7 @@ def test_fine_tuning_may_start_a_new_head_but_never_a_random_encoder(classifier,
 def test_a_cased_vocab_txt_folder_is_tokenized_as_transformers_does(tmp_path):
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from door.embedding_folder import load_tokenizer_of
-    from door.folder import load_finetuned
+    from door.folder import load_finetuned, open_tokenizer
 
     folder = tmp_path / "cased"
     folder.mkdir()
@@ -135,7 +134,7 @@ def test_a_cased_vocab_txt_folder_is_tokenized_as_transformers_does(tmp_path):
     text = "New York is big"
     expected = AutoTokenizer.from_pretrained(folder)(text)["input_ids"]
     assert load_finetuned(folder).tokenizer.encode(text).ids == expected
-    assert load_tokenizer_of(folder).encode(text).ids == expected
+    assert open_tokenizer(folder).tokenizer.encode(text).ids == expected
     assert expected[1:3] == [vocab.index("New"), vocab.index("York")]  # the case is kept
 
 
