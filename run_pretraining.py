@@ -1,4 +1,5 @@
-"""BERT phase-2 pretraining with packed sequences, driven by a YAML config.
+"""Pretraining from a YAML config: BERT phase 2 on packed sequences (MLPerf style), or a decoder
+(a config whose model.family names one: MLPerf 5.1's llama31_8b rules, training/decoder/).
 
     python run_pretraining.py --config configs/demo.yaml [--set section.key=value ...]
                               [--output-dir DIR] [--resume] [--compile-only]
@@ -42,13 +43,30 @@ def main(argv=None) -> int:
     if mistake:
         return refuse(mistake)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    from training.config import ConfigError, load_config
+    from common.config_schema import read_yaml
+    from training.config import ConfigError, validate_raw
+    from training.decoder.config import is_decoder_config, load_decoder_config
 
     try:
-        overrides = args.set + (["execution.compile_only=true"] if args.compile_only else [])
-        config = load_config(args.config, overrides)
+        raw = read_yaml(args.config)  # read once; model.family chooses decoder pretraining
+        if is_decoder_config(raw):
+            if args.compile_only:
+                raise ConfigError(
+                    "--compile-only: only PopTorch compiles ahead of time; a decoder runs on cpu or cuda"
+                )
+            config = load_decoder_config(raw, args.set, args.config)
+        else:
+            overrides = args.set + (["execution.compile_only=true"] if args.compile_only else [])
+            config = validate_raw(raw, overrides, args.config)
     except ConfigError as err:
         return refuse(err)
+    output = Path(args.output_dir or Path("runs") / Path(args.config).stem)
+    if is_decoder_config(raw):
+        from model.hf_checkpoint import quiet_transformers
+        from training.decoder.run import run_decoder
+
+        quiet_transformers()
+        return run_decoder(config, output, args.resume)
     from model.hf_checkpoint import quiet_transformers
 
     quiet_transformers()  # its "Writing model shards" bar at every checkpoint repeats our log line
@@ -60,7 +78,6 @@ def main(argv=None) -> int:
     missing = missing_prerequisites(config)
     if len(missing) >= 2 and config["execution"]["device"] in ("cpu", "cuda"):
         return refuse(prerequisites_line(args.config, missing))
-    output = Path(args.output_dir or Path("runs") / Path(args.config).stem)
     from training.run import run
 
     return run(config, output, args.resume)

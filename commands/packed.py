@@ -55,6 +55,12 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "data.create_pretraining_data", "raw text -> unpacked pretraining shards (MLPerf's reference)"
     ),
     "train-vocab": Subcommand("data.train_vocab", "a WordPiece vocabulary learned from a corpus"),
+    "train-tokenizer": Subcommand(
+        "data.train_tokenizer", "a byte-level BPE tokenizer folder learned from JSON lines"
+    ),
+    "pack-documents": Subcommand(
+        "commands.pack_documents", "raw text (C4's JSON lines) -> document-masked or concatenated LM rows"
+    ),
     "pick-eval-samples": Subcommand("data.pick_eval_samples", "MLPerf's evaluation set picked from shards"),
     "convert-tf-checkpoint": Subcommand(
         "data.convert_tf_checkpoint", "a TF1 / NVIDIA BERT checkpoint -> a transformers folder"

@@ -1,11 +1,12 @@
 """Texts to embed, from the BBC News corpus: titles, sentences and paragraphs (short and
 long mixed, as a search index holds), and title -> article pairs for a retrieval check.
 
-    python -m data.embedding_texts --output texts.jsonl [--kind mixed|titles|sentences|paragraphs]
+    python -m data.embedding_texts --output texts.jsonl [--kind mixed|titles|sentences|paragraphs|articles]
         [--limit N]
 
 Each output line is {"text": ...}; `mixed` interleaves every article's title, its
-sentences and its paragraphs in corpus order.
+sentences and its paragraphs in corpus order; `articles` gives each article whole (title,
+then its paragraphs): documents for language-model pretraining.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from common.files import atomic_path
 from data.classification_data import ExampleError
 from data.create_pretraining_data import read_document, split_sentences
 
-KINDS = ("mixed", "titles", "sentences", "paragraphs")
+KINDS = ("mixed", "titles", "sentences", "paragraphs", "articles")
 
 
 def bbc_articles(pattern: str) -> list[dict]:
@@ -52,6 +53,8 @@ def texts_of(articles: list[dict], kind: str = "mixed") -> list[str]:
             out.extend(article["sentences"])
         if kind in ("mixed", "paragraphs"):
             out.extend(article["paragraphs"])
+        if kind == "articles":  # a whole document (language-model pretraining's unit)
+            out.append(article["title"] + "\n\n" + "\n\n".join(article["paragraphs"]))
     return out
 
 

@@ -88,6 +88,7 @@ class FolderTokenizer:
 
     tokenizer: object
     token_types: bool
+    eos_id: int | None = None  # the end-of-sequence token's id, where the folder names one
 
 
 def open_tokenizer(folder: Path, config: Mapping | None = None) -> FolderTokenizer:
@@ -117,7 +118,8 @@ def open_tokenizer(folder: Path, config: Mapping | None = None) -> FolderTokeniz
     tokenizer.no_truncation()
     tokenizer.no_padding()
     token_types = True if hf is None else "token_type_ids" in hf.model_input_names
-    return FolderTokenizer(tokenizer, token_types)
+    eos_id = getattr(hf, "eos_token_id", None) if hf is not None else None
+    return FolderTokenizer(tokenizer, token_types, eos_id if isinstance(eos_id, int) else None)
 
 
 def auto_tokenizer(folder: Path, config: Mapping | None):

@@ -239,6 +239,19 @@ class PackedLayout:
     sequence_ids: torch.Tensor  # [B, S]
     positions: torch.Tensor  # [B, S]: position inside its own sequence
     _masks: dict
+    # Length buckets (model.causal_buckets): None chooses by the row length (mask path up to
+    # MASK_MAX_LENGTH tokens); an int forces buckets of that granularity; 0 forces the mask.
+    granularity: int | None = None
+
+    def buckets(self):
+        """The bucket layout every layer shares (built at the first call), or None where
+        attention goes through the mask."""
+        if "buckets" not in self._masks:
+            from model.causal_buckets import bucket_plan
+
+            plan = None if self.granularity == 0 else bucket_plan(self.sequence_ids, self.granularity)
+            self._masks["buckets"] = plan
+        return self._masks["buckets"]
 
     def allowed(self, window: int | None = None, causal: bool = False) -> torch.Tensor:
         """bool [B, 1, S, S]: same non-zero sequence (a padding token: itself); with `causal`,
@@ -281,10 +294,16 @@ def packed_attention(
         # sliding-window mask allows |i - j| <= config.sliding_window (the layer's
         # sliding_window is that + 1, flash-attention's convention).
         window = getattr(module.config, "sliding_window", None) if sliding_window else None
-    mask = layout.allowed(window, causal)
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    plan = layout.buckets()
+    if plan is not None:  # the sum of l_i^2: each sequence in its length bucket
+        from model.causal_buckets import bucket_attention
+
+        p = dropout if module.training else 0.0
+        return bucket_attention(query, key, value, plan, causal, window, p, scaling), None
+    mask = layout.allowed(window, causal)
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0, scale=scaling
     )

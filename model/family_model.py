@@ -68,6 +68,9 @@ class PackedFamilyModel(PreTrainedModel):
         self._has_position_ids = "position_ids" in takes
         self._has_attention_mask = "attention_mask" in takes
         self._has_use_cache = "use_cache" in takes  # decoders: no key/value cache over packed rows
+        # Attention by length buckets (model.causal_buckets) or through the row's mask:
+        # None chooses by the row length; an int forces buckets of that granularity, 0 the mask.
+        self.attention_granularity: int | None = None
 
     @property
     def dimension(self) -> int:
@@ -143,7 +146,7 @@ class PackedFamilyModel(PreTrainedModel):
         if self.family.pair_mask is not None:
             allowed = PackedLayout(sequence_ids, position_ids, {}).allowed()[:, 0]
             return self.family.pair_mask(self, arguments, real, allowed)
-        arguments["packed_layout"] = PackedLayout(sequence_ids, position_ids, {})
+        arguments["packed_layout"] = PackedLayout(sequence_ids, position_ids, {}, self.attention_granularity)
         if self._has_attention_mask:
             arguments["attention_mask"] = None  # attention is confined by the packed layout
         if self._has_use_cache:

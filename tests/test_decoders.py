@@ -99,12 +99,16 @@ def reference(auto, folder):
     return getattr(transformers, auto).from_pretrained(folder, attn_implementation="eager").eval()
 
 
-def test_causal_lm_logits_loss_and_gradients_equal_each_example_alone(decoder_folders):
+@pytest.mark.parametrize("granularity", [0, 4], ids=["mask", "length-buckets"])
+def test_causal_lm_logits_loss_and_gradients_equal_each_example_alone(decoder_folders, granularity):
+    """Through the row's mask and through length buckets (model.causal_buckets: buckets of
+    4, 8, ... tokens, so that sliding windows of 4 act inside them)."""
     from model.family_model import PackedFamilyModel
 
     model_type, root = decoder_folders
     rows, sequences = packed_rows()
     packed = PackedFamilyModel.from_pretrained(root / "lm", "causal_lm").eval()
+    packed.attention_granularity = granularity
     stock = reference("AutoModelForCausalLM", root / "lm")
     out = packed(**rows, labels=rows["input_ids"])
     losses, counts = [], []
@@ -156,12 +160,14 @@ def test_any_layout_gives_each_sequence_its_own_logits_and_loss(llama_and_qwen2)
     """Hypothesis over lengths and layouts (one-token sequences, sequences ending at the row's
     end, full rows): packed logits and the packed loss equal transformers per sequence."""
     from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     @settings(max_examples=25, deadline=None)
-    @given(layout=row_layouts())
-    def check(layout):
+    @given(layout=row_layouts(), granularity=st.sampled_from([0, 4, 16]))
+    def check(layout, granularity):
         rows, sequences = packed_rows(len(layout), layout)
         for packed, stock in llama_and_qwen2:
+            packed.attention_granularity = granularity  # the mask, or length buckets
             with torch.no_grad():
                 out = packed(**rows, labels=rows["input_ids"])
                 total, count = 0.0, 0

@@ -118,6 +118,22 @@ def test_any_lengths_and_layout_give_the_same_per_sequence_outputs(
     check_layout(reference, ours, "token_classification", lengths, k, seed)
 
 
+BUCKETED = [f for f in FAMILIES if PACKED[f].pair_mask is None]  # attend through model.causal_buckets
+
+
+@pytest.mark.parametrize("family", BUCKETED)
+def test_length_buckets_give_transformers_outputs_per_example(tmp_path_factory, family):
+    """Attention by length buckets of 8, 16, ... tokens (what rows over MASK_MAX_LENGTH
+    use; ModernBERT's local window of the tiny config acts inside them) equals transformers
+    per example, as the mask path does."""
+    reference, ours, _ = pair(tmp_path_factory, family, "token_classification")
+    ours.attention_granularity = 8
+    try:
+        check_layout(reference, ours, "token_classification", [5, 17, 3, 30, 12, 9, 25, 2, 40], 4, seed=3)
+    finally:
+        ours.attention_granularity = None
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gradients_equal_the_unpacked_sum_of_losses(tmp_path_factory, family):
     """Training on packs: the summed per-sequence cross-entropy's gradients equal those of

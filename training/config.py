@@ -256,7 +256,11 @@ def validate(raw: dict, source: str = "config") -> dict:
 
 
 def load_config(path, assignments: list[str] = ()) -> dict:
-    raw = read_yaml(path)
+    return validate_raw(read_yaml(path), assignments, path)
+
+
+def validate_raw(raw: dict, assignments, path) -> dict:
+    """A config already read (read_yaml) with `--set` assignments applied, checked."""
     return validate(apply_overrides(raw, list(assignments), SCHEMA), str(path))
 
 

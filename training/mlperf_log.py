@@ -120,16 +120,32 @@ class MlperfLog:
     ) -> None:
         """The init phase: init_start (at `started_ms`, when the model build began), the
         submission fields, the hyperparameters as run, init_stop (now)."""
-        logging_cfg = config["logging"]
+        self.init_benchmark(
+            "bert",
+            config["logging"],
+            platform,
+            started_ms,
+            hyperparameters(config, batch),
+            train_samples,
+            eval_samples,
+        )
+
+    def init_benchmark(
+        self, benchmark: str, logging_cfg: dict, platform: str, started_ms: float, settings: dict,
+        train_samples: int, eval_samples: int,
+    ) -> None:  # fmt: skip
+        """The init phase of any benchmark: init_start at `started_ms`, the submission fields
+        (logging_cfg: a config's logging section), `settings` (the hyperparameters as run,
+        under MLPerf's keys), train and eval samples, init_stop (now)."""
         self._event("cache_clear", True)
         if self.logger is not None:
             self.logger.start(key="init_start", value=None, time_ms=started_ms)
-        self._event("submission_benchmark", "bert")
+        self._event("submission_benchmark", benchmark)
         self._event("submission_org", logging_cfg["submission_org"])
         self._event("submission_division", logging_cfg["submission_division"])
         self._event("submission_status", logging_cfg["submission_status"])
         self._event("submission_platform", logging_cfg["submission_platform"] or platform)
-        for key, value in hyperparameters(config, batch).items():
+        for key, value in settings.items():
             self._event(key, value)
         self._event("train_samples", train_samples)
         self._event("eval_samples", eval_samples)
@@ -148,12 +164,13 @@ class MlperfLog:
             self._end("block_stop", {"samples_count": samples, "first_epoch_num": samples})
             self.in_block = False
 
-    def evaluation(self, samples: int, accuracy: float) -> None:
-        """One evaluation at `samples` training sequences (closes the open block)."""
+    def evaluation(self, samples: int, accuracy: float, count_key: str = "epoch_num") -> None:
+        """One evaluation at `samples` training sequences (closes the open block). count_key:
+        the metadata key of the count (BERT's rules: epoch_num; llama31_8b's: samples_count)."""
         self.block_stop(samples)
-        self._start("eval_start", {"epoch_num": samples})
-        self._event("eval_accuracy", accuracy, {"epoch_num": samples})
-        self._end("eval_stop", {"epoch_num": samples})
+        self._start("eval_start", {count_key: samples})
+        self._event("eval_accuracy", accuracy, {count_key: samples})
+        self._end("eval_stop", {count_key: samples})
 
     def run_stop(self, samples: int, status: str) -> None:
         self.block_stop(samples)

@@ -1,0 +1,177 @@
+"""Documents -> rows of S tokens for causal-LM pretraining, in two layouts. Pure numpy.
+
+* `documents` (document-masked packs): each document is a sequence of its own (attention
+  and next-token targets stay inside it, positions restart at 0). A document of more than
+  S tokens is split at every S tokens into pieces, each its own sequence. The pieces are
+  packed by the histogram packers (packing.tokenized.pack_examples: LPFHP by default, K
+  chosen from the lengths), so a row holds whole documents and little padding.
+* `concatenated` (MLPerf's reference, Megatron's and NeMo's data): all documents back to
+  back (each already ends with EOS), cut every S tokens; one causal stream per row, so a
+  token attends to the documents before it in its row and a document crosses rows. The
+  tokens after the last full row are left out (counted in `Rows.left_out_tokens`).
+
+Every row carries, per token, the document it came from and its offset in that document
+(`document_ids`, `document_offsets`), so `check_rows` proves each document is present
+exactly once, token for token, in either layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from packing.errors import PackingBugError, PackingInputError
+from packing.tokenized import pack_examples
+
+LAYOUTS = ("documents", "concatenated")
+MIN_DEPTH = 16  # K of the documents layout is at least this (issue 71: C4 documents in 8192-token rows)
+
+
+@dataclass
+class Rows:
+    """Rows [R, S] of one layout. sequence_ids: 1..k per attention segment (documents layout)
+    or 1 over the whole row (concatenated), 0 padding; position_ids restart in each segment;
+    document_ids: the source document (-1 padding); document_offsets: the token's index in it."""
+
+    input_ids: np.ndarray
+    sequence_ids: np.ndarray
+    position_ids: np.ndarray
+    document_ids: np.ndarray
+    document_offsets: np.ndarray
+    layout: str
+    depth: int  # K: the most segments a row holds
+    split_documents: int = 0  # documents longer than S, cut into pieces (documents layout)
+    left_out_tokens: int = 0  # tokens after the last full row (concatenated layout)
+
+    FIELDS = ("input_ids", "sequence_ids", "position_ids", "document_ids", "document_offsets")
+
+    @property
+    def real_tokens(self) -> int:
+        return int((self.sequence_ids > 0).sum())
+
+    def fields(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in self.FIELDS}
+
+
+def _empty(rows: int, length: int) -> dict[str, np.ndarray]:
+    out = {name: np.zeros((rows, length), np.int32) for name in Rows.FIELDS}
+    out["document_ids"][:] = -1
+    return out
+
+
+def pieces_of(lengths: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Documents of `lengths` tokens cut every `length` tokens -> (document, offset, piece
+    length) per piece, documents in order."""
+    counts = -(-lengths // length)
+    document = np.repeat(np.arange(len(lengths)), counts)
+    first = np.cumsum(counts) - counts
+    offset = (np.arange(counts.sum()) - np.repeat(first, counts)) * length
+    return document, offset, np.minimum(lengths[document] - offset, length)
+
+
+def document_rows(
+    tokens: list[np.ndarray], length: int, depth: int | None, algorithm: str = "lpfhp", seed: int = 0
+) -> Rows:
+    """The documents layout of `tokens` (one int array per document) in rows of `length`.
+    depth: K (None: chosen from the lengths, at least MIN_DEPTH)."""
+    lengths = np.array([len(t) for t in tokens], dtype=np.int64)
+    if lengths.size == 0 or lengths.min() < 1:
+        raise PackingInputError("expected at least one document, each of at least one token")
+    document, offset, piece_length = pieces_of(lengths, length)
+    if depth is None:
+        from packing.tokenized import fitting_depth
+
+        depth = max(MIN_DEPTH, fitting_depth(piece_length, length))
+    table = pack_examples(piece_length, length, depth, algorithm, seed)
+    out = _empty(len(table), length)
+    for row, pieces in enumerate(table.tolist()):
+        start = 0
+        for slot, piece in enumerate(p for p in pieces if p >= 0):
+            d, o, n = int(document[piece]), int(offset[piece]), int(piece_length[piece])
+            span = slice(start, start + n)
+            out["input_ids"][row, span] = tokens[d][o : o + n]
+            out["sequence_ids"][row, span] = slot + 1
+            out["position_ids"][row, span] = np.arange(n)
+            out["document_ids"][row, span] = d
+            out["document_offsets"][row, span] = np.arange(o, o + n)
+            start += n
+    return Rows(
+        **out, layout="documents", depth=table.shape[1], split_documents=int((lengths > length).sum())
+    )
+
+
+def concatenated_rows(tokens: list[np.ndarray], length: int) -> Rows:
+    """The reference layout: documents back to back, cut every `length` tokens."""
+    stream = np.concatenate(tokens)
+    lengths = np.array([len(t) for t in tokens], dtype=np.int64)
+    rows = len(stream) // length
+    if rows == 0:
+        raise PackingInputError(f"{len(stream)} tokens in all: not one row of {length}")
+    used = rows * length
+    document = np.repeat(np.arange(len(tokens), dtype=np.int32), lengths)[:used]
+    offset = (np.arange(len(stream)) - np.repeat(np.cumsum(lengths) - lengths, lengths))[:used]
+    shape = (rows, length)
+    return Rows(
+        input_ids=stream[:used].reshape(shape).astype(np.int32),
+        sequence_ids=np.ones(shape, np.int32),
+        position_ids=np.broadcast_to(np.arange(length, dtype=np.int32), shape).copy(),
+        document_ids=document.reshape(shape),
+        document_offsets=offset.reshape(shape).astype(np.int32),
+        layout="concatenated",
+        depth=1,
+        left_out_tokens=len(stream) - used,
+    )
+
+
+def check_rows(rows: Rows, tokens: list[np.ndarray], present: np.ndarray | None = None) -> None:
+    """PackingBugError unless every token of every document is in `rows` exactly once, at
+    its offset, with its id (documents layout); the concatenated layout may leave out the
+    stream's tail (`left_out_tokens`), and nothing else. Also: positions restart in each
+    segment and segments are contiguous runs 1, 2, ... from the row's start.
+    present: bool [documents], the documents the rows must hold (None: all); the others
+    must be absent (evaluation rows whose left-over documents went back to training)."""
+    real = rows.sequence_ids > 0
+    if not np.array_equal(real, rows.document_ids >= 0):
+        raise PackingBugError("rows: a padding token with a document, or a real token without one")
+    document = rows.document_ids[real].astype(np.int64)
+    offset = rows.document_offsets[real].astype(np.int64)
+    lengths = np.array([len(t) for t in tokens], dtype=np.int64)
+    starts = np.cumsum(lengths) - lengths
+    flat = starts[document] + offset
+    if np.any(offset >= lengths[document]) or len(np.unique(flat)) != len(flat):
+        raise PackingBugError("rows: a document token placed twice or past its document's end")
+    present = np.ones(len(tokens), bool) if present is None else np.asarray(present, bool)
+    if not present[document].all():
+        raise PackingBugError("rows: a document that should be absent is present")
+    expected = lengths[present].sum() - rows.left_out_tokens
+    if len(flat) != expected:
+        raise PackingBugError(f"rows hold {len(flat)} document tokens, expected {expected}")
+    if rows.layout == "concatenated" and len(flat) and flat.max() != expected - 1:
+        raise PackingBugError("rows: the concatenated layout left out other tokens than the stream's tail")
+    if not np.array_equal(np.concatenate(tokens)[flat], rows.input_ids[real]):
+        raise PackingBugError("rows: a token id differs from its document's")
+    ids = rows.sequence_ids
+    first_of_segment = np.ones_like(real)
+    first_of_segment[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    restart = np.where(first_of_segment & real, rows.position_ids == 0, True)
+    steps = np.where(
+        ~first_of_segment & real, rows.position_ids - np.roll(rows.position_ids, 1, 1) == 1, True
+    )
+    if not (restart.all() and steps.all()):
+        raise PackingBugError("rows: positions do not count from 0 in every segment")
+
+
+def crossing_share(rows: Rows) -> float:
+    """The share of causal attention pairs (query i, key j <= i in one segment) whose key is
+    another document than the query's: 0 in the documents layout by construction."""
+    total = crossing = 0
+    for sequence, document in zip(rows.sequence_ids, rows.document_ids):
+        for segment in np.unique(sequence[sequence > 0]):
+            docs = document[sequence == segment]
+            n = len(docs)
+            _, run_lengths = np.unique(docs, return_counts=True)
+            pairs = n * (n + 1) // 2
+            total += pairs
+            crossing += pairs - int((run_lengths * (run_lengths + 1) // 2).sum())
+    return crossing / max(total, 1)

@@ -1,0 +1,85 @@
+"""A decoder family's causal LM on packed rows, from a config (random init) or a folder.
+
+The model is transformers' own AutoModelForCausalLM of the family, its attention routed
+through model.families' packed attention (each row's sequences attend only inside
+themselves; by length buckets, cost about the sum of l_i^2), wrapped as model.family_model's
+PackedCausalLM: the per-document next-token loss of packed rows equals each document run
+alone through transformers (tests/test_decoders.py, tests/test_decoder_pretraining.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from training.errors import RunError
+
+GRANULARITY = {"auto": None, "mask": 0}  # model.attention -> PackedLayout.granularity (buckets: by S)
+
+
+def family_settings(model: dict, vocab_size: int, length: int) -> dict:
+    """transformers config settings of the family's shape (GPT-2 names its own)."""
+    if model["family"] == "gpt2":
+        return dict(vocab_size=vocab_size, n_embd=model["hidden_size"], n_layer=model["num_hidden_layers"],
+                    n_head=model["num_attention_heads"], n_inner=model["intermediate_size"], n_positions=length,
+                    bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    # (no dropout: LLM pretraining runs without it, as Llama's configs do)
+    settings = dict(vocab_size=vocab_size, hidden_size=model["hidden_size"],
+                    intermediate_size=model["intermediate_size"], num_hidden_layers=model["num_hidden_layers"],
+                    num_attention_heads=model["num_attention_heads"],
+                    num_key_value_heads=model["num_key_value_heads"], max_position_embeddings=length,
+                    tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)  # fmt: skip
+    return settings
+
+
+def set_rope_theta(family_config, theta: float) -> None:
+    """The rotary base, where the family has one base for every layer (Gemma 3's per-layer-type
+    bases and GPT-2's learned positions keep the family's own)."""
+    rope = getattr(family_config, "rope_parameters", None)
+    if (
+        isinstance(rope, dict)
+        and "rope_theta" in rope
+        and not any(isinstance(v, dict) for v in rope.values())
+    ):
+        rope["rope_theta"] = theta
+
+
+def build_decoder(config: dict, vocab_size: int, length: int):
+    """PackedCausalLM of config["model"] (seeded by training.seed)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from model.families import PACKED_ATTENTION, _register_packed_attention
+    from model.family_model import PackedCausalLM, PackedFamilyModel
+
+    model_cfg = config["model"]
+    torch.manual_seed(config["training"]["seed"])
+    if model_cfg["init_checkpoint"] is not None:
+        folder = Path(model_cfg["init_checkpoint"])
+        try:
+            packed = PackedFamilyModel.from_pretrained(folder, "causal_lm")
+        except (OSError, ValueError, RuntimeError) as err:
+            raise RunError(f"model.init_checkpoint {folder}: cannot be loaded ({str(err)[:200]})") from None
+    else:
+        if model_cfg["num_attention_heads"] % model_cfg["num_key_value_heads"]:
+            raise RunError("model.num_attention_heads must be a multiple of model.num_key_value_heads")
+        if model_cfg["hidden_size"] % model_cfg["num_attention_heads"]:
+            raise RunError("model.hidden_size must be a multiple of model.num_attention_heads")
+        family_config = AutoConfig.for_model(
+            model_cfg["family"], **family_settings(model_cfg, vocab_size, length)
+        )
+        set_rope_theta(family_config, model_cfg["rope_theta"])
+        _register_packed_attention()
+        hf_model = AutoModelForCausalLM.from_config(family_config, attn_implementation=PACKED_ATTENTION)
+        packed = PackedCausalLM(hf_model, "causal_lm")
+    if packed.config.vocab_size < vocab_size:
+        raise RunError(
+            f"data.train_dir: the rows use a vocabulary of {vocab_size} tokens, the model has {packed.config.vocab_size}"
+        )
+    choice = model_cfg["attention"]
+    packed.attention_granularity = GRANULARITY.get(choice, None)
+    if choice == "buckets":
+        from model.causal_buckets import bucket_granularity
+
+        packed.attention_granularity = bucket_granularity(length)
+    return packed
