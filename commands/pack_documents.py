@@ -5,11 +5,11 @@
 
 Each document is tokenized as the tokenizer folder's transformers tokenizer does it, EOS
 appended. Held-out documents (a seeded draw) become exactly --eval-rows evaluation rows; the
-rest are the training rows. Layouts (packing.documents): `documents` packs whole documents
+rest are the training rows. Layouts (packing.lm_rows.layouts): `documents` packs whole documents
 with document masking (longer ones split every S tokens, said in the report); `concatenated`
 is MLPerf's reference (back to back, cut every S tokens). Written, each by atomic rename:
 
-    OUTPUT/<layout>/train/, OUTPUT/<layout>/eval/   (packing.document_store's format)
+    OUTPUT/<layout>/train/, OUTPUT/<layout>/eval/   (packing.lm_rows.store's format)
     OUTPUT/report.json                              documents, tokens, real-token share, K,
                                                     splits, left-out tail, crossing share
 
@@ -72,7 +72,7 @@ def held_out(lengths, rows: int, length: int, seed: int):
 
 def build_layout(layout: str, tokens, eval_docs, train_docs, args):
     """(train Rows, eval Rows or None, train document indices) of one layout."""
-    from packing.documents import concatenated_rows, document_rows
+    from packing.lm_rows.layouts import concatenated_rows, document_rows
 
     length, depth = args.max_sequence_length, args.max_sequences_per_pack
 
@@ -89,31 +89,48 @@ def build_layout(layout: str, tokens, eval_docs, train_docs, args):
             raise ValueError(
                 f"--eval-rows {args.eval_rows}: the held-out documents filled only {evaluation.input_ids.shape[0]} rows"
             )
-        evaluation, returned = keep_rows(evaluation, args.eval_rows, eval_docs)
+        evaluation, returned = keep_rows(evaluation, args.eval_rows, eval_docs, [len(t) for t in tokens])
         train_docs = sorted([*train_docs, *returned])
     return rows_of(train_docs), evaluation, train_docs
 
 
-def keep_rows(rows, count: int, documents):
+def keep_rows(rows, count: int, documents, lengths):
     """The first `count` rows (concatenated: the stream's first rows, as the reference cuts;
-    documents: the `count` fullest) and the documents of the others, which go back to
-    training (their pieces never stay split between the two sets)."""
+    documents: the `count` fullest) and the documents with no token in them, which go back to
+    training whole. documents: the rows' document indices -> the input's; lengths: the input's
+    document lengths. In the concatenated layout the one document cut at the last kept row
+    keeps its head in evaluation and its tail out (Rows.left_out_tokens)."""
     import numpy as np
 
-    from packing.documents import Rows
+    from packing.lm_rows.layouts import Rows
 
     if rows.layout == "concatenated":
         order = np.arange(count)
     else:
         order = np.sort(np.argsort(-(rows.sequence_ids > 0).sum(1), kind="stable")[:count])
-    dropped = np.setdiff1d(np.arange(rows.input_ids.shape[0]), order)
-    local = np.unique(rows.document_ids[dropped][rows.document_ids[dropped] >= 0])
     kept = {name: value[order] for name, value in rows.fields().items()}
-    left_out = rows.left_out_tokens + int((rows.document_ids[dropped] >= 0).sum())
+    ids = kept["document_ids"]
+    inside = np.unique(ids[ids >= 0])
+    returned = np.setdiff1d(np.arange(len(documents)), inside)
+    left_out = int(np.asarray(lengths)[np.asarray(documents)[inside]].sum()) - int((ids >= 0).sum())
     kept_rows = Rows(**kept, layout=rows.layout, depth=rows.depth, split_documents=rows.split_documents,
-                     left_out_tokens=left_out if rows.layout == "concatenated" else 0)  # fmt: skip
-    returned = [] if rows.layout == "concatenated" else [int(documents[i]) for i in local]
-    return kept_rows, returned
+                     left_out_tokens=left_out)  # fmt: skip
+    return kept_rows, [int(documents[i]) for i in returned]
+
+
+def output_folder_mistake(output: Path, inputs: list[Path], tokenizer: Path) -> str | None:
+    """One line where writing the output folder (it replaces what is there) would touch an
+    input, the tokenizer or a folder that is not an earlier output of this command."""
+    target = output.resolve()
+    if output.exists() and not output.is_dir():
+        return f"--output {output} exists and is not a folder"
+    for path in [*inputs, tokenizer]:
+        place = path.resolve()
+        if place.is_relative_to(target) or target.is_relative_to(place):
+            return f"--output {output} would replace or lie inside {path}, which this command reads; write elsewhere"
+    if output.is_dir() and any(output.iterdir()) and not (output / "report.json").is_file():
+        return f"--output {output} is a folder holding other files (no report.json of this command); give a new path"
+    return None
 
 
 def globalize(rows, documents) -> None:
@@ -127,10 +144,8 @@ def globalize(rows, documents) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from common.files import output_over_inputs
-
     inputs = [Path(p) for p in args.input]
-    mistake = output_over_inputs(args.output, inputs, [Path(args.tokenizer)])
+    mistake = output_folder_mistake(Path(args.output), inputs, Path(args.tokenizer))
     if mistake:
         return refuse(mistake)
     if args.max_sequence_length < 2:
@@ -161,8 +176,8 @@ def write_all(args, texts, tokens, tokenizer) -> int:
     import numpy as np
 
     from common.files import atomic_folder
-    from packing.document_store import write_rows
-    from packing.documents import check_rows, crossing_share
+    from packing.lm_rows.store import write_rows
+    from packing.lm_rows.layouts import check_rows, crossing_share
     from packing.errors import PackingInputError
 
     lengths = np.array([len(t) for t in tokens])

@@ -66,6 +66,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "data.convert_tf_checkpoint", "a TF1 / NVIDIA BERT checkpoint -> a transformers folder"
     ),
     "qa-cloze": Subcommand("data.qa_cloze", "cloze questions in SQuAD's layout from BBC News"),
+    "debian-texts": Subcommand("data.debian_texts", "Debian's package descriptions as JSON lines (LM text)"),
     "embedding-texts": Subcommand("data.embedding_texts", "texts of several length profiles to embed"),
     "assets": Subcommand("data.assets", "where the offline assets are (the MiniLM model, the BBC corpus)"),
 }

@@ -35,6 +35,7 @@ server and the embeddings run them unchanged.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -232,6 +233,10 @@ def use_packed_attention(hf_model) -> None:
 
 
 # ----- attention ---------------------------------------------------------------------------------
+# True while a packed forward runs (PackedFamilyModel.encode): the model's own mask is not built.
+PACKED_FORWARD: contextvars.ContextVar[bool] = contextvars.ContextVar("packed_forward", default=False)
+
+
 @dataclass
 class PackedLayout:
     """Built once per forward from the rows, read by every layer's attention."""
@@ -315,9 +320,16 @@ def _register_packed_attention() -> None:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
-    # The mask helpers are asked for a mask of this implementation too; packed_attention
-    # ignores it (it builds its own from the layout).
-    ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, sdpa_mask)
+
+    def packed_mask(*args, **kwargs):
+        """The mask transformers' model asks for before its layers. A packed forward needs
+        none (packed_attention draws its own from the layout): building it would cost S^2
+        per row in Python-level mask functions (with restarting position ids transformers
+        also composes its packed-sequence mask), minutes per evaluation at S = 8192. An
+        ordinary call of the same model gets SDPA's mask, as transformers makes it."""
+        return None if PACKED_FORWARD.get() else sdpa_mask(*args, **kwargs)
+
+    ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, packed_mask)
 
 
 # ----- causal language modelling -----------------------------------------------------------------

@@ -17,6 +17,7 @@ from model.embedding import check_pooling, pool_slots
 from model.families import (
     DROPOUT_KEYS,
     PACKED_ATTENTION,
+    PACKED_FORWARD,
     TASK_CLASSES,
     PackedLayout,
     _register_packed_attention,
@@ -151,7 +152,11 @@ class PackedFamilyModel(PreTrainedModel):
             arguments["attention_mask"] = None  # attention is confined by the packed layout
         if self._has_use_cache:
             arguments["use_cache"] = False
-        return self.base(**arguments).last_hidden_state
+        packed = PACKED_FORWARD.set(True)  # the model builds no mask of its own (packed_mask)
+        try:
+            return self.base(**arguments).last_hidden_state
+        finally:
+            PACKED_FORWARD.reset(packed)
 
     # ----- the forward ----------------------------------------------------------------------
     @property

@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packing.documents import Rows, check_rows, concatenated_rows, crossing_share, document_rows
+from packing.lm_rows.layouts import Rows, check_rows, concatenated_rows, crossing_share, document_rows
 from packing.errors import PackingBugError
 
 from .conftest import REPO
@@ -90,7 +90,7 @@ def corpus(tmp_path_factory):
 
 def test_pack_documents_writes_both_layouts_with_every_document_once(corpus):
     from door.folder import open_tokenizer
-    from packing.document_store import RowStore
+    from packing.lm_rows.store import RowStore
 
     root, texts = corpus
     report = json.loads((root / "rows" / "report.json").read_text())
@@ -208,7 +208,32 @@ def test_a_decoder_run_logs_evaluates_and_resumes_exactly(corpus, tmp_path):
     assert [x["loss"] for x in resumed if x["kind"] == "train"] == [x["loss"] for x in train]
     assert any((tmp_path / "straight/tensorboard").iterdir())
     log = (tmp_path / "straight/mlperf.log").read_text()
-    assert '"submission_benchmark", "value": "llama31_8b"' in log and log.count('"key": "eval_accuracy"') == 2
+    assert '"value": "llama31_8b"' in log and log.count('"key": "eval_accuracy"') == 2
+    assert failed_mlperf_rules(tmp_path / "straight/mlperf.log") == SCALE_RULES
+
+
+# The closed llama31_8b rules a run at test scale cannot meet: rows of 8192 tokens, 1024
+# evaluation rows, and the target log perplexity 3.3 (the README's recipe meets them all).
+SCALE_RULES = {"max_sequence_length", "eval_samples", "eval_accuracy"}
+
+
+def failed_mlperf_rules(log) -> set[str]:
+    """The keys MLCommons' checker (mlperf-logging, --ruleset 5.1.0) reports failing in `log`;
+    every other rule of common, closed_common and closed_llama31_8b passed."""
+    import re
+
+    done = subprocess.run([PY, "-m", "mlperf_logging.compliance_checker", "--usage", "training", "--ruleset", "5.1.0",
+                           str(log)], cwd=log.parent, capture_output=True, text=True)  # fmt: skip
+    text = done.stdout + done.stderr
+    assert "closed_llama31_8b.yaml" in text, text[-2000:]  # the benchmark's own rules were applied
+    failed = set(re.findall(r"CHECK for '(\w+)' failed", text)) | set(
+        re.findall(r"Failed checks for (\w+)", text)
+    )
+    failed |= set(re.findall(r"Required \w+ occurrence of '(\w+)'", text))  # a key missing or repeated
+    for other in ("Failed executing code", "No log lines", "Could not find config", "parsing errors"):
+        assert other not in text, text[-2000:]
+    assert failed or done.returncode == 0, text[-2000:]
+    return failed
 
 
 def test_a_decoder_config_is_refused_in_one_line_where_it_cannot_run(corpus, tmp_path):

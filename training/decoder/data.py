@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from packing.document_store import RowStore
+from packing.lm_rows.store import RowStore
 
 
 def row_order(rows: int, seed: int, epoch: int) -> np.ndarray:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from common.cli import refuse
-from packing.document_store import RowStore
+from packing.lm_rows.store import RowStore
 from packing.errors import PackingInputError
 from training import checkpoint as ckpt
 from training.decoder.data import evaluation_batches, global_batch_rows, micro_batches

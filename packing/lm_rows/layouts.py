@@ -25,7 +25,11 @@ from packing.errors import PackingBugError, PackingInputError
 from packing.tokenized import pack_examples
 
 LAYOUTS = ("documents", "concatenated")
-MIN_DEPTH = 16  # K of the documents layout is at least this (issue 71: C4 documents in 8192-token rows)
+# K of the documents layout: the smallest of these whose LPFHP plan leaves at most
+# MAX_PADDING of the rows' tokens as padding (else the deepest). Web documents average a few
+# hundred tokens, so 8192-token rows need K of 32-128; K costs the bucket attention nothing.
+DEPTHS = (16, 32, 64, 128, 256, 512)
+MAX_PADDING = 0.01
 
 
 @dataclass
@@ -70,19 +74,25 @@ def pieces_of(lengths: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray,
     return document, offset, np.minimum(lengths[document] - offset, length)
 
 
+def lm_depth(lengths: np.ndarray, length: int) -> int:
+    """K for pieces of `lengths` tokens in rows of `length` (DEPTHS, MAX_PADDING)."""
+    from packing.tokenized import padding_of
+
+    counts = np.bincount(np.asarray(lengths) - 1, minlength=length)
+    return next((k for k in DEPTHS if padding_of(counts, length, k) <= MAX_PADDING), DEPTHS[-1])
+
+
 def document_rows(
     tokens: list[np.ndarray], length: int, depth: int | None, algorithm: str = "lpfhp", seed: int = 0
 ) -> Rows:
     """The documents layout of `tokens` (one int array per document) in rows of `length`.
-    depth: K (None: chosen from the lengths, at least MIN_DEPTH)."""
+    depth: K (None: chosen from the lengths, lm_depth)."""
     lengths = np.array([len(t) for t in tokens], dtype=np.int64)
     if lengths.size == 0 or lengths.min() < 1:
         raise PackingInputError("expected at least one document, each of at least one token")
     document, offset, piece_length = pieces_of(lengths, length)
     if depth is None:
-        from packing.tokenized import fitting_depth
-
-        depth = max(MIN_DEPTH, fitting_depth(piece_length, length))
+        depth = lm_depth(piece_length, length)
     table = pack_examples(piece_length, length, depth, algorithm, seed)
     out = _empty(len(table), length)
     for row, pieces in enumerate(table.tolist()):

@@ -5,7 +5,7 @@
                     documents, split_documents, left_out_tokens, vocab_size, eos_id,
                     tokenizer (what it was made with), shards [{file, rows, sha256}]
     part-00000.h5   input_ids, sequence_ids, position_ids, document_ids, document_offsets:
-                    [rows, S] each (packing.documents.Rows)
+                    [rows, S] each (packing.lm_rows.layouts.Rows)
 
 Written into a temporary folder and renamed into place (nothing half-written); opened with
 every shard's shape and integer dtype checked and, where asked, its sha256.
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common.files import atomic_folder, sha256_file
-from packing.documents import Rows
+from packing.lm_rows.layouts import Rows
 from packing.errors import PackingInputError
 
 FORMAT = "packed-lm-rows"
