@@ -102,7 +102,7 @@ def main() -> int:
     fig.text(0.01, 0.01, machine.line(info), fontsize=6)
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(args.out.with_suffix(".png"), dpi=120)
-    print(f"| layout | train tokens | tokens/s | final eval log perplexity | crossing pairs |")
+    print("| layout | train tokens | tokens/s | final eval log perplexity | crossing pairs |")
     print("|---|---:|---:|---:|---:|")
     for name, result in results.items():
         crossing = report["layouts"][name]["train"]["crossing_attention_pair_share"]

@@ -176,9 +176,9 @@ def write_all(args, texts, tokens, tokenizer) -> int:
     import numpy as np
 
     from common.files import atomic_folder
-    from packing.lm_rows.store import write_rows
-    from packing.lm_rows.layouts import check_rows, crossing_share
     from packing.errors import PackingInputError
+    from packing.lm_rows.layouts import check_rows, crossing_share
+    from packing.lm_rows.store import write_rows
 
     lengths = np.array([len(t) for t in tokens])
     vocab_size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)

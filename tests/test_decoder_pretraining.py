@@ -15,8 +15,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packing.lm_rows.layouts import Rows, check_rows, concatenated_rows, crossing_share, document_rows
 from packing.errors import PackingBugError
+from packing.lm_rows.layouts import Rows, check_rows, concatenated_rows, crossing_share, document_rows
 
 from .conftest import REPO
 

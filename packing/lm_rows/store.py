@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from common.files import atomic_folder, sha256_file
-from packing.lm_rows.layouts import Rows
 from packing.errors import PackingInputError
+from packing.lm_rows.layouts import Rows
 
 FORMAT = "packed-lm-rows"
 VERSION = 1

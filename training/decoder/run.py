@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from common.cli import refuse
-from packing.lm_rows.store import RowStore
 from packing.errors import PackingInputError
+from packing.lm_rows.store import RowStore
 from training import checkpoint as ckpt
 from training.decoder.data import evaluation_batches, global_batch_rows, micro_batches
 from training.decoder.model import build_decoder
