@@ -177,13 +177,16 @@ def test_packed_document_loss_and_gradients_equal_each_document_alone(family, tm
 
 
 # ----- the run -------------------------------------------------------------------------------------
-def pretrain(corpus_root, output, *sets, resume=False):
-    argv = [PY, "run_pretraining.py", "--config", "configs/pretrain_decoder_tiny.yaml", "--output-dir", str(output),
-            "--set", f"data.train_dir={corpus_root / 'rows/documents/train'}",
-            "--set", f"data.eval_dir={corpus_root / 'rows/documents/eval'}",
-            "--set", "data.max_sequence_length=128", "--set", "eval.rows=6", "--set", "model.hidden_size=32",
-            "--set", "model.intermediate_size=64", "--set", "training.log_every_steps=1", *sum((["--set", s] for s in sets), [])]  # fmt: skip
-    return subprocess.run(argv + (["--resume"] if resume else []), cwd=REPO, capture_output=True, text=True)
+def pretrain(corpus_root, output, *sets, resume=False, torchrun=0):
+    """run_pretraining.py on configs/pretrain_decoder_tiny.yaml at test scale (this process,
+    or torchrun replicas: tests/training_helpers.run)."""
+    from .training_helpers import run
+
+    settings = [f"data.train_dir={corpus_root / 'rows/documents/train'}",
+                f"data.eval_dir={corpus_root / 'rows/documents/eval'}", "data.max_sequence_length=128", "eval.rows=6",
+                "model.hidden_size=32", "model.intermediate_size=64", "training.log_every_steps=1", *sets]  # fmt: skip
+    extra = [a for s in settings for a in ("--set", s)] + (["--resume"] if resume else [])
+    return run(REPO / "configs/pretrain_decoder_tiny.yaml", output, *extra, torchrun=torchrun)
 
 
 def test_a_decoder_run_logs_evaluates_and_resumes_exactly(corpus, tmp_path):
@@ -243,3 +246,34 @@ def test_a_decoder_config_is_refused_in_one_line_where_it_cannot_run(corpus, tmp
     wrong_length = pretrain(root, tmp_path / "b", "data.max_sequence_length=256")
     assert wrong_length.returncode == 2 and "S=128 in metadata.json" in wrong_length.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b" / "config.yaml").exists()
+
+
+def test_the_config_keys_table_is_the_schema():
+    from common.config_schema import markdown
+    from training.decoder.config import SCHEMA
+
+    assert markdown(SCHEMA) in (REPO / "configs" / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_two_replicas_equal_one_process_with_the_same_global_batch(corpus, tmp_path):
+    """torchrun (gloo, CPU): 2 replicas x 1 row a step end on the weights of 1 process x 2
+    micro-batches (gradient accumulation): the step's loss is normalised by the global count."""
+    from .training_helpers import final_weights
+
+    root, _ = corpus
+    one = pretrain(root, tmp_path / "one", "training.max_steps=3", "optim.gradient_accumulation=2")
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = pretrain(root, tmp_path / "two", "training.max_steps=3", torchrun=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    a, b = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=2e-6, rtol=1e-5), name
+
+
+def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
+    root, _ = corpus
+    done = pretrain(root, tmp_path / "bf16", "training.max_steps=2", "training.precision=bf16")
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [json.loads(x) for x in (tmp_path / "bf16/metrics.jsonl").read_text().splitlines()]
+    assert all(np.isfinite(x["loss"]) for x in lines if x["kind"] == "train")
