@@ -92,7 +92,9 @@ def main() -> int:
         results[layout] = train(layout, args, output)
     for layout, result in results.items():  # both models on the concatenated evaluation rows too
         final = sorted((args.scratch / layout / "checkpoints").glob("step-*"))[-1] / "model"
-        result["eval_on_concatenated_rows"] = cross_evaluation(final, args.data / "concatenated" / "eval", args.eval_rows)
+        result["eval_on_concatenated_rows"] = cross_evaluation(
+            final, args.data / "concatenated" / "eval", args.eval_rows
+        )
     docs, flat = results["documents"], results["concatenated"]
     info = machine.description()
     summary = {

@@ -1,12 +1,14 @@
 """Supervised fine-tuning of a decoder, packed, against TRL's SFTTrainer on the same data and
 device (issue 58), and what TRL's own packing would let leak across sequences here.
 
-    python bench/bench_sft.py [--parts packing leak sft] [--examples 400] [--steps 4] [--threads 2]
+    python bench/bench_sft.py [--parts packing leak sft peers] [--examples 400] [--steps 4] [--threads 2]
+        [--shape base|small] [--rows-per-step 1 2 4] [--spread]
 
 Data: BBC News as prompt/completion pairs ("Write a headline for this article:" + the
 article's body, cut at --body-chars characters; the headline as completion), tokenized by
 a byte-level BPE learned from the same corpus (BOS, EOS, pad). Model: a base-sized random
-Llama (12 layers, 768 wide, 4 key/value heads; speed does not depend on the weights).
+Llama (12 layers, 768 wide, 4 key/value heads; speed does not depend on the weights), or
+--shape small (4 layers, 512 wide).
 
   packing  the length profile (whole articles) packed into rows of 2,048 and 8,192 tokens:
            this project's LPFHP and (2,048 only: minutes at 8,192) LP, K chosen from the
@@ -25,6 +27,9 @@ Llama (12 layers, 768 wide, 4 key/value heads; speed does not depend on the weig
            step; real (non-padding) tokens counted in both. The same arithmetic both ways:
            TRL's own defaults (bf16 autocast, gradient checkpointing) are set as ours are;
            --bf16 runs both in bf16. --spread gives the bodies a spread of lengths.
+  peers    best against best: TRL's SFTTrainer with its own packing (packing=True: BFD,
+           padding-free) at each --rows-per-step and without packing at its default batch of
+           8, against Trainer over this project's packs at the same rows per step (peers_part)
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ sys.path.insert(0, str(REPO))
 
 BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 4,
         "intermediate_size": 3072}  # fmt: skip
+SHAPES = {"base": BASE, "small": {"hidden_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+                                  "num_key_value_heads": 4, "intermediate_size": 1536}}  # fmt: skip
 
 
 def headline_pairs(body_chars: int, spread: bool = False) -> list[dict]:
@@ -212,8 +219,10 @@ def counting(collator, batches: list):
         batch = collator(features)
         if "attention_mask" in batch:
             real = int(batch["attention_mask"].sum())
-        else:
+        elif "sequence_ids" in batch:
             real = int((batch["sequence_ids"] > 0).sum())
+        else:  # TRL's padding-free rows: one flattened row, every token real
+            real = int(batch["input_ids"].numel())
         batches.append((real, int(batch["input_ids"].numel())))
         return batch
 
@@ -276,14 +285,74 @@ def sft_part(pairs, examples, folder: Path, steps: int, batch: int, pack_length:
     return results
 
 
+def peers_part(pairs, examples, folder: Path, steps: int, rows_list, pack_length: int, bf16: bool) -> dict:
+    """Best against best: TRL's SFTTrainer as its users run it, with its packing
+    (SFTConfig(packing=True): best-fit decreasing into rows of pack_length, padding-free
+    batches, completion-only loss) at each rows-per-step of `rows_list` and without packing at
+    its default batch of 8, against Trainer over this project's packs at the same rows per step.
+    Training tokens/s over `steps` steps after a warm-up step, real tokens counted."""
+    import torch
+    from datasets import Dataset
+    from transformers import AutoTokenizer, Trainer, TrainingArguments
+    from trl import SFTConfig, SFTTrainer
+
+    from hf_integration.trainer import PackedDataCollator, pack_dataset
+    from model.family_model import PackedFamilyModel
+
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        common = dict(output_dir=scratch, max_steps=steps + 1, learning_rate=1e-5, report_to=[], use_cpu=True,
+                      save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0, bf16=bf16,
+                      gradient_checkpointing=False, dataloader_drop_last=True)  # fmt: skip
+
+        def trl(name, **settings):
+            clock, batches = StepClock(), []
+            torch.manual_seed(0)
+            trainer = SFTTrainer(model=str(folder), args=SFTConfig(**common, completion_only_loss=True, **settings),
+                                 train_dataset=Dataset.from_list(pairs),
+                                 processing_class=AutoTokenizer.from_pretrained(folder), callbacks=[clock.callback()])  # fmt: skip
+            trainer.data_collator = counting(trainer.data_collator, batches)
+            trainer.train()
+            results[name] = step_figures(clock, batches)
+            print(name, json.dumps(results[name]), flush=True)
+
+        trl("trl_no_packing_batch_8", per_device_train_batch_size=8, packing=False, max_length=512)
+        data = Dataset.from_dict({"input_ids": [t.tolist() for t in examples.token_ids],
+                                  "labels": [t.tolist() for t in examples.label_ids]})  # fmt: skip
+        packs = pack_dataset(data, "causal_lm", pack_length, verbose=False)
+        for rows in rows_list:
+            trl(
+                f"trl_packing_rows_{rows}",
+                per_device_train_batch_size=rows,
+                packing=True,
+                max_length=pack_length,
+            )
+            clock, batches = StepClock(), []
+            torch.manual_seed(0)
+            model = PackedFamilyModel.from_pretrained(folder, "causal_lm")
+            trainer = Trainer(model=model, args=TrainingArguments(**common, per_device_train_batch_size=rows),
+                              train_dataset=packs, data_collator=counting(PackedDataCollator(), batches),
+                              callbacks=[clock.callback()])  # fmt: skip
+            trainer.train()
+            results[f"packed_rows_{rows}"] = step_figures(clock, batches)
+            print(f"packed_rows_{rows}", json.dumps(results[f"packed_rows_{rows}"]), flush=True)
+    best = {kind: max(v["tokens_per_second"] for k, v in results.items() if k.startswith(kind))
+            for kind in ("trl", "packed")}  # fmt: skip
+    results["best_packed_over_best_trl"] = best["packed"] / best["trl"]
+    print(f"best packed / best TRL: {results['best_packed_over_best_trl']:.2f}x tokens/s", flush=True)
+    return results
+
+
 def main() -> int:
     import torch
     import transformers
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--parts", nargs="+", choices=("packing", "leak", "sft"), default=["packing", "leak", "sft"]
+        "--parts", nargs="+", choices=("packing", "leak", "sft", "peers"), default=["packing", "leak", "sft"]
     )
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="base", help="the random Llama's size")
+    parser.add_argument("--rows-per-step", type=int, nargs="+", default=[1, 2, 4], help="peers: rows a step")
     parser.add_argument(
         "--examples", type=int, default=400, help="pairs trained on (sft) and measured (leak)"
     )
@@ -321,7 +390,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / "llama"
         torch.manual_seed(0)
-        config = transformers.AutoConfig.for_model("llama", **BASE, vocab_size=len(tokenizer), pad_token_id=0,
+        config = transformers.AutoConfig.for_model("llama", **SHAPES[args.shape], vocab_size=len(tokenizer), pad_token_id=0,
                                                    bos_token_id=1, eos_token_id=2, max_position_embeddings=8192)  # fmt: skip
         transformers.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
@@ -330,6 +399,10 @@ def main() -> int:
         if "sft" in args.parts:
             results["sft"] = sft_part(
                 chosen, examples, folder, args.steps, args.batch, args.pack_length, args.bf16
+            )
+        if "peers" in args.parts:
+            results["peers"] = peers_part(
+                chosen, examples, folder, args.steps, args.rows_per_step, args.pack_length, args.bf16
             )
     if args.out:
         args.out.write_text(json.dumps(results, indent=1) + "\n")

@@ -325,6 +325,8 @@ def test_the_wheel_carries_every_room_the_command_and_the_histograms(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for room in PRODUCT_PACKAGES:
         assert f"{room}/__init__.py" in names, room
+    for inner in ("training/backends", "training/decoder", "packing/lm_rows"):  # the rooms' own subfolders
+        assert f"{inner}/__init__.py" in names, inner
     assert "run_pretraining.py" in names and "packing/histograms/wikipedia_512.json" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     assert "packed = commands.packed:main" in zipfile.ZipFile(wheel).read(entry).decode()
