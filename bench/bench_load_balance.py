@@ -8,7 +8,8 @@ Llama (4 layers x 256, byte vocabulary) on the same examples, BBC News articles 
 5-100% of 1,000 bytes (lengths spread as instruction data's are), three ways:
 
   packed         this project's rows: every example of the run packed (LPFHP) into rows of
-                 --row tokens; each replica takes the same number of rows a step
+                 --row tokens; each replica takes the same number of rows a step (the few
+                 rows that do not fill a last step are not trained)
   padding_free   each replica's examples flattened into one row (TRL's padding-free batches,
                  DataCollatorWithFlattening): its length is the sum of its examples'
   grouped        each replica's examples padded to the longest of its batch, one per row,
@@ -82,8 +83,7 @@ def plan(mode: str, data, steps: int, per_replica: int, width: int, world: int):
     used = steps * per_replica * world
     if mode == "packed":
         table = pack_examples(lengths[:used], width, None, "lpfhp", seed=0)
-        per = -(-len(table) // (steps * world))
-        table = np.concatenate([table, np.full((per * steps * world - len(table), table.shape[1]), -1)])
+        per = len(table) // (steps * world)  # rows a replica a step; the few rows left over are not trained
         return [[(data, table[(s * world + r) * per : (s * world + r + 1) * per], width) for r in range(world)]
                 for s in range(steps)]  # fmt: skip
     order = grouped_order(lengths[:used], per_replica * world, 0) if mode == "grouped" else np.arange(used)
@@ -115,7 +115,7 @@ def replica(args) -> None:
     config = {section: {k: v.default for k, v in keys.items()} for section, keys in SCHEMA.items()}
     config["model"].update(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=4,
                            num_key_value_heads=2)  # fmt: skip
-    data = examples(args.steps * args.examples_per_replica * world + 1)
+    data = examples((args.steps + 1) * args.examples_per_replica * world)
     results = {}
     for mode in ("packed", "padding_free", "grouped"):
         model = build_decoder(config, 257, 4096)
@@ -132,7 +132,11 @@ def replica(args) -> None:
             computed = time.perf_counter()
             dist.all_reduce(torch.zeros(1))  # blocks until the slower replica has computed too
             waited = time.perf_counter()
-            for p in model.parameters():
+            for name, p in model.named_parameters():
+                if p.grad is None:
+                    raise SystemExit(
+                        f"rank {rank} mode {mode} step {step}: no gradient for {name}; batch {table.tolist()}"
+                    )
                 dist.all_reduce(p.grad)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -50,9 +50,8 @@ def test_config_errors_name_the_key(tmp_path):
 
 
 def test_every_shipped_config_validates():
-    from finetune.config import load_finetune_config
-
     from common.config_schema import read_yaml
+    from finetune.config import load_finetune_config
     from training.decoder.config import is_decoder_config, load_decoder_config
 
     decoders = 0

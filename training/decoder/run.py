@@ -213,10 +213,14 @@ class DecoderRun:
                 out = self.model(**batch, shift_labels=target, num_items_in_batch=predicted)
             out["loss"].backward()
             loss_sum += out["token_loss_sum"].double().cpu()
-        parameters = [p for p in self.model.parameters() if p.grad is not None]
         if self.world > 1:  # each replica's gradient is its share of the step's mean: sum them
-            for p in parameters:
+            for p in self.model.parameters():
+                if (
+                    p.grad is None
+                ):  # unused on this replica's rows: its share is zero (every replica reduces every tensor)
+                    p.grad = torch.zeros_like(p)
                 dist.all_reduce(p.grad)
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
         all_reduce_(loss_sum)
         norm = torch.nn.utils.clip_grad_norm_(parameters, config["optim"]["max_grad_norm"])
         loss = float(loss_sum) / predicted
