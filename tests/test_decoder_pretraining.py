@@ -88,6 +88,7 @@ def corpus(tmp_path_factory):
     return root, texts
 
 
+@pytest.mark.slow  # the corpus fixture: a tokenizer learned and two layouts packed in fresh interpreters
 def test_pack_documents_writes_both_layouts_with_every_document_once(corpus):
     from door.folder import open_tokenizer
     from packing.lm_rows.store import RowStore
@@ -119,6 +120,7 @@ def test_pack_documents_writes_both_layouts_with_every_document_once(corpus):
     assert sum(whole) == documents["train"]["real_tokens"] + documents["eval"]["real_tokens"]
 
 
+@pytest.mark.slow  # the corpus fixture: a tokenizer learned and two layouts packed in fresh interpreters
 def test_pack_documents_refuses_bad_input_in_one_line_and_writes_nothing(corpus, tmp_path):
     root, _ = corpus
     bad = tmp_path / "bad.jsonl"
@@ -189,6 +191,7 @@ def pretrain(corpus_root, output, *sets, resume=False, torchrun=0):
     return run(REPO / "configs/pretrain_decoder_tiny.yaml", output, *extra, torchrun=torchrun)
 
 
+@pytest.mark.slow  # the corpus fixture: a tokenizer learned and two layouts packed in fresh interpreters
 def test_a_decoder_run_logs_evaluates_and_resumes_exactly(corpus, tmp_path):
     from safetensors.torch import load_file
 
@@ -239,6 +242,7 @@ def failed_mlperf_rules(log) -> set[str]:
     return failed
 
 
+@pytest.mark.slow  # the corpus fixture: a tokenizer learned and two layouts packed in fresh interpreters
 def test_a_decoder_config_is_refused_in_one_line_where_it_cannot_run(corpus, tmp_path):
     root, _ = corpus
     ipu = pretrain(root, tmp_path / "a", "execution.device=ipu")
@@ -271,6 +275,7 @@ def test_two_replicas_equal_one_process_with_the_same_global_batch(corpus, tmp_p
         assert torch.allclose(a[name], b[name], atol=2e-6, rtol=1e-5), name
 
 
+@pytest.mark.slow  # the corpus fixture: a tokenizer learned and two layouts packed in fresh interpreters
 def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
     root, _ = corpus
     done = pretrain(root, tmp_path / "bf16", "training.max_steps=2", "training.precision=bf16")
