@@ -56,6 +56,10 @@ def main() -> int:
     examples = read_jsonl(args.input, "text", "text_pair", None, need_labels=False)
     lengths = loaded.tokenize(examples, np.zeros(len(examples)), 512, "truncate").lengths
     flops = float(sum(layers * (2 * (4 * h * h + 2 * h * i) * n + 4 * n * n * h) for n in lengths))
+    sys.path.insert(0, str(REPO / "bench"))
+    import machine
+
+    print(f"# {machine.line(machine.description())}")
     print(f"# {args.model}: H={h}, I={i}, {layers} layers; {len(lengths)} texts, {int(lengths.sum())} real tokens, "
           f"{flops / 1e12:.3f} TFLOP; {args.threads} threads")  # fmt: skip
     print(
@@ -69,6 +73,13 @@ def main() -> int:
              "--output", str(out), "--dtype", dtype], cwd=REPO, capture_output=True, text=True,
             env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"},
         )  # fmt: skip
+        if (
+            done.returncode == 2 and "no bf16 instructions" in done.stderr
+        ):  # an AVX2-only CPU: refused, as users see it
+            print(f"| {dtype} | refused on this CPU (no AVX512-BF16 / AMX) | | | |")
+            continue
+        if done.returncode != 0:
+            raise SystemExit(f"finetune.predict failed ({done.returncode}): {done.stderr.strip()[-1500:]}")
         seconds = json.loads(done.stdout)["seconds"]
         peak = matmul_flops(h, i, torch_dtype, args.threads)
         model = flops / seconds
