@@ -46,7 +46,7 @@ def test_both_layouts_hold_every_document_token_exactly_once(lengths, length):
 def test_a_planted_fault_in_the_rows_is_caught():
     tokens = documents_of([30, 12, 50, 7])
     rows = document_rows(tokens, 64, None)
-    for plant in ("token", "drop", "position"):
+    for plant in ("token", "drop", "position", "twice"):
         broken = Rows(**{k: v.copy() for k, v in rows.fields().items()}, layout="documents", depth=rows.depth)
         real = np.argwhere(broken.sequence_ids > 0)
         r, c = real[3]
@@ -54,8 +54,11 @@ def test_a_planted_fault_in_the_rows_is_caught():
             broken.input_ids[r, c] += 1
         elif plant == "drop":
             broken.sequence_ids[r, c], broken.document_ids[r, c] = 0, -1
-        else:
+        elif plant == "position":
             broken.position_ids[r, c] += 1
+        else:  # a token placed twice: the place of the one before it, its id too
+            broken.document_offsets[r, c] = broken.document_offsets[r, c - 1]
+            broken.input_ids[r, c] = broken.input_ids[r, c - 1]
         with pytest.raises(PackingBugError):
             check_rows(broken, tokens)
 
