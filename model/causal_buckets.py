@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from model.varlen import VarlenLayout, varlen_layout
+from model.varlen import VarlenLayout, attend_by_buckets, varlen_layout
 
 # Rows up to this many tokens attend through the mask: at such lengths one SDPA call
 # measured no slower on CPU than gathering buckets (as BERT's BLOCK_DIAGONAL_MAX_LENGTH).
@@ -61,21 +61,14 @@ def bucket_attention(
     `window` apart (|i - j| <= window); None: no window."""
     b, heads, s, d = query.shape
     q_t, k_t, v_t = (x.transpose(1, 2).reshape(b * s, heads, d) for x in (query, key, value))  # [T, heads, d]
-    outputs = []
-    for index, valid, _, valid_flat in plan.buckets:
-        n, width = index.shape
-        flat = index.reshape(-1)
-        qb, kb, vb = (
-            x.index_select(0, flat).view(n, width, heads, d).transpose(1, 2) for x in (q_t, k_t, v_t)
-        )
-        mask = _bucket_mask(width, valid, causal, window, query.device)
-        out = F.scaled_dot_product_attention(
+
+    def attend(qb, kb, vb, bucket):
+        mask = _bucket_mask(qb.shape[2], bucket[1], causal, window, query.device)
+        return F.scaled_dot_product_attention(
             qb, kb, vb, attn_mask=mask, dropout_p=dropout, is_causal=causal and mask is None, scale=scale
         )
-        outputs.append(out.transpose(1, 2).reshape(n * width, heads, d).index_select(0, valid_flat))
-    outputs.append(v_t.index_select(0, plan.padding_index))  # padding: its own value
-    context = torch.cat(outputs).index_select(0, plan.order)
-    return context.reshape(b, s, heads, d)
+
+    return attend_by_buckets(q_t, k_t, v_t, plan, attend).reshape(b, s, heads, d)
 
 
 def _bucket_mask(width: int, valid: torch.Tensor, causal: bool, window, device) -> torch.Tensor | None:

@@ -182,7 +182,9 @@ def varlen_attention(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Ten
     if layout.cu_seqlens is not None:
         context = _flash(q_t, k_t, v_t, layout, dropout)
     else:
-        context = _buckets(q_t, k_t, v_t, layout, dropout)
+        context = attend_by_buckets(
+            q_t, k_t, v_t, layout, lambda qb, kb, vb, bucket: sdpa_attention(qb, kb, vb, bucket[2], dropout)
+        )
     # Padding attends only to itself (as in dense): its context is its own value.
     context = torch.where(layout.padding[:, None, None], v_t, context)
     return context.reshape(b, s, heads, d).transpose(1, 2)
@@ -198,20 +200,25 @@ def _flash(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
     return varlen_attn(q, k, v, cu, cu, s, s)
 
 
-def _buckets(q, k, v, layout: VarlenLayout, dropout: float) -> torch.Tensor:
+def attend_by_buckets(q, k, v, layout: VarlenLayout, attend) -> torch.Tensor:
+    """q, k, v [T, heads, d] -> context [T, heads, d]: each length bucket of `layout` gathered to
+    [n, heads, L, d], attended by `attend(q, k, v, bucket)` (bucket: the layout's (index, key
+    valid, key mask, valid flat positions)), scattered back; padding tokens get their own value.
+    BERT's varlen backend and the families' packed attention (model.causal_buckets) share it."""
     # index_select everywhere, not advanced indexing: its backward (index_add_) is much
     # cheaper on CPU than advanced indexing's accumulate-scatter.
     heads, d = q.shape[1], q.shape[2]
     outputs = []
-    for index, _, mask, valid_flat in layout.buckets:
+    for bucket in layout.buckets:
+        index, _, _, valid_flat = bucket
         n, width = index.shape
         flat = index.reshape(-1)
         # [n, L, heads, d] -> [n, heads, L, d]
         qb, kb, vb = (x.index_select(0, flat).view(n, width, heads, d).transpose(1, 2) for x in (q, k, v))
-        out = sdpa_attention(qb, kb, vb, mask, dropout)
+        out = attend(qb, kb, vb, bucket)
         out = out.transpose(1, 2).reshape(n * width, heads, d)
         outputs.append(out.index_select(0, valid_flat))  # [tokens of the bucket, heads, d]
-    outputs.append(v.index_select(0, layout.padding_index))  # replaced by `v` in varlen_attention anyway
+    outputs.append(v.index_select(0, layout.padding_index))  # padding attends only to itself
     return torch.cat(outputs).index_select(0, layout.order)
 
 

@@ -9,6 +9,7 @@ warmup over 1,200,000 samples, 8192-token rows, 1024 evaluation rows, target log
 from __future__ import annotations
 
 from common.config_schema import ConfigError, Key, apply_overrides, resolve
+from training.config import SCHEMA as BERT_SCHEMA
 
 DECODER_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2")
 PRECISIONS = ("fp32", "bf16")
@@ -88,19 +89,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
             str, None, "torchrun backend; null = nccl on CUDA, gloo on CPU", ("nccl", "gloo"), optional=True
         ),  # fmt: skip
     },
-    "logging": {
-        "progress": Key(bool, False, "tqdm progress bar"),
-        "tensorboard": Key(bool, True, "TensorBoard event files in OUTPUT/tensorboard"),
-        "mlperf": Key(bool, True, "MLPerf log lines (llama31_8b) in OUTPUT/mlperf.log"),
-        "submission_org": Key(str, "unknown", "MLPerf log: submitting organisation"),
-        "submission_division": Key(str, "closed", "MLPerf log: division", ("closed", "open")),
-        "submission_status": Key(
-            str, "research", "MLPerf log: system status", ("onprem", "cloud", "preview", "research")
-        ),  # fmt: skip
-        "submission_platform": Key(
-            str, None, "MLPerf log: platform; null = '<replicas>x<device>'", optional=True
-        ),
-    },
+    # BERT pretraining's logging keys (the same Reporter and MLPerf log read them), without its
+    # tqdm bar: the decoder loop logs a line per window and draws none.
+    "logging": {name: key for name, key in BERT_SCHEMA["logging"].items() if name != "progress"},
 }
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from common.cli import refuse
+from optim import weight_decay_groups
 from packing.errors import PackingInputError
 from packing.lm_rows.store import RowStore
 from training import checkpoint as ckpt
@@ -64,15 +65,6 @@ def cosine_with_warmup(optim: dict, samples: int) -> float:
     return end + 0.5 * (peak - end) * (1 + math.cos(math.pi * progress))
 
 
-def decay_groups(model, weight_decay: float) -> list[dict]:
-    """AdamW's groups: decay on matrices, none on biases, norms' scales and 1-D parameters."""
-    decay, keep = [], []
-    for _, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else keep).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
-
-
 def open_rows(folder, role: str, config: dict) -> RowStore:
     try:
         store = RowStore.open(folder, check_sha256=config["data"]["check_sha256"])
@@ -106,7 +98,7 @@ class DecoderRun:
         self.model = build_decoder(config, vocab, data["max_sequence_length"]).to(self.replica.device)
         optim = config["optim"]
         self.optimizer = torch.optim.AdamW(
-            decay_groups(self.model, optim["weight_decay"]),
+            weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),
             lr=0.0,
             betas=tuple(optim["betas"]),
             eps=optim["eps"],
