@@ -285,3 +285,20 @@ def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [json.loads(x) for x in (tmp_path / "bf16/metrics.jsonl").read_text().splitlines()]
     assert all(np.isfinite(x["loss"]) for x in lines if x["kind"] == "train")
+
+
+@pytest.mark.slow
+def test_an_edited_metadata_json_is_refused_in_one_line(corpus, tmp_path):
+    import shutil
+
+    from packing.errors import PackingInputError
+    from packing.lm_rows.store import RowStore
+
+    root, _ = corpus
+    folder = tmp_path / "rows"
+    shutil.copytree(root / "rows/documents/eval", folder)
+    meta = json.loads((folder / "metadata.json").read_text())
+    for shards in ({"part-00000.h5": 1}, ["part-00000.h5"], None):
+        (folder / "metadata.json").write_text(json.dumps({**meta, "shards": shards}))
+        with pytest.raises(PackingInputError, match="shards must be a list"):
+            RowStore.open(folder)

@@ -122,10 +122,13 @@ class RowStore:
         for key in ("S", "K", "rows", "vocab_size"):
             if not isinstance(metadata.get(key), int) or metadata[key] < 1:
                 raise PackingInputError(f"{meta_file}: {key} must be a positive integer")
+        shards = metadata.get("shards")
+        if not isinstance(shards, list) or not all(isinstance(shard, dict) for shard in shards):
+            raise PackingInputError(f"{meta_file}: shards must be a list of {{file, rows, sha256}} objects")
         import h5py
 
         parts = {name: [] for name in Rows.FIELDS}
-        for shard in metadata.get("shards") or []:
+        for shard in shards:
             path = folder / str(shard.get("file"))
             if not path.is_file():
                 raise PackingInputError(f"{folder}: shard {shard.get('file')} is missing")
