@@ -103,6 +103,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
             int, None, "torch CPU threads; null = torch's default", optional=True, minimum=1, maximum=1024
         ),
         "progress": Key(bool, True, "tqdm progress bar"),
+        "compile": Key(
+            bool,
+            False,
+            "torch.compile the training step (inductor) once for the run: packed or padded batching, "
+            "the last batch padded; pays off after the steps docs/compile.md measures",
+        ),
     },
 }
 
@@ -139,7 +145,17 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
         )
     if data["labels"] is not None and len(set(data["labels"])) != len(data["labels"]):
         raise ConfigError(f"{source}: data.labels: names must be distinct, got {data['labels']}")
+    mode = config["batching"]["mode"]
+    if config["training"]["compile"] and mode not in FIXED_WIDTH_MODES:
+        raise ConfigError(
+            f"{source}: training.compile: batching.mode {mode} changes the row width from batch to batch "
+            f"(a new graph for each width); compile with {' or '.join(FIXED_WIDTH_MODES)} batching"
+        )
     return config
+
+
+# Batching modes whose every batch has one shape (rows x width): a compiled step is built once.
+FIXED_WIDTH_MODES = ("packed", "padded")
 
 
 if __name__ == "__main__":

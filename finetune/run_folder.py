@@ -116,7 +116,14 @@ def clear_run(output: Path) -> None:
 
 # Settings a resumed run may change (none of them changes what is computed): the time budget,
 # the threads, the progress bar. Everything else must equal the checkpoint's config.
-CHANGEABLE_ON_RESUME = {("training", "max_seconds"), ("training", "threads"), ("training", "progress")}
+# How the run is carried out, not what it computes (a compiled step computes the same step;
+# a checkpoint written before training.compile existed lacks the key).
+CHANGEABLE_ON_RESUME = {
+    ("training", "max_seconds"),
+    ("training", "threads"),
+    ("training", "progress"),
+    ("training", "compile"),
+}
 
 
 def check_output(output: Path, resume: bool) -> dict | None:

@@ -113,15 +113,33 @@ def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
         config["data"]["max_sequence_length"],
         batching["max_sequences_per_pack"],
         batching["algorithm"],
-        batching["pad_last_batch"],
+        # a compiled step keeps one shape: the last batch gets empty rows (they hold no example)
+        batching["pad_last_batch"] or config["training"]["compile"],
         batching["pack_length"],
     )
 
 
-def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums=classification_sums) -> dict:
-    """One optimizer step on one batch (the model's mean loss). -> `sums(outputs)`: STEP_SUMS."""
+# What training.compile hands torch.compile (tests count compilations through another backend).
+COMPILE_BACKEND = "inductor"
+
+
+def step_model_of(model: torch.nn.Module, compile_step: bool):
+    """The module the training step calls: `model` itself, or (training.compile) its compiled
+    forward with static shapes, built at the first step and reused by every batch of the run
+    (FIXED_WIDTH_MODES give each batch the same rows x width). Its backward is compiled with
+    it (AOTAutograd); weights, optimizer and checkpoints stay `model`'s."""
+    if not compile_step:
+        return model
+    return torch.compile(model, backend=COMPILE_BACKEND, dynamic=False)
+
+
+def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums=classification_sums,
+                  step_model=None) -> dict:  # fmt: skip
+    """One optimizer step on one batch (the model's mean loss). -> `sums(outputs)`: STEP_SUMS.
+    step_model: what runs the forward (step_model_of; None: `model`)."""
     model.train()
-    out = model(**to_device(batch, next(model.parameters()).device))
+    step_model = model if step_model is None else step_model
+    out = step_model(**to_device(batch, next(model.parameters()).device))
     out["loss"].backward()
     if not bool(torch.isfinite(out["loss"])):
         optimizer.zero_grad(set_to_none=True)
@@ -151,6 +169,7 @@ class Run:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     state: RunState
     stop: object  # has is_set() and signum (the CLI's signal flag), or None
+    step_model: torch.nn.Module  # what the training step calls: model, or compiled (step_model_of)
 
 
 def run_finetune(
@@ -203,7 +222,10 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     state = RunState(config, input_digest(config))
     if progress is not None:
         state = restore_state(output, model, optimizer, scheduler, state)
-    return Run(config, output, job, model, batcher, eval_batcher, optimizer, scheduler, state, stop)
+    step_model = step_model_of(model, training["compile"])
+    return Run(
+        config, output, job, model, batcher, eval_batcher, optimizer, scheduler, state, stop, step_model
+    )
 
 
 def packing_note(batcher: Batcher, asked: int | None) -> str:
@@ -296,7 +318,7 @@ def train_epoch(run: Run, epoch: int) -> bool:
             batch = job.collate(job.train, table, run.batcher.width(table))
             try:
                 step = finetune_step(run.model, batch, run.optimizer, run.scheduler,
-                                     run.config["optim"]["max_grad_norm"], job.step_sums)  # fmt: skip
+                                     run.config["optim"]["max_grad_norm"], job.step_sums, run.step_model)  # fmt: skip
             except FinetuneError as err:
                 raise Diverged(f"epoch {epoch}, step {state.steps + 1}: {err}; nothing saved") from None
             state.train_seconds += time.perf_counter() - start

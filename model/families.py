@@ -35,7 +35,6 @@ server and the embeddings run them unchanged.
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -233,8 +232,14 @@ def use_packed_attention(hf_model) -> None:
 
 
 # ----- attention ---------------------------------------------------------------------------------
-# True while a packed forward runs (PackedFamilyModel.encode): the model's own mask is not built.
-PACKED_FORWARD: contextvars.ContextVar[bool] = contextvars.ContextVar("packed_forward", default=False)
+def mask_stand_in(input_ids: torch.Tensor) -> torch.Tensor:
+    """bool [1, 1, 1, 1]: what a packed forward hands transformers as its attention mask.
+    transformers returns a 4-D mask as given instead of building its own (a [B, 1, S, S]
+    mask per forward from Python-level mask functions: minutes per evaluation at S = 8192);
+    packed_attention never reads it (the layout confines attention). A tensor rather than a
+    flag, so that a compiled forward traces it (a ContextVar is a graph break) and an
+    ordinary call of the same model, in any thread, still gets transformers' mask."""
+    return torch.ones((1, 1, 1, 1), dtype=torch.bool, device=input_ids.device)
 
 
 @dataclass
@@ -254,7 +259,10 @@ class PackedLayout:
         if "buckets" not in self._masks:
             from model.causal_buckets import bucket_plan
 
-            plan = None if self.granularity == 0 else bucket_plan(self.sequence_ids, self.granularity)
+            # A compiled forward takes the mask: buckets' shapes follow the data (a new graph
+            # for nearly every batch); the mask's are the row's, so one graph serves the run.
+            fixed_shapes = self.granularity == 0 or torch.compiler.is_compiling()
+            plan = None if fixed_shapes else bucket_plan(self.sequence_ids, self.granularity)
             self._masks["buckets"] = plan
         return self._masks["buckets"]
 
@@ -321,15 +329,9 @@ def _register_packed_attention() -> None:
 
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
 
-    def packed_mask(*args, **kwargs):
-        """The mask transformers' model asks for before its layers. A packed forward needs
-        none (packed_attention draws its own from the layout): building it would cost S^2
-        per row in Python-level mask functions (with restarting position ids transformers
-        also composes its packed-sequence mask), minutes per evaluation at S = 8192. An
-        ordinary call of the same model gets SDPA's mask, as transformers makes it."""
-        return None if PACKED_FORWARD.get() else sdpa_mask(*args, **kwargs)
-
-    ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, packed_mask)
+    # an ordinary call of a model routed here (use_packed_attention) gets SDPA's mask; a packed
+    # forward hands a 4-D stand-in (mask_stand_in), which transformers passes through unbuilt
+    ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, sdpa_mask)
 
 
 # ----- causal language modelling -----------------------------------------------------------------

@@ -17,12 +17,12 @@ from model.embedding import check_pooling, pool_slots
 from model.families import (
     DROPOUT_KEYS,
     PACKED_ATTENTION,
-    PACKED_FORWARD,
     TASK_CLASSES,
     PackedLayout,
     _register_packed_attention,
     causal_lm_outputs,
     family_of,
+    mask_stand_in,
     max_tokens,
     next_token_targets,
     padding_index,
@@ -148,15 +148,11 @@ class PackedFamilyModel(PreTrainedModel):
             allowed = PackedLayout(sequence_ids, position_ids, {}).allowed()[:, 0]
             return self.family.pair_mask(self, arguments, real, allowed)
         arguments["packed_layout"] = PackedLayout(sequence_ids, position_ids, {}, self.attention_granularity)
-        if self._has_attention_mask:
-            arguments["attention_mask"] = None  # attention is confined by the packed layout
+        if self._has_attention_mask:  # attention is confined by the packed layout: no mask built
+            arguments["attention_mask"] = mask_stand_in(input_ids)
         if self._has_use_cache:
             arguments["use_cache"] = False
-        packed = PACKED_FORWARD.set(True)  # the model builds no mask of its own (packed_mask)
-        try:
-            return self.base(**arguments).last_hidden_state
-        finally:
-            PACKED_FORWARD.reset(packed)
+        return self.base(**arguments).last_hidden_state
 
     # ----- the forward ----------------------------------------------------------------------
     @property
