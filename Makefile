@@ -173,6 +173,7 @@ bench: install
 	for profile in sentences mixed paragraphs; do $(PY) bench/bench_embed.py --texts 2000 --rounds 2 --peers --profile $$profile || exit 1; done
 	$(PY) bench/bench_onnx.py --texts 1000 --rounds 3
 	$(PY) bench/bench_compile.py --texts 2000
+	$(PY) bench/bench_compile_train.py --steps 40
 	$(PY) bench/bench_predict_process.py --rounds 5 --bf16
 	$(PY) bench/profile_policies.py --k 16
 	$(PY) bench/bench_families.py --texts 300 --rounds 2

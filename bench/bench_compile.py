@@ -2,11 +2,12 @@
 
     python bench/bench_compile.py [--texts 2000] [--passes 3] [--threads 2] [--input TEXTS.jsonl]
 
-The MiniLM folder opened as commands.embed opens it (inference.embedding.load_encoder), its
-packed model replaced by `torch.compile(model)` with inductor's `freezing` (weights folded
-and pre-packed for oneDNN; static shapes, one graph per pack width and row count), then
+The MiniLM folder opened as commands.embed opens it (inference.embedding.load_encoder), then
 `inference.embedding.encode` over the same texts `--passes` times in each of two fresh
-processes (eager, compiled): the first compiled pass pays the compiling. Vectors compared.
+processes: eager, and compiled as `embed --compile` compiles (InferenceOptions.compile:
+inference.runner.compiled_forward, inductor with `freezing`, weights folded and pre-packed
+for oneDNN; static shapes, one graph per row width, each width's tables padded to its
+rows). The first compiled pass pays the compiling. Vectors compared.
 Default texts: BBC News, the mixed profile (data/embedding_texts.py).
 """
 
@@ -32,14 +33,11 @@ from inference.embedding import encode, load_encoder
 from inference.options import InferenceOptions
 texts = [json.loads(line)["text"] for line in open(sys.argv[2])]
 encoder = load_encoder(model_dir())
-if sys.argv[3] == "compiled":
-    import torch._inductor.config
-    torch._inductor.config.freezing = True
-    encoder.model = torch.compile(encoder.model)
+options = InferenceOptions.for_embedding(compile=sys.argv[3] == "compiled")  # `embed --compile`
 seconds = []
 for _ in range(int(sys.argv[5])):
     started = time.perf_counter()
-    vectors = encode(texts, encoder, InferenceOptions.for_embedding())
+    vectors = encode(texts, encoder, options)
     seconds.append(time.perf_counter() - started)
 np.save(sys.argv[6], vectors)
 print(json.dumps(seconds))

@@ -47,7 +47,7 @@ from finetune.config import load_finetune_config
 from model.hf_checkpoint import quiet_transformers
 quiet_transformers()
 config_path, way, steps = sys.argv[2], sys.argv[3], int(sys.argv[4])
-sets = ["training.progress=false", "training.epochs=50"]
+sets = ["training.progress=false", "training.epochs=50", *json.loads(sys.argv[6])]
 if way == "compiled":
     sets.append("training.compile=true")
 if way == "dynamic-compiled":
@@ -107,9 +107,9 @@ def sft_config(folder: Path) -> Path:
     return path
 
 
-def run_way(config: Path, way: str, steps: int, threads: int) -> dict:
+def run_way(config: Path, way: str, steps: int, threads: int, sets: list[str]) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", WORKER, str(REPO), str(config), way, str(steps), str(threads)],
+        [sys.executable, "-c", WORKER, str(REPO), str(config), way, str(steps), str(threads), json.dumps(sets)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0:
@@ -129,6 +129,19 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a config override for every case (model.attention_backend=sdpa, ...)",
+    )
+    parser.add_argument(
+        "--ways",
+        nargs="+",
+        choices=("eager", "compiled", "dynamic-compiled"),
+        default=["eager", "compiled", "dynamic-compiled"],
+    )
     args = parser.parse_args()
     machine = description()
     print(line(machine))
@@ -138,22 +151,24 @@ def main() -> int:
         if "sft" in args.cases:
             configs["sft"] = sft_config(Path(tmp))
         for case in args.cases:
-            ways = ["eager", "compiled"] + (["dynamic-compiled"] if case == "classify" else [])
-            results[case] = {way: run_way(configs[case], way, args.steps, args.threads) for way in ways}
+            ways = [w for w in args.ways if w != "dynamic-compiled" or case == "classify"]
+            results[case] = {
+                way: run_way(configs[case], way, args.steps, args.threads, args.set) for way in ways
+            }
     print("\n| case | way | first step s | later steps, median s | graphs | batch shapes | vs eager (later steps) |"
           " crossover |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for case, ways in results.items():
-        eager = ways["eager"]
+        eager = ways.get("eager")
         for way, figures in ways.items():
-            ratio = eager["median"] / figures["median"]
+            ratio = f"{eager['median'] / figures['median']:.2f}x" if eager else "-"
             crossover = "-"
-            if way != "eager":
+            if way != "eager" and eager:
                 extra = figures["first"] - eager["first"]
                 saved = eager["median"] - figures["median"]
                 crossover = f"{extra / saved:.0f} steps" if saved > 0 else "never (no step is faster)"
             print(f"| {case} | {way} | {figures['first']:.2f} | {figures['median']:.3f} | {figures['graphs']} | "
-                  f"{figures['shapes']} | {ratio:.2f}x | {crossover} |")  # fmt: skip
+                  f"{figures['shapes']} | {ratio} | {crossover} |")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"machine": machine, "results": results}, indent=1))
     return 0

@@ -26,7 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from finetune.config import load_finetune_config  # noqa: E402
-from finetune.train import batching_spec, build_adamw, build_classifier, finetune_step, prepare_task  # noqa: E402
+from finetune.jobs import build_classifier, prepare_task  # noqa: E402
+from finetune.train import batching_spec, build_adamw, finetune_step  # noqa: E402
 from inference.batching import BATCHING_MODES, Batcher, collate  # noqa: E402
 from inference.predictions import predict_logits  # noqa: E402
 from model.hf_checkpoint import quiet_transformers  # noqa: E402

@@ -80,7 +80,7 @@ def run_on_ray(args) -> int:
     options = {"pooling": args.pooling, "normalize": args.normalize, "max_length": args.max_length,
                "prompt_name": args.prompt_name, "batching": args.batching, "batch_size": args.batch_size,
                "max_sequences_per_pack": args.max_sequences_per_pack, "algorithm": args.algorithm,
-               "dtype": args.dtype, "text_column": args.text_field}  # fmt: skip
+               "dtype": args.dtype, "text_column": args.text_field, "compile": args.compile}  # fmt: skip
 
     def check_model():  # the folder and the prompt, in one line, before any cluster starts
         encoder = open_folder(

@@ -33,6 +33,7 @@ def predict_parser(doc: str) -> argparse.ArgumentParser:
         "--nbest-output", type=Path, default=None, help="question answering: also write the n-best file"
     )
     parser.add_argument("--quiet", action="store_true", help="--ray: no progress bars")
+    add_compile_option(parser)
     add_ray_options(parser)
     return parser
 
@@ -70,5 +71,16 @@ def embed_parser(doc: str) -> argparse.ArgumentParser:
         "default_prompt_name, as sentence-transformers' encode)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_compile_option(parser)
     add_ray_options(parser)
     return parser
+
+
+def add_compile_option(parser: argparse.ArgumentParser) -> None:
+    """--compile: the batch commands' forward under torch.compile (inference.runner)."""
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the forward once per row width (inductor, frozen weights): pays off on long inputs "
+        "only, after the compile time docs/compile.md measures",
+    )

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
             if has_labels
             else np.zeros(len(examples), dtype=np.int64)
         )
-        runner = Runner(model, args.device, args.dtype)
+        runner = Runner(model, args.device, args.dtype, compiled=args.compile)
         logits, timing, data = classify_examples(
             folder, runner, examples, labels, InferenceOptions.from_args(args)
         )
@@ -154,7 +154,15 @@ def run_on_ray(args) -> int:
     return run_job(args, "predict", options, spec.fields.text, spec.fields.pair, described)
 
 
-REPLICA_OPTIONS = ("batching", "batch_size", "max_sequences_per_pack", "algorithm", "pack_length", "dtype")
+REPLICA_OPTIONS = (
+    "batching",
+    "batch_size",
+    "max_sequences_per_pack",
+    "algorithm",
+    "pack_length",
+    "dtype",
+    "compile",
+)
 
 
 def predict_tags(args, folder, summary_path: Path) -> int:
@@ -170,7 +178,7 @@ def predict_tags(args, folder, summary_path: Path) -> int:
     lengths = np.array([len(t) for t in tagged.token_ids])
     width = int(lengths.max())
     batcher = InferenceOptions.from_args(args).batcher(lengths, width, width)
-    runner = Runner(folder.model, args.device, args.dtype)
+    runner = Runner(folder.model, args.device, args.dtype, compiled=args.compile)
     tables = batcher.epoch(0, shuffle=False)
     batches = list(runner.run(tagged.token_ids, tables, batcher.width, tagged.segment_ids, ("logits",)))
     logits = per_sequence_tokens(batches, "logits", lengths)
@@ -217,7 +225,7 @@ def predict_answers(args, folder, summary_path: Path) -> int:
         )
     settings = answer_settings(qa, keep_nbest=args.nbest_output is not None)
     batcher = InferenceOptions.from_args(args).batcher(windows.lengths, width, pack_length)
-    runner = Runner(model, args.device, args.dtype)
+    runner = Runner(model, args.device, args.dtype, compiled=args.compile)
     answers, timing = answer_questions(runner, QaSplit(examples, windows), batcher, settings)
     report = {"task": "question_answering", "batching": args.batching, **timing}
     if examples.has_answers:

@@ -47,7 +47,7 @@ def run_tables(
 ):
     """Forward every batch table; -> (per-slot embeddings [rows, K, D], example_index [rows, K])
     per batch. The model pools; normalization is the caller's."""
-    runner = runner_of(encoder, options.device, options.dtype)
+    runner = runner_of(encoder, options.device, options.dtype, options.compile)
     for batch in runner.run(token_ids, tables, width_of, None, ("embeddings",)):
         yield batch.outputs["embeddings"], batch.rows["example_index"]
 

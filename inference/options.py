@@ -34,6 +34,7 @@ class InferenceOptions:
     dtype: str = "float32"
     chunk_texts: int = 8192
     prompt_name: str | None = None
+    compile: bool = False  # torch.compile the forward once per row width (inference.runner.compiled_forward)
 
     @classmethod
     def from_args(cls, args) -> InferenceOptions:

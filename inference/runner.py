@@ -24,7 +24,10 @@ import numpy as np
 import torch
 
 from inference.precision import device_problem, precision
-from inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
+from inference.rows import pack_rows, pad_table, unpack_outputs, unpack_token_outputs
+
+# What a compiled Runner hands torch.compile (tests count graphs through another backend).
+COMPILE_BACKEND = "inductor"
 
 
 @dataclass
@@ -59,6 +62,9 @@ class Runner:
     device: str | None = None  # None: where the model's parameters are
     dtype: str = "float32"
     stats: RunStats = field(default_factory=RunStats)
+    # torch.compile the forward (inductor, weights frozen into the graph, static shapes): one
+    # graph per row width, the tables of a width padded with empty rows to its most rows
+    compiled: bool = False
 
     def __post_init__(self):
         parameter = next(self.model.parameters(), None)
@@ -72,6 +78,17 @@ class Runner:
             raise ValueError(problem)
         self.device = device
         self.model = self.model.to(device).eval()
+        self._forward_model = compiled_forward(self.model) if self.compiled else self.model
+        self._rows_of_width: dict[int, int] = {}  # compiled: the rows every table of a width runs with
+
+    def _static_rows(self, table: np.ndarray, width: int) -> np.ndarray:
+        """compiled: `table` padded with empty rows (-1) to the most rows seen at `width`, so
+        that every forward at a width has one shape (more rows than before: one new graph)."""
+        rows = self._rows_of_width.setdefault(width, len(table))
+        if len(table) > rows:
+            self._rows_of_width[width] = len(table)
+            return table
+        return pad_table(table, rows)
 
     @torch.inference_mode()
     def forward(
@@ -82,13 +99,16 @@ class Runner:
         to bring back whole (a causal LM's [rows, width, vocabulary] logits), a reduction
         on the device, (batch tensors, model outputs) -> {name: numpy array}, in place of
         `outputs`."""
+        if self.compiled:
+            table = self._static_rows(table, width)
         rows = pack_rows(token_ids, table, width, segment_ids)
         batch = {
             name: torch.from_numpy(value).to(self.device, non_blocking=True) for name, value in rows.items()
         }
         started = time.perf_counter()
+        forward_model = self._forward_model
         with precision(self.device.type, self.dtype):
-            out = self.model(**batch)
+            out = forward_model(**batch)
         if read is not None:
             arrays = read(batch, out)  # numpy: waits for the device too
         else:
@@ -155,10 +175,19 @@ def per_sequence_tokens(batches: list[RunBatch], name: str, lengths) -> list[np.
     return out
 
 
-def runner_of(loaded, device: str, dtype: str) -> Runner:
-    """A LoadedModel's Runner on `device` in `dtype`, built (and so checked) once per pair and
-    kept on the LoadedModel."""
-    key = (str(device), dtype)
+def compiled_forward(model: torch.nn.Module):
+    """`model` under torch.compile for inference: static shapes (dynamic=False) and, with
+    inductor, its weights frozen into the graph (constant-folded, pre-packed for oneDNN on a
+    CPU). Built at the first forward of each shape; bench/bench_compile.py times it."""
+    if COMPILE_BACKEND == "inductor":
+        return torch.compile(model, dynamic=False, options={"freezing": True})
+    return torch.compile(model, dynamic=False, backend=COMPILE_BACKEND)
+
+
+def runner_of(loaded, device: str, dtype: str, compiled: bool = False) -> Runner:
+    """A LoadedModel's Runner on `device` in `dtype` (compiled or not), built (and so checked)
+    once per setting and kept on the LoadedModel."""
+    key = (str(device), dtype, compiled)
     if key not in loaded._runners:
-        loaded._runners[key] = Runner(loaded.model, device, dtype)
+        loaded._runners[key] = Runner(loaded.model, device, dtype, compiled=compiled)
     return loaded._runners[key]

@@ -91,6 +91,7 @@ class PackedEmbedder:
         self, model, text_column: str = "text", output_column: str = "embedding", pooling=None,
         normalize=None, max_length=None, prompt_name=None, batching: str = "packed", batch_size: int = 32,
         max_sequences_per_pack: int | None = None, algorithm: str = "lpfhp", dtype: str = "float32", threads: int | None = None,
+        compile: bool = False,
     ):  # fmt: skip
         import torch
 
@@ -112,6 +113,7 @@ class PackedEmbedder:
             device="cpu",
             dtype=dtype,
             prompt_name=prompt_name,
+            compile=compile,
         )
 
     @property
@@ -140,7 +142,7 @@ class PackedPredictor:
     def __init__(
         self, model, text_column: str | None = None, pair_column: str | None = None, batching: str = "packed",
         batch_size: int = 64, max_sequences_per_pack: int | None = None, algorithm: str = "lpfhp", pack_length=None,
-        dtype: str = "float32", threads: int | None = None,
+        dtype: str = "float32", threads: int | None = None, compile: bool = False,
     ):  # fmt: skip
         import torch
 
@@ -160,7 +162,7 @@ class PackedPredictor:
         self.text_column = text_column or spec.fields.text
         self.pair_column = pair_column if pair_column is not None else spec.fields.pair
         self.label_names, self.multi_label = list(spec.labels), spec.multi_label
-        self.runner = Runner(self.folder.model, "cpu", dtype)
+        self.runner = Runner(self.folder.model, "cpu", dtype, compiled=compile)
         self.options = InferenceOptions(
             batching, batch_size, max_sequences_per_pack, algorithm, pack_length, dtype=dtype
         )

@@ -1,4 +1,5 @@
-"""training.compile (issue 70, deliver 3): the training step compiled once for a whole run.
+"""Compile once (issue 70, deliver 3): training.compile (the training step compiled once for a
+whole run) and --compile of predict and embed (the forward compiled once per row width).
 
 Fixed-shape batches (packed, padded) give every step the same rows x width, so the run's
 compiled forward and backward are built at the first step and never again. Counted here
@@ -107,3 +108,85 @@ def test_compile_refuses_batches_whose_width_changes(tmp_path, checkpoint, mode)
     assert "\n" not in message
     assert f"training.compile: batching.mode {mode} changes the row width" in message
     assert "packed or padded" in message
+
+
+# ----- compiled inference (predict --compile, embed --compile) ----------------------------------
+def bbc_sentences(count: int = 150) -> list[str]:
+    """BBC News texts far apart in length (a few words; whole paragraphs), so that packing
+    keeps them in different row widths."""
+    from data.assets import corpus_glob
+    from data.embedding_texts import bbc_articles, texts_of
+
+    articles = bbc_articles(corpus_glob())[:60]
+    short = [" ".join(t.split()[:4]) for t in texts_of(articles, "sentences") if t.strip()]
+    long = [t for t in texts_of(articles, "paragraphs") if len(t.split()) > 60]
+    return [text for pair in zip(short, long) for text in pair][:count]
+
+
+@pytest.fixture
+def counted_inference(monkeypatch):
+    """The Runner's compile backend replaced by a counter of the graphs it is handed."""
+    from inference import runner
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(runner, "COMPILE_BACKEND", counter)
+    yield counter
+    torch._dynamo.reset()
+
+
+def test_compiled_embedding_builds_one_graph_per_row_width_and_equals_eager(counted_inference):
+    """Every table of a row width runs padded to that width's rows (the last table of a
+    width is short): graphs = widths, fewer than the batches, and a second pass compiles
+    nothing. (Sorted batching would make a width, and a graph, per batch.)"""
+    from data.assets import model_dir
+    from door.opener import open_folder
+    from inference.embedding import encode
+    from inference.options import InferenceOptions
+
+    texts = bbc_sentences()
+    encoder = open_folder(model_dir(), task="embedding")
+    eager = encode(texts, encoder, InferenceOptions.for_embedding(batch_size=16))
+    assert counted_inference.frame_count == 0
+    options = InferenceOptions.for_embedding(batch_size=16, compile=True)
+    compiled = encode(texts, encoder, options)
+    runner = encoder._runners[("cpu", "float32", True)]
+    widths = runner._rows_of_width
+    assert runner.stats.batches > len(widths)  # several batches at some width
+    assert counted_inference.frame_count == len(widths)
+    np.testing.assert_allclose(compiled, eager, atol=2e-6)
+    again = encode(texts, encoder, options)
+    assert counted_inference.frame_count == len(widths)  # nothing compiled again
+    np.testing.assert_array_equal(again, compiled)
+    assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_predict_compile_gives_the_eager_predictions(tmp_path, counted_inference):
+    """`--compile` reaches the Runner of finetune.predict (a family folder, in this process)."""
+    from commands import predict
+
+    from .family_helpers import save_family_folder
+
+    folder = save_family_folder(tmp_path / "xlmr", "xlm-roberta", "classification")
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in bbc_sentences(60)))
+    for name, extra in (("eager", []), ("compiled", ["--compile"])):
+        argv = [
+            "--model",
+            str(folder),
+            "--input",
+            str(source),
+            "--output",
+            str(tmp_path / f"{name}.jsonl"),
+            *extra,
+        ]
+        assert predict.main(argv) == 0
+    eager, compiled = (
+        [json.loads(line) for line in (tmp_path / f"{n}.jsonl").open()] for n in ("eager", "compiled")
+    )
+    assert [r["label"] for r in compiled] == [r["label"] for r in eager]
+    np.testing.assert_allclose(
+        [list(r["scores"].values()) for r in compiled], [list(r["scores"].values()) for r in eager], atol=2e-6
+    )
+    assert counted_inference.frame_count >= 1
