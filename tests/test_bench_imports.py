@@ -30,6 +30,7 @@ def project_imports(path):
     return found
 
 
+@pytest.mark.slow  # imports every bench dependency (seconds): make test, not the fast loop
 @pytest.mark.parametrize("path", BENCHES, ids=lambda p: p.name)
 def test_every_project_name_a_bench_imports_exists(path):
     missing = []

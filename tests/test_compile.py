@@ -55,6 +55,7 @@ def assert_same_run(eager_dir, compiled_dir, tolerance):
         torch.testing.assert_close(b[name], a[name], rtol=tolerance, atol=tolerance, msg=name)
 
 
+@pytest.mark.slow  # compiles: make test, not the fast loop
 @pytest.mark.parametrize("mode", ["packed", "padded"])
 def test_a_compiled_classifier_run_builds_one_graph_and_trains_as_eager(tmp_path, checkpoint, counted, mode):  # noqa: F811
     path = write_config(tmp_path, checkpoint, training={"epochs": 2, "progress": False},
@@ -74,6 +75,7 @@ def test_a_compiled_classifier_run_builds_one_graph_and_trains_as_eager(tmp_path
     assert_same_run(tmp_path / "eager", tmp_path / "compiled", 2e-5)
 
 
+@pytest.mark.slow  # compiles: make test, not the fast loop
 def test_a_compiled_sft_run_builds_one_graph_over_rows_that_eager_attends_by_buckets(
     tmp_path,
     start_folder,  # noqa: F811
@@ -136,6 +138,7 @@ def counted_inference(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow  # compiles: make test, not the fast loop
 def test_compiled_embedding_builds_one_graph_per_row_width_and_equals_eager(counted_inference):
     """Every table of a row width runs padded to that width's rows (the last table of a
     width is short): graphs = widths, fewer than the batches, and a second pass compiles
@@ -162,6 +165,7 @@ def test_compiled_embedding_builds_one_graph_per_row_width_and_equals_eager(coun
     assert not torch._dynamo.utils.counters["graph_break"]
 
 
+@pytest.mark.slow  # compiles: make test, not the fast loop
 def test_predict_compile_gives_the_eager_predictions(tmp_path, counted_inference):
     """`--compile` reaches the Runner of finetune.predict (a family folder, in this process)."""
     from commands import predict
