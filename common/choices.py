@@ -25,6 +25,9 @@ def check_pooling(pooling) -> tuple[str, ...]:
 
 # how examples form batches (inference/batching.py): fixed rows, per-batch longest, length-sorted, packed
 BATCHING_MODES = ("padded", "dynamic", "uniform", "packed")
+# the modes whose every batch has one width (packed: the pack length; padded: the maximum
+# length): the others follow each batch's longest example, so a compiled step sees a new shape
+FIXED_WIDTH_MODES = ("packed", "padded")
 # commands.embed's --batching -> BATCHING_MODES (padded: rows of max_seq_length tokens; sorted:
 # sentence-transformers' encode, batches of length-sorted texts padded to their longest)
 EMBED_BATCHING = {"packed": "packed", "sorted": "uniform", "padded": "padded"}

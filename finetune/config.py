@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from common.choices import ATTENTION_BACKENDS, BATCHING_MODES
+from common.choices import ATTENTION_BACKENDS, BATCHING_MODES, FIXED_WIDTH_MODES
 from common.cli import command_parser
 from common.config_schema import ConfigError, Key, apply_overrides, markdown, read_yaml, resolve
 
@@ -152,10 +152,6 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
             f"(a new graph for each width); compile with {' or '.join(FIXED_WIDTH_MODES)} batching"
         )
     return config
-
-
-# Batching modes whose every batch has one shape (rows x width): a compiled step is built once.
-FIXED_WIDTH_MODES = ("packed", "padded")
 
 
 if __name__ == "__main__":

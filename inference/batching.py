@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common.choices import BATCHING_MODES
+from common.choices import BATCHING_MODES, FIXED_WIDTH_MODES
 from inference.rows import pack_rows, pad_table, unpacked_table
 from packing.errors import PackingInputError
 from packing.tokenized import check_table, pack_examples
@@ -106,7 +106,7 @@ class Batcher:
 
     def width(self, table: np.ndarray) -> int:
         """Row width in tokens of a batch: fixed for padded/packed, its longest example else."""
-        if self.spec.mode in ("padded", "packed"):
+        if self.spec.mode in FIXED_WIDTH_MODES:
             return self.spec.fixed_width
         present = table[table >= 0]
         return int(self.lengths[present].max()) if present.size else 1

@@ -106,9 +106,8 @@ class Runner:
             name: torch.from_numpy(value).to(self.device, non_blocking=True) for name, value in rows.items()
         }
         started = time.perf_counter()
-        forward_model = self._forward_model
         with precision(self.device.type, self.dtype):
-            out = forward_model(**batch)
+            out = self._forward_model(**batch)
         if read is not None:
             arrays = read(batch, out)  # numpy: waits for the device too
         else:

@@ -113,7 +113,7 @@ def test_compile_refuses_batches_whose_width_changes(tmp_path, checkpoint, mode)
 
 
 # ----- compiled inference (predict --compile, embed --compile) ----------------------------------
-def bbc_sentences(count: int = 150) -> list[str]:
+def texts_far_apart_in_length(count: int = 150) -> list[str]:
     """BBC News texts far apart in length (a few words; whole paragraphs), so that packing
     keeps them in different row widths."""
     from data.assets import corpus_glob
@@ -148,7 +148,7 @@ def test_compiled_embedding_builds_one_graph_per_row_width_and_equals_eager(coun
     from inference.embedding import encode
     from inference.options import InferenceOptions
 
-    texts = bbc_sentences()
+    texts = texts_far_apart_in_length()
     encoder = open_folder(model_dir(), task="embedding")
     eager = encode(texts, encoder, InferenceOptions.for_embedding(batch_size=16))
     assert counted_inference.frame_count == 0
@@ -174,7 +174,7 @@ def test_predict_compile_gives_the_eager_predictions(tmp_path, counted_inference
 
     folder = save_family_folder(tmp_path / "xlmr", "xlm-roberta", "classification")
     source = tmp_path / "in.jsonl"
-    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in bbc_sentences(60)))
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts_far_apart_in_length(60)))
     for name, extra in (("eager", []), ("compiled", ["--compile"])):
         argv = [
             "--model",
