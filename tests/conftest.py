@@ -22,6 +22,19 @@ settings.register_profile("explore", deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def fast_loop_keeps(values, kept) -> list:
+    """Parametrize values with all but `kept` marked slow: `make test` runs every case,
+    the fast loop (`-m "not slow"`) one or two representatives of a family of cases that
+    cost seconds each. Values may be tuples (several argnames)."""
+    missing = [k for k in kept if k not in values]
+    assert not missing, f"fast_loop_keeps: {missing} are not among the cases"
+    return [
+        value if value in kept else pytest.param(*(value if isinstance(value, tuple) else (value,)),
+                                                 marks=pytest.mark.slow)
+        for value in values
+    ]  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO

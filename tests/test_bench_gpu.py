@@ -43,6 +43,7 @@ def test_batches_are_packed_and_padded_rows_of_the_same_shape():
     assert sum(int(b["next_sentence_weights"].sum()) for b in packed) > 8 * 1.5  # ~2 per pack
 
 
+@pytest.mark.slow
 def test_dry_run_plans_without_a_gpu():
     out = subprocess.run(
         [sys.executable, "bench/bench_gpu.py", "--dry-run", "--rows", "4"],
@@ -55,6 +56,7 @@ def test_dry_run_plans_without_a_gpu():
     assert "packed: 4 rows" in out.stdout and "sampled packing factor" in out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU message needs a machine without one")
 @pytest.mark.parametrize(
     "command", [["bench/bench_gpu.py", "--steps", "1"], ["bench/bench_lamb.py", "--device", "cuda"]]

@@ -27,6 +27,8 @@ from inference.embedding import (
 from inference.options import InferenceOptions
 from model.embedding import POOLING_MODES
 
+from .conftest import fast_loop_keeps
+
 sentence_transformers = pytest.importorskip("sentence_transformers")
 MAX_LENGTH = 64
 BACKENDS = ["dense", "sdpa", "varlen", "flex"]
@@ -99,8 +101,14 @@ def test_the_next_chunk_is_tokenized_beside_the_model_and_a_bad_text_waits_its_t
     assert_same_vectors(np.concatenate(got), encode(texts[:8], encoder))
 
 
-@pytest.mark.parametrize("normalize", [True, False])
-@pytest.mark.parametrize("mode", POOLING_MODES)
+# ~3.3 s a case: the fast loop keeps MiniLM's own (mean, normalized) and last-token pooling
+# (the case that reads a position), `make test` every one
+@pytest.mark.parametrize(
+    "mode,normalize",
+    fast_loop_keeps(
+        [(m, n) for m in POOLING_MODES for n in (True, False)], [("mean", True), ("lasttoken", False)]
+    ),
+)
 def test_every_pooling_mode_equals_sentence_transformers(st_model, texts, mode, normalize):
     reference_model = with_pooling(st_model, mode, normalize)
     reference = reference_model.encode(texts, convert_to_numpy=True)
@@ -117,7 +125,7 @@ def test_two_pooling_modes_concatenate_as_sentence_transformers_does(st_model, t
     assert_same_vectors(encode(texts, encoder), reference_model.encode(texts, convert_to_numpy=True))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", fast_loop_keeps(BACKENDS, ("sdpa", "varlen")))  # 2.5-5 s each
 def test_every_attention_backend_from_the_folder(st_model, texts, backend):
     reference = st_model.encode(texts, convert_to_numpy=True)
     encoder = load_encoder(model_dir(), max_length=MAX_LENGTH, attention_backend=backend)
@@ -240,6 +248,7 @@ def test_bfloat16_is_refused_where_the_cpu_has_no_bf16(tmp_path, capsys, monkeyp
     assert "no bf16 instructions" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bfloat16_autocast_agrees_with_float32(st_model, texts, monkeypatch):
     """Where bf16 runs (here forced past the hardware check, so that a CPU without bf16
     instructions emulates it), vectors stay close to fp32."""

@@ -164,6 +164,7 @@ def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_t
     assert (tmp_path / "e.npy").stat().st_mtime_ns == before
 
 
+@pytest.mark.slow
 def test_a_time_budget_bar_counts_to_the_budget_not_to_max_steps(tmp_path):
     """Pretraining stopped by a 3 s training budget with max_steps 100,000: the bar shows the
     nearest limit's percentage (the old bar counted 14/100000 with a 28-hour ETA)."""
@@ -195,6 +196,7 @@ def test_a_python_without_the_projects_packages_is_told_what_to_run(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_the_mlperf_config_names_every_missing_prerequisite_at_once(tmp_path):
     """Run from an empty folder: no data, no phase-1 checkpoint, no GPU, one line for all three."""
     import shutil

@@ -186,6 +186,7 @@ def test_lp_plans_are_the_same_under_load_and_without():
     assert sorted(quiet) == sorted(loaded)
 
 
+@pytest.mark.slow
 def test_the_lp_packer_gives_identical_bytes_twice_one_run_under_load(tmp_path):
     from packing.cli import main as packing_main
 

@@ -195,6 +195,7 @@ def test_predict_and_embed_never_import_transformers_modeling_code(classifier_fo
         assert heavy_modules_after(script, module, "--input", str(texts), "--quiet", *arguments) == [], module
 
 
+@pytest.mark.slow
 def test_the_server_loads_a_bert_folder_without_transformers_modeling_code(classifier_folder):
     """`python -m serving`'s modules and its engine for a BERT classifier folder, in a fresh
     interpreter: none of the heavy modules is imported."""

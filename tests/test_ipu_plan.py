@@ -163,6 +163,7 @@ def _run_tiny_ipu_config(tmp_path, env=None):
     )
 
 
+@pytest.mark.slow
 def test_ipu_model_config_exits_2_quickly_without_poptorch(tmp_path):
     try:
         import poptorch  # noqa: F401
@@ -180,6 +181,7 @@ def test_ipu_model_config_exits_2_quickly_without_poptorch(tmp_path):
     assert time.perf_counter() - started < 60
 
 
+@pytest.mark.slow
 def test_poptorch_version_assertion_is_one_line_exit_2(tmp_path):
     """poptorch 3.4's python/__init__.py asserts the torch version at import (AssertionError,
     not ImportError): still exit 2 and one line naming the versions."""
@@ -314,6 +316,7 @@ def test_split_matmul_is_the_matmul():
         torch.testing.assert_close(split_matmul(lhs, rhs, factor), lhs @ rhs)
 
 
+@pytest.mark.slow
 def test_an_ipu_config_the_ipu_cannot_compile_exits_2_before_any_data_is_read(tmp_path):
     """The engine's config check runs before the data is opened: a varlen-attention IPU
     config over a training folder that does not exist is refused for its attention backend

@@ -20,6 +20,7 @@ set on a real SDK would), nor behaviour.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,7 @@ def project_imports(path: Path, name: str) -> set[str]:
     return {f for f in found if f.split(".")[0] in PACKAGES}
 
 
+@functools.lru_cache(maxsize=1)  # parsed once: every case below reads the closure
 def ipu_path_modules() -> dict[str, Path]:
     seen: dict[str, Path] = {}
     todo = list(ROOTS)

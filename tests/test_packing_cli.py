@@ -51,6 +51,7 @@ def test_report_json_contract():
     assert data["packing_factor"] == pytest.approx(data["sequences"] / data["packs"])
 
 
+@pytest.mark.slow
 def test_report_max_depth_and_plot(tmp_path):
     png = tmp_path / "p.png"
     r = run(

@@ -6,6 +6,7 @@ inputs refused in one line with nothing written."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -18,7 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray", reason="make install-ray (the Ray tests run under make test)")
+# Found, not imported, at collection: importing Ray costs each test worker ~4 s, which the
+# fast loop (where every test here is deselected as slow) would pay for nothing.
+if importlib.util.find_spec("ray") is None:
+    pytest.skip("make install-ray (the Ray tests run under make test)", allow_module_level=True)
 
 from data.assets import corpus_glob, model_dir  # noqa: E402
 from data.embedding_texts import bbc_articles, texts_of  # noqa: E402
@@ -37,6 +41,8 @@ def cluster():
     two_nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     two_nodes.add_node(num_cpus=1)
     yield two_nodes
+    import ray
+
     ray.shutdown()
     two_nodes.shutdown()
 
@@ -218,6 +224,7 @@ def test_a_worker_killed_mid_job_still_gives_every_row_once(cluster, inputs, emb
 
 
 def test_the_python_api_runs_inside_a_users_own_map_batches(cluster, tmp_path):
+    import ray
     import ray.data
 
     from inference.embedding import encode, load_encoder

@@ -82,7 +82,14 @@ def _ours(paths, vocab, out, seed, s, p, dupe, *extra):
     return {name: np.concatenate(parts) for name, parts in arrays.items()}
 
 
-@pytest.mark.parametrize("seed,s,p,dupe", [(12345, 128, 20, 2), (3, 64, 10, 1), (7, 512, 76, 1)])
+@pytest.mark.parametrize(
+    "seed,s,p,dupe",
+    [
+        pytest.param(12345, 128, 20, 2, marks=pytest.mark.slow),  # 3-4 s each: `make test` only
+        (3, 64, 10, 1),
+        pytest.param(7, 512, 76, 1, marks=pytest.mark.slow),
+    ],
+)
 def test_same_instances_as_the_reference_byte_for_byte(corpus, tmp_path, seed, s, p, dupe):
     paths, vocab = corpus
     expected = reference_bert.reference_arrays(paths, vocab, seed, s, p, dupe)
@@ -96,6 +103,7 @@ def test_same_instances_as_the_reference_byte_for_byte(corpus, tmp_path, seed, s
     assert 0.4 < expected["next_sentence_labels"].mean() < 0.65
 
 
+@pytest.mark.slow
 def test_per_part_mode_equals_one_reference_run_per_part(corpus, tmp_path):
     paths, vocab = corpus
     out = tmp_path / "parts"
