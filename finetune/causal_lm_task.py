@@ -167,8 +167,12 @@ def correct_tokens(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def token_sums(out: dict, batch: dict) -> dict:
     """The causal LM's outputs -> the step's sums: the loss over its predicted tokens and the
-    next-token accuracy (argmax = the target)."""
-    correct = correct_tokens(out["logits"], batch["shift_labels"].to(out["logits"].device)).sum()
+    next-token accuracy (argmax = the target). A training step's outputs hold the predicted
+    tokens' logits alone (model.families.predicted_token_outputs), evaluation's every token's."""
+    if out.get("predicted_logits") is not None:
+        correct = (out["predicted_logits"].argmax(-1) == out["predicted_targets"]).sum()
+    else:
+        correct = correct_tokens(out["logits"], batch["shift_labels"].to(out["logits"].device)).sum()
     count = float(out["token_count"])
     return {
         "loss_sum": float(out["token_loss_sum"]),

@@ -26,6 +26,7 @@ from model.families import (
     max_tokens,
     next_token_targets,
     padding_index,
+    predicted_token_outputs,
     tokenizer_hands_token_types,
 )
 from model.hf_checkpoint import load_checked
@@ -229,12 +230,27 @@ class PackedCausalLM(PackedFamilyModel):
 
     def forward(
         self, input_ids, segment_ids, position_ids, sequence_ids, cls_positions=None, example_index=None,
-        labels=None, shift_labels=None, num_items_in_batch=None, **unused,
+        labels=None, shift_labels=None, num_items_in_batch=None, skip_logits: bool | None = None, **unused,
     ):  # fmt: skip
         """Rows -> {"logits" [B, S, V]} and, with labels ([B, S] token labels, -100 where not
         predicted) or shift_labels ([B, S] next-token targets inside each sequence, as
-        hf_integration.trainer.pack_dataset writes them), the loss (causal_lm_outputs)."""
+        hf_integration.trainer.pack_dataset writes them), the loss (causal_lm_outputs).
+
+        skip_logits (None: in training mode with targets, as Liger Kernel's causal LMs
+        decide it, except under torch.compile): the LM head runs only on the tokens that
+        have a target, and the outputs hold the loss and {"predicted_logits" [N, V],
+        "predicted_targets" [N]} with no [B, S, V] logits (`out.logits` is None;
+        predicted_token_outputs). skip_logits=False keeps them. A compiled step keeps them
+        too: N changes every batch, and a graph of fixed shapes is what compiling is for."""
         hidden = self.encode(input_ids, segment_ids, position_ids, sequence_ids)
         if shift_labels is None and labels is not None:
             shift_labels = next_token_targets(labels, sequence_ids)
+        if skip_logits is None:
+            skip_logits = self.training and shift_labels is not None and not torch.compiler.is_compiling()
+        if skip_logits:
+            if shift_labels is None:
+                raise ValueError(
+                    "skip_logits=True needs labels or shift_labels: the head runs only where a target is"
+                )
+            return predicted_token_outputs(hidden, shift_labels, self._lm_logits, num_items_in_batch)
         return causal_lm_outputs(self._lm_logits(hidden), shift_labels, num_items_in_batch)

@@ -483,3 +483,43 @@ def test_gpt2_with_a_tokenizer_that_hands_token_types_is_fed_them_as_transformer
     from inference.embedding import encode
 
     assert cosine(encode(TEXTS, load_encoder(tmp_path / "st")), expected).min() >= 0.99999
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text"])  # gemma3: the head's soft-capping
+def test_training_runs_the_head_only_on_predicted_tokens_with_the_same_loss_and_gradients(
+    model_type, tmp_path
+):
+    """In training mode with labels the LM head runs on the tokens that have a target only
+    (skip_logits, as Liger Kernel's causal LMs): the loss, every gradient and the predicted
+    tokens' logits equal the full-logits forward's; prompt tokens (-100) have no logits."""
+    import transformers
+
+    from model.families import next_token_targets
+    from model.family_model import PackedFamilyModel
+
+    torch.manual_seed(0)
+    extra = {"final_logit_softcapping": 5.0} if model_type == "gemma3_text" else {}
+    transformers.AutoModelForCausalLM.from_config(tiny_config(model_type, **extra)).save_pretrained(tmp_path)
+    model = PackedFamilyModel.from_pretrained(tmp_path, "causal_lm").train()
+    rows, _ = packed_rows(seed=3)
+    labels = rows["input_ids"].clone()
+    labels[:, ::3] = -100  # a prompt-like share of tokens without a target
+    runs = {}
+    for skip in (False, True):
+        model.zero_grad(set_to_none=True)
+        out = model(**rows, labels=labels, skip_logits=skip)
+        out.loss.backward()
+        runs[skip] = (out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    (full, full_grads), (kept, kept_grads) = runs[False], runs[True]
+    assert kept.logits is None and full.logits.shape[:2] == labels.shape
+    assert int(kept.token_count) == int(full.token_count) == kept.predicted_targets.numel()
+    torch.testing.assert_close(kept.loss, full.loss, rtol=1e-6, atol=1e-6)
+    targets = next_token_targets(labels, rows["sequence_ids"])
+    where = targets != -100
+    torch.testing.assert_close(kept.predicted_logits, full.logits[where], rtol=1e-5, atol=1e-6)
+    assert torch.equal(kept.predicted_targets, targets[where])
+    assert kept_grads.keys() == full_grads.keys()
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(kept_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="needs labels"):
+        model(**rows, skip_logits=True)

@@ -191,8 +191,10 @@ def test_every_packed_model_answers_its_outputs_as_attributes(classifier, tmp_pa
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "llama")
     model = open_model(tmp_path / "llama", "causal_lm", ModelOptions()).model
     rows, _ = packed_rows()
-    out = model(**rows, labels=rows["input_ids"])
+    out = model.eval()(**rows, labels=rows["input_ids"])
     assert out.loss is out["loss"] and out.logits is out["logits"] and out[0] is out.loss
+    trained = model.train()(**rows, labels=rows["input_ids"])  # the head only where a target is
+    assert trained.logits is None and trained.loss is trained["loss"] and trained[0] is trained.loss
     assert torch.isfinite(out.loss)
     assert model(**rows).loss is None
     with pytest.raises(AttributeError, match="has no output 'lossy'"):
