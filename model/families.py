@@ -355,9 +355,8 @@ def causal_lm_outputs(logits, shift_labels, num_items_in_batch=None) -> dict:
     loss = _token_loss(
         logits.reshape(-1, logits.shape[-1]), shift_labels.reshape(-1).long(), num_items_in_batch
     )
-    return PackedOutput(
-        loss=loss.pop("loss"), logits=logits, **loss
-    )  # transformers' order: out[0] is the loss
+    # the loss first, as transformers' outputs order it: out[0] is the loss
+    return PackedOutput(loss=loss.pop("loss"), logits=logits, **loss)
 
 
 def predicted_token_outputs(hidden, shift_labels, lm_head, num_items_in_batch=None) -> dict:
