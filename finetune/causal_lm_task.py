@@ -187,40 +187,45 @@ def per_example_losses(
 ) -> tuple[np.ndarray, np.ndarray, int, dict]:
     """Summed token loss and predicted-token count per example (float64 [n], int64 [n], input
     order), the tokens predicted right, and the pass's timing and padding figures. The
-    forward is inference.runner's (on the model's device, float32); the loss is reduced on
-    the device, so the [rows, width, vocabulary] logits never leave it."""
+    forward is inference.runner's (on the model's device, float32), given each token's
+    next-token target so that the LM head runs only on the predicted tokens (skip_logits:
+    no [rows, width, vocabulary] logits); the loss is reduced on the device."""
     runner = model if isinstance(model, Runner) else Runner(model)
     tables = batcher.epoch(0, shuffle=False)
     loss_sums, counts, correct = np.zeros(len(data)), np.zeros(len(data), dtype=np.int64), 0
 
     def token_losses(labels):
-        """The reduction on the device, given the table's labels [rows, width]: each token's
-        next-token target inside its own sequence (from the rows the runner packed)."""
+        """(the model's extra inputs, the reduction on the device), given the table's labels
+        [rows, width]: each token's next-token target inside its own sequence (from the rows
+        the runner packed); the predicted tokens come back in row-major order."""
+        shift = {}
+
+        def inputs(batch):
+            shift["targets"] = next_token_targets(
+                labels.to(batch["sequence_ids"].device), batch["sequence_ids"]
+            )
+            return {"shift_labels": shift["targets"], "skip_logits": True}
 
         def read(batch, out):
-            logits = out["logits"].float()
-            shift = next_token_targets(labels.to(logits.device), batch["sequence_ids"])
-            token_loss = F.cross_entropy(
-                logits.transpose(1, 2), shift, ignore_index=IGNORED, reduction="none"
-            )
+            logits, targets = out["predicted_logits"].float(), out["predicted_targets"]
+            token_loss = F.cross_entropy(logits, targets, reduction="none")  # [N]
             slots = batch["sequence_ids"].clamp(min=1) - 1  # a token's slot in its row's table
             example = torch.gather(batch["example_index"], 1, slots)
-            keep = (shift != IGNORED) & (batch["sequence_ids"] > 0)
+            keep = shift["targets"] != IGNORED  # the predicted tokens, in the head's order
             return {
                 "example": example[keep].cpu().numpy(),
-                "loss": token_loss[keep].double().cpu().numpy(),
-                "correct": np.array([int(correct_tokens(logits, shift).sum())]),
+                "loss": token_loss.double().cpu().numpy(),
+                "correct": np.array([int((logits.argmax(-1) == targets).sum())]),
             }
 
-        return read
+        return inputs, read
 
     start = time.perf_counter()
     for table in tables:
         width = batcher.width(table)
         labels = torch.from_numpy(pack_rows(data.label_ids, table, width)["input_ids"])
-        got = runner.forward(
-            data.token_ids, table, width, data.segment_ids, read=token_losses(labels)
-        ).outputs
+        inputs, read = token_losses(labels)
+        got = runner.forward(data.token_ids, table, width, data.segment_ids, read=read, inputs=inputs).outputs
         np.add.at(loss_sums, got["example"], got["loss"])
         np.add.at(counts, got["example"], 1)
         correct += int(got["correct"][0])

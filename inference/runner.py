@@ -94,11 +94,13 @@ class Runner:
     def forward(
         self, token_ids: list, table: np.ndarray, width: int, segment_ids: list | None = None,
         outputs: Iterable[str] = ("logits",), read: Callable[[dict, dict], dict] | None = None,
+        inputs: Callable[[dict], dict] | None = None,
     ) -> RunBatch:  # fmt: skip
         """One table's rows through the model -> RunBatch. read: where an output is too large
         to bring back whole (a causal LM's [rows, width, vocabulary] logits), a reduction
         on the device, (batch tensors, model outputs) -> {name: numpy array}, in place of
-        `outputs`."""
+        `outputs`. inputs: the model's inputs beyond the rows, from the batch's tensors (a
+        causal LM's next-token targets, so that its head runs only where one is)."""
         if self.compiled:
             table = self._static_rows(table, width)
         rows = pack_rows(token_ids, table, width, segment_ids)
@@ -106,8 +108,9 @@ class Runner:
             name: torch.from_numpy(value).to(self.device, non_blocking=True) for name, value in rows.items()
         }
         started = time.perf_counter()
+        extra = inputs(batch) if inputs is not None else {}
         with precision(self.device.type, self.dtype):
-            out = self._forward_model(**batch)
+            out = self._forward_model(**batch, **extra)
         if read is not None:
             arrays = read(batch, out)  # numpy: waits for the device too
         else:
