@@ -6,6 +6,8 @@ packed decoders: Llama, Mistral, Qwen2, Qwen3, Gemma 3 (text), Phi-3, GPT-2 (doc
     out = model(**rows)            # inference.rows.pack_rows' fields as tensors
     out["logits"]                  # [B, K, C] | token tasks: [B, S, C] | QA: start/end [B, S]
     out["embeddings"]              # task "embedding": pooled per slot, [B, K, D]
+    # causal_lm: out["logits"] [B, S, V]; in training with labels the head runs only on the
+    # predicted tokens: out["predicted_logits"] [N, V], out["predicted_targets"] [N]
 
 The weights are transformers' (`AutoModelFor*` loads and saves the folder as is); packing
 changes only what the encoder is given, by each family's rule (`FAMILIES`):
