@@ -170,7 +170,7 @@ def token_sums(out: dict, batch: dict) -> dict:
     next-token accuracy (argmax = the target). A training step's outputs hold the predicted
     tokens' logits alone (model.families.predicted_token_outputs), evaluation's every token's."""
     if out.get("predicted_logits") is not None:
-        correct = (out["predicted_logits"].argmax(-1) == out["predicted_targets"]).sum()
+        correct = correct_tokens(out["predicted_logits"], out["predicted_targets"]).sum()
     else:
         correct = correct_tokens(out["logits"], batch["shift_labels"].to(out["logits"].device)).sum()
     count = float(out["token_count"])
@@ -194,38 +194,36 @@ def per_example_losses(
     tables = batcher.epoch(0, shuffle=False)
     loss_sums, counts, correct = np.zeros(len(data)), np.zeros(len(data), dtype=np.int64), 0
 
-    def token_losses(labels):
-        """(the model's extra inputs, the reduction on the device), given the table's labels
-        [rows, width]: each token's next-token target inside its own sequence (from the rows
-        the runner packed); the predicted tokens come back in row-major order."""
-        shift = {}
-
-        def inputs(batch):
-            shift["targets"] = next_token_targets(
+    def targets_of(labels):
+        """The model's extra inputs, given the table's labels [rows, width]: each token's
+        next-token target inside its own sequence (from the rows the runner packed)."""
+        return lambda batch: {
+            "shift_labels": next_token_targets(
                 labels.to(batch["sequence_ids"].device), batch["sequence_ids"]
-            )
-            return {"shift_labels": shift["targets"], "skip_logits": True}
+            ),
+            "skip_logits": True,
+        }
 
-        def read(batch, out):
-            logits, targets = out["predicted_logits"].float(), out["predicted_targets"]
-            token_loss = F.cross_entropy(logits, targets, reduction="none")  # [N]
-            slots = batch["sequence_ids"].clamp(min=1) - 1  # a token's slot in its row's table
-            example = torch.gather(batch["example_index"], 1, slots)
-            keep = shift["targets"] != IGNORED  # the predicted tokens, in the head's order
-            return {
-                "example": example[keep].cpu().numpy(),
-                "loss": token_loss.double().cpu().numpy(),
-                "correct": np.array([int((logits.argmax(-1) == targets).sum())]),
-            }
-
-        return inputs, read
+    def read(batch, out):
+        """The reduction on the device: each predicted token's loss (the head's tokens come
+        in row-major order, as the mask below selects them) and its example."""
+        logits, targets = out["predicted_logits"].float(), out["predicted_targets"]
+        token_loss = F.cross_entropy(logits, targets, reduction="none")  # [N]
+        slots = batch["sequence_ids"].clamp(min=1) - 1  # a token's slot in its row's table
+        example = torch.gather(batch["example_index"], 1, slots)
+        return {
+            "example": example[batch["shift_labels"] != IGNORED].cpu().numpy(),
+            "loss": token_loss.double().cpu().numpy(),
+            "correct": np.array([int(correct_tokens(logits, targets).sum())]),
+        }
 
     start = time.perf_counter()
     for table in tables:
         width = batcher.width(table)
         labels = torch.from_numpy(pack_rows(data.label_ids, table, width)["input_ids"])
-        inputs, read = token_losses(labels)
-        got = runner.forward(data.token_ids, table, width, data.segment_ids, read=read, inputs=inputs).outputs
+        got = runner.forward(
+            data.token_ids, table, width, data.segment_ids, read=read, inputs=targets_of(labels)
+        ).outputs
         np.add.at(loss_sums, got["example"], got["loss"])
         np.add.at(counts, got["example"], 1)
         correct += int(got["correct"][0])

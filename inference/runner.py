@@ -100,7 +100,8 @@ class Runner:
         to bring back whole (a causal LM's [rows, width, vocabulary] logits), a reduction
         on the device, (batch tensors, model outputs) -> {name: numpy array}, in place of
         `outputs`. inputs: the model's inputs beyond the rows, from the batch's tensors (a
-        causal LM's next-token targets, so that its head runs only where one is)."""
+        causal LM's next-token targets, so that its head runs only where one is); `read`
+        sees them in its batch."""
         if self.compiled:
             table = self._static_rows(table, width)
         rows = pack_rows(token_ids, table, width, segment_ids)
@@ -108,9 +109,10 @@ class Runner:
             name: torch.from_numpy(value).to(self.device, non_blocking=True) for name, value in rows.items()
         }
         started = time.perf_counter()
-        extra = inputs(batch) if inputs is not None else {}
+        if inputs is not None:
+            batch.update(inputs(batch))
         with precision(self.device.type, self.dtype):
-            out = self._forward_model(**batch, **extra)
+            out = self._forward_model(**batch)
         if read is not None:
             arrays = read(batch, out)  # numpy: waits for the device too
         else:

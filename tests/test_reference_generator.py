@@ -20,6 +20,7 @@ from data.create_pretraining_data import read_document, split_sentences
 from data.reference_tokenizer import ReferenceTokenizer, read_vocab
 from packing.sources import FIELDS
 from tests import reference_bert
+from tests.conftest import fast_loop_keeps
 
 # Text that trips tokenizers: special-token strings, words of 150 and 250 characters (the
 # reference's limit is 200), accents and combining marks, CJK, controls, format characters,
@@ -83,12 +84,8 @@ def _ours(paths, vocab, out, seed, s, p, dupe, *extra):
 
 
 @pytest.mark.parametrize(
-    "seed,s,p,dupe",
-    [
-        pytest.param(12345, 128, 20, 2, marks=pytest.mark.slow),  # 3-4 s each: `make test` only
-        (3, 64, 10, 1),
-        pytest.param(7, 512, 76, 1, marks=pytest.mark.slow),
-    ],
+    "seed,s,p,dupe",  # 3-4 s a case: the fast loop keeps one
+    fast_loop_keeps([(12345, 128, 20, 2), (3, 64, 10, 1), (7, 512, 76, 1)], [(3, 64, 10, 1)]),
 )
 def test_same_instances_as_the_reference_byte_for_byte(corpus, tmp_path, seed, s, p, dupe):
     paths, vocab = corpus
