@@ -7,6 +7,8 @@
                       eval_dataset=packed_eval, data_collator=PackedDataCollator(),
                       compute_metrics=packed_metrics("single_label_classification", my_metrics))
     trainer.train(); trainer.evaluate(); trainer.save_model(out)  # out loads in BertForSequenceClassification
+    # compiled: TrainingArguments(torch_compile=True, ...) with PackedDataCollator(packs_per_batch=
+    # per_device_train_batch_size): one graph for the run (an epoch's short last batch filled)
     predict = packed_pipeline("text-classification", model=out)
     predict(["a text", ...])    # [{"label": ..., "score": ...}, ...] in input order
 
@@ -338,14 +340,41 @@ def pack_dataset(
     return packed.with_format("numpy")
 
 
+# What a column holds in a pack with no example: no slot in use, nothing to predict.
+EMPTY_PACK_VALUE = {"example_index": -1, "labels": IGNORED, "shift_labels": IGNORED}  # any other column: 0
+
+
 @dataclass
 class PackedDataCollator:
-    """Stacks packs into a batch of tensors: int64 everywhere, float32 multi-label labels."""
+    """Stacks packs into a batch of tensors: int64 everywhere, float32 multi-label labels.
+
+    packs_per_batch: where set, a batch of fewer packs (an epoch's last, when the packs do not
+    divide into batches) is filled with empty packs (example_index -1, labels -100, zeros
+    elsewhere), so that every training batch has one shape: `Trainer(torch_compile=True)`
+    then builds one graph for the whole run instead of a second, dynamic-shape one at the
+    first short batch. Empty packs hold no example, so the loss, Trainer's
+    num_items_in_batch and every metric are those of the batch without them. A batch of
+    more packs (an evaluation batch size above the training one) is stacked as it is."""
+
+    packs_per_batch: int | None = None
+
+    def __post_init__(self):
+        if self.packs_per_batch is not None and (
+            isinstance(self.packs_per_batch, bool)
+            or not isinstance(self.packs_per_batch, int)
+            or self.packs_per_batch < 1
+        ):
+            raise PackedDatasetError(
+                f"packs_per_batch: expected a whole number >= 1, got {self.packs_per_batch!r}"
+            )
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         batch = {}
+        missing = 0 if self.packs_per_batch is None else max(0, self.packs_per_batch - len(features))
         for name in features[0]:
-            stacked = np.stack([np.asarray(f[name]) for f in features])
+            packs = [np.asarray(f[name]) for f in features]
+            packs += [np.full_like(packs[0], EMPTY_PACK_VALUE.get(name, 0))] * missing
+            stacked = np.stack(packs)
             dtype = torch.float32 if np.issubdtype(stacked.dtype, np.floating) else torch.int64
             batch[name] = torch.as_tensor(stacked, dtype=dtype)
         return batch

@@ -104,9 +104,10 @@ def stock_logits_and_losses(folder, data):
     return np.stack(logits), np.array(losses)
 
 
-def trainer_for(model, args_dir, train, evaluation=None, metrics=None, **arguments):
+def trainer_for(model, args_dir, train, evaluation=None, metrics=None, collator=None, **arguments):
     """A real Trainer over packs; arguments override TrainingArguments; metrics: a
-    compute_metrics (default: single-label accuracy through packed_metrics)."""
+    compute_metrics (default: single-label accuracy through packed_metrics); collator:
+    default PackedDataCollator()."""
     options = dict(
         output_dir=str(args_dir),
         per_device_train_batch_size=8,
@@ -126,7 +127,7 @@ def trainer_for(model, args_dir, train, evaluation=None, metrics=None, **argumen
         args=TrainingArguments(**options),
         train_dataset=train,
         eval_dataset=evaluation,
-        data_collator=PackedDataCollator(),
+        data_collator=collator or PackedDataCollator(),
         compute_metrics=metrics or packed_metrics("single_label_classification", accuracy),
     )
 
@@ -422,3 +423,62 @@ def test_a_folder_opened_for_another_task_is_refused_naming_both(checkpoint_with
         ValueError, match=r"a classification model; task 'question-answering' needs a question_answering"
     ):
         packed_pipeline("question-answering", model=checkpoint_with_head[False])
+
+
+def test_the_collator_fills_a_short_batch_with_empty_packs_only_where_asked(checkpoint, bbc):
+    packed = pack_dataset(
+        bbc.select(range(40)), "single_label_classification", 128, 6, num_labels=5, verbose=False
+    )
+    features = [packed[i] for i in range(3)]
+    as_is = PackedDataCollator()(features)
+    filled = PackedDataCollator(packs_per_batch=5)(features)
+    for name, values in as_is.items():
+        assert filled[name].shape == (5, *values.shape[1:]), name
+        torch.testing.assert_close(filled[name][:3], values, msg=name)
+    assert (filled["example_index"][3:] == -1).all() and (filled["labels"][3:] == -100).all()
+    assert (filled["input_ids"][3:] == 0).all() and (filled["sequence_ids"][3:] == 0).all()
+    # a batch at or above the size is stacked as it is
+    assert PackedDataCollator(packs_per_batch=2)(features)["input_ids"].shape[0] == 3
+    for bad in (0, -1, 2.0, True, "8"):
+        with pytest.raises(PackedDatasetError, match="packs_per_batch"):
+            PackedDataCollator(packs_per_batch=bad)
+
+
+def test_trainer_torch_compile_builds_one_graph_for_a_run_whose_last_batch_is_short(
+    checkpoint, bbc, tmp_path
+):
+    """Trainer(torch_compile=True) as a user sets it (its aot_eager backend: inductor's capture
+    and forward/backward split without the C++ build). The packs do not divide into batches
+    of 8, so the epoch's last batch is short: stacked as it is, dynamo compiles a second graph
+    for it; filled with empty packs, the run is one graph, and trains exactly as eager."""
+    packed = pack_dataset(
+        bbc.select(range(160)), "single_label_classification", 128, 6, num_labels=5, verbose=False
+    )
+    assert len(packed) % 8, "the test needs a short last batch"
+
+    def run(folder, compiled: bool, collator):
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        torch.manual_seed(0)  # the classifier's initialisation
+        model = PackedBertForSequenceClassification.from_pretrained(checkpoint, num_labels=5, new_head=True)
+        options = dict(torch_compile=True, torch_compile_backend="aot_eager") if compiled else {}
+        trainer = trainer_for(
+            model, folder, packed, max_steps=-1, num_train_epochs=1, logging_steps=1, **options
+        )
+        trainer.data_collator = collator
+        trainer.train()
+        counters = torch._dynamo.utils.counters
+        graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+        torch._dynamo.reset()
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}, graphs, breaks
+
+    eager_losses, eager_weights, _, _ = run(tmp_path / "eager", False, PackedDataCollator())
+    losses, weights, graphs, breaks = run(tmp_path / "filled", True, PackedDataCollator(packs_per_batch=8))
+    assert (graphs, breaks) == (1, 0)
+    assert len(losses) == len(eager_losses) == -(-len(packed) // 8)
+    np.testing.assert_allclose(losses, eager_losses, rtol=1e-6, atol=1e-6)
+    for name in eager_weights:
+        torch.testing.assert_close(weights[name], eager_weights[name], rtol=1e-5, atol=1e-6, msg=name)
+    _, _, graphs, _ = run(tmp_path / "short", True, PackedDataCollator())
+    assert graphs == 2  # the short batch's own graph: what the filling avoids
