@@ -164,6 +164,7 @@ bench: install
 	$(PY) bench/bench_stages.py
 	$(PY) bench/bench_finetune.py
 	$(PY) bench/bench_vs_transformers.py
+	$(PY) bench/bench_padding_ceiling.py
 	$(PY) bench/bench_flattening.py
 	$(PY) bench/bench_qa.py
 	$(PY) bench/bench_serve.py --workload pairs

@@ -75,6 +75,7 @@ from inference.predictions import to_device
 from model.hf_checkpoint import quiet_transformers
 from optim import weight_decay_groups
 from packing.errors import PackingInputError
+from packing.tokenized import wider_packs
 
 log = logging.getLogger("finetune")
 
@@ -234,7 +235,15 @@ def packing_note(batcher: Batcher, asked: int | None) -> str:
         return ""
     how = "chosen from the lengths" if asked is None else f"at most {asked}"
     padding = batcher.padding_fraction([batcher.table])  # every pack of an epoch, in any order
-    return f", K={batcher.table.shape[1]} ({how}), {padding:.1%} padding"
+    note = f", K={batcher.table.shape[1]} ({how}), {padding:.1%} padding"
+    if batcher.spec.pack_length is None:  # the default width: say where a wider one would pad less
+        wider = wider_packs(batcher.lengths, batcher.spec.fixed_width, padding)
+        if wider is not None:
+            note += (
+                f" (packs of {wider.pack_length} tokens would leave {wider.padding:.1%}: "
+                f"set batching.pack_length: {wider.pack_length})"
+            )
+    return note
 
 
 def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState) -> RunState:

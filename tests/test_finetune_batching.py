@@ -143,3 +143,27 @@ def test_the_default_k_follows_the_lengths_and_an_explicit_k_wins():
     assert limited.table.shape[1] <= 6 and limited.padding_fraction(limited.epoch(0)) > 0.15
     long = Batcher(rng.integers(200, 400, 500), BatchingSpec("packed", 32, 512), seed=0)
     assert long.table.shape[1] <= 3
+
+
+def test_a_run_of_documents_cut_at_the_width_is_told_of_packs_twice_as_wide():
+    """Documents truncated at max_sequence_length fill one pack each at that width (one of
+    400 tokens cannot pair with another); packs of twice the width pair them. The note
+    names the wider width and the padding it would leave, which is what a run at that width
+    gets; short texts, or a pack_length the user set, get no such note."""
+    from finetune.train import packing_note
+    from packing.tokenized import wider_packs
+
+    rng = np.random.default_rng(0)
+    documents = np.minimum(rng.integers(250, 900, 600), 512)  # a third cut at 512
+    default = Batcher(documents, BatchingSpec("packed", 32, 512, algorithm="lpfhp"), seed=0)
+    padding = default.padding_fraction([default.table])
+    assert padding > 0.05
+    hint = wider_packs(documents, 512, padding)
+    assert hint is not None and hint.pack_length == 1024 and hint.padding <= padding / 2
+    wider = Batcher(documents, BatchingSpec("packed", 32, 512, algorithm="lpfhp", pack_length=1024), seed=0)
+    assert wider.padding_fraction([wider.table]) == pytest.approx(hint.padding, abs=0.005)
+    assert f"packs of 1024 tokens would leave {hint.padding:.1%}" in packing_note(default, None)
+    assert "would leave" not in packing_note(wider, None)  # a width the user set is kept as is
+    short = Batcher(rng.integers(8, 60, 600), BatchingSpec("packed", 32, 128), seed=0)
+    assert wider_packs(short.lengths, 128, short.padding_fraction([short.table])) is None
+    assert "would leave" not in packing_note(short, None)
