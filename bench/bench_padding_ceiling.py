@@ -19,8 +19,9 @@ an encoder step are then slots x 2(4H^2 + 2HI) + scores x 4H per layer (the proj
 feed-forward per token; QK^T and PV per score; H, I from the folder's config.json; embeddings and
 head left out, the same for every way). Packed attention is counted as the varlen backend does
 it: the sum of l_i^2 per sequence. The ratio grouped / packed of those FLOPs is the most a packed
-step can gain from removing padding where step time follows FLOPs (a CPU at these sizes); a
-measured ratio above it comes from elsewhere in the step. Nothing is timed.
+step can gain from removing padding where step time follows FLOPs; a measured ratio above it
+comes from elsewhere in the step (on long texts in training, transformers' attention dropout
+on a CPU: docs/finetune.md). Nothing is timed.
 """
 
 from __future__ import annotations
