@@ -143,16 +143,21 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
     else:
         collator = DataCollatorWithPadding(tokenizer)
     torch.manual_seed(config["training"]["seed"])
+    # the config's dropout, as finetune.train gives its model (MiniLM's own: 0.1 each)
+    dropout = dict(hidden_dropout_prob=config["model"]["hidden_dropout"],
+                   attention_probs_dropout_prob=config["model"]["attention_dropout"],
+                   classifier_dropout=config["model"]["classifier_dropout"])  # fmt: skip
     if recipe == "trainer_packed":
         model = PackedBertForSequenceClassification.from_pretrained(
             str(model_dir()),
             new_head=True,  # the MiniLM encoder: its classifier starts new
             num_labels=len(task.label_names),
             attention_backend=config["model"]["attention_backend"],
+            **dropout,
         )
     else:
         model = BertForSequenceClassification.from_pretrained(
-            str(model_dir()), num_labels=len(task.label_names), attn_implementation="sdpa"
+            str(model_dir()), num_labels=len(task.label_names), attn_implementation="sdpa", **dropout
         )
     optim = config["optim"]
 
