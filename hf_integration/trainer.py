@@ -53,6 +53,7 @@ import torch
 
 from inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
 from packing.errors import PackingInputError
+from packing.histogram import check_positive_int
 from packing.tokenized import pack_examples
 
 TASKS = (
@@ -359,14 +360,11 @@ class PackedDataCollator:
     packs_per_batch: int | None = None
 
     def __post_init__(self):
-        if self.packs_per_batch is not None and (
-            isinstance(self.packs_per_batch, bool)
-            or not isinstance(self.packs_per_batch, int)
-            or self.packs_per_batch < 1
-        ):
-            raise PackedDatasetError(
-                f"packs_per_batch: expected a whole number >= 1, got {self.packs_per_batch!r}"
-            )
+        if self.packs_per_batch is not None:
+            try:
+                check_positive_int("packs_per_batch", self.packs_per_batch)
+            except PackingInputError as err:
+                raise PackedDatasetError(str(err)) from None
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         batch = {}

@@ -73,7 +73,7 @@ class Histogram:
     @classmethod
     def from_lengths(cls, lengths, max_sequence_length: int) -> Histogram:
         """Histogram of integer sequence lengths, each in 1..max_sequence_length."""
-        _check_positive_int("max_sequence_length", max_sequence_length)
+        check_positive_int("max_sequence_length", max_sequence_length)
         lengths = np.asarray(lengths)
         if lengths.size == 0:
             raise PackingInputError("no sequence lengths given: the histogram would be empty")
@@ -135,6 +135,7 @@ class Histogram:
         return cls(np.array([int(c) for c in counts], dtype=np.int64))
 
 
-def _check_positive_int(name: str, value) -> None:
+def check_positive_int(name: str, value) -> None:
+    """PackingInputError naming `name` unless value is an integer >= 1 (not a bool)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise PackingInputError(f"{name} must be an integer >= 1, got {value!r}")

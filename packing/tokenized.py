@@ -53,12 +53,10 @@ WIDER_PACKS_WORTH = 0.02
 
 @dataclass(frozen=True)
 class WiderPacks:
-    """Packs of `pack_length` tokens would leave `padding` where the width in use leaves
-    `current` (fractions of the row tokens)."""
+    """Packs of `pack_length` tokens would leave `padding` (a fraction of the row tokens)."""
 
     pack_length: int
     padding: float
-    current: float
 
 
 def wider_packs(lengths: np.ndarray, width: int, current: float) -> WiderPacks | None:
@@ -73,7 +71,7 @@ def wider_packs(lengths: np.ndarray, width: int, current: float) -> WiderPacks |
     wider = 2 * width
     counts = np.bincount(np.asarray(lengths, dtype=np.int64) - 1, minlength=wider)
     padding = padding_of(counts, wider, fitting_depth(lengths, wider))
-    return WiderPacks(wider, padding, current) if padding <= current / 2 else None
+    return WiderPacks(wider, padding) if padding <= current / 2 else None
 
 
 def pack_examples(
