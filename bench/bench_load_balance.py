@@ -118,7 +118,7 @@ def replica(args) -> None:
     data = examples((args.steps + 1) * args.examples_per_replica * world)
     results = {}
     for mode in ("packed", "padding_free", "grouped"):
-        model = build_decoder(config, 257, 4096)
+        model = build_decoder(config, 257, 4096, 257)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         waits, steps_s, tokens = [], [], 0
         for step, ranks in enumerate(

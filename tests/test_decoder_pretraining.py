@@ -155,7 +155,7 @@ def test_packed_document_loss_and_gradients_equal_each_document_alone(family, tm
     config = {section: {k: v.default for k, v in keys.items()} for section, keys in SCHEMA.items()}
     config["model"].update(family=family, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, attention="buckets")  # fmt: skip
-    packed = build_decoder(config, vocab_size=60, length=40)
+    packed = build_decoder(config, vocab_size=60, length=40, data_vocab=60)
     packed.attention_granularity = 4  # buckets of 4, 8, ... so that they are many at S = 40
     packed.hf_model.save_pretrained(tmp_path)
     stock = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")

@@ -45,8 +45,37 @@ def set_rope_theta(family_config, theta: float) -> None:
         rope["rope_theta"] = theta
 
 
-def build_decoder(config: dict, vocab_size: int, length: int):
-    """PackedCausalLM of config["model"] (seeded by training.seed)."""
+# Bytes a parameter costs in training: fp32 weight, gradient and AdamW's two moments.
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+def check_training_memory(hf_config, device: torch.device) -> None:
+    """RunError unless the model's weights, gradients and AdamW state (fp32) fit the device's
+    memory: counted on the meta device (nothing allocated), against the memory available now
+    (a CPU) or the GPU's total. Activations come on top: this refuses what cannot fit at all."""
+    import psutil
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(hf_config)
+    parameters = sum(p.numel() for p in meta.parameters())
+    needed = parameters * TRAINING_BYTES_PER_PARAMETER
+    if device.type == "cuda":
+        have, where = torch.cuda.get_device_properties(device).total_memory, f"{device} holds"
+    else:
+        have, where = psutil.virtual_memory().available, "this machine has"
+    if needed > have:
+        raise RunError(
+            f"model: {parameters:,} parameters (vocab_size {hf_config.vocab_size}) need {needed / 2**30:.1f} GiB "
+            f"for weights, gradients and AdamW state in fp32; {where} {have / 2**30:.1f} GiB"
+        )
+
+
+def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, device=None):
+    """PackedCausalLM of config["model"] (seeded by training.seed). vocab_size: the model's
+    (model.vocab_size, else the data's); data_vocab: the rows' vocabulary, which the model
+    must cover whether it comes from the config or a checkpoint; device: where it will train
+    (its memory checked before anything is allocated)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from model.families import PACKED_ATTENTION, _register_packed_attention
@@ -69,12 +98,18 @@ def build_decoder(config: dict, vocab_size: int, length: int):
             model_cfg["family"], **family_settings(model_cfg, vocab_size, length)
         )
         set_rope_theta(family_config, model_cfg["rope_theta"])
+        if vocab_size < data_vocab:
+            raise RunError(
+                f"model.vocab_size {vocab_size}: below the rows' vocabulary of {data_vocab} tokens "
+                "(vocab_size in data.train_dir's metadata.json)"
+            )
+        check_training_memory(family_config, torch.device(device or "cpu"))
         _register_packed_attention()
         hf_model = AutoModelForCausalLM.from_config(family_config, attn_implementation=PACKED_ATTENTION)
         packed = PackedCausalLM(hf_model, "causal_lm")
-    if packed.config.vocab_size < vocab_size:
+    if packed.config.vocab_size < data_vocab:
         raise RunError(
-            f"data.train_dir: the rows use a vocabulary of {vocab_size} tokens, the model has {packed.config.vocab_size}"
+            f"data.train_dir: the rows use a vocabulary of {data_vocab} tokens, the model has {packed.config.vocab_size}"
         )
     choice = model_cfg["attention"]
     packed.attention_granularity = GRANULARITY.get(choice, None)

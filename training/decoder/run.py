@@ -93,17 +93,30 @@ class DecoderRun:
             )
         self.replica = setup_replica(config)
         self.rank, self.world = self.replica.rank, self.replica.world
-        prepare_output(output, config, resume, self.rank)
-        vocab = config["model"]["vocab_size"] or self.train_rows.metadata["vocab_size"]
-        self.model = build_decoder(config, vocab, data["max_sequence_length"]).to(self.replica.device)
         optim = config["optim"]
+        self.rows_per_step = data["micro_batch_rows"] * optim["gradient_accumulation"] * self.world
+        if self.rows_per_step > self.train_rows.rows:
+            raise RunError(
+                f"data.micro_batch_rows {data['micro_batch_rows']} x optim.gradient_accumulation "
+                f"{optim['gradient_accumulation']} x {self.world} replica(s) = {self.rows_per_step} rows a step: "
+                f"data.train_dir holds {self.train_rows.rows} rows (a step would read rows more than once)"
+            )
+        data_vocab = max(self.train_rows.vocab_size, self.eval_rows.vocab_size if self.eval_rows else 0)
+        # the model is built (and its memory checked) before the run folder is written
+        self.model = build_decoder(
+            config,
+            config["model"]["vocab_size"] or data_vocab,
+            data["max_sequence_length"],
+            data_vocab,
+            self.replica.device,
+        ).to(self.replica.device)
+        prepare_output(output, config, resume, self.rank)
         self.optimizer = torch.optim.AdamW(
             weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),
             lr=0.0,
             betas=tuple(optim["betas"]),
             eps=optim["eps"],
         )
-        self.rows_per_step = data["micro_batch_rows"] * optim["gradient_accumulation"] * self.world
         self.state = DecoderState(next_eval_samples=config["eval"]["every_samples"] or 0)
         if resume:
             self._restore()
@@ -138,6 +151,10 @@ class DecoderRun:
 
     # ----- checkpoints --------------------------------------------------------------------
     def _restore(self) -> None:
+        if self.rank == 0:  # the run folder's lock says no other run owns these temporaries
+            for leftover in ckpt.remove_leftovers(self.output / "checkpoints"):
+                log.warning("removed %s: a checkpoint half-written when a run was stopped", leftover)
+        barrier()
         for path in ckpt.intact_checkpoints(self.output / "checkpoints"):
             try:
                 saved = ckpt.load_training_state(path)
