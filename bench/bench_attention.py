@@ -24,9 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_model import HIST, sample_rows  # noqa: E402
 
-from model import ATTENTION_BACKENDS, PackedBertForPreTraining, bert_config  # noqa: E402
-from model.attention import PackedSelfAttention, build_mask  # noqa: E402
-from packing import Histogram, pack  # noqa: E402
+from packed_transformers.model import ATTENTION_BACKENDS, PackedBertForPreTraining, bert_config  # noqa: E402
+from packed_transformers.model.attention import PackedSelfAttention, build_mask  # noqa: E402
+from packed_transformers.packing import Histogram, pack  # noqa: E402
 
 
 def histogram_for(length: int) -> Histogram:

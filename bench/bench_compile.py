@@ -28,9 +28,9 @@ import json, sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np, torch
 torch.set_num_threads(int(sys.argv[4]))
-from data.assets import model_dir
-from inference.embedding import encode, load_encoder
-from inference.options import InferenceOptions
+from packed_transformers.data.assets import model_dir
+from packed_transformers.inference.embedding import encode, load_encoder
+from packed_transformers.inference.options import InferenceOptions
 texts = [json.loads(line)["text"] for line in open(sys.argv[2])]
 encoder = load_encoder(model_dir())
 options = InferenceOptions.for_embedding(compile=sys.argv[3] == "compiled")  # `embed --compile`
@@ -47,8 +47,8 @@ print(json.dumps(seconds))
 def main() -> int:
     import numpy as np
 
-    from data.assets import corpus_glob
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=2000)

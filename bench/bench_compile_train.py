@@ -42,9 +42,9 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(int(sys.argv[5]))
-from finetune import train as finetune
-from finetune.config import load_finetune_config
-from model.hf_checkpoint import quiet_transformers
+from packed_transformers.finetune import train as finetune
+from packed_transformers.finetune.config import load_finetune_config
+from packed_transformers.model.hf_checkpoint import quiet_transformers
 quiet_transformers()
 config_path, way, steps = sys.argv[2], sys.argv[3], int(sys.argv[4])
 sets = ["training.progress=false", "training.epochs=50", *json.loads(sys.argv[6])]

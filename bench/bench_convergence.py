@@ -45,7 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from training.config import load_config  # noqa: E402
+from packed_transformers.training.config import load_config  # noqa: E402
 
 VARIANTS = {
     "unpacked": ("unpacked_baseline", "none"),
@@ -108,7 +108,7 @@ def train(args, variant: str, seed: int) -> Path | None:
     """One run in this process (the same code path as run_pretraining.py); its folder.
     With --reuse, a finished run of the same config is read instead of trained again
     (several processes may share a study: one per variant, then one to report)."""
-    from training.run import run
+    from packed_transformers.training.run import run
 
     output = args.out / "runs" / f"{variant}-seed{seed}"
     config = load_config(ROOT / "configs" / "demo.yaml", run_config(args, variant, seed))
@@ -204,7 +204,7 @@ def parse_args(argv=None):
 
 def train_all(args) -> dict[str, list[dict]] | None:
     """{variant: [eval curve per seed]} over the seeds every variant finished."""
-    from training.curves import eval_curve
+    from packed_transformers.training.curves import eval_curve
 
     curves: dict[str, list[dict]] = {v: [] for v in args.variants}
     for seed in range(args.seeds):  # seeds outermost: an interrupted study still compares variants
@@ -243,7 +243,7 @@ def read_json_curves(files: list[Path]) -> tuple[dict[str, list[dict]], float, d
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from training.curves import plot_curves, unigram_baseline
+    from packed_transformers.training.curves import plot_curves, unigram_baseline
 
     started = time.perf_counter()
     if args.from_json:
@@ -301,7 +301,7 @@ def main(argv=None) -> int:
         "comparisons": comparisons,
         "curves": {v: [{k: a.tolist() for k, a in c.items()} for c in cs] for v, cs in curves.items()},
     }
-    from common.files import atomic_path
+    from packed_transformers.common.files import atomic_path
 
     with atomic_path(args.out / "convergence.json") as tmp:
         tmp.write_text(json.dumps(record, indent=1))

@@ -22,9 +22,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data import assets  # noqa: E402
-from data.create_pretraining_data import main as create_main  # noqa: E402
-from data.create_pretraining_data import read_document, split_sentences  # noqa: E402
+from packed_transformers.data import assets  # noqa: E402
+from packed_transformers.data.create_pretraining_data import main as create_main  # noqa: E402
+from packed_transformers.data.create_pretraining_data import read_document, split_sentences  # noqa: E402
 from tests import reference_bert  # noqa: E402
 
 

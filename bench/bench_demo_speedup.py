@@ -31,18 +31,18 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from packing.shards import PackedDataset  # noqa: E402
-from training.build import build_model, packing_factor  # noqa: E402
-from training.config import load_config  # noqa: E402
-from training.data import PackedShards  # noqa: E402
-from training.observe import MetricSums  # noqa: E402
+from packed_transformers.packing.shards import PackedDataset  # noqa: E402
+from packed_transformers.training.build import build_model, packing_factor  # noqa: E402
+from packed_transformers.training.config import load_config  # noqa: E402
+from packed_transformers.training.data import PackedShards  # noqa: E402
+from packed_transformers.training.observe import MetricSums  # noqa: E402
 
 
 class Side:
     """One run's engine, data and pack order."""
 
     def __init__(self, config_path: Path, sets: list[str], seed: int):
-        from training.backends.torch_engine import TorchEngine
+        from packed_transformers.training.backends.torch_engine import TorchEngine
 
         self.config = load_config(config_path, sets)
         dataset = PackedDataset.open(self.config["data"]["train_dir"])

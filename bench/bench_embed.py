@@ -9,8 +9,8 @@ rotating order, in fresh interpreters with the same torch thread count:
 
   st-encode     sentence-transformers: SentenceTransformer(folder).encode(texts,
                 batch_size=32) (its default length sorting), saved with numpy
-  embed-sorted  python -m finetune.embed --batching sorted (the same batching as encode)
-  embed-packed  python -m finetune.embed --batching packed (the default)
+  embed-sorted  python -m packed_transformers.finetune.embed --batching sorted (the same batching as encode)
+  embed-packed  python -m packed_transformers.finetune.embed --batching packed (the default)
 
 With --peers (fp32 only), also the runtimes a user would otherwise reach for, each a whole
 process over the same texts that imports no torch: the MiniLM encoder exported once to ONNX
@@ -86,8 +86,8 @@ def run(argv: list[str], threads: int) -> tuple[float, dict]:
 
 
 def main() -> int:
-    from data.assets import corpus_glob, model_dir
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob, model_dir
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=4000)
@@ -139,7 +139,7 @@ def main() -> int:
             if name in ("onnxruntime", "openvino"):
                 return [sys.executable, "-c", PEER_SCRIPT, str(exported), str(source), str(outputs[name]),
                         str(args.threads), name, str(REPO / "bench"), model]  # fmt: skip
-            return [sys.executable, "-m", "finetune.embed", "--model", model, "--input", str(source),
+            return [sys.executable, "-m", "packed_transformers.finetune.embed", "--model", model, "--input", str(source),
                     "--output", str(outputs[name]), "--batching", name.split("-")[1], "--dtype", args.dtype,
                     "--quiet", "--overwrite"]  # fmt: skip
 

@@ -160,9 +160,9 @@ class Ways:
         import transformers
         from datasets import Dataset
 
-        from data.classification_data import TokenizedExamples
-        from inference.runner import Runner
-        from model.family_model import PackedFamilyModel
+        from packed_transformers.data.classification_data import TokenizedExamples
+        from packed_transformers.inference.runner import Runner
+        from packed_transformers.model.family_model import PackedFamilyModel
 
         self.folder, self.texts, self.tokenizer = folder, texts, tokenizer
         auto = transformers.AutoModelForSequenceClassification
@@ -185,7 +185,7 @@ class Ways:
 
     # inference ---------------------------------------------------------------------------
     def packed(self, with_tokenizing: bool = False):
-        from inference.classify import InferenceOptions, predict_in_width_groups
+        from packed_transformers.inference.classify import InferenceOptions, predict_in_width_groups
 
         options = InferenceOptions(
             batching="packed", batch_size=64, max_sequences_per_pack=6, algorithm="lpfhp"
@@ -194,7 +194,7 @@ class Ways:
         def call():
             data = self.data
             if with_tokenizing:
-                from data.classification_data import TokenizedExamples
+                from packed_transformers.data.classification_data import TokenizedExamples
 
                 ids = self.tokenizer(self.texts, truncation=True, max_length=256)["input_ids"]
                 ids = [np.asarray(t, dtype=np.int64) for t in ids]
@@ -235,8 +235,8 @@ class Ways:
         return trainer_epoch(model, self.train, collator, 16, grouped=True), None
 
     def trainer_packed(self):
-        from hf_integration.trainer import PackedDataCollator, pack_dataset
-        from model.family_model import PackedFamilyModel
+        from packed_transformers.hf_integration.trainer import PackedDataCollator, pack_dataset
+        from packed_transformers.model.family_model import PackedFamilyModel
 
         def call():
             packs = pack_dataset(
@@ -269,7 +269,7 @@ class Ways:
         return timed(lambda: model.encode(self.texts, batch_size=32, convert_to_numpy=True))
 
     def packed_encode(self):
-        from inference.embedding import packed_encode
+        from packed_transformers.inference.embedding import packed_encode
 
         self.sentence_transformer()
         return timed(lambda: packed_encode(self._packed_st, self.texts))
@@ -305,8 +305,8 @@ def main() -> int:
     import torch
     import transformers
 
-    from data.assets import corpus_glob, model_dir
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob, model_dir
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", nargs="+", default=["roberta", "deberta-v2", "modernbert", "mpnet"])

@@ -31,10 +31,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data.assets import model_dir  # noqa: E402
-from finetune.config import load_finetune_config  # noqa: E402
-from finetune.train import prepare_task  # noqa: E402
-from model.hf_checkpoint import quiet_transformers  # noqa: E402
+from packed_transformers.data.assets import model_dir  # noqa: E402
+from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
+from packed_transformers.finetune.train import prepare_task  # noqa: E402
+from packed_transformers.model.hf_checkpoint import quiet_transformers  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
 
@@ -48,8 +48,12 @@ def main() -> int:
     from datasets import Dataset
     from transformers import BertForSequenceClassification, DataCollatorWithFlattening
 
-    from hf_integration.trainer import PackedDataCollator, pack_dataset, unpack_predictions
-    from model.bert_heads import PackedBertForSequenceClassification
+    from packed_transformers.hf_integration.trainer import (
+        PackedDataCollator,
+        pack_dataset,
+        unpack_predictions,
+    )
+    from packed_transformers.model.bert_heads import PackedBertForSequenceClassification
 
     task = prepare_task(load_finetune_config(CONFIG, ["training.progress=false"]))
     n = min(args.examples, len(task.validation.token_ids))

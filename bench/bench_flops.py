@@ -41,7 +41,7 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from door.folder import load_finetuned
+    from packed_transformers.door.folder import load_finetuned
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, required=True)
@@ -51,7 +51,7 @@ def main() -> int:
     loaded = load_finetuned(args.model)
     config = loaded.model.config
     h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    from data.classification_data import read_jsonl
+    from packed_transformers.data.classification_data import read_jsonl
 
     examples = read_jsonl(args.input, "text", "text_pair", None, need_labels=False)
     lengths = loaded.tokenize(examples, np.zeros(len(examples)), 512, "truncate").lengths
@@ -69,7 +69,7 @@ def main() -> int:
     for dtype, torch_dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         out = Path("/tmp") / f"flops_{dtype}.jsonl"
         done = subprocess.run(
-            [sys.executable, "-m", "finetune.predict", "--model", str(args.model), "--input", str(args.input),
+            [sys.executable, "-m", "packed_transformers.finetune.predict", "--model", str(args.model), "--input", str(args.input),
              "--output", str(out), "--dtype", dtype], cwd=REPO, capture_output=True, text=True,
             env={"OMP_NUM_THREADS": str(args.threads), "PATH": "/usr/bin:/bin"},
         )  # fmt: skip

@@ -41,8 +41,8 @@ PROFILES = ("sentences", "mixed", "paragraphs")
 
 def write_texts(out: Path, count: int = 4000) -> None:
     """bench_embed.py's profiles, the same picks (seeds 0 and 1), one JSONL per profile."""
-    from data.assets import corpus_glob
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     articles = bbc_articles(corpus_glob())
     out.mkdir(parents=True, exist_ok=True)
@@ -82,7 +82,7 @@ def timed(call, device: str) -> tuple[float, np.ndarray]:
 def measure(model_folder: Path, texts: list[str], dtype: str, rounds: int, device: str = "cuda") -> dict:
     from sentence_transformers import SentenceTransformer
 
-    from inference.embedding import packed_encode
+    from packed_transformers.inference.embedding import packed_encode
 
     st = SentenceTransformer(str(model_folder), device=device)
     if dtype == "bfloat16":

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common.constants import BERT_VOCAB_SIZE
-from optim import Lamb  # noqa: E402
+from packed_transformers.common.constants import BERT_VOCAB_SIZE
+from packed_transformers.optim import Lamb  # noqa: E402
 
 
 def bert_large_shapes(vocab=BERT_VOCAB_SIZE, hidden=1024, layers=24, intermediate=4096, positions=512):

@@ -42,8 +42,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 def examples(count: int, seed: int = 0) -> list[np.ndarray]:
     """Byte token arrays of BBC articles cut at a random 5-100% of 1,000 bytes (ids 1..256)."""
-    from data.assets import corpus_files
-    from data.create_pretraining_data import read_document
+    from packed_transformers.data.assets import corpus_files
+    from packed_transformers.data.create_pretraining_data import read_document
 
     rng = np.random.default_rng(seed)
     out = []
@@ -67,7 +67,7 @@ def grouped_order(lengths: np.ndarray, batch: int, seed: int) -> np.ndarray:
 def rows_of(token_lists, table, width):
     import torch
 
-    from inference.rows import pack_rows
+    from packed_transformers.inference.rows import pack_rows
 
     fields = pack_rows(token_lists, table, width)
     batch = {k: torch.from_numpy(fields[k]) for k in ("input_ids", "position_ids", "sequence_ids")}
@@ -77,7 +77,7 @@ def rows_of(token_lists, table, width):
 
 def plan(mode: str, data, steps: int, per_replica: int, width: int, world: int):
     """[step][rank] -> (token lists, table [rows, K], row width) of that replica's batch."""
-    from packing.tokenized import pack_examples
+    from packed_transformers.packing.tokenized import pack_examples
 
     lengths = np.array([len(t) for t in data])
     used = steps * per_replica * world
@@ -105,9 +105,9 @@ def replica(args) -> None:
     import torch
     import torch.distributed as dist
 
-    from model.families import next_token_targets
-    from training.decoder.config import SCHEMA
-    from training.decoder.model import build_decoder
+    from packed_transformers.model.families import next_token_targets
+    from packed_transformers.training.decoder.config import SCHEMA
+    from packed_transformers.training.decoder.model import build_decoder
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -20,11 +20,17 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from model import PackedBertForPreTraining, bert_config  # noqa: E402
-from packing import Histogram, pack  # noqa: E402
-from packing.format import Sequence, pack_sequences  # noqa: E402
+from packed_transformers.model import PackedBertForPreTraining, bert_config  # noqa: E402
+from packed_transformers.packing import Histogram, pack  # noqa: E402
+from packed_transformers.packing.format import Sequence, pack_sequences  # noqa: E402
 
-HIST = Path(__file__).resolve().parent.parent / "packing" / "histograms" / "wikipedia_512.json"
+HIST = (
+    Path(__file__).resolve().parent.parent
+    / "packed_transformers"
+    / "packing"
+    / "histograms"
+    / "wikipedia_512.json"
+)
 
 
 def sample_rows(rng, plan, rows, s, k, m, vocab, packed):

@@ -160,9 +160,9 @@ def main() -> int:
     import transformers
     from sentence_transformers import SentenceTransformer
 
-    from data.assets import corpus_glob, model_dir
-    from data.embedding_texts import bbc_articles, texts_of
-    from inference.embedding import packed_encode
+    from packed_transformers.data.assets import corpus_glob, model_dir
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.inference.embedding import packed_encode
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=1000)

@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packing import Histogram, pack  # noqa: E402
+from packed_transformers.packing import Histogram, pack  # noqa: E402
 
-HISTOGRAMS = Path(__file__).resolve().parent.parent / "packing" / "histograms"
+HISTOGRAMS = Path(__file__).resolve().parent.parent / "packed_transformers" / "packing" / "histograms"
 
 # (histogram, algorithm, K, published efficiency or None, published seconds or None, goal)
 CASES = [

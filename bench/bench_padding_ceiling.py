@@ -79,7 +79,7 @@ def grouped(lengths: np.ndarray, batch: int, seed: int) -> Batching:
 
 
 def packed(lengths: np.ndarray, pack_length: int, seed: int) -> tuple[Batching, int]:
-    from packing.tokenized import pack_examples
+    from packed_transformers.packing.tokenized import pack_examples
 
     table = pack_examples(lengths, pack_length, None, "lp", seed)
     batching = Batching(
@@ -90,9 +90,9 @@ def packed(lengths: np.ndarray, pack_length: int, seed: int) -> tuple[Batching, 
 
 def profiles(tokenizer) -> dict[str, tuple[np.ndarray, int]]:
     """name -> (token counts, maximum length) of each BBC News length profile."""
-    from data.assets import corpus_glob
-    from data.classification_data import read_bbc_news
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob
+    from packed_transformers.data.classification_data import read_bbc_news
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     def counts(texts, cap, pairs=None):
         encoded = tokenizer.encode_batch(list(zip(texts, pairs)) if pairs else texts)
@@ -118,7 +118,7 @@ def main() -> int:
     from tokenizers import Tokenizer
 
     from bench.machine import description
-    from data.assets import model_dir
+    from packed_transformers.data.assets import model_dir
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=32, help="examples per grouped batch (Trainer's)")

@@ -3,7 +3,7 @@
     python bench/bench_pipeline.py [--sizes 1000000 4000000] [--workers 2] [--folder /tmp/packbench]
 
 Generates unpacked shards (S=512, P=76, lengths drawn from the published Wikipedia-512
-histogram, 2^18 rows per file), then runs `python -m packing pack` and `verify` as a
+histogram, 2^18 rows per file), then runs `python -m packed_transformers.packing pack` and `verify` as a
 user would, sampling the summed PSS of the command and its worker processes every 100 ms.
 Prints a markdown table. Needs about 2.4 KB of disk per sequence for the inputs.
 """
@@ -24,8 +24,8 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common.constants import BERT_VOCAB_SIZE  # noqa: E402
-from data.synthetic import write_synthetic_shards  # noqa: E402
+from packed_transformers.common.constants import BERT_VOCAB_SIZE  # noqa: E402
+from packed_transformers.data.synthetic import write_synthetic_shards  # noqa: E402
 
 
 def run_measured(cmd: list[str]) -> tuple[float, float, str]:
@@ -61,7 +61,9 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, default=Path("/tmp/packbench"))
     parser.add_argument("--keep", action="store_true", help="keep the generated data")
     args = parser.parse_args()
-    counts = np.array(json.loads((REPO / "packing/histograms/wikipedia_512.json").read_text())["counts"])
+    counts = np.array(
+        json.loads((REPO / "packed_transformers/packing/histograms/wikipedia_512.json").read_text())["counts"]
+    )
     rows = []
     for n in args.sizes:
         folder = args.folder / f"n{n}"
@@ -74,7 +76,7 @@ def main() -> None:
             [
                 py,
                 "-m",
-                "packing",
+                "packed_transformers.packing",
                 "pack",
                 "--input",
                 f"{folder}/in/*.h5",
@@ -95,7 +97,7 @@ def main() -> None:
             [
                 py,
                 "-m",
-                "packing",
+                "packed_transformers.packing",
                 "verify",
                 "--input",
                 f"{folder}/in/*.h5",

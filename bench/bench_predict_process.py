@@ -62,8 +62,8 @@ def default_inputs(scratch: Path, texts: int) -> tuple[str, Path]:
     training), and the first `texts` mixed BBC texts (data.embedding_texts)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from data.assets import corpus_glob, model_dir
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob, model_dir
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     folder = scratch / "minilm_cls"
     AutoModelForSequenceClassification.from_pretrained(model_dir(), num_labels=5).save_pretrained(folder)
@@ -104,14 +104,14 @@ def main() -> int:
         texts = sum(1 for line in args.input.open() if line.strip())
         ours_out, peer_out = Path(scratch) / "ours.jsonl", Path(scratch) / "peer.jsonl"
         commands = {
-            "finetune.predict": [sys.executable, "-m", "finetune.predict", "--model", args.model, "--input",
+            "packed_transformers.finetune.predict": [sys.executable, "-m", "packed_transformers.finetune.predict", "--model", args.model, "--input",
                                  str(args.input), "--output", str(ours_out), "--overwrite"],
             "sorted transformers loop": [sys.executable, __file__, "--model", args.model, "--input", str(args.input),
                                          "--threads", str(args.threads), "--peer", str(args.input), str(peer_out)],
         }  # fmt: skip
         bf16_out, bf16_refusal = Path(scratch) / "bf16.jsonl", None
         if args.bf16:
-            bf16 = commands["finetune.predict"][:-3] + [
+            bf16 = commands["packed_transformers.finetune.predict"][:-3] + [
                 "--output",
                 str(bf16_out),
                 "--overwrite",
@@ -141,7 +141,10 @@ def main() -> int:
             else []
         )
     difference = max(abs(a[k] - b[k]) for a, b in zip(ours, peer) for k in a)
-    ratios = [p / o for o, p in zip(seconds["finetune.predict"], seconds["sorted transformers loop"])]
+    ratios = [
+        p / o
+        for o, p in zip(seconds["packed_transformers.finetune.predict"], seconds["sorted transformers loop"])
+    ]
     result = {
         "command": f"python bench/bench_predict_process.py {' '.join(sys.argv[1:])}",
         "date": time.strftime("%Y-%m-%d"),
@@ -156,7 +159,7 @@ def main() -> int:
     if args.bf16 and bf16_refusal:
         result["bf16"] = f"not measured: {bf16_refusal}"
     elif args.bf16:
-        fp32, bf16_seconds = seconds["finetune.predict"], seconds["finetune.predict bf16"]
+        fp32, bf16_seconds = seconds["packed_transformers.finetune.predict"], seconds["finetune.predict bf16"]
         result["bf16_over_fp32_paired"] = [round(a / b, 3) for a, b in zip(fp32, bf16_seconds)]
         result["bf16_over_fp32_median"] = round(
             statistics.median(a / b for a, b in zip(fp32, bf16_seconds)), 3

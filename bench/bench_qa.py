@@ -35,18 +35,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data import assets  # noqa: E402
-from data.qa_windows import QaWindows  # noqa: E402
-from finetune.config import load_finetune_config  # noqa: E402
-from finetune.qa_task import build_qa_model  # noqa: E402
-from finetune.train import batching_spec, build_adamw, finetune_step  # noqa: E402
-from inference.batching import BATCHING_MODES, Batcher, collate  # noqa: E402
-from inference.question_answering import predict_spans  # noqa: E402
-from model.hf_checkpoint import quiet_transformers  # noqa: E402
+from packed_transformers.data import assets  # noqa: E402
+from packed_transformers.data.qa_windows import QaWindows  # noqa: E402
+from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
+from packed_transformers.finetune.qa_task import build_qa_model  # noqa: E402
+from packed_transformers.finetune.train import batching_spec, build_adamw, finetune_step  # noqa: E402
+from packed_transformers.inference.batching import BATCHING_MODES, Batcher, collate  # noqa: E402
+from packed_transformers.inference.question_answering import predict_spans  # noqa: E402
+from packed_transformers.model.hf_checkpoint import quiet_transformers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "finetune_qa_bbc.yaml"
-HISTOGRAM = ROOT / "packing" / "histograms" / "squad_384.json"
+HISTOGRAM = ROOT / "packed_transformers" / "packing" / "histograms" / "squad_384.json"
 HF = "transformers padded"
 
 

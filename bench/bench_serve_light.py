@@ -5,7 +5,7 @@
 bench_serve.py's load points are one --seconds run per policy, so their p99 is about the
 second-worst of ~100 requests: noise decides it. Here every policy in a round gets the
 same arrival times and the same texts (the round's seed), the policies' order alternates
-between rounds, and each round runs --seconds (a fresh `python -m serving` per policy and
+between rounds, and each round runs --seconds (a fresh `python -m packed_transformers.serving` per policy and
 round, warmed with 5 s of the same load). Prints p50 / p99 (ms) per policy and round, and
 the mean sequences per batch from the server's /metrics.
 """
@@ -39,7 +39,7 @@ def main() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     bench_serve.route = bench_serve.ROUTE[args.workload]
     if args.workload == "embed":
-        from data.assets import model_dir
+        from packed_transformers.data.assets import model_dir
 
         texts, model = bench_serve.embed_texts(), args.model or model_dir()
     else:

@@ -56,8 +56,8 @@ def headline_pairs(body_chars: int, spread: bool = False) -> list[dict]:
     """{"prompt", "completion"} per BBC article: its body (cut at body_chars, or with spread at
     a random 5-100% of it, seeded), its headline."""
     rng = np.random.default_rng(0)
-    from data.assets import corpus_files
-    from data.create_pretraining_data import read_document
+    from packed_transformers.data.assets import corpus_files
+    from packed_transformers.data.create_pretraining_data import read_document
 
     pairs = []
     for path in corpus_files():
@@ -91,7 +91,7 @@ def bpe_tokenizer(texts: list[str], vocab: int = 16000):
 
 def encoded(pairs, tokenizer, max_length: int):
     """finetune.causal_lm_task's tokens and labels (-100 on the prompt) of the pairs."""
-    from finetune.causal_lm_task import PromptCompletions, encode_examples
+    from packed_transformers.finetune.causal_lm_task import PromptCompletions, encode_examples
 
     examples = PromptCompletions([p["prompt"] for p in pairs], [p["completion"] for p in pairs],
                                  [f"pair {i}" for i in range(len(pairs))])  # fmt: skip
@@ -103,7 +103,7 @@ def packing_part(lengths: np.ndarray) -> list[dict]:
     from datasets import Dataset
     from trl.data_utils import pack_dataset as trl_pack
 
-    from packing.tokenized import pack_examples
+    from packed_transformers.packing.tokenized import pack_examples
 
     rows = []
     for width in (2048, 8192):
@@ -243,8 +243,8 @@ def sft_part(pairs, examples, folder: Path, steps: int, batch: int, pack_length:
     from transformers import AutoTokenizer, Trainer, TrainingArguments
     from trl import SFTConfig, SFTTrainer
 
-    from hf_integration.trainer import PackedDataCollator, pack_dataset
-    from model.family_model import PackedFamilyModel
+    from packed_transformers.hf_integration.trainer import PackedDataCollator, pack_dataset
+    from packed_transformers.model.family_model import PackedFamilyModel
 
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -296,8 +296,8 @@ def peers_part(pairs, examples, folder: Path, steps: int, rows_list, pack_length
     from transformers import AutoTokenizer, Trainer, TrainingArguments
     from trl import SFTConfig, SFTTrainer
 
-    from hf_integration.trainer import PackedDataCollator, pack_dataset
-    from model.family_model import PackedFamilyModel
+    from packed_transformers.hf_integration.trainer import PackedDataCollator, pack_dataset
+    from packed_transformers.model.family_model import PackedFamilyModel
 
     results = {}
     with tempfile.TemporaryDirectory() as scratch:

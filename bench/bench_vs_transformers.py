@@ -16,7 +16,7 @@ so a slow spell of the machine falls on all of them; the median is reported):
   trainer_packed    transformers.Trainer, unchanged, on hf_integration.trainer.pack_dataset's packs
                     (the config's pack length, K and algorithm) with PackedDataCollator and
                     our PackedBertForSequenceClassification; batch = 32 / packing factor packs
-  ours_<mode>       python -m finetune.train's loop, batching.mode = packed | uniform | dynamic
+  ours_<mode>       python -m packed_transformers.finetune.train's loop, batching.mode = packed | uniform | dynamic
 Each Trainer recipe also times Trainer.predict over the 445 validation examples (eval batch 64
 examples; for trainer_packed 64 / packing factor packs, packing included in its time).
 Trainer runs BertForSequenceClassification with SDPA attention; its time is the training
@@ -48,12 +48,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data.assets import model_dir  # noqa: E402
-from finetune.config import load_finetune_config  # noqa: E402
-from finetune.train import prepare_task, run_finetune  # noqa: E402
-from inference.batching import Batcher, BatchingSpec  # noqa: E402
-from inference.predictions import predict_logits  # noqa: E402
-from model.hf_checkpoint import quiet_transformers  # noqa: E402
+from packed_transformers.data.assets import model_dir  # noqa: E402
+from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
+from packed_transformers.finetune.train import prepare_task, run_finetune  # noqa: E402
+from packed_transformers.inference.batching import Batcher, BatchingSpec  # noqa: E402
+from packed_transformers.inference.predictions import predict_logits  # noqa: E402
+from packed_transformers.model.hf_checkpoint import quiet_transformers  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
 TRAINER_RECIPES = ("trainer_padded", "trainer_dynamic", "trainer_grouped", "trainer_packed")
@@ -71,8 +71,8 @@ def long_text_overrides(count: int, folder: Path) -> list[str]:
     chosen from the lengths (pack length and K null)."""
     import glob
 
-    from data.assets import corpus_glob
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     files = sorted(glob.glob(corpus_glob()))
     texts = texts_of(bbc_articles(corpus_glob()), "articles")  # one per file, in the files' order
@@ -124,8 +124,8 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
     batch_size = config["batching"]["batch_size"]
     eval_batch_size = config["batching"]["eval_batch_size"]
     if recipe == "trainer_packed":
-        from hf_integration.trainer import PackedDataCollator, pack_dataset
-        from model.bert_heads import PackedBertForSequenceClassification
+        from packed_transformers.hf_integration.trainer import PackedDataCollator, pack_dataset
+        from packed_transformers.model.bert_heads import PackedBertForSequenceClassification
 
         batching = config["batching"]
         width = batching["pack_length"] or config["data"]["max_sequence_length"]
@@ -201,7 +201,7 @@ def run_trainer(config: dict, task, recipe: str, epochs: int) -> dict:
             }
         )
         if recipe == "trainer_packed":
-            from hf_integration.trainer import unpack_predictions
+            from packed_transformers.hf_integration.trainer import unpack_predictions
 
             start = time.perf_counter()
             validation = pack_dataset(validation, "single_label_classification", width, **pack)
@@ -229,8 +229,8 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
     """examples/s and labels of the three inference paths over `texts`, batch 64."""
     from transformers import BertForSequenceClassification, BertTokenizerFast, pipeline
 
-    from data.classification_data import Examples, tokenize
-    from door.folder import load_finetuned
+    from packed_transformers.data.classification_data import Examples, tokenize
+    from packed_transformers.door.folder import load_finetuned
 
     batch = config["batching"]["eval_batch_size"]
     out = {}
@@ -280,7 +280,7 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
         [described.labels[i] for i in logits.argmax(-1)],
     )
     # ours through the pipeline interface (transformers' tokenizer, packed batches)
-    from hf_integration.pipeline import packed_pipeline
+    from packed_transformers.hf_integration.pipeline import packed_pipeline
 
     hf_tokenizer.save_pretrained(folder)
     classify = packed_pipeline(
@@ -398,7 +398,7 @@ def main() -> int:
 
 def _texts(config: dict) -> list[str]:
     """Every BBC example's text as finetune.train reads it (title + first sentence)."""
-    from finetune.train import read_examples, resolve_asset
+    from packed_transformers.finetune.train import read_examples, resolve_asset
 
     return list(read_examples(config["data"], resolve_asset(config["data"]["train_file"])).texts)
 

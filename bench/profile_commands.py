@@ -116,7 +116,7 @@ def forward_by_operator(model, batches: list[dict], dtype: str) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from inference.precision import precision
+    from packed_transformers.inference.precision import precision
 
     with torch.inference_mode(), precision("cpu", dtype), profile(activities=[ProfilerActivity.CPU]) as prof:
         started = time.perf_counter()
@@ -140,10 +140,10 @@ def forward_by_operator(model, batches: list[dict], dtype: str) -> dict:
 def profile_run(command: str, argv: list[str]) -> tuple[dict, float, list[dict], object]:
     """Run the command's main once with its stages wrapped -> (stage seconds, wall seconds,
     the batches the model ran, the model)."""
-    import door.loaded as loaded
-    import inference.embedding as embedding
-    import inference.runner as runner
-    from inference import batching
+    import packed_transformers.door.loaded as loaded
+    import packed_transformers.inference.embedding as embedding
+    import packed_transformers.inference.runner as runner
+    from packed_transformers.inference import batching
 
     clock = StageClock()
     recorded: list[dict] = []
@@ -170,7 +170,7 @@ def profile_run(command: str, argv: list[str]) -> tuple[dict, float, list[dict],
     remember(loaded.LoadedModel, "tokenize_texts", "tokenizing")
     remember(loaded.LoadedModel, "tokenize", "tokenizing")
     if command == "embed":
-        import commands.embed as module
+        import packed_transformers.commands.embed as module
 
         remember(module, "load_encoder", "loading the folder")
         remember(module, "read_texts", "reading the input", generator=True)
@@ -178,9 +178,9 @@ def profile_run(command: str, argv: list[str]) -> tuple[dict, float, list[dict],
         remember(embedding, "unpack_outputs", "back to input order")
         remember(embedding, "l2_normalize", "back to input order")
     else:
-        import commands.predict as module
-        import inference.classify as classify
-        import inference.predictions as inference
+        import packed_transformers.commands.predict as module
+        import packed_transformers.inference.classify as classify
+        import packed_transformers.inference.predictions as inference
 
         remember(module, "load_finetuned", "loading the folder")
         remember(module, "read_jsonl", "reading the input")
@@ -234,7 +234,7 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    startup = import_seconds(f"finetune.{args.command}")
+    startup = import_seconds(f"packed_transformers.finetune.{args.command}")
     with tempfile.TemporaryDirectory() as scratch:
         suffix = ".npy" if args.command == "embed" else ".jsonl"
         argv = ["--model", args.model, "--input", str(args.input), "--output", str(Path(scratch) / f"out{suffix}"),

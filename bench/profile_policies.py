@@ -28,11 +28,11 @@ def main() -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from data.assets import corpus_glob, model_dir
-    from data.embedding_texts import bbc_articles, texts_of
-    from serving.api import Request
-    from serving.engines import load_engine
-    from serving.policies import PolicySettings, plan_batch
+    from packed_transformers.data.assets import corpus_glob, model_dir
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.serving.api import Request
+    from packed_transformers.serving.engines import load_engine
+    from packed_transformers.serving.policies import PolicySettings, plan_batch
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, default=12)

@@ -5,7 +5,7 @@ outputs and speed did not change (docs/house.md).
     python bench/side_by_side.py --old /tmp/old --texts texts.jsonl --embed-model MINILM \
         --predict-model CLASSIFIER [--rounds 3]
 
-Each tree runs as `python -m finetune.embed` / `finetune.predict` with PYTHONPATH set to it
+Each tree runs as `python -m packed_transformers.finetune.embed` / `finetune.predict` with PYTHONPATH set to it
 (move .venv's editable-install .pth aside first: its finder would map every room to this
 checkout). The order alternates every round; outputs are compared at the end.
 """
@@ -42,7 +42,7 @@ def main() -> int:
                 out = args.scratch / f"{name}_{job}.{'npy' if job == 'embed' else 'jsonl'}"
                 out.unlink(missing_ok=True)
                 model = args.embed_model if job == "embed" else args.predict_model
-                argv = [sys.executable, "-m", f"finetune.{job}", "--model", model, "--input", str(args.texts),
+                argv = [sys.executable, "-m", f"packed_transformers.finetune.{job}", "--model", model, "--input", str(args.texts),
                         "--output", str(out.resolve())] + (["--quiet"] if job == "embed" else [])  # fmt: skip
                 started = time.perf_counter()
                 done = subprocess.run(argv, cwd=trees[name], env=dict(os.environ, PYTHONPATH=str(trees[name])),

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import settings
 
 REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "packed_transformers"  # the one installed name; its rooms are folders in it
 
 # Under pytest-xdist (`make test`: two workers on this project's 2-core machine) each worker
 # computes on one thread, and so do the processes tests start, which inherit it: two
@@ -12,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("MKL_NUM_THREADS", "1")
-HISTOGRAMS = REPO / "packing" / "histograms"
+HISTOGRAMS = REPO / "packed_transformers" / "packing" / "histograms"
 
 # Property tests: reproducible by default ("ci": the same examples every run, no deadline
 # on a loaded 2-core machine); HYPOTHESIS_PROFILE=explore draws new examples each run.

@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 from transformers import Trainer, TrainingArguments
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from hf_integration.trainer import PackedDataCollator, pack_dataset  # noqa: E402
-from model.family_model import PackedFamilyModel  # noqa: E402
+from packed_transformers.hf_integration.trainer import PackedDataCollator, pack_dataset  # noqa: E402
+from packed_transformers.model.family_model import PackedFamilyModel  # noqa: E402
 
 VOCAB = 96
 

@@ -11,8 +11,8 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoConfig, PreTrainedTokenizerFast
 
-from data.assets import corpus_glob
-from data.embedding_texts import bbc_articles, texts_of
+from packed_transformers.data.assets import corpus_glob
+from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
 SENTENCES = texts_of(bbc_articles(corpus_glob())[:5], "sentences")
 TEXTS = [s for s in SENTENCES if 3 < len(s.split()) < 30][:18]

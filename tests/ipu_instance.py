@@ -12,8 +12,8 @@ from pathlib import Path
 
 import poptorch
 
-from training.backends.ipu import IpuEngine
-from training.run import run_training
+from packed_transformers.training.backends.ipu import IpuEngine
+from packed_transformers.training.run import run_training
 
 if __name__ == "__main__":
     assert "doubles" in poptorch.__file__, "the double, never a real poptorch"

@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from packing.format import Sequence, pack_sequences
+from packed_transformers.packing.format import Sequence, pack_sequences
 
 
 def random_sequences(rng, count, vocab, min_len=3, max_len=20, max_predictions=4):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model.layers import FUNCTIONS, activation
+from packed_transformers.model.layers import FUNCTIONS, activation
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))

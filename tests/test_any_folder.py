@@ -26,13 +26,13 @@ from transformers import (
     BertTokenizerFast,
 )
 
-from commands import predict
-from data.assets import corpus_glob
-from data.classification_data import ExampleError
-from data.embedding_texts import bbc_articles, texts_of
-from door.folder import load_finetuned
+from packed_transformers.commands import predict
+from packed_transformers.data.assets import corpus_glob
+from packed_transformers.data.classification_data import ExampleError
+from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+from packed_transformers.door.folder import load_finetuned
 
-from .conftest import REPO
+from .conftest import PACKAGE
 
 SENTENCES = texts_of(bbc_articles(corpus_glob())[:6], "sentences")
 TEXTS = [s for s in SENTENCES if 3 < len(s.split()) < 40][:24] + [
@@ -177,10 +177,10 @@ def test_token_classification_equals_the_pipelines_tokens(folders, tmp_path):
 
 
 def test_question_answering_logits_equal_transformers_per_window(folders):
-    from data.qa_data import QaExamples
-    from data.qa_windows import make_windows
-    from inference.batching import Batcher, BatchingSpec
-    from inference.question_answering import predict_spans
+    from packed_transformers.data.qa_data import QaExamples
+    from packed_transformers.data.qa_windows import make_windows
+    from packed_transformers.inference.batching import Batcher, BatchingSpec
+    from packed_transformers.inference.question_answering import predict_spans
 
     loaded = load_finetuned(folders["qa"])
     assert loaded.spec.qa["max_answer_length"] == 15 and loaded.spec.max_sequence_length == 96
@@ -294,10 +294,10 @@ def test_only_the_runner_calls_the_model_in_inference():
     the one other call."""
     callers = []
     rooms = ("inference", "finetune", "serving", "door", "ray_jobs", "hf_integration", "commands")
-    for path in [p for room in rooms for p in sorted((REPO / room).glob("*.py"))]:
+    for path in [p for room in rooms for p in sorted((PACKAGE / room).glob("*.py"))]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"model\(\*\*", line) and not line.lstrip().startswith(("#", "logits =")):
-                callers.append(f"{path.relative_to(REPO)}:{number}")
+                callers.append(f"{path.relative_to(PACKAGE)}:{number}")
     assert sorted(c.split(":")[0] for c in callers) == ["finetune/train.py", "inference/runner.py"], callers
 
 
@@ -306,7 +306,7 @@ def test_server_engines_share_one_signature():
     engine's own arguments."""
     import inspect
 
-    from serving import engines
+    from packed_transformers.serving import engines
 
     classes = [engines.ClassificationEngine, engines.QaEngine, engines.TokenEngine, engines.EmbeddingEngine]
     for engine_class in classes:

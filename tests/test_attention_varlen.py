@@ -12,11 +12,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import model.varlen
-from model.attention import PackedSelfAttention, build_mask
-from model.bert_heads import PackedBertForSequenceClassification
-from model.config import bert_config
-from model.varlen import varlen_layout
+from packed_transformers.model import varlen as model_varlen
+from packed_transformers.model.attention import PackedSelfAttention, build_mask
+from packed_transformers.model.bert_heads import PackedBertForSequenceClassification
+from packed_transformers.model.config import bert_config
+from packed_transformers.model.varlen import varlen_layout
 
 
 def pack_ids(lengths_per_pack: list[list[int]], s: int) -> torch.Tensor:
@@ -82,8 +82,8 @@ def test_varlen_equals_dense_outputs_and_every_gradient(batch, slots_known):
     with torch.autocast("cpu", enabled=False):
         dense64 = _run("dense", ids, k, x.double(), dtype=torch.float64)
     # Both CPU paths: one block-diagonal call (short packs) and length buckets (long ones).
-    for block_below in (model.varlen.BLOCK_DIAGONAL_MAX_LENGTH, 0):
-        with mock.patch.object(model.varlen, "BLOCK_DIAGONAL_MAX_LENGTH", block_below):
+    for block_below in (model_varlen.BLOCK_DIAGONAL_MAX_LENGTH, 0):
+        with mock.patch.object(model_varlen, "BLOCK_DIAGONAL_MAX_LENGTH", block_below):
             varlen = _run("varlen", ids, k, x, slots_known=slots_known)
             with torch.autocast("cpu", enabled=False):
                 varlen64 = _run("varlen", ids, k, x.double(), slots_known=slots_known, dtype=torch.float64)
@@ -96,9 +96,9 @@ def test_varlen_equals_dense_outputs_and_every_gradient(batch, slots_known):
             torch.testing.assert_close(varlen64[2][name], dense64[2][name], atol=1e-10, rtol=1e-10, msg=name)
 
 
-@pytest.mark.parametrize("block_below", [model.varlen.BLOCK_DIAGONAL_MAX_LENGTH, 0])
+@pytest.mark.parametrize("block_below", [model_varlen.BLOCK_DIAGONAL_MAX_LENGTH, 0])
 def test_varlen_dropout_agrees_with_dense_in_distribution(block_below, monkeypatch):
-    monkeypatch.setattr(model.varlen, "BLOCK_DIAGONAL_MAX_LENGTH", block_below)
+    monkeypatch.setattr(model_varlen, "BLOCK_DIAGONAL_MAX_LENGTH", block_below)
     ids = pack_ids([[10, 20, 2], [31], [5, 5, 5]], 32)
     x = torch.randn(3, 32, 32, generator=torch.Generator().manual_seed(0))
     samples = {}

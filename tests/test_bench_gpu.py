@@ -14,7 +14,7 @@ from .conftest import REPO
 sys.path.insert(0, str(REPO / "bench"))
 from bench_gpu import K, M, S, make_batches, model_flops  # noqa: E402
 
-from model import bert_config  # noqa: E402
+from packed_transformers.model import bert_config  # noqa: E402
 
 
 def test_flop_count_by_hand():
@@ -73,7 +73,7 @@ def test_fp8_filter_takes_the_encoders_linear_layers_only():
     failed on the H100 for an odd number of rows."""
     from bench_gpu import fp8_linear_filter
 
-    from model import PackedBertForPreTraining, bert_config
+    from packed_transformers.model import PackedBertForPreTraining, bert_config
 
     model = PackedBertForPreTraining(bert_config("bert-tiny"))
     chosen = {name for name, module in model.named_modules() if fp8_linear_filter(module, name)}
@@ -89,7 +89,7 @@ def test_gpu_inference_bench_rehearses_on_the_cpu(tmp_path):
 
     from bench_gpu_inference import measure, random_weights
 
-    from data.assets import model_dir
+    from packed_transformers.data.assets import model_dir
 
     folder = tmp_path / "minilm"
     shutil.copytree(model_dir(), folder, ignore=shutil.ignore_patterns("model.safetensors"))

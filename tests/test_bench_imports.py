@@ -51,6 +51,6 @@ def test_every_project_name_a_bench_imports_exists(path):
 def test_the_checker_finds_a_moved_name(tmp_path):
     """The check is not vacuous: a planted import of a name that moved away is caught."""
     planted = tmp_path / "bench_planted.py"
-    planted.write_text("from finetune.train import build_classifier\n")
-    assert project_imports(planted) == [(1, "finetune.train", "build_classifier")]
-    assert not hasattr(importlib.import_module("finetune.train"), "build_classifier")
+    planted.write_text("from packed_transformers.finetune.train import build_classifier\n")
+    assert project_imports(planted) == [(1, "packed_transformers.finetune.train", "build_classifier")]
+    assert not hasattr(importlib.import_module("packed_transformers.finetune.train"), "build_classifier")

@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import load_file
 from torch._dynamo.testing import CompileCounterWithBackend
 
-from common.config_schema import ConfigError
-from finetune import train as finetune
-from finetune.config import load_finetune_config
+from packed_transformers.common.config_schema import ConfigError
+from packed_transformers.finetune import train as finetune
+from packed_transformers.finetune.config import load_finetune_config
 
 from .test_decoder_sft import config_for, start_folder  # noqa: F401 - the module's fixture
 from .test_finetune_run import checkpoint, write_config  # noqa: F401 - the module's fixture
@@ -116,8 +116,8 @@ def test_compile_refuses_batches_whose_width_changes(tmp_path, checkpoint, mode)
 def texts_far_apart_in_length(count: int = 150) -> list[str]:
     """BBC News texts far apart in length (a few words; whole paragraphs), so that packing
     keeps them in different row widths."""
-    from data.assets import corpus_glob
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     articles = bbc_articles(corpus_glob())[:60]
     short = [" ".join(t.split()[:4]) for t in texts_of(articles, "sentences") if t.strip()]
@@ -128,7 +128,7 @@ def texts_far_apart_in_length(count: int = 150) -> list[str]:
 @pytest.fixture
 def counted_inference(monkeypatch):
     """The Runner's compile backend replaced by a counter of the graphs it is handed."""
-    from inference import runner
+    from packed_transformers.inference import runner
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -143,10 +143,10 @@ def test_compiled_embedding_builds_one_graph_per_row_width_and_equals_eager(coun
     """Every table of a row width runs padded to that width's rows (the last table of a
     width is short): graphs = widths, fewer than the batches, and a second pass compiles
     nothing. (Sorted batching would make a width, and a graph, per batch.)"""
-    from data.assets import model_dir
-    from door.opener import open_folder
-    from inference.embedding import encode
-    from inference.options import InferenceOptions
+    from packed_transformers.data.assets import model_dir
+    from packed_transformers.door.opener import open_folder
+    from packed_transformers.inference.embedding import encode
+    from packed_transformers.inference.options import InferenceOptions
 
     texts = texts_far_apart_in_length()
     encoder = open_folder(model_dir(), task="embedding")
@@ -168,7 +168,7 @@ def test_compiled_embedding_builds_one_graph_per_row_width_and_equals_eager(coun
 @pytest.mark.slow  # compiles: make test, not the fast loop
 def test_predict_compile_gives_the_eager_predictions(tmp_path, counted_inference):
     """`--compile` reaches the Runner of finetune.predict (a family folder, in this process)."""
-    from commands import predict
+    from packed_transformers.commands import predict
 
     from .family_helpers import save_family_folder
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from data.convert_tf_checkpoint import CONFIG_KEYS
-from data.convert_tf_checkpoint import main as convert_main
+from packed_transformers.data.convert_tf_checkpoint import CONFIG_KEYS
+from packed_transformers.data.convert_tf_checkpoint import main as convert_main
 
 # End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
 pytestmark = pytest.mark.slow
@@ -128,7 +128,10 @@ def _convert(folder, out, *extra):
         *extra,
     ]
     return subprocess.run(
-        [str(TF_PYTHON), "-m", "data.convert_tf_checkpoint", *argv], cwd=ROOT, capture_output=True, text=True
+        [str(TF_PYTHON), "-m", "packed_transformers.data.convert_tf_checkpoint", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -152,7 +155,7 @@ def test_converted_model_equals_the_original(tf_checkpoint, tmp_path):
     torch.testing.assert_close(b.seq_relationship_logits, a.seq_relationship_logits, rtol=0, atol=1e-6)
 
     # ... and as model.init_checkpoint of the packed model: one sequence per pack = unpacked BERT.
-    from model.pretraining import PackedBertForPreTraining
+    from packed_transformers.model.pretraining import PackedBertForPreTraining
 
     packed = PackedBertForPreTraining.from_pretrained(tmp_path / "hf").eval()
     sd_packed = packed.state_dict()
@@ -173,7 +176,7 @@ def test_unknown_and_missing_names_are_listed(tf_checkpoint, tmp_path):
 
 
 def test_unknown_tf_names_are_an_error():
-    from data.convert_tf_checkpoint import ConversionError, convert
+    from packed_transformers.data.convert_tf_checkpoint import ConversionError, convert
 
     config = {
         "num_hidden_layers": 0,
@@ -228,7 +231,7 @@ def test_extra_layers_and_any_wrong_shape_are_refused_without_tensorflow():
     dropping a layer); a [64, 32] query kernel is refused at conversion, not at training."""
     from transformers import BertConfig, BertForPreTraining
 
-    from data.convert_tf_checkpoint import ConversionError, convert
+    from packed_transformers.data.convert_tf_checkpoint import ConversionError, convert
 
     torch.manual_seed(0)
     config = BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,

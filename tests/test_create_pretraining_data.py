@@ -8,10 +8,10 @@ import h5py
 import numpy as np
 import pytest
 
-from data import assets
-from data.create_pretraining_data import main as create_main
-from data.create_pretraining_data import read_document, split_sentences
-from packing.cli import main as packing_main
+from packed_transformers.data import assets
+from packed_transformers.data.create_pretraining_data import main as create_main
+from packed_transformers.data.create_pretraining_data import read_document, split_sentences
+from packed_transformers.packing.cli import main as packing_main
 
 S, P = 128, 20
 CLS, SEP, MASK = 101, 102, 103

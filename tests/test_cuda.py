@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from model import PackedBertForPreTraining, bert_config
-from model.varlen import varlen_layout
+from packed_transformers.model import PackedBertForPreTraining, bert_config
+from packed_transformers.model.varlen import varlen_layout
 
 from .model_helpers import group_into_packs, packed_batch, random_sequences
 from .training_helpers import final_weights, metrics, run, write_config
@@ -82,7 +82,7 @@ def test_varlen_uses_flash_in_bf16_and_matches_dense_bf16():
     batch = _batch(1)
     ids = batch["sequence_ids"]
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        from model.varlen import flash_available
+        from packed_transformers.model.varlen import flash_available
 
         assert flash_available(ids.device, torch.float32)
     layout = varlen_layout(ids, K, flash=True)
@@ -117,7 +117,7 @@ def test_varlen_flash_attention_dropout_trains_and_agrees_in_distribution():
 def test_bf16_step_matches_fp32():
     """One LAMB step from the same weights: bf16 autocast vs fp32. Stated tolerance: the
     loss within 1%, and the weight update's direction (cosine similarity) above 0.99."""
-    from optim import Lamb
+    from packed_transformers.optim import Lamb
 
     batch = _batch(3)
     updates, losses = {}, {}
@@ -186,7 +186,7 @@ def test_run_on_cuda_resumes_to_the_uninterrupted_weights(packed, tmp_path, prec
 def test_compiled_lamb_equals_foreach_lamb():
     """Lamb(compiled=True) (one torch.compile'd update per group) against the foreach path:
     three steps, two parameter groups, clipping on; weights equal to float32 rounding."""
-    from optim import Lamb, weight_decay_groups
+    from packed_transformers.optim import Lamb, weight_decay_groups
 
     batch = _batch(5)
     weights = {}
@@ -217,7 +217,7 @@ def test_fp8_step_agrees_with_bf16():
         pytest.skip("float8 matmuls need compute capability 8.9 or newer")
     import sys
 
-    from optim import Lamb
+    from packed_transformers.optim import Lamb
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "bench"))
     from bench_gpu import fp8_linear_filter

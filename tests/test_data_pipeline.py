@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data.synthetic import synthetic_rows, write_synthetic_shards
-from packing import pipeline
-from packing.algorithms import pack
-from packing.cli import main as packing_main
-from packing.histogram import Histogram
-from packing.plan import assign_sequences
-from packing.shards import PackedDataset
-from packing.unpacked_hdf5 import write_unpacked_shard
+from packed_transformers.data.synthetic import synthetic_rows, write_synthetic_shards
+from packed_transformers.packing import pipeline
+from packed_transformers.packing.algorithms import pack
+from packed_transformers.packing.cli import main as packing_main
+from packed_transformers.packing.histogram import Histogram
+from packed_transformers.packing.plan import assign_sequences
+from packed_transformers.packing.shards import PackedDataset
+from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
 
 from .conftest import REPO
 
@@ -319,7 +319,7 @@ def test_empty_glob_and_foreign_output_are_refused(inputs, tmp_path, capsys):
 
 def test_cli_entry_point_exit_codes(inputs, tmp_path):
     """The documented commands, as a user runs them."""
-    cmd = [sys.executable, "-m", "packing"]
+    cmd = [sys.executable, "-m", "packed_transformers.packing"]
     done = subprocess.run(
         cmd + [str(a) for a in pack_args(inputs, tmp_path / "p")], cwd=REPO, capture_output=True
     )
@@ -364,8 +364,8 @@ def test_assignment_uses_every_sequence_once_in_matching_slots(counts, algorithm
 def test_token_ids_past_uint16_are_refused_without_vocab_size(tmp_path, capsys):
     """Issue 22, D12: without --vocab-size, an id >= 65,536 used to be stored wrapped
     (70000 as 4464); now the row is refused, naming the flag, and nothing is written."""
-    from data.synthetic import synthetic_rows
-    from packing.unpacked_hdf5 import write_unpacked_shard
+    from packed_transformers.data.synthetic import synthetic_rows
+    from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
 
     rng = np.random.default_rng(0)
     rows = synthetic_rows(rng.integers(8, S + 1, size=20), S, P, rng, vocab_size=5000)
@@ -382,8 +382,8 @@ def test_token_ids_past_uint16_are_refused_without_vocab_size(tmp_path, capsys):
 def test_pack_after_fixing_a_bad_input_in_place_runs(tmp_path, capsys):
     """Issue 22, D17: a pack refused for a bad row leaves nothing behind, so the same
     command succeeds once the input is fixed in place."""
-    from data.synthetic import synthetic_rows
-    from packing.unpacked_hdf5 import write_unpacked_shard
+    from packed_transformers.data.synthetic import synthetic_rows
+    from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
 
     rng = np.random.default_rng(0)
     rows = synthetic_rows(rng.integers(8, S + 1, size=20), S, P, rng, vocab_size=5000)

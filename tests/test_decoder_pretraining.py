@@ -15,8 +15,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packing.errors import PackingBugError
-from packing.lm_rows.layouts import Rows, check_rows, concatenated_rows, crossing_share, document_rows
+from packed_transformers.packing.errors import PackingBugError
+from packed_transformers.packing.lm_rows.layouts import (
+    Rows,
+    check_rows,
+    concatenated_rows,
+    crossing_share,
+    document_rows,
+)
 
 from .conftest import REPO
 
@@ -75,17 +81,17 @@ def corpus(tmp_path_factory):
     """BBC articles and paragraphs (documents longer and shorter than a row) as C4-style JSON lines, a byte-level BPE tokenizer learned from them, and
     both layouts packed at S = 128 with 6 evaluation rows."""
     root = tmp_path_factory.mktemp("lm")
-    from data.assets import corpus_glob
-    from data.embedding_texts import bbc_articles, texts_of
+    from packed_transformers.data.assets import corpus_glob
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     articles = bbc_articles(corpus_glob())[:100]
     texts = texts_of(articles[:50], "articles") + texts_of(articles[50:], "paragraphs")  # long and short
     (root / "docs.jsonl").write_text("".join(json.dumps({"text": t, "url": "x"}) + "\n" for t in texts))
     run = lambda *argv: subprocess.run([PY, "-m", *argv], cwd=REPO, capture_output=True, text=True)  # noqa: E731
-    made = run("data.train_tokenizer", "--input", str(root / "docs.jsonl"), "--vocab-size", "300",
+    made = run("packed_transformers.data.train_tokenizer", "--input", str(root / "docs.jsonl"), "--vocab-size", "300",
                "--output", str(root / "tok"))  # fmt: skip
     assert made.returncode == 0, made.stderr
-    packed = run("commands.pack_documents", "--input", str(root / "docs.jsonl"), "--tokenizer", str(root / "tok"),
+    packed = run("packed_transformers.commands.pack_documents", "--input", str(root / "docs.jsonl"), "--tokenizer", str(root / "tok"),
                  "--output", str(root / "rows"), "--max-sequence-length", "128", "--eval-rows", "6")  # fmt: skip
     assert packed.returncode == 0, packed.stderr
     return root, texts
@@ -93,8 +99,8 @@ def corpus(tmp_path_factory):
 
 @pytest.mark.slow  # the corpus fixture: a tokenizer learned and two layouts packed in fresh interpreters
 def test_pack_documents_writes_both_layouts_with_every_document_once(corpus):
-    from door.folder import open_tokenizer
-    from packing.lm_rows.store import RowStore
+    from packed_transformers.door.folder import open_tokenizer
+    from packed_transformers.packing.lm_rows.store import RowStore
 
     root, texts = corpus
     report = json.loads((root / "rows" / "report.json").read_text())
@@ -128,11 +134,11 @@ def test_pack_documents_refuses_bad_input_in_one_line_and_writes_nothing(corpus,
     root, _ = corpus
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
-    out = subprocess.run([PY, "-m", "commands.pack_documents", "--input", str(bad), "--tokenizer", str(root / "tok"),
+    out = subprocess.run([PY, "-m", "packed_transformers.commands.pack_documents", "--input", str(bad), "--tokenizer", str(root / "tok"),
                           "--output", str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True)  # fmt: skip
     assert out.returncode == 2 and f"{bad}:2" in out.stderr and "'text'" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
-    over = subprocess.run([PY, "-m", "commands.pack_documents", "--input", str(bad), "--tokenizer", str(root / "tok"),
+    over = subprocess.run([PY, "-m", "packed_transformers.commands.pack_documents", "--input", str(bad), "--tokenizer", str(root / "tok"),
                            "--output", str(bad)], cwd=REPO, capture_output=True, text=True)  # fmt: skip
     assert over.returncode == 2 and bad.read_text().startswith('{"text": "fine"}')
 
@@ -148,9 +154,9 @@ def test_packed_document_loss_and_gradients_equal_each_document_alone(family, tm
     gradients equal those of the documents run one by one through transformers (eager)."""
     from transformers import AutoModelForCausalLM
 
-    from model.families import next_token_targets
-    from training.decoder.config import SCHEMA
-    from training.decoder.model import build_decoder
+    from packed_transformers.model.families import next_token_targets
+    from packed_transformers.training.decoder.config import SCHEMA
+    from packed_transformers.training.decoder.model import build_decoder
 
     config = {section: {k: v.default for k, v in keys.items()} for section, keys in SCHEMA.items()}
     config["model"].update(family=family, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -256,8 +262,8 @@ def test_a_decoder_config_is_refused_in_one_line_where_it_cannot_run(corpus, tmp
 
 
 def test_the_config_keys_table_is_the_schema():
-    from common.config_schema import markdown
-    from training.decoder.config import SCHEMA
+    from packed_transformers.common.config_schema import markdown
+    from packed_transformers.training.decoder.config import SCHEMA
 
     assert markdown(SCHEMA) in (REPO / "configs" / "README.md").read_text()
 
@@ -291,8 +297,8 @@ def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
 def test_an_edited_metadata_json_is_refused_in_one_line(corpus, tmp_path):
     import shutil
 
-    from packing.errors import PackingInputError
-    from packing.lm_rows.store import RowStore
+    from packed_transformers.packing.errors import PackingInputError
+    from packed_transformers.packing.lm_rows.store import RowStore
 
     root, _ = corpus
     folder = tmp_path / "rows"

@@ -14,11 +14,11 @@ import h5py
 import numpy as np
 import pytest
 
-from common.files import sha256_file
-from packing.errors import PackingInputError
-from packing.lm_rows.layouts import document_rows
-from packing.lm_rows.row_rule import first_malformed_row
-from packing.lm_rows.store import RowStore, write_rows
+from packed_transformers.common.files import sha256_file
+from packed_transformers.packing.errors import PackingInputError
+from packed_transformers.packing.lm_rows.layouts import document_rows
+from packed_transformers.packing.lm_rows.row_rule import first_malformed_row
+from packed_transformers.packing.lm_rows.store import RowStore, write_rows
 
 from .conftest import REPO
 

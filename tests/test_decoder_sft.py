@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from data.classification_data import ExampleError
-from finetune import train as finetune
-from finetune.causal_lm_task import encode_examples, read_prompt_completions
+from packed_transformers.data.classification_data import ExampleError
+from packed_transformers.finetune import train as finetune
+from packed_transformers.finetune.causal_lm_task import encode_examples, read_prompt_completions
 
 from .family_helpers import SENTENCES
 from .test_decoders import decoder_tokenizer, tiny_config
@@ -48,7 +48,7 @@ def start_folder(tmp_path_factory):
 
 
 def config_for(tmp_path, start, **training):
-    from finetune.config import validate_finetune
+    from packed_transformers.finetune.config import validate_finetune
 
     raw = {
         "model": {"init_checkpoint": str(start), "hidden_dropout": 0.0, "attention_dropout": 0.0},

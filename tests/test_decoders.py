@@ -103,7 +103,7 @@ def reference(auto, folder):
 def test_causal_lm_logits_loss_and_gradients_equal_each_example_alone(decoder_folders, granularity):
     """Through the row's mask and through length buckets (model.causal_buckets: buckets of
     4, 8, ... tokens, so that sliding windows of 4 act inside them)."""
-    from model.family_model import PackedFamilyModel
+    from packed_transformers.model.family_model import PackedFamilyModel
 
     model_type, root = decoder_folders
     rows, sequences = packed_rows()
@@ -135,7 +135,7 @@ def llama_and_qwen2(tmp_path_factory):
     """A Llama (global attention) and a Qwen2 with a 4-token sliding layer, random, float32."""
     from transformers import AutoModelForCausalLM
 
-    from model.family_model import PackedFamilyModel
+    from packed_transformers.model.family_model import PackedFamilyModel
 
     models = []
     for model_type in ("llama", "qwen2"):
@@ -188,8 +188,8 @@ def test_any_layout_gives_each_sequence_its_own_logits_and_loss(llama_and_qwen2)
 def test_the_shift_and_the_attention_stay_inside_each_sequence(decoder_folders):
     """Changing one sequence's tokens changes no other sequence's logits or targets; the last
     token of a sequence has no target (mutation check of the shift and the mask)."""
-    from model.families import IGNORED, next_token_targets
-    from model.family_model import PackedFamilyModel
+    from packed_transformers.model.families import IGNORED, next_token_targets
+    from packed_transformers.model.family_model import PackedFamilyModel
 
     _, root = decoder_folders
     rows, _ = packed_rows(1)
@@ -208,7 +208,7 @@ def test_the_shift_and_the_attention_stay_inside_each_sequence(decoder_folders):
 
 
 def test_classification_and_last_token_embeddings_equal_each_example_alone(decoder_folders):
-    from model.family_model import PackedFamilyModel
+    from packed_transformers.model.family_model import PackedFamilyModel
 
     model_type, root = decoder_folders
     rows, sequences = packed_rows(2)
@@ -236,8 +236,8 @@ def test_trainer_trains_a_packed_decoder_and_saves_a_folder_transformers_loads(t
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
-    from hf_integration.trainer import PackedDataCollator, pack_dataset
-    from model.family_model import PackedFamilyModel
+    from packed_transformers.hf_integration.trainer import PackedDataCollator, pack_dataset
+    from packed_transformers.model.family_model import PackedFamilyModel
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(tiny_config("llama")).save_pretrained(tmp_path / "start")
@@ -331,7 +331,7 @@ def test_trainer_over_two_processes_ends_on_the_weights_of_one_process(tmp_path)
 def test_pack_dataset_truncates_or_splits_long_causal_examples():
     from datasets import Dataset
 
-    from hf_integration.trainer import pack_dataset
+    from packed_transformers.hf_integration.trainer import pack_dataset
 
     data = Dataset.from_dict({"input_ids": [list(range(3, 40)), [5, 6, 7]]})
     truncated = pack_dataset(data, "causal_lm", 16, verbose=False)
@@ -383,7 +383,7 @@ def test_predict_and_embed_take_decoder_folders(tmp_path, model_type):
     import transformers
     from sentence_transformers import SentenceTransformer, models
 
-    from commands import embed, predict
+    from packed_transformers.commands import embed, predict
 
     from .family_helpers import TEXTS
 
@@ -458,8 +458,8 @@ def test_gpt2_with_a_tokenizer_that_hands_token_types_is_fed_them_as_transformer
     import transformers
     from sentence_transformers import SentenceTransformer, models
 
-    from data.assets import model_dir
-    from inference.embedding import load_encoder, packed_encode
+    from packed_transformers.data.assets import model_dir
+    from packed_transformers.inference.embedding import load_encoder, packed_encode
 
     from .family_helpers import TEXTS
 
@@ -480,7 +480,7 @@ def test_gpt2_with_a_tokenizer_that_hands_token_types_is_fed_them_as_transformer
         return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
     assert cosine(packed_encode(st_model, TEXTS), expected).min() >= 0.99999
-    from inference.embedding import encode
+    from packed_transformers.inference.embedding import encode
 
     assert cosine(encode(TEXTS, load_encoder(tmp_path / "st")), expected).min() >= 0.99999
 
@@ -494,8 +494,8 @@ def test_training_runs_the_head_only_on_predicted_tokens_with_the_same_loss_and_
     tokens' logits equal the full-logits forward's; prompt tokens (-100) have no logits."""
     import transformers
 
-    from model.families import next_token_targets
-    from model.family_model import PackedFamilyModel
+    from packed_transformers.model.families import next_token_targets
+    from packed_transformers.model.family_model import PackedFamilyModel
 
     torch.manual_seed(0)
     extra = {"final_logit_softcapping": 5.0} if model_type == "gemma3_text" else {}

@@ -13,19 +13,19 @@ import numpy as np
 import pytest
 import torch
 
-from commands import embed as embed_command
-from data.assets import corpus_glob, model_dir
-from data.classification_data import ExampleError
-from data.embedding_texts import bbc_articles, texts_of
-from door.st_folder import describe_embedding_folder
-from inference.embedding import (
+from packed_transformers.commands import embed as embed_command
+from packed_transformers.data.assets import corpus_glob, model_dir
+from packed_transformers.data.classification_data import ExampleError
+from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+from packed_transformers.door.st_folder import describe_embedding_folder
+from packed_transformers.inference.embedding import (
     encode,
     encoder_from_sentence_transformer,
     load_encoder,
     packed_encode,
 )
-from inference.options import InferenceOptions
-from model.embedding import POOLING_MODES
+from packed_transformers.inference.options import InferenceOptions
+from packed_transformers.model.embedding import POOLING_MODES
 
 from .conftest import fast_loop_keeps
 
@@ -76,8 +76,8 @@ def test_the_next_chunk_is_tokenized_beside_the_model_and_a_bad_text_waits_its_t
     later chunk is raised only after every earlier chunk's array was yielded."""
     import threading
 
-    from inference.embedding import iter_encode
-    from inference.options import InferenceOptions
+    from packed_transformers.inference.embedding import iter_encode
+    from packed_transformers.inference.options import InferenceOptions
 
     encoder = load_encoder(model_dir(), max_length=MAX_LENGTH)
     tokenized_in, real = [], encoder.tokenize_texts
@@ -239,7 +239,7 @@ def test_command_refuses_bad_options(tmp_path, capsys):
 
 
 def test_bfloat16_is_refused_where_the_cpu_has_no_bf16(tmp_path, capsys, monkeypatch):
-    from inference import precision
+    from packed_transformers.inference import precision
 
     monkeypatch.setattr(precision, "native_bf16", lambda device: False)
     source = write_jsonl(tmp_path / "t.jsonl", ["a"])
@@ -252,7 +252,7 @@ def test_bfloat16_is_refused_where_the_cpu_has_no_bf16(tmp_path, capsys, monkeyp
 def test_bfloat16_autocast_agrees_with_float32(st_model, texts, monkeypatch):
     """Where bf16 runs (here forced past the hardware check, so that a CPU without bf16
     instructions emulates it), vectors stay close to fp32."""
-    from inference import precision
+    from packed_transformers.inference import precision
 
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
     encoder = load_encoder(model_dir(), max_length=MAX_LENGTH)

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from common.files import sha256_file
+from packed_transformers.common.files import sha256_file
 
 from .conftest import REPO
 from .training_helpers import make_packed, metrics, run, write_config
@@ -73,7 +73,7 @@ def test_resume_state_round_trips_through_weights_only_loading(packed, tmp_path)
 def test_numbers_parse_as_users_write_them(tmp_path):
     """D9: `--set optim.lr=1e-3` (the README's own example) and `lr: 2e-3` in a YAML file,
     which YAML 1.1 reads as strings, are numbers; words and non-finite values are refused."""
-    from training.config import ConfigError, load_config
+    from packed_transformers.training.config import ConfigError, load_config
 
     path = tmp_path / "c.yaml"
     path.write_text("data: {train_dir: x}\noptim: {lr: 2e-3, eps: 1E-6}\n")
@@ -157,7 +157,7 @@ def _verify(folder):
         [
             sys.executable,
             "-m",
-            "packing",
+            "packed_transformers.packing",
             "verify",
             "--input",
             str(folder / "raw-train" / "part-00000.h5"),
@@ -226,7 +226,7 @@ def test_shard_names_must_be_plain_names_inside_the_folder(packed, tmp_path, nam
 def test_final_step_is_checkpointed_once_and_replacement_keeps_a_folder(packed, tmp_path, monkeypatch):
     """D6: the last step's checkpoint is written once; replacing a folder renames the new
     one in before the old one is removed, and a crash between leaves the old one."""
-    from common import files
+    from packed_transformers.common import files
 
     config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 4, "checkpoint_every_steps": 2})
     done = run(config, tmp_path / "run")
@@ -250,7 +250,7 @@ def test_final_step_is_checkpointed_once_and_replacement_keeps_a_folder(packed, 
         with files.atomic_folder(target) as tmp:
             (tmp / "new.txt").write_text("new")
     monkeypatch.undo()
-    from training.checkpoint import remove_leftovers
+    from packed_transformers.training.checkpoint import remove_leftovers
 
     remove_leftovers(target.parent)  # what a resume does first
     assert (target / "old.txt").read_text() == "old"
@@ -287,7 +287,7 @@ def test_resume_does_not_repeat_metric_lines_and_removes_half_written_checkpoint
 
 def test_integer_labels_name_their_own_class():
     """D10: with 11 or more integer classes, class i is named "i" (not sorted as text)."""
-    from data.classification_data import Examples, encode_labels, label_names_of
+    from packed_transformers.data.classification_data import Examples, encode_labels, label_names_of
 
     labels = list(range(12)) + [2, 10]
     examples = Examples(
@@ -330,7 +330,7 @@ def test_one_run_per_output_folder(packed, tmp_path):
         [
             sys.executable,
             "-c",
-            f"from common.files import lock_folder; lock_folder({str(tmp_path / 'p')!r}, 'pack');"
+            f"from packed_transformers.common.files import lock_folder; lock_folder({str(tmp_path / 'p')!r}, 'pack');"
             "import time; print('held', flush=True); time.sleep(60)",
         ],
         stdout=subprocess.PIPE,
@@ -339,8 +339,8 @@ def test_one_run_per_output_folder(packed, tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        from packing.errors import PackingInputError
-        from packing.pipeline import PackJob, run_pack
+        from packed_transformers.packing.errors import PackingInputError
+        from packed_transformers.packing.pipeline import PackJob, run_pack
 
         job = PackJob(
             inputs=(str(packed / "raw-train" / "part-00000.h5"),),
@@ -402,7 +402,7 @@ def test_environment_errors_are_one_line_exit_2(packed, tmp_path):
         [
             sys.executable,
             "-m",
-            "packing",
+            "packed_transformers.packing",
             "pack",
             "--input",
             str(packed_raw),
@@ -434,9 +434,9 @@ def test_environment_errors_are_one_line_exit_2(packed, tmp_path):
 def test_bad_received_files_are_one_line_errors(tmp_path):
     """D13: non-UTF-8 JSON lines name the line; a garbage finetune.json or weights file is
     refused in one line."""
-    from data.classification_data import ExampleError, read_jsonl
-    from door.folder import load_finetuned
-    from door.folder_spec import FINETUNE_INFO
+    from packed_transformers.data.classification_data import ExampleError, read_jsonl
+    from packed_transformers.door.folder import load_finetuned
+    from packed_transformers.door.folder_spec import FINETUNE_INFO
 
     bad = tmp_path / "x.jsonl"
     bad.write_bytes(b'{"text": "fine", "label": "a"}\n{"text": "caf\xe9", "label": "a"}\n')
@@ -451,9 +451,9 @@ def test_bad_received_files_are_one_line_errors(tmp_path):
 
 def test_messages_name_what_is_wrong(packed, tmp_path):
     """D16: the misleading messages, each now naming the real cause."""
-    from common.config_schema import ConfigError
-    from data.tokenizer import DataInputError, load_tokenizer
-    from training.config import load_config
+    from packed_transformers.common.config_schema import ConfigError
+    from packed_transformers.data.tokenizer import DataInputError, load_tokenizer
+    from packed_transformers.training.config import load_config
 
     path = tmp_path / "c.yaml"
     path.write_text("data: {train_dir: x}\noptim: {learnig_rate: 0.1}\n")

@@ -16,10 +16,10 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from inference.rows import pack_rows
-from model.families import FAMILIES as PACKED
-from model.family_model import PackedFamilyModel
-from packing.tokenized import pack_examples
+from packed_transformers.inference.rows import pack_rows
+from packed_transformers.model.families import FAMILIES as PACKED
+from packed_transformers.model.family_model import PackedFamilyModel
+from packed_transformers.packing.tokenized import pack_examples
 
 from .conftest import REPO
 from .family_helpers import AUTO, FAMILIES, TASKS, TEXTS, family_tokenizer, save_family_folder
@@ -174,7 +174,7 @@ def test_predict_takes_a_family_folder_with_its_tokenizer(tmp_path, family):
     """A classifier folder as save_pretrained writes it: predict's scores equal
     AutoModelForSequenceClassification on each (text, pair) alone, tokenized by
     AutoTokenizer (the family's template, token types only where it has them)."""
-    from commands import predict
+    from packed_transformers.commands import predict
 
     folder = save_family_folder(tmp_path / "m", family, "classification")
     pairs = [TEXTS[(i + 3) % len(TEXTS)] if i % 2 else None for i in range(len(TEXTS))]
@@ -215,7 +215,7 @@ def sentence_transformers_folder(root, family):
 def test_sentence_transformers_folders_equal_encode(tmp_path, family):
     from sentence_transformers import SentenceTransformer
 
-    from inference.embedding import encode, load_encoder, packed_encode
+    from packed_transformers.inference.embedding import encode, load_encoder, packed_encode
 
     folder = sentence_transformers_folder(tmp_path, family)
     texts = TEXTS + [" ".join(TEXTS[:6])]  # one past max_seq_length: truncated as encode truncates
@@ -241,7 +241,7 @@ def test_a_family_outside_the_list_is_refused_in_one_line(tmp_path):
     texts = tmp_path / "t.jsonl"
     texts.write_text('{"text": "a text"}\n')
     done = subprocess.run(
-        [sys.executable, "-m", "finetune.embed", "--model", str(folder), "--pooling", "mean", "--input", str(texts),
+        [sys.executable, "-m", "packed_transformers.finetune.embed", "--model", str(folder), "--pooling", "mean", "--input", str(texts),
          "--output", str(tmp_path / "e.npy")], cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
@@ -260,8 +260,8 @@ def test_the_server_answers_a_family_folder_as_predict_and_encode_under_concurre
 
     import httpx
 
-    from commands import predict
-    from inference.embedding import encode, l2_normalize, load_encoder
+    from packed_transformers.commands import predict
+    from packed_transformers.inference.embedding import encode, l2_normalize, load_encoder
 
     from .test_serve import Server
 
@@ -307,8 +307,8 @@ def test_finetune_train_starts_from_a_family_folder_and_saves_one_transformers_l
     """finetune.train from a bare encoder folder of another family (its tokenizer.json, no
     vocab.txt): it learns, and its output loads in AutoModelForSequenceClassification, and
     predict on it equals transformers per example."""
-    from commands import predict
-    from finetune import train as finetune
+    from packed_transformers.commands import predict
+    from packed_transformers.finetune import train as finetune
 
     from .test_finetune_run import write_config
 
@@ -347,7 +347,7 @@ def test_sentence_transformers_prompts_are_applied_as_encode_applies_them(tmp_pa
     import httpx
     from sentence_transformers import SentenceTransformer
 
-    from inference.embedding import encode, load_encoder, packed_encode
+    from packed_transformers.inference.embedding import encode, load_encoder, packed_encode
 
     from .test_serve import Server
 
@@ -371,7 +371,7 @@ def test_sentence_transformers_prompts_are_applied_as_encode_applies_them(tmp_pa
     source.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
     for argv, expected_name in ([[], None], [["--prompt-name", "passage"], "passage"]):
         done = subprocess.run(
-            [sys.executable, "-m", "finetune.embed", "--model", str(folder), "--input", str(source), "--output",
+            [sys.executable, "-m", "packed_transformers.finetune.embed", "--model", str(folder), "--input", str(source), "--output",
              str(tmp_path / "e.npy"), "--quiet", "--overwrite", *argv], cwd=REPO, capture_output=True, text=True,
             timeout=120,
         )  # fmt: skip
@@ -380,7 +380,7 @@ def test_sentence_transformers_prompts_are_applied_as_encode_applies_them(tmp_pa
             np.load(tmp_path / "e.npy"), encode(TEXTS, encoder, prompt_name=expected_name), atol=1e-6
         )
     done = subprocess.run(
-        [sys.executable, "-m", "finetune.embed", "--model", str(folder), "--input", str(source), "--output",
+        [sys.executable, "-m", "packed_transformers.finetune.embed", "--model", str(folder), "--input", str(source), "--output",
          str(tmp_path / "x.npy"), "--prompt-name", "question"], cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1] == (
@@ -420,8 +420,8 @@ def test_texts_longer_than_a_roberta_style_table_are_cut_to_its_usable_positions
     """RoBERTa-style tables hold pad + 1 fewer positions than max_position_embeddings: a
     text past them is cut there by predict (finetune.train's folder format too) and by
     packed_pipeline, as transformers cuts it, never an index error."""
-    from commands import predict
-    from hf_integration.pipeline import packed_pipeline
+    from packed_transformers.commands import predict
+    from packed_transformers.hf_integration.pipeline import packed_pipeline
 
     folder = save_family_folder(tmp_path / "m", "roberta", "classification")
     info = {"task": "classification", "labels": ["a", "b", "c"], "multi_label": False, "max_sequence_length": 32,

@@ -13,8 +13,8 @@ import transformers
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from hf_integration.trainer import pack_dataset, packed_metrics, unpack_predictions
-from model.family_model import PackedFamilyModel
+from packed_transformers.hf_integration.trainer import pack_dataset, packed_metrics, unpack_predictions
+from packed_transformers.model.family_model import PackedFamilyModel
 
 from .family_helpers import AUTO, SENTENCES, save_family_folder
 from .test_hf_packing import trainer_for as packed_trainer

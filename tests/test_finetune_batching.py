@@ -7,12 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data.classification_data import TokenizedExamples
-from inference.batching import BATCHING_MODES, Batcher, BatchingSpec, collate
-from inference.predictions import predict_logits
-from inference.rows import pack_rows, pad_table
-from packing.errors import PackingInputError
-from packing.tokenized import pack_examples
+from packed_transformers.data.classification_data import TokenizedExamples
+from packed_transformers.inference.batching import BATCHING_MODES, Batcher, BatchingSpec, collate
+from packed_transformers.inference.predictions import predict_logits
+from packed_transformers.inference.rows import pack_rows, pad_table
+from packed_transformers.packing.errors import PackingInputError
+from packed_transformers.packing.tokenized import pack_examples
 
 S = 48
 
@@ -150,8 +150,8 @@ def test_a_run_of_documents_cut_at_the_width_is_told_of_packs_twice_as_wide():
     400 tokens cannot pair with another); packs of twice the width pair them. The note
     names the wider width and the padding it would leave, which is what a run at that width
     gets; short texts, or a pack_length the user set, get no such note."""
-    from finetune.train import packing_note
-    from packing.tokenized import wider_packs
+    from packed_transformers.finetune.train import packing_note
+    from packed_transformers.packing.tokenized import wider_packs
 
     rng = np.random.default_rng(0)
     documents = np.minimum(rng.integers(250, 900, 600), 512)  # a third cut at 512

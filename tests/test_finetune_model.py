@@ -5,12 +5,12 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from data.classification_data import TokenizedExamples
-from inference.batching import BATCHING_MODES, Batcher, BatchingSpec
-from inference.predictions import predict_logits
-from inference.rows import pack_rows, unpack_outputs
-from model.bert_heads import PackedBertForSequenceClassification, classification_metrics
-from packing.tokenized import pack_examples
+from packed_transformers.data.classification_data import TokenizedExamples
+from packed_transformers.inference.batching import BATCHING_MODES, Batcher, BatchingSpec
+from packed_transformers.inference.predictions import predict_logits
+from packed_transformers.inference.rows import pack_rows, unpack_outputs
+from packed_transformers.model.bert_heads import PackedBertForSequenceClassification, classification_metrics
+from packed_transformers.packing.tokenized import pack_examples
 
 VOCAB = 97
 CLASSES = 4

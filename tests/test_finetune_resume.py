@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from finetune import train as finetune
-from finetune.config import load_finetune_config
+from packed_transformers.finetune import train as finetune
+from packed_transformers.finetune.config import load_finetune_config
 
 from .conftest import REPO
 from .test_finetune_run import checkpoint, write_config  # noqa: F401 - the module's fixture
@@ -73,7 +73,7 @@ def test_resume_refuses_another_config_and_a_folder_without_checkpoint(tmp_path,
 
 def run_command(args, **options):
     return subprocess.run(
-        [sys.executable, "-m", "finetune.train", *args], cwd=REPO, capture_output=True, text=True,
+        [sys.executable, "-m", "packed_transformers.finetune.train", *args], cwd=REPO, capture_output=True, text=True,
         timeout=300, **options,
     )  # fmt: skip
 
@@ -83,7 +83,7 @@ def test_sigterm_ends_in_one_line_and_resume_finishes(tmp_path, checkpoint):  # 
     path = write_config(tmp_path, checkpoint, training={"epochs": 400, "progress": False})
     output = tmp_path / "run"
     process = subprocess.Popen(
-        [sys.executable, "-m", "finetune.train", "--config", str(path), "--output-dir", str(output)],
+        [sys.executable, "-m", "packed_transformers.finetune.train", "--config", str(path), "--output-dir", str(output)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120
@@ -131,7 +131,7 @@ def test_a_failed_final_save_is_one_line_and_keeps_the_checkpoint(tmp_path, chec
     def failing_save(model, folder):  # what the disk answers when it is full
         raise OSError(28, "No space left on device", str(folder / "model.safetensors"))
 
-    from finetune import jobs  # where the task's Job is built
+    from packed_transformers.finetune import jobs  # where the task's Job is built
 
     monkeypatch.setattr(jobs, "Job", lambda *fields: original(*fields[:5], failing_save, *fields[6:]))
     with pytest.raises(finetune.FinetuneError) as failed:
@@ -164,7 +164,7 @@ def test_a_file_size_limit_during_the_save_is_one_line(tmp_path, checkpoint):  #
 
 
 def test_saved_folders_get_the_users_umask_and_stale_temporaries_are_removed(tmp_path, checkpoint):  # noqa: F811
-    from common.files import atomic_folder
+    from packed_transformers.common.files import atomic_folder
 
     path = write_config(tmp_path, checkpoint, training={"epochs": 1, "progress": False})
     output = tmp_path / "o"

@@ -8,10 +8,15 @@ import torch
 import yaml
 from transformers import BertConfig, BertModel
 
-from commands import predict
-from data.classification_data import ExampleError, read_bbc_news, read_jsonl, split_by_seed
-from finetune import train as finetune
-from inference.batching import BATCHING_MODES
+from packed_transformers.commands import predict
+from packed_transformers.data.classification_data import (
+    ExampleError,
+    read_bbc_news,
+    read_jsonl,
+    split_by_seed,
+)
+from packed_transformers.finetune import train as finetune
+from packed_transformers.inference.batching import BATCHING_MODES
 
 WORDS = "the a market shares profit bank film music award star match goal team win game vote party".split()
 TOPIC = {0: ["market", "shares", "profit", "bank"], 1: ["film", "music", "award", "star"],
@@ -231,7 +236,7 @@ def test_jsonl_errors_name_file_and_line(tmp_path):
 
 
 def test_bbc_news_corpus_reads_title_and_first_sentence():
-    from data.assets import corpus_glob
+    from packed_transformers.data.assets import corpus_glob
 
     examples = read_bbc_news(corpus_glob())
     assert len(examples) == 2225
@@ -246,8 +251,8 @@ def test_bbc_news_corpus_reads_title_and_first_sentence():
 
 
 def test_configs_readme_lists_every_finetune_key():
-    from common.config_schema import markdown
-    from finetune.config import SCHEMA
+    from packed_transformers.common.config_schema import markdown
+    from packed_transformers.finetune.config import SCHEMA
     from tests.conftest import REPO
 
     assert markdown(SCHEMA) in (REPO / "configs" / "README.md").read_text()

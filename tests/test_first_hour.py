@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from common.cli import no_gpu
-from common.preflight import path_mistake, value_of
+from packed_transformers.common.cli import no_gpu
+from packed_transformers.common.preflight import path_mistake, value_of
 
 from .conftest import REPO
 
@@ -27,37 +27,37 @@ def run(*argv, timeout=60):
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (["-m", "finetune.train", "--config", "configs/dmeo.yaml", "--output-dir", "x"], "--config configs/dmeo.yaml: file not found"),
-        (["-m", "finetune.predict", "--model", "runs/my_clasifier/model", "--input", "README.md", "--output", "o"],
+        (["-m", "packed_transformers.finetune.train", "--config", "configs/dmeo.yaml", "--output-dir", "x"], "--config configs/dmeo.yaml: file not found"),
+        (["-m", "packed_transformers.finetune.predict", "--model", "runs/my_clasifier/model", "--input", "README.md", "--output", "o"],
          "--model runs/my_clasifier/model: no such folder"),
-        (["-m", "finetune.embed", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--input", "README.md", "--output", "o"],
+        (["-m", "packed_transformers.finetune.embed", "--model", "sentence-transformers/all-MiniLM-L6-v2", "--input", "README.md", "--output", "o"],
          "looks like a Hugging Face Hub id, and models are not downloaded here: fetch it first (hf download "),
-        (["-m", "serving", "--model", "README.md"], "--model README.md: not a folder"),
+        (["-m", "packed_transformers.serving", "--model", "README.md"], "--model README.md: not a folder"),
         (["run_pretraining.py", "--config", "configs/nope.yaml"], "--config configs/nope.yaml: file not found"),
         # issue 61: a CSV given as JSON lines, --device cuda on the CPU build, a bare encoder to predict
-        (["-m", "finetune.embed", "--model", "ASSET", "--input", "CSV", "--output", "o.npy"],
+        (["-m", "packed_transformers.finetune.embed", "--model", "ASSET", "--input", "CSV", "--output", "o.npy"],
          ":1: not JSON lines (it starts 'text,label'); expected one JSON object per line"),
-        (["-m", "finetune.embed", "--model", "ASSET", "--input", "examples/sft/train.jsonl", "--output", "o.npy",
+        (["-m", "packed_transformers.finetune.embed", "--model", "ASSET", "--input", "examples/sft/train.jsonl", "--output", "o.npy",
           "--device", "cuda"], "--device cuda: this torch (2.13.0+cpu) is the CPU build"),
-        (["-m", "finetune.predict", "--model", "ASSET", "--input", "examples/sft/train.jsonl", "--output", "o"],
+        (["-m", "packed_transformers.finetune.predict", "--model", "ASSET", "--input", "examples/sft/train.jsonl", "--output", "o"],
          "key 'architectures' is ['BertModel']; predict runs a *ForSequenceClassification"),
         # option mistakes: every command parses its line before its imports (commands/parsers.py)
-        (["-m", "finetune.predict", "--model", ".", "--input", "README.md", "--ouput", "o"],
-         "unrecognized arguments: --ouput (did you mean --output?); see python -m finetune.predict --help"),
-        (["-m", "finetune.embed", "--model", ".", "--input", "README.md"],
-         "the following arguments are required: --output; see python -m finetune.embed --help"),
-        (["-m", "finetune.embed", "--model", ".", "--input", "README.md", "--output", "o", "--batching", "pakced"],
+        (["-m", "packed_transformers.finetune.predict", "--model", ".", "--input", "README.md", "--ouput", "o"],
+         "unrecognized arguments: --ouput (did you mean --output?); see python -m packed_transformers.finetune.predict --help"),
+        (["-m", "packed_transformers.finetune.embed", "--model", ".", "--input", "README.md"],
+         "the following arguments are required: --output; see python -m packed_transformers.finetune.embed --help"),
+        (["-m", "packed_transformers.finetune.embed", "--model", ".", "--input", "README.md", "--output", "o", "--batching", "pakced"],
          "argument --batching: invalid choice: 'pakced'"),
-        (["-m", "finetune.train", "--config", "configs/finetune_bbc.yaml", "--ouput-dir", "x"],
+        (["-m", "packed_transformers.finetune.train", "--config", "configs/finetune_bbc.yaml", "--ouput-dir", "x"],
          "unrecognized arguments: --ouput-dir (did you mean --output-dir?)"),
-        (["-m", "training.summary", "--pakced", "runs/x"], "unrecognized arguments: --pakced (did you mean --packed?)"),
-        (["-m", "serving", "--model", ".", "--prot", "8080"], "unrecognized arguments: --prot (did you mean --port?)"),
+        (["-m", "packed_transformers.training.summary", "--pakced", "runs/x"], "unrecognized arguments: --pakced (did you mean --packed?)"),
+        (["-m", "packed_transformers.serving", "--model", ".", "--prot", "8080"], "unrecognized arguments: --prot (did you mean --port?)"),
     ],
 )  # fmt: skip
 def test_path_mistakes_are_one_line_without_importing_torch(argv, says, tmp_path):
     from importlib.metadata import version
 
-    from data.assets import model_dir
+    from packed_transformers.data.assets import model_dir
 
     if "cuda" in argv and "+cpu" not in version("torch"):
         pytest.skip("the CPU-build line needs the CPU build of torch")
@@ -85,7 +85,7 @@ def test_one_message_for_cuda_without_a_gpu():
     assert "CPU build" in message and "download.pytorch.org/whl/cu130" in message
     import torch
 
-    from inference.precision import device_problem
+    from packed_transformers.inference.precision import device_problem
 
     if not torch.cuda.is_available():
         assert device_problem("cuda") == no_gpu(
@@ -102,13 +102,13 @@ def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_t
 
     import numpy as np
 
-    from data.assets import model_dir
+    from packed_transformers.data.assets import model_dir
 
     texts = tmp_path / "t.jsonl"
     texts.write_text(
         "".join(json.dumps({"text": f"text number {i} " + "word " * (i % 40)}) + "\n" for i in range(600))
     )
-    argv = [sys.executable, "-m", "finetune.embed", "--model", str(model_dir()), "--input", str(texts),
+    argv = [sys.executable, "-m", "packed_transformers.finetune.embed", "--model", str(model_dir()), "--input", str(texts),
             "--chunk-texts", "50", "--quiet"]  # fmt: skip
     state = tmp_path / ".e.npy.partial.json"
 
@@ -153,7 +153,7 @@ def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_t
         "whole.npy",
     ]
     # a finished output is never replaced without --overwrite (one line, before any model loads)
-    from commands import embed
+    from packed_transformers.commands import embed
 
     before = (tmp_path / "e.npy").stat().st_mtime_ns
     capsys.readouterr()
@@ -181,13 +181,13 @@ def test_a_time_budget_bar_counts_to_the_budget_not_to_max_steps(tmp_path):
 
 
 def test_a_python_without_the_projects_packages_is_told_what_to_run(tmp_path):
-    from common.preflight import missing_packages
+    from packed_transformers.common.preflight import missing_packages
 
     assert missing_packages(("json",)) is None
     assert "not_a_package_here not installed" in missing_packages(("not_a_package_here",))
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
-    done = subprocess.run([str(bare / "bin" / "python"), "-m", "finetune.predict", "--model", "m", "--input", "i",
+    done = subprocess.run([str(bare / "bin" / "python"), "-m", "packed_transformers.finetune.predict", "--model", "m", "--input", "i",
                            "--output", "o"], cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
@@ -221,10 +221,10 @@ def test_the_mlperf_config_names_every_missing_prerequisite_at_once(tmp_path):
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (["-m", "finetune.predict", "--model", ".", "--input", "examples/sft/train.jsonl", "--ouput", "o"],
-         "error: unrecognized arguments: --ouput (did you mean --output?); see python -m finetune.predict --help"),
-        (["-m", "finetune.embed", "--model", ".", "--input", "examples/sft/train.jsonl"],
-         "error: the following arguments are required: --output; see python -m finetune.embed --help"),
+        (["-m", "packed_transformers.finetune.predict", "--model", ".", "--input", "examples/sft/train.jsonl", "--ouput", "o"],
+         "error: unrecognized arguments: --ouput (did you mean --output?); see python -m packed_transformers.finetune.predict --help"),
+        (["-m", "packed_transformers.finetune.embed", "--model", ".", "--input", "examples/sft/train.jsonl"],
+         "error: the following arguments are required: --output; see python -m packed_transformers.finetune.embed --help"),
     ],
 )  # fmt: skip
 def test_a_mistyped_or_missing_option_is_one_line_naming_the_nearest(argv, says):
@@ -239,15 +239,15 @@ def test_the_news_jsonl_recipe_input_is_the_corpus_in_the_users_format(tmp_path)
     a device or a folder as the output is one line, exit 2, and is left as it is."""
     import json
 
-    from data.assets import corpus_files
+    from packed_transformers.data.assets import corpus_files
 
-    done, _ = run("-m", "data.assets", "news-jsonl", tmp_path / "news.jsonl")
+    done, _ = run("-m", "packed_transformers.data.assets", "news-jsonl", tmp_path / "news.jsonl")
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in (tmp_path / "news.jsonl").read_text().splitlines()]
     assert len(lines) == len(corpus_files()) == 2225
     assert {line["label"] for line in lines} == {"business", "entertainment", "politics", "sports", "tech"}
     assert all(isinstance(line["text"], str) and line["text"] for line in lines)
     for output in ("/dev/null", tmp_path):
-        done, _ = run("-m", "data.assets", "news-jsonl", output)
+        done, _ = run("-m", "packed_transformers.data.assets", "news-jsonl", output)
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "regular file" in done.stderr and "Traceback" not in done.stderr

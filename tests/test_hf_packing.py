@@ -22,24 +22,24 @@ from transformers import (
     TrainingArguments,
 )
 
-from data import assets
-from data.qa_windows import fast_tokenizer
-from data.tokenizer import load_tokenizer
-from hf_integration.pipeline import packed_pipeline
-from hf_integration.trainer import (
+from packed_transformers.data import assets
+from packed_transformers.data.qa_windows import fast_tokenizer
+from packed_transformers.data.tokenizer import load_tokenizer
+from packed_transformers.hf_integration.pipeline import packed_pipeline
+from packed_transformers.hf_integration.trainer import (
     PackedDataCollator,
     PackedDatasetError,
     pack_dataset,
     packed_metrics,
     unpack_predictions,
 )
-from inference.rows import pack_rows
-from model.bert_heads import (
+from packed_transformers.inference.rows import pack_rows
+from packed_transformers.model.bert_heads import (
     PackedBertForQuestionAnswering,
     PackedBertForSequenceClassification,
     PackedBertForTokenClassification,
 )
-from packing.tokenized import pack_examples
+from packed_transformers.packing.tokenized import pack_examples
 
 from .test_model_equivalence import BACKENDS
 
@@ -339,8 +339,8 @@ def test_bad_datasets_are_refused_naming_column_and_row(bbc, change, message):
 
 def test_question_answering_pipeline_answers_as_predict(tmp_path, checkpoint):
     """The QA pipeline's answers are commands.predict's on the same folder and questions."""
-    from commands import predict
-    from data.qa_cloze import build, official_layout
+    from packed_transformers.commands import predict
+    from packed_transformers.data.qa_cloze import build, official_layout
 
     torch.manual_seed(3)
     model = PackedBertForQuestionAnswering.from_pretrained(checkpoint, new_head=True)

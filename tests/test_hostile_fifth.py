@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from common.files import atomic_folder, atomic_path, output_file, output_over_inputs
-from serving.admission import ADMIT_WITHIN, MeasuredRates, bucket_of, refusal
+from packed_transformers.common.files import atomic_folder, atomic_path, output_file, output_over_inputs
+from packed_transformers.serving.admission import ADMIT_WITHIN, MeasuredRates, bucket_of, refusal
 
 from .conftest import REPO
 
@@ -58,9 +58,27 @@ def test_a_folder_output_over_a_file_or_device_is_refused(tmp_path):
 @pytest.mark.parametrize(
     "command",
     [
-        ["-m", "data.train_vocab", "--input", "{text}", "--output", "{out}"],
-        ["-m", "finetune.embed", "--model", "{folder}", "--input", "{text}", "--output", "{out}"],
-        ["-m", "finetune.predict", "--model", "{folder}", "--input", "{text}", "--output", "{out}"],
+        ["-m", "packed_transformers.data.train_vocab", "--input", "{text}", "--output", "{out}"],
+        [
+            "-m",
+            "packed_transformers.finetune.embed",
+            "--model",
+            "{folder}",
+            "--input",
+            "{text}",
+            "--output",
+            "{out}",
+        ],
+        [
+            "-m",
+            "packed_transformers.finetune.predict",
+            "--model",
+            "{folder}",
+            "--input",
+            "{text}",
+            "--output",
+            "{out}",
+        ],
     ],
 )
 def test_commands_refuse_a_device_or_fifo_output_in_one_line(tmp_path, command):
@@ -139,9 +157,9 @@ def test_seven_tiny_requests_do_not_lock_out_a_large_one():
     request of 32 x 400 tokens on an idle server is admitted and answered, every time."""
     import asyncio
 
-    from serving.metrics import ServerMetrics
-    from serving.policies import PolicySettings
-    from serving.scheduler import QueueLimits, Scheduler
+    from packed_transformers.serving.metrics import ServerMetrics
+    from packed_transformers.serving.policies import PolicySettings
+    from packed_transformers.serving.scheduler import QueueLimits, Scheduler
 
     async def scenario():
         scheduler = Scheduler(
@@ -172,10 +190,12 @@ def busy_cores(n: int):
 def test_lp_plans_are_the_same_under_load_and_without():
     """The residual integer program is limited in HiGHS nodes, not seconds: a plan (and so
     the packed bytes) cannot depend on how fast the machine ran that day."""
-    from packing.algorithms.lp import lp_pack
-    from packing.histogram import Histogram
+    from packed_transformers.packing.algorithms.lp import lp_pack
+    from packed_transformers.packing.histogram import Histogram
 
-    histogram = Histogram.from_json_file(REPO / "packing" / "histograms" / "wikipedia_512.json")
+    histogram = Histogram.from_json_file(
+        REPO / "packed_transformers" / "packing" / "histograms" / "wikipedia_512.json"
+    )
     quiet, _ = lp_pack(histogram, 3)
     spinners = busy_cores(2)  # both cores busy (more would only slow the suite's other worker)
     try:
@@ -188,7 +208,7 @@ def test_lp_plans_are_the_same_under_load_and_without():
 
 @pytest.mark.slow
 def test_the_lp_packer_gives_identical_bytes_twice_one_run_under_load(tmp_path):
-    from packing.cli import main as packing_main
+    from packed_transformers.packing.cli import main as packing_main
 
     from .test_data_pipeline import P, S, small_counts, write_synthetic_shards
 
@@ -227,7 +247,7 @@ def tiny_hub_classifier(folder):
 
 # ----- 10. an API key, and Host / Origin checks against DNS rebinding ------------------------------
 def test_access_rules_as_pure_decisions():
-    from serving.access import AccessRules, refusal
+    from packed_transformers.serving.access import AccessRules, refusal
 
     local = AccessRules.for_bind("127.0.0.1", api_key="s3cret")
     ok = {"host": "127.0.0.1:8080", "authorization": "Bearer s3cret"}
@@ -255,12 +275,12 @@ def test_a_real_server_checks_the_key_and_refuses_a_foreign_host(tmp_path_factor
     import httpx
     import uvicorn
 
-    from serving.access import AccessRules
-    from serving.api import RequestLimits
-    from serving.app import create_app
-    from serving.engines import load_engine
-    from serving.policies import PolicySettings
-    from serving.scheduler import QueueLimits
+    from packed_transformers.serving.access import AccessRules
+    from packed_transformers.serving.api import RequestLimits
+    from packed_transformers.serving.app import create_app
+    from packed_transformers.serving.engines import load_engine
+    from packed_transformers.serving.policies import PolicySettings
+    from packed_transformers.serving.scheduler import QueueLimits
 
     from .test_serve import free_port
 
@@ -303,9 +323,11 @@ def test_a_real_server_checks_the_key_and_refuses_a_foreign_host(tmp_path_factor
 
 
 # ----- 6, 9 and the empty-text rule: one line each, or read once ------------------------------------
-def run_module(*argv, timeout=180):
-    return subprocess.run([sys.executable, "-m", *map(str, argv)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+def run_module(module, *argv, timeout=180):
+    """`python -m packed_transformers.MODULE ARGV` (MODULE named inside the package)."""
+    module = module if module.startswith("packed_transformers.") else f"packed_transformers.{module}"
+    return subprocess.run([sys.executable, "-m", module, *map(str, argv)], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
 
 
 def one_line_error(done) -> str:
@@ -331,7 +353,7 @@ def test_pickled_weights_are_refused_in_one_line_everywhere(tmp_path):
     texts.write_text('{"text": "a"}\n')
     for argv in (
         [
-            "finetune.embed",
+            "packed_transformers.finetune.embed",
             "--model",
             folder,
             "--pooling",
@@ -348,16 +370,16 @@ def test_pickled_weights_are_refused_in_one_line_everywhere(tmp_path):
 
 @pytest.mark.slow  # a whole command in a fresh interpreter
 def test_embed_refuses_a_pipe_and_an_empty_text_in_one_line(tmp_path):
-    from data.assets import model_dir
+    from packed_transformers.data.assets import model_dir
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    line = one_line_error(run_module("finetune.embed", "--model", model_dir(), "--input", fifo,
+    line = one_line_error(run_module("packed_transformers.finetune.embed", "--model", model_dir(), "--input", fifo,
                                      "--output", tmp_path / "e.npy"))  # fmt: skip
     assert "not a regular file" in line and "save it to a file first" in line
     texts = tmp_path / "t.jsonl"
     texts.write_text('{"text": "fine"}\n{"text": "   "}\n')
-    line = one_line_error(run_module("finetune.embed", "--model", model_dir(), "--input", texts,
+    line = one_line_error(run_module("packed_transformers.finetune.embed", "--model", model_dir(), "--input", texts,
                                      "--output", tmp_path / "e.npy"))  # fmt: skip
     assert line == f"error: {texts}:2: field 'text' is empty"
     assert not (tmp_path / "e.npy").exists()
@@ -379,12 +401,24 @@ def test_predict_reads_a_pipe_once(tmp_path):
     writer = threading.Thread(target=lambda: fifo.write_text(records))
     writer.start()
     piped = run_module(
-        "finetune.predict", "--model", folder, "--input", fifo, "--output", tmp_path / "p.jsonl"
+        "packed_transformers.finetune.predict",
+        "--model",
+        folder,
+        "--input",
+        fifo,
+        "--output",
+        tmp_path / "p.jsonl",
     )
     writer.join(10)
     assert piped.returncode == 0, piped.stderr
     direct = run_module(
-        "finetune.predict", "--model", folder, "--input", regular, "--output", tmp_path / "r.jsonl"
+        "packed_transformers.finetune.predict",
+        "--model",
+        folder,
+        "--input",
+        regular,
+        "--output",
+        tmp_path / "r.jsonl",
     )
     assert direct.returncode == 0, direct.stderr
     assert (tmp_path / "p.jsonl").read_text() == (tmp_path / "r.jsonl").read_text()

@@ -11,11 +11,11 @@ from datasets import Dataset, IterableDataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data import assets
-from data.qa_data import QaExamples
-from data.qa_windows import fast_tokenizer, make_windows
-from data.tokenizer import load_tokenizer
-from hf_integration.trainer import PackedDatasetError, pack_dataset
+from packed_transformers.data import assets
+from packed_transformers.data.qa_data import QaExamples
+from packed_transformers.data.qa_windows import fast_tokenizer, make_windows
+from packed_transformers.data.tokenizer import load_tokenizer
+from packed_transformers.hf_integration.trainer import PackedDatasetError, pack_dataset
 
 IDS = [[101, 5, 102], [101, 7, 8, 102]]
 SINGLE, MULTI, TOKENS, QA = (
@@ -137,7 +137,7 @@ def test_answer_labels_map_back_to_the_exact_answer_after_odd_characters(tokeniz
 def test_json_lines_with_invalid_unicode_name_file_line_and_field(tmp_path, line, says):
     """What finetune.train and commands.predict read (data.classification_data.read_jsonl):
     JSON may escape a lone UTF-16 surrogate; no tokenizer can encode it."""
-    from data.classification_data import ExampleError, read_jsonl
+    from packed_transformers.data.classification_data import ExampleError, read_jsonl
 
     path = tmp_path / "in.jsonl"
     path.write_text('{"text": "fine", "label": "x"}\n' + line + "\n")
@@ -156,9 +156,9 @@ DEEP = "[" * 20000 + "]" * 20000  # 40 kB: Python's JSON parser recurses once pe
 def test_json_lines_too_deep_or_with_a_duplicate_key_are_one_line(tmp_path, line, says):
     """Every JSON-lines reader (classification, SQuAD lines, the embed command): a
     RecursionError from the parser, or a key given twice, is one line naming file:line."""
-    from commands.embed import read_texts
-    from data.classification_data import ExampleError, read_jsonl
-    from data.qa_data import read_squad
+    from packed_transformers.commands.embed import read_texts
+    from packed_transformers.data.classification_data import ExampleError, read_jsonl
+    from packed_transformers.data.qa_data import read_squad
 
     path = tmp_path / "in.jsonl"
     path.write_text('{"text": "fine", "label": "x"}\n' + line + "\n")

@@ -22,9 +22,9 @@ import httpx
 import psutil
 import pytest
 
-from serving.api import RequestLimits
-from serving.engines import load_engine
-from serving.scheduler import QueueLimits
+from packed_transformers.serving.api import RequestLimits
+from packed_transformers.serving.engines import load_engine
+from packed_transformers.serving.scheduler import QueueLimits
 
 from . import test_serve
 from .conftest import REPO
@@ -167,7 +167,7 @@ def test_a_request_with_more_sequences_than_the_queue_holds_is_413_not_429(train
 
 def start(model, port: int) -> subprocess.Popen:
     server = subprocess.Popen(
-        [sys.executable, "-m", "serving", "--model", str(model), "--port", str(port), "--max-queue", "256",
+        [sys.executable, "-m", "packed_transformers.serving", "--model", str(model), "--port", str(port), "--max-queue", "256",
          "--max-body-bytes", "65536"],
         cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip

@@ -43,9 +43,9 @@ def input_file(path, texts):
 # ----- 1. (high) non-finite weights are never run --------------------------------------------------
 @pytest.mark.parametrize("value, what", [(float("nan"), "NaN"), (float("inf"), "inf")])
 def test_a_folder_with_a_non_finite_weight_is_refused_by_every_door(classifier, tmp_path, value, what):
-    from data.classification_data import ExampleError
-    from door.folder import load_finetuned
-    from inference.embedding import load_encoder
+    from packed_transformers.data.classification_data import ExampleError
+    from packed_transformers.door.folder import load_finetuned
+    from packed_transformers.inference.embedding import load_encoder
 
     folder = with_weight(classifier, tmp_path / "broken", "classifier.weight", value)
     with pytest.raises(ExampleError, match=rf"model\.safetensors: weight classifier\.weight holds {what}"):
@@ -58,8 +58,8 @@ def test_a_folder_with_a_non_finite_weight_is_refused_by_every_door(classifier, 
 
 
 def test_scores_that_are_not_finite_are_never_written():
-    from data.classification_data import ExampleError
-    from inference.predictions import prediction_records
+    from packed_transformers.data.classification_data import ExampleError
+    from packed_transformers.inference.predictions import prediction_records
 
     logits = np.array([[0.0, 1.0], [np.nan, 0.0]], dtype=np.float32)
     with pytest.raises(ExampleError, match="example 1: the model's scores are not finite"):
@@ -71,7 +71,13 @@ def test_predict_embed_and_the_server_refuse_nan_weights_in_one_line(classifier,
     folder = with_weight(classifier, tmp_path / "broken", "classifier.weight", float("nan"))
     source = input_file(tmp_path / "in.jsonl", ["a text", "another text"])
     done = run_module(
-        "finetune.predict", "--model", folder, "--input", source, "--output", tmp_path / "o.jsonl"
+        "packed_transformers.finetune.predict",
+        "--model",
+        folder,
+        "--input",
+        source,
+        "--output",
+        tmp_path / "o.jsonl",
     )
     assert "model.safetensors: weight classifier.weight holds NaN" in one_line_error(done)
     assert not (tmp_path / "o.jsonl").exists()
@@ -79,7 +85,7 @@ def test_predict_embed_and_the_server_refuse_nan_weights_in_one_line(classifier,
         classifier, tmp_path / "enc", "bert.encoder.layer.0.output.dense.weight", float("nan")
     )
     done = run_module(
-        "finetune.embed",
+        "packed_transformers.finetune.embed",
         "--model",
         encoder,
         "--input",
@@ -92,14 +98,14 @@ def test_predict_embed_and_the_server_refuse_nan_weights_in_one_line(classifier,
     assert "weight bert.encoder.layer.0.output.dense.weight holds NaN" in one_line_error(done)
     assert not (tmp_path / "v.npy").exists()
     done = subprocess.run(
-        [sys.executable, "-m", "serving", "--model", str(folder), "--port", str(free_port())],
+        [sys.executable, "-m", "packed_transformers.serving", "--model", str(folder), "--port", str(free_port())],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert "weight classifier.weight holds NaN" in one_line_error(done)
 
 
 def test_fine_tuning_refuses_to_start_from_non_finite_weights(classifier, tmp_path):
-    from model.opening import ModelOptions, NonFiniteWeights, open_model
+    from packed_transformers.model.opening import ModelOptions, NonFiniteWeights, open_model
 
     folder = with_weight(
         classifier, tmp_path / "broken", "bert.encoder.layer.0.output.dense.bias", float("nan")
@@ -139,8 +145,8 @@ def qwen2_classifier(tmp_path_factory):
 def test_a_folder_is_tokenized_as_autotokenizer_tokenizes_it(qwen2_classifier):
     from transformers import AutoTokenizer
 
-    from door.folder import load_finetuned
-    from inference.embedding import load_encoder
+    from packed_transformers.door.folder import load_finetuned
+    from packed_transformers.inference.embedding import load_encoder
 
     reference = AutoTokenizer.from_pretrained(qwen2_classifier)
     expected = [reference(text)["input_ids"] for text in COMBINING]
@@ -159,7 +165,7 @@ def test_predict_scores_equal_transformers_on_text_with_combining_marks(qwen2_cl
     import transformers
     from transformers import AutoTokenizer
 
-    from commands import predict
+    from packed_transformers.commands import predict
 
     source = input_file(tmp_path / "in.jsonl", COMBINING)
     assert (
@@ -183,7 +189,7 @@ def test_every_packed_model_answers_its_outputs_as_attributes(classifier, tmp_pa
     an unset declared field reads None, as a ModelOutput's does; index access as to_tuple."""
     import transformers
 
-    from model.opening import ModelOptions, open_model
+    from packed_transformers.model.opening import ModelOptions, open_model
 
     from .test_decoders import packed_rows, tiny_config
 
@@ -213,7 +219,10 @@ def alias_bomb(levels: int = 9) -> str:
     return "\n".join(lines) + f"\ntraining:\n  lr: *a{levels - 1}\n"
 
 
-CONFIG_LOADERS = [("finetune.config", "load_finetune_config"), ("training.config", "load_config")]
+CONFIG_LOADERS = [
+    ("packed_transformers.finetune.config", "load_finetune_config"),
+    ("packed_transformers.training.config", "load_config"),
+]
 
 
 @pytest.mark.parametrize("module, loader", CONFIG_LOADERS)
@@ -221,7 +230,7 @@ def test_an_alias_bomb_is_one_bounded_line_in_little_memory(tmp_path, module, lo
     import importlib
     import tracemalloc
 
-    from common.config_schema import ConfigError
+    from packed_transformers.common.config_schema import ConfigError
 
     path = tmp_path / "bomb.yaml"
     path.write_text(alias_bomb())
@@ -243,7 +252,7 @@ def test_an_alias_bomb_is_one_bounded_line_in_little_memory(tmp_path, module, lo
 def test_wrong_values_are_quoted_in_bounded_excerpts(tmp_path, module, loader):
     import importlib
 
-    from common.config_schema import ConfigError
+    from packed_transformers.common.config_schema import ConfigError
 
     load = getattr(importlib.import_module(module), loader)
     path = tmp_path / "long.yaml"
@@ -256,7 +265,7 @@ def test_wrong_values_are_quoted_in_bounded_excerpts(tmp_path, module, loader):
 
 
 def test_self_referring_aliases_are_one_line(tmp_path):
-    from common.config_schema import ConfigError, read_yaml
+    from packed_transformers.common.config_schema import ConfigError, read_yaml
 
     path = tmp_path / "loop.yaml"
     path.write_text("training: &t\n  seed: *t\n")
@@ -268,7 +277,7 @@ def test_self_referring_aliases_are_one_line(tmp_path):
 def test_a_config_that_is_a_list_is_one_line_with_or_without_set(tmp_path, module, loader):
     import importlib
 
-    from common.config_schema import ConfigError
+    from packed_transformers.common.config_schema import ConfigError
 
     load = getattr(importlib.import_module(module), loader)
     path = tmp_path / "list.yaml"
@@ -282,7 +291,7 @@ def test_a_config_that_is_a_list_is_one_line_with_or_without_set(tmp_path, modul
 def test_a_key_given_twice_is_refused_as_json_lines_refuse_it(tmp_path, module, loader):
     import importlib
 
-    from common.config_schema import ConfigError
+    from packed_transformers.common.config_schema import ConfigError
 
     load = getattr(importlib.import_module(module), loader)
     path = tmp_path / "twice.yaml"
@@ -294,15 +303,15 @@ def test_a_key_given_twice_is_refused_as_json_lines_refuse_it(tmp_path, module, 
         load(path)
     # a merge key (<<) is YAML's way to override on purpose: still allowed
     path.write_text("base: &b {seed: 1}\n")
-    from common.config_schema import read_yaml
+    from packed_transformers.common.config_schema import read_yaml
 
     path.write_text("training:\n  <<: {seed: 1}\n  seed: 2\n")
     assert read_yaml(path) == {"training": {"seed": 2}}
 
 
 def test_a_set_value_that_is_not_yaml_is_one_line(tmp_path):
-    from common.config_schema import ConfigError
-    from finetune.config import load_finetune_config
+    from packed_transformers.common.config_schema import ConfigError
+    from packed_transformers.finetune.config import load_finetune_config
 
     path = tmp_path / "c.yaml"
     path.write_text("training:\n  seed: 1\n")
@@ -317,8 +326,16 @@ def test_both_commands_refuse_the_bomb_and_a_list_with_set_in_one_line(tmp_path)
     listed = tmp_path / "list.yaml"
     listed.write_text("- a\n")
     for argv in (
-        ["finetune.train", "--config", bomb, "--output-dir", tmp_path / "o1"],
-        ["finetune.train", "--config", listed, "--output-dir", tmp_path / "o2", "--set", "training.seed=1"],
+        ["packed_transformers.finetune.train", "--config", bomb, "--output-dir", tmp_path / "o1"],
+        [
+            "packed_transformers.finetune.train",
+            "--config",
+            listed,
+            "--output-dir",
+            tmp_path / "o2",
+            "--set",
+            "training.seed=1",
+        ],
     ):
         assert "bomb.yaml" in one_line_error(run_module(*argv)) or "list.yaml" in argv[2].name
     for config in (bomb, listed):
@@ -335,7 +352,7 @@ def test_sft_refuses_a_tokenizer_larger_than_the_embedding_table_before_reading_
     import yaml
     from transformers import AutoModelForCausalLM
 
-    from finetune import train
+    from packed_transformers.finetune import train
 
     from .test_decoder_sft import config_for
     from .test_decoders import decoder_tokenizer, tiny_config
@@ -367,7 +384,7 @@ def test_resume_refuses_a_tokenizer_changed_in_place(tmp_path):
 
     from transformers import AutoModelForCausalLM
 
-    from finetune import train
+    from packed_transformers.finetune import train
 
     from .test_decoder_sft import config_for
     from .test_decoders import decoder_tokenizer, tiny_config
@@ -401,7 +418,7 @@ def rewrite_shard(packed, change):
     """Shard 0 rewritten with `change(fields)` applied (metadata kept consistent)."""
     import h5py
 
-    from common.files import sha256_file
+    from packed_transformers.common.files import sha256_file
 
     meta = json.loads((packed / "metadata.json").read_text())
     shard = packed / meta["shards"][0]["name"]
@@ -436,8 +453,8 @@ def rewrite_shard(packed, change):
     ],
 )  # fmt: skip
 def test_each_field_dtype_is_checked_when_a_shard_is_opened(tmp_path, name, change, expected):
-    from packing.errors import PackingInputError
-    from packing.shards import PackedDataset
+    from packed_transformers.packing.errors import PackingInputError
+    from packed_transformers.packing.shards import PackedDataset
 
     from .training_helpers import make_packed
 
@@ -461,7 +478,7 @@ def packed(tmp_path_factory):
 
 
 def test_resume_skips_a_checkpoint_whose_weights_match_the_manifest_but_do_not_load(packed, tmp_path):
-    from common.files import sha256_file
+    from packed_transformers.common.files import sha256_file
 
     from .training_helpers import final_weights, run, write_config
 
@@ -486,7 +503,7 @@ def test_resume_skips_a_checkpoint_whose_weights_match_the_manifest_but_do_not_l
 
 # ----- 12. embedding routes: prompt_name on OpenAI's route, unknown fields refused ----------------
 def test_embedding_routes_take_prompt_name_and_refuse_unknown_fields():
-    from serving.api import RequestError, RequestLimits, read_request
+    from packed_transformers.serving.api import RequestError, RequestLimits, read_request
 
     limits = RequestLimits()
     request = read_request("openai", {"input": ["a"], "prompt_name": "query"}, limits, dimension=8)
@@ -511,10 +528,10 @@ def test_embedding_routes_take_prompt_name_and_refuse_unknown_fields():
 def test_a_fifo_or_device_as_weights_or_shard_is_named_as_such(classifier, tmp_path, kind):
     import os
 
-    from data.classification_data import ExampleError
-    from door.folder import load_finetuned
-    from packing.errors import PackingInputError
-    from packing.shards import PackedDataset
+    from packed_transformers.data.classification_data import ExampleError
+    from packed_transformers.door.folder import load_finetuned
+    from packed_transformers.packing.errors import PackingInputError
+    from packed_transformers.packing.shards import PackedDataset
 
     from .training_helpers import make_packed
 
@@ -539,8 +556,8 @@ def test_a_fifo_or_device_as_weights_or_shard_is_named_as_such(classifier, tmp_p
 
 
 def test_a_line_without_its_text_field_says_missing_and_what_it_has(tmp_path):
-    from data.classification_data import ExampleError
-    from finetune.causal_lm_task import read_prompt_completions
+    from packed_transformers.data.classification_data import ExampleError
+    from packed_transformers.finetune.causal_lm_task import read_prompt_completions
 
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
@@ -554,7 +571,7 @@ def test_empty_completions_without_eos_are_not_blamed_on_truncation(tmp_path, ca
     import yaml
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from finetune import train
+    from packed_transformers.finetune import train
 
     from .test_decoder_sft import config_for
     from .test_decoders import decoder_tokenizer, tiny_config
@@ -579,26 +596,26 @@ def test_empty_completions_without_eos_are_not_blamed_on_truncation(tmp_path, ca
 
 # ----- 11. (low) embed does not hash the model folder's bytes on every run -------------------------
 def test_embed_keys_kept_rows_on_file_identity_without_reading_the_weights(classifier, tmp_path, monkeypatch):
-    import common.files
-    from commands import embed as embed_command
+    from packed_transformers.commands import embed as embed_command
+    from packed_transformers.common import files as common_files
 
     model = tmp_path / "model"
     shutil.copytree(classifier, model)
     (model / "extra.safetensors").write_bytes(b"\0" * (1 << 20))  # read by a content hash
     hashed = []
-    real = common.files.sha256_file
+    real = common_files.sha256_file
     monkeypatch.setattr(
-        common.files, "sha256_file", lambda path, *a: hashed.append(str(path)) or real(path, *a)
+        common_files, "sha256_file", lambda path, *a: hashed.append(str(path)) or real(path, *a)
     )
     source = input_file(tmp_path / "in.jsonl", ["a text", "another"])
     argv = ["--model", str(model), "--input", str(source), "--output", str(tmp_path / "e.npy"), "--pooling", "mean",
             "--quiet"]  # fmt: skip
     assert embed_command.main(argv) == 0
     assert not [p for p in hashed if p.startswith(str(model))], hashed
-    before = common.files.model_files_identity(model)
+    before = common_files.model_files_identity(model)
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes())  # the same bytes saved again: a new identity (mtime)
-    assert common.files.model_files_identity(model) != before
+    assert common_files.model_files_identity(model) != before
 
 
 # ----- 7. the server bounds request heads in size and time ----------------------------------------
@@ -629,7 +646,7 @@ def test_hostile_heads_are_refused_and_other_clients_answered_within_a_second(cl
 
     import httpx
 
-    from serving.headers import HeadLimits, bounded_protocol
+    from packed_transformers.serving.headers import HeadLimits, bounded_protocol
 
     from .test_serve import Server
 
@@ -677,7 +694,7 @@ def test_hostile_heads_are_refused_and_other_clients_answered_within_a_second(cl
 
 
 def test_the_server_command_takes_the_head_limits():
-    from serving import cli
+    from packed_transformers.serving import cli
 
     assert cli.main(["--model", "x", "--max-header-bytes", "0"]) == 2
     assert cli.main(["--model", "x", "--header-timeout-s", "0"]) == 2

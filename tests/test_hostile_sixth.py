@@ -74,8 +74,8 @@ def roberta_over_bert(config):
 def test_a_folder_whose_weights_are_not_its_configs_model_is_refused(
     classifier, tmp_path, name, edit, drop, expected
 ):
-    from data.classification_data import ExampleError
-    from door.folder import load_finetuned
+    from packed_transformers.data.classification_data import ExampleError
+    from packed_transformers.door.folder import load_finetuned
 
     folder = variant(classifier, tmp_path / name, edit, drop)
     with pytest.raises(ExampleError) as refused:
@@ -89,7 +89,13 @@ def test_predict_refuses_a_roberta_config_over_bert_weights_in_one_line(classifi
     folder = variant(classifier, tmp_path / "m", roberta_over_bert)
     source = input_file(tmp_path / "in.jsonl", ["a text"])
     done = run_module(
-        "finetune.predict", "--model", folder, "--input", source, "--output", tmp_path / "o.jsonl"
+        "packed_transformers.finetune.predict",
+        "--model",
+        folder,
+        "--input",
+        source,
+        "--output",
+        tmp_path / "o.jsonl",
     )
     assert "encoder weights of the model are not in the file" in one_line_error(done)
     assert not (tmp_path / "o.jsonl").exists()
@@ -98,8 +104,8 @@ def test_predict_refuses_a_roberta_config_over_bert_weights_in_one_line(classifi
 def test_fine_tuning_may_start_a_new_head_but_never_a_random_encoder(classifier, tmp_path):
     """finetune.train's loading (new_head=True): a bare encoder gets its classifier; weights of
     another family (or fewer layers) are refused, not fine-tuned from random."""
-    from model.bert_heads import PackedBertForSequenceClassification
-    from model.family_model import PackedFamilyModel
+    from packed_transformers.model.bert_heads import PackedBertForSequenceClassification
+    from packed_transformers.model.family_model import PackedFamilyModel
 
     bare = variant(classifier, tmp_path / "bare", drop_weights=("classifier.",))
     model = PackedBertForSequenceClassification.from_pretrained(bare, num_labels=3, new_head=True)
@@ -116,7 +122,7 @@ def test_fine_tuning_may_start_a_new_head_but_never_a_random_encoder(classifier,
 def test_a_cased_vocab_txt_folder_is_tokenized_as_transformers_does(tmp_path):
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from door.folder import load_finetuned, open_tokenizer
+    from packed_transformers.door.folder import load_finetuned, open_tokenizer
 
     folder = tmp_path / "cased"
     folder.mkdir()
@@ -141,7 +147,7 @@ def test_a_cased_vocab_txt_folder_is_tokenized_as_transformers_does(tmp_path):
 # ----- 3, 4, 5, 6. commands.embed's kept work, lock, temporary name and output ------------------
 def interrupted_after_one_chunk():
     """commands.embed's iter_encode that raises KeyboardInterrupt (Ctrl-C) after its first chunk."""
-    from inference import embedding
+    from packed_transformers.inference import embedding
 
     real = embedding.iter_encode
 
@@ -171,8 +177,8 @@ def embed_argv(model, source, output):
 def test_kept_rows_of_a_model_changed_in_place_are_not_continued(classifier, tmp_path, monkeypatch):
     """Interrupted after its first chunk, the folder then re-saved with other weights: the
     rerun computes every row with the new model (it had mixed old and new rows)."""
-    from commands import embed as embed_command
-    from inference import embedding
+    from packed_transformers.commands import embed as embed_command
+    from packed_transformers.inference import embedding
 
     model = tmp_path / "model"
     shutil.copytree(classifier, model)
@@ -201,25 +207,25 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(classif
     source = input_file(tmp_path / "in.jsonl", ["one text", "another text"])
     output = tmp_path / "e.npy"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from common.files import lock_folder; "
+        [sys.executable, "-c", "import sys, time; from packed_transformers.common.files import lock_folder; "
          f"lock_folder({str(output)!r}, 'finetune.embed writing this output'); print('held', flush=True); time.sleep(60)"],
         cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        done = run_module("finetune.embed", *embed_argv(classifier, source, output))
+        done = run_module("packed_transformers.finetune.embed", *embed_argv(classifier, source, output))
         assert "in use by another finetune.embed" in one_line_error(done)
         assert not output.exists() and not (tmp_path / ".e.npy.partial").exists()
     finally:
         holder.kill()
         holder.wait()
-    done = run_module("finetune.embed", *embed_argv(classifier, source, output))
+    done = run_module("packed_transformers.finetune.embed", *embed_argv(classifier, source, output))
     assert done.returncode == 0, done.stderr
     assert np.load(output).shape[0] == 2
 
 
 def test_a_link_or_fifo_at_the_temporary_name_is_never_followed(classifier, tmp_path):
-    from commands import embed as embed_command
+    from packed_transformers.commands import embed as embed_command
 
     source = input_file(tmp_path / "in.jsonl", ["one text", "another text"])
     victim = tmp_path / "victim.txt"
@@ -236,8 +242,8 @@ def test_a_link_or_fifo_at_the_temporary_name_is_never_followed(classifier, tmp_
 def test_an_output_into_a_hub_cache_snapshot_or_its_blobs_is_refused(classifier, tmp_path, capsys):
     """The cache layout: snapshots/REV/FILE -> ../../blobs/HASH. An output naming a snapshot
     file, or any path in blobs, would replace a cached model's file."""
-    from commands import embed as embed_command
-    from common.files import sha256_file
+    from packed_transformers.commands import embed as embed_command
+    from packed_transformers.common.files import sha256_file
 
     repo = tmp_path / "hub" / "models--someone--tiny"
     blobs, snapshot = repo / "blobs", repo / "snapshots" / "abc123"
@@ -264,7 +270,7 @@ def test_an_empty_api_key_is_refused_at_start(tmp_path, how):
     argv = [
         sys.executable,
         "-m",
-        "serving",
+        "packed_transformers.serving",
         "--model",
         str(tmp_path),
         "--port",
@@ -281,7 +287,7 @@ def test_an_empty_api_key_is_refused_at_start(tmp_path, how):
 
 
 def test_loopback_clients_keep_loopback_names_under_allowed_hosts():
-    from serving.access import AccessRules, refusal
+    from packed_transformers.serving.access import AccessRules, refusal
 
     named = AccessRules.for_bind("0.0.0.0", allowed_hosts=["api.example.com"])
     assert refusal(named, "GET", "/ready", {"host": "localhost:8080"}, client="127.0.0.1") is None
@@ -314,9 +320,9 @@ def test_loopback_clients_keep_loopback_names_under_allowed_hosts():
     ],
 )
 def test_config_values_transformers_would_trip_on_are_one_line(classifier, tmp_path, edit, expected):
-    from data.classification_data import ExampleError
-    from door.folder import load_finetuned
-    from inference.embedding import load_encoder
+    from packed_transformers.data.classification_data import ExampleError
+    from packed_transformers.door.folder import load_finetuned
+    from packed_transformers.inference.embedding import load_encoder
 
     folder = variant(classifier, tmp_path / "m", edit)
     if "vocab_size' is 100" in expected:  # the table must still fit the weights: cut it too
@@ -336,9 +342,9 @@ def test_config_values_transformers_would_trip_on_are_one_line(classifier, tmp_p
 @pytest.mark.slow  # a stopped fine-tuning run per case
 @pytest.mark.parametrize("damage", ["model.safetensors", "training_state.pt", "progress.json", "train data"])
 def test_resume_refuses_a_damaged_checkpoint_or_changed_data_in_one_line(tmp_path, damage):
-    from data.assets import model_dir
-    from finetune import train as finetune
-    from finetune.config import load_finetune_config
+    from packed_transformers.data.assets import model_dir
+    from packed_transformers.finetune import train as finetune
+    from packed_transformers.finetune.config import load_finetune_config
 
     from .test_finetune_resume import StopAfter
     from .test_finetune_run import write_config
@@ -364,8 +370,8 @@ def test_a_damaged_record_of_kept_rows_starts_over(classifier, tmp_path, monkeyp
     """An interrupted run's .NAME.partial.json edited to rows_written -1, 1.5 or "3" (the
     rest of the record intact): the rows are not trusted, the run starts over and writes
     every row (it was a traceback or a repeated error)."""
-    from commands import embed as embed_command
-    from inference import embedding
+    from packed_transformers.commands import embed as embed_command
+    from packed_transformers.inference import embedding
 
     texts = [f"text number {i}" for i in range(24)]
     source = input_file(tmp_path / "in.jsonl", texts)
@@ -408,9 +414,9 @@ def test_a_burst_on_a_cold_server_is_refused_rather_than_left_to_time_out():
     first estimate now refuses (429) what cannot run in time, and every admitted one answers."""
     import asyncio
 
-    from serving.metrics import ServerMetrics
-    from serving.policies import PolicySettings
-    from serving.scheduler import QueueFull, QueueLimits, Scheduler, TicketFailed
+    from packed_transformers.serving.metrics import ServerMetrics
+    from packed_transformers.serving.policies import PolicySettings
+    from packed_transformers.serving.scheduler import QueueFull, QueueLimits, Scheduler, TicketFailed
 
     async def scenario():
         scheduler = Scheduler(

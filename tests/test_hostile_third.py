@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from common.files import FolderInUse, lock_folder, output_over_inputs
+from packed_transformers.common.files import FolderInUse, lock_folder, output_over_inputs
 
 from .training_helpers import make_packed, metrics, run, write_config
 
@@ -28,7 +28,7 @@ def test_an_output_never_resolves_to_an_input_or_into_a_folder_read(tmp_path):
 
 def test_train_vocab_refuses_its_corpus_as_output_an_empty_corpus_and_absurd_sizes(tmp_path, capsys):
     """#3 and #11: the corpus survives; no specials-only vocabulary; no 70 GB allocation."""
-    from data import train_vocab
+    from packed_transformers.data import train_vocab
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat\n\nthe dog sat on the log\n")
@@ -49,7 +49,7 @@ def test_train_vocab_refuses_its_corpus_as_output_an_empty_corpus_and_absurd_siz
 def test_predict_checks_its_output_can_be_written_before_inference(tmp_path, capsys):
     """#10: an output that cannot be written (here: a folder under a file, which root cannot
     write either) is one line before any compute, not a lost finished inference."""
-    from commands import predict
+    from packed_transformers.commands import predict
 
     (tmp_path / "a_file").write_text("x")
     code = predict.main(["--model", str(tmp_path / "m"), "--input", str(tmp_path / "in.jsonl"),
@@ -60,7 +60,7 @@ def test_predict_checks_its_output_can_be_written_before_inference(tmp_path, cap
 
 def test_predict_refuses_an_output_inside_the_model_folder(tmp_path, capsys):
     """#3: `--output M/vocab.txt` no longer replaces the model's vocabulary."""
-    from commands import predict
+    from packed_transformers.commands import predict
 
     model = tmp_path / "model"
     model.mkdir()
@@ -80,7 +80,7 @@ def test_the_folder_lock_follows_symlinks(tmp_path):
     real = tmp_path / "B"
     real.mkdir()
     (tmp_path / "A").symlink_to(real)
-    code = "import sys, time; from common.files import lock_folder; lock_folder(sys.argv[1], 'run'); print('held', flush=True); time.sleep(60)"
+    code = "import sys, time; from packed_transformers.common.files import lock_folder; lock_folder(sys.argv[1], 'run'); print('held', flush=True); time.sleep(60)"
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "A")], stdout=subprocess.PIPE, text=True,
                               cwd=os.path.dirname(os.path.dirname(__file__)))  # fmt: skip
     try:
@@ -96,7 +96,7 @@ def test_the_folder_lock_follows_symlinks(tmp_path):
 def test_a_cut_off_last_metrics_line_is_dropped_on_resume_and_in_summary(tmp_path):
     """#5 and #13: a disk that filled mid-line left half a JSON record; --resume and
     training.summary read the complete lines and go on."""
-    from training import summary
+    from packed_transformers.training import summary
 
     (tmp_path / "data").mkdir()
     packed = make_packed(tmp_path / "data")
@@ -115,7 +115,7 @@ def test_a_cut_off_last_metrics_line_is_dropped_on_resume_and_in_summary(tmp_pat
 
 def test_summary_of_a_foreign_or_broken_folder_is_one_line(tmp_path, capsys):
     """#13: a missing folder, a binary metrics.jsonl: exit 2, one line."""
-    from training import summary
+    from packed_transformers.training import summary
 
     assert summary.main(["--packed", str(tmp_path / "nothing")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
@@ -134,7 +134,7 @@ def test_resume_refuses_other_data_at_the_same_path_and_reads_the_checkpoints_co
     packing factor; #14: with config.yaml deleted, any change was accepted. Both exit 2 now."""
     import shutil
 
-    from packing.pipeline import PackJob, run_pack
+    from packed_transformers.packing.pipeline import PackJob, run_pack
 
     from .training_helpers import VOCAB, P, S
 
@@ -168,7 +168,7 @@ def test_eval_data_for_a_bigger_vocabulary_is_refused_at_start_naming_the_settin
     evaluation, hours in); the message now names model.vocab_size and packing's --vocab-size."""
     import shutil
 
-    from packing.pipeline import PackJob, run_pack
+    from packed_transformers.packing.pipeline import PackJob, run_pack
 
     from .training_helpers import VOCAB, P, S
 
@@ -192,7 +192,7 @@ def test_skipped_steps_are_logged_as_skipped_and_their_budget_survives_resume(tm
     """#12: a window of skipped steps was logged as loss 0.0 (reads as perfect), broke
     training.summary (ZeroDivisionError), and --resume reset the skip budget; the pipeline
     engine accepted `skip` and never applied it."""
-    from training import summary
+    from packed_transformers.training import summary
 
     (tmp_path / "data").mkdir()
     packed = make_packed(tmp_path / "data")
@@ -216,7 +216,7 @@ def test_skipped_steps_are_logged_as_skipped_and_their_budget_survives_resume(tm
 
 
 def _block(packed, shard=0):
-    from packing.shards import PackedDataset
+    from packed_transformers.packing.shards import PackedDataset
 
     return PackedDataset.open(packed / "train").read(shard, 0, 40)
 
@@ -253,7 +253,7 @@ HOSTILE = {
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 def test_every_hostile_pack_is_named_by_the_structure_check(tmp_path, kind):
     """#8 and #4: each rule of the format, checked on a whole block at once."""
-    from packing.structure import first_malformed
+    from packed_transformers.packing.structure import first_malformed
 
     (tmp_path / "data").mkdir()
     fields = _block(make_packed(tmp_path / "data"))
@@ -268,7 +268,7 @@ def test_varlen_refuses_ids_its_layout_cannot_compute_exactly():
     crashed in scatter_add. The block-diagonal path (exact for any ids) is unaffected."""
     import torch
 
-    from model.varlen import varlen_layout
+    from packed_transformers.model.varlen import varlen_layout
 
     good = torch.tensor([[1, 1, 2, 2, 2, 0], [1, 2, 3, 0, 0, 0]])
     varlen_layout(good, 3, flash=False, granularity=8)
@@ -283,7 +283,7 @@ def _rewrite_pack_in_place(shard, kind):
     with it (new sha256): the hostile pack of #8, which every file-level check passes."""
     import h5py
 
-    from common.files import sha256_file
+    from packed_transformers.common.files import sha256_file
 
     with h5py.File(shard, "r+") as f:
         fields = {name: f[name][:] for name in f}
@@ -324,8 +324,8 @@ def test_a_shard_changed_under_the_reader_is_reported_not_a_sigbus(tmp_path):
     message); one copied over in place was read silently as new bytes."""
     import shutil
 
-    from packing.shards import PackedDataset
-    from training.data import PackedShards, ShardReadError
+    from packed_transformers.packing.shards import PackedDataset
+    from packed_transformers.training.data import PackedShards, ShardReadError
 
     (tmp_path / "data").mkdir()
     packed = make_packed(tmp_path / "data")
@@ -359,8 +359,8 @@ def test_a_flipped_bit_in_a_tfrecord_is_refused_by_its_crc(tmp_path, capsys):
     import numpy as np
     from tfrecord.writer import TFRecordWriter
 
-    from data.synthetic import synthetic_rows
-    from packing.cli import main as packing_main
+    from packed_transformers.data.synthetic import synthetic_rows
+    from packed_transformers.packing.cli import main as packing_main
 
     from .training_helpers import P, S
 
@@ -427,10 +427,10 @@ def test_pick_names_a_bad_row_in_its_source_and_os_errors_are_one_line(tmp_path,
     source's), and an output it cannot write was a traceback."""
     import numpy as np
 
-    from data.pick_eval_samples import main as pick_main
-    from data.pick_eval_samples import picked_rows
-    from data.synthetic import synthetic_rows
-    from packing.unpacked_hdf5 import write_unpacked_shard
+    from packed_transformers.data.pick_eval_samples import main as pick_main
+    from packed_transformers.data.pick_eval_samples import picked_rows
+    from packed_transformers.data.synthetic import synthetic_rows
+    from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
 
     rng = np.random.default_rng(0)
     rows = synthetic_rows(rng.integers(4, 32, size=50), 32, 5, rng)
@@ -454,7 +454,7 @@ def test_the_converter_reports_os_errors_in_one_line(tmp_path, capsys):
     import torch
     from transformers import BertConfig, BertForPreTraining
 
-    from data.convert_tf_checkpoint import main as convert_main
+    from packed_transformers.data.convert_tf_checkpoint import main as convert_main
 
     from .test_convert_tf_checkpoint import bert_config_json
 
@@ -479,7 +479,7 @@ def test_summary_reports_the_runs_end_not_its_last_logging_window(tmp_path, caps
     10 steps / 36 s (its last logged window)."""
     import yaml
 
-    from training import summary
+    from packed_transformers.training import summary
 
     data = tmp_path / "data"
     data.mkdir()
@@ -520,7 +520,7 @@ def test_summary_reports_the_runs_end_not_its_last_logging_window(tmp_path, caps
 
 def test_a_manifest_that_lists_nothing_proves_nothing(tmp_path):
     """#14: a manifest without 'files' was a KeyError, one with {} was accepted as intact."""
-    from training.checkpoint import CheckpointError, check_checkpoint
+    from packed_transformers.training.checkpoint import CheckpointError, check_checkpoint
 
     checkpoint = tmp_path / "step-00000002"
     (checkpoint / "model").mkdir(parents=True)
@@ -542,9 +542,9 @@ def test_metadata_with_a_string_vocab_size_or_an_external_shard_is_refused_at_op
     external files failed at step 1, after config.yaml was written."""
     import h5py
 
-    from common.files import sha256_file
-    from packing.errors import PackingInputError
-    from packing.shards import PackedDataset
+    from packed_transformers.common.files import sha256_file
+    from packed_transformers.packing.errors import PackingInputError
+    from packed_transformers.packing.shards import PackedDataset
 
     (tmp_path / "data").mkdir()
     packed = make_packed(tmp_path / "data") / "train"
@@ -574,9 +574,9 @@ def test_metadata_with_a_string_vocab_size_or_an_external_shard_is_refused_at_op
 def test_finetune_json_of_wrong_types_and_truncated_weights_are_one_line(tmp_path, capsys):
     """#14: finetune.json 'fields' as a string, and a truncated model.safetensors
     (SafetensorError), were tracebacks in commands.predict."""
-    from commands import predict
-    from model.bert_heads import PackedBertForSequenceClassification
-    from model.config import bert_config
+    from packed_transformers.commands import predict
+    from packed_transformers.model.bert_heads import PackedBertForSequenceClassification
+    from packed_transformers.model.config import bert_config
 
     model_dir = tmp_path / "m"
     config = bert_config("bert-tiny", vocab_size=100, num_labels=2)
@@ -614,7 +614,7 @@ def test_finetune_json_of_wrong_types_and_truncated_weights_are_one_line(tmp_pat
 
 def test_a_huge_text_field_is_refused_before_tokenizing(tmp_path):
     """#14: a 20 MB line was tokenized whole (3.4 GB)."""
-    from data.classification_data import MAX_FIELD_CHARS, ExampleError, read_jsonl
+    from packed_transformers.data.classification_data import MAX_FIELD_CHARS, ExampleError, read_jsonl
 
     path = tmp_path / "in.jsonl"
     path.write_text(
@@ -626,7 +626,7 @@ def test_a_huge_text_field_is_refused_before_tokenizing(tmp_path):
 
 def test_synthetic_data_too_short_for_k_is_a_config_error():
     """#14: S < 8K with synthetic data was a ValueError traceback."""
-    from training.config import ConfigError, validate
+    from packed_transformers.training.config import ConfigError, validate
 
     raw = {"data": {"synthetic": True, "max_sequence_length": 16, "max_sequences_per_pack": 3,
                     "synthetic_packing_factor": 2.0},

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 
 import pytest
 
-from .conftest import REPO
+from .conftest import PACKAGE, REPO
 from .test_one_door import PRODUCT_PACKAGES, config_reads, import_circles, import_graph
 
 # Floors, bottom first: a module imports only its own floor or those below it.
@@ -63,10 +64,12 @@ def broken_nevers(graph) -> list[str]:
 
 
 def test_every_product_room_has_a_floor_and_a_contract():
-    rooms = {p.name for p in REPO.iterdir() if (p / "__init__.py").is_file() and p.name in PRODUCT_PACKAGES}
+    rooms = {
+        p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file() and p.name in PRODUCT_PACKAGES
+    }
     assert rooms == set(FLOOR_OF) == set(PRODUCT_PACKAGES)
     for room in rooms:
-        contract = ast.get_docstring(ast.parse((REPO / room / "__init__.py").read_text())) or ""
+        contract = ast.get_docstring(ast.parse((PACKAGE / room / "__init__.py").read_text())) or ""
         assert "never" in contract.lower(), f"{room}/__init__.py states no never"
 
 
@@ -86,7 +89,7 @@ def test_ray_lives_in_its_room_only():
     for room in PRODUCT_PACKAGES:
         if room == "ray_jobs":
             continue
-        for path in (REPO / room).rglob("*.py"):
+        for path in (PACKAGE / room).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 names = (
                     [a.name for a in node.names]
@@ -96,12 +99,12 @@ def test_ray_lives_in_its_room_only():
                     else []
                 )
                 if any(n == "ray" or n.startswith("ray.") for n in names):
-                    outside.append(str(path.relative_to(REPO)))
+                    outside.append(str(path.relative_to(PACKAGE)))
     assert outside == []
 
 
 def modules_and_lines(room: str) -> tuple[int, int]:
-    files = sorted((REPO / room).glob("*.py"))
+    files = sorted((PACKAGE / room).glob("*.py"))
     return len(files), sum(len(f.read_text().splitlines()) for f in files)
 
 
@@ -149,14 +152,14 @@ def test_one_function_opens_a_model_folder():
     for room in PRODUCT_PACKAGES:
         if room in OPENERS_ALLOWED:
             continue
-        for path in (REPO / room).rglob("*.py"):
+        for path in (PACKAGE / room).rglob("*.py"):
             calls = opening_calls(path.read_text())
             if calls:
-                callers[str(path.relative_to(REPO))] = calls
+                callers[str(path.relative_to(PACKAGE))] = calls
     assert callers == {}
-    assert opening_calls("from model.opening import open_model\nopen_model(f, 'classification')") == [
-        "open_model"
-    ]
+    assert opening_calls(
+        "from packed_transformers.model.opening import open_model\nopen_model(f, 'classification')"
+    ) == ["open_model"]
     assert opening_calls("PackedFamilyModel.from_pretrained(f, 'embedding')") == [
         "PackedFamilyModel.from_pretrained"
     ]
@@ -168,17 +171,17 @@ def test_the_length_limit_is_computed_in_the_door_only():
     computes it for a model object handed in without a folder, where there is no door.)"""
     found = []
     for room in ("inference", "finetune", "serving", "ray_jobs", "hf_integration", "commands"):
-        for path in (REPO / room).rglob("*.py"):
+        for path in (PACKAGE / room).rglob("*.py"):
             text = path.read_text()
             for number, line in enumerate(text.splitlines(), 1):
                 code = line.split("#")[0]
                 if ("max_tokens(" in code or "spec.source" in code) and "def " not in code:
-                    found.append(f"{path.relative_to(REPO)}:{number}")
+                    found.append(f"{path.relative_to(PACKAGE)}:{number}")
     assert found == ["hf_integration/pipeline.py:" + str(pipeline_line())], found
 
 
 def pipeline_line() -> int:
-    lines = (REPO / "hf_integration" / "pipeline.py").read_text().splitlines()
+    lines = (REPO / "packed_transformers" / "hf_integration" / "pipeline.py").read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if "max_tokens(self.model.config)" in line)
 
 
@@ -191,7 +194,7 @@ def hub_classifier(tmp_path_factory):
 
 
 def test_predict_and_embed_read_config_json_once(hub_classifier, tmp_path):
-    from commands import embed, predict
+    from packed_transformers.commands import embed, predict
 
     source = tmp_path / "in.jsonl"
     source.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("a text", "another text here")))
@@ -224,8 +227,8 @@ def test_predict_and_embed_read_config_json_once(hub_classifier, tmp_path):
 def test_fine_tuning_from_a_checkpoint_reads_its_config_json_once(hub_classifier, tmp_path):
     import shutil
 
-    from door.folder_spec import read_json_object
-    from finetune import train
+    from packed_transformers.door.folder_spec import read_json_object
+    from packed_transformers.finetune import train
 
     from .test_finetune_run import write_config
 
@@ -271,20 +274,20 @@ def test_the_package_pins_what_requirements_pin():
     assert pins(project["optional-dependencies"]["bench"]) == pins(
         (REPO / "requirements-bench.txt").read_text().splitlines()
     )
-    assert project["scripts"] == {"packed": "commands.packed:main"}
+    assert project["scripts"] == {"packed": "packed_transformers.commands.packed:main"}
 
 
 def test_packed_names_every_job_and_runs_its_module(capsys):
     import importlib.util
 
-    from commands import packed
+    from packed_transformers.commands import packed
 
     assert packed.main(["--help"]) == 0
     listed = capsys.readouterr().out
     for job in ("pack", "verify", "pretrain", "train", "predict", "embed", "serve", "gather", "report"):
         assert f"  {job} " in listed
     for sub in packed.SUBCOMMANDS.values():
-        assert importlib.util.find_spec(sub.module) is not None, sub.module
+        assert importlib.util.find_spec(f"packed_transformers.{sub.module}") is not None, sub.module
     assert packed.main(["predcit"]) == 2
     assert "did you mean 'predict'?" in capsys.readouterr().err
 
@@ -296,21 +299,26 @@ def test_packed_subcommands_answer_as_their_modules(tmp_path):
 
     for argv, module_argv in (
         (["predict", "--model", str(tmp_path / "none"), "--input", "x", "--output", "y"],
-         ["finetune.predict", "--model", str(tmp_path / "none"), "--input", "x", "--output", "y"]),
-        (["pack", "--help"], ["packing", "pack", "--help"]),
+         ["packed_transformers.finetune.predict", "--model", str(tmp_path / "none"), "--input", "x", "--output", "y"]),
+        (["pack", "--help"], ["packed_transformers.packing", "pack", "--help"]),
     ):  # fmt: skip
         ours = subprocess.run(
-            [sys.executable, "-m", "commands.packed", *argv], cwd=REPO, capture_output=True, text=True
+            [sys.executable, "-m", "packed_transformers.commands.packed", *argv],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
         )
         theirs = subprocess.run(
             [sys.executable, "-m", *module_argv], cwd=REPO, capture_output=True, text=True
         )
         assert ours.returncode == theirs.returncode and ours.stderr == theirs.stderr
-        assert ours.stdout.replace("packed pack", "python -m packing pack") == theirs.stdout
+        assert (
+            ours.stdout.replace("packed pack", "python -m packed_transformers.packing pack") == theirs.stdout
+        )
 
 
 @pytest.mark.slow  # builds the wheel (setuptools from the package index)
-def test_the_wheel_carries_every_room_the_command_and_the_histograms(tmp_path):
+def test_the_wheel_installs_one_name_holding_every_room_the_command_and_the_histograms(tmp_path):
     import shutil
     import subprocess
     import sys
@@ -323,14 +331,29 @@ def test_the_wheel_carries_every_room_the_command_and_the_histograms(tmp_path):
                    check=True, capture_output=True)  # fmt: skip
     wheel = next(tmp_path.glob("packed_transformers-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
+    top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top_level == {"packed_transformers"}, top_level  # one name in site-packages
+    info = next(n for n in names if n.endswith(".dist-info/top_level.txt")) if any(
+        n.endswith("top_level.txt") for n in names) else None  # fmt: skip
+    if info:
+        assert zipfile.ZipFile(wheel).read(info).decode().split() == ["packed_transformers"]
     for room in PRODUCT_PACKAGES:
-        assert f"{room}/__init__.py" in names, room
+        assert f"packed_transformers/{room}/__init__.py" in names, room
     for inner in ("training/backends", "training/decoder", "packing/lm_rows"):  # the rooms' own subfolders
-        assert f"{inner}/__init__.py" in names, inner
-    assert "run_pretraining.py" in names and "packing/histograms/wikipedia_512.json" in names
+        assert f"packed_transformers/{inner}/__init__.py" in names, inner
+    assert "packed_transformers/run_pretraining.py" in names
+    assert "packed_transformers/packing/histograms/wikipedia_512.json" in names
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "packed = commands.packed:main" in zipfile.ZipFile(wheel).read(entry).decode()
-    assert not [n for n in names if n.startswith(("tests/", "bench/"))]
+    assert "packed = packed_transformers.commands.packed:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    # the check can fail: a second top-level package in the source is a second name in the wheel
+    (source / "pyproject.toml").write_text((source / "pyproject.toml").read_text().replace(
+        'include = ["packed_transformers", "packed_transformers.*"]',
+        'include = ["packed_transformers", "packed_transformers.*", "tests"]'))  # fmt: skip
+    planted = tmp_path / "planted"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(planted)],
+                   check=True, capture_output=True)  # fmt: skip
+    names = zipfile.ZipFile(next(planted.glob("*.whl"))).namelist()
+    assert {n.split("/")[0] for n in names if ".dist-info" not in n} == {"packed_transformers", "tests"}
 
 
 def test_a_process_left_behind_by_a_command_is_killed_and_reported():
@@ -354,3 +377,48 @@ def test_a_process_left_behind_by_a_command_is_killed_and_reported():
     assert run_in_group([sys.executable, "-c", "print('fine')"], timeout=60).stdout == "fine\n"
     with pytest.raises(subprocess.TimeoutExpired):
         run_in_group([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
+
+
+def documented_imports() -> list[str]:
+    """Every `from packed_transformers... import ...` line of the README's and docs' Python
+    blocks (the names a user copies)."""
+    import re
+
+    lines = []
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for block in re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S):
+            lines += [
+                line.strip()
+                for line in block.splitlines()
+                if line.strip().startswith("from packed_transformers")
+            ]
+    return sorted(set(lines))
+
+
+@pytest.mark.slow  # fresh interpreters in a user's folder
+def test_a_users_own_data_model_and_common_beside_their_script_change_nothing(tmp_path):
+    """The documented imports and `python -m packed_transformers` run from a folder holding a
+    user's own data/, model.py, common.py and training/ (which refuse to be imported): both as a
+    script in that folder and as `python -c` with that folder first on the path."""
+    import subprocess
+    import sys
+
+    imports = documented_imports()
+    assert len(imports) >= 3, imports  # the README's Trainer block at least
+    for name in ("data/__init__.py", "model.py", "common.py", "training/__init__.py", "optim.py"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(f"raise ImportError('the user\\'s own {name} was imported')\n")
+    script = tmp_path / "train.py"
+    script.write_text("\n".join(imports) + "\nprint('imported', len(" + repr(imports) + "))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert ran.returncode == 0 and ran.stdout.startswith("imported"), ran.stderr[-2000:]
+    helped = subprocess.run([sys.executable, "-m", "packed_transformers", "--help"], cwd=tmp_path,
+                            capture_output=True, text=True, env=env)  # fmt: skip
+    assert helped.returncode == 0 and "packed SUBCOMMAND" in helped.stdout, helped.stderr[-2000:]
+    # the check can fail: an import of a top-level `data` (what 0.2.0's names were) meets the user's
+    script.write_text("import data\n")
+    shadowed = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    assert shadowed.returncode == 1 and "the user's own data/__init__.py was imported" in shadowed.stderr

@@ -65,7 +65,7 @@ def model_class(dotted: str):
     import importlib
 
     module, name = dotted.rsplit(".", 1)
-    return getattr(importlib.import_module(f"model.{module}"), name)
+    return getattr(importlib.import_module(f"packed_transformers.model.{module}"), name)
 
 
 @pytest.mark.parametrize("task", sorted(HEADS))
@@ -75,7 +75,7 @@ def test_each_inference_head_equals_the_trainable_one(task, tmp_path):
     import transformers
     from transformers import PreTrainedModel
 
-    from model.opening import ModelOptions, open_model
+    from packed_transformers.model.opening import ModelOptions, open_model
 
     saved, trainable_name, inference_name, output = HEADS[task]
     torch.manual_seed(0)
@@ -96,7 +96,7 @@ def test_each_inference_head_equals_the_trainable_one(task, tmp_path):
 def test_the_inference_classifier_refuses_what_load_checked_refuses(classifier_folder, tmp_path):
     """A bare encoder's file (no head), a head of another size, fewer layers in the file
     than config.json names, a truncated file: one ValueError naming the folder each."""
-    from model.inference_head import SequenceClassifierForInference
+    from packed_transformers.model.inference_head import SequenceClassifierForInference
 
     state = load_file(classifier_folder / "model.safetensors")
     config = json.loads((classifier_folder / "config.json").read_text())
@@ -128,7 +128,7 @@ def test_the_inference_classifier_refuses_what_load_checked_refuses(classifier_f
 def test_legacy_names_and_pickle_files_go_through_transformers(classifier_folder, tmp_path):
     """LayerNorm.gamma / .beta (old TF-converted files) are renamed by transformers' loader;
     a folder without model.safetensors is read by it too: the same weights either way."""
-    from model.inference_head import SequenceClassifierForInference
+    from packed_transformers.model.inference_head import SequenceClassifierForInference
 
     reference = SequenceClassifierForInference.from_pretrained(classifier_folder).state_dict()
     state = load_file(classifier_folder / "model.safetensors")
@@ -170,7 +170,7 @@ def test_predict_and_embed_never_import_transformers_modeling_code(classifier_fo
     needs SQuAD-shaped input and is not run here.)"""
     from transformers import BertConfig, BertForTokenClassification
 
-    from data.assets import model_dir
+    from packed_transformers.data.assets import model_dir
 
     from .family_helpers import family_tokenizer
 
@@ -187,9 +187,18 @@ def test_predict_and_embed_never_import_transformers_modeling_code(classifier_fo
         "except SystemExit as end:\n    assert not end.code, end.code\n"
     )
     runs = [
-        ("finetune.predict", ["--model", str(classifier_folder), "--output", str(tmp_path / "p.jsonl")]),
-        ("finetune.predict", ["--model", str(tagger), "--output", str(tmp_path / "t.jsonl")]),
-        ("finetune.embed", ["--model", str(model_dir()), "--output", str(tmp_path / "e.npy")]),
+        (
+            "packed_transformers.finetune.predict",
+            ["--model", str(classifier_folder), "--output", str(tmp_path / "p.jsonl")],
+        ),
+        (
+            "packed_transformers.finetune.predict",
+            ["--model", str(tagger), "--output", str(tmp_path / "t.jsonl")],
+        ),
+        (
+            "packed_transformers.finetune.embed",
+            ["--model", str(model_dir()), "--output", str(tmp_path / "e.npy")],
+        ),
     ]
     for module, arguments in runs:
         assert heavy_modules_after(script, module, "--input", str(texts), "--quiet", *arguments) == [], module
@@ -197,14 +206,14 @@ def test_predict_and_embed_never_import_transformers_modeling_code(classifier_fo
 
 @pytest.mark.slow
 def test_the_server_loads_a_bert_folder_without_transformers_modeling_code(classifier_folder):
-    """`python -m serving`'s modules and its engine for a BERT classifier folder, in a fresh
+    """`python -m packed_transformers.serving`'s modules and its engine for a BERT classifier folder, in a fresh
     interpreter: none of the heavy modules is imported."""
     from .family_helpers import family_tokenizer
 
     family_tokenizer("bert").save_pretrained(classifier_folder)
     script = (
         "from pathlib import Path\nimport serving.cli, serving.app\n"
-        "from serving.engines import load_engine\n"
+        "from packed_transformers.serving.engines import load_engine\n"
         f"load_engine(Path({str(classifier_folder)!r}))"
     )
     assert heavy_modules_after(script) == []
@@ -227,7 +236,10 @@ def test_the_whole_process_bench_compares_predict_with_the_loop_and_bf16(classif
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["texts"] == 20 and result["max_score_difference"] < 1e-5
-    assert set(result["median_seconds"]) >= {"finetune.predict", "sorted transformers loop"}
+    assert set(result["median_seconds"]) >= {
+        "packed_transformers.finetune.predict",
+        "sorted transformers loop",
+    }
     if "bf16" in result:
         assert result["bf16"].startswith("not measured: ")
     else:

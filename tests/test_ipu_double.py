@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from training.config import validate
-from training.run import run_training
+from packed_transformers.training.config import validate
+from packed_transformers.training.run import run_training
 
 from .conftest import REPO
 from .training_helpers import base_config, make_packed
@@ -43,7 +43,7 @@ def poptorch_double(monkeypatch):
 
     assert "doubles" in poptorch.__file__, "the double, never a real poptorch, in this test"
     poptorch._ATTACHED.clear()
-    from training.backends.ipu import IpuEngine
+    from packed_transformers.training.backends.ipu import IpuEngine
 
     yield IpuEngine
     # Leave no double behind: other tests look for a real poptorch.
@@ -271,7 +271,7 @@ def test_the_double_refuses_ops_poptorch_has_no_handler_for_and_the_dense_mask_u
     import poptorch
     import torch
 
-    from model.attention import additive_mask
+    from packed_transformers.model.attention import additive_mask
 
     class WithEye(torch.nn.Module):
         def forward(self, input):
@@ -297,7 +297,7 @@ def test_popart_session_options_need_no_popart_module(packed, tmp_path, poptorch
     integers), so a Poplar-only environment without `popart` trains; the values are PopART's."""
     import popart
 
-    from training.backends import ipu as ipu_module
+    from packed_transformers.training.backends import ipu as ipu_module
 
     assert (
         ipu_module.OVERLAP_MEMORY_OPTIMIZED == popart.AccumulateOuterFragmentSchedule.OverlapMemoryOptimized
@@ -314,7 +314,7 @@ def test_fp16_mlm_loss_makes_no_fp32_copy_of_the_logits():
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from model.heads import mlm_metrics
+    from packed_transformers.model.heads import mlm_metrics
 
     b, m, v = 2, 4, 50
     logits = torch.randn(b, m, v).half()

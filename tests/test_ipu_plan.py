@@ -12,10 +12,10 @@ import time
 import pytest
 import torch
 
-from model import PackedBertForPreTraining, bert_config
-from optim import Lamb, weight_decay_groups
-from training.backends.ipu_plan import IpuPlanError, make_plan
-from training.backends.ipu_step import (
+from packed_transformers.model import PackedBertForPreTraining, bert_config
+from packed_transformers.optim import Lamb, weight_decay_groups
+from packed_transformers.training.backends.ipu_plan import IpuPlanError, make_plan
+from packed_transformers.training.backends.ipu_step import (
     GRAPH_FIELDS,
     OneHotGather,
     PretrainingStep,
@@ -24,11 +24,11 @@ from training.backends.ipu_step import (
     split_matmul,
     step_inputs,
 )
-from training.backends.torch_engine import train_step
-from training.build import open_packed
-from training.config import load_config, validate
-from training.data import PackedShards, pad_micro_batch
-from training.observe import SUM_KEYS, MetricSums
+from packed_transformers.training.backends.torch_engine import train_step
+from packed_transformers.training.build import open_packed
+from packed_transformers.training.config import load_config, validate
+from packed_transformers.training.data import PackedShards, pad_micro_batch
+from packed_transformers.training.observe import SUM_KEYS, MetricSums
 
 from .conftest import REPO
 from .training_helpers import VOCAB, base_config, make_packed
@@ -371,7 +371,7 @@ def test_training_options_reduce_by_running_mean_with_the_scales_times_n(monkeyp
         monkeypatch.delitem(sys.modules, name)
     import poptorch
 
-    from training.backends.ipu import build_options
+    from packed_transformers.training.backends.ipu import build_options
 
     plan = make_plan(pod16(), packing_factor=2.0)
     opts = build_options(poptorch, plan, training=True)

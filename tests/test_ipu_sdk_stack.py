@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from training.run import run_training
+from packed_transformers.training.run import run_training
 
 from .conftest import REPO
 from .test_ipu_double import DOUBLES, _assert_same_run, _configs

@@ -14,11 +14,11 @@ import h5py
 import numpy as np
 import pytest
 
-from common.files import sha256_file
-from packing.format import PACKED_FIELDS
-from packing.shards import PackedDataset
-from training.curves import eval_curve, masked_labels, unigram_baseline
-from training.data import PackedShards
+from packed_transformers.common.files import sha256_file
+from packed_transformers.packing.format import PACKED_FIELDS
+from packed_transformers.packing.shards import PackedDataset
+from packed_transformers.training.curves import eval_curve, masked_labels, unigram_baseline
+from packed_transformers.training.data import PackedShards
 
 from .conftest import REPO
 from .training_helpers import make_packed, metrics, run, write_config
@@ -132,7 +132,7 @@ def test_max_train_seconds_stops_the_run(packed, tmp_path):
     assert end["stopped_by"] == "max_train_seconds" and end["status"] == "aborted"
     train = metrics(tmp_path / "run", "train")
     assert train[-1]["step"] == end["step"] and sum(r["sequences"] for r in train) == end["samples"]
-    from training.summary import run_figures
+    from packed_transformers.training.summary import run_figures
 
     figures = run_figures(tmp_path / "run")
     assert figures["sequences_per_second"] > 0 and figures["final_train_loss"] is not None
@@ -147,7 +147,7 @@ def test_summary_prints_speedup_baseline_and_plots(packed, tmp_path):
         assert run(config, tmp_path / name).returncode == 0
     plot = tmp_path / "curves.png"
     done = subprocess.run(
-        [sys.executable, "-m", "training.summary", "--packed", str(tmp_path / "packed"), "--unpacked",
+        [sys.executable, "-m", "packed_transformers.training.summary", "--packed", str(tmp_path / "packed"), "--unpacked",
          str(tmp_path / "unpacked"), "--plot", str(plot)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -193,14 +193,22 @@ def test_corpus_vocabulary_feeds_data_creation(tmp_path):
         (corpus / f"{i}.txt").write_text(" ".join(sentences))
     (corpus / "legacy.txt").write_bytes("Caf\xe9 prices rose.".encode("cp1252"))  # not UTF-8
     vocab = tmp_path / "out" / "vocab.txt"
-    cmd = [sys.executable, "-m", "data.train_vocab", "--input", str(corpus / "*.txt"), "--vocab-size", "120"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "packed_transformers.data.train_vocab",
+        "--input",
+        str(corpus / "*.txt"),
+        "--vocab-size",
+        "120",
+    ]
     done = subprocess.run([*cmd, "--output", str(vocab)], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     tokens = vocab.read_text().splitlines()
     assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert len(tokens) == len(set(tokens)) <= 120 and "packing" in tokens
     created = subprocess.run(
-        [sys.executable, "-m", "data.create_pretraining_data", "--input", str(corpus / "*.txt"),
+        [sys.executable, "-m", "packed_transformers.data.create_pretraining_data", "--input", str(corpus / "*.txt"),
          "--input-format", "one-document-per-file", "--vocab", str(vocab), "--output", str(tmp_path / "data"),
          "--max-seq-length", "64", "--max-predictions-per-seq", "10", "--quiet"],
         cwd=REPO, capture_output=True, text=True,
@@ -230,7 +238,7 @@ def figures(sequences: int, seconds: float, accuracies: list[float]) -> dict:
 
 
 def test_the_demo_comparison_ends_in_a_verdict_only_when_both_runs_learned():
-    from training.summary import comparison
+    from packed_transformers.training.summary import comparison
 
     packed = figures(6000, 50.0, [0.03, 0.06, 0.09])
     unpacked = figures(6000, 100.0, [0.03, 0.05, 0.08])

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from training.mlperf_log import hyperparameters, mlperf_global_batch_size
-from training.step import BatchArithmetic
+from packed_transformers.training.mlperf_log import hyperparameters, mlperf_global_batch_size
+from packed_transformers.training.step import BatchArithmetic
 
 from .training_helpers import make_packed, metrics, run, write_config
 

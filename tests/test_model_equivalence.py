@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import BertForPreTraining
 
-from model import PackedBertForPreTraining, bert_config
+from packed_transformers.model import PackedBertForPreTraining, bert_config
 
 from .model_helpers import group_into_packs, hf_batch, packed_batch, random_sequences
 

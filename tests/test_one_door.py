@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from .conftest import PACKAGE, REPO
 
 
 def model_type_comparisons(path) -> list[str]:
     """`x == "bert"`-style comparisons in a file: a Compare whose operands mention model_type,
     or compare with a family name of the door's table."""
-    from model.opening import supported_model_types
+    from packed_transformers.model.opening import supported_model_types
 
     names = set(supported_model_types())
     found = []
@@ -27,22 +27,27 @@ def model_type_comparisons(path) -> list[str]:
         text = ast.unparse(node)
         strings = {o.value for o in operands if isinstance(o, ast.Constant) and isinstance(o.value, str)}
         if "model_type" in text or strings & names:
-            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {text}")
+            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {text}")
     return found
 
 
 def test_finetune_and_serving_never_compare_a_model_type():
     """Nor do the door and the families' table: a family is one row of FAMILIES (its choices
     are values), and no `if` names a family."""
-    files = sorted((REPO / "finetune").glob("*.py")) + sorted((REPO / "serving").glob("*.py"))
-    files += [REPO / "model" / "opening.py", REPO / "model" / "families.py"]
+    files = sorted((REPO / "packed_transformers" / "finetune").glob("*.py")) + sorted(
+        (REPO / "packed_transformers" / "serving").glob("*.py")
+    )
+    files += [
+        REPO / "packed_transformers" / "model" / "opening.py",
+        REPO / "packed_transformers" / "model" / "families.py",
+    ]
     found = [line for path in files for line in model_type_comparisons(path)]
     assert found == [], "\n".join(found)
 
 
 def test_the_walker_finds_a_comparison(tmp_path):
     """The check above can fail: a planted comparison is found."""
-    planted = REPO / "finetune" / "_planted_for_test.py"
+    planted = REPO / "packed_transformers" / "finetune" / "_planted_for_test.py"
     planted.write_text('def f(config):\n    return config.model_type == "bert"\n')
     try:
         assert model_type_comparisons(planted) == [
@@ -53,8 +58,8 @@ def test_the_walker_finds_a_comparison(tmp_path):
 
 
 def test_an_unsupported_type_is_one_error_naming_the_list(tmp_path):
-    from model.families import UnsupportedFamily
-    from model.opening import open_model, supported_model_types
+    from packed_transformers.model.families import UnsupportedFamily
+    from packed_transformers.model.opening import open_model, supported_model_types
 
     (tmp_path / "config.json").write_text('{"model_type": "opt"}')
     with pytest.raises(UnsupportedFamily) as refused:
@@ -76,8 +81,8 @@ def test_bert_opens_on_its_own_stack_and_other_families_on_theirs(tmp_path):
         RobertaForSequenceClassification,
     )
 
-    from model.family_model import PackedFamilyModel
-    from model.opening import ModelOptions, open_model
+    from packed_transformers.model.family_model import PackedFamilyModel
+    from packed_transformers.model.opening import ModelOptions, open_model
 
     small = dict(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                  max_position_embeddings=40, num_labels=2)  # fmt: skip
@@ -90,7 +95,7 @@ def test_bert_opens_on_its_own_stack_and_other_families_on_theirs(tmp_path):
     tasks = ("classification", "token_classification", "question_answering", "embedding")
     for task in tasks:
         bert = open_model(tmp_path / "bert", task, options)
-        assert type(bert.model).__module__.startswith("model.") and not isinstance(
+        assert type(bert.model).__module__.startswith("packed_transformers.model.") and not isinstance(
             bert.model, PackedFamilyModel
         )
         assert bert.max_tokens == 40
@@ -124,8 +129,8 @@ def import_graph(packages=PRODUCT_PACKAGES) -> dict[str, set[str]]:
     function's import is a runtime edge all the same)."""
     graph = {}
     for package in packages:
-        for path in sorted((REPO / package).rglob("*.py")):
-            parts = path.relative_to(REPO).with_suffix("").parts
+        for path in sorted((PACKAGE / package).rglob("*.py")):
+            parts = path.relative_to(PACKAGE).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             edges = set()
             for node in ast.walk(ast.parse(path.read_text())):
@@ -135,13 +140,15 @@ def import_graph(packages=PRODUCT_PACKAGES) -> dict[str, set[str]]:
                     targets = [a.name for a in node.names]
                 else:
                     continue
+                # names inside the package, as the rooms see each other
+                targets = [t.removeprefix("packed_transformers.") for t in targets]
                 edges |= {
                     t
                     for t in targets
                     if t.split(".")[0] in packages
                     and (
-                        (REPO / (t.replace(".", "/") + ".py")).is_file()
-                        or (REPO / t.replace(".", "/") / "__init__.py").is_file()
+                        (PACKAGE / (t.replace(".", "/") + ".py")).is_file()
+                        or (PACKAGE / t.replace(".", "/") / "__init__.py").is_file()
                     )
                 }
             graph[name] = edges - {name}
@@ -226,7 +233,7 @@ def test_the_server_reads_a_folders_config_once(tmp_path, family):
     """The way in (serving.engines.load_engine: describe_folder -> open_model -> the family's
     builder -> the tokenizer's input names) reads config.json once and hands it on; the
     embedding door (load_encoder with a pooling) too."""
-    from serving.engines import load_engine
+    from packed_transformers.serving.engines import load_engine
 
     from .family_helpers import save_family_folder
 
@@ -236,7 +243,7 @@ def test_the_server_reads_a_folders_config_once(tmp_path, family):
     encoder = save(tmp_path / "enc", "embedding")
     assert config_reads(lambda: load_engine(encoder, pooling="mean"), encoder) == 1
     # the count can fail: a second reader is seen
-    from model.opening import model_type_of
+    from packed_transformers.model.opening import model_type_of
 
     assert config_reads(lambda: (load_engine(folder), model_type_of(folder)), folder) == 2
 
@@ -247,14 +254,14 @@ def modules_on_the_way_in(open_it) -> list[str]:
     import traceback
     from unittest import mock
 
-    from model.family_model import PackedFamilyModel
+    from packed_transformers.model.family_model import PackedFamilyModel
 
     seen = []
     real = PackedFamilyModel.from_pretrained.__func__
 
     def watched(cls, *args, **kwargs):
         frames = [f.filename for f in traceback.extract_stack()]
-        inside = [str(Path(f).relative_to(REPO)) for f in frames if f.startswith(str(REPO) + "/")]
+        inside = [str(Path(f).relative_to(PACKAGE)) for f in frames if f.startswith(str(PACKAGE) + "/")]
         modules = [m for m in inside if m.split("/")[0] in ("serving", "finetune", "model")]
         modules.append("model/families.py")
         seen.extend(m for i, m in enumerate(modules) if i == 0 or modules[i - 1] != m)
@@ -269,7 +276,7 @@ def test_from_the_servers_command_line_to_the_family_is_five_hops_one_way(tmp_pa
     """serving/cli.py -> serving/engines.py -> door/opener.py -> (door/folder.py or
     inference/embedding.py) -> model/opening.py -> model/families.py: each hop goes down a
     layer or along it (serving, finetune, model), never back up."""
-    from serving.engines import load_engine
+    from packed_transformers.serving.engines import load_engine
 
     from .family_helpers import save_family_folder
 

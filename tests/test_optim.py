@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from optim import (
+from packed_transformers.optim import (
     Lamb,
     WarmupPolyDecay,
     adjust_for_packing,
@@ -16,7 +16,7 @@ from optim import (
     poptorch_lamb_kwargs,
     weight_decay_groups,
 )
-from optim.lamb import lamb_group_update
+from packed_transformers.optim.lamb import lamb_group_update
 
 
 def numpy_lamb(

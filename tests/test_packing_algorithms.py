@@ -7,8 +7,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packing import ALGORITHMS, Histogram, PackingBugError, PackingInputError, PackingPlan, pack
-from packing.plan import remove_excess
+from packed_transformers.packing import (
+    ALGORITHMS,
+    Histogram,
+    PackingBugError,
+    PackingInputError,
+    PackingPlan,
+    pack,
+)
+from packed_transformers.packing.plan import remove_excess
 
 
 @st.composite

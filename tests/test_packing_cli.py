@@ -1,4 +1,4 @@
-"""`python -m packing report`: the JSON contract, the table, and bad inputs (exit 2, no traceback)."""
+"""`python -m packed_transformers.packing report`: the JSON contract, the table, and bad inputs (exit 2, no traceback)."""
 
 import json
 import subprocess
@@ -27,7 +27,11 @@ KEYS = [
 
 def run(*args):
     return subprocess.run(
-        [sys.executable, "-m", "packing", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "packed_transformers.packing", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 

@@ -3,7 +3,7 @@
 
 import pytest
 
-from packing import Histogram, pack
+from packed_transformers.packing import Histogram, pack
 
 from .conftest import HISTOGRAMS
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data.squad_metrics import exact_match, f1, normalize_answer, squad_scores
-from inference.qa_answers import EMPTY, AnswerSettings, best_answers
+from packed_transformers.data.squad_metrics import exact_match, f1, normalize_answer, squad_scores
+from packed_transformers.inference.qa_answers import EMPTY, AnswerSettings, best_answers
 
 from .qa_reference import reference_postprocess
 

@@ -5,12 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from data import assets
-from data.classification_data import ExampleError
-from data.qa_cloze import build
-from data.qa_data import read_squad
-from data.qa_windows import fast_tokenizer, make_windows
-from data.tokenizer import load_tokenizer
+from packed_transformers.data import assets
+from packed_transformers.data.classification_data import ExampleError
+from packed_transformers.data.qa_cloze import build
+from packed_transformers.data.qa_data import read_squad
+from packed_transformers.data.qa_windows import fast_tokenizer, make_windows
+from packed_transformers.data.tokenizer import load_tokenizer
 
 CONTEXT = "Super Bowl 50 was played in Santa Clara, California. The Denver Broncos won."
 QUESTIONS = [
@@ -152,7 +152,7 @@ def test_windows_and_labels_follow_the_reference_on_real_text(tokenizer):
     train, dev, _ = build(
         [__import__("pathlib").Path(f) for f in files], seed=1, per_article=4, dev_fraction=0.5
     )
-    from data.qa_data import QaExamples
+    from packed_transformers.data.qa_data import QaExamples
 
     records = train + dev
     examples = QaExamples(

@@ -12,12 +12,12 @@ import torch
 import yaml
 from transformers import AutoTokenizer, BertConfig, BertForQuestionAnswering, BertModel
 
-from commands import predict
-from data import assets
-from data.qa_cloze import build, official_layout
-from data.qa_windows import fast_tokenizer
-from finetune import train as finetune
-from inference.batching import BATCHING_MODES
+from packed_transformers.commands import predict
+from packed_transformers.data import assets
+from packed_transformers.data.qa_cloze import build, official_layout
+from packed_transformers.data.qa_windows import fast_tokenizer
+from packed_transformers.finetune import train as finetune
+from packed_transformers.inference.batching import BATCHING_MODES
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +104,7 @@ def test_saved_folder_loads_unchanged_in_transformers(trained):
     ours = fast_tokenizer(tokenizer.get_vocab())
     question, context = "Who won @placeholder?", "The Denver Broncos won Super Bowl 50 in Santa Clara."
     assert tokenizer(question, context)["input_ids"] == ours(question, context)["input_ids"]
-    from model.bert_heads import PackedBertForQuestionAnswering
+    from packed_transformers.model.bert_heads import PackedBertForQuestionAnswering
 
     packed = PackedBertForQuestionAnswering.from_pretrained(folder).eval()
     ids = torch.tensor([tokenizer(question, context)["input_ids"]])
@@ -189,7 +189,7 @@ def test_predict_refuses_bad_input_without_writing(trained, tmp_path, capsys):
 
 
 def test_server_answers_as_predict_does(trained, squad_files):
-    """`python -m finetune.serve`'s /qa on a QA folder, under concurrent clients: the
+    """`python -m packed_transformers.finetune.serve`'s /qa on a QA folder, under concurrent clients: the
     answers equal the predictions file finetune.train wrote for the same questions."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -224,7 +224,7 @@ def test_server_qa_edge_cases_are_4xx_or_clean_answers(trained, squad_files):
     context they came from, whatever comes before them (emoji, combining characters)."""
     import httpx
 
-    from serving.api import RequestLimits
+    from packed_transformers.serving.api import RequestLimits
 
     from .test_serve import Server
 

@@ -24,8 +24,8 @@ import pytest
 if importlib.util.find_spec("ray") is None:
     pytest.skip("make install-ray (the Ray tests run under make test)", allow_module_level=True)
 
-from data.assets import corpus_glob, model_dir  # noqa: E402
-from data.embedding_texts import bbc_articles, texts_of  # noqa: E402
+from packed_transformers.data.assets import corpus_glob, model_dir  # noqa: E402
+from packed_transformers.data.embedding_texts import bbc_articles, texts_of  # noqa: E402
 
 from .conftest import REPO  # noqa: E402
 from .family_helpers import save_family_folder  # noqa: E402
@@ -76,7 +76,7 @@ def command(module: str, *arguments, check: bool = False) -> subprocess.Complete
 def refused_here(capsys, *arguments) -> str:
     """commands.embed's refusal run in this process (a mistake answered before any cluster
     starts: no interpreter to start) -> its one stderr line; exit code 2 asserted."""
-    from commands import embed
+    from packed_transformers.commands import embed
 
     capsys.readouterr()
     assert embed.main([str(a) for a in arguments]) == 2
@@ -94,7 +94,7 @@ def started(module: str, *arguments) -> subprocess.Popen:
 
 def gathered(folder: Path, suffix: str):
     out = folder.parent / f"{folder.name}-gathered{suffix}"
-    command("finetune.ray_job", "gather", folder, "--output", out, check=True)
+    command("packed_transformers.finetune.ray_job", "gather", folder, "--output", out, check=True)
     return np.load(out) if suffix == ".npy" else [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -105,7 +105,7 @@ def embedded(cluster, inputs, tmp_path_factory):
     folder, joined = inputs
     scratch = tmp_path_factory.mktemp("embedded")
     command(
-        "finetune.embed",
+        "packed_transformers.finetune.embed",
         "--model",
         model_dir(),
         "--input",
@@ -115,7 +115,7 @@ def embedded(cluster, inputs, tmp_path_factory):
         check=True,
     )
     out = scratch / "shards"
-    done = command("finetune.embed", "--model", model_dir(), "--input", folder, "--output", out,
+    done = command("packed_transformers.finetune.embed", "--model", model_dir(), "--input", folder, "--output", out,
                    "--ray", cluster.address, "--workers", 2, "--chunk-rows", 32, "--quiet", check=True)  # fmt: skip
     return np.load(scratch / "one.npy"), out, json.loads(done.stdout.splitlines()[-1])
 
@@ -156,7 +156,7 @@ def test_predict_on_ray_equals_the_single_process_command_for_a_family_folder(
     else:
         model = save_family_folder(tmp_path / "xlmr", "xlm-roberta", "classification")
     command(
-        "finetune.predict",
+        "packed_transformers.finetune.predict",
         "--model",
         model,
         "--input",
@@ -166,7 +166,7 @@ def test_predict_on_ray_equals_the_single_process_command_for_a_family_folder(
         check=True,
     )
     out = tmp_path / "shards"
-    command("finetune.predict", "--model", model, "--input", folder, "--output", out, "--ray", cluster.address,
+    command("packed_transformers.finetune.predict", "--model", model, "--input", folder, "--output", out, "--ray", cluster.address,
             "--workers", 1, "--chunk-rows", 40, "--quiet", check=True)  # fmt: skip
     expected = [json.loads(line) for line in (tmp_path / "one.jsonl").read_text().splitlines()]
     got = gathered(out, ".jsonl")
@@ -203,7 +203,7 @@ def test_a_worker_killed_mid_job_still_gives_every_row_once(cluster, inputs, emb
     expected, finished, _ = embedded
     out = tmp_path / "shards"
     shutil.copytree(finished, out)
-    job = started("finetune.embed", "--model", model_dir(), "--input", folder, "--output", out, "--ray",
+    job = started("packed_transformers.finetune.embed", "--model", model_dir(), "--input", folder, "--output", out, "--ray",
                   cluster.address, "--chunk-rows", 4, "--quiet", "--overwrite")  # fmt: skip
     killed, deadline = None, time.monotonic() + 300
     while killed is None and time.monotonic() < deadline and job.poll() is None:
@@ -227,8 +227,8 @@ def test_the_python_api_runs_inside_a_users_own_map_batches(cluster, tmp_path):
     import ray
     import ray.data
 
-    from inference.embedding import encode, load_encoder
-    from ray_jobs.actors import PackedEmbedder, embed_dataset
+    from packed_transformers.inference.embedding import encode, load_encoder
+    from packed_transformers.ray_jobs.actors import PackedEmbedder, embed_dataset
 
     ray.init(address=cluster.address, ignore_reinit_error=True, log_to_driver=False)
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -257,7 +257,16 @@ def test_bad_inputs_are_refused_in_one_line_with_nothing_written(cluster, inputs
     (broken / "x.jsonl").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     ray_args = ("--ray", cluster.address, "--workers", 1, "--chunk-rows", 8, "--quiet")
-    done = command("finetune.embed", "--model", model_dir(), "--input", broken, "--output", out, *ray_args)
+    done = command(
+        "packed_transformers.finetune.embed",
+        "--model",
+        model_dir(),
+        "--input",
+        broken,
+        "--output",
+        out,
+        *ray_args,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and f"{broken / 'x.jsonl'}:18" in last, done.stderr[-2000:]
@@ -266,7 +275,15 @@ def test_bad_inputs_are_refused_in_one_line_with_nothing_written(cluster, inputs
     lines[17] = json.dumps({"text": "fixed"})
     (broken / "x.jsonl").write_text("\n".join(lines) + "\n")
     again = command(
-        "finetune.embed", "--model", model_dir(), "--input", broken, "--output", out, *ray_args, check=True
+        "packed_transformers.finetune.embed",
+        "--model",
+        model_dir(),
+        "--input",
+        broken,
+        "--output",
+        out,
+        *ray_args,
+        check=True,
     )
     summary = json.loads(again.stdout.splitlines()[-1])
     assert (summary["chunks_run"], summary["chunks_kept"], summary["rows"]) == (
@@ -302,8 +319,8 @@ def test_batches_from_parquet_or_a_user_meet_the_commands_rules_in_one_line():
     """Parquet rows and users' batches never pass the JSON-lines reader: the same rules
     (embed: a non-empty string; predict: any string, pairs may be None; valid Unicode; at
     most MAX_FIELD_CHARS) are applied to them, naming the row."""
-    from data.classification_data import MAX_FIELD_CHARS, ExampleError
-    from ray_jobs.actors import checked_texts
+    from packed_transformers.data.classification_data import MAX_FIELD_CHARS, ExampleError
+    from packed_transformers.ray_jobs.actors import checked_texts
 
     def where(i):
         return f"b.parquet: row {i}"
@@ -338,7 +355,9 @@ def test_kept_shards_are_tied_to_the_model_and_checked_and_an_unreachable_cluste
     source.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     ray_args = ("--ray", cluster.address, "--workers", 1, "--chunk-rows", 8, "--quiet")
-    first = command("finetune.embed", "--model", model, "--input", source, "--output", out, *ray_args)
+    first = command(
+        "packed_transformers.finetune.embed", "--model", model, "--input", source, "--output", out, *ray_args
+    )
     assert first.returncode == 2 and "other 24 rows are kept" in first.stderr  # 3 of 4 chunks kept
     partial = tmp_path / ".out.partial"
     shard = sorted(partial.glob("part-*"))[0]
@@ -346,7 +365,15 @@ def test_kept_shards_are_tied_to_the_model_and_checked_and_an_unreachable_cluste
     lines[30] = json.dumps({"text": "fixed"})
     source.write_text("\n".join(lines) + "\n")
     again = command(
-        "finetune.embed", "--model", model, "--input", source, "--output", out, *ray_args, check=True
+        "packed_transformers.finetune.embed",
+        "--model",
+        model,
+        "--input",
+        source,
+        "--output",
+        out,
+        *ray_args,
+        check=True,
     )
     summary = json.loads(again.stdout.splitlines()[-1])
     assert (summary["chunks_run"], summary["chunks_kept"]) == (2, 2)
@@ -355,13 +382,13 @@ def test_kept_shards_are_tied_to_the_model_and_checked_and_an_unreachable_cluste
     second_out = tmp_path / "out2"
     lines[5] = '{"text": "broken'
     source.write_text("\n".join(lines) + "\n")
-    assert command("finetune.embed", "--model", model, "--input", source, "--output", second_out,
+    assert command("packed_transformers.finetune.embed", "--model", model, "--input", source, "--output", second_out,
                    *ray_args).returncode == 2  # fmt: skip
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "layer_norm_eps": 1e-5}))
     lines[5] = json.dumps({"text": "fixed too"})
     source.write_text("\n".join(lines) + "\n")
-    redone = command("finetune.embed", "--model", model, "--input", source, "--output", second_out, *ray_args,
+    redone = command("packed_transformers.finetune.embed", "--model", model, "--input", source, "--output", second_out, *ray_args,
                      check=True)  # fmt: skip
     assert json.loads(redone.stdout.splitlines()[-1])["chunks_kept"] == 0
 
@@ -369,7 +396,7 @@ def test_kept_shards_are_tied_to_the_model_and_checked_and_an_unreachable_cluste
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     started_at = time.monotonic()
-    done = command("finetune.embed", "--model", model, "--input", source, "--output", tmp_path / "o3",
+    done = command("packed_transformers.finetune.embed", "--model", model, "--input", source, "--output", tmp_path / "o3",
                    "--ray", f"127.0.0.1:{port}", "--quiet")  # fmt: skip
     assert done.returncode == 2 and time.monotonic() - started_at < 60
     assert (

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from data.assets import corpus_files
+from packed_transformers.data.assets import corpus_files
 
 from .conftest import REPO
 

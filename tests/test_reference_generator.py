@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from data import assets
-from data.create_pretraining_data import main as create_main
-from data.create_pretraining_data import read_document, split_sentences
-from data.reference_tokenizer import ReferenceTokenizer, read_vocab
-from packing.sources import FIELDS
+from packed_transformers.data import assets
+from packed_transformers.data.create_pretraining_data import main as create_main
+from packed_transformers.data.create_pretraining_data import read_document, split_sentences
+from packed_transformers.data.reference_tokenizer import ReferenceTokenizer, read_vocab
+from packed_transformers.packing.sources import FIELDS
 from tests import reference_bert
 from tests.conftest import fast_loop_keeps
 
@@ -169,7 +169,7 @@ def test_random_word_draws_cover_the_vocabulary(corpus):
     """The 10% random words are drawn from all V ids by position in vocab.txt, as the
     reference's vocab_words[randint(0, V - 1)]."""
     _, vocab = corpus
-    from data.pretraining_instances import Recipe, SpecialIds, mask_tokens
+    from packed_transformers.data.pretraining_instances import Recipe, SpecialIds, mask_tokens
 
     v = read_vocab(vocab)
     ids = SpecialIds.from_vocab(v)

@@ -1,6 +1,6 @@
 """The online server on 127.0.0.1: real HTTP (uvicorn), concurrent clients, every policy.
 
-Answers must equal `python -m finetune.predict` on the same texts, in request order; an
+Answers must equal `python -m packed_transformers.finetune.predict` on the same texts, in request order; an
 overloaded queue refuses with 429 and answers everything it admitted; bad input is one
 line and the server keeps serving; SIGTERM under load answers or rejects every admitted
 request and exits 0. A tiny checkpoint is fine-tuned once for the module."""
@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 import uvicorn
 
-from commands import predict
-from finetune import train as finetune
-from serving.api import RequestLimits
-from serving.app import create_app
-from serving.engines import load_engine
-from serving.policies import POLICIES, PolicySettings
-from serving.scheduler import QueueLimits
+from packed_transformers.commands import predict
+from packed_transformers.finetune import train as finetune
+from packed_transformers.serving.api import RequestLimits
+from packed_transformers.serving.app import create_app
+from packed_transformers.serving.engines import load_engine
+from packed_transformers.serving.policies import POLICIES, PolicySettings
+from packed_transformers.serving.scheduler import QueueLimits
 
 from .conftest import REPO
 from .test_finetune_run import checkpoint, write_config  # noqa: F401 - the module's fixture
@@ -228,7 +228,7 @@ def test_sigterm_under_load_answers_or_rejects_everything_and_exits_0(trained):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "finetune.serve", "--model", str(trained / "run" / "model"), "--port", str(port),
+        [sys.executable, "-m", "packed_transformers.finetune.serve", "--model", str(trained / "run" / "model"), "--port", str(port),
          "--policy", "padded", "--batch-size", "1", "--max-queue", "64"],
         cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
@@ -261,8 +261,8 @@ def test_bfloat16_predictions_agree_with_float32_and_are_refused_without_bf16(tr
     """bf16 autocast (forced past the hardware check: this CPU has no bf16 instructions, so
     torch emulates it) gives the float32 labels for >= 99% of the texts, in commands.predict
     and packed_pipeline; without bf16 hardware both refuse with one line."""
-    from hf_integration.pipeline import packed_pipeline
-    from inference import precision
+    from packed_transformers.hf_integration.pipeline import packed_pipeline
+    from packed_transformers.inference import precision
 
     records = read_records(trained / "val.jsonl")
     folder = trained / "run" / "model"

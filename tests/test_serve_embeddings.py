@@ -1,7 +1,7 @@
 """The server's embedding and reranking routes on 127.0.0.1 (real uvicorn): TEI's /embed
 and /rerank, OpenAI's /v1/embeddings.
 
-Answers must equal `inference.embedding.encode` (what `python -m finetune.embed` writes) for
+Answers must equal `inference.embedding.encode` (what `python -m packed_transformers.finetune.embed` writes) for
 concurrent clients, in request order, under every policy; /rerank must equal transformers'
 BertForSequenceClassification on the (query, text) pairs; bad input gets a one-line 4xx,
 never a 500."""
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from data.assets import corpus_glob, model_dir
-from data.embedding_texts import bbc_articles, texts_of
-from inference.embedding import encode, l2_normalize, load_encoder
-from serving.api import RequestLimits
-from serving.policies import POLICIES
+from packed_transformers.data.assets import corpus_glob, model_dir
+from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+from packed_transformers.inference.embedding import encode, l2_normalize, load_encoder
+from packed_transformers.serving.api import RequestLimits
+from packed_transformers.serving.policies import POLICIES
 
 from .test_serve import Server
 
@@ -150,8 +150,8 @@ def cross_encoder(tmp_path_factory):
     """A one-label classification folder (a cross-encoder's shape) in finetune.train's
     layout: MiniLM with a seeded single-logit head. Its weights need not be trained for the
     scores to be compared with transformers' on the same folder."""
-    from finetune.folder_writer import save_finetuned
-    from model.bert_heads import PackedBertForSequenceClassification
+    from packed_transformers.finetune.folder_writer import save_finetuned
+    from packed_transformers.model.bert_heads import PackedBertForSequenceClassification
 
     torch.manual_seed(0)
     model = PackedBertForSequenceClassification.from_pretrained(

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serving.api import RequestError, RequestLimits, parse_predict, parse_qa
-from serving.metrics import ServerMetrics
-from serving.policies import POLICIES, PolicySettings, plan_batch
-from serving.scheduler import QueueFull, QueueLimits, Scheduler, TicketFailed
+from packed_transformers.serving.api import RequestError, RequestLimits, parse_predict, parse_qa
+from packed_transformers.serving.metrics import ServerMetrics
+from packed_transformers.serving.policies import POLICIES, PolicySettings, plan_batch
+from packed_transformers.serving.scheduler import QueueFull, QueueLimits, Scheduler, TicketFailed
 
 queues = st.lists(st.integers(1, 512), min_size=1, max_size=300).map(lambda v: np.array(v, dtype=np.int64))
 

@@ -8,9 +8,9 @@ import ast
 from hypothesis import given
 from hypothesis import strategies as st
 
-from data.text_rule import Fault, check_text, text_problem
+from packed_transformers.data.text_rule import Fault, check_text, text_problem
 
-from .conftest import REPO
+from .conftest import PACKAGE, REPO
 
 SURROGATES = st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)
 
@@ -56,7 +56,7 @@ def test_the_bound_is_inclusive_and_named():
 
 
 def test_check_text_returns_the_text_or_raises_one_line():
-    from data.text_rule import ExampleError
+    from packed_transformers.data.text_rule import ExampleError
 
     assert check_text("fine", "x") == "fine"
     try:
@@ -72,16 +72,16 @@ def modules_with_their_own_text_rule() -> list[str]:
     UnicodeEncodeError) or compare a length with MAX_FIELD_CHARS."""
     found = []
     for package in ("data", "finetune", "serving", "model", "common"):
-        for path in sorted((REPO / package).glob("*.py")):
+        for path in sorted((PACKAGE / package).glob("*.py")):
             if path.name == "text_rule.py":
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ExceptHandler) and "UnicodeEncodeError" in ast.unparse(
                     node.type or node
                 ):
-                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: catches UnicodeEncodeError")
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: catches UnicodeEncodeError")
                 if isinstance(node, ast.Compare) and "MAX_FIELD_CHARS" in ast.unparse(node):
-                    found.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {ast.unparse(node)}")
     return found
 
 
@@ -90,7 +90,7 @@ def test_no_reader_keeps_its_own_copy_of_the_rule():
 
 
 def test_the_walker_finds_a_copy():
-    planted = REPO / "finetune" / "_planted_text_rule.py"
+    planted = REPO / "packed_transformers" / "finetune" / "_planted_text_rule.py"
     planted.write_text(
         "def f(t):\n    try:\n        t.encode('utf-8')\n    except UnicodeEncodeError:\n        raise\n"
     )

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from training.config import ConfigError, load_config, validate
+from packed_transformers.training.config import ConfigError, load_config, validate
 
 from .conftest import REPO
 from .training_helpers import final_weights, make_packed, metrics, run, write_config
@@ -50,9 +50,9 @@ def test_config_errors_name_the_key(tmp_path):
 
 
 def test_every_shipped_config_validates():
-    from common.config_schema import read_yaml
-    from finetune.config import load_finetune_config
-    from training.decoder.config import is_decoder_config, load_decoder_config
+    from packed_transformers.common.config_schema import read_yaml
+    from packed_transformers.finetune.config import load_finetune_config
+    from packed_transformers.training.decoder.config import is_decoder_config, load_decoder_config
 
     decoders = 0
     for path in sorted((REPO / "configs").glob("*.yaml")):

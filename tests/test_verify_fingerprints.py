@@ -7,11 +7,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from data.synthetic import synthetic_rows
-from packing.format import Sequence, pack_sequences
-from packing.sources import Limits, validate_rows
-from packing.structure import first_malformed
-from packing.verify import pack_fingerprints, padded_fingerprints
+from packed_transformers.data.synthetic import synthetic_rows
+from packed_transformers.packing.format import Sequence, pack_sequences
+from packed_transformers.packing.sources import Limits, validate_rows
+from packed_transformers.packing.structure import first_malformed
+from packed_transformers.packing.verify import pack_fingerprints, padded_fingerprints
 
 S, P, K = 64, 6, 3
 
@@ -91,7 +91,7 @@ def test_any_single_edit_of_a_packed_sequence_changes_both_hashes(seed, field):
 
 
 def test_masked_slots_out_of_the_order_pack_writes_are_named():
-    from packing.verify import masked_slots_out_of_order
+    from packed_transformers.packing.verify import masked_slots_out_of_order
 
     rows, _, _, _, packs = _packed(7, 30)
     assert masked_slots_out_of_order(packs) is None

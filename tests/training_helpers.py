@@ -12,9 +12,9 @@ import numpy as np
 import yaml
 from safetensors.torch import load_file
 
-from data.synthetic import synthetic_rows
-from packing.pipeline import PackJob, run_pack
-from packing.unpacked_hdf5 import write_unpacked_shard
+from packed_transformers.data.synthetic import synthetic_rows
+from packed_transformers.packing.pipeline import PackJob, run_pack
+from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
 
 from .conftest import REPO
 from .processes import run_in_group
@@ -138,8 +138,8 @@ def run_here(config: Path, output: Path, *extra) -> subprocess.CompletedProcess:
 
     import torch
 
-    import run_pretraining
-    from common import files
+    from packed_transformers import run_pretraining
+    from packed_transformers.common import files
 
     argv = ["--config", str(config), "--output-dir", str(output), *extra]
     out, err = io.StringIO(), io.StringIO()

@@ -10,9 +10,9 @@ import pytest
 
 poptorch = pytest.importorskip("poptorch", reason="poptorch not installed")
 
-from training.backends.ipu import IpuEngine  # noqa: E402
-from training.config import validate  # noqa: E402
-from training.run import run_training  # noqa: E402
+from packed_transformers.training.backends.ipu import IpuEngine  # noqa: E402
+from packed_transformers.training.config import validate  # noqa: E402
+from packed_transformers.training.run import run_training  # noqa: E402
 
 from ..training_helpers import base_config, make_packed  # noqa: E402
 

@@ -69,7 +69,7 @@ import os
 
 import torch
 
-from optim.lamb import Lamb
+from packed_transformers.optim.lamb import Lamb
 
 _ATTACHED: list = []  # executables holding the (one) set of IPUs
 

@@ -1,8 +1,0 @@
-"""`python -m finetune.embed`: the name scripts and the README used before `packed embed`; the
-command lives in commands/embed.py, run here as the main module (its checks before the imports
-included). No logic here."""
-
-import runpy
-
-if __name__ == "__main__":
-    runpy.run_module("commands.embed", run_name="__main__", alter_sys=True)

@@ -1,8 +1,0 @@
-"""`python -m finetune.predict`: the name scripts and the README used before `packed predict`; the
-command lives in commands/predict.py, run here as the main module (its checks before the imports
-included). No logic here."""
-
-import runpy
-
-if __name__ == "__main__":
-    runpy.run_module("commands.predict", run_name="__main__", alter_sys=True)

@@ -1,0 +1,113 @@
+"""`packed`: the toolkit's one command; each subcommand is a job.
+
+    packed pack --input 'unpacked/part-*.h5' --output packed --algorithm lp ...
+    packed verify --input 'unpacked/part-*.h5' --packed packed
+    packed pretrain --config configs/demo.yaml --output-dir runs/demo
+    packed train --config configs/finetune_bbc.yaml --output-dir runs/bbc
+    packed predict --model runs/bbc/model --input texts.jsonl --output predictions.jsonl
+    packed embed --model FOLDER --input texts.jsonl --output vectors.npy
+    packed serve --model runs/bbc/model --port 8080
+
+A subcommand runs its job's own module as the main module, with the arguments after the
+subcommand: the same options, checks (those answered before torch is imported included),
+messages and exit codes as `python -m MODULE`, which keeps working. No job logic here.
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """module: run as __main__ (its name inside packed_transformers); leading: arguments put before the user's (packing's own
+    subcommand); summary: one line for `packed --help`."""
+
+    module: str
+    summary: str
+    leading: tuple[str, ...] = ()
+
+
+# The jobs, in the order a user meets them (README).
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "pack": Subcommand(
+        "packing", "unpacked shards -> static-shape packed shards (packing algorithms)", ("pack",)
+    ),
+    "verify": Subcommand("packing", "check a packed dataset holds every sequence exactly once", ("verify",)),
+    "describe": Subcommand("packing", "packed datasets' lengths, packing factor and padding", ("describe",)),
+    "unpack": Subcommand("packing", "packed shards -> the original unpacked rows", ("unpack",)),
+    "plan": Subcommand("packing", "a packing plan's efficiency from a length histogram", ("report",)),
+    "pretrain": Subcommand("run_pretraining", "pretraining from a YAML config (BERT phase 2, MLPerf style)"),
+    "train": Subcommand("finetune.train", "packed fine-tuning: classification, QA, decoders' SFT"),
+    "predict": Subcommand(
+        "commands.predict", "a fine-tuned or transformers folder's predictions, input order"
+    ),
+    "embed": Subcommand("commands.embed", "texts -> an .npy of embeddings (sentence-transformers' folders)"),
+    "serve": Subcommand(
+        "serving", "an HTTP server packing requests as they arrive (TEI's and OpenAI's APIs)"
+    ),
+    "gather": Subcommand("ray_jobs.job", "a --ray job's Parquet shards -> the command's own output"),
+    "report": Subcommand("finetune.report", "fine-tuning runs side by side"),
+    "summary": Subcommand("training.summary", "pretraining runs compared, packed against unpacked"),
+    "create-pretraining-data": Subcommand(
+        "data.create_pretraining_data", "raw text -> unpacked pretraining shards (MLPerf's reference)"
+    ),
+    "train-vocab": Subcommand("data.train_vocab", "a WordPiece vocabulary learned from a corpus"),
+    "train-tokenizer": Subcommand(
+        "data.train_tokenizer", "a byte-level BPE tokenizer folder learned from JSON lines"
+    ),
+    "pack-documents": Subcommand(
+        "commands.pack_documents", "raw text (C4's JSON lines) -> document-masked or concatenated LM rows"
+    ),
+    "pick-eval-samples": Subcommand("data.pick_eval_samples", "MLPerf's evaluation set picked from shards"),
+    "convert-tf-checkpoint": Subcommand(
+        "data.convert_tf_checkpoint", "a TF1 / NVIDIA BERT checkpoint -> a transformers folder"
+    ),
+    "qa-cloze": Subcommand("data.qa_cloze", "cloze questions in SQuAD's layout from BBC News"),
+    "debian-texts": Subcommand("data.debian_texts", "Debian's package descriptions as JSON lines (LM text)"),
+    "embedding-texts": Subcommand("data.embedding_texts", "texts of several length profiles to embed"),
+    "assets": Subcommand("data.assets", "where the offline assets are (the MiniLM model, the BBC corpus)"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    lines = [
+        "usage: packed SUBCOMMAND [options]   (packed SUBCOMMAND --help for its options)",
+        "",
+        "A sequence-packing toolkit for transformers: pretraining, fine-tuning, inference and",
+        "serving of encoders and decoders on static-shape packs.",
+        "",
+        "subcommands:",
+    ]
+    lines += [f"  {name.ljust(width)}  {sub.summary}" for name, sub in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    sub = SUBCOMMANDS.get(name)
+    if sub is None:
+        import difflib
+
+        near = difflib.get_close_matches(name, SUBCOMMANDS, n=1)
+        hint = f"; did you mean '{near[0]}'?" if near else f"; one of {', '.join(SUBCOMMANDS)}"
+        print(f"error: unknown subcommand {name!r}{hint}", file=sys.stderr)
+        return 2
+    sys.argv = [f"packed {name}", *sub.leading, *rest]
+    try:
+        runpy.run_module(f"packed_transformers.{sub.module}", run_name="__main__", alter_sys=True)
+    except SystemExit as done:  # the job's own exit code
+        code = done.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

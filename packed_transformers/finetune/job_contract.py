@@ -1,0 +1,50 @@
+"""What a fine-tuning task gives the shared loop (finetune.train), as one `Job`, and how a
+config names the demo assets. Each task's module builds its Job (finetune.jobs,
+finetune.causal_lm_task); the loop reads only this."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from packed_transformers.common.config_schema import ConfigError
+from packed_transformers.inference.batching import collate
+
+STEP_SUMS = ("loss_sum", "count", "correct", "correct_count")  # what a training step adds up
+
+
+def classification_sums(out: dict, batch: dict | None = None) -> dict:
+    """A packed head's outputs -> the step's sums (STEP_SUMS): its loss over `count` examples
+    and `correct` of `correct_count` predictions (the batch is not needed)."""
+    return {key: float(out[key]) for key in STEP_SUMS}
+
+
+@dataclass
+class Job:
+    """What the shared loop needs from a task: the training and validation rows (anything
+    with token_ids, segment_ids, labels and lengths), the model, and how to evaluate, write
+    and save; how a batch table becomes model inputs and a step's outputs its sums."""
+
+    train: object
+    validation: object
+    model: torch.nn.Module
+    evaluate: Callable  # (model, eval batcher) -> (metrics dict, inference timing, outputs)
+    write_outputs: Callable  # (output folder, outputs) -> None
+    save: Callable  # (model, model folder) -> None
+    description: str  # "5 classes" / "1,203 questions"
+    collate: Callable = collate  # (rows, batch table [B, K], width) -> model inputs
+    step_sums: Callable = classification_sums  # (model outputs, batch) -> STEP_SUMS
+
+
+def resolve_asset(value: str | None) -> str | None:
+    """'asset:model' / 'asset:corpus' -> the installed demo asset's path; anything else as is."""
+    if value is None or not value.startswith("asset:"):
+        return value
+    from packed_transformers.data import assets
+
+    paths = {"asset:model": assets.model_dir, "asset:corpus": assets.corpus_glob}
+    if value not in paths:
+        raise ConfigError(f"{value!r}: unknown asset; expected one of {', '.join(paths)}")
+    return str(paths[value]())

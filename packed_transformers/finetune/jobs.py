@@ -1,0 +1,254 @@
+"""What each fine-tuning task gives the shared loop (finetune.train): its data, its model,
+how it is evaluated, written and saved, as one `Job`. `JOBS` maps data.task to the function
+that builds it; the loop itself names no task.
+
+    classification      jsonl / BBC News -> labels checked -> tokens (the checkpoint's own
+                        tokenizer, or WordPiece over a vocab.txt) -> the packed classifier
+    question_answering  SQuAD -> context windows with span labels (finetune.qa_task) ->
+                        this project's packed QA head
+    causal_lm           prompt/completion JSON lines -> tokens, the prompt's labels -100
+                        (finetune.causal_lm_task) -> a decoder's packed causal LM
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from packed_transformers.data.classification_data import (
+    Examples,
+    TokenizedExamples,
+    encode_labels,
+    label_names_of,
+    read_bbc_news,
+    read_jsonl,
+    split_by_seed,
+)
+from packed_transformers.data.tokenizer import load_tokenizer
+from packed_transformers.door.folder_spec import read_json_object
+from packed_transformers.door.loaded import tokenize_examples
+from packed_transformers.door.opener import open_folder
+from packed_transformers.finetune.causal_lm_task import causal_lm_job
+from packed_transformers.finetune.errors import Diverged, FinetuneError
+from packed_transformers.finetune.folder_writer import save_finetuned
+from packed_transformers.finetune.job_contract import Job, resolve_asset
+from packed_transformers.inference.predictions import predict_logits, score, write_predictions
+from packed_transformers.model.opening import ModelOptions, qa_fine_tuning_refusal
+
+log = logging.getLogger("finetune")
+
+
+@dataclass
+class Task:
+    """Everything the loop needs about the data, tokenized, in input order."""
+
+    train: TokenizedExamples
+    validation: TokenizedExamples
+    label_names: list[str]
+    vocab_file: Path | None  # None: the checkpoint's own tokenizer (tokenizer.json)
+
+
+def check_vocabulary(checkpoint: Path, vocab_file: Path, checkpoint_config: dict | None = None) -> None:
+    """The tokenizer must produce the ids the checkpoint's embeddings were trained on.
+    checkpoint_config: its config.json as read (finetune.run_folder.check_positions)."""
+    tokens = vocab_file.read_text(encoding="utf-8").splitlines()
+    own = checkpoint / "vocab.txt"
+    if own.is_file() and own.resolve() != vocab_file.resolve():
+        theirs = own.read_text(encoding="utf-8").splitlines()
+        if theirs != tokens:
+            row = next(
+                (i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs))
+            )
+            raise FinetuneError(
+                f"data.vocab_file {vocab_file} differs from the checkpoint's {own} at line {row + 1} "
+                f"({len(tokens)} vs {len(theirs)} tokens): the checkpoint's embeddings expect its own "
+                f"vocabulary; leave data.vocab_file null to use it"
+            )
+    if checkpoint_config is None:
+        checkpoint_config = read_json_object(checkpoint / "config.json")
+    model_vocab = checkpoint_config.get("vocab_size")
+    if model_vocab is not None and len(tokens) > model_vocab:
+        raise FinetuneError(
+            f"data.vocab_file {vocab_file} has {len(tokens)} tokens but the checkpoint {checkpoint} "
+            f"embeds vocab_size={model_vocab}: token ids would fall outside its embedding table"
+        )
+
+
+def read_examples(data: dict, path: str) -> Examples:
+    if data["source"] == "bbc_news":
+        return read_bbc_news(path)
+    return read_jsonl(path, data["text_field"], data["pair_field"], data["label_field"])
+
+
+def prepare_task(config: dict, checkpoint_config: dict | None = None) -> Task:
+    """Read, check and tokenize the train and validation examples: with the checkpoint's
+    own tokenizer (tokenizer.json: its normalizer, specials and pair template, as
+    transformers tokenizes for it) where it has one and data.vocab_file is not set, else
+    BERT WordPiece over the vocab.txt. checkpoint_config: the checkpoint's config.json as
+    read (None: read where needed)."""
+    data = config["data"]
+    checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
+    # The checkpoint's own tokenizer as transformers builds it: tokenizer.json, or a vocab.txt
+    # with tokenizer_config.json (its do_lower_case: a cased model stays cased).
+    own_tokenizer = data["vocab_file"] is None and (
+        (checkpoint / "tokenizer.json").is_file() or (checkpoint / "tokenizer_config.json").is_file()
+    )
+    if own_tokenizer:
+        from packed_transformers.door.folder import open_tokenizer
+
+        opened = open_tokenizer(checkpoint, checkpoint_config)
+        vocab_file, tokenizer, vocab, token_types = None, opened.tokenizer, None, opened.token_types
+    else:
+        vocab_file = Path(resolve_asset(data["vocab_file"]) or checkpoint / "vocab.txt")
+        if not vocab_file.is_file():
+            raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
+        check_vocabulary(checkpoint, vocab_file, checkpoint_config)
+        tokenizer, vocab = load_tokenizer(vocab_file)
+        token_types = True
+
+    examples = read_examples(data, resolve_asset(data["train_file"]))
+    for note in examples.notes:
+        log.info("note: %s", note)
+    if data["validation_file"] is None:
+        train_rows, val_rows = split_by_seed(len(examples), data["validation_fraction"], data["split_seed"])
+        train, validation = examples.subset(train_rows), examples.subset(val_rows)
+    else:
+        train, validation = examples, read_examples(data, data["validation_file"])
+    label_names = data["labels"] or label_names_of(train)
+    splits = []
+    for name, part in (("train", train), ("validation", validation)):
+        labels = encode_labels(part, label_names, data["multi_label"])
+        length, too_long = data["max_sequence_length"], data["too_long"]
+        tokenized = tokenize_examples(part, labels, length, too_long, tokenizer, vocab, token_types)
+        if tokenized.truncated:
+            log.warning(
+                "%s: %d of %d examples truncated to %d tokens",
+                name,
+                tokenized.truncated,
+                len(tokenized),
+                data["max_sequence_length"],
+            )
+        splits.append(tokenized)
+    return Task(splits[0], splits[1], label_names, vocab_file)
+
+
+def build_classifier(config: dict, task: Task, checkpoint_config: dict | None = None):
+    """The packed classifier over the checkpoint: this project's packed BERT for a BERT
+    folder, transformers' own modules with packed attention for the other encoder
+    families (model/families.py)."""
+    model_cfg, data = config["model"], config["data"]
+    checkpoint = resolve_asset(model_cfg["init_checkpoint"])
+    torch.manual_seed(config["training"]["seed"])  # the classifier's init
+    problem_type = "multi_label_classification" if data["multi_label"] else "single_label_classification"
+    labels = {"id2label": dict(enumerate(task.label_names)),
+              "label2id": {name: i for i, name in enumerate(task.label_names)}}  # fmt: skip
+    options = ModelOptions(
+        new_head=True,  # fine-tuning: the classifier may be new; the encoder must be whole
+        attention_backend=model_cfg["attention_backend"],
+        dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"],
+                 "classifier": model_cfg["classifier_dropout"]},
+        config={"num_labels": len(task.label_names), "problem_type": problem_type, **labels},
+    )  # fmt: skip
+    opened = open_folder(  # through the door: one line (ExampleError) for a folder that cannot be loaded
+        checkpoint, task="classification", model_options=options, config=checkpoint_config,
+        label=f"model.init_checkpoint {checkpoint}",
+    )  # fmt: skip
+    model, positions = opened.model, opened.max_length
+    longest = int(max(task.train.lengths.max(), task.validation.lengths.max()))
+    if longest > positions:
+        raise FinetuneError(
+            f"data.max_sequence_length: examples of {longest} tokens exceed the checkpoint's {positions} positions"
+        )
+    return model
+
+
+def classification_job(config: dict, checkpoint_config: dict | None = None) -> Job:
+    task = prepare_task(config, checkpoint_config)
+    model = build_classifier(config, task, checkpoint_config)
+    multi_label = config["data"]["multi_label"]
+
+    def evaluate(model, batcher):
+        logits, inference = predict_logits(model, task.validation, batcher)
+        if not np.isfinite(logits).all():
+            raise Diverged(
+                "validation logits are not finite: the run diverged (lower optim.lr?); nothing saved"
+            )
+        return score(logits, task.validation.labels, multi_label), inference, logits
+
+    return Job(
+        task.train,
+        task.validation,
+        model,
+        evaluate,
+        lambda output, logits: write_predictions(
+            output / "validation_predictions.jsonl", logits, task.label_names, multi_label
+        ),
+        lambda model, folder: save_finetuned(
+            model,
+            config,
+            task.label_names,
+            task.vocab_file,
+            folder,
+            tokenizer_source=Path(resolve_asset(config["model"]["init_checkpoint"])),
+        ),  # fmt: skip
+        f"{len(task.label_names)} classes",
+    )
+
+
+def qa_job(config: dict, checkpoint_config: dict | None = None) -> Job:
+    from packed_transformers.finetune.qa_task import build_qa_model, prepare_qa
+    from packed_transformers.inference.question_answering import (
+        answer_questions,
+        answer_settings,
+        score_answers,
+        write_answer_files,
+    )
+
+    checkpoint = resolve_asset(config["model"]["init_checkpoint"])
+    refusal = qa_fine_tuning_refusal(checkpoint)
+    if refusal:
+        raise FinetuneError(f"model.init_checkpoint {checkpoint}: {refusal}")
+    vocab_file = Path(resolve_asset(config["data"]["vocab_file"]) or Path(checkpoint) / "vocab.txt")
+    if not vocab_file.is_file():
+        raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
+    check_vocabulary(Path(checkpoint), vocab_file, checkpoint_config)
+    _, vocab = load_tokenizer(vocab_file)
+    train, validation, tokenizer = prepare_qa(config, vocab, resolve_asset)
+    model = build_qa_model(config, checkpoint, checkpoint_config)
+    longest = int(max(train.windows.lengths.max(), validation.windows.lengths.max()))
+    if longest > model.config.max_position_embeddings:
+        raise FinetuneError(
+            f"data.max_sequence_length: windows of {longest} tokens exceed the checkpoint's "
+            f"{model.config.max_position_embeddings} positions"
+        )
+    qa = config["qa"]
+    settings = answer_settings(qa)
+
+    def evaluate(model, batcher):
+        answers, inference = answer_questions(model, validation, batcher, settings)
+        return score_answers(answers, validation.examples, qa["version_2_with_negative"]), inference, answers
+
+    return Job(
+        train.windows,
+        validation.windows,
+        model,
+        evaluate,
+        lambda output, answers: write_answer_files(
+            output / "validation_predictions.json", answers, validation.examples
+        ),
+        lambda model, folder: save_finetuned(model, config, None, vocab_file, folder, tokenizer),
+        f"{len(train.examples)} / {len(validation.examples)} questions",
+    )
+
+
+# data.task -> the function that builds its Job
+JOBS: dict[str, Callable[[dict, dict | None], Job]] = {
+    "classification": classification_job,
+    "question_answering": qa_job,
+    "causal_lm": causal_lm_job,
+}

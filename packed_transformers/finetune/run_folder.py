@@ -1,0 +1,228 @@
+"""The run's output folder and its checkpoint's claims: what a run may start on, what
+--overwrite removes, what --resume may change, and the final save.
+
+    OUTPUT/  model/ checkpoint/ summary.json metrics.jsonl validation_predictions.json[l]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from packed_transformers.common.cli import first_line
+from packed_transformers.common.files import describe_os_error
+from packed_transformers.finetune.errors import FinetuneError
+from packed_transformers.finetune.job_contract import STEP_SUMS, resolve_asset
+
+
+def input_digest(config: dict) -> dict:
+    """sha256 of the training and validation files (each file of a glob), so that --resume
+    refuses data changed at the same path. -> {"train_file": hex, "validation_file": hex}."""
+    import glob as globbing
+
+    from packed_transformers.common.files import sha256_file
+
+    digests = {}
+    for key in ("train_file", "validation_file"):
+        spec = resolve_asset(config["data"].get(key))
+        if spec is None:
+            continue
+        files = sorted(globbing.glob(spec)) if globbing.has_magic(spec) else [spec]
+        digest = hashlib.sha256()
+        for path in files:
+            if os.path.isfile(path):
+                digest.update(f"{path}\0{sha256_file(path)}\n".encode())
+        digests[key] = digest.hexdigest()
+    digests["tokenizer"] = tokenizer_digest(config)
+    return digests
+
+
+# The files a tokenizer is built from (transformers' names; a chat template in its own file too).
+TOKENIZER_FILE_PATTERNS = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "*.model",
+)  # fmt: skip
+
+
+def tokenizer_digest(config: dict) -> str:
+    """sha256 over the tokenizer's files: data.vocab_file where set, else those of the init
+    checkpoint (names and contents), so that --resume refuses a tokenizer changed in place
+    (a chat template added, tokenizer.json replaced): the plan of batches came from it."""
+    from packed_transformers.common.files import sha256_file
+
+    vocab_file = resolve_asset(config["data"].get("vocab_file"))
+    if vocab_file is not None:
+        files = [Path(vocab_file)]
+    else:
+        checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
+        files = sorted({p for pattern in TOKENIZER_FILE_PATTERNS for p in checkpoint.glob(pattern)})
+    digest = hashlib.sha256()
+    for path in files:
+        if path.is_file():
+            digest.update(f"{path.name}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def check_positions(config: dict) -> dict:
+    """data.max_sequence_length must fit the checkpoint's position embeddings: checked from
+    its config.json before any text is read, tokenized or packed. -> config.json as read,
+    which the job hands on (the tokenizer, the door): the run reads the file once."""
+    checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
+    config_file = checkpoint / "config.json"
+    if not checkpoint.is_dir():
+        raise FinetuneError(f"model.init_checkpoint {checkpoint}: no such folder")
+    if not config_file.is_file():
+        raise FinetuneError(
+            f"model.init_checkpoint {checkpoint}: no config.json (not a Hugging Face model folder)"
+        )
+    try:
+        described = json.loads(config_file.read_text())
+        positions = described.get("max_position_embeddings", described.get("n_positions"))
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise FinetuneError(f"{config_file}: not a readable config ({first_line(err)[:200]})") from None
+    from packed_transformers.model.families import usable_positions
+
+    if isinstance(positions, int):
+        positions = usable_positions(described.get("model_type"), positions, described.get("pad_token_id"))
+    length = config["data"]["max_sequence_length"]
+    if isinstance(positions, int) and length > positions:
+        raise FinetuneError(
+            f"data.max_sequence_length {length}: the checkpoint {checkpoint} has {positions} positions; "
+            f"give at most {positions}"
+        )
+    return described
+
+
+# What a run writes in its output folder (removed, and only these, by --overwrite).
+RUN_FILES = ("model", "checkpoint", "summary.json", "metrics.jsonl", "validation_predictions.jsonl",
+             "validation_predictions.json")  # fmt: skip
+
+
+def clear_run(output: Path) -> None:
+    """--overwrite: remove a previous run's files from `output` (RUN_FILES only: anything
+    else in the folder, such as the data, is left alone)."""
+    import shutil
+
+    for name in RUN_FILES:
+        path = output / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+# Settings a resumed run may change (none of them changes what is computed): the time budget,
+# the threads, the progress bar. Everything else must equal the checkpoint's config.
+# How the run is carried out, not what it computes (a compiled step computes the same step;
+# a checkpoint written before training.compile existed lacks the key).
+CHANGEABLE_ON_RESUME = {
+    ("training", "max_seconds"),
+    ("training", "threads"),
+    ("training", "progress"),
+    ("training", "compile"),
+}
+
+
+def check_output(output: Path, resume: bool) -> dict | None:
+    """The output folder may hold nothing finished; --resume needs its checkpoint. -> the
+    checkpoint's progress (resume) or None."""
+    from packed_transformers.finetune.checkpoint import checkpoint_path, read_progress
+
+    if (output / "summary.json").exists() or (output / "model").exists():
+        raise FinetuneError(
+            f"--output-dir {output}: holds a finished run; choose another folder, or --overwrite to replace it"
+        )
+    try:
+        progress = read_progress(output)
+    except ValueError as err:
+        raise FinetuneError(
+            f"--resume: {err}; the checkpoint is damaged: start over with --overwrite"
+        ) from None
+    if resume and progress is None:
+        raise FinetuneError(f"--resume: {checkpoint_path(output)} holds no checkpoint to resume from")
+    if not resume and progress is not None:
+        raise FinetuneError(
+            f"--output-dir {output}: holds an unfinished run (checkpoint at epoch {progress['epoch']}); "
+            "continue it with --resume, replace it with --overwrite, or choose another folder"
+        )
+    return progress
+
+
+def resume_differences(config: dict, progress: dict | None) -> list[str]:
+    """The settings (section.key) where `config` differs from the checkpoint's, apart from
+    CHANGEABLE_ON_RESUME; [] for a new run."""
+    if progress is None:
+        return []
+    return sorted(
+        f"{section}.{key}" for section in config for key in config[section]
+        if (section, key) not in CHANGEABLE_ON_RESUME
+        and progress["config"].get(section, {}).get(key) != config[section][key]
+    )  # fmt: skip
+
+
+def save_final(job, model, output: Path) -> None:
+    """The model folder predict reads; a failed save (no space, a file-size limit) is one
+    line naming the folder and the checkpoint that is kept, never a traceback."""
+    from safetensors import SafetensorError
+
+    from packed_transformers.finetune.checkpoint import checkpoint_path, read_progress
+
+    try:
+        job.save(model, output / "model")
+    except (OSError, SafetensorError, RuntimeError) as err:
+        kept = checkpoint_path(output)
+        progress = read_progress(output) if kept.is_dir() else None
+        what = (
+            f"the checkpoint of epoch {progress['epoch'] - 1} is kept at {kept}: free the space and run the "
+            "same command with --resume to save it"
+            if progress is not None
+            else "no checkpoint was written"
+        )
+        reason = describe_os_error(err) if isinstance(err, OSError) else first_line(err)[:200]
+        raise FinetuneError(
+            f"{output / 'model'}: the final model could not be saved ({reason}); {what}"
+        ) from None
+
+
+# ----- where a run stands: what a checkpoint's progress.json holds (finetune.checkpoint) -----
+def zero_sums() -> dict[str, float]:
+    return dict.fromkeys(STEP_SUMS, 0.0)
+
+
+@dataclass
+class RunState:
+    """config: the run's config (resolved); data_sha256: {"train_file" | "validation_file": hex}
+    of the data it trains on (finetune.run_folder.input_digest).
+    epoch: the epoch in progress (the next to run once one is validated); batches_done: batches
+    of it trained; sums: its running STEP_SUMS. steps, train_seconds (optimizer steps only),
+    train_examples: the whole run's. padding: each epoch's padding fraction. finished: the
+    last epoch (or a time budget's stop) is validated and checkpointed."""
+
+    config: dict
+    data_sha256: dict
+    epoch: int = 0
+    batches_done: int = 0
+    sums: dict = field(default_factory=zero_sums)
+    steps: int = 0
+    train_seconds: float = 0.0
+    train_examples: int = 0
+    padding: list = field(default_factory=list)
+    finished: bool = False
+
+    def progress(self, **changes) -> dict:
+        """The JSON object a checkpoint keeps (progress.json), with `changes` applied."""
+        return {**asdict(self), **changes}
+
+    @classmethod
+    def from_progress(cls, progress: dict, config: dict, data_sha256: dict) -> RunState:
+        """A checkpoint's progress -> the state, `config` replacing its config (the same but
+        for the settings a resume may change); a checkpoint written before data_sha256 was
+        kept takes today's digest."""
+        known = {f.name for f in fields(cls)}
+        kept = {key: value for key, value in progress.items() if key in known}
+        kept.setdefault("data_sha256", data_sha256)
+        kept["config"] = config
+        return cls(**kept)

@@ -1,0 +1,468 @@
+"""Fine-tune a BERT checkpoint for text classification or extractive question answering
+with packed (or padded) batches.
+
+    python -m packed_transformers.finetune.train --config configs/finetune_bbc.yaml --output-dir runs/bbc \
+        [--set batching.mode=dynamic ...]
+
+Data flow (classification): examples (jsonl or BBC News) -> labels checked -> WordPiece
+ids -> train / validation split -> batch tables (inference.batching: padded | dynamic |
+uniform | packed) -> collate -> PackedBertForSequenceClassification -> per-example loss
+-> AdamW step. Question answering (data.task: question_answering, finetune.qa_task):
+SQuAD questions -> overlapping context windows with span labels -> the same batch tables
+and step -> PackedBertForQuestionAnswering. After every epoch the validation set goes
+through inference in the same batching mode, timed; the last pass's predictions are
+written (classification in input order; QA as SQuAD's {question id: answer} file).
+Causal LM (data.task: causal_lm, finetune.causal_lm_task): prompt/completion JSON lines
+-> a decoder's packed causal LM, the loss on the completion's tokens only.
+
+Where things live: finetune.jobs (each task's data, model, evaluation and save: `JOBS`),
+finetune.run_folder (the output folder, --overwrite, --resume's checks, the final save),
+finetune.run_folder (`RunState`: a checkpoint's progress), finetune.checkpoint (its files).
+This module: the optimizer, the step, and the run as named steps (start_run, train_epoch,
+validate_epoch, finish_run).
+
+OUTPUT/
+  model/                      Hugging Face folder (+ vocab.txt, finetune.json) for predict
+  metrics.jsonl               one line per epoch: train loss/accuracy, validation metrics
+  validation_predictions.jsonl   classification; QA: validation_predictions.json
+  summary.json                mode, examples/s (training, inference), padding fractions, accuracy
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__":  # option and path mistakes answered before torch is imported
+    from packed_transformers.common.preflight import exit_on_path_mistakes
+    from packed_transformers.finetune.config import train_parser
+
+    train_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
+
+    exit_on_path_mistakes({"--config": "file"})
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from packed_transformers.common.cli import first_line, refuse
+from packed_transformers.common.config_schema import ConfigError
+from packed_transformers.common.files import describe_os_error, write_json_atomic
+from packed_transformers.data.classification_data import ExampleError
+from packed_transformers.data.tokenizer import DataInputError
+from packed_transformers.finetune.config import load_finetune_config, train_parser
+from packed_transformers.finetune.errors import Diverged, FinetuneError, Interrupted
+from packed_transformers.finetune.job_contract import Job, classification_sums, resolve_asset
+from packed_transformers.finetune.jobs import JOBS, prepare_task, read_examples
+from packed_transformers.finetune.run_folder import (
+    RunState,
+    check_output,
+    check_positions,
+    clear_run,
+    input_digest,
+    resume_differences,
+    save_final,
+    zero_sums,
+)
+from packed_transformers.inference.batching import Batcher, BatchingSpec
+from packed_transformers.inference.predictions import to_device
+from packed_transformers.model.hf_checkpoint import quiet_transformers
+from packed_transformers.optim import weight_decay_groups
+from packed_transformers.packing.errors import PackingInputError
+from packed_transformers.packing.tokenized import wider_packs
+
+log = logging.getLogger("finetune")
+
+FEW_VALIDATION_EXAMPLES = 30  # below this, the run's summary says its validation score measures little
+
+
+# ----- optimizer and step ------------------------------------------------------------------
+def build_adamw(model, optim: dict, total_steps: int):
+    """AdamW without decay on biases and LayerNorm (optim.weight_decay_groups, the rule
+    pretraining uses); linear warmup then linear decay to 0. The fused kernel (one pass
+    over all parameters, on CPU and CUDA; what transformers' Trainer picks by default):
+    torch's default for-loop AdamW was ~13% of a MiniLM step on 2 CPU cores."""
+    optimizer = torch.optim.AdamW(
+        weight_decay_groups(model.named_parameters(), optim["weight_decay"]),
+        lr=optim["lr"],
+        betas=tuple(optim["betas"]),
+        eps=optim["eps"],
+        fused=True,
+    )
+    warmup = max(1, math.ceil(optim["warmup_fraction"] * total_steps))
+
+    def factor(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+# ----- the run -----------------------------------------------------------------------------
+def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
+    batching = config["batching"]
+    return BatchingSpec(
+        batching["mode"],
+        batch_size,
+        config["data"]["max_sequence_length"],
+        batching["max_sequences_per_pack"],
+        batching["algorithm"],
+        # a compiled step keeps one shape: the last batch gets empty rows (they hold no example)
+        batching["pad_last_batch"] or config["training"]["compile"],
+        batching["pack_length"],
+    )
+
+
+# What training.compile hands torch.compile (tests count compilations through another backend).
+COMPILE_BACKEND = "inductor"
+
+
+def step_model_of(model: torch.nn.Module, compile_step: bool):
+    """The module the training step calls: `model` itself, or (training.compile) its compiled
+    forward with static shapes, built at the first step and reused by every batch of the run
+    (FIXED_WIDTH_MODES give each batch the same rows x width). Its backward is compiled with
+    it (AOTAutograd); weights, optimizer and checkpoints stay `model`'s."""
+    if not compile_step:
+        return model
+    return torch.compile(model, backend=COMPILE_BACKEND, dynamic=False)
+
+
+def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums=classification_sums,
+                  step_model=None) -> dict:  # fmt: skip
+    """One optimizer step on one batch (the model's mean loss). -> `sums(outputs)`: STEP_SUMS.
+    step_model: what runs the forward (step_model_of; None: `model`)."""
+    model.train()
+    step_model = model if step_model is None else step_model
+    out = step_model(**to_device(batch, next(model.parameters()).device))
+    out["loss"].backward()
+    if not bool(torch.isfinite(out["loss"])):
+        optimizer.zero_grad(set_to_none=True)
+        raise FinetuneError(
+            f"non-finite training loss ({float(out['loss'].detach())}): the run diverged (lower optim.lr?)"
+        )
+    if max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm, foreach=True)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return sums(out, batch)
+
+
+# ----- the run -----------------------------------------------------------------------------
+@dataclass
+class Run:
+    """What a run works with, built once by start_run; `state` changes as it trains."""
+
+    config: dict
+    output: Path
+    job: Job
+    model: torch.nn.Module
+    batcher: Batcher
+    eval_batcher: Batcher
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    state: RunState
+    stop: object  # has is_set() and signum (the CLI's signal flag), or None
+    step_model: torch.nn.Module  # what the training step calls: model, or compiled (step_model_of)
+
+
+def run_finetune(
+    config: dict, output: Path, resume: bool = False, stop=None, overwrite: bool = False
+) -> dict:
+    """Train, evaluate each epoch, time inference, save. Returns the summary.
+
+    resume: continue from OUTPUT/checkpoint (finetune.checkpoint). stop: an object whose
+    is_set() is polled after every step (the CLI's SIGINT/SIGTERM flag); when set, the run
+    writes a checkpoint and raises Interrupted."""
+    run = start_run(config, output, resume, stop, overwrite)
+    if stop is not None and stop.is_set():
+        raise Interrupted("stopped before the first step; nothing was trained", stop.signum)
+    validation, inference, outputs = train_and_validate(run)
+    return finish_run(run, validation, inference, outputs)
+
+
+def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -> Run:
+    """Check the output folder and the config against a checkpoint, build the task's job, the
+    batchers and the optimizer, and restore the checkpoint's state (--resume)."""
+    checkpoint_config = check_positions(config)  # before anything is read, packed or (--overwrite) removed
+    if overwrite and not resume:
+        clear_run(output)
+    progress = check_output(output, resume)
+    changed = resume_differences(config, progress)
+    if changed:
+        raise FinetuneError(
+            f"--resume: the config differs from the checkpoint's in {', '.join(changed)}; resume with the same config"
+        )
+    training = config["training"]
+    if training["threads"]:
+        torch.set_num_threads(training["threads"])
+    if training["device"] == "cuda" and not torch.cuda.is_available():
+        from packed_transformers.common.cli import no_gpu
+
+        raise FinetuneError(no_gpu("training.device cuda", torch.__version__, torch.version.cuda is not None))
+    job = JOBS[config["data"]["task"]](config, checkpoint_config)  # config.json read once, handed on
+    output.mkdir(parents=True, exist_ok=True)
+    model = job.model.to(training["device"])
+    seed, batching = config["batching"]["shuffle_seed"], config["batching"]
+    batcher = Batcher(job.train.lengths, batching_spec(config, batching["batch_size"]), seed)
+    optimizer, scheduler = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
+    eval_batcher = Batcher(job.validation.lengths, batching_spec(config, batching["eval_batch_size"]), seed)
+    log.info(
+        "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s",
+        batcher.spec.mode, len(job.train), len(job.validation), job.description,
+        batcher.batches_per_epoch, batcher.packing_factor, packing_note(batcher, batching["max_sequences_per_pack"]),
+    )  # fmt: skip
+    torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
+    state = RunState(config, input_digest(config))
+    if progress is not None:
+        state = restore_state(output, model, optimizer, scheduler, state)
+    step_model = step_model_of(model, training["compile"])
+    return Run(
+        config, output, job, model, batcher, eval_batcher, optimizer, scheduler, state, stop, step_model
+    )
+
+
+def packing_note(batcher: Batcher, asked: int | None) -> str:
+    """ ", K=16 (chosen from the lengths), 1.0% padding" for packed batching; "" otherwise."""
+    if batcher.spec.mode != "packed":
+        return ""
+    how = "chosen from the lengths" if asked is None else f"at most {asked}"
+    padding = batcher.padding_fraction([batcher.table])  # every pack of an epoch, in any order
+    note = f", K={batcher.table.shape[1]} ({how}), {padding:.1%} padding"
+    if batcher.spec.pack_length is None:  # the default width: say where a wider one would pad less
+        wider = wider_packs(batcher.lengths, batcher.spec.fixed_width, padding)
+        if wider is not None:
+            note += (
+                f" (packs of {wider.pack_length} tokens would leave {wider.padding:.1%}: "
+                f"set batching.pack_length: {wider.pack_length})"
+            )
+    return note
+
+
+def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState) -> RunState:
+    """--resume: the checkpoint's weights, optimizer, schedule and RNG into place. -> its
+    state; refused (one line) where the checkpoint is damaged or the data changed."""
+    from packed_transformers.finetune.checkpoint import checkpoint_path, load_checkpoint
+
+    try:
+        progress = load_checkpoint(output, model, optimizer, scheduler)
+    except Exception as err:  # noqa: BLE001 - safetensors, torch.load and the state dicts each raise their own
+        raise FinetuneError(
+            f"--resume: {checkpoint_path(output)} is damaged ({type(err).__name__}: {first_line(err)[:200]}); "
+            "start over with --overwrite"
+        ) from None
+    # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
+    state = RunState.from_progress(progress, fresh.config, fresh.data_sha256)
+    kept_tokenizer = state.data_sha256.get("tokenizer")  # absent: a checkpoint from before it was kept
+    if kept_tokenizer is not None and kept_tokenizer != fresh.data_sha256["tokenizer"]:
+        raise FinetuneError(
+            "--resume: the tokenizer's files changed since the checkpoint (model.init_checkpoint's tokenizer "
+            "files or data.vocab_file: same paths, other contents); the planned batches came from the old "
+            "tokenizer: restore it, or start over with --overwrite"
+        )
+    data_keys = [k for k in fresh.data_sha256 if k != "tokenizer"]
+    if any(state.data_sha256.get(k) != fresh.data_sha256[k] for k in data_keys):
+        changed = ", ".join(k for k in data_keys if state.data_sha256.get(k) != fresh.data_sha256[k])
+        raise FinetuneError(
+            f"--resume: the training or validation data changed since the checkpoint (same paths, other "
+            f"contents: {changed}); resume with the data it was trained on, or start over with --overwrite"
+        )
+    log.info("resumed from %s: epoch %d, %d batches done in it", checkpoint_path(output), state.epoch,
+             state.batches_done)  # fmt: skip
+    return state
+
+
+def train_and_validate(run: Run):
+    """Every epoch left: train it, validate it, write its metrics line, checkpoint it. ->
+    the last validation (metrics, inference timing, outputs)."""
+    from packed_transformers.finetune.checkpoint import save_checkpoint
+
+    state, training = run.state, run.config["training"]
+    metrics_path = run.output / "metrics.jsonl"
+    kept = []  # metrics lines of the epochs the checkpoint has validated
+    if state.epoch > 0 and metrics_path.is_file():
+        kept = [
+            line for line in metrics_path.read_text().splitlines() if json.loads(line)["epoch"] < state.epoch
+        ]
+    validated = None
+    last_epoch = state.epoch if state.finished else training["epochs"]
+    with metrics_path.open("w") as metrics_file:
+        metrics_file.write("".join(line + "\n" for line in kept))
+        metrics_file.flush()
+        for epoch in range(state.epoch, last_epoch):
+            stopped = train_epoch(run, epoch)
+            validated = validate_epoch(run, epoch, metrics_file)
+            state.epoch, state.batches_done, state.sums = epoch + 1, 0, zero_sums()
+            state.finished = stopped or epoch + 1 == training["epochs"]
+            save_checkpoint(run.output, run.model, run.optimizer, run.scheduler, state.progress())
+            if stopped:
+                log.info("stopped after training.max_seconds=%s", training["max_seconds"])
+                break
+    if validated is None:  # resumed from the last epoch's checkpoint: nothing left to train
+        validated = run.job.evaluate(run.model, run.eval_batcher)
+    return validated
+
+
+def train_epoch(run: Run, epoch: int) -> bool:
+    """Train the batches of `epoch` not yet done. -> whether training.max_seconds stopped it.
+    Diverged for a non-finite loss or weights; Interrupted (checkpoint kept) on a stop."""
+    from packed_transformers.finetune.checkpoint import save_checkpoint
+
+    state, training, job = run.state, run.config["training"], run.job
+    batches = run.batcher.epoch(epoch)
+    if state.batches_done == 0:
+        state.padding.append(run.batcher.padding_fraction(batches))
+    bar = tqdm(batches, desc=f"epoch {epoch}", disable=not training["progress"], leave=False,
+               initial=state.batches_done)  # fmt: skip
+    try:
+        for table in batches[state.batches_done :]:
+            start = time.perf_counter()
+            batch = job.collate(job.train, table, run.batcher.width(table))
+            try:
+                step = finetune_step(run.model, batch, run.optimizer, run.scheduler,
+                                     run.config["optim"]["max_grad_norm"], job.step_sums, run.step_model)  # fmt: skip
+            except FinetuneError as err:
+                raise Diverged(f"epoch {epoch}, step {state.steps + 1}: {err}; nothing saved") from None
+            state.train_seconds += time.perf_counter() - start
+            state.steps += 1
+            state.batches_done += 1
+            state.train_examples += int((table >= 0).sum())
+            for key in state.sums:
+                state.sums[key] += float(step[key])
+            bar.update(1)
+            if run.stop is not None and run.stop.is_set() and state.batches_done < len(batches):
+                check_weights(run, epoch)
+                where = save_checkpoint(run.output, run.model, run.optimizer, run.scheduler,
+                                        state.progress(epoch=epoch))  # fmt: skip
+                raise Interrupted(
+                    f"stopped at epoch {epoch}, step {state.steps}; checkpoint kept at {where}: "
+                    "continue with the same command and --resume", run.stop.signum
+                )  # fmt: skip
+            if training["max_seconds"] is not None and state.train_seconds >= training["max_seconds"]:
+                return True
+        return False
+    finally:
+        bar.close()
+
+
+def check_weights(run: Run, epoch: int) -> None:
+    from packed_transformers.finetune.checkpoint import weights_finite
+
+    if not weights_finite(run.model):
+        raise Diverged(
+            f"epoch {epoch}: the weights are no longer finite: the run diverged (lower optim.lr?); nothing saved"
+        )
+
+
+def validate_epoch(run: Run, epoch: int, metrics_file):
+    """Timed inference over the validation set in the run's batching mode, its metrics line
+    written. The last epoch's pass (the model does not change after it) is the run's
+    inference figure and its predictions. -> (metrics, inference timing, outputs)."""
+    check_weights(run, epoch)
+    validation, inference, outputs = run.job.evaluate(run.model, run.eval_batcher)
+    sums = run.state.sums
+    record = {
+        "epoch": epoch,
+        "step": run.state.steps,
+        "train_loss": sums["loss_sum"] / max(sums["count"], 1),
+        "train_accuracy": sums["correct"] / max(sums["correct_count"], 1),
+        **{f"validation_{k}": v for k, v in validation.items()},
+    }
+    metrics_file.write(json.dumps(record) + "\n")
+    metrics_file.flush()
+    log.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in record.items() if isinstance(v, float)})
+    return validation, inference, outputs
+
+
+def finish_run(run: Run, validation: dict, inference: dict, outputs) -> dict:
+    """Write the predictions, the model folder and summary.json. -> the summary."""
+    job, state, output = run.job, run.state, run.output
+    job.write_outputs(output, outputs)
+    save_final(job, run.model, output)
+    summary = {
+        "task": run.config["data"]["task"],
+        "batching": run.batcher.spec.mode,
+        "train_examples": state.train_examples,
+        "train_steps": state.steps,
+        "train_seconds": state.train_seconds,
+        "train_examples_per_second": state.train_examples / max(state.train_seconds, 1e-9),
+        "train_padding_fraction": float(np.mean(state.padding)),
+        "examples_per_row": run.batcher.packing_factor,
+        "inference_examples_per_second": inference["examples_per_second"],
+        "inference_padding_fraction": inference["padding_fraction"],
+        "inference_seconds": inference["seconds"],
+        "truncated": job.train.truncated + job.validation.truncated,
+        "validation_examples": len(job.validation.lengths),
+        **{f"validation_{k}": v for k, v in validation.items()},
+    }
+    if len(job.validation.lengths) < FEW_VALIDATION_EXAMPLES:  # say it, rather than a bare 0.0 or 1.0
+        log.info(
+            "validation: %d examples; a score over so few measures little (give data.validation_file, or more data)",
+            len(job.validation.lengths),
+        )
+    write_json_atomic(output / "summary.json", summary)
+    return summary
+
+
+# Names other modules and the benches import from here.
+__all__ = ["Diverged", "FinetuneError", "Interrupted", "Job", "batching_spec", "build_adamw", "finetune_step",
+           "prepare_task", "read_examples", "resolve_asset", "run_finetune"]  # fmt: skip
+
+
+def main(argv=None) -> int:
+    import signal
+    import threading
+
+    parser = train_parser(__doc__)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    quiet_transformers()
+
+    # SIGINT / SIGTERM: the loop finishes its step, keeps a checkpoint and ends in one line.
+    stop = threading.Event()
+    stop.signum = 0
+
+    def request_stop(signum, frame):
+        stop.signum = signum
+        stop.set()
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        config = load_finetune_config(args.config, args.set)
+        if args.resume and args.overwrite:
+            raise FinetuneError(
+                "--resume continues the run in --output-dir, --overwrite replaces it: give one"
+            )
+        summary = run_finetune(
+            config, args.output_dir, resume=args.resume, stop=stop, overwrite=args.overwrite
+        )
+    except (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError) as err:
+        return refuse(err)
+    except OSError as err:
+        return refuse(describe_os_error(err))
+    except Diverged as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    except Interrupted as err:
+        print(f"interrupted: {err}", file=sys.stderr)
+        return 128 + err.signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if stop.is_set():  # a signal after the last step: the run finished and is complete
+        log.info("a stop was asked for after the last step; the run is complete")
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

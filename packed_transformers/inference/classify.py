@@ -1,0 +1,68 @@
+"""Sequence classification of new text, the core every way in runs: commands.predict's
+command, each Ray replica (ray_jobs.actors.PackedPredictor) and the benches. How a
+command batches travels as one `InferenceOptions` value: built from the command's options,
+taken by the Python API, sent to Ray's actors as `dataclasses.asdict(options)`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from packed_transformers.data.classification_data import ExampleError
+from packed_transformers.inference.batching import width_groups
+from packed_transformers.inference.options import InferenceOptions
+from packed_transformers.inference.predictions import predict_logits
+from packed_transformers.inference.runner import Runner
+
+
+def classify_examples(folder, runner: Runner, examples, labels, options: InferenceOptions):
+    """A classification folder's logits for `examples`, in input order: what predict
+    writes, and what each Ray replica runs on its share (ray_jobs.actors).
+
+    -> (logits float32 [n, C], timing, the TokenizedExamples run).
+    ExampleError (one line) where --pack-length is shorter than the longest input."""
+    spec = folder.spec
+    # New text may be longer than anything seen in training: take it up to the folder's
+    # limit (LoadedModel.max_length, the door's: the positions; a transformers folder: its
+    # tokenizer's model_max_length too), truncating beyond (counted in the report), and widen
+    # rows and packs to the longest input rather than refuse the file.
+    data = folder.tokenize(examples, labels, folder.max_length, "truncate")
+    longest = int(data.lengths.max())
+    if options.pack_length is not None and options.pack_length < longest:
+        raise ExampleError(
+            f"--pack-length {options.pack_length} is shorter than the longest input ({longest} tokens); "
+            f"give at least {longest}, or leave it out"
+        )
+    width = max(spec.max_sequence_length, longest)
+    if options.batching == "packed" and options.pack_length is None and spec.pack_length is None:
+        logits, timing = predict_in_width_groups(options, runner, data, width)
+    else:
+        batcher = options.batcher(data.lengths, width, max(spec.pack_length or width, longest))
+        logits, timing = predict_logits(runner, data, batcher)
+    return logits, timing, data
+
+
+def predict_in_width_groups(options: InferenceOptions, runner, data, longest: int):
+    """Packed inference where the folder names no pack length (a transformers folder): the
+    texts are packed in groups of row widths (inference.batching.width_groups: each text in
+    the narrowest of 64 / 128 / 256 / 512 that holds it, groups merged where that is less
+    work), not all in rows as wide as the model's maximum. -> (logits [n, C], timing)."""
+    from packed_transformers.data.classification_data import TokenizedExamples
+
+    hidden = runner.model.config.hidden_size
+    groups = width_groups(data.lengths, longest, options.max_sequences_per_pack, options.algorithm, hidden)
+    stats = runner.stats
+    real_before, rows_before = stats.real_tokens, stats.row_tokens  # this pass's share of the runner's counts
+    logits, timing = None, {"examples": len(data), "seconds": 0.0, "batches": 0}
+    for members, width in groups:
+        part = TokenizedExamples([data.token_ids[i] for i in members], [data.segment_ids[i] for i in members],
+                                 data.labels[members], 0)  # fmt: skip
+        part_logits, part_timing = predict_logits(runner, part, options.batcher(part.lengths, width, width))
+        if logits is None:
+            logits = np.empty((len(data), part_logits.shape[1]), dtype=part_logits.dtype)
+        logits[members] = part_logits
+        timing["seconds"] += part_timing["seconds"]
+        timing["batches"] += part_timing["batches"]
+    timing["examples_per_second"] = len(data) / timing["seconds"]
+    timing["padding_fraction"] = 1.0 - (stats.real_tokens - real_before) / (stats.row_tokens - rows_before)
+    return logits, timing

@@ -1,0 +1,173 @@
+"""Packed sentence embeddings: a sentence-transformers (or any BERT) folder, texts in, a
+float32 [n, D] array out, row i for text i.
+
+    encoder = load_encoder(folder)                       # reads modules.json, pooling, Normalize
+    vectors = encode(["a text", "another"], encoder)     # numpy [2, D], packed batches
+    vectors = packed_encode(st_model, texts)             # from a SentenceTransformer object
+
+A text goes: tokenizer (the folder's tokenizer.json, else vocab.txt; truncated to
+max_seq_length, as sentence-transformers does) -> token ids -> batch tables
+(inference.batching: packed, length-sorted or padded) -> rows (inference.rows.pack_rows) ->
+model.embedding.PackedBertForEmbedding (per-sequence pooling) -> back to input order.
+Texts are encoded in chunks (`chunk_texts`), so memory is bounded by a chunk, never by the
+input; `iter_encode` yields one chunk's array at a time for streaming writers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import numpy as np
+
+from packed_transformers.common.choices import EMBED_BATCHING
+from packed_transformers.data.classification_data import ExampleError
+from packed_transformers.door.embedding_folder import encoder_from_sentence_transformer, load_encoder  # noqa: F401 (read from here too)
+from packed_transformers.door.loaded import LoadedModel
+from packed_transformers.inference.batching import Batcher, BatchingSpec, width_groups
+from packed_transformers.inference.options import InferenceOptions
+from packed_transformers.inference.rows import unpack_outputs
+from packed_transformers.inference.runner import runner_of
+
+
+def packed_encode(st_model, texts: list[str], **options) -> np.ndarray:
+    """sentence-transformers' `model.encode(texts)` (numpy float32 [n, D]), packed: the same
+    vectors, computed on packs. The LoadedModel is built once per model object and kept on it."""
+    encoder = getattr(st_model, "_packed_encoder", None)
+    if encoder is None:
+        encoder = encoder_from_sentence_transformer(st_model)
+        st_model._packed_encoder = encoder
+    device = str(next(encoder.model.parameters()).device.type)
+    return encode(texts, encoder, InferenceOptions.for_embedding(device=device, **options))
+
+
+def run_tables(
+    encoder: LoadedModel, token_ids: list, tables: Iterable[np.ndarray], width_of, options: InferenceOptions
+):
+    """Forward every batch table; -> (per-slot embeddings [rows, K, D], example_index [rows, K])
+    per batch. The model pools; normalization is the caller's."""
+    runner = runner_of(encoder, options.device, options.dtype, options.compile)
+    for batch in runner.run(token_ids, tables, width_of, None, ("embeddings",)):
+        yield batch.outputs["embeddings"], batch.rows["example_index"]
+
+
+def embed_token_ids(encoder: LoadedModel, token_ids: list, options: InferenceOptions) -> np.ndarray:
+    """Token id arrays -> float32 [n, D] in input order (normalized when the encoder says).
+
+    Packed: each text goes to the narrowest of inference.batching.PACK_WIDTHS (up to
+    max_length) that holds it,
+    and each width is packed on its own. Attention over a packed row costs its width per
+    token (SDPA with the block-diagonal mask), so short texts packed into 256-token rows
+    would pay for 256 where a length-sorted batch pays for its own length; but a width
+    whose texts do not fill its rows is merged into a wider one (`width_groups`)."""
+    n = len(token_ids)
+    if n == 0:
+        return np.zeros((0, encoder.dimension), dtype=np.float32)
+    lengths = np.array([len(t) for t in token_ids])
+    longest = max(encoder.max_length, int(lengths.max()))
+    if options.batching == "packed":
+        parts = width_groups(
+            lengths,
+            longest,
+            options.max_sequences_per_pack,
+            options.algorithm,
+            encoder.model.config.hidden_size,
+        )
+    else:
+        parts = [(np.arange(n), longest)]
+    vectors = np.empty((n, encoder.dimension), dtype=np.float32)
+    for members, width in parts:
+        if len(members):
+            vectors[members] = _embed_part(
+                encoder, [token_ids[i] for i in members], lengths[members], width, options
+            )
+    encoder.stats["texts"] += n
+    encoder.stats["tokens"] += int(lengths.sum())
+    return l2_normalize(vectors) if encoder.normalize else vectors
+
+
+def _embed_part(
+    encoder: LoadedModel, token_ids: list, lengths: np.ndarray, width: int, options: InferenceOptions
+):
+    """One batching pass over texts of at most `width` tokens -> [n, D] in their order."""
+    spec = BatchingSpec(
+        EMBED_BATCHING[options.batching], options.batch_size, encoder.max_length, options.max_sequences_per_pack,
+        options.algorithm, pack_length=width,
+    )  # fmt: skip
+    batcher = Batcher(lengths, spec, seed=0)
+    tables = batcher.epoch(0, shuffle=False)
+    slots, index = [], []
+    for per_slot, example_index in run_tables(encoder, token_ids, tables, batcher.width, options):
+        slots.append(per_slot.reshape(-1, per_slot.shape[-1]))
+        index.append(example_index.reshape(-1))
+    encoder.stats["slots"] += sum(len(t) * batcher.width(t) for t in tables)
+    return unpack_outputs(np.concatenate(slots)[:, None], np.concatenate(index)[:, None], len(token_ids))
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    """Rows divided by their L2 norm (torch's F.normalize: a zero row stays zero)."""
+    norms = np.linalg.norm(vectors, axis=-1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def iter_encode(
+    texts: Iterable[str], encoder: LoadedModel, options: InferenceOptions, where=None
+) -> Iterator[np.ndarray]:
+    """Embeddings of `texts` chunk by chunk (options.chunk_texts texts each), in input order.
+    `where(i)` names text i in errors (default "texts[i]").
+
+    The next chunk is read and tokenized in a second thread while the model runs the current
+    one (the tokenizer releases the GIL); a mistake in the next chunk is raised only after the
+    current chunk's array is yielded, so a writer keeps every row before it (as it did
+    unprefetched)."""
+    chunks = iter(_text_chunks(texts, options.chunk_texts))
+    with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
+
+        def tokenize_next() -> list | None:  # None: the input is done
+            start, chunk = next(chunks, (None, None))
+            return None if chunk is None else _tokenize_chunk(chunk, start, encoder, options, where)
+
+        pending = pool.submit(tokenize_next)
+        while (token_ids := pending.result()) is not None:
+            pending = pool.submit(tokenize_next)
+            yield embed_token_ids(encoder, token_ids, options)
+
+
+def _text_chunks(texts: Iterable[str], size: int) -> Iterator[tuple[int, list[str]]]:
+    """(index of the first text, up to `size` texts) in input order."""
+    chunk: list[str] = []
+    start = 0
+    for text in texts:
+        chunk.append(text)
+        if len(chunk) == size:
+            yield start, chunk
+            start += len(chunk)
+            chunk = []
+    if chunk:
+        yield start, chunk
+
+
+def _tokenize_chunk(chunk, start, encoder, options, where) -> list:
+    """A chunk's texts (the prompt put first) -> token id arrays; ExampleError names the text."""
+    places = [where(start + i) if where else f"texts[{start + i}]" for i in range(len(chunk))]
+    for text, place in zip(chunk, places):
+        if not isinstance(text, str):
+            raise ExampleError(f"{place}: expected a string, got {type(text).__name__}")
+    prompt = encoder.prompt(options.prompt_name)
+    token_ids, truncated = encoder.tokenize_texts(
+        [prompt + text for text in chunk] if prompt else chunk, places
+    )
+    encoder.stats["truncated"] += truncated
+    return token_ids
+
+
+def encode(
+    texts: list[str], encoder: LoadedModel, options: InferenceOptions | None = None, **overrides
+) -> np.ndarray:
+    """Texts -> float32 [n, D], row i for texts[i]."""
+    options = replace(options or InferenceOptions.for_embedding(), **overrides)
+    if options.batching not in EMBED_BATCHING:
+        raise ValueError(f"batching must be one of {tuple(EMBED_BATCHING)}, got {options.batching!r}")
+    chunks = list(iter_encode(texts, encoder, options))
+    return np.concatenate(chunks) if chunks else np.zeros((0, encoder.dimension), dtype=np.float32)

@@ -1,0 +1,197 @@
+"""The packed inference forward, written once: batch tables -> rows -> device -> dtype ->
+model -> numpy -> input order. predict, QA, embed, `packed_pipeline` and the server all
+run their models through a `Runner`.
+
+    runner = Runner(model, device="cpu", dtype="float32")   # device and dtype checked here, once
+    for batch in runner.run(token_ids, tables, width_of, segment_ids, outputs=("logits",)):
+        ...                                                 # batch.rows (numpy), batch.outputs (numpy)
+    logits = per_sequence(batches, "logits", n)             # [n, ...] in input order
+    start = per_token(batches, "start_logits", lengths)     # [n, longest], -inf past each end
+
+A table is [rows, K] example indices (-1: an empty slot; inference.batching or a serving
+policy makes it); `width_of(table)` its row width in tokens. The runner keeps the pass's
+figures in `stats` (batches, forward seconds, real and row tokens): the timing and
+padding a command reports come from here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from packed_transformers.inference.precision import device_problem, precision
+from packed_transformers.inference.rows import pack_rows, pad_table, unpack_outputs, unpack_token_outputs
+
+# What a compiled Runner hands torch.compile (tests count graphs through another backend).
+COMPILE_BACKEND = "inductor"
+
+
+@dataclass
+class RunBatch:
+    """One forward: the rows it ran (pack_rows' int64 arrays) and the model's outputs asked
+    for, float32 numpy ([rows, K, ...] per slot, or [rows, width] per token)."""
+
+    rows: dict
+    outputs: dict
+
+
+@dataclass
+class RunStats:
+    batches: int = 0
+    seconds: float = 0.0  # forward time, device synchronised by the copy to host
+    sequences: int = 0
+    real_tokens: int = 0
+    row_tokens: int = 0  # rows x width: what the model computed on
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1.0 - self.real_tokens / max(self.row_tokens, 1)
+
+
+@dataclass
+class Runner:
+    """A model in eval mode on `device`, run in `dtype` (inference.precision: float32, or
+    bfloat16 under autocast where the device computes it natively). ValueError (one line)
+    if this machine cannot run that device or dtype."""
+
+    model: torch.nn.Module
+    device: str | None = None  # None: where the model's parameters are
+    dtype: str = "float32"
+    stats: RunStats = field(default_factory=RunStats)
+    # torch.compile the forward (inductor, weights frozen into the graph, static shapes): one
+    # graph per row width, the tables of a width padded with empty rows to its most rows
+    compiled: bool = False
+
+    def __post_init__(self):
+        parameter = next(self.model.parameters(), None)
+        device = (
+            torch.device(self.device)
+            if self.device
+            else (parameter.device if parameter is not None else torch.device("cpu"))
+        )
+        problem = device_problem(device.type, self.dtype)
+        if problem:
+            raise ValueError(problem)
+        self.device = device
+        self.model = self.model.to(device).eval()
+        self._forward_model = compiled_forward(self.model) if self.compiled else self.model
+        self._rows_of_width: dict[int, int] = {}  # compiled: the rows every table of a width runs with
+
+    def _static_rows(self, table: np.ndarray, width: int) -> np.ndarray:
+        """compiled: `table` padded with empty rows (-1) to the most rows seen at `width`, so
+        that every forward at a width has one shape (more rows than before: one new graph)."""
+        rows = self._rows_of_width.setdefault(width, len(table))
+        if len(table) > rows:
+            self._rows_of_width[width] = len(table)
+            return table
+        return pad_table(table, rows)
+
+    @torch.inference_mode()
+    def forward(
+        self, token_ids: list, table: np.ndarray, width: int, segment_ids: list | None = None,
+        outputs: Iterable[str] = ("logits",), read: Callable[[dict, dict], dict] | None = None,
+        inputs: Callable[[dict], dict] | None = None,
+    ) -> RunBatch:  # fmt: skip
+        """One table's rows through the model -> RunBatch. read: where an output is too large
+        to bring back whole (a causal LM's [rows, width, vocabulary] logits), a reduction
+        on the device, (batch tensors, model outputs) -> {name: numpy array}, in place of
+        `outputs`. inputs: the model's inputs beyond the rows, from the batch's tensors (a
+        causal LM's next-token targets, so that its head runs only where one is); `read`
+        sees them in its batch."""
+        if self.compiled:
+            table = self._static_rows(table, width)
+        rows = pack_rows(token_ids, table, width, segment_ids)
+        batch = {
+            name: torch.from_numpy(value).to(self.device, non_blocking=True) for name, value in rows.items()
+        }
+        started = time.perf_counter()
+        if inputs is not None:
+            batch.update(inputs(batch))
+        with precision(self.device.type, self.dtype):
+            out = self._forward_model(**batch)
+        if read is not None:
+            arrays = read(batch, out)  # numpy: waits for the device too
+        else:
+            arrays = {
+                name: out[name].float().cpu().numpy() for name in outputs
+            }  # .cpu() waits for the device
+        self.stats.seconds += time.perf_counter() - started
+        self.stats.batches += 1
+        present = table[table >= 0]
+        self.stats.sequences += len(present)
+        self.stats.real_tokens += int(sum(len(token_ids[i]) for i in present))
+        self.stats.row_tokens += len(table) * width
+        return RunBatch(rows, arrays)
+
+    def run(
+        self, token_ids: list, tables: Iterable[np.ndarray], width_of: Callable[[np.ndarray], int],
+        segment_ids: list | None = None, outputs: Iterable[str] = ("logits",),
+    ) -> Iterator[RunBatch]:  # fmt: skip
+        """Every table in turn (a generator: the caller may consume batch by batch)."""
+        outputs = tuple(outputs)
+        for table in tables:
+            yield self.forward(token_ids, table, width_of(table), segment_ids, outputs)
+
+
+def per_sequence(batches: list[RunBatch], name: str, n: int) -> np.ndarray:
+    """A per-slot output [rows, K, ...] of every batch back to input order [n, ...]; raises
+    unless every sequence 0..n-1 appears exactly once."""
+    values = np.concatenate([b.outputs[name].reshape(-1, 1, *b.outputs[name].shape[2:]) for b in batches])
+    index = np.concatenate([b.rows["example_index"].reshape(-1, 1) for b in batches])
+    return unpack_outputs(values, index, n)
+
+
+def per_token(batches: list[RunBatch], name: str, lengths: np.ndarray) -> np.ndarray:
+    """A per-token output [rows, width] of every batch back to one row per sequence in
+    input order: float32 [n, max(lengths)], -inf past each sequence's end. Batches may have
+    different widths."""
+    width = max(b.outputs[name].shape[1] for b in batches)
+
+    def widen(values):
+        return np.pad(values, ((0, 0), (0, width - values.shape[1])), constant_values=-np.inf)
+
+    values = np.concatenate([widen(b.outputs[name]) for b in batches])
+    cls = np.concatenate([b.rows["cls_positions"] for b in batches])
+    index = np.concatenate([b.rows["example_index"] for b in batches])
+    return unpack_token_outputs(values, cls, index, np.asarray(lengths))
+
+
+def per_sequence_tokens(batches: list[RunBatch], name: str, lengths) -> list[np.ndarray]:
+    """A per-token output with trailing dimensions ([rows, width, C]: token classification's
+    logits) cut per sequence, in input order: [lengths[i], C] for sequence i ([CLS] first).
+    Raises unless every sequence 0..n-1 appears exactly once."""
+    n = len(lengths)
+    out: list = [None] * n
+    for batch in batches:
+        values, cls, index = batch.outputs[name], batch.rows["cls_positions"], batch.rows["example_index"]
+        for row, slot in zip(*np.nonzero(index >= 0)):
+            i, first = int(index[row, slot]), int(cls[row, slot])
+            if out[i] is not None:
+                raise ValueError(f"sequence {i} appears twice in the batches")
+            out[i] = values[row, first : first + int(lengths[i])]
+    missing = [i for i, v in enumerate(out) if v is None]
+    if missing:
+        raise ValueError(f"sequences {missing[:5]} are missing from the batches")
+    return out
+
+
+def compiled_forward(model: torch.nn.Module):
+    """`model` under torch.compile for inference: static shapes (dynamic=False) and, with
+    inductor, its weights frozen into the graph (constant-folded, pre-packed for oneDNN on a
+    CPU). Built at the first forward of each shape; bench/bench_compile.py times it."""
+    if COMPILE_BACKEND == "inductor":
+        return torch.compile(model, dynamic=False, options={"freezing": True})
+    return torch.compile(model, dynamic=False, backend=COMPILE_BACKEND)
+
+
+def runner_of(loaded, device: str, dtype: str, compiled: bool = False) -> Runner:
+    """A LoadedModel's Runner on `device` in `dtype` (compiled or not), built (and so checked)
+    once per setting and kept on the LoadedModel."""
+    key = (str(device), dtype, compiled)
+    if key not in loaded._runners:
+        loaded._runners[key] = Runner(loaded.model, device, dtype, compiled=compiled)
+    return loaded._runners[key]

@@ -1,0 +1,5 @@
+import sys
+
+from packed_transformers.packing.cli import main
+
+sys.exit(main())

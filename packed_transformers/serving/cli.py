@@ -1,0 +1,177 @@
+"""Serve a fine-tuned folder over HTTP, packing requests as they arrive.
+
+    python -m packed_transformers.serving --model runs/bbc_packed/model [--host 127.0.0.1 --port 8080]
+        [--policy packed | fifo-tokens | padded] [--max-batch-tokens 16384] [--max-wait-ms 0]
+        [--dtype float32 | bfloat16] [--device cpu | cuda]
+
+(`python -m packed_transformers.finetune.serve` is an alias of this command.)
+
+Classification folders answer text-embeddings-inference's `POST /predict` (its clients work
+unchanged; multi-label scores are sigmoids, where TEI applies softmax); question-answering
+folders answer `POST /qa`, token-classification folders `POST /tokens`; any folder
+transformers' save_pretrained wrote is taken as it is (door/folder.py). Also /health, /ready, /metrics (Prometheus), /info. The
+policies (serving/policies.py): `packed` packs what is waiting into rows of a few fixed
+widths, longest first, the starving first; `fifo-tokens` is TEI's (first come, first
+served up to the token budget, padded to the longest); `padded` is a fixed batch padded
+to the length the model was fine-tuned at. Overload is refused with 429 (a bounded queue), never queued
+without bound; SIGTERM answers what was admitted, then exits 0. `--api-key` (or $API_KEY) requires
+TEI's `Authorization: Bearer` header; Host and Origin are checked against the bind address
+and localhost (serving/access.py). The pieces live in serving/.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from packed_transformers.common.choices import ATTENTION_BACKENDS, INFERENCE_ATTENTION_BACKEND
+from packed_transformers.common.cli import add_inference_options, below_one, command_parser, refuse
+from packed_transformers.serving.policies import POLICIES
+
+
+def default_sequences_per_pack(task: str) -> int:
+    """K when --max-sequences-per-pack is not given: 16 for embeddings (short texts: at
+    saturation K = 6 left BBC texts' rows 73% real tokens, K = 16 96%, 1.37x the real
+    tokens/s; bench/profile_policies.py, docs/embeddings.md), as commands.embed's; 6 else."""
+    return 16 if task == "embedding" else 6
+
+
+def main(argv=None) -> int:
+    parser = command_parser("python -m packed_transformers.serving", __doc__)
+    add_inference_options(parser, "finetune.train output model folder, or a sentence-transformers folder")
+    parser.add_argument(
+        "--pooling", nargs="+", help="embedding: pool a plain BERT folder this way (mean, cls, max, ...)"
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--policy", default="packed", choices=POLICIES)
+    parser.add_argument(
+        "--attention-backend",
+        choices=ATTENTION_BACKENDS,
+        help=f"BERT's block-diagonal kernel (default {INFERENCE_ATTENTION_BACKEND}: measured fastest on the CPU; "
+        "every backend computes the same outputs)",
+    )
+    parser.add_argument(
+        "--max-batch-tokens", type=int, default=16384, help="tokens per forward (TEI's default)"
+    )
+    parser.add_argument(
+        "--max-wait-ms", type=float, default=0.0, help="packed: how long a batch may fill before it runs"
+    )
+    parser.add_argument(
+        "--widths", type=int, nargs="+", default=[64, 128, 256, 512], help="packed row widths"
+    )
+    parser.add_argument("--batch-size", type=int, default=32, help="padded: rows per forward")
+    parser.add_argument("--max-queue", type=int, default=1024, help="sequences waiting at most (429 beyond)")
+    parser.add_argument(
+        "--timeout-s", type=float, default=30.0, help="per request, from admission (504 after)"
+    )
+    parser.add_argument(
+        "--max-client-batch-size", type=int, default=32, help="inputs per request (413 beyond)"
+    )
+    parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body size (413 beyond)")
+    parser.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=10.0,
+        help="seconds a request body may take to arrive (408 after)",
+    )
+    parser.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=64 * 1024,
+        help="a request's head: line and headers (431 beyond)",
+    )
+    parser.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=10.0,
+        help="seconds a request's head may take to arrive, from its first byte (408 after)",
+    )
+    parser.add_argument("--tokenizer-threads", type=int, default=1)
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health and /ready (default: $API_KEY)",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        nargs="+",
+        help="Host / Origin names served (default: the bind address and localhost; any for 0.0.0.0)",
+    )
+    parser.set_defaults(max_sequences_per_pack=None)
+    args = parser.parse_args(argv)
+    wrong = below_one(args, ("port", "max_batch_tokens", "max_sequences_per_pack", "batch_size", "max_queue",
+                             "max_client_batch_size", "max_body_bytes", "max_header_bytes",
+                             "tokenizer_threads"))  # fmt: skip
+    if wrong:
+        return refuse(wrong)
+    if args.timeout_s <= 0 or args.body_timeout_s <= 0 or args.header_timeout_s <= 0 or args.max_wait_ms < 0:
+        return refuse("--timeout-s, --body-timeout-s and --header-timeout-s must be > 0, --max-wait-ms >= 0")
+
+    from packed_transformers.serving.access import AccessRules
+
+    try:  # before the model loads: an empty key is refused at once
+        access = AccessRules.for_bind(args.host, args.api_key, args.allowed_hosts)
+    except ValueError as err:
+        return refuse(err)
+
+    import uvicorn
+
+    from packed_transformers.data.classification_data import ExampleError
+    from packed_transformers.inference.precision import device_problem
+    from packed_transformers.model.hf_checkpoint import quiet_transformers
+    from packed_transformers.serving.api import RequestLimits
+    from packed_transformers.serving.app import create_app
+    from packed_transformers.serving.engines import load_engine
+    from packed_transformers.serving.headers import HeadLimits, bounded_protocol
+    from packed_transformers.serving.policies import PolicySettings
+    from packed_transformers.serving.scheduler import QueueLimits
+
+    quiet_transformers()
+    wrong = device_problem(args.device, args.dtype)
+    if wrong:
+        return refuse(wrong)
+    try:
+        engine = load_engine(args.model, args.device, args.attention_backend, args.dtype, args.pooling)
+        policy = PolicySettings(
+            args.policy, args.max_batch_tokens, engine.max_length, tuple(args.widths), args.batch_size,
+            args.max_sequences_per_pack or default_sequences_per_pack(engine.task), args.algorithm,
+            pad_to=engine.max_sequence_length,
+        )  # fmt: skip
+    except (ExampleError, ValueError) as err:
+        return refuse(err)
+    except OSError as err:
+        return refuse(f"{args.model}: {err.strerror or err}")
+    queue = QueueLimits(args.max_queue, args.max_wait_ms, args.timeout_s)
+    limits = RequestLimits(
+        args.max_body_bytes, args.max_client_batch_size, body_timeout_s=args.body_timeout_s
+    )
+    app = create_app(engine, policy, queue, limits, args.tokenizer_threads, access)
+    print(
+        f"serving {args.model} ({engine.task}, policy {args.policy}) on http://{args.host}:{args.port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again for the
+    # handler that was there before it; this one makes that a normal exit (0), not a kill.
+    stopped_by = []
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, lambda received, frame: stopped_by.append(received))
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout_s,
+        http=bounded_protocol(HeadLimits(args.max_header_bytes, args.header_timeout_s)),
+    )  # fmt: skip
+    metrics = app.state.metrics
+    answered = {
+        s.labels["status"]: int(s.value)
+        for s in metrics.requests.collect()[0].samples
+        if s.name.endswith("_total")
+    }
+    print(f"stopped{' by signal ' + str(stopped_by[0]) if stopped_by else ''}; requests by status: {answered}",
+          file=sys.stderr)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The torch engine: one process = one data-parallel replica (CPU, CUDA; DDP under torchrun).
+
+A step: the host counts the step's masked tokens and sequences over all replicas
+(training.step.step_counts), then every micro-batch runs forward under autocast, its
+loss is training.step.micro_batch_loss with those counts, and backward accumulates;
+DDP all-reduces the gradients once, on the last micro-batch; LAMB steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from packed_transformers.optim import Lamb
+from packed_transformers.training.backends.engine import Snapshot
+from packed_transformers.training.build import build_lamb
+from packed_transformers.training.distributed import setup_replica
+from packed_transformers.training.observe import SUM_KEYS, MetricSums, summarize
+from packed_transformers.training.step import (
+    BatchArithmetic,
+    NonFiniteStep,
+    autocast_context,
+    check_finite_step,
+    loss_scales,
+    micro_batch_loss,
+    set_learning_rate,
+    step_counts,
+)
+
+
+def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, world, mode, sums: MetricSums):
+    """One optimizer step over this replica's micro-batches. Returns the step's global counts."""
+    counts = step_counts(micro_batches, mode, device)
+    mlm_scale, nsp_scale = loss_scales(counts)
+    loss_key = "mlm_sequence_loss_sum" if mode == "per_sequence" else "mlm_loss_sum"
+    step_loss = torch.zeros((), device=device)
+    pending = []  # metric sums join `sums` only for a step that passes the finiteness check
+    for i, host_batch in enumerate(micro_batches):
+        batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items()}
+        last = i == len(micro_batches) - 1
+        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
+        with sync:
+            with autocast_context(precision, device):
+                out = model(**batch)
+            # DDP averages gradients over replicas; * world turns that into the global sum.
+            loss = micro_batch_loss(out[loss_key], out["nsp_loss_sum"], mlm_scale, nsp_scale) * world
+            scaler.scale(loss).backward()
+        step_loss = step_loss + loss.detach().float()
+        pending.append(
+            ({k: out[k].detach() for k in SUM_KEYS[:-1]}, int((host_batch["sequence_ids"] > 0).sum()))
+        )
+    try:
+        # fp16: the GradScaler skips steps with inf/NaN gradients by design; check the loss.
+        grad_norm = check_finite_step(
+            step_loss, optimizer_parameters(optimizer), check_gradients=not scaler.is_enabled()
+        )
+    except NonFiniteStep:
+        optimizer.zero_grad(set_to_none=True)
+        raise
+    for model_sums, tokens in pending:
+        sums.add(model_sums, tokens)  # host token count: no device sync
+    set_learning_rate(optimizer, lr)
+    # LAMB's clipping reuses the norm the finiteness check computed (one pass, not two).
+    shared = {"grad_norm": grad_norm} if grad_norm is not None and isinstance(optimizer, Lamb) else {}
+    scaler.step(optimizer, **shared)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return counts
+
+
+def optimizer_parameters(optimizer):
+    return (p for group in optimizer.param_groups for p in group["params"])
+
+
+@torch.no_grad()
+def evaluate(model, shards, batches, device, precision) -> dict:
+    """Exact eval metrics (token and sequence counts) over this replica's batches, all-reduced."""
+    was_training = model.training
+    model.eval()
+    sums = MetricSums()
+    for packs in batches:
+        host_batch = shards[packs]
+        batch = {k: v.to(device) for k, v in host_batch.items()}
+        with autocast_context(precision, device):
+            out = model(**batch)
+        sums.add(out, int((host_batch["sequence_ids"] > 0).sum()))
+    model.train(was_training)
+    return summarize(sums.reduce())
+
+
+class TorchEngine:
+    """training.backends.engine.Engine for torch on CPU/CUDA, with DDP under torchrun."""
+
+    steps_per_call = 1
+
+    @staticmethod
+    def check_config(config: dict) -> None:
+        """Nothing beyond training.config's own checks (precision and device, compile-only)."""
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.replica = setup_replica(config)
+        self.rank = self.data_rank = self.replica.rank
+        self.data_world = self.replica.world
+
+    def attach(self, model, packing_factor: float) -> BatchArithmetic:
+        training = self.config["training"]
+        batch = BatchArithmetic.from_config(self.config, packing_factor, self.replica.world)
+        self.model = model
+        self.optimizer = build_lamb(model, self.config, batch, self.config["optim"]["max_grad_norm"])
+        self.micro_batches_per_call = batch.gradient_accumulation
+        model.to(self.replica.device)
+        model.train()
+        self.step_model = torch.compile(model) if training["compile"] else model
+        if self.replica.world > 1:
+            device_ids = [self.replica.device.index] if self.replica.device.type == "cuda" else None
+            self.step_model = torch.nn.parallel.DistributedDataParallel(
+                self.step_model, device_ids=device_ids
+            )
+        self.scaler = torch.amp.GradScaler(self.replica.device.type, enabled=training["precision"] == "fp16")
+        return batch
+
+    def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
+        return train_step(
+            self.step_model,
+            self.optimizer,
+            self.scaler,
+            micro_batches,
+            lr,
+            self.config["training"]["precision"],
+            self.replica.device,
+            self.replica.world,
+            self.config["model"]["mlm_loss_mode"],
+            sums,
+        )
+
+    def evaluate(self, shards, batches) -> dict:
+        return evaluate(
+            self.model, shards, batches, self.replica.device, self.config["training"]["precision"]
+        )
+
+    def reduce(self, sums: MetricSums) -> dict:
+        return sums.reduce()
+
+    def snapshot(self) -> Snapshot:
+        # Every replica holds the same weights; rank 0 writes.
+        state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()}
+        return Snapshot(self.model, state)
+
+    def load_state(self, engine_state: dict) -> None:
+        self.optimizer.load_state_dict(engine_state["optimizer"])
+        if "scaler" in engine_state:
+            self.scaler.load_state_dict(engine_state["scaler"])

@@ -1,0 +1,178 @@
+"""Checkpoints: atomic folders that resume a run exactly.
+
+OUTPUT/checkpoints/step-00000123/
+    model/               Hugging Face BertForPreTraining folder (config.json, model.safetensors)
+    training_state.pt    optimizer (+ loss scaler), step, samples, loader position, next
+                         evaluation point, best eval accuracy, every rank's RNG state, config
+    manifest.json        sha256 and size of every file above; written last
+
+A checkpoint is written into a temporary folder and renamed into place, so a crash leaves
+either the previous checkpoints or a complete new one. On resume, the newest checkpoint
+whose manifest matches its files is used; a corrupt or partial one is reported and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from packed_transformers.common.cli import first_line
+from packed_transformers.common.files import atomic_folder, sha256_file
+
+log = logging.getLogger(__name__)
+PREFIX = "step-"
+
+
+# What a checkpoint must hold to resume: a manifest that lists less proves nothing.
+REQUIRED_FILES = {"model/model.safetensors", "model/config.json", "training_state.pt"}
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def rng_state() -> dict:
+    """Every RNG's state, in types `torch.load(weights_only=True)` accepts (numpy's key
+    array travels as a tensor)."""
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (
+            name,
+            torch.from_numpy(keys.astype(np.int64)),
+            int(position),
+            int(has_gauss),
+            float(cached),
+        ),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state(
+        (name, np.asarray(keys, dtype=np.int64).astype(np.uint32), position, has_gauss, cached)
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(folder: Path, step: int, model, training_state: dict, keep: int) -> Path:
+    """Write OUTPUT/checkpoints/step-N atomically; drop all but the newest `keep`."""
+    final = folder / f"{PREFIX}{step:08d}"
+    with atomic_folder(final) as tmp:
+        try:
+            model.save_pretrained(tmp / "model")
+            torch.save(training_state, tmp / "training_state.pt")
+        except OSError:
+            raise
+        except Exception as err:
+            # safetensors (SafetensorError) and torch.save's zip writer (RuntimeError
+            # "unexpected pos") wrap a failed write in their own types: one line, the
+            # path and their reason. atomic_folder removes the half-written folder.
+            raise CheckpointError(
+                f"{final}: writing the checkpoint failed ({first_line(err)}; no space left on the device or a "
+                "file-size limit?); the older checkpoints are intact"
+            ) from None
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        manifest = {
+            "step": step,
+            "files": {
+                str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files
+            },
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    for old in list_checkpoints(folder)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def remove_leftovers(folder: Path) -> list[Path]:
+    """Clean up after a crash mid-save: a checkpoint renamed aside (`.step-N.old-*`, see
+    common.files.atomic_folder) whose replacement never arrived is renamed back; every
+    other `.step-*` folder is a half-written temporary and is removed. Returns those."""
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("." + PREFIX)):
+        name = path.name[1:].split(".")[0]
+        if ".old-" in path.name and not (folder / name).exists():
+            path.rename(folder / name)
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def list_checkpoints(folder: Path) -> list[Path]:
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+
+
+def check_checkpoint(path: Path) -> None:
+    """Raise CheckpointError unless every file listed in the manifest is present and intact."""
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{path}: no manifest.json (partial checkpoint)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{manifest_path}: unreadable ({err})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not REQUIRED_FILES <= set(files):
+        raise CheckpointError(
+            f"{manifest_path}: 'files' must list at least {sorted(REQUIRED_FILES)} (a foreign or edited manifest)"
+        )
+    for name, record in files.items():
+        if (
+            not isinstance(record, dict)
+            or not isinstance(record.get("bytes"), int)
+            or not isinstance(record.get("sha256"), str)
+        ):
+            raise CheckpointError(f"{manifest_path}: files[{name!r}] must hold 'bytes' and 'sha256'")
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{path}: {name} is missing")
+        if file.stat().st_size != record["bytes"] or sha256_file(file) != record["sha256"]:
+            raise CheckpointError(f"{path}: {name} does not match its sha256 in manifest.json (corrupt)")
+
+
+def intact_checkpoints(folder: Path):
+    """The intact checkpoints, newest first; corrupt ones are reported and skipped."""
+    for path in reversed(list_checkpoints(folder)):
+        try:
+            check_checkpoint(path)
+        except CheckpointError as err:
+            log.error("refusing checkpoint: %s; trying the previous one", err)
+            continue
+        yield path
+
+
+def latest_valid_checkpoint(folder: Path) -> Path | None:
+    """The newest intact checkpoint; corrupt ones are reported and skipped."""
+    return next(intact_checkpoints(folder), None)
+
+
+def load_training_state(path: Path) -> dict:
+    """The optimizer, run and RNG state of a checkpoint. Loaded with weights_only=True:
+    a checkpoint may come from anyone, and unpickling arbitrary objects runs their code
+    (the sha256 manifest beside the file proves integrity, not origin)."""
+    file = path / "training_state.pt"
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle.UnpicklingError for forbidden objects, and corrupt files
+        raise CheckpointError(
+            f"{file}: refused: it holds something other than tensors and plain values ({first_line(err)[:200]})"
+        ) from None

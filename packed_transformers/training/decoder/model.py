@@ -1,0 +1,120 @@
+"""A decoder family's causal LM on packed rows, from a config (random init) or a folder.
+
+The model is transformers' own AutoModelForCausalLM of the family, its attention routed
+through model.families' packed attention (each row's sequences attend only inside
+themselves; by length buckets, cost about the sum of l_i^2), wrapped as model.family_model's
+PackedCausalLM: the per-document next-token loss of packed rows equals each document run
+alone through transformers (tests/test_decoders.py, tests/test_decoder_pretraining.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from packed_transformers.training.errors import RunError
+
+GRANULARITY = {"auto": None, "mask": 0}  # model.attention -> PackedLayout.granularity (buckets: by S)
+
+
+def family_settings(model: dict, vocab_size: int, length: int) -> dict:
+    """transformers config settings of the family's shape (GPT-2 names its own)."""
+    if model["family"] == "gpt2":
+        return dict(vocab_size=vocab_size, n_embd=model["hidden_size"], n_layer=model["num_hidden_layers"],
+                    n_head=model["num_attention_heads"], n_inner=model["intermediate_size"], n_positions=length,
+                    bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    # (no dropout: LLM pretraining runs without it, as Llama's configs do)
+    settings = dict(vocab_size=vocab_size, hidden_size=model["hidden_size"],
+                    intermediate_size=model["intermediate_size"], num_hidden_layers=model["num_hidden_layers"],
+                    num_attention_heads=model["num_attention_heads"],
+                    num_key_value_heads=model["num_key_value_heads"], max_position_embeddings=length,
+                    tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)  # fmt: skip
+    return settings
+
+
+def set_rope_theta(family_config, theta: float) -> None:
+    """The rotary base, where the family has one base for every layer (Gemma 3's per-layer-type
+    bases and GPT-2's learned positions keep the family's own)."""
+    rope = getattr(family_config, "rope_parameters", None)
+    if (
+        isinstance(rope, dict)
+        and "rope_theta" in rope
+        and not any(isinstance(v, dict) for v in rope.values())
+    ):
+        rope["rope_theta"] = theta
+
+
+# Bytes a parameter costs in training: fp32 weight, gradient and AdamW's two moments.
+TRAINING_BYTES_PER_PARAMETER = 16
+
+
+def check_training_memory(hf_config, device: torch.device) -> None:
+    """RunError unless the model's weights, gradients and AdamW state (fp32) fit the device's
+    memory: counted on the meta device (nothing allocated), against the memory available now
+    (a CPU) or the GPU's total. Activations come on top: this refuses what cannot fit at all."""
+    import psutil
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(hf_config)
+    parameters = sum(p.numel() for p in meta.parameters())
+    needed = parameters * TRAINING_BYTES_PER_PARAMETER
+    if device.type == "cuda":
+        have, where = torch.cuda.get_device_properties(device).total_memory, f"{device} holds"
+    else:
+        have, where = psutil.virtual_memory().available, "this machine has"
+    if needed > have:
+        raise RunError(
+            f"model: {parameters:,} parameters (vocab_size {hf_config.vocab_size}) need {needed / 2**30:.1f} GiB "
+            f"for weights, gradients and AdamW state in fp32; {where} {have / 2**30:.1f} GiB"
+        )
+
+
+def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, device=None):
+    """PackedCausalLM of config["model"] (seeded by training.seed). vocab_size: the model's
+    (model.vocab_size, else the data's); data_vocab: the rows' vocabulary, which the model
+    must cover whether it comes from the config or a checkpoint; device: where it will train
+    (its memory checked before anything is allocated)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from packed_transformers.model.families import PACKED_ATTENTION, _register_packed_attention
+    from packed_transformers.model.family_model import PackedCausalLM, PackedFamilyModel
+
+    model_cfg = config["model"]
+    torch.manual_seed(config["training"]["seed"])
+    if model_cfg["init_checkpoint"] is not None:
+        folder = Path(model_cfg["init_checkpoint"])
+        try:
+            packed = PackedFamilyModel.from_pretrained(folder, "causal_lm")
+        except (OSError, ValueError, RuntimeError) as err:
+            raise RunError(f"model.init_checkpoint {folder}: cannot be loaded ({str(err)[:200]})") from None
+    else:
+        if model_cfg["num_attention_heads"] % model_cfg["num_key_value_heads"]:
+            raise RunError("model.num_attention_heads must be a multiple of model.num_key_value_heads")
+        if model_cfg["hidden_size"] % model_cfg["num_attention_heads"]:
+            raise RunError("model.hidden_size must be a multiple of model.num_attention_heads")
+        family_config = AutoConfig.for_model(
+            model_cfg["family"], **family_settings(model_cfg, vocab_size, length)
+        )
+        set_rope_theta(family_config, model_cfg["rope_theta"])
+        if vocab_size < data_vocab:
+            raise RunError(
+                f"model.vocab_size {vocab_size}: below the rows' vocabulary of {data_vocab} tokens "
+                "(vocab_size in data.train_dir's metadata.json)"
+            )
+        check_training_memory(family_config, torch.device(device or "cpu"))
+        _register_packed_attention()
+        hf_model = AutoModelForCausalLM.from_config(family_config, attn_implementation=PACKED_ATTENTION)
+        packed = PackedCausalLM(hf_model, "causal_lm")
+    if packed.config.vocab_size < data_vocab:
+        raise RunError(
+            f"data.train_dir: the rows use a vocabulary of {data_vocab} tokens, the model has {packed.config.vocab_size}"
+        )
+    choice = model_cfg["attention"]
+    packed.attention_granularity = GRANULARITY.get(choice, None)
+    if choice == "buckets":
+        from packed_transformers.model.causal_buckets import bucket_granularity
+
+        packed.attention_granularity = bucket_granularity(length)
+    return packed

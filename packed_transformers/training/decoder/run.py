@@ -1,0 +1,355 @@
+"""The decoder pretraining loop: named steps over one typed state.
+
+    open data -> prepare the folder -> model, AdamW -> restore the newest intact checkpoint
+    loop:  global batch of rows (training.decoder.data) -> per micro-batch: forward (the packed
+           causal LM's token-loss sum) scaled by 1 / (predicted tokens of the whole step, all
+           replicas) -> backward -> gradients summed over replicas -> clip 1.0 -> AdamW at
+           the cosine schedule's rate -> log -> evaluate when due -> checkpoint when due
+    end:   evaluation, final checkpoint, MLPerf run_stop
+
+The loss of a step is the mean next-token cross-entropy over every predicted token of the
+step (a document's last token predicts nothing; in the documents layout no token predicts
+across a document), so 1 replica x GA micro-batches and GA replicas x 1 are one computation.
+Evaluation: the log perplexity (mean cross-entropy, nats) over the first eval.rows rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from packed_transformers.common.cli import refuse
+from packed_transformers.optim import weight_decay_groups
+from packed_transformers.packing.errors import PackingInputError
+from packed_transformers.packing.lm_rows.store import RowStore
+from packed_transformers.training import checkpoint as ckpt
+from packed_transformers.training.decoder.data import evaluation_batches, global_batch_rows, micro_batches
+from packed_transformers.training.decoder.model import build_decoder
+from packed_transformers.training.distributed import (
+    all_reduce_,
+    any_process,
+    barrier,
+    setup_replica,
+    shut_down_process_group,
+)
+from packed_transformers.training.errors import RunError
+from packed_transformers.training.observe import Reporter
+from packed_transformers.training.run_folder import forget_metrics_after, prepare_output, write_run_config
+from packed_transformers.training.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, StopSignal
+from packed_transformers.training.step import autocast_context, set_learning_rate
+
+log = logging.getLogger("training")
+
+
+@dataclass
+class DecoderState:
+    """What a checkpoint restores besides weights and optimizer."""
+
+    step: int = 0
+    samples: int = 0  # rows trained on, all replicas (the order's position)
+    tokens: int = 0  # real tokens trained on, all replicas
+    next_eval_samples: int = 0
+    best_log_perplexity: float = math.inf
+    reached_target: bool = False
+
+
+def cosine_with_warmup(optim: dict, samples: int) -> float:
+    """The rate after `samples` rows: linear from 0 to lr over warmup_samples, then a cosine
+    from lr to end_lr over the rest of total_samples (end_lr after it)."""
+    warmup, total, peak, end = optim["warmup_samples"], optim["total_samples"], optim["lr"], optim["end_lr"]
+    if samples < warmup:
+        return peak * (samples + 1) / warmup
+    progress = min(1.0, (samples - warmup) / max(total - warmup, 1))
+    return end + 0.5 * (peak - end) * (1 + math.cos(math.pi * progress))
+
+
+def open_rows(folder, role: str, config: dict) -> RowStore:
+    try:
+        store = RowStore.open(folder, check_sha256=config["data"]["check_sha256"])
+    except PackingInputError as err:
+        raise RunError(f"data.{role}_dir: {err}") from None
+    length = config["data"]["max_sequence_length"]
+    if store.length != length:
+        raise RunError(
+            f"data.{role}_dir {folder}: S={store.length} in metadata.json, data.max_sequence_length is {length}"
+        )
+    return store
+
+
+class DecoderRun:
+    """One process's part of a run; `train` returns the exit code."""
+
+    def __init__(self, config: dict, output: Path, resume: bool):
+        self.config, self.output = config, output
+        self.started_ms = time.time() * 1000
+        data = config["data"]
+        self.train_rows = open_rows(data["train_dir"], "train", config)
+        self.eval_rows = open_rows(data["eval_dir"], "eval", config) if data["eval_dir"] else None
+        if self.eval_rows is not None and self.eval_rows.rows < config["eval"]["rows"]:
+            raise RunError(
+                f"data.eval_dir: holds {self.eval_rows.rows} rows, eval.rows is {config['eval']['rows']}"
+            )
+        self.replica = setup_replica(config)
+        self.rank, self.world = self.replica.rank, self.replica.world
+        optim = config["optim"]
+        self.rows_per_step = data["micro_batch_rows"] * optim["gradient_accumulation"] * self.world
+        if self.rows_per_step > self.train_rows.rows:
+            raise RunError(
+                f"data.micro_batch_rows {data['micro_batch_rows']} x optim.gradient_accumulation "
+                f"{optim['gradient_accumulation']} x {self.world} replica(s) = {self.rows_per_step} rows a step: "
+                f"data.train_dir holds {self.train_rows.rows} rows (a step would read rows more than once)"
+            )
+        data_vocab = max(self.train_rows.vocab_size, self.eval_rows.vocab_size if self.eval_rows else 0)
+        # the model is built (and its memory checked) before the run folder is written
+        self.model = build_decoder(
+            config,
+            config["model"]["vocab_size"] or data_vocab,
+            data["max_sequence_length"],
+            data_vocab,
+            self.replica.device,
+        ).to(self.replica.device)
+        prepare_output(output, config, resume, self.rank)
+        self.optimizer = torch.optim.AdamW(
+            weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),
+            lr=0.0,
+            betas=tuple(optim["betas"]),
+            eps=optim["eps"],
+        )
+        self.state = DecoderState(next_eval_samples=config["eval"]["every_samples"] or 0)
+        if resume:
+            self._restore()
+        write_run_config(output, config, self.rank)
+        if self.rank == 0 and resume:
+            forget_metrics_after(output / "metrics.jsonl", self.state.step)
+        self.reporter = Reporter(output, config, self.rank)
+        self.stop = StopSignal()
+        self.evaluated_step = -1
+
+    # ----- the MLPerf log -----------------------------------------------------------------
+    def _mlperf_settings(self) -> dict:
+        optim = self.config["optim"]
+        return {
+            "global_batch_size": self.rows_per_step,
+            "max_sequence_length": self.config["data"]["max_sequence_length"],
+            "opt_name": "adamw",
+            "opt_base_learning_rate": optim["lr"],
+            "opt_end_learning_rate": optim["end_lr"],
+            "opt_learning_rate_warmup_steps": optim["warmup_samples"],
+            "opt_learning_rate_decay_steps": optim["total_samples"] - optim["warmup_samples"],
+            "opt_learning_rate_decay_schedule": "cosine with linear warmup",
+            "opt_adamw_beta_1": optim["betas"][0],
+            "opt_adamw_beta_2": optim["betas"][1],
+            "opt_adamw_epsilon": optim["eps"],
+            "opt_adamw_weight_decay": optim["weight_decay"],
+            "opt_gradient_clip_norm": optim["max_grad_norm"],
+            "gradient_accumulation_steps": optim["gradient_accumulation"],
+            "max_steps": optim["total_samples"],
+            "seed": self.config["training"]["seed"],
+        }
+
+    # ----- checkpoints --------------------------------------------------------------------
+    def _restore(self) -> None:
+        if self.rank == 0:  # the run folder's lock says no other run owns these temporaries
+            for leftover in ckpt.remove_leftovers(self.output / "checkpoints"):
+                log.warning("removed %s: a checkpoint half-written when a run was stopped", leftover)
+        barrier()
+        for path in ckpt.intact_checkpoints(self.output / "checkpoints"):
+            try:
+                saved = ckpt.load_training_state(path)
+                from safetensors.torch import load_file
+
+                weights = load_file(path / "model" / "model.safetensors")
+                self.model.hf_model.load_state_dict(weights, strict=False)
+                self.optimizer.load_state_dict(saved["optimizer"])
+            except (ckpt.CheckpointError, RuntimeError, KeyError, ValueError) as err:
+                log.error("refusing checkpoint %s (%s); trying the previous one", path, str(err)[:200])
+                continue
+            self.state = DecoderState(**json.loads(saved["state"]))
+            ckpt.set_rng_state(saved["rng"][self.rank] if self.rank < len(saved["rng"]) else saved["rng"][0])
+            log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
+            return
+        log.info("--resume: no intact checkpoint in %s; starting from step 0", self.output / "checkpoints")
+
+    def _save(self) -> None:
+        rng = [ckpt.rng_state()]
+        if self.world > 1:
+            gathered = [None] * self.world
+            dist.all_gather_object(gathered, rng[0])
+            rng = gathered
+        if self.rank == 0:
+            state = {
+                "optimizer": self.optimizer.state_dict(),
+                "state": json.dumps(asdict(self.state)),
+                "rng": rng,
+            }
+            ckpt.save_checkpoint(self.output / "checkpoints", self.state.step, self.model, state,
+                                 self.config["training"]["keep_checkpoints"])  # fmt: skip
+        barrier()
+
+    # ----- the step -----------------------------------------------------------------------
+    def _step(self) -> dict:
+        config, state = self.config, self.state
+        indices = global_batch_rows(
+            self.train_rows.rows, config["data"]["shuffle_seed"], state.samples, self.rows_per_step
+        )
+        batches = [
+            {k: v.to(self.replica.device) for k, v in b.items()}
+            for b in micro_batches(
+                self.train_rows, indices, self.rank, self.world, config["data"]["micro_batch_rows"]
+            )
+        ]
+        from packed_transformers.model.families import next_token_targets
+
+        targets = [next_token_targets(b["input_ids"], b["sequence_ids"]) for b in batches]
+        counts = torch.tensor(
+            [
+                sum(int((t >= 0).sum()) for t in targets),
+                sum(int((b["sequence_ids"] > 0).sum()) for b in batches),
+            ],
+            dtype=torch.float64,
+        )
+        all_reduce_(counts)
+        predicted, tokens = max(float(counts[0]), 1.0), int(counts[1])
+        lr = cosine_with_warmup(config["optim"], state.samples)
+        set_learning_rate(self.optimizer, lr)
+        self.model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        precision = config["training"]["precision"]
+        for batch, target in zip(batches, targets):
+            with autocast_context(precision, self.replica.device):
+                out = self.model(**batch, shift_labels=target, num_items_in_batch=predicted)
+            out["loss"].backward()
+            loss_sum += out["token_loss_sum"].double().cpu()
+        if self.world > 1:  # each replica's gradient is its share of the step's mean: sum them
+            for p in self.model.parameters():
+                if (
+                    p.grad is None
+                ):  # unused on this replica's rows: its share is zero (every replica reduces every tensor)
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        all_reduce_(loss_sum)
+        norm = torch.nn.utils.clip_grad_norm_(parameters, config["optim"]["max_grad_norm"])
+        loss = float(loss_sum) / predicted
+        if not (math.isfinite(loss) and math.isfinite(float(norm))):
+            raise FloatingPointError(f"step {state.step + 1}: loss {loss}, gradient norm {float(norm)}")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        state.step += 1
+        state.samples += self.rows_per_step
+        state.tokens += tokens
+        return {"step": state.step, "samples": state.samples, "tokens": state.tokens, "loss": loss,
+                "lr": lr, "grad_norm": float(norm), "step_tokens": tokens}  # fmt: skip
+
+    def evaluate(self) -> float:
+        """Log perplexity (nats per predicted token) over the first eval.rows rows."""
+        from packed_transformers.model.families import next_token_targets
+
+        self.model.eval()
+        sums = torch.zeros(2, dtype=torch.float64)
+        with torch.no_grad():
+            for batch in evaluation_batches(self.eval_rows, self.config["eval"]["rows"], self.rank, self.world,
+                                            self.config["data"]["micro_batch_rows"]):  # fmt: skip
+                batch = {k: v.to(self.replica.device) for k, v in batch.items()}
+                target = next_token_targets(batch["input_ids"], batch["sequence_ids"])
+                with autocast_context(self.config["training"]["precision"], self.replica.device):
+                    out = self.model(**batch, shift_labels=target)
+                sums += torch.tensor(
+                    [float(out["token_loss_sum"]), float(out["token_count"])], dtype=torch.float64
+                )
+        all_reduce_(sums)
+        return float(sums[0] / max(float(sums[1]), 1.0))
+
+    def _evaluate_and_log(self) -> bool:
+        """Evaluate, log; True when the target is reached."""
+        value = self.evaluate()
+        state = self.state
+        self.evaluated_step = state.step  # not twice for the same weights
+        state.best_log_perplexity = min(state.best_log_perplexity, value)
+        self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.tokens,
+                           "log_perplexity": value}, prefix="eval")  # fmt: skip
+        self.reporter.mlperf.evaluation(state.samples, value, count_key="samples_count")
+        if self.rank == 0:
+            log.info("eval at step %d (%d samples): log perplexity %.4f", state.step, state.samples, value)
+        reached = value <= self.config["eval"]["target_log_perplexity"]
+        state.reached_target = state.reached_target or reached
+        return reached
+
+    # ----- the loop -----------------------------------------------------------------------
+    def train(self) -> int:
+        config, state = self.config, self.state
+        limits, every = config["training"], config["eval"]["every_samples"]
+        mlperf = self.reporter.mlperf
+        platform = f"{self.world}x{self.replica.device.type}"
+        mlperf.init_benchmark("llama31_8b", config["logging"], platform, self.started_ms, self._mlperf_settings(),
+                              self.train_rows.rows, config["eval"]["rows"] if self.eval_rows else 0)  # fmt: skip
+        mlperf.run_start(state.samples)
+        status, exit_code, started = "aborted", 0, time.perf_counter()
+        window_tokens, window_start = 0, time.perf_counter()
+        try:
+            while state.step < limits["max_steps"]:
+                record = self._step()
+                window_tokens += record.pop("step_tokens")
+                if state.step % limits["log_every_steps"] == 0 or state.step == limits["max_steps"]:
+                    elapsed = time.perf_counter() - window_start
+                    record["tokens_per_second"] = window_tokens / max(elapsed, 1e-9)
+                    self.reporter.log(record)
+                    if self.rank == 0:
+                        log.info("step %d: loss %.4f, lr %.3g, %.0f tokens/s", state.step, record["loss"],
+                                 record["lr"], record["tokens_per_second"])  # fmt: skip
+                    window_tokens, window_start = 0, time.perf_counter()
+                if self.eval_rows is not None and every and state.samples >= state.next_eval_samples:
+                    state.next_eval_samples += every * (
+                        1 + (state.samples - state.next_eval_samples) // every
+                    )
+                    if self._evaluate_and_log() and config["eval"]["stop_at_target"]:
+                        status = "success"
+                        break
+                    mlperf.block_start(state.samples)
+                every_ckpt = limits["checkpoint_every_steps"]
+                if every_ckpt and state.step % every_ckpt == 0:
+                    self._save()
+                if self.stop.agreed():
+                    log.warning("stop requested (signal): checkpointing at step %d", state.step)
+                    exit_code = EXIT_INTERRUPTED
+                    break
+                if limits["max_seconds"] is not None and any_process(
+                    time.perf_counter() - started >= limits["max_seconds"]
+                ):
+                    break
+            if (
+                exit_code == 0
+                and status != "success"
+                and self.eval_rows is not None
+                and self.evaluated_step != state.step
+            ):
+                if self._evaluate_and_log() and config["eval"]["stop_at_target"]:
+                    status = "success"
+            self._save()
+        except FloatingPointError as err:  # a diverging run stops; its good checkpoints stay
+            print(f"run_pretraining.py: diverged: {err}; no checkpoint written for it", file=sys.stderr)
+            exit_code = EXIT_DIVERGED
+        mlperf.run_stop(state.samples, status)
+        self.reporter.close()
+        return exit_code
+
+
+def run_decoder(config: dict, output: Path, resume: bool) -> int:
+    """run_pretraining.py's entry for a decoder config: exit code (2: refused, nothing trained)."""
+    try:
+        run = DecoderRun(config, output, resume)
+    except RunError as err:
+        shut_down_process_group()
+        return refuse(str(err))
+    try:
+        return run.train()
+    finally:
+        shut_down_process_group()

@@ -1,0 +1,107 @@
+"""torch.distributed for the torch engines: this process's replica, sums over processes,
+the stop flag every replica agrees on, RNG states of every rank, and tear-down.
+
+Host collectives (sums, the stop flag, barriers) go through torch.distributed when a
+process group exists; a launcher without one (poprun: the IPU engine's instances talk
+through Horovod) registers its own sum with `use_host_sum`, and barriers become a sum
+every process must join."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from packed_transformers.training import checkpoint as ckpt
+from packed_transformers.training.errors import RunError
+
+
+@dataclass(frozen=True)
+class Replica:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+
+def setup_replica(config: dict) -> Replica:
+    """Rank and device from torchrun's environment (rank 0 of 1 without it); joins the
+    process group when there is more than one process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    kind = config["execution"]["device"]
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            from packed_transformers.common.cli import no_gpu
+
+            raise RunError(no_gpu("execution.device cuda", torch.__version__, torch.version.cuda is not None))
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if config["execution"]["threads"]:
+        torch.set_num_threads(config["execution"]["threads"])
+    if world > 1 and not dist.is_initialized():
+        backend = config["execution"]["distributed_backend"] or ("nccl" if kind == "cuda" else "gloo")
+        dist.init_process_group(backend=backend)
+    return Replica(rank, world, local_rank, device)
+
+
+def all_reduce_(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum over the process group (all processes by default); a no-op without torch.distributed."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor, group=group)
+    return tensor
+
+
+_host_sum = None  # a launcher's own sum over processes (no torch.distributed group)
+
+
+def use_host_sum(sum_over_processes) -> None:
+    """Register `sum_over_processes(tensor) -> tensor` for host collectives (None: off)."""
+    global _host_sum
+    _host_sum = sum_over_processes
+
+
+def all_reduce_host(values: torch.Tensor) -> torch.Tensor:
+    """Sum a host tensor over every process (through the GPU where the backend is NCCL)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return _host_sum(values) if _host_sum is not None else values
+    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    values = values.to(device)
+    dist.all_reduce(values)
+    return values.cpu()
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process if it is True on any (a signal seen by one replica stops all)."""
+    return bool(all_reduce_host(torch.tensor([1.0 if flag else 0.0])).item() > 0)
+
+
+def gather_rng_states() -> list:
+    """Every process's RNG state (index = rank), so that each resumes its own stream."""
+    mine = ckpt.rng_state()
+    if not dist.is_initialized():
+        return [mine]
+    states = [None] * dist.get_world_size()
+    dist.all_gather_object(states, mine)
+    return states
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    elif _host_sum is not None:  # every process must join a sum: a barrier
+        _host_sum(torch.zeros(1))
+
+
+def shut_down_process_group() -> None:
+    """Tear torch.distributed down before the interpreter exits. Left to interpreter
+    shutdown, a gloo group's threads can outlive it: seen once as 'terminate called without
+    an active exception' (SIGABRT) in a finished 2-stage pipeline run on a loaded machine."""
+    use_host_sum(None)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,359 @@
+"""The run: the same for every engine (training.backends: torch, pipeline, ipu).
+
+    checks (data, output folder, model)  ->  engine.attach  ->  restore a checkpoint
+    loop:  micro-batches from the resumable loader  ->  engine.train (one place for the
+           step's math: training.step)  ->  log window  ->  evaluation when due  ->
+           checkpoint when due  ->  stop on max_steps / max_samples / max_seconds / signal
+    end:   evaluation at the end, final checkpoint, MLPerf RUN_STOP
+
+A batch goes: packed shard rows (training.data) -> dict of [B, S] / [B, M] / [B, K] int
+tensors -> engine -> PackedBertForPreTraining -> sums and counts -> loss normalised by
+the step's GLOBAL masked-token and sequence counts -> backward -> LAMB step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from packed_transformers.common.cli import refuse
+from packed_transformers.common.files import describe_os_error
+from packed_transformers.packing.errors import PackingInputError
+from packed_transformers.training import checkpoint as ckpt
+from packed_transformers.training.backends.engine import Engine
+from packed_transformers.training.batch_check import validate_batch
+from packed_transformers.training.data import advance, one_line, padded_groups
+from packed_transformers.training.distributed import (
+    any_process,
+    barrier,
+    gather_rng_states,
+    shut_down_process_group,
+)
+from packed_transformers.training.errors import RunError
+from packed_transformers.training.observe import MetricSums, summarize
+from packed_transformers.training.run_folder import data_identity
+from packed_transformers.training.run_setup import RunSetup
+from packed_transformers.training.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, Diverged
+from packed_transformers.training.step import NonFiniteStep
+
+log = logging.getLogger("training")
+
+
+class Run(RunSetup):
+    """One run on this process: built by RunSetup.__init__ (every user-input check first),
+    driven by `train`, each piece a method."""
+
+    def compile(self) -> int:
+        """--compile-only: the engine compiles from one call's micro-batches (and one
+        evaluation call's), timed; nothing trains, nothing is written to the run folder."""
+        micro_batches = [next(self.loader) for _ in range(self.engine.micro_batches_per_call)]
+        eval_group = None
+        if self.eval_set is not None:
+            shards, batches = self.eval_set
+            size = self.engine.eval_group_size()
+            eval_group = next(
+                padded_groups(shards, batches, size, self.arithmetic.micro_batch_packs, groups=1)
+            )
+        times = self.engine.compile(micro_batches, eval_group)
+        if self.engine.rank == 0:
+            log.info("compile only: %s", ", ".join(f"{k} graph {v:.1f} s" for k, v in times.items()))
+        return 0
+
+    # ----- the loop --------------------------------------------------------------------
+    def train(self) -> int:
+        """Train until a limit, the target or a signal. Returns the process exit code."""
+        state, config, engine = self.state, self.config, self.engine
+        if engine.rank == 0:
+            log.info(self.arithmetic.adjusted.describe())
+            log.info(
+                "%s; eval every %d sequences", self.arithmetic.describe(), self.eval_schedule.every_samples
+            )
+        self.reporter.mlperf.run_start(state.samples)
+        # status is MLPerf's run_stop status (success only at the target: its rules call any
+        # other end "aborted"); stopped_by says which end it was, for the run's own record.
+        status, exit_code, self.started = "aborted", 0, time.perf_counter()
+        self.stopped_by, lr = "diverged", None
+        self.resumed_train_seconds, self.paused_seconds = state.train_seconds, 0.0
+        self._new_window()
+        try:
+            try:
+                while not self._limit_reached():
+                    lr = self._train_call()
+                    if state.step % self.limits["log_every_steps"] < engine.steps_per_call or (
+                        state.step >= self.limits["max_steps"]
+                    ):
+                        self._log_window(lr)
+                    if self.eval_schedule.due(state):
+                        state.next_eval_samples = self.eval_schedule.following(state)
+                        if self._evaluate() and config["eval"]["stop_at_target"]:
+                            state.reached_target, status = True, "success"
+                            break
+                        self.reporter.mlperf.block_start(state.samples)
+                    every = self.limits["checkpoint_every_steps"]
+                    if every and state.step % every < engine.steps_per_call:
+                        self._save()
+                    if self.stop.agreed():
+                        log.warning("stop requested (signal): checkpointing at step %d", state.step)
+                        exit_code = EXIT_INTERRUPTED
+                        break
+                if exit_code == 0 and self.window_samples and lr is not None:
+                    self._log_window(
+                        lr
+                    )  # steps since the last log line (a short or time-budget run): counted
+                if (
+                    exit_code == 0
+                    and not state.reached_target
+                    and config["eval"]["at_end"]
+                    and self.eval_set is not None
+                    and self.evaluated_step != state.step  # not twice for the same weights
+                ):
+                    if self._evaluate() and config["eval"]["stop_at_target"]:
+                        state.reached_target, status = True, "success"
+                if self.saved_step != state.step:  # not twice for the same step
+                    self._save()
+                self.stopped_by = (
+                    "target"
+                    if state.reached_target
+                    else "signal"
+                    if exit_code
+                    else self._limit_reached() or "limit"
+                )
+            except Diverged as err:
+                print(f"error: {err}", file=sys.stderr)
+                exit_code = EXIT_DIVERGED
+        finally:
+            self._close(status)
+        return exit_code
+
+    def _nonfinite(self, what: str) -> None:
+        """A step the engine refused (non-finite loss or gradient norm; weights untouched):
+        skip it while training.on_nonfinite allows, else stop (Diverged)."""
+        # The budget is the run's, kept in checkpoints: a --resume does not reset it.
+        self.state.skipped_steps += 1
+        self.window_skipped += 1
+        policy, allowed = self.limits["on_nonfinite"], self.limits["max_skipped_steps"]
+        if policy == "skip" and self.state.skipped_steps <= allowed:
+            log.warning("%s: step skipped (%d of at most %d)", what, self.state.skipped_steps, allowed)
+            return
+        reason = "training.on_nonfinite is stop" if policy == "stop" else f"more than {allowed} skipped steps"
+        raise Diverged(f"{what}; stopping ({reason}); the newest checkpoint is the last good one")
+
+    def _limit_reached(self) -> str | None:
+        """The training.* limit the run has reached ("max_steps", "max_samples",
+        "max_train_seconds", "max_seconds"), or None."""
+        state, limits = self.state, self.limits
+        if state.step >= limits["max_steps"]:
+            return "max_steps"
+        if limits["max_samples"] is not None and state.samples >= limits["max_samples"]:
+            return "max_samples"
+        if limits["max_train_seconds"] is not None and self.train_seconds() >= limits["max_train_seconds"]:
+            return "max_train_seconds"
+        if limits["max_seconds"] is not None and time.perf_counter() - self.started >= limits["max_seconds"]:
+            return "max_seconds"
+        return None
+
+    def train_seconds(self) -> float:
+        """Seconds spent training: wall time since the start (plus the resumed run's) less
+        evaluations and checkpoints. The clock of `max_train_seconds`, of each record's
+        `train_seconds` and of the throughput figures: equal-time comparisons of packed
+        and unpacked runs must not charge the run that evaluates more often."""
+        return self.resumed_train_seconds + time.perf_counter() - self.started - self.paused_seconds
+
+    @contextlib.contextmanager
+    def _paused(self):
+        """Time inside does not count as training time (evaluation, checkpoints)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_seconds += time.perf_counter() - start
+
+    def _train_call(self) -> float:
+        """One engine call: its micro-batches, the lr for the samples so far, the steps it
+        makes; advances the run state. Returns the lr used."""
+        state, engine = self.state, self.engine
+        micro_batches = [next(self.loader) for _ in range(engine.micro_batches_per_call)]
+        if self.config["data"]["validate_batches"]:
+            for batch in micro_batches:
+                validate_batch(batch, self.model.config.vocab_size, self.model.config.max_position_embeddings)
+        lr = self.schedule(state.samples)
+        try:
+            counts = engine.train(micro_batches, lr, self.window)
+        except NonFiniteStep as err:
+            self._nonfinite(f"step {state.step + 1}: non-finite {err}")
+            counts = torch.zeros(2)  # a skipped step: its data is consumed, nothing learned
+        sequences = int(counts[1].item())
+        state.step += engine.steps_per_call
+        state.samples += sequences
+        self.window_samples += sequences
+        state.position = advance(
+            state.position, engine.micro_batches_per_call * engine.data_world, self.sampler.per_epoch
+        )
+        self._show_progress(engine.steps_per_call)
+        return lr
+
+    def _show_progress(self, steps: int) -> None:
+        """Advance the bar: by steps, or to the fraction of the nearest limit (run_setup)."""
+        if not self.budget_limits:
+            self.progress.update(steps)
+            return
+        state, limits = self.state, self.limits
+        fractions = [state.step / limits["max_steps"]]
+        if limits["max_samples"] is not None:
+            fractions.append(state.samples / limits["max_samples"])
+        if limits["max_train_seconds"] is not None:
+            fractions.append(self.train_seconds() / limits["max_train_seconds"])
+        if limits["max_seconds"] is not None:
+            fractions.append((time.perf_counter() - self.started) / limits["max_seconds"])
+        self.progress.n = round(min(1.0, max(fractions)) * 100, 1)
+        self.progress.refresh()
+
+    # ----- reporting -------------------------------------------------------------------
+    def _new_window(self) -> None:
+        self.window, self.window_start, self.window_samples = MetricSums(), self.train_seconds(), 0
+        self.window_skipped = 0
+
+    def _log_window(self, lr: float) -> None:
+        totals = self.engine.reduce(self.window)
+        figures = summarize(totals)
+        if not math.isfinite(figures["loss"]):  # engines that cannot check per step
+            raise Diverged(f"step {self.state.step}: non-finite loss in the last logging window")
+        if figures["sequences"] == 0 and self.window_skipped:
+            # Every step of the window was skipped: no figure to report (a 0.0 loss would
+            # read as perfect), only that it was skipped.
+            figures = {key: None for key in figures} | {"sequences": 0, "masked_tokens": 0}
+        now = self.train_seconds()
+        seconds = now - self.window_start
+        record = {
+            "step": self.state.step,
+            "samples": self.state.samples,
+            "train_seconds": now,
+            "epoch": self.state.position.epoch,
+            "lr": lr,
+            **figures,
+            "sequences_per_second": self.window_samples / seconds,
+            "tokens_per_second": totals["tokens"] / seconds,
+        }
+        if self.window_skipped:
+            record["skipped_steps"] = self.window_skipped
+        self.reporter.log(record)
+        if record["loss"] is None:
+            self._new_window()
+            return
+        self.progress.set_postfix(
+            loss=f"{record['loss']:.3f}",
+            mlm_acc=f"{record['mlm_accuracy']:.3f}",
+            seq_s=f"{record['sequences_per_second']:.1f}",
+            tok_s=f"{record['tokens_per_second']:.0f}",
+        )
+        self._new_window()
+
+    def _evaluate(self) -> bool:
+        """Evaluate, log; True when the target MLM accuracy is reached."""
+        if self.eval_set is None:
+            return False
+        state = self.state
+        train_seconds = self.train_seconds()
+        with self._paused():
+            metrics = self.engine.evaluate(*self.eval_set)
+        self.evaluated_step = state.step
+        state.best_eval_accuracy = max(state.best_eval_accuracy, metrics["mlm_accuracy"])
+        record = {"step": state.step, "samples": state.samples, "train_seconds": train_seconds, **metrics}
+        self.reporter.log(record, "eval")
+        self.reporter.mlperf.evaluation(state.samples, metrics["mlm_accuracy"])
+        if self.engine.rank == 0:
+            self.progress.write(
+                f"eval at {state.samples} sequences: MLM accuracy {metrics['mlm_accuracy']:.4f} "
+                f"over {metrics['masked_tokens']} masked tokens of {metrics['sequences']} sequences"
+            )
+        return metrics["mlm_accuracy"] >= self.config["eval"]["target_mlm_accuracy"]
+
+    # ----- checkpoints and the end -----------------------------------------------------
+    def _save(self) -> None:
+        """Collective: a checkpoint of this step (rank 0 writes it). Never of non-finite weights."""
+        self.state.train_seconds = self.train_seconds()
+        with self._paused():
+            self._write_checkpoint()
+
+    def _write_checkpoint(self) -> None:
+        # One reduction on the device, one host sync (not one per parameter).
+        bad = not bool(torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all())
+        if any_process(bad):
+            raise Diverged(f"step {self.state.step}: non-finite weights; refusing to checkpoint them")
+        snapshot = self.engine.snapshot()
+        rng = gather_rng_states()
+        if self.engine.rank == 0:
+            training_state = {
+                **snapshot.engine_state,
+                **self.state.to_checkpoint(),
+                "rng": rng,
+                "config": self.config,
+                "data_identity": data_identity(self.config),
+            }
+            try:
+                path = ckpt.save_checkpoint(
+                    self.checkpoints,
+                    self.state.step,
+                    snapshot.model,
+                    training_state,
+                    self.limits["keep_checkpoints"],
+                )
+            except ckpt.CheckpointError as err:
+                raise RunError(str(err)) from None
+            log.info("checkpoint %s", path)
+        self.saved_step = self.state.step
+        barrier()
+
+    def _close(self, status: str) -> None:
+        self.progress.close()
+        self.reporter.mlperf.run_stop(self.state.samples, status)
+        self.reporter.log(
+            {
+                "step": self.state.step,
+                "samples": self.state.samples,
+                "status": status,
+                "stopped_by": self.stopped_by,  # target | max_steps | max_samples | max_*seconds | signal | diverged
+                "seconds": time.perf_counter() - self.started,
+                "train_seconds": self.train_seconds(),
+            },
+            "end",
+        )
+        self.reporter.close()
+
+
+def run(config: dict, output: Path, resume: bool) -> int:
+    """The run with the engine the config selects, as a process exit code: user-input and
+    environment errors become exit code 2 with one line (run_pretraining.py's contract)."""
+    from packed_transformers.training.backends import engine_class
+
+    try:
+        return run_training(config, output, resume, engine_class(config))
+    except RunError as err:
+        return refuse(err)
+    except PackingInputError as err:  # a shard that changed or breaks the format, found at read time
+        return refuse(one_line(err))
+    except OSError as err:  # a full disk, an unwritable or misplaced output folder, ...
+        return refuse(describe_os_error(err))
+    finally:
+        shut_down_process_group()
+
+
+def run_training(
+    config: dict, output: Path, resume: bool = False, engine_class: type[Engine] | None = None
+) -> int:
+    """The whole run on this process with `engine_class` (default: the torch engine).
+    The engine's config checks come first, before any data is opened or hashed.
+    Returns the process exit code."""
+    if engine_class is None:
+        from packed_transformers.training.backends.torch_engine import TorchEngine
+
+        engine_class = TorchEngine
+    engine_class.check_config(config)
+    run = Run(config, output, resume, engine_class)
+    return run.compile() if run.compile_only else run.train()

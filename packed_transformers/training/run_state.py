@@ -1,0 +1,93 @@
+"""The run's own state and its stop conditions: what a checkpoint carries of the run
+(RunState), when evaluations fall (EvalSchedule), and the two ways a run stops early (a
+signal, agreed by every replica; a non-finite step)."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+
+from packed_transformers.training.data import LoaderPosition
+from packed_transformers.training.distributed import any_process
+
+EXIT_INTERRUPTED = 143
+EXIT_DIVERGED = 3  # a non-finite loss, gradient norm or weight: no checkpoint written
+
+
+@dataclass
+class RunState:
+    """Everything besides weights and optimizer that a checkpoint restores."""
+
+    step: int = 0
+    samples: int = 0  # real sequences trained on, all replicas
+    position: LoaderPosition = field(default_factory=LoaderPosition)
+    next_eval_samples: int = 0
+    best_eval_accuracy: float = 0.0
+    reached_target: bool = False
+    train_seconds: float = 0.0  # training time so far, all processes of the run (see Run.train_seconds)
+    skipped_steps: int = 0  # non-finite steps skipped (training.on_nonfinite: skip), over resumes
+
+    def to_checkpoint(self) -> dict:
+        return {
+            "skipped_steps": self.skipped_steps,
+            "step": self.step,
+            "samples": self.samples,
+            "position": self.position.as_dict(),
+            "next_eval_samples": self.next_eval_samples,
+            "best_eval_accuracy": self.best_eval_accuracy,
+            "train_seconds": self.train_seconds,
+        }
+
+    @classmethod
+    def from_checkpoint(cls, saved: dict) -> RunState:
+        return cls(
+            step=saved["step"],
+            samples=saved["samples"],
+            position=LoaderPosition(**saved["position"]),
+            next_eval_samples=saved["next_eval_samples"],
+            best_eval_accuracy=saved["best_eval_accuracy"],
+            train_seconds=saved.get("train_seconds", 0.0),  # absent in checkpoints before it was kept
+            skipped_steps=saved.get("skipped_steps", 0),
+        )
+
+
+@dataclass(frozen=True)
+class EvalSchedule:
+    """Evaluate each time the samples trained pass the next multiple of `every_samples`
+    (an interval of eval.every_samples or MLPerf's rule); the next point is run state."""
+
+    every_samples: int
+
+    def first(self) -> int:
+        return self.every_samples
+
+    def due(self, state: RunState) -> bool:
+        return state.samples >= state.next_eval_samples
+
+    def following(self, state: RunState) -> int:
+        """The first evaluation point after `state.samples`."""
+        next_at = state.next_eval_samples
+        while next_at <= state.samples:
+            next_at += self.every_samples
+        return next_at
+
+
+class Diverged(RuntimeError):
+    """The run stops on a non-finite step or weights (training.on_nonfinite); the message
+    names the step. No checkpoint is written for it."""
+
+
+class StopSignal:
+    """SIGTERM / SIGINT -> finish the current step, checkpoint, exit 143."""
+
+    def __init__(self):
+        self.requested = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def agreed(self) -> bool:
+        """Any replica's signal stops all of them at the same step."""
+        return any_process(self.requested)

@@ -1,5 +1,0 @@
-import sys
-
-from packing.cli import main
-
-sys.exit(main())
