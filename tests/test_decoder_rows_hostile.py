@@ -16,21 +16,15 @@ import pytest
 
 from packed_transformers.common.files import sha256_file
 from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.lm_rows.layouts import document_rows
 from packed_transformers.packing.lm_rows.row_rule import first_malformed_row
-from packed_transformers.packing.lm_rows.store import RowStore, write_rows
+from packed_transformers.packing.lm_rows.store import RowStore
 
-from .conftest import REPO
-
-S, VOCAB = 32, 50
+from .training_helpers import DECODER_VOCAB as VOCAB
+from .training_helpers import decoder_rows, pretrain_decoder
 
 
 def write_folder(folder, lengths=(5, 9, 30, 3, 12, 40, 7, 7, 20, 11) * 4, seed=0):
-    rng = np.random.default_rng(seed)
-    tokens = [rng.integers(1, VOCAB, n).astype(np.int32) for n in lengths]
-    rows = document_rows(tokens, S, depth=None)
-    write_rows(folder, rows, VOCAB, 0, {"role": "train", "documents_in": len(tokens)})
-    return folder
+    return decoder_rows(folder, lengths, seed)
 
 
 @pytest.fixture(scope="module")
@@ -196,13 +190,7 @@ def data_root(tmp_path_factory, clean):
 
 
 def pretrain(root, output, *sets, resume=False):
-    from .training_helpers import run
-
-    settings = [f"data.train_dir={root / 'train'}", f"data.eval_dir={root / 'eval'}", f"data.max_sequence_length={S}",
-                "eval.rows=2", "model.hidden_size=16", "model.intermediate_size=32", "model.num_hidden_layers=1",
-                "training.log_every_steps=1", "training.max_steps=2", "eval.every_samples=4", *sets]  # fmt: skip
-    extra = [a for s in settings for a in ("--set", s)] + (["--resume"] if resume else [])
-    return run(REPO / "configs/pretrain_decoder_tiny.yaml", output, *extra)
+    return pretrain_decoder(root, output, *sets, resume=resume)
 
 
 @pytest.mark.parametrize(

@@ -212,7 +212,7 @@ def test_the_server_loads_a_bert_folder_without_transformers_modeling_code(class
 
     family_tokenizer("bert").save_pretrained(classifier_folder)
     script = (
-        "from pathlib import Path\nimport serving.cli, serving.app\n"
+        "from pathlib import Path\nimport packed_transformers.serving.cli, packed_transformers.serving.app\n"
         "from packed_transformers.serving.engines import load_engine\n"
         f"load_engine(Path({str(classifier_folder)!r}))"
     )

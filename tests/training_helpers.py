@@ -44,6 +44,33 @@ def make_packed(root: Path) -> Path:
     return root
 
 
+DECODER_S, DECODER_VOCAB = 32, 50
+
+
+def decoder_rows(folder: Path, lengths=(5, 9, 30, 3, 12, 40, 7, 7, 20, 11) * 4, seed=0) -> Path:
+    """A small folder of decoder rows (`packed pack-documents`' format, documents layout, S=32,
+    a vocabulary of 50), written in this process from random documents."""
+    from packed_transformers.packing.lm_rows.layouts import document_rows
+    from packed_transformers.packing.lm_rows.store import write_rows
+
+    rng = np.random.default_rng(seed)
+    tokens = [rng.integers(1, DECODER_VOCAB, n).astype(np.int32) for n in lengths]
+    rows = document_rows(tokens, DECODER_S, depth=None)
+    write_rows(folder, rows, DECODER_VOCAB, 0, {"role": "train", "documents_in": len(tokens)})
+    return folder
+
+
+def pretrain_decoder(root: Path, output: Path, *sets, resume=False, torchrun=0):
+    """run_pretraining.py on configs/pretrain_decoder_tiny.yaml over decoder_rows' train/ and
+    eval/ under `root` (a one-layer model of width 16, S=32, two steps unless set)."""
+    settings = [f"data.train_dir={root / 'train'}", f"data.eval_dir={root / 'eval'}",
+                f"data.max_sequence_length={DECODER_S}", "eval.rows=2", "model.hidden_size=16",
+                "model.intermediate_size=32", "model.num_hidden_layers=1", "training.log_every_steps=1",
+                "training.max_steps=2", "eval.every_samples=4", *sets]  # fmt: skip
+    extra = [a for s in settings for a in ("--set", s)] + (["--resume"] if resume else [])
+    return run(REPO / "configs/pretrain_decoder_tiny.yaml", output, *extra, torchrun=torchrun)
+
+
 def base_config(packed: Path, **sections) -> dict:
     """The tests' raw config (tiny BERT, CPU, S=64) with `sections` merged in."""
     config = {

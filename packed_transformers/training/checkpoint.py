@@ -85,17 +85,27 @@ def save_checkpoint(folder: Path, step: int, model, training_state: dict, keep: 
                 f"{final}: writing the checkpoint failed ({first_line(err)}; no space left on the device or a "
                 "file-size limit?); the older checkpoints are intact"
             ) from None
-        files = sorted(p for p in tmp.rglob("*") if p.is_file())
-        manifest = {
-            "step": step,
-            "files": {
-                str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files
-            },
-        }
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        write_manifest(tmp, step)
+    prune(folder, keep)
+    return final
+
+
+def write_manifest(folder: Path, step: int) -> None:
+    """manifest.json (the checkpoint's step, every file's size and sha256): written last."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    manifest = {
+        "step": step,
+        "files": {
+            str(p.relative_to(folder)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files
+        },
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def prune(folder: Path, keep: int) -> None:
+    """Drop all but the newest `keep` checkpoints."""
     for old in list_checkpoints(folder)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def remove_leftovers(folder: Path) -> list[Path]:

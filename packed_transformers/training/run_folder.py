@@ -18,13 +18,13 @@ from packed_transformers.training.errors import RunError
 CHANGEABLE_ON_RESUME = {("data", "loader_workers"), ("data", "validate_batches"), ("data", "check_sha256")}
 
 
-def check_same_run(previous: dict, config: dict, what: str) -> None:
+def check_same_run(previous: dict, config: dict, what: str, changeable=CHANGEABLE_ON_RESUME) -> None:
     """RunError unless `config` keeps the model, data and optim settings of `previous`
     (config.yaml, or the config a checkpoint holds)."""
     for section in ("model", "data", "optim"):
         before, now = (previous or {}).get(section) or {}, config[section]
         changed = [k for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
-        changed = [k for k in changed if (section, k) not in CHANGEABLE_ON_RESUME]
+        changed = [k for k in changed if (section, k) not in changeable]
         if changed:
             key = changed[0]
             raise RunError(
@@ -44,7 +44,9 @@ def data_identity(config: dict) -> str | None:
     return sha256_file(Path(config["data"]["train_dir"]) / "metadata.json")
 
 
-def prepare_output(output: Path, config: dict, resume: bool, rank: int) -> None:
+def prepare_output(
+    output: Path, config: dict, resume: bool, rank: int, changeable=CHANGEABLE_ON_RESUME
+) -> None:
     """Lock the folder and refuse one that holds another run (or, on resume, a run of other
     model / data / optim settings). config.yaml is written later (write_run_config)."""
     saved = output / "config.yaml"
@@ -59,7 +61,7 @@ def prepare_output(output: Path, config: dict, resume: bool, rank: int) -> None:
                 f"--output-dir {output} holds another run (config.yaml); pass --resume to continue it "
                 "or choose another directory"
             )
-        check_same_run(yaml.safe_load(saved.read_text()), config, f"the run in {output}")
+        check_same_run(yaml.safe_load(saved.read_text()), config, f"the run in {output}", changeable)
     elif output.is_dir() and any(output.iterdir()) and not resume:
         raise RunError(f"--output-dir {output} is not empty and holds no run")
     # Every rank checks before rank 0 writes: otherwise a slower rank finds the config.yaml

@@ -88,6 +88,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "distributed_backend": Key(
             str, None, "torchrun backend; null = nccl on CUDA, gloo on CPU", ("nccl", "gloo"), optional=True
         ),  # fmt: skip
+        "sharding": Key(
+            str,
+            "none",
+            "none: every replica holds the whole model (DDP-style sums); fsdp: FSDP2, parameters, "
+            "gradients and AdamW state split over the processes, checkpoints through DCP",
+            ("none", "fsdp"),
+        ),  # fmt: skip
+        "activation_checkpointing": Key(
+            bool, False, "recompute each block's activations in the backward (less memory, ~1/3 more compute)"
+        ),
     },
     # BERT pretraining's logging keys (the same Reporter and MLPerf log read them), without its
     # tqdm bar: the decoder loop logs a line per window and draws none.

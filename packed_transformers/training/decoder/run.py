@@ -42,11 +42,21 @@ from packed_transformers.training.distributed import (
 )
 from packed_transformers.training.errors import RunError
 from packed_transformers.training.observe import Reporter
-from packed_transformers.training.run_folder import forget_metrics_after, prepare_output, write_run_config
+from packed_transformers.training.run_folder import (
+    CHANGEABLE_ON_RESUME,
+    forget_metrics_after,
+    prepare_output,
+    write_run_config,
+)
 from packed_transformers.training.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, StopSignal
+from packed_transformers.training.sharding import full_tensor, load_sharded, save_sharded, shard_model
 from packed_transformers.training.step import autocast_context, set_learning_rate
 
 log = logging.getLogger("training")
+
+# Keys that only split the global batch (rows a step): a resume may change them, onto another
+# number of processes, as long as the global batch stays (checked against the checkpoint).
+GLOBAL_BATCH_SPLIT = CHANGEABLE_ON_RESUME | {("data", "micro_batch_rows"), ("optim", "gradient_accumulation")}
 
 
 @dataclass
@@ -59,6 +69,7 @@ class DecoderState:
     next_eval_samples: int = 0
     best_log_perplexity: float = math.inf
     reached_target: bool = False
+    rows_per_step: int = 0  # the global batch (0: a checkpoint from before it was recorded)
 
 
 def cosine_with_warmup(optim: dict, samples: int) -> float:
@@ -116,14 +127,28 @@ class DecoderRun:
             data_vocab,
             self.replica.device,
         ).to(self.replica.device)
-        prepare_output(output, config, resume, self.rank)
+        execution = config["execution"]
+        if execution["activation_checkpointing"]:
+            self.model.hf_model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self.sharded = execution["sharding"] == "fsdp"
+        if self.sharded:
+            blocks = shard_model(self.model, self.model.hf_model, self.world, config["training"]["precision"],
+                                 self.replica.device)  # fmt: skip
+            if self.rank == 0:
+                log.info("FSDP2: %d blocks and the model sharded over %d ranks", blocks, self.world)
+        # the global batch may be split another way on resume (other ranks, other accumulation)
+        prepare_output(output, config, resume, self.rank, changeable=GLOBAL_BATCH_SPLIT)
         self.optimizer = torch.optim.AdamW(
             weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),
             lr=0.0,
             betas=tuple(optim["betas"]),
             eps=optim["eps"],
         )
-        self.state = DecoderState(next_eval_samples=config["eval"]["every_samples"] or 0)
+        self.state = DecoderState(
+            next_eval_samples=config["eval"]["every_samples"] or 0, rows_per_step=self.rows_per_step
+        )
         if resume:
             self._restore()
         write_run_config(output, config, self.rank)
@@ -162,17 +187,32 @@ class DecoderRun:
                 log.warning("removed %s: a checkpoint half-written when a run was stopped", leftover)
         barrier()
         for path in ckpt.intact_checkpoints(self.output / "checkpoints"):
+            if (path / "dcp").is_dir() != self.sharded:
+                written = "with" if (path / "dcp").is_dir() else "without"
+                raise RunError(
+                    f"--resume: {path} was written {written} execution.sharding fsdp; resume it the same way"
+                )
             try:
                 saved = ckpt.load_training_state(path)
-                from safetensors.torch import load_file
+                if self.sharded:
+                    load_sharded(path, self.model.hf_model, self.optimizer)
+                else:
+                    from safetensors.torch import load_file
 
-                weights = load_file(path / "model" / "model.safetensors")
-                self.model.hf_model.load_state_dict(weights, strict=False)
-                self.optimizer.load_state_dict(saved["optimizer"])
+                    weights = load_file(path / "model" / "model.safetensors")
+                    self.model.hf_model.load_state_dict(weights, strict=False)
+                    self.optimizer.load_state_dict(saved["optimizer"])
             except (ckpt.CheckpointError, RuntimeError, KeyError, ValueError) as err:
                 log.error("refusing checkpoint %s (%s); trying the previous one", path, str(err)[:200])
                 continue
-            self.state = DecoderState(**json.loads(saved["state"]))
+            restored = DecoderState(**json.loads(saved["state"]))
+            if restored.rows_per_step and restored.rows_per_step != self.rows_per_step:
+                raise RunError(
+                    f"--resume: {restored.rows_per_step} rows a step in {path}, {self.rows_per_step} now "
+                    "(data.micro_batch_rows x optim.gradient_accumulation x processes must stay the global batch)"
+                )
+            restored.rows_per_step = self.rows_per_step
+            self.state = restored
             ckpt.set_rng_state(saved["rng"][self.rank] if self.rank < len(saved["rng"]) else saved["rng"][0])
             log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
             return
@@ -184,14 +224,19 @@ class DecoderRun:
             gathered = [None] * self.world
             dist.all_gather_object(gathered, rng[0])
             rng = gathered
+        keep = self.config["training"]["keep_checkpoints"]
+        if self.sharded:  # every rank writes its shard (optimizer state in dcp/)
+            state = {"state": json.dumps(asdict(self.state)), "rng": rng}
+            save_sharded(self.output / "checkpoints", self.state.step, self.model.hf_model, self.optimizer, state,
+                         keep, self.rank)  # fmt: skip
+            return
         if self.rank == 0:
             state = {
                 "optimizer": self.optimizer.state_dict(),
                 "state": json.dumps(asdict(self.state)),
                 "rng": rng,
             }
-            ckpt.save_checkpoint(self.output / "checkpoints", self.state.step, self.model, state,
-                                 self.config["training"]["keep_checkpoints"])  # fmt: skip
+            ckpt.save_checkpoint(self.output / "checkpoints", self.state.step, self.model, state, keep)
         barrier()
 
     # ----- the step -----------------------------------------------------------------------
@@ -228,7 +273,9 @@ class DecoderRun:
                 out = self.model(**batch, shift_labels=target, num_items_in_batch=predicted)
             out["loss"].backward()
             loss_sum += out["token_loss_sum"].double().cpu()
-        if self.world > 1:  # each replica's gradient is its share of the step's mean: sum them
+        # each replica's gradient is its share of the step's mean: sum them (FSDP2 sums them
+        # itself, reduce-scattered into each rank's shard)
+        if self.world > 1 and not self.sharded:
             for p in self.model.parameters():
                 if (
                     p.grad is None
@@ -237,7 +284,7 @@ class DecoderRun:
                 dist.all_reduce(p.grad)
         parameters = [p for p in self.model.parameters() if p.grad is not None]
         all_reduce_(loss_sum)
-        norm = torch.nn.utils.clip_grad_norm_(parameters, config["optim"]["max_grad_norm"])
+        norm = full_tensor(torch.nn.utils.clip_grad_norm_(parameters, config["optim"]["max_grad_norm"]))
         loss = float(loss_sum) / predicted
         if not (math.isfinite(loss) and math.isfinite(float(norm))):
             raise FloatingPointError(f"step {state.step + 1}: loss {loss}, gradient norm {float(norm)}")
@@ -255,16 +302,27 @@ class DecoderRun:
 
         self.model.eval()
         sums = torch.zeros(2, dtype=torch.float64)
+        rows, per = self.config["eval"]["rows"], self.config["data"]["micro_batch_rows"]
+        batches = list(evaluation_batches(self.eval_rows, rows, self.rank, self.world, per))
+        # FSDP2 gathers each block's parameters in every forward: every rank runs as many
+        # forwards as rank 0 (which holds the most rows); a rank short of rows repeats the
+        # first evaluation row and counts nothing of it
+        most = -(-len(range(0, rows, self.world)) // per)
+        counted = [True] * len(batches)
+        if self.sharded and len(batches) < most:
+            spare = next(evaluation_batches(self.eval_rows, 1, 0, 1, 1))
+            counted += [False] * (most - len(batches))
+            batches += [spare] * (most - len(batches))
         with torch.no_grad():
-            for batch in evaluation_batches(self.eval_rows, self.config["eval"]["rows"], self.rank, self.world,
-                                            self.config["data"]["micro_batch_rows"]):  # fmt: skip
+            for batch, count in zip(batches, counted):
                 batch = {k: v.to(self.replica.device) for k, v in batch.items()}
                 target = next_token_targets(batch["input_ids"], batch["sequence_ids"])
                 with autocast_context(self.config["training"]["precision"], self.replica.device):
                     out = self.model(**batch, shift_labels=target)
-                sums += torch.tensor(
-                    [float(out["token_loss_sum"]), float(out["token_count"])], dtype=torch.float64
-                )
+                if count:
+                    sums += torch.tensor(
+                        [float(out["token_loss_sum"]), float(out["token_count"])], dtype=torch.float64
+                    )
         all_reduce_(sums)
         return float(sums[0] / max(float(sums[1]), 1.0))
 

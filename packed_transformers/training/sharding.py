@@ -1,0 +1,141 @@
+"""FSDP2 for a pretraining run (`execution.sharding: fsdp`): the model's parameters, gradients
+and optimizer state split over the replicas instead of copied on each, and checkpoints through
+torch.distributed.checkpoint (DCP), which a run of another number of ranks reads (resharded).
+
+    shard_model        fully_shard per block (the classes transformers names in
+                       `_no_split_modules`: a decoder layer), then the whole model; gradients
+                       summed over ranks (divide factor 1: the run's loss is already divided
+                       by the step's predicted tokens of every rank, as the DDP path's is)
+    save_sharded       OUTPUT/checkpoints/step-N/ as training/checkpoint.py's format: model/
+                       (config.json, model.safetensors: the full weights, gathered to rank 0:
+                       what a user loads), training_state.pt (run state and RNG, no optimizer),
+                       dcp/ (every rank's shard of model and optimizer), manifest.json last;
+                       written into a temporary folder every rank writes, renamed in by rank 0
+    load_sharded       dcp/ into this run's shards, whatever number of ranks wrote it
+
+Gloo runs every collective FSDP2 and DCP need, so all of this runs and is tested on CPUs
+(tests/test_decoder_fsdp.py). Never imports the run or the engines.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from packed_transformers.training import checkpoint as ckpt
+from packed_transformers.training.errors import RunError
+
+SHARDINGS = ("none", "fsdp")
+
+
+def block_modules(hf_model) -> list[torch.nn.Module]:
+    """The model's repeated blocks: modules whose class transformers names unsplittable
+    (`_no_split_modules`, what accelerate's device maps keep whole)."""
+    names = set(getattr(hf_model, "_no_split_modules", None) or ())
+    blocks = [m for m in hf_model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise RunError(f"execution.sharding fsdp: {type(hf_model).__name__} names no block to shard")
+    return blocks
+
+
+def shard_model(model, hf_model, world: int, precision: str, device: torch.device) -> int:
+    """fully_shard each block, then `model`; returns the number of blocks. bf16 on CUDA
+    gathers parameters in bf16 and reduces gradients in fp32 (MixedPrecisionPolicy); on a CPU
+    the run's bf16 autocast does the casting and the shards stay fp32."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    if world < 2:
+        raise RunError("execution.sharding fsdp: needs 2 or more processes (torchrun --nproc-per-node N)")
+    policy = MixedPrecisionPolicy()
+    if precision == "bf16" and device.type == "cuda":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    blocks = block_modules(hf_model)
+    for block in blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # a sum: the loss is already the step's mean; a plain SUM collective (gloo has no
+            # PREMUL_SUM, which a divide factor alone would ask for)
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return len(blocks)
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def full_tensor(value):
+    """A DTensor gathered whole (a plain tensor as it is)."""
+    return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+
+def _shared_temporary(final: Path, rank: int) -> Path:
+    """A new temporary folder beside `final`, made by rank 0, its path sent to every rank."""
+    box = [None]
+    if rank == 0:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        box[0] = tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent)
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
+
+
+def save_sharded(folder: Path, step: int, hf_model, optimizer, training_state: dict, keep: int,
+                 rank: int) -> Path:  # fmt: skip
+    """Every rank calls it (collectives inside); see the module docstring."""
+    import torch.distributed.checkpoint as dcp
+    from safetensors.torch import save_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    final = folder / f"{ckpt.PREFIX}{step:08d}"
+    tmp = _shared_temporary(final, rank)
+    failure = None
+    try:
+        model_state, optimizer_state = get_state_dict(hf_model, optimizer)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp / "dcp")
+        full = get_model_state_dict(
+            hf_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if rank == 0:
+            (tmp / "model").mkdir()
+            hf_model.config.save_pretrained(tmp / "model")
+            save_file({k: v.contiguous() for k, v in full.items()}, tmp / "model" / "model.safetensors",
+                      metadata={"format": "pt"})  # fmt: skip
+            torch.save(training_state, tmp / "training_state.pt")
+            ckpt.write_manifest(tmp, step)
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            ckpt.prune(folder, keep)
+    except OSError as err:
+        failure = err
+    finally:
+        dist.barrier()
+        if rank == 0 and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    if failure is not None:
+        raise ckpt.CheckpointError(
+            f"{final}: writing the checkpoint failed ({failure}); the older checkpoints are intact"
+        )
+    return final
+
+
+def load_sharded(path: Path, hf_model, optimizer) -> None:
+    """The model's and optimizer's shards from `path`/dcp (CheckpointError if there is none)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    if not (path / "dcp" / ".metadata").is_file():
+        raise ckpt.CheckpointError(f"{path}: no dcp/ (written by a run without execution.sharding fsdp)")
+    model_state, optimizer_state = get_state_dict(hf_model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=path / "dcp")
+    set_state_dict(hf_model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
