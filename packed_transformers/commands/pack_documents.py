@@ -133,6 +133,26 @@ def output_folder_mistake(output: Path, inputs: list[Path], tokenizer: Path) -> 
     return None
 
 
+def repeated_input(inputs: list[Path]) -> str | None:
+    """One line where two --input paths name one file (the same path twice, a link, another
+    spelling): its documents would be packed twice (each datum exactly once)."""
+    import os
+
+    seen = {}
+    for path in inputs:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            continue  # a missing file is the reader's to name
+        key = (stat.st_dev, stat.st_ino)
+        if key in seen:
+            return (
+                f"--input {path} is the same file as --input {seen[key]}: its documents would be packed twice"
+            )
+        seen[key] = path
+    return None
+
+
 def globalize(rows, documents) -> None:
     """Rows' document ids (indices into the documents they were built from) -> the input's
     document numbers `documents[id]`, in place."""
@@ -145,7 +165,7 @@ def globalize(rows, documents) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     inputs = [Path(p) for p in args.input]
-    mistake = output_folder_mistake(Path(args.output), inputs, Path(args.tokenizer))
+    mistake = repeated_input(inputs) or output_folder_mistake(Path(args.output), inputs, Path(args.tokenizer))
     if mistake:
         return refuse(mistake)
     if args.max_sequence_length < 2:

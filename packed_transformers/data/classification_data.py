@@ -21,6 +21,7 @@ import numpy as np
 
 from packed_transformers.common import json_text
 from packed_transformers.data.create_pretraining_data import read_document, split_sentences
+from packed_transformers.data.lines import bounded_lines
 from packed_transformers.data.text_rule import MAX_FIELD_CHARS, ExampleError, check_text  # noqa: F401 (both are read from here too)
 
 
@@ -134,7 +135,7 @@ def read_jsonl(
     check_readable(path)
     out = Examples([], [], [], [])
     with path.open("rb") as f:
-        for number, raw in enumerate(f, 1):
+        for number, raw in bounded_lines(f, str(path)):
             if not raw.strip():
                 continue
             text, pair, record = example_of_line(raw, f"{path}:{number}", text_field, pair_field)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from packed_transformers.data.classification_data import ExampleError, check_readable, example_of_line
+from packed_transformers.data.lines import bounded_lines
 
 
 @dataclass
@@ -38,7 +39,7 @@ def read_documents(paths: list[Path], text_field: str = "text") -> DocumentTexts
         path = Path(path)
         check_readable(path)
         with path.open("rb") as f:
-            for number, raw in enumerate(f, 1):
+            for number, raw in bounded_lines(f, str(path)):
                 if not raw.strip():
                     continue
                 where = f"{path}:{number}"

@@ -1,0 +1,84 @@
+"""Inputs with no end of line and inputs given twice (issue 84): every command's JSON-lines
+reader (packed_transformers.data.lines.bounded_lines) refuses a line past MAX_LINE_BYTES naming
+file:line, with memory bounded by the limit; pack-documents refuses one file named twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from packed_transformers.commands.embed import count_lines, read_texts
+from packed_transformers.data.classification_data import read_jsonl
+from packed_transformers.data.documents import read_documents
+from packed_transformers.data.lines import MAX_LINE_BYTES, bounded_lines
+from packed_transformers.data.text_rule import ExampleError
+
+from .conftest import REPO
+
+READERS = {
+    "pack-documents / train-tokenizer": lambda path: read_documents([path]),
+    "predict / train": lambda path: read_jsonl(path, "text", None, None, need_labels=False),
+    "embed (count)": lambda path: count_lines(path, "text"),
+    "embed (texts)": lambda path: list(read_texts(path, "text")),
+}
+
+
+@pytest.mark.parametrize("reader", list(READERS))
+def test_an_endless_line_is_refused_naming_file_and_line_with_bounded_memory(reader):
+    tracemalloc.start()
+    try:
+        with pytest.raises(ExampleError, match=r"^/dev/zero:1: a line of more than [\d,]+ bytes") as err:
+            READERS[reader](Path("/dev/zero"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "\n" not in str(err.value)
+    assert peak < 3 * MAX_LINE_BYTES, peak  # a read of the limit (and its decode), not of the input
+
+
+def test_lines_under_the_limit_read_as_before_and_the_limit_is_exact(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"text": "a"}\n{"text": "b"}')  # the last line without its newline
+    with path.open("rb") as f:
+        assert [n for n, _ in bounded_lines(f, str(path))] == [1, 2]
+    assert read_documents([path]).texts == ["a", "b"]
+    path.write_bytes(b"x" * 10 + b"\n" + b"y" * 12)
+    with path.open("rb") as f:
+        lines = bounded_lines(f, str(path), limit=11)
+        assert next(lines) == (1, b"x" * 10 + b"\n")  # 11 bytes with the newline: at the limit
+        with pytest.raises(ExampleError, match=":2: a line of more than 11 bytes"):
+            next(lines)
+
+
+@pytest.mark.slow  # a command in a fresh interpreter
+def test_pack_documents_refuses_dev_zero_and_a_file_named_twice(tmp_path):
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"document {i}"}) + "\n" for i in range(5)))
+    os.symlink(docs, tmp_path / "link.jsonl")
+    from packed_transformers.data import train_tokenizer
+
+    assert train_tokenizer.main(["--input", str(docs), "--vocab-size", "280", "--output", str(tmp_path / "tok")]) == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    for inputs, expected in (
+        ([docs, docs], f"--input {docs} is the same file as --input {docs}"),
+        (
+            [docs, tmp_path / "link.jsonl"],
+            f"--input {tmp_path / 'link.jsonl'} is the same file as --input {docs}",
+        ),
+        (["/dev/zero"], "/dev/zero:1: a line of more than"),
+    ):
+        argv = ["--input", *map(str, inputs)]
+        done = subprocess.run(
+            [sys.executable, "-m", "packed_transformers", "pack-documents", *argv, "--tokenizer", str(tmp_path / "tok"),
+             "--output", str(tmp_path / "out")],
+            cwd=REPO, capture_output=True, text=True, env=env, timeout=300,
+        )  # fmt: skip
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and expected in lines[0], done.stderr[-2000:]
+        assert not (tmp_path / "out").exists()
