@@ -63,7 +63,10 @@ def test_pack_documents_refuses_dev_zero_and_a_file_named_twice(tmp_path):
     os.symlink(docs, tmp_path / "link.jsonl")
     from packed_transformers.data import train_tokenizer
 
-    assert train_tokenizer.main(["--input", str(docs), "--vocab-size", "280", "--output", str(tmp_path / "tok")]) == 0
+    assert (
+        train_tokenizer.main(["--input", str(docs), "--vocab-size", "280", "--output", str(tmp_path / "tok")])
+        == 0
+    )
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for inputs, expected in (
         ([docs, docs], f"--input {docs} is the same file as --input {docs}"),
