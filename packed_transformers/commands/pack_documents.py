@@ -168,8 +168,12 @@ def main(argv=None) -> int:
     mistake = repeated_input(inputs) or output_folder_mistake(Path(args.output), inputs, Path(args.tokenizer))
     if mistake:
         return refuse(mistake)
-    if args.max_sequence_length < 2:
-        return refuse(f"--max-sequence-length {args.max_sequence_length}: expected at least 2")
+    from packed_transformers.packing.histogram import MAX_SEQUENCE_LENGTH
+
+    if not 2 <= args.max_sequence_length <= MAX_SEQUENCE_LENGTH:
+        return refuse(
+            f"--max-sequence-length {args.max_sequence_length}: expected 2 to {MAX_SEQUENCE_LENGTH:,} tokens"
+        )
     if args.eval_rows < 0:
         return refuse(f"--eval-rows {args.eval_rows}: expected 0 or more")
     from packed_transformers.data.classification_data import ExampleError

@@ -290,6 +290,13 @@ def pack_dataset(
 
     if task not in TASKS:
         raise PackedDatasetError(f"task {task!r}: expected one of {', '.join(TASKS)}")
+    from packed_transformers.packing.errors import PackingInputError
+    from packed_transformers.packing.histogram import check_sequence_length
+
+    try:
+        check_sequence_length("max_sequence_length", max_sequence_length)
+    except PackingInputError as err:
+        raise PackedDatasetError(str(err)) from None
     started = time.perf_counter()
     dataset = _rows_of(dataset)
     if task == "causal_lm":

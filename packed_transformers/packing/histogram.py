@@ -73,7 +73,7 @@ class Histogram:
     @classmethod
     def from_lengths(cls, lengths, max_sequence_length: int) -> Histogram:
         """Histogram of integer sequence lengths, each in 1..max_sequence_length."""
-        check_positive_int("max_sequence_length", max_sequence_length)
+        check_sequence_length("max_sequence_length", max_sequence_length)
         lengths = np.asarray(lengths)
         if lengths.size == 0:
             raise PackingInputError("no sequence lengths given: the histogram would be empty")
@@ -133,6 +133,19 @@ class Histogram:
             if c < 0:
                 raise PackingInputError(f"counts[{i}] must be >= 0, got {c!r}")
         return cls(np.array([int(c) for c in counts], dtype=np.int64))
+
+
+# The longest row any packer or pack reader takes: 1 M tokens (128x Llama 3.1's 8,192). A
+# histogram, a plan and every [rows, S] array are sized by it before any data is read, so a
+# larger value is a typo (1e9) that would ask for gigabytes, refused where it is given.
+MAX_SEQUENCE_LENGTH = 1 << 20
+
+
+def check_sequence_length(name: str, value) -> None:
+    """PackingInputError naming `name` unless value is an integer in 1..MAX_SEQUENCE_LENGTH."""
+    check_positive_int(name, value)
+    if value > MAX_SEQUENCE_LENGTH:
+        raise PackingInputError(f"{name} must be at most {MAX_SEQUENCE_LENGTH:,} tokens, got {value:,}")
 
 
 def check_positive_int(name: str, value) -> None:

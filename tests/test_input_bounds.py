@@ -85,3 +85,24 @@ def test_pack_documents_refuses_dev_zero_and_a_file_named_twice(tmp_path):
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1 and expected in lines[0], done.stderr[-2000:]
         assert not (tmp_path / "out").exists()
+
+
+def test_a_sequence_length_past_the_bound_is_refused_where_it_is_given(tmp_path):
+    from packed_transformers.commands import pack_documents
+    from packed_transformers.hf_integration.trainer import PackedDatasetError, pack_dataset
+    from packed_transformers.packing.errors import PackingInputError
+    from packed_transformers.packing.histogram import MAX_SEQUENCE_LENGTH, Histogram
+
+    rows = [{"input_ids": [1, 2, 3], "label": 0}]
+    with pytest.raises(
+        PackedDatasetError, match="max_sequence_length must be at most 1,048,576 tokens, got 1,000,000,000"
+    ):
+        pack_dataset(rows, task="single_label_classification", max_sequence_length=10**9)
+    with pytest.raises(PackingInputError, match="at most 1,048,576"):
+        Histogram.from_lengths([3, 4], 10**9)
+    assert Histogram.from_lengths([3, 4], MAX_SEQUENCE_LENGTH).max_sequence_length == MAX_SEQUENCE_LENGTH
+    docs = tmp_path / "d.jsonl"
+    docs.write_text('{"text": "a b"}\n')
+    code = pack_documents.main(["--input", str(docs), "--tokenizer", str(tmp_path), "--output", str(tmp_path / "o"),
+                                "--max-sequence-length", str(10**9)])  # fmt: skip
+    assert code == 2 and not (tmp_path / "o").exists()
