@@ -1,5 +1,5 @@
 """Inputs with no end of line and inputs given twice (issue 84): every command's JSON-lines
-reader (packed_transformers.data.lines.bounded_lines) refuses a line past MAX_LINE_BYTES naming
+reader (packed_transformers.data.classification_data.bounded_lines) refuses a line past MAX_LINE_BYTES naming
 file:line, with memory bounded by the limit; pack-documents refuses one file named twice."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 
 from packed_transformers.commands.embed import count_lines, read_texts
-from packed_transformers.data.classification_data import read_jsonl
+from packed_transformers.data.classification_data import MAX_LINE_BYTES, bounded_lines, read_jsonl
 from packed_transformers.data.documents import read_documents
-from packed_transformers.data.lines import MAX_LINE_BYTES, bounded_lines
 from packed_transformers.data.text_rule import ExampleError
 
 from .conftest import REPO

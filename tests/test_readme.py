@@ -2,7 +2,7 @@
 
 Every ```bash block preceded by `<!-- readme-test: NAME -->` is run command by command
 (continuation lines joined, comments dropped) in a scratch folder that holds the
-repository's configs/, examples/, packing/ and run_pretraining.py, with .venv's python and
+repository's configs/, examples/, packed_transformers/ and run_pretraining.py, with .venv's python and
 `packed` first on PATH, as a user who followed "Install" would. The only changes are scale: fewer
 passes over the text, a few training steps, one fine-tuning epoch (TINY below). The
 user's own text ("my_text/*.txt") is BBC News written in the documented input format.
@@ -137,7 +137,7 @@ def test_groups_cover_every_recipe():
 
 
 def run_recipes(tmp_path, names) -> None:
-    for name in ("configs", "examples", "packing", "run_pretraining.py"):
+    for name in ("configs", "examples", "packed_transformers", "run_pretraining.py"):
         (tmp_path / name).symlink_to(REPO / name)
     write_my_text(tmp_path / "my_text")
     env = dict(os.environ, PYTHONPATH=str(REPO), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")

@@ -95,7 +95,7 @@ def count_lines(path: Path, text_field: str) -> int:
     """Lines of the input, each checked to be non-blank (row i must be line i)."""
     n = 0
     with path.open("rb") as f:
-        from packed_transformers.data.lines import bounded_lines
+        from packed_transformers.data.classification_data import bounded_lines
 
         for n, raw in bounded_lines(f, str(path)):
             if not raw.strip():
@@ -111,7 +111,7 @@ def count_lines(path: Path, text_field: str) -> int:
 def read_texts(path: Path, text_field: str) -> Iterator[str]:
     """The text of each line, checked as it is read (one-line errors naming file:line)."""
     with path.open("rb") as f:
-        from packed_transformers.data.lines import bounded_lines
+        from packed_transformers.data.classification_data import bounded_lines
 
         for number, raw in bounded_lines(f, str(path)):
             # data.text_rule, as the server applies it; a blank text is refused

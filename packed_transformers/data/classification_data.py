@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,6 @@ import numpy as np
 
 from packed_transformers.common import json_text
 from packed_transformers.data.create_pretraining_data import read_document, split_sentences
-from packed_transformers.data.lines import bounded_lines
 from packed_transformers.data.text_rule import MAX_FIELD_CHARS, ExampleError, check_text  # noqa: F401 (both are read from here too)
 
 
@@ -85,6 +85,32 @@ def read_bbc_news(pattern: str) -> Examples:
         out.labels.append(path.parent.name)
         out.where.append(f"{path}:1")
     return out
+
+
+# Lines of a JSON-lines input are read with a bound: the one reader every command's file
+# input goes through (pack-documents, train-tokenizer, predict, train, embed). A file object's
+# own iteration reads a line whole however long it is: an input with no newline (/dev/zero, a
+# binary file) is one endless line, and the process grew until the OOM killer ended it.
+# The longest line read: a text of MAX_FIELD_CHARS characters written as JSON escapes
+# (`\uXXXX` pairs: 12 bytes a character at worst) and room for other fields.
+MAX_LINE_BYTES = 12 * MAX_FIELD_CHARS + (1 << 20)
+
+
+def bounded_lines(f, where: str, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:
+    """(line number from 1, the line's bytes with its newline) of a binary file object;
+    ExampleError naming `where`:line for a line of more than `limit` bytes."""
+    number = 0
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        number += 1
+        if len(raw) > limit:
+            raise ExampleError(
+                f"{where}:{number}: a line of more than {limit:,} bytes (no newline within them); expected "
+                "one JSON object a line"
+            )
+        yield number, raw
 
 
 def check_readable(path: Path) -> None:

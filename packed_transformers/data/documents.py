@@ -18,8 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from packed_transformers.data.classification_data import ExampleError, check_readable, example_of_line
-from packed_transformers.data.lines import bounded_lines
+from packed_transformers.data.classification_data import (
+    ExampleError,
+    bounded_lines,
+    check_readable,
+    example_of_line,
+)
 
 
 @dataclass
