@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from packed_transformers.common.files import apply_umask, replace_folder
 from packed_transformers.training import checkpoint as ckpt
 from packed_transformers.training.errors import RunError
 
@@ -43,8 +44,8 @@ def block_modules(hf_model) -> list[torch.nn.Module]:
     return blocks
 
 
-def shard_model(model, hf_model, world: int, precision: str, device: torch.device) -> int:
-    """fully_shard each block, then `model`; returns the number of blocks. bf16 on CUDA
+def shard_model(model, world: int, precision: str, device: torch.device) -> int:
+    """fully_shard each block of `model.hf_model`, then `model`; returns the number of blocks. bf16 on CUDA
     gathers parameters in bf16 and reduces gradients in fp32 (MixedPrecisionPolicy); on a CPU
     the run's bf16 autocast does the casting and the shards stay fp32."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -54,7 +55,7 @@ def shard_model(model, hf_model, world: int, precision: str, device: torch.devic
     policy = MixedPrecisionPolicy()
     if precision == "bf16" and device.type == "cuda":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    blocks = block_modules(hf_model)
+    blocks = block_modules(model.hf_model)
     for block in blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
@@ -111,9 +112,10 @@ def save_sharded(folder: Path, step: int, hf_model, optimizer, training_state: d
                       metadata={"format": "pt"})  # fmt: skip
             torch.save(training_state, tmp / "training_state.pt")
             ckpt.write_manifest(tmp, step)
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            # as atomic_folder finishes a folder: the user's umask (mkdtemp made it 0700), and an
+            # older one of that name renamed aside first, so one complete folder exists throughout
+            apply_umask(tmp)
+            replace_folder(tmp, final)
             ckpt.prune(folder, keep)
     except OSError as err:
         failure = err

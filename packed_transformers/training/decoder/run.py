@@ -134,8 +134,7 @@ class DecoderRun:
             )
         self.sharded = execution["sharding"] == "fsdp"
         if self.sharded:
-            blocks = shard_model(self.model, self.model.hf_model, self.world, config["training"]["precision"],
-                                 self.replica.device)  # fmt: skip
+            blocks = shard_model(self.model, self.world, config["training"]["precision"], self.replica.device)
             if self.rank == 0:
                 log.info("FSDP2: %d blocks and the model sharded over %d ranks", blocks, self.world)
         # the global batch may be split another way on resume (other ranks, other accumulation)
