@@ -1,17 +1,35 @@
 """Subprocesses that never outlive their test: each command runs in a process group of its
 own (a new session), and whatever of that group is still alive when the command ends or
 times out (a torchrun rank left waiting in gloo's rendezvous after its launcher died: one
-was found running 50 minutes after the suite) is killed and reported as a failure."""
+was found running 50 minutes after the suite) is killed and reported as a failure.
+
+Launches of several processes (torchrun) take one machine-wide lock, so that two of them
+never share the two cores of a CI machine: a Trainer run over 2 ranks hung past its timeout
+once while another test's 4 ranks ran beside it (CI, 2026-11-28). A command that times out
+is sent SIGABRT first: with PYTHONFAULTHANDLER set, every Python process of the group writes
+the stack of each of its threads to stderr, and the failure shows where it waited."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+LAUNCH_LOCK = Path(tempfile.gettempdir()) / "packed-transformers-tests-launch.lock"
+STACKS_WAIT_S = 5.0  # what the group gets after SIGABRT to write its stacks
 
 
 class LeftBehind(AssertionError):
     """Processes of a command's group were still running after it ended."""
+
+
+class Hung(AssertionError):
+    """A command ran past its timeout; the message holds the end of its stderr (the stacks)."""
 
 
 def group_alive(pgid: int) -> bool:
@@ -24,29 +42,61 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
+def launches_processes(command) -> bool:
+    """Whether the command starts ranks of its own (torchrun)."""
+    return "torch.distributed.run" in command or "torchrun" in command
+
+
+@contextlib.contextmanager
+def one_launch_at_a_time(exclusive: bool):
+    """Hold the machine-wide launch lock (flock: released if the holder dies) when exclusive."""
+    if not exclusive:
+        yield
+        return
+    with open(LAUNCH_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def run_in_group(command, timeout: float, **options) -> subprocess.CompletedProcess:
     """subprocess.run(command, capture_output=True, text=True) in a group of its own; on a
-    timeout the whole group is killed (subprocess.run kills only the launcher); a group
-    with processes left once the launcher has exited is killed and LeftBehind raised. The
-    output goes through files, not pipes: a process left behind would hold a pipe open, and
-    the wait would last as long as it does."""
-    import tempfile
-
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen(
-            command, stdout=out, stderr=err, text=True, start_new_session=True, **options
-        )
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+    timeout the whole group is sent SIGABRT (stacks to stderr), then killed, and Hung raised
+    with the stderr's end (subprocess.run kills only the launcher); a group with processes
+    left once the launcher has exited is killed and LeftBehind raised. The output goes through
+    files, not pipes: a process left behind would hold a pipe open, and the wait would last
+    as long as it does. The timeout counts from the start, after the launch lock."""
+    env = dict(options.pop("env", None) or os.environ, PYTHONFAULTHANDLER="1")
+    with one_launch_at_a_time(launches_processes(command)):
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            process = subprocess.Popen(
+                command, stdout=out, stderr=err, text=True, start_new_session=True, env=env, **options
+            )
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                stop_and_raise(process, command, timeout, err)
+            stdout, stderr = read(out), read(err)
+        if group_alive(process.pid):
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            raise subprocess.TimeoutExpired(command, timeout, read(out), read(err)) from None
-        stdout, stderr = read(out), read(err)
-    if group_alive(process.pid):
-        os.killpg(process.pid, signal.SIGKILL)
-        raise LeftBehind(f"{command[:4]}...: processes of its group outlived it (killed): {stderr[-2000:]}")
+            raise LeftBehind(
+                f"{command[:4]}...: processes of its group outlived it (killed): {stderr[-2000:]}"
+            )
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def stop_and_raise(process: subprocess.Popen, command, timeout: float, err) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGABRT)
+    deadline = time.monotonic() + STACKS_WAIT_S
+    while group_alive(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    raise Hung(f"{command[:6]}... ran past {timeout} s; the end of its stderr:\n{read(err)[-8000:]}")
 
 
 def read(file) -> str:

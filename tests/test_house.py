@@ -363,7 +363,7 @@ def test_a_process_left_behind_by_a_command_is_killed_and_reported():
     import sys
     import time
 
-    from .processes import LeftBehind, run_in_group
+    from .processes import Hung, LeftBehind, run_in_group
 
     marker = "import time; time.sleep(300)  # left-behind-probe"
     launcher = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {marker!r}])"
@@ -375,8 +375,10 @@ def test_a_process_left_behind_by_a_command_is_killed_and_reported():
     ).stdout.split()
     assert alive == []
     assert run_in_group([sys.executable, "-c", "print('fine')"], timeout=60).stdout == "fine\n"
-    with pytest.raises(subprocess.TimeoutExpired):
-        run_in_group([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
+    # a hang is reported with the stack it hung in (faulthandler on SIGABRT), then killed
+    hang = "import time\ndef waits_forever():\n    time.sleep(30)\nwaits_forever()"
+    with pytest.raises(Hung, match=r"(?s)ran past 1 s.*in waits_forever"):
+        run_in_group([sys.executable, "-c", hang], timeout=1)
 
 
 def documented_imports() -> list[str]:
