@@ -285,3 +285,35 @@ def test_bfloat16_predictions_agree_with_float32_and_are_refused_without_bf16(tr
     piped = {d: [p["label"] for p in packed_pipeline("text-classification", model=folder, dtype=d)(texts)]
              for d in ("float32", "bfloat16")}  # fmt: skip
     assert np.mean([a == b for a, b in zip(piped["float32"], piped["bfloat16"])]) >= 0.99
+
+
+@pytest.mark.skipif(
+    __import__("packed_transformers.inference.int8", fromlist=["x"]).int8_problem("cpu") is not None,
+    reason="this CPU has no VNNI: int8 is refused (tests/test_int8.py tests the refusal)",
+)
+def test_int8_predictions_agree_with_float32(trained, tmp_path):
+    """int8 (the encoder layers' matrix products; the classifier stays float32) gives the
+    float32 labels for >= 99% of the texts (the quality gate for predict), in commands.predict
+    and packed_pipeline, and its probabilities stay close."""
+    from packed_transformers.hf_integration.pipeline import packed_pipeline
+
+    records = read_records(trained / "val.jsonl")
+    folder = trained / "run" / "model"
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    outputs = {}
+    for dtype in ("float32", "int8"):
+        out = tmp_path / f"{dtype}.jsonl"
+        assert (
+            predict.main(
+                ["--model", str(folder), "--input", str(source), "--output", str(out), "--dtype", dtype]
+            )
+            == 0
+        )
+        outputs[dtype] = read_records(out)
+    agree = np.mean([a["label"] == b["label"] for a, b in zip(outputs["float32"], outputs["int8"])])
+    assert len(outputs["int8"]) == len(records) and agree >= 0.99
+    texts = [r["text"] for r in records]
+    piped = {d: [p["label"] for p in packed_pipeline("text-classification", model=folder, dtype=d)(texts)]
+             for d in ("float32", "int8")}  # fmt: skip
+    assert np.mean([a == b for a, b in zip(piped["float32"], piped["int8"])]) >= 0.99

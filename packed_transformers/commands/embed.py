@@ -1,7 +1,7 @@
 """Embed a file of texts with a sentence-transformers (or BERT) folder, packing them.
 
     python -m packed_transformers.finetune.embed --model DIR --input texts.jsonl --output embeddings.npy
-        [--batching packed | sorted | padded] [--dtype float32 | bfloat16] [--device cpu | cuda]
+        [--batching packed | sorted | padded] [--dtype float32 | bfloat16 | int8] [--device cpu | cuda]
         [--pooling mean] [--normalize | --no-normalize] [--max-length N] [--text-field text]
 
 --input: JSON lines, one object per line with a string field "text" (--text-field);

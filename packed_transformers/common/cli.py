@@ -93,8 +93,9 @@ def add_inference_options(parser: argparse.ArgumentParser, model_help: str) -> N
     parser.add_argument(
         "--dtype",
         default="float32",
-        choices=("float32", "bfloat16"),
-        help="bfloat16: the forward under bf16 autocast (refused where the device has no bf16)",
+        choices=("float32", "bfloat16", "int8"),
+        help="bfloat16: the forward under bf16 autocast (refused where the device has no bf16); int8: the "
+        "transformer layers' matrix products in int8 (CPU with VNNI only; docs/embeddings.md has its quality)",
     )
     parser.add_argument(
         "--max-sequences-per-pack",

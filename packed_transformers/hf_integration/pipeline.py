@@ -55,8 +55,9 @@ def packed_pipeline(
     batch_size counts examples (packs per batch = batch_size / packing factor).
     Options: top_k (text-classification), ignore_labels (token-classification),
     doc_stride, n_best_size, max_answer_length, version_2_with_negative,
-    null_score_diff_threshold (question-answering). dtype: "float32", or "bfloat16" (bf16
-    autocast; ValueError where the device has no bf16, inference.precision)."""
+    null_score_diff_threshold (question-answering). dtype: "float32", "bfloat16" (bf16
+    autocast; ValueError where the device has no bf16) or "int8" (a CPU with VNNI;
+    inference.precision)."""
     if task not in PIPELINE_TASKS:
         raise ValueError(f"task {task!r}: expected one of {', '.join(PIPELINE_TASKS)}")
     problem = device_problem(device, dtype)

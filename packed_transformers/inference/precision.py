@@ -1,4 +1,5 @@
-"""The dtype inference runs in: float32, or bfloat16 where the device computes it natively.
+"""The dtype inference runs in: float32, bfloat16 where the device computes it natively, or
+int8 on a CPU with VNNI (inference.int8: the transformer layers' matrix products in int8).
 
     problem = device_problem("cpu", "bfloat16")   # None, or the one line that refuses it
     with precision("cpu", "bfloat16"):             # the forward passes under bf16 autocast
@@ -20,7 +21,7 @@ import contextlib
 
 import torch
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("float32", "bfloat16", "int8")
 
 
 def native_bf16(device: str) -> bool:
@@ -40,6 +41,10 @@ def device_problem(device: str, dtype: str = "float32") -> str | None:
         from packed_transformers.common.cli import no_gpu
 
         return no_gpu("--device cuda", torch.__version__, torch.version.cuda is not None)
+    if dtype == "int8":
+        from packed_transformers.inference.int8 import int8_problem
+
+        return int8_problem(device)
     if dtype == "bfloat16" and not native_bf16(device):
         what = (
             "this CPU has no bf16 instructions (AVX512-BF16 or AMX)"
@@ -51,7 +56,8 @@ def device_problem(device: str, dtype: str = "float32") -> str | None:
 
 
 def precision(device: str, dtype: str):
-    """A context in which forward passes run in `dtype` (see the module's docstring)."""
-    if dtype == "float32":
+    """A context in which forward passes run in `dtype` (see the module's docstring); int8 is
+    in the model itself (inference.int8.quantize_encoder), so its context is float32's."""
+    if dtype in ("float32", "int8"):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device, dtype=torch.bfloat16)

@@ -54,9 +54,10 @@ class RunStats:
 
 @dataclass
 class Runner:
-    """A model in eval mode on `device`, run in `dtype` (inference.precision: float32, or
-    bfloat16 under autocast where the device computes it natively). ValueError (one line)
-    if this machine cannot run that device or dtype."""
+    """A model in eval mode on `device`, run in `dtype` (inference.precision: float32,
+    bfloat16 under autocast where the device computes it natively, or int8 on a CPU with
+    VNNI: a copy of the model with int8 layers, inference.int8). ValueError (one line) if
+    this machine cannot run that device or dtype."""
 
     model: torch.nn.Module
     device: str | None = None  # None: where the model's parameters are
@@ -78,6 +79,10 @@ class Runner:
             raise ValueError(problem)
         self.device = device
         self.model = self.model.to(device).eval()
+        if self.dtype == "int8":  # a quantized copy: the loaded float32 model serves other runners
+            from packed_transformers.inference.int8 import quantize_encoder
+
+            self.model = quantize_encoder(self.model)
         self._forward_model = compiled_forward(self.model) if self.compiled else self.model
         self._rows_of_width: dict[int, int] = {}  # compiled: the rows every table of a width runs with
 

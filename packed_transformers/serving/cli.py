@@ -2,7 +2,7 @@
 
     python -m packed_transformers.serving --model runs/bbc_packed/model [--host 127.0.0.1 --port 8080]
         [--policy packed | fifo-tokens | padded] [--max-batch-tokens 16384] [--max-wait-ms 0]
-        [--dtype float32 | bfloat16] [--device cpu | cuda]
+        [--dtype float32 | bfloat16 | int8] [--device cpu | cuda]
 
 (`python -m packed_transformers.finetune.serve` is an alias of this command.)
 
