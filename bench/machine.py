@@ -8,7 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
-FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 def cpu() -> dict:

@@ -105,3 +105,78 @@ def test_a_sequence_length_past_the_bound_is_refused_where_it_is_given(tmp_path)
     code = pack_documents.main(["--input", str(docs), "--tokenizer", str(tmp_path), "--output", str(tmp_path / "o"),
                                 "--max-sequence-length", str(10**9)])  # fmt: skip
     assert code == 2 and not (tmp_path / "o").exists()
+
+
+# ----- integers past Python's digit limit (common.input_limits.MAX_INT_DIGITS) ------------------
+HUGE = "9" * 5000  # int("9" * 5000) raises a bare ValueError in Python >= 3.11
+
+
+@pytest.mark.parametrize("reader", [r for r in READERS if r != "embed (count)"])  # counting parses nothing
+@pytest.mark.parametrize("where", ["text", "other"])
+def test_an_integer_of_5000_digits_in_a_json_line_is_one_line_naming_file_and_line(tmp_path, reader, where):
+    path = tmp_path / "in.jsonl"
+    line = '{"text": ' + HUGE + "}" if where == "text" else '{"text": "a", "n": ' + HUGE + "}"
+    path.write_text('{"text": "fine"}\n' + line + "\n")
+    with pytest.raises(
+        ExampleError, match=rf"^{path}:2: not valid JSON \(an integer of more than 4300 digits\)$"
+    ):
+        list(READERS[reader](path)) if "texts" in reader else READERS[reader](path)
+
+
+def test_the_server_answers_422_to_an_integer_of_5000_digits():
+    from packed_transformers.serving.api import RequestError, RequestLimits, read_json
+
+    with pytest.raises(RequestError) as caught:
+        read_json(('{"inputs": "a", "truncate": ' + HUGE + "}").encode(), RequestLimits())
+    assert caught.value.status == 422 and "an integer of more than 4300 digits" in str(caught.value)
+
+
+def test_a_config_or_set_with_an_integer_of_5000_digits_is_one_line_naming_file_and_line(tmp_path):
+    from packed_transformers.common.config_schema import ConfigError, apply_overrides, read_yaml
+    from packed_transformers.training.config import SCHEMA
+
+    config = tmp_path / "c.yaml"
+    config.write_text("training:\n  max_steps: " + HUGE + "\n")
+    with pytest.raises(ConfigError, match=rf"^{config}: an integer of more than 4300 digits \(line 2\)"):
+        read_yaml(config)
+    with pytest.raises(ConfigError, match=r"^--set training.max_steps: an integer of more than 4300 digits"):
+        apply_overrides({}, ["training.max_steps=" + HUGE], SCHEMA)
+
+
+def test_a_command_given_a_5000_digit_integer_exits_2_in_one_line(tmp_path):
+    """Through a real command (embed): exit 2, one line on stderr, no traceback, no output."""
+    from packed_transformers.data.assets import model_dir
+
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a", "id": ' + HUGE + "}\n")
+    out = tmp_path / "out.npy"
+    done = subprocess.run(
+        [sys.executable, "-m", "packed_transformers", "embed", "--model", str(model_dir()), "--input", str(source),
+         "--output", str(out)], capture_output=True, text=True, cwd=REPO, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    said = [line for line in done.stderr.splitlines() if line.strip() and "%|" not in line]  # not tqdm's bar
+    assert said == [f"error: {source}:1: not valid JSON (an integer of more than 4300 digits)"], done.stderr
+    assert not out.exists()
+
+
+def test_every_route_refuses_a_field_it_does_not_take():
+    """/rerank given another API's top_n answered every text; /predict, /qa and /tokens took
+    any field too: each now answers 422 naming the field and what the route takes."""
+    from packed_transformers.serving.api import RequestError, RequestLimits, read_request
+
+    bodies = {
+        "rerank": {"query": "q", "texts": ["a", "b"], "top_n": 1},
+        "predict": {"inputs": "a", "top_k": 1},
+        "qa": {"inputs": {"question": "q", "context": "c"}, "top_k": 2},
+        "tokens": {"inputs": "a", "aggregation_strategy": "simple"},
+    }
+    for route, body in bodies.items():
+        with pytest.raises(RequestError) as caught:
+            read_request(route, body, RequestLimits())
+        unknown = next(iter(set(body) - {"query", "texts", "inputs"}))
+        assert caught.value.status == 422 and f'field "{unknown}": not a field of this route' in str(
+            caught.value
+        )
+        known = {k: v for k, v in body.items() if k != unknown}
+        assert read_request(route, known, RequestLimits()).route == route

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from packed_transformers.common.input_limits import MAX_INT_DIGITS
+
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names the key. CLI exit code 2."""
@@ -197,6 +199,7 @@ def read_yaml(path) -> dict:
 # 500 bytes, and printing or saving it (json, repr) expands every one.
 MAX_EXPANDED_NODES = 100_000
 MERGE_TAG = "tag:yaml.org,2002:merge"
+INT_TAG = "tag:yaml.org,2002:int"  # past MAX_INT_DIGITS, safe_load's int() is a bare ValueError
 
 
 def load_yaml_text(text: str, source: str):
@@ -246,6 +249,11 @@ def check_yaml_nodes(root, source: str) -> None:
                 total += expanded(key_node) + expanded(value_node)
         elif isinstance(node, yaml.SequenceNode):
             total += sum(expanded(item) for item in node.value)
+        elif node.tag == INT_TAG and sum(c.isdigit() for c in node.value) > MAX_INT_DIGITS:
+            raise ConfigError(
+                f"{source}: an integer of more than {MAX_INT_DIGITS} digits (line {node.start_mark.line + 1}); "
+                "no setting takes one"
+            )
         if total > MAX_EXPANDED_NODES:
             raise ConfigError(
                 f"{source}: its aliases expand to more than {MAX_EXPANDED_NODES:,} values "

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from packed_transformers.common import json_text
+from packed_transformers.common.input_limits import MAX_LINE_BYTES  # noqa: F401 (read from here too)
 from packed_transformers.data.create_pretraining_data import read_document, split_sentences
 from packed_transformers.data.text_rule import MAX_FIELD_CHARS, ExampleError, check_text  # noqa: F401 (both are read from here too)
 
@@ -87,13 +88,9 @@ def read_bbc_news(pattern: str) -> Examples:
     return out
 
 
-# Lines of a JSON-lines input are read with a bound: the one reader every command's file
-# input goes through (pack-documents, train-tokenizer, predict, train, embed). A file object's
-# own iteration reads a line whole however long it is: an input with no newline (/dev/zero, a
-# binary file) is one endless line, and the process grew until the OOM killer ended it.
-# The longest line read: a text of MAX_FIELD_CHARS characters written as JSON escapes
-# (`\uXXXX` pairs: 12 bytes a character at worst) and room for other fields.
-MAX_LINE_BYTES = 12 * MAX_FIELD_CHARS + (1 << 20)
+# Lines of a JSON-lines input are read with a bound (common.input_limits.MAX_LINE_BYTES): the
+# one reader every command's file input goes through (pack-documents, train-tokenizer, predict,
+# train, embed).
 
 
 def bounded_lines(f, where: str, limit: int = MAX_LINE_BYTES) -> Iterator[tuple[int, bytes]]:

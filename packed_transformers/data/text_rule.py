@@ -18,8 +18,8 @@ import enum
 from dataclasses import dataclass
 
 # Characters of one text that are read: far beyond any encoder's 512 tokens (~3,000
-# characters of English).
-MAX_FIELD_CHARS = 1_000_000
+# characters of English); common.input_limits holds every input limit.
+from packed_transformers.common.input_limits import MAX_FIELD_CHARS  # noqa: E402, F401 (read from here too)
 
 
 class ExampleError(ValueError):

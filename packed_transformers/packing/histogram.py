@@ -135,10 +135,8 @@ class Histogram:
         return cls(np.array([int(c) for c in counts], dtype=np.int64))
 
 
-# The longest row any packer or pack reader takes: 1 M tokens (128x Llama 3.1's 8,192). A
-# histogram, a plan and every [rows, S] array are sized by it before any data is read, so a
-# larger value is a typo (1e9) that would ask for gigabytes, refused where it is given.
-MAX_SEQUENCE_LENGTH = 1 << 20
+# The longest row any packer or pack reader takes (common.input_limits: 1 M tokens).
+from packed_transformers.common.input_limits import MAX_SEQUENCE_LENGTH  # noqa: E402
 
 
 def check_sequence_length(name: str, value) -> None:

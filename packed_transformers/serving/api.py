@@ -230,10 +230,16 @@ def parse_rerank(data: dict, limits: RequestLimits) -> tuple[list[tuple[str, str
     return [(query, text) for text in texts], *flags, _direction(data)
 
 
-# The fields each embedding route takes (TEI's EmbedRequest; OpenAI's embeddings request with
-# sentence-transformers' prompt_name): any other is refused with 422, as OpenAI answers an
-# unknown parameter, rather than ignored (a misspelt "normalise" would silently do nothing).
+# The fields each route takes (TEI's PredictRequest, RerankRequest and EmbedRequest as far as
+# this server implements them; OpenAI's embeddings request with sentence-transformers'
+# prompt_name): any other is refused with 422, as OpenAI answers an unknown parameter, rather
+# than ignored (a misspelt "normalise", or another API's "top_n" on /rerank, would silently
+# do nothing).
 ROUTE_FIELDS: dict[str, frozenset[str]] = {
+    "predict": frozenset({"inputs", "truncate", "raw_scores"}),
+    "rerank": frozenset({"query", "texts", "truncate", "raw_scores", "return_text", "truncation_direction"}),
+    "qa": frozenset({"inputs"}),
+    "tokens": frozenset({"inputs", "truncate"}),
     "embed": frozenset({"inputs", "normalize", "truncate", "truncation_direction", "prompt_name"}),
     "openai": frozenset({"input", "model", "encoding_format", "dimensions", "user", "prompt_name"}),
 }
@@ -241,10 +247,7 @@ ROUTE_FIELDS: dict[str, frozenset[str]] = {
 
 def unknown_field(route: str, data: dict) -> str | None:
     """The first field of `data` the route does not take, or None."""
-    fields = ROUTE_FIELDS.get(route)
-    if fields is None:
-        return None
-    return next((name for name in sorted(data) if name not in fields), None)
+    return next((name for name in sorted(data) if name not in ROUTE_FIELDS[route]), None)
 
 
 def _prompt_name(data: dict) -> str | None:
