@@ -223,3 +223,41 @@ def test_a_checkpoint_temporary_left_by_a_killed_save_is_removed_at_resume(data_
     assert not leftover.exists()
     names = sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir())
     assert all(not n.startswith(".") for n in names), names
+
+
+def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line(tmp_path):
+    """A full disk at the checkpoint (RLIMIT_FSIZE below its size, SIGXFSZ ignored: the write
+    fails as on a full disk): one line naming the checkpoint, exit 2, no half-written folder
+    (it was the project's own CheckpointError as a 27-line traceback, exit 1)."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+    from .training_helpers import DECODER_S
+
+    decoder_rows(tmp_path / "train")
+    decoder_rows(tmp_path / "eval", seed=1)
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(
+            resource.RLIMIT_FSIZE, (20_000, 20_000)
+        )  # the weights fit, the optimizer's state not
+
+    sets = [f"data.train_dir={tmp_path / 'train'}", f"data.eval_dir={tmp_path / 'eval'}",
+            f"data.max_sequence_length={DECODER_S}", "eval.rows=2", "model.hidden_size=16",
+            "model.intermediate_size=32", "model.num_hidden_layers=1", "training.max_steps=2"]  # fmt: skip
+    output = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "run_pretraining.py", "--config", "configs/pretrain_decoder_tiny.yaml", "--output-dir",
+         str(output), *[a for s in sets for a in ("--set", s)]],
+        cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=small_files,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        len(errors) == 1 and f"{output}/checkpoints/step-00000002: writing the checkpoint failed" in errors[0]
+    )
+    assert list((output / "checkpoints").iterdir()) == []  # nothing half-written

@@ -22,18 +22,14 @@ from pathlib import Path
 
 import torch
 
-from packed_transformers.common.cli import refuse
-from packed_transformers.common.files import describe_os_error
-from packed_transformers.packing.errors import PackingInputError
 from packed_transformers.training import checkpoint as ckpt
 from packed_transformers.training.backends.engine import Engine
 from packed_transformers.training.batch_check import validate_batch
-from packed_transformers.training.data import advance, one_line, padded_groups
+from packed_transformers.training.data import advance, padded_groups
 from packed_transformers.training.distributed import (
     any_process,
     barrier,
     gather_rng_states,
-    shut_down_process_group,
 )
 from packed_transformers.training.errors import RunError
 from packed_transformers.training.observe import MetricSums, summarize
@@ -331,17 +327,9 @@ def run(config: dict, output: Path, resume: bool) -> int:
     """The run with the engine the config selects, as a process exit code: user-input and
     environment errors become exit code 2 with one line (run_pretraining.py's contract)."""
     from packed_transformers.training.backends import engine_class
+    from packed_transformers.training.exit_codes import exit_code_of
 
-    try:
-        return run_training(config, output, resume, engine_class(config))
-    except RunError as err:
-        return refuse(err)
-    except PackingInputError as err:  # a shard that changed or breaks the format, found at read time
-        return refuse(one_line(err))
-    except OSError as err:  # a full disk, an unwritable or misplaced output folder, ...
-        return refuse(describe_os_error(err))
-    finally:
-        shut_down_process_group()
+    return exit_code_of(lambda: run_training(config, output, resume, engine_class(config)))
 
 
 def run_training(

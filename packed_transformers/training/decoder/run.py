@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from packed_transformers.common.cli import refuse
 from packed_transformers.optim import weight_decay_groups
 from packed_transformers.packing.errors import PackingInputError
 from packed_transformers.packing.lm_rows.store import RowStore
@@ -38,7 +37,6 @@ from packed_transformers.training.distributed import (
     any_process,
     barrier,
     setup_replica,
-    shut_down_process_group,
 )
 from packed_transformers.training.errors import RunError
 from packed_transformers.training.observe import Reporter
@@ -401,12 +399,6 @@ class DecoderRun:
 
 def run_decoder(config: dict, output: Path, resume: bool) -> int:
     """run_pretraining.py's entry for a decoder config: exit code (2: refused, nothing trained)."""
-    try:
-        run = DecoderRun(config, output, resume)
-    except RunError as err:
-        shut_down_process_group()
-        return refuse(str(err))
-    try:
-        return run.train()
-    finally:
-        shut_down_process_group()
+    from packed_transformers.training.exit_codes import exit_code_of
+
+    return exit_code_of(lambda: DecoderRun(config, output, resume).train())
