@@ -143,6 +143,31 @@ def test_pack_documents_refuses_bad_input_in_one_line_and_writes_nothing(corpus,
     assert over.returncode == 2 and bad.read_text().startswith('{"text": "fine"}')
 
 
+@pytest.mark.slow  # the corpus fixture
+def test_pack_documents_on_a_full_disk_is_one_line_and_leaves_nothing(corpus, tmp_path):
+    """A write that fails mid-shard (RLIMIT_FSIZE, SIGXFSZ ignored: h5py's write fails as on a
+    full disk, then its close raises RuntimeError): one line naming --output, exit 2, no output
+    and no temporary folder (it was two chained h5py tracebacks)."""
+    import resource
+    import signal
+
+    root, _ = corpus
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (30_000, 30_000))
+
+    out = subprocess.run([PY, "-m", "packed_transformers.commands.pack_documents", "--input", str(root / "docs.jsonl"),
+                          "--tokenizer", str(root / "tok"), "--output", str(tmp_path / "rows"), "--max-sequence-length",
+                          "128", "--eval-rows", "6"], cwd=REPO, capture_output=True, text=True, preexec_fn=small_files)  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"error: --output {tmp_path / 'rows'}: writing the rows failed (File too large; no space left on the "
+        "device, a file-size limit or a read-only folder?); nothing was written"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 # ----- the model: per-document loss equals transformers alone ----------------------------------
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2"]
 

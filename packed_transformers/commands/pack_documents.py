@@ -193,7 +193,11 @@ def main(argv=None) -> int:
             f"--tokenizer {args.tokenizer}: names no end-of-sequence token (eos_token in tokenizer_config.json)"
         )
     tokens = tokenize_documents(texts.texts, tokenizer.tokenizer, tokenizer.eos_id)
-    return write_all(args, texts, tokens, tokenizer)
+    try:
+        return write_all(args, texts, tokens, tokenizer)
+    except OSError as err:  # a full disk, a file-size limit, a read-only folder: nothing is left behind
+        # named by the output the user gave (the failing path is inside its temporary folder)
+        return refuse(f"--output {args.output}: {err.strerror or err}; nothing was written")
 
 
 def write_all(args, texts, tokens, tokenizer) -> int:

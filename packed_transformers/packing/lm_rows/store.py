@@ -14,7 +14,9 @@ then every row checked against the format (packing.lm_rows.row_rule) a block at 
 
 from __future__ import annotations
 
+import errno
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,9 +57,14 @@ def write_rows(folder: Path, rows: Rows, vocab_size: int, eos_id: int, about: di
     with atomic_folder(folder) as tmp:
         for number, start in enumerate(range(0, count, ROWS_PER_SHARD)):
             name = f"part-{number:05d}.h5"
-            with h5py.File(tmp / name, "w") as f:
-                for field, values in rows.fields().items():
-                    f.create_dataset(field, data=values[start : start + ROWS_PER_SHARD].astype(dtypes[field]))
+            try:
+                with h5py.File(tmp / name, "w") as f:
+                    for field, values in rows.fields().items():
+                        f.create_dataset(
+                            field, data=values[start : start + ROWS_PER_SHARD].astype(dtypes[field])
+                        )
+            except (OSError, RuntimeError) as err:  # h5py's close after a failed write raises RuntimeError
+                raise write_failed(folder / name, err) from None
             shards.append(
                 {"file": name, "rows": min(ROWS_PER_SHARD, count - start), "sha256": sha256_file(tmp / name)}
             )
@@ -222,3 +229,13 @@ def _shard_datasets(f, path: Path, rows: int, length: int) -> dict:
             )
         datasets[name] = dataset
     return datasets
+
+
+def write_failed(path: Path, err: BaseException) -> OSError:
+    """h5py's failed write (an OSError or, from the close that follows it, a RuntimeError, with
+    HDF5's multi-line report) -> one OSError naming `path` and the system's reason."""
+    text = str(err)
+    found = re.search(r"error message = '([^']+)'", text)
+    reason = found.group(1) if found else " ".join(text.split())[:160]
+    return OSError(errno.EIO, f"writing the rows failed ({reason}; no space left on the device, a file-size "
+                   "limit or a read-only folder?)", str(path))  # fmt: skip
