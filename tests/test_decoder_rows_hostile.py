@@ -261,3 +261,21 @@ def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line(tmp_path):
         len(errors) == 1 and f"{output}/checkpoints/step-00000002: writing the checkpoint failed" in errors[0]
     )
     assert list((output / "checkpoints").iterdir()) == []  # nothing half-written
+
+
+def test_a_bert_folder_as_the_starting_checkpoint_is_named_as_such(tmp_path):
+    """It was `cannot be loaded (...: the model's head is not in the file (..., cls.predictions.
+    transform.LayerNorm.bi)`, cut mid-word; now the folder's model_type is named, before any
+    run folder is written."""
+    from packed_transformers.data.assets import model_dir
+
+    root = tmp_path / "rows"
+    decoder_rows(root / "train")
+    decoder_rows(root / "eval", seed=1)
+    done = pretrain_decoder(root, tmp_path / "out", f"model.init_checkpoint={model_dir()}")
+    assert done.returncode == 2
+    assert (
+        f"model.init_checkpoint {model_dir()}: its config.json says model_type 'bert', not a decoder family"
+        in done.stderr
+    )
+    assert not (tmp_path / "out").exists()

@@ -180,3 +180,37 @@ def test_every_route_refuses_a_field_it_does_not_take():
         )
         known = {k: v for k, v in body.items() if k != unknown}
         assert read_request(route, known, RequestLimits()).route == route
+
+
+# ----- messages that name the real cause ---------------------------------------------------------
+def test_outputs_that_are_folders_devices_or_negative_limits_are_named_for_what_they_are(tmp_path, capsys):
+    """train-tokenizer writes a folder: an existing folder is replaced, a file there or an input
+    inside it refused (it asked for a file path); a directory or /dev/full as an output file is
+    not blamed on "no space left"; debian-texts --limit -1 is refused (it dropped the last text)."""
+    import errno
+
+    from packed_transformers.common.files import describe_os_error
+    from packed_transformers.data import debian_texts, train_tokenizer
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        "".join(json.dumps({"text": f"text number {i} of a few words"}) + "\n" for i in range(50))
+    )
+    folder = tmp_path / "tokenizer"
+    folder.mkdir()
+    (folder / "old.txt").write_text("replaced")
+    argv = ["--input", str(source), "--vocab-size", "300", "--output"]
+    assert train_tokenizer.main([*argv, str(folder)]) == 0
+    assert (folder / "tokenizer.json").is_file() and not (folder / "old.txt").exists()
+    capsys.readouterr()
+    assert train_tokenizer.main([*argv, str(source)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {source} is a file; this command writes a folder there"
+    assert train_tokenizer.main([*argv, str(tmp_path)]) == 2
+    assert f"error: {tmp_path} holds an input ({source})" in capsys.readouterr().err
+    for err in (OSError(errno.EEXIST, "is a directory; an output is written only to a regular file or a new path", "d"),
+                OSError(errno.EEXIST, "is a character device; an output is written only to a regular file", "/dev/full")):  # fmt: skip
+        assert "no space" not in describe_os_error(err)
+    assert "no space left" in describe_os_error(OSError(None, "100 requested and 0 written", "x.npy"))
+    assert debian_texts.main(["--output", str(tmp_path / "d.jsonl"), "--limit", "-1"]) == 2
+    assert "--limit must be a positive number of documents, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "d.jsonl").exists()

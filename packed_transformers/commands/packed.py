@@ -38,7 +38,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "verify": Subcommand("packing", "check a packed dataset holds every sequence exactly once", ("verify",)),
     "describe": Subcommand("packing", "packed datasets' lengths, packing factor and padding", ("describe",)),
     "unpack": Subcommand("packing", "packed shards -> the original unpacked rows", ("unpack",)),
-    "plan": Subcommand("packing", "a packing plan's efficiency from a length histogram", ("report",)),
+    "plan": Subcommand("packing", "a packing plan's efficiency from a length histogram", ("plan",)),
     "pretrain": Subcommand("run_pretraining", "pretraining from a YAML config (BERT phase 2, MLPerf style)"),
     "train": Subcommand("finetune.train", "packed fine-tuning: classification, QA, decoders' SFT"),
     "predict": Subcommand(
@@ -48,7 +48,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "serve": Subcommand(
         "serving", "an HTTP server packing requests as they arrive (TEI's and OpenAI's APIs)"
     ),
-    "gather": Subcommand("ray_jobs.job", "a --ray job's Parquet shards -> the command's own output"),
+    "gather": Subcommand(
+        "ray_jobs.job", "a --ray job's Parquet shards -> the command's own output", ("gather",)
+    ),
     "report": Subcommand("finetune.report", "fine-tuning runs side by side"),
     "summary": Subcommand("training.summary", "pretraining runs compared, packed against unpacked"),
     "create-pretraining-data": Subcommand(
@@ -100,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         hint = f"; did you mean '{near[0]}'?" if near else f"; one of {', '.join(SUBCOMMANDS)}"
         print(f"error: unknown subcommand {name!r}{hint}", file=sys.stderr)
         return 2
+    from packed_transformers.common import cli
+
+    # the job's --help and errors name it as the user called it (`packed gather`, not the module)
+    cli.LAUNCHED_AS = "packed" if sub.leading else f"packed {name}"
     sys.argv = [f"packed {name}", *sub.leading, *rest]
     try:
         runpy.run_module(f"packed_transformers.{sub.module}", run_name="__main__", alter_sys=True)

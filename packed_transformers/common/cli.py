@@ -75,11 +75,19 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}; see {self.prog} --help\n")
 
 
+# The program name the `packed` launcher ran a job under (commands/packed.py sets it before it
+# runs the job's module): `packed embed`, or `packed` where the job's parser has subcommands of
+# its own (`packed pack`: argparse adds the subcommand's name). None: run as `python -m ...`.
+LAUNCHED_AS: str | None = None
+
+
 def command_parser(prog: str, doc: str) -> argparse.ArgumentParser:
-    """The parser of a `python -m ...` command: its name, the first paragraph of the
-    module's docstring as description, every option's default in --help, mistakes in one
-    line (CommandParser)."""
-    return CommandParser(prog=prog, description=doc.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
+    """The parser of a command: its name (`prog`, or the `packed` launcher's name for it), the
+    first paragraph of the module's docstring as description, every option's default in
+    --help, mistakes in one line (CommandParser)."""
+    return CommandParser(
+        prog=LAUNCHED_AS or prog, description=doc.split("\n\n")[0], formatter_class=DefaultsHelpFormatter
+    )
 
 
 PACKING_ALGORITHMS = ("spfhp", "lpfhp", "nnlshp", "lp")

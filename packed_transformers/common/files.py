@@ -206,20 +206,34 @@ def describe_os_error(err: OSError) -> str:
     a directory, file too large): the path and the reason, never a traceback."""
     where = err.filename if err.filename is not None else "a file"
     reason = err.strerror or str(err)
-    if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or "written" in reason:
+    # numpy's short write has no errno: "N requested and M written" (not our own "is a
+    # directory; an output is written only to a regular file", which is no space problem)
+    if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) or re.search(
+        r"requested and \d+ written", reason
+    ):
         reason += " (no space left on the device, or a file-size limit)"
     return f"{where}: {reason}"
 
 
-def output_over_inputs(output, inputs=(), folders=()) -> str | None:
+def output_over_inputs(output, inputs=(), folders=(), kind: str = "file") -> str | None:
     """One line if `output` resolves to one of the `inputs` files or into a folder that one
     of the `folders` a command reads resolves into (symlinks followed on both sides: a Hugging
     Face cache snapshot's files are links into ../../blobs, which is then refused too), else
     None: an output never replaces an input. Anything but a regular file standing at `output`
     (a directory, device, FIFO, socket) is refused too: the output is a file, written by
-    rename (output_file).
+    rename (output_file). kind="folder": the output is a folder (atomic_folder replaces one
+    standing there); anything else standing there is refused, and so is an input inside it.
     """
     target = Path(output).resolve()
+    if kind == "folder":
+        if target.exists() and not target.is_dir():
+            return f"{output} is {not_a_file(output) or 'a file'}; this command writes a folder there"
+        for path in inputs:
+            if Path(path).resolve().is_relative_to(target):
+                return (
+                    f"{output} holds an input ({path}); writing the folder would replace it: choose another"
+                )
+        return None
     if target.is_dir():
         return f"{output} is a directory; give the output file's path"
     kind = not_a_file(output)

@@ -64,25 +64,28 @@ def write_news_jsonl(output: Path) -> int:
     return len(examples)
 
 
-if __name__ == "__main__":
-    what = sys.argv[1] if len(sys.argv) > 1 else ""
-    if what == "news-jsonl":
-        if len(sys.argv) != 3:
-            print("usage: python -m packed_transformers.data.assets news-jsonl OUTPUT.jsonl", file=sys.stderr)
-            sys.exit(2)
-        try:
-            print(f"{write_news_jsonl(Path(sys.argv[2]))} labelled articles -> {sys.argv[2]}")
-        except (OSError, MissingAsset) as err:  # a device, a folder, no space, the asset not installed
-            from packed_transformers.common.cli import refuse
-            from packed_transformers.common.files import describe_os_error
+def main(argv=None) -> int:
+    from packed_transformers.common.cli import command_parser, refuse
+    from packed_transformers.common.files import describe_os_error
 
-            sys.exit(refuse(describe_os_error(err) if isinstance(err, OSError) else err))
-        sys.exit(0)
     paths = {"vocab": vocab_file, "model": model_dir, "corpus": corpus_glob}
-    if what not in paths:
-        print(
-            "usage: python -m packed_transformers.data.assets vocab|model|corpus|news-jsonl OUTPUT",
-            file=sys.stderr,
-        )
-        sys.exit(2)
-    print(paths[what]())
+    parser = command_parser("python -m packed_transformers.data.assets", __doc__)
+    parser.add_argument(
+        "what", choices=[*paths, "news-jsonl"], help="the path to print, or news-jsonl to write"
+    )
+    parser.add_argument("output", nargs="?", type=Path, help="news-jsonl: the JSON-lines file to write")
+    args = parser.parse_args(argv)
+    if (args.what == "news-jsonl") != (args.output is not None):
+        parser.error("news-jsonl takes an OUTPUT file; vocab, model and corpus take none")
+    try:
+        if args.what == "news-jsonl":
+            print(f"{write_news_jsonl(args.output)} labelled articles -> {args.output}")
+        else:
+            print(paths[args.what]())
+    except (OSError, MissingAsset) as err:  # a device, a folder, no space, the asset not installed
+        return refuse(describe_os_error(err) if isinstance(err, OSError) else str(err))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

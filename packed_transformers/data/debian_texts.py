@@ -77,6 +77,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from packed_transformers.common.files import atomic_path, describe_os_error
 
+    if args.limit is not None and args.limit < 1:  # texts[:-1] would drop the last one silently
+        return refuse(f"--limit must be a positive number of documents, got {args.limit}")
+
     try:
         texts, files = debian_texts(args.lists)
         texts = texts[: args.limit]

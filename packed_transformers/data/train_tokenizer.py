@@ -48,7 +48,7 @@ def main(argv=None) -> int:
 
     if not MIN_VOCAB <= args.vocab_size <= MAX_VOCAB:
         return refuse(f"--vocab-size must be in {MIN_VOCAB}..{MAX_VOCAB}, got {args.vocab_size}")
-    mistake = output_over_inputs(args.output, [Path(p) for p in args.input])
+    mistake = output_over_inputs(args.output, [Path(p) for p in args.input], kind="folder")
     if mistake:
         return refuse(mistake)
     try:

@@ -5,7 +5,6 @@ python -m packed_transformers.finetune.report runs/bbc_padded runs/bbc_dynamic r
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -77,9 +76,9 @@ def table(summaries: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m packed_transformers.finetune.report", description=__doc__.split("\n\n")[0]
-    )
+    from packed_transformers.common.cli import command_parser
+
+    parser = command_parser("python -m packed_transformers.finetune.report", __doc__)
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="finetune.train output folders")
     folders = parser.parse_args(argv).runs
     try:

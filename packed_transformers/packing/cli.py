@@ -32,9 +32,9 @@ from packed_transformers.packing.unpack import run_unpack
 from packed_transformers.packing.verify import run_verify
 
 
-def _add_report(sub) -> None:
+def _add_report(sub, name: str = "report") -> None:
     p = sub.add_parser(
-        "report", formatter_class=DefaultsHelpFormatter, help="plan a histogram and print efficiency figures"
+        name, formatter_class=DefaultsHelpFormatter, help="plan a histogram and print efficiency figures"
     )
     p.add_argument("--histogram", required=True, help="JSON {max_sequence_length, counts}")
     p.add_argument(
@@ -201,6 +201,7 @@ def cmd_describe(args) -> int:
 COMMANDS = {
     "describe": (_add_describe, cmd_describe),
     "report": (_add_report, cmd_report),
+    "plan": (lambda sub: _add_report(sub, "plan"), cmd_report),  # `packed plan`: report by its own name
     "pack": (_add_pack, cmd_pack),
     "verify": (_add_verify, cmd_verify),
     "unpack": (_add_unpack, cmd_unpack),

@@ -311,11 +311,9 @@ def gather(folder: Path, output: Path) -> int:
 
 
 def main(argv=None) -> int:
-    import argparse
+    from packed_transformers.common.cli import command_parser
 
-    parser = argparse.ArgumentParser(
-        prog="python -m packed_transformers.finetune.ray_job", description=__doc__.split("\n\n")[0]
-    )
+    parser = command_parser("python -m packed_transformers.finetune.ray_job", __doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     reading = commands.add_parser("gather", help="a finished job's shards -> one .npy or JSON lines file")
     reading.add_argument("folder", type=Path, help="the --output folder of a --ray job")

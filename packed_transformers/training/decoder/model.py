@@ -9,6 +9,8 @@ alone through transformers (tests/test_decoders.py, tests/test_decoder_pretraini
 
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
 
 import torch
@@ -71,6 +73,27 @@ def check_training_memory(hf_config, device: torch.device) -> None:
         )
 
 
+def check_decoder_folder(folder: Path) -> None:
+    """RunError (one line) unless `folder` holds a config.json of a decoder family: a BERT
+    folder is named as such, not as a missing head cut off mid-word."""
+    from packed_transformers.training.decoder.config import DECODER_FAMILIES
+
+    config_file = folder / "config.json"
+    if not config_file.is_file():
+        raise RunError(f"model.init_checkpoint {folder}: no config.json (a transformers causal-LM folder)")
+    try:
+        model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
+        raise RunError(
+            f"model.init_checkpoint {config_file}: not a JSON object ({type(err).__name__})"
+        ) from None
+    if model_type not in DECODER_FAMILIES:
+        raise RunError(
+            f"model.init_checkpoint {folder}: its config.json says model_type {model_type!r}, not a decoder "
+            f"family this run trains ({', '.join(DECODER_FAMILIES)})"
+        )
+
+
 def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, device=None):
     """PackedCausalLM of config["model"] (seeded by training.seed). vocab_size: the model's
     (model.vocab_size, else the data's); data_vocab: the rows' vocabulary, which the model
@@ -85,10 +108,12 @@ def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, d
     torch.manual_seed(config["training"]["seed"])
     if model_cfg["init_checkpoint"] is not None:
         folder = Path(model_cfg["init_checkpoint"])
+        check_decoder_folder(folder)
         try:
             packed = PackedFamilyModel.from_pretrained(folder, "causal_lm")
         except (OSError, ValueError, RuntimeError) as err:
-            raise RunError(f"model.init_checkpoint {folder}: cannot be loaded ({str(err)[:200]})") from None
+            reason = textwrap.shorten(str(err), 300, placeholder=" ...")  # cut between words
+            raise RunError(f"model.init_checkpoint {folder}: cannot be loaded ({reason})") from None
     else:
         if model_cfg["num_attention_heads"] % model_cfg["num_key_value_heads"]:
             raise RunError("model.num_attention_heads must be a multiple of model.num_key_value_heads")
