@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+HEAD_END = b"\r\n\r\n"  # the blank line that ends a request's head
 
 
 @dataclass(frozen=True)
@@ -63,27 +64,34 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._in_head and self._head_bytes + len(data) > self.head_limits.max_bytes:
-            # the chunk may end the head and carry a body: parse it, then count what is still head
-            head_before = self._head_bytes
-            super().data_received(data)
-            if self._in_head and not self.transport.is_closing():
-                self._head_bytes = head_before + len(data)
-                if self._head_bytes > self.head_limits.max_bytes:
-                    self._refuse(431, f"the request head exceeds {self.head_limits.max_bytes} bytes")
-            return
-        super().data_received(data)
+        # Measured before the parser sees the bytes: a head that arrives whole in one read (a
+        # 100 KB head against a 2 KB limit) is parsed, completed and handed to the app within
+        # one feed, so counting after the parse let it through.
+        # Only the head's bytes count: up to and including the blank line that ends it (a body
+        # in the same read is not head; counting it refused a kept-alive client's next request).
         if self._in_head:
-            self._head_bytes += len(data)
+            end = data.find(HEAD_END)
+            self._head_bytes += len(data) if end < 0 else end + len(HEAD_END)
+            if self._head_bytes > self.head_limits.max_bytes:
+                self._refuse(431, f"the request head exceeds {self.head_limits.max_bytes} bytes")
+                return
+        super().data_received(data)
 
     # parser callbacks: a head begins and ends
     def on_message_begin(self) -> None:
         super().on_message_begin()
         # a kept-alive connection idle between requests is uvicorn's to close
-        # (timeout_keep_alive); the next request's deadline starts at its first byte
+        # (timeout_keep_alive); the next request's deadline starts at its first byte (its
+        # bytes are counted from on_message_complete, before the parser sees them)
+        self._in_head = True
+        self._arm_deadline()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # the next bytes on a kept-alive connection begin the next head: measured from its
+        # first read (its deadline starts at on_message_begin, as before)
         self._in_head = True
         self._head_bytes = 0
-        self._arm_deadline()
 
     def on_headers_complete(self) -> None:
         self._in_head = False
