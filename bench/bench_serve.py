@@ -283,6 +283,8 @@ def main() -> int:
         help="finetune.serve options for every policy, one string (default: SDPA attention, the form "
         "transformers and TEI use on CPU; it measured faster than varlen here for every policy)",
     )
+    parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=("float32", "bfloat16", "int8"),
+                        help="each policy served in each dtype, interleaved in the same rounds (--dtype)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -297,21 +299,27 @@ def main() -> int:
 
             args.model = args.model or model_dir()
         model = args.model or fine_tuned_model(Path(scratch))
-        results = {policy: {"saturation_rounds": []} for policy in args.policies}
+        # each policy in each dtype: a variant with its own server options, named "policy" (one
+        # dtype) or "policy dtype"
+        variants = {
+            (policy if len(args.dtypes) == 1 else f"{policy} {dtype}"): (policy, [*extra, "--dtype", dtype])
+            for policy in args.policies
+            for dtype in args.dtypes
+        }
+        results = {name: {"saturation_rounds": []} for name in variants}
+        names = list(variants)
         # Saturation in interleaved rounds, the order rotated, a fresh server each time: the
         # shared machine's speed drifts (2x between runs minutes apart); the median is kept.
         for round_ in range(args.rounds):
-            order = (
-                args.policies[round_ % len(args.policies) :] + args.policies[: round_ % len(args.policies)]
-            )
+            order = names[round_ % len(names) :] + names[: round_ % len(names)]
             for policy in order:
-                with ServerProcess(model, policy, extra) as server:
+                with ServerProcess(model, *variants[policy]) as server:
                     run = asyncio.run(
                         closed_loop(server.port, bodies, args.concurrency, args.seconds, round_)
                     )
                 results[policy]["saturation_rounds"].append(run["rate"])
                 print(f"round {round_}: {policy} saturation {run}", file=sys.stderr, flush=True)
-        for policy in args.policies:
+        for policy in names:
             rates = results[policy]["saturation_rounds"]
             results[policy]["saturation"] = {
                 "rate": float(np.median(rates)),
@@ -319,8 +327,8 @@ def main() -> int:
                 "max": max(rates),
             }
         reference = results.get("padded", next(iter(results.values())))["saturation"]["rate"]
-        for policy in args.policies:
-            with ServerProcess(model, policy, extra) as server:
+        for policy in names:
+            with ServerProcess(model, *variants[policy]) as server:
                 for share in (0.5, 0.8):
                     run = asyncio.run(open_loop(server.port, bodies, share * reference, args.seconds, 2))
                     results[policy][f"load_{share}"] = run
@@ -332,7 +340,7 @@ def main() -> int:
         overload = None
         if "packed" in results and args.overload_seconds > 0:
             rate = 2 * results["packed"]["saturation"]["rate"]
-            with ServerProcess(model, "packed", extra) as server:
+            with ServerProcess(model, *variants["packed"]) as server:
                 run = asyncio.run(open_loop(server.port, bodies, rate, args.overload_seconds, 3))
                 m = server.metrics()
                 counted = {k: int(v) for k, v in m.items() if k.startswith("packed_requests_total")}
@@ -361,12 +369,28 @@ def main() -> int:
         if policy in results and "packed" in results:
             ratio = results["packed"]["saturation"]["rate"] / results[policy]["saturation"]["rate"]
             print(f"\npacked / {policy} at saturation: {ratio:.2f}x")
+    for policy in args.policies:
+        rates = {d: results.get(f"{policy} {d}", {}).get("saturation", {}).get("rate") for d in args.dtypes}
+        for dtype in ("int8", "bfloat16"):
+            if rates.get(dtype) and rates.get("float32"):
+                print(f"\n{policy}: {dtype} / float32 at saturation: {rates[dtype] / rates['float32']:.2f}x")
     if overload:
         print(f"\noverload: packed at {overload['rate']:.0f} requests/s (2x its saturation) for {args.overload_seconds:g} s: "
               f"{overload['sent']} sent, statuses {overload['statuses']}, p99 of answered {overload['p99'] * 1000:.0f} ms, "
               f"server peak RSS {overload['peak_rss_mib']:.0f} MiB, server's counts {overload['server_counts']}")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"policies": results, "overload": overload}, indent=1, default=str))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "policies": results,
+                    "overload": overload,
+                    "dtypes": args.dtypes,
+                    "command": " ".join(sys.argv),
+                },
+                indent=1,
+                default=str,
+            )
+        )
     return 0
 
 

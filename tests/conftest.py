@@ -59,3 +59,58 @@ def pytest_sessionfinish(session, exitstatus):
         except psutil.Error:
             continue
         print(f"\nkilled a process the tests left behind: pid {process.pid}: {command}", file=sys.stderr)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny random BERT encoder (bare BertModel, like MiniLM) with its vocab.txt over
+    finetune_helpers.WORDS: what the fine-tuning tests start from (a module may define its own
+    `checkpoint`, which then shadows this one)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from .finetune_helpers import WORDS
+
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    BertModel(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, checkpoint):
+    """`checkpoint` fine-tuned for 2 epochs on finetune_helpers' labelled data: the folder holds
+    train.jsonl, val.jsonl and run/model (the classifier the serving tests serve)."""
+    from packed_transformers.finetune import train as finetune
+
+    from .finetune_helpers import write_config
+
+    folder = tmp_path_factory.mktemp("serve")
+    config = write_config(folder, checkpoint, training={"epochs": 2, "progress": False})
+    assert finetune.main(["--config", str(config), "--output-dir", str(folder / "run")]) == 0
+    return folder
+
+
+@pytest.fixture(scope="module")
+def start_folder(tmp_path_factory):
+    """A tiny random Qwen2 causal LM with decoder_helpers' byte-level tokenizer: what SFT starts from."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .decoder_helpers import decoder_tokenizer, tiny_config
+
+    root = tmp_path_factory.mktemp("sft")
+    tokenizer = decoder_tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        # transformers' Qwen2 tokenizer class adds <|endoftext|> to a folder's tokens: room for it,
+        # as real Qwen2 folders pad their embedding table
+        tiny_config("qwen2", vocab_size=len(tokenizer) + 8, max_position_embeddings=128)
+    )
+    model.save_pretrained(root / "start")
+    tokenizer.save_pretrained(root / "start")
+    return root / "start"

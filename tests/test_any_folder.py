@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -19,7 +18,6 @@ from transformers import (
     AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoTokenizer,
-    BertConfig,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
@@ -27,17 +25,17 @@ from transformers import (
 )
 
 from packed_transformers.commands import predict
-from packed_transformers.data.assets import corpus_glob
 from packed_transformers.data.classification_data import ExampleError
-from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 from packed_transformers.door.folder import load_finetuned
 
 from .conftest import PACKAGE
+from .folder_helpers import (  # noqa: F401
+    SENTENCES,  # noqa: F401
+    TEXTS,
+    save_hub_folder,
+    tiny_config,
+)
 
-SENTENCES = texts_of(bbc_articles(corpus_glob())[:6], "sentences")
-TEXTS = [s for s in SENTENCES if 3 < len(s.split()) < 40][:24] + [
-    "Ada Lovelace met Charles Babbage in London."
-]
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC"}
 
@@ -50,23 +48,6 @@ def cased_tokenizer():
     trainer = BertWordPieceTokenizer(lowercase=False, strip_accents=False)
     trainer.train_from_iterator(SENTENCES * 2, vocab_size=1200, min_frequency=1)
     return BertTokenizerFast(vocab=trainer.get_vocab(), do_lower_case=False, model_max_length=96)
-
-
-def save_hub_folder(folder: Path, model, tokenizer) -> Path:
-    """model + tokenizer as save_pretrained writes them, then vocab.txt removed: the folder's
-    tokenizer is tokenizer.json alone."""
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    (folder / "vocab.txt").unlink(missing_ok=True)  # transformers 5 writes tokenizer.json alone
-    assert not (folder / "finetune.json").exists() and (folder / "tokenizer.json").is_file()
-    return folder
-
-
-def tiny_config(tokenizer, **extra) -> BertConfig:
-    return BertConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=64, max_position_embeddings=128, **extra,
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +187,7 @@ def test_question_answering_logits_equal_transformers_per_window(folders):
 # ----- the server -------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_server_answers_hub_folders_as_predict_under_concurrent_clients(folders, tmp_path):
-    from .test_serve import Server
+    from .servers import Server
 
     predicted = run_predict(folders["single"], [{"text": t} for t in TEXTS], tmp_path)
     with Server(folders["single"]) as server:

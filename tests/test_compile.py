@@ -24,8 +24,8 @@ from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.finetune import train as finetune
 from packed_transformers.finetune.config import load_finetune_config
 
-from .test_decoder_sft import config_for, start_folder  # noqa: F401 - the module's fixture
-from .test_finetune_run import checkpoint, write_config  # noqa: F401 - the module's fixture
+from .decoder_helpers import config_for  # noqa: F401 - the module's fixture
+from .finetune_helpers import write_config  # noqa: F401 - the module's fixture
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ import torch
 from packed_transformers.data.convert_tf_checkpoint import CONFIG_KEYS
 from packed_transformers.data.convert_tf_checkpoint import main as convert_main
 
+from .model_helpers import bert_config_json  # noqa: F401
+
 # End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
 pytestmark = pytest.mark.slow
 
@@ -74,11 +76,6 @@ def tf1_variables(model) -> dict[str, np.ndarray]:
             out[f"{tf}{tf_module}/gamma"] = sd[f"{hf}{hf_module}.weight"]
             out[f"{tf}{tf_module}/beta"] = sd[f"{hf}{hf_module}.bias"]
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
-
-
-def bert_config_json(config) -> dict:
-    """The checkpoint's bert_config.json, as Google's BERT writes it."""
-    return {k: getattr(config, k) for k in CONFIG_KEYS}
 
 
 @pytest.fixture(scope="module")

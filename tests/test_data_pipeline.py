@@ -23,14 +23,7 @@ from packed_transformers.packing.shards import PackedDataset
 from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
 
 from .conftest import REPO
-
-S, P = 128, 20
-
-
-def small_counts() -> np.ndarray:
-    """A bimodal length histogram over 1..S (many short, many full-length sequences)."""
-    lengths = np.arange(1, S + 1)
-    return (50 * np.exp(-((lengths - 30) ** 2) / 200) + 5 + 80 * (lengths == S)).astype(np.int64)
+from .packing_helpers import P, S, small_counts  # noqa: F401
 
 
 @pytest.fixture(scope="module")

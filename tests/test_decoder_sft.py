@@ -17,48 +17,12 @@ from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.finetune import train as finetune
 from packed_transformers.finetune.causal_lm_task import encode_examples, read_prompt_completions
 
-from .family_helpers import SENTENCES
-from .test_decoders import decoder_tokenizer, tiny_config
-
-
-def write_pairs(path, count: int, seed: int = 0):
-    """Prompt/completion lines from the shipped sentences (a prompt, its next sentence)."""
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(SENTENCES) - 1, size=count)
-    lines = [json.dumps({"prompt": SENTENCES[i][:40], "completion": SENTENCES[i + 1][:30]}) for i in picks]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def start_folder(tmp_path_factory):
-    from transformers import AutoModelForCausalLM
-
-    root = tmp_path_factory.mktemp("sft")
-    tokenizer = decoder_tokenizer()
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(
-        # transformers' Qwen2 tokenizer class adds <|endoftext|> to a folder's tokens: room for it,
-        # as real Qwen2 folders pad their embedding table
-        tiny_config("qwen2", vocab_size=len(tokenizer) + 8, max_position_embeddings=128)
-    )
-    model.save_pretrained(root / "start")
-    tokenizer.save_pretrained(root / "start")
-    return root / "start"
-
-
-def config_for(tmp_path, start, **training):
-    from packed_transformers.finetune.config import validate_finetune
-
-    raw = {
-        "model": {"init_checkpoint": str(start), "hidden_dropout": 0.0, "attention_dropout": 0.0},
-        "data": {"task": "causal_lm", "train_file": str(write_pairs(tmp_path / "train.jsonl", 40)),
-                 "validation_file": str(write_pairs(tmp_path / "val.jsonl", 12, seed=1)), "max_sequence_length": 64},
-        "batching": {"batch_size": 8, "eval_batch_size": 8, "max_sequences_per_pack": 4, "pack_length": 96},
-        "optim": {"lr": 3e-3, "warmup_fraction": 0.0},
-        "training": {"epochs": 2, "progress": False, **training},
-    }  # fmt: skip
-    return validate_finetune(raw)
+from .decoder_helpers import (  # noqa: F401
+    config_for,
+    decoder_tokenizer,
+    tiny_config,
+    write_pairs,  # noqa: F401
+)
 
 
 def stock_validation_loss(folder, examples) -> tuple[float, list[float]]:

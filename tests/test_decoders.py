@@ -11,62 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from .decoder_helpers import ROWS, VOCAB, K, S, decoder_tokenizer, packed_rows, tiny_config  # noqa: F401  # noqa: F401
+
 TOLERANCE = 1e-5
-VOCAB = 96
-
-
-def tiny_config(model_type: str, **extra):
-    """A small random config of the family (grouped-query heads where it has them)."""
-    from transformers import AutoConfig
-
-    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0,
-                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)  # fmt: skip
-    by_type = {
-        "llama": {},
-        "mistral": {"sliding_window": 4},
-        "qwen2": {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1,
-                  "layer_types": ["full_attention", "sliding_attention"]},
-        "qwen3": {"head_dim": 8},
-        "gemma3_text": {"head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 4,
-                        "layer_types": ["sliding_attention", "full_attention"]},
-        "phi3": {},
-        "gpt2": None,
-    }  # fmt: skip
-    if model_type == "gpt2":
-        settings = dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, pad_token_id=0,
-                        bos_token_id=1, eos_token_id=2)  # fmt: skip
-    else:
-        settings = {**common, **by_type[model_type]}
-    return AutoConfig.for_model(model_type, **{**settings, **extra})
 
 
 DECODERS = ["llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2"]
-S, K = 24, 4
-ROWS = [[5, 9, 1], [7], [10, 14], [1, 1, 3]]  # one-token sequences; [10, 14] ends at the row's end
-
-
-def packed_rows(seed: int = 0, layout=None):
-    """Random token sequences in `layout`'s (ROWS') layout -> (the packed rows as tensors, the
-    sequences)."""
-    layout = ROWS if layout is None else layout
-    rng = np.random.default_rng(seed)
-    sequences, fields = [], {n: np.zeros((len(layout), S), np.int64) for n in ("input_ids", "segment_ids",
-                                                                            "position_ids", "sequence_ids")}  # fmt: skip
-    cls_positions = np.zeros((len(layout), K), np.int64)
-    example_index = np.full((len(layout), K), -1, np.int64)
-    for row, lengths in enumerate(layout):
-        start = 0
-        for slot, length in enumerate(lengths):
-            ids = rng.integers(3, VOCAB, size=length)
-            fields["input_ids"][row, start : start + length] = ids
-            fields["position_ids"][row, start : start + length] = np.arange(length)
-            fields["sequence_ids"][row, start : start + length] = slot + 1
-            cls_positions[row, slot], example_index[row, slot] = start, len(sequences)
-            sequences.append(ids)
-            start += length
-    fields.update(cls_positions=cls_positions, example_index=example_index)
-    return {n: torch.as_tensor(v) for n, v in fields.items()}, sequences
 
 
 def where_each_sequence_is(layout=None):
@@ -349,29 +299,6 @@ def test_pack_dataset_truncates_or_splits_long_causal_examples():
         assert all(pack["shift_labels"][e] == -100 for e in ends)
 
 
-# ----- the commands users already have, on decoder folders -----------------------------------------
-def decoder_tokenizer():
-    """A byte-level BPE tokenizer of a decoder's kind (BOS first, EOS appended as embedding
-    models' tokenizers do), learned from the shipped BBC sentences."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from .family_helpers import SENTENCES
-
-    specials = ["<pad>", "<s>", "</s>"]
-    tokenizer = Tokenizer(models.BPE(unk_token=None))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB + 200, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tokenizer.train_from_iterator(SENTENCES, trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", special_tokens=[("<s>", tokenizer.token_to_id("<s>")), ("</s>", tokenizer.token_to_id("</s>"))]
-    )  # fmt: skip
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   model_max_length=64)  # fmt: skip
-
-
 @pytest.mark.slow  # whole commands
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "gpt2"])
 def test_predict_and_embed_take_decoder_folders(tmp_path, model_type):
@@ -417,7 +344,7 @@ def test_predict_and_embed_take_decoder_folders(tmp_path, model_type):
     # the server's /predict (TEI's API) on the same folder: the same scores, per text
     import httpx
 
-    from .test_serve import Server
+    from .servers import Server
 
     with Server(tmp_path / "classifier") as server:
         answered = httpx.post(

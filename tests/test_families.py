@@ -263,7 +263,7 @@ def test_the_server_answers_a_family_folder_as_predict_and_encode_under_concurre
     from packed_transformers.commands import predict
     from packed_transformers.inference.embedding import encode, l2_normalize, load_encoder
 
-    from .test_serve import Server
+    from .servers import Server
 
     folder = save_family_folder(tmp_path / "cls", "xlm-roberta", "classification")
     source = tmp_path / "in.jsonl"
@@ -310,7 +310,7 @@ def test_finetune_train_starts_from_a_family_folder_and_saves_one_transformers_l
     from packed_transformers.commands import predict
     from packed_transformers.finetune import train as finetune
 
-    from .test_finetune_run import write_config
+    from .finetune_helpers import write_config
 
     checkpoint = save_family_folder(tmp_path / "base", family, "embedding")
     config = write_config(tmp_path, checkpoint, training={"epochs": 3, "progress": False},
@@ -349,7 +349,7 @@ def test_sentence_transformers_prompts_are_applied_as_encode_applies_them(tmp_pa
 
     from packed_transformers.inference.embedding import encode, load_encoder, packed_encode
 
-    from .test_serve import Server
+    from .servers import Server
 
     folder = sentence_transformers_folder(tmp_path, "xlm-roberta")
     described = json.loads((folder / "config_sentence_transformers.json").read_text())

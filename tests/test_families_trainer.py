@@ -17,7 +17,7 @@ from packed_transformers.hf_integration.trainer import pack_dataset, packed_metr
 from packed_transformers.model.family_model import PackedFamilyModel
 
 from .family_helpers import AUTO, SENTENCES, save_family_folder
-from .test_hf_packing import trainer_for as packed_trainer
+from .hf_helpers import trainer_for as packed_trainer
 
 pytestmark = pytest.mark.slow
 

@@ -20,20 +20,10 @@ from packed_transformers.finetune import train as finetune
 from packed_transformers.finetune.config import load_finetune_config
 
 from .conftest import REPO
-from .test_finetune_run import checkpoint, write_config  # noqa: F401 - the module's fixture
-
-
-class StopAfter:
-    """A stop flag that turns on after `steps` polls: SIGTERM between two given steps."""
-
-    signum = signal.SIGTERM
-
-    def __init__(self, steps: int):
-        self.polls, self.steps = 0, steps
-
-    def is_set(self) -> bool:
-        self.polls += 1
-        return self.polls > self.steps
+from .finetune_helpers import (
+    StopAfter,  # noqa: F401
+    write_config,  # noqa: F401 - the module's fixture
+)
 
 
 def weights(folder):

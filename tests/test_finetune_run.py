@@ -4,9 +4,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
-import yaml
-from transformers import BertConfig, BertModel
 
 from packed_transformers.commands import predict
 from packed_transformers.data.classification_data import (
@@ -18,67 +15,13 @@ from packed_transformers.data.classification_data import (
 from packed_transformers.finetune import train as finetune
 from packed_transformers.inference.batching import BATCHING_MODES
 
-WORDS = "the a market shares profit bank film music award star match goal team win game vote party".split()
-TOPIC = {0: ["market", "shares", "profit", "bank"], 1: ["film", "music", "award", "star"],
-         2: ["match", "goal", "team", "win"]}  # fmt: skip
-CLASSES = ["business", "culture", "sport"]
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A tiny random BERT encoder (bare BertModel, like MiniLM) with its vocab.txt."""
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    BertModel(config).save_pretrained(folder)
-    return folder
-
-
-def write_jsonl(path, n, seed, labels=True, label_of=None):
-    rng = np.random.default_rng(seed)
-    lines = []
-    for _ in range(n):
-        c = int(rng.integers(0, 3))
-        words = list(rng.choice(TOPIC[c], size=int(rng.integers(1, 4)))) + list(
-            rng.choice(["the", "a"], size=int(rng.integers(0, 20)))
-        )
-        record = {"text": " ".join(words)}
-        if rng.random() < 0.5:
-            record["text_pair"] = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 8))))
-        if labels:
-            record["label"] = label_of(c) if label_of else CLASSES[c]
-        lines.append(json.dumps(record))
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def write_config(tmp_path, checkpoint, **sections):
-    config = {
-        "model": {"init_checkpoint": str(checkpoint), "hidden_dropout": 0.0, "attention_dropout": 0.0},
-        "data": {
-            "source": "jsonl",
-            "train_file": str(write_jsonl(tmp_path / "train.jsonl", 120, 0)),
-            "validation_file": str(write_jsonl(tmp_path / "val.jsonl", 30, 1)),
-            "max_sequence_length": 32,
-        },
-        "batching": {"batch_size": 8, "max_sequences_per_pack": 4},
-        "optim": {"lr": 3e-3},
-        "training": {"epochs": 8, "progress": False},
-    }
-    for section, values in sections.items():
-        config[section].update(values)
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+from .finetune_helpers import (  # noqa: F401
+    CLASSES,
+    TOPIC,
+    WORDS,
+    write_config,
+    write_jsonl,  # noqa: F401
+)
 
 
 @pytest.mark.parametrize("mode", BATCHING_MODES)

@@ -18,8 +18,6 @@ from transformers import (
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
-    Trainer,
-    TrainingArguments,
 )
 
 from packed_transformers.data import assets
@@ -30,7 +28,6 @@ from packed_transformers.hf_integration.trainer import (
     PackedDataCollator,
     PackedDatasetError,
     pack_dataset,
-    packed_metrics,
     unpack_predictions,
 )
 from packed_transformers.inference.rows import pack_rows
@@ -41,7 +38,11 @@ from packed_transformers.model.bert_heads import (
 )
 from packed_transformers.packing.tokenized import pack_examples
 
-from .test_model_equivalence import BACKENDS
+from .hf_helpers import (
+    accuracy,  # noqa: F401
+    trainer_for,  # noqa: F401
+)
+from .model_helpers import BACKENDS
 
 CLASSES = ["business", "entertainment", "politics", "sport", "tech"]
 
@@ -84,10 +85,6 @@ def bbc(tokenizer):
     return data.map(lambda b: tokenizer(b["text"], truncation=True, max_length=64), batched=True)
 
 
-def accuracy(rows):
-    return {"accuracy": float((rows.predictions.argmax(-1) == rows.labels).mean())}
-
-
 def stock_logits_and_losses(folder, data):
     """Each example alone through transformers' BertForSequenceClassification."""
     stock = BertForSequenceClassification.from_pretrained(folder).eval()
@@ -102,34 +99,6 @@ def stock_logits_and_losses(folder, data):
             logits.append(out.logits[0].numpy())
             losses.append(float(out.loss))
     return np.stack(logits), np.array(losses)
-
-
-def trainer_for(model, args_dir, train, evaluation=None, metrics=None, collator=None, **arguments):
-    """A real Trainer over packs; arguments override TrainingArguments; metrics: a
-    compute_metrics (default: single-label accuracy through packed_metrics); collator:
-    default PackedDataCollator()."""
-    options = dict(
-        output_dir=str(args_dir),
-        per_device_train_batch_size=8,
-        per_device_eval_batch_size=8,
-        learning_rate=1e-3,
-        max_steps=30,
-        logging_steps=5,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-        data_seed=0,
-    )
-    options.update(arguments)
-    return Trainer(
-        model=model,
-        args=TrainingArguments(**options),
-        train_dataset=train,
-        eval_dataset=evaluation,
-        data_collator=collator or PackedDataCollator(),
-        compute_metrics=metrics or packed_metrics("single_label_classification", accuracy),
-    )
 
 
 pytestmark = pytest.mark.slow

@@ -15,6 +15,7 @@ from packed_transformers.common.files import atomic_folder, atomic_path, output_
 from packed_transformers.serving.admission import ADMIT_WITHIN, MeasuredRates, bucket_of, refusal
 
 from .conftest import REPO
+from .folder_helpers import one_line_error, run_module, tiny_hub_classifier  # noqa: F401
 
 
 # ----- 1. outputs go only to a regular file or a new path -------------------------------------
@@ -208,9 +209,10 @@ def test_lp_plans_are_the_same_under_load_and_without():
 
 @pytest.mark.slow
 def test_the_lp_packer_gives_identical_bytes_twice_one_run_under_load(tmp_path):
+    from packed_transformers.data.synthetic import write_synthetic_shards
     from packed_transformers.packing.cli import main as packing_main
 
-    from .test_data_pipeline import P, S, small_counts, write_synthetic_shards
+    from .packing_helpers import P, S, small_counts
 
     write_synthetic_shards(tmp_path / "in", small_counts(), sequences=3000, rows_per_file=1100, seed=7, p=P)
     args = ["pack", "--input", f"{tmp_path}/in/*.h5", "--max-sequence-length", S, "--max-predictions-per-seq",
@@ -226,23 +228,6 @@ def test_the_lp_packer_gives_identical_bytes_twice_one_run_under_load(tmp_path):
     assert shards and shards == sorted(p.name for p in (tmp_path / "b").glob("part-*.h5"))
     for shard in shards:
         assert (tmp_path / "a" / shard).read_bytes() == (tmp_path / "b" / shard).read_bytes()
-
-
-def tiny_hub_classifier(folder):
-    """A 2-label tiny BERT classifier folder as transformers saves it (tokenizer.json only)."""
-    import torch
-    from tokenizers import BertWordPieceTokenizer
-    from transformers import BertForSequenceClassification, BertTokenizerFast
-
-    from .test_any_folder import TEXTS, save_hub_folder, tiny_config
-
-    trainer = BertWordPieceTokenizer(lowercase=True)
-    trainer.train_from_iterator(TEXTS, vocab_size=400, min_frequency=1)
-    tokenizer = BertTokenizerFast(vocab=trainer.get_vocab(), model_max_length=64)
-    torch.manual_seed(0)
-    return save_hub_folder(
-        folder, BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer
-    )
 
 
 # ----- 10. an API key, and Host / Origin checks against DNS rebinding ------------------------------
@@ -282,7 +267,7 @@ def test_a_real_server_checks_the_key_and_refuses_a_foreign_host(tmp_path_factor
     from packed_transformers.serving.policies import PolicySettings
     from packed_transformers.serving.scheduler import QueueLimits
 
-    from .test_serve import free_port
+    from .servers import free_port
 
     engine = load_engine(tiny_hub_classifier(tmp_path_factory.mktemp("access") / "m"))
     port = free_port()
@@ -320,23 +305,6 @@ def test_a_real_server_checks_the_key_and_refuses_a_foreign_host(tmp_path_factor
     finally:
         server.should_exit = True
         thread.join(30)
-
-
-# ----- 6, 9 and the empty-text rule: one line each, or read once ------------------------------------
-def run_module(module, *argv, timeout=180):
-    """`python -m packed_transformers.MODULE ARGV` (MODULE named inside the package)."""
-    module = module if module.startswith("packed_transformers.") else f"packed_transformers.{module}"
-    return subprocess.run([sys.executable, "-m", module, *map(str, argv)], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
-
-
-def one_line_error(done) -> str:
-    assert done.returncode == 2, done.stderr
-    lines = [
-        line for line in done.stderr.strip().splitlines() if "it/s]" not in line and "text/s]" not in line
-    ]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
-    return lines[0]  # (a progress bar's lines aside)
 
 
 @pytest.mark.slow  # a whole command in a fresh interpreter
@@ -390,7 +358,7 @@ def test_predict_reads_a_pipe_once(tmp_path):
     import json
     import threading
 
-    from .test_any_folder import TEXTS
+    from .folder_helpers import TEXTS
 
     folder = tiny_hub_classifier(tmp_path / "m")
     records = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS[:5])

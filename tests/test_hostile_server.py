@@ -26,12 +26,8 @@ from packed_transformers.serving.api import RequestLimits
 from packed_transformers.serving.engines import load_engine
 from packed_transformers.serving.scheduler import QueueLimits
 
-from . import test_serve
 from .conftest import REPO
-from .test_finetune_run import checkpoint  # noqa: F401 - the fixtures' checkpoint
-from .test_serve import Server, free_port, signal_under_load, wait_ready
-
-trained = test_serve.trained  # a fine-tuned classification folder (module scope)
+from .servers import Server, free_port, signal_under_load, wait_ready
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from .conftest import REPO
-from .test_hostile_fifth import one_line_error, run_module, tiny_hub_classifier
-from .test_serve import free_port
+from .folder_helpers import one_line_error, run_module, tiny_hub_classifier
+from .servers import free_port
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +125,7 @@ def qwen2_classifier(tmp_path_factory):
     split pattern whatever the file says."""
     import transformers
 
-    from .test_decoders import decoder_tokenizer, tiny_config
+    from .decoder_helpers import decoder_tokenizer, tiny_config
 
     folder = tmp_path_factory.mktemp("qwen2") / "classifier"
     decoder_tokenizer().save_pretrained(folder)
@@ -191,7 +191,7 @@ def test_every_packed_model_answers_its_outputs_as_attributes(classifier, tmp_pa
 
     from packed_transformers.model.opening import ModelOptions, open_model
 
-    from .test_decoders import packed_rows, tiny_config
+    from .decoder_helpers import packed_rows, tiny_config
 
     config = tiny_config("llama")
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "llama")
@@ -354,8 +354,7 @@ def test_sft_refuses_a_tokenizer_larger_than_the_embedding_table_before_reading_
 
     from packed_transformers.finetune import train
 
-    from .test_decoder_sft import config_for
-    from .test_decoders import decoder_tokenizer, tiny_config
+    from .decoder_helpers import config_for, decoder_tokenizer, tiny_config
 
     tokenizer = decoder_tokenizer()
     start = tmp_path / "start"
@@ -386,9 +385,8 @@ def test_resume_refuses_a_tokenizer_changed_in_place(tmp_path):
 
     from packed_transformers.finetune import train
 
-    from .test_decoder_sft import config_for
-    from .test_decoders import decoder_tokenizer, tiny_config
-    from .test_finetune_resume import StopAfter
+    from .decoder_helpers import config_for, decoder_tokenizer, tiny_config
+    from .finetune_helpers import StopAfter
 
     tokenizer = decoder_tokenizer()
     start = tmp_path / "start"
@@ -573,8 +571,7 @@ def test_empty_completions_without_eos_are_not_blamed_on_truncation(tmp_path, ca
 
     from packed_transformers.finetune import train
 
-    from .test_decoder_sft import config_for
-    from .test_decoders import decoder_tokenizer, tiny_config
+    from .decoder_helpers import config_for, decoder_tokenizer, tiny_config
 
     tokenizer = PreTrainedTokenizerFast(  # no EOS token: nothing ends an empty completion
         tokenizer_object=decoder_tokenizer().backend_tokenizer, bos_token="<s>", pad_token="<pad>"
@@ -648,7 +645,7 @@ def test_hostile_heads_are_refused_and_other_clients_answered_within_a_second(cl
 
     from packed_transformers.serving.headers import HeadLimits, bounded_protocol
 
-    from .test_serve import Server
+    from .servers import Server
 
     limits = HeadLimits(max_bytes=16 * 1024, timeout_s=2.0)
     with Server(classifier, http=bounded_protocol(limits)) as server:
@@ -723,9 +720,11 @@ def test_a_head_over_the_limit_is_refused_even_when_it_arrives_in_one_read(class
 
     from packed_transformers.serving.headers import HeadLimits, bounded_protocol
 
-    from .test_serve import Server
+    from .servers import Server
 
-    body = json.dumps({"inputs": "a small request " * 200, "truncate": True}).encode()  # 3.2 KB: over the head limit
+    body = json.dumps(
+        {"inputs": "a small request " * 200, "truncate": True}
+    ).encode()  # 3.2 KB: over the head limit
     request = (
         b"POST /predict HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
     )

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from .conftest import REPO
-from .test_hostile_fifth import one_line_error, run_module, tiny_hub_classifier
+from .folder_helpers import one_line_error, run_module, tiny_hub_classifier
 
 
 @pytest.fixture(scope="module")
@@ -346,8 +346,7 @@ def test_resume_refuses_a_damaged_checkpoint_or_changed_data_in_one_line(tmp_pat
     from packed_transformers.finetune import train as finetune
     from packed_transformers.finetune.config import load_finetune_config
 
-    from .test_finetune_resume import StopAfter
-    from .test_finetune_run import write_config
+    from .finetune_helpers import StopAfter, write_config
 
     config = load_finetune_config(str(write_config(tmp_path, model_dir(), training={"epochs": 2})), [])
     with pytest.raises(finetune.Interrupted):

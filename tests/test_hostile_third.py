@@ -456,7 +456,7 @@ def test_the_converter_reports_os_errors_in_one_line(tmp_path, capsys):
 
     from packed_transformers.data.convert_tf_checkpoint import main as convert_main
 
-    from .test_convert_tf_checkpoint import bert_config_json
+    from .model_helpers import bert_config_json
 
     config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                         intermediate_size=24, max_position_embeddings=32)  # fmt: skip

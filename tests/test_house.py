@@ -12,7 +12,7 @@ import os
 import pytest
 
 from .conftest import PACKAGE, REPO
-from .test_one_door import PRODUCT_PACKAGES, config_reads, import_circles, import_graph
+from .house_helpers import PRODUCT_PACKAGES, config_reads, import_circles, import_graph
 
 # Floors, bottom first: a module imports only its own floor or those below it.
 FLOORS = (
@@ -188,7 +188,7 @@ def pipeline_line() -> int:
 # ----- config.json read once on every way in ---------------------------------------------------------
 @pytest.fixture(scope="module")
 def hub_classifier(tmp_path_factory):
-    from .test_hostile_fifth import tiny_hub_classifier
+    from .folder_helpers import tiny_hub_classifier
 
     return tiny_hub_classifier(tmp_path_factory.mktemp("house") / "classifier")
 
@@ -230,7 +230,7 @@ def test_fine_tuning_from_a_checkpoint_reads_its_config_json_once(hub_classifier
     from packed_transformers.door.folder_spec import read_json_object
     from packed_transformers.finetune import train
 
-    from .test_finetune_run import write_config
+    from .finetune_helpers import write_config
 
     checkpoint = tmp_path / "checkpoint"  # a transformers folder with its own tokenizer
     shutil.copytree(hub_classifier, checkpoint)
@@ -449,3 +449,19 @@ def test_every_subcommand_names_itself_as_the_user_called_it(tmp_path):
         gather.stderr.strip()
         == f"error: {job}: no manifest.json; not a finished --ray job (a failed one leaves none)"
     )
+
+
+def test_no_test_module_imports_another():
+    """Shared builders live in helper modules and conftest.py (issue 80): a test module that
+    imports another runs that module's import-time work and couples their fixtures."""
+    import ast
+
+    tests = REPO / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+                if any(n.split(".")[-1].startswith("test_") for n in names):
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert found == [], found

@@ -132,7 +132,7 @@ def test_the_servers_int8_embed_holds_the_gate(texts):
     vector depends a little on the batch it ran in: the activations' scale is per forward)."""
     from packed_transformers.serving.engines import load_engine
 
-    from .test_serve import Server
+    from .servers import Server
 
     expected = encode(texts, load_encoder(model_dir()))
     engine = load_engine(model_dir(), "cpu", dtype="int8")

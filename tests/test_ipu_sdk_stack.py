@@ -20,7 +20,7 @@ import pytest
 from packed_transformers.training.run import run_training
 
 from .conftest import REPO
-from .test_ipu_double import DOUBLES, _assert_same_run, _configs
+from .ipu_helpers import DOUBLES, _assert_same_run, _configs
 from .training_helpers import make_packed
 
 SDK_PYTHON = os.environ.get("SDK_PYTHON")

@@ -11,8 +11,7 @@ from transformers import BertForPreTraining
 from packed_transformers.model import PackedBertForPreTraining, bert_config, stage_layer_ranges
 from packed_transformers.training.batch_check import BatchError, validate_batch
 
-from .model_helpers import group_into_packs, packed_batch, random_sequences
-from .test_model_equivalence import _compare_outputs, reference_for
+from .model_helpers import _compare_outputs, group_into_packs, packed_batch, random_sequences, reference_for
 
 S, K, M = 64, 3, 16
 

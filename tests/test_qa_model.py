@@ -18,7 +18,7 @@ from packed_transformers.model.bert_heads import PackedBertForQuestionAnswering,
 from packed_transformers.packing.tokenized import pack_examples
 
 from .conftest import fast_loop_keeps
-from .test_model_equivalence import BACKENDS
+from .model_helpers import BACKENDS
 
 WINDOW, STRIDE, PACK = 80, 24, 160
 

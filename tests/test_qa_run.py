@@ -195,7 +195,7 @@ def test_server_answers_as_predict_does(trained, squad_files):
 
     import httpx
 
-    from .test_serve import Server
+    from .servers import Server
 
     _, _, dev = squad_files
     expected = json.loads((trained / "validation_predictions.json").read_text())
@@ -226,7 +226,7 @@ def test_server_qa_edge_cases_are_4xx_or_clean_answers(trained, squad_files):
 
     from packed_transformers.serving.api import RequestLimits
 
-    from .test_serve import Server
+    from .servers import Server
 
     _, _, dev = squad_files
     q = dev[0]

@@ -135,7 +135,7 @@ def decoder_classifier(folder):
     import torch
     import transformers
 
-    from .test_decoders import decoder_tokenizer, tiny_config
+    from .decoder_helpers import decoder_tokenizer, tiny_config
 
     tokenizer = decoder_tokenizer()
     torch.manual_seed(0)

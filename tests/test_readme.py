@@ -77,7 +77,7 @@ def small_decoder_folder(folder: Path) -> None:
     family, with a byte-level BPE tokenizer learned from the shipped text and a chat template."""
     from transformers import AutoModelForCausalLM
 
-    from .test_decoders import decoder_tokenizer, tiny_config
+    from .decoder_helpers import decoder_tokenizer, tiny_config
 
     tokenizer = decoder_tokenizer()
     tokenizer.chat_template = (
@@ -153,7 +153,7 @@ def run_recipes(tmp_path, names) -> None:
                 continue  # the machine's apt lists as they are (a test does not refresh them)
             if command.startswith("python -m mlperf_logging.compliance_checker") and not AS_WRITTEN:
                 # at tiny scale the log fails exactly the rules that need MLPerf's scale
-                from .test_decoder_pretraining import SCALE_RULES, failed_mlperf_rules
+                from .decoder_helpers import SCALE_RULES, failed_mlperf_rules
 
                 assert failed_mlperf_rules(tmp_path / command.split()[-1]) <= SCALE_RULES
                 continue

@@ -23,7 +23,7 @@ from packed_transformers.inference.embedding import encode, l2_normalize, load_e
 from packed_transformers.serving.api import RequestLimits
 from packed_transformers.serving.policies import POLICIES
 
-from .test_serve import Server
+from .servers import Server
 
 pytestmark = pytest.mark.slow
 
@@ -202,7 +202,7 @@ def test_a_decoder_embedder_with_prompts_serves_what_sentence_transformers_encod
     import transformers
     from sentence_transformers import SentenceTransformer, models
 
-    from .test_decoders import decoder_tokenizer, tiny_config
+    from .decoder_helpers import decoder_tokenizer, tiny_config
 
     tokenizer = decoder_tokenizer()  # "<s> $A </s>": EOS appended, as Qwen3-Embedding's tokenizer does
     torch.manual_seed(0)

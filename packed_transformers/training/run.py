@@ -327,7 +327,7 @@ def run(config: dict, output: Path, resume: bool) -> int:
     """The run with the engine the config selects, as a process exit code: user-input and
     environment errors become exit code 2 with one line (run_pretraining.py's contract)."""
     from packed_transformers.training.backends import engine_class
-    from packed_transformers.training.exit_codes import exit_code_of
+    from packed_transformers.training.run_state import exit_code_of
 
     return exit_code_of(lambda: run_training(config, output, resume, engine_class(config)))
 

@@ -5,6 +5,7 @@ signal, agreed by every replica; a non-finite step)."""
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from packed_transformers.training.data import LoaderPosition
@@ -91,3 +92,27 @@ class StopSignal:
     def agreed(self) -> bool:
         """Any replica's signal stops all of them at the same step."""
         return any_process(self.requested)
+
+
+def exit_code_of(body: Callable[[], int]) -> int:
+    """How a pretraining run ends as a process exit code, written once for the BERT run and the
+    decoder run (run_pretraining.py's contract): body()'s exit code; RunError, CheckpointError (a checkpoint not written: its older ones
+    are intact) and PackingInputError (a shard that changed or breaks the format, found at read
+    time) -> their line, exit 2; OSError (a full disk, a read-only or misplaced folder) ->
+    its line with the path, exit 2. The process group is shut down whatever happens."""
+    from packed_transformers.common.cli import refuse
+    from packed_transformers.common.files import describe_os_error
+    from packed_transformers.packing.errors import PackingInputError
+    from packed_transformers.training.checkpoint import CheckpointError
+    from packed_transformers.training.data import one_line
+    from packed_transformers.training.distributed import shut_down_process_group
+    from packed_transformers.training.errors import RunError
+
+    try:
+        return body()
+    except (RunError, CheckpointError, PackingInputError) as err:
+        return refuse(one_line(err))
+    except OSError as err:
+        return refuse(describe_os_error(err))
+    finally:
+        shut_down_process_group()

@@ -399,6 +399,6 @@ class DecoderRun:
 
 def run_decoder(config: dict, output: Path, resume: bool) -> int:
     """run_pretraining.py's entry for a decoder config: exit code (2: refused, nothing trained)."""
-    from packed_transformers.training.exit_codes import exit_code_of
+    from packed_transformers.training.run_state import exit_code_of
 
     return exit_code_of(lambda: DecoderRun(config, output, resume).train())

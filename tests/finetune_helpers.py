@@ -1,0 +1,70 @@
+"""Fine-tuning's small labelled data and config, shared by the test modules that fine-tune
+(the tiny BERT they start from is conftest.py's `checkpoint` fixture)."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import numpy as np
+import yaml
+
+WORDS = "the a market shares profit bank film music award star match goal team win game vote party".split()
+
+
+TOPIC = {0: ["market", "shares", "profit", "bank"], 1: ["film", "music", "award", "star"],
+         2: ["match", "goal", "team", "win"]}  # fmt: skip
+
+
+CLASSES = ["business", "culture", "sport"]
+
+
+def write_config(tmp_path, checkpoint, **sections):
+    config = {
+        "model": {"init_checkpoint": str(checkpoint), "hidden_dropout": 0.0, "attention_dropout": 0.0},
+        "data": {
+            "source": "jsonl",
+            "train_file": str(write_jsonl(tmp_path / "train.jsonl", 120, 0)),
+            "validation_file": str(write_jsonl(tmp_path / "val.jsonl", 30, 1)),
+            "max_sequence_length": 32,
+        },
+        "batching": {"batch_size": 8, "max_sequences_per_pack": 4},
+        "optim": {"lr": 3e-3},
+        "training": {"epochs": 8, "progress": False},
+    }
+    for section, values in sections.items():
+        config[section].update(values)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def write_jsonl(path, n, seed, labels=True, label_of=None):
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(n):
+        c = int(rng.integers(0, 3))
+        words = list(rng.choice(TOPIC[c], size=int(rng.integers(1, 4)))) + list(
+            rng.choice(["the", "a"], size=int(rng.integers(0, 20)))
+        )
+        record = {"text": " ".join(words)}
+        if rng.random() < 0.5:
+            record["text_pair"] = " ".join(rng.choice(WORDS, size=int(rng.integers(1, 8))))
+        if labels:
+            record["label"] = label_of(c) if label_of else CLASSES[c]
+        lines.append(json.dumps(record))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class StopAfter:
+    """A stop flag that turns on after `steps` polls: SIGTERM between two given steps."""
+
+    signum = signal.SIGTERM
+
+    def __init__(self, steps: int):
+        self.polls, self.steps = 0, steps
+
+    def is_set(self) -> bool:
+        self.polls += 1
+        return self.polls > self.steps

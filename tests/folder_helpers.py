@@ -1,0 +1,78 @@
+"""Hub-style folders for the tests: a tiny BERT classifier as transformers saves it, any family
+saved with its tokenizer, BBC sentences, and commands run as modules with their one-line errors.
+
+Shared by several test modules (no test module imports another)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    BertTokenizerFast,
+)
+
+from packed_transformers.data.assets import corpus_glob
+from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+
+from .conftest import REPO
+
+SENTENCES = texts_of(bbc_articles(corpus_glob())[:6], "sentences")
+
+
+TEXTS = [s for s in SENTENCES if 3 < len(s.split()) < 40][:24] + [
+    "Ada Lovelace met Charles Babbage in London."
+]
+
+
+def save_hub_folder(folder: Path, model, tokenizer) -> Path:
+    """model + tokenizer as save_pretrained writes them, then vocab.txt removed: the folder's
+    tokenizer is tokenizer.json alone."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "vocab.txt").unlink(missing_ok=True)  # transformers 5 writes tokenizer.json alone
+    assert not (folder / "finetune.json").exists() and (folder / "tokenizer.json").is_file()
+    return folder
+
+
+def tiny_config(tokenizer, **extra) -> BertConfig:
+    return BertConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=64, max_position_embeddings=128, **extra,
+    )  # fmt: skip
+
+
+def tiny_hub_classifier(folder):
+    """A 2-label tiny BERT classifier folder as transformers saves it (tokenizer.json only)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    from .folder_helpers import TEXTS, save_hub_folder, tiny_config
+
+    trainer = BertWordPieceTokenizer(lowercase=True)
+    trainer.train_from_iterator(TEXTS, vocab_size=400, min_frequency=1)
+    tokenizer = BertTokenizerFast(vocab=trainer.get_vocab(), model_max_length=64)
+    torch.manual_seed(0)
+    return save_hub_folder(
+        folder, BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer
+    )
+
+
+# ----- 6, 9 and the empty-text rule: one line each, or read once ------------------------------------
+def run_module(module, *argv, timeout=180):
+    """`python -m packed_transformers.MODULE ARGV` (MODULE named inside the package)."""
+    module = module if module.startswith("packed_transformers.") else f"packed_transformers.{module}"
+    return subprocess.run([sys.executable, "-m", module, *map(str, argv)], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def one_line_error(done) -> str:
+    assert done.returncode == 2, done.stderr
+    lines = [
+        line for line in done.stderr.strip().splitlines() if "it/s]" not in line and "text/s]" not in line
+    ]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+    return lines[0]  # (a progress bar's lines aside)
