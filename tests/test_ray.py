@@ -246,6 +246,18 @@ def test_the_python_api_runs_inside_a_users_own_map_batches(cluster, tmp_path):
     assert float((got * expected).sum(1).min()) >= 0.99999
     helper = embed_dataset(ray.data.from_items([{"text": t} for t in texts[:6]]), model_dir(), concurrency=1)
     assert len(helper.take_all()[0]["embedding"]) == expected.shape[1]
+    from packed_transformers.inference.int8 import int8_problem
+
+    if int8_problem("cpu") is None:  # int8 in the actors (tests/test_int8.py: the same gate elsewhere)
+        eight = ray.data.from_items([{"text": t, "id": i} for i, t in enumerate(texts[::2])]).map_batches(
+            PackedEmbedder, fn_constructor_kwargs={"model": str(model_dir()), "dtype": "int8"}, batch_size=8,
+            compute=ray.data.ActorPoolStrategy(size=1), batch_format="pandas",
+        )  # fmt: skip
+        rows = sorted(eight.take_all(), key=lambda r: r["id"])
+        got = np.stack([np.asarray(r["embedding"], dtype=np.float32) for r in rows])
+        similar = (got * expected).sum(1)
+        assert similar.min() >= 0.965 and np.median(similar) >= 0.99, similar
+        assert not np.allclose(got, expected, atol=1e-4)  # it ran in int8
 
 
 def test_bad_inputs_are_refused_in_one_line_with_nothing_written(cluster, inputs, embedded, tmp_path, capsys):
