@@ -184,7 +184,8 @@ def test_every_route_refuses_a_field_it_does_not_take():
 
 # ----- messages that name the real cause ---------------------------------------------------------
 def test_outputs_that_are_folders_devices_or_negative_limits_are_named_for_what_they_are(tmp_path, capsys):
-    """train-tokenizer writes a folder: an existing folder is replaced, a file there or an input
+    """train-tokenizer writes a folder, by pack-documents' rule (common.files.output_folder_mistake):
+    an earlier tokenizer folder is replaced; a folder of other files, a file there, or an input
     inside it refused (it asked for a file path); a directory or /dev/full as an output file is
     not blamed on "no space left"; debian-texts --limit -1 is refused (it dropped the last text)."""
     import errno
@@ -197,16 +198,25 @@ def test_outputs_that_are_folders_devices_or_negative_limits_are_named_for_what_
         "".join(json.dumps({"text": f"text number {i} of a few words"}) + "\n" for i in range(50))
     )
     folder = tmp_path / "tokenizer"
-    folder.mkdir()
-    (folder / "old.txt").write_text("replaced")
     argv = ["--input", str(source), "--vocab-size", "300", "--output"]
     assert train_tokenizer.main([*argv, str(folder)]) == 0
+    (folder / "old.txt").write_text("replaced with the folder")
+    assert train_tokenizer.main([*argv, str(folder)]) == 0  # an earlier output: replaced
     assert (folder / "tokenizer.json").is_file() and not (folder / "old.txt").exists()
     capsys.readouterr()
+    others = tmp_path / "others"
+    others.mkdir()
+    (others / "mine.txt").write_text("a user's file")
+    assert train_tokenizer.main([*argv, str(others)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --output {others} is a folder holding other files (no tokenizer.json of this command); "
+        "give a new path"
+    )
+    assert (others / "mine.txt").read_text() == "a user's file"
     assert train_tokenizer.main([*argv, str(source)]) == 2
-    assert capsys.readouterr().err.strip() == f"error: {source} is a file; this command writes a folder there"
+    assert capsys.readouterr().err.strip() == f"error: --output {source} exists and is not a folder"
     assert train_tokenizer.main([*argv, str(tmp_path)]) == 2
-    assert f"error: {tmp_path} holds an input ({source})" in capsys.readouterr().err
+    assert f"error: --output {tmp_path} would replace or lie inside {source}" in capsys.readouterr().err
     for err in (OSError(errno.EEXIST, "is a directory; an output is written only to a regular file or a new path", "d"),
                 OSError(errno.EEXIST, "is a character device; an output is written only to a regular file", "/dev/full")):  # fmt: skip
         assert "no space" not in describe_os_error(err)

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from packed_transformers.common.cli import command_parser, refuse
+from packed_transformers.common.files import output_folder_mistake
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -118,21 +119,6 @@ def keep_rows(rows, count: int, documents, lengths):
     return kept_rows, [int(documents[i]) for i in returned]
 
 
-def output_folder_mistake(output: Path, inputs: list[Path], tokenizer: Path) -> str | None:
-    """One line where writing the output folder (it replaces what is there) would touch an
-    input, the tokenizer or a folder that is not an earlier output of this command."""
-    target = output.resolve()
-    if output.exists() and not output.is_dir():
-        return f"--output {output} exists and is not a folder"
-    for path in [*inputs, tokenizer]:
-        place = path.resolve()
-        if place.is_relative_to(target) or target.is_relative_to(place):
-            return f"--output {output} would replace or lie inside {path}, which this command reads; write elsewhere"
-    if output.is_dir() and any(output.iterdir()) and not (output / "report.json").is_file():
-        return f"--output {output} is a folder holding other files (no report.json of this command); give a new path"
-    return None
-
-
 def repeated_input(inputs: list[Path]) -> str | None:
     """One line where two --input paths name one file (the same path twice, a link, another
     spelling): its documents would be packed twice (each datum exactly once)."""
@@ -165,7 +151,9 @@ def globalize(rows, documents) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     inputs = [Path(p) for p in args.input]
-    mistake = repeated_input(inputs) or output_folder_mistake(Path(args.output), inputs, Path(args.tokenizer))
+    mistake = repeated_input(inputs) or output_folder_mistake(
+        Path(args.output), [*inputs, Path(args.tokenizer)], "report.json"
+    )
     if mistake:
         return refuse(mistake)
     from packed_transformers.packing.histogram import MAX_SEQUENCE_LENGTH

@@ -215,25 +215,15 @@ def describe_os_error(err: OSError) -> str:
     return f"{where}: {reason}"
 
 
-def output_over_inputs(output, inputs=(), folders=(), kind: str = "file") -> str | None:
+def output_over_inputs(output, inputs=(), folders=()) -> str | None:
     """One line if `output` resolves to one of the `inputs` files or into a folder that one
     of the `folders` a command reads resolves into (symlinks followed on both sides: a Hugging
     Face cache snapshot's files are links into ../../blobs, which is then refused too), else
     None: an output never replaces an input. Anything but a regular file standing at `output`
     (a directory, device, FIFO, socket) is refused too: the output is a file, written by
-    rename (output_file). kind="folder": the output is a folder (atomic_folder replaces one
-    standing there); anything else standing there is refused, and so is an input inside it.
+    rename (output_file). An output folder has its own rule: output_folder_mistake.
     """
     target = Path(output).resolve()
-    if kind == "folder":
-        if target.exists() and not target.is_dir():
-            return f"{output} is {not_a_file(output) or 'a file'}; this command writes a folder there"
-        for path in inputs:
-            if Path(path).resolve().is_relative_to(target):
-                return (
-                    f"{output} holds an input ({path}); writing the folder would replace it: choose another"
-                )
-        return None
     if target.is_dir():
         return f"{output} is a directory; give the output file's path"
     kind = not_a_file(output)
@@ -247,6 +237,23 @@ def output_over_inputs(output, inputs=(), folders=(), kind: str = "file") -> str
         reach = folder_reach(Path(folder))
         if any(place.is_relative_to(r) for place in written for r in reach):
             return f"{output} is inside {folder} (or where its files' links lead), which this command reads; write it elsewhere"
+    return None
+
+
+def output_folder_mistake(output: Path, reads: list[Path], marker: str) -> str | None:
+    """One line where writing the output folder `output` (atomic_folder replaces what is there)
+    would touch a file or folder the command reads (`reads`: inputs, a tokenizer), or a folder
+    that is not an earlier output of the same command (one holding other files and no
+    `marker`, the file such an output always holds), else None."""
+    target = output.resolve()
+    if output.exists() and not output.is_dir():
+        return f"--output {output} exists and is not a folder"
+    for path in reads:
+        place = path.resolve()
+        if place.is_relative_to(target) or target.is_relative_to(place):
+            return f"--output {output} would replace or lie inside {path}, which this command reads; write elsewhere"
+    if output.is_dir() and any(output.iterdir()) and not (output / marker).is_file():
+        return f"--output {output} is a folder holding other files (no {marker} of this command); give a new path"
     return None
 
 

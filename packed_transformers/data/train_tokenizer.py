@@ -42,13 +42,14 @@ def main(argv=None) -> int:
     parser.add_argument("--text-field", default="text")
     parser.add_argument("--output", required=True, type=Path, help="tokenizer folder to write")
     args = parser.parse_args(argv)
-    from packed_transformers.common.files import atomic_folder, describe_os_error, output_over_inputs
+    from packed_transformers.common.files import atomic_folder, describe_os_error, output_folder_mistake
     from packed_transformers.data.classification_data import ExampleError
     from packed_transformers.data.documents import read_documents
 
     if not MIN_VOCAB <= args.vocab_size <= MAX_VOCAB:
         return refuse(f"--vocab-size must be in {MIN_VOCAB}..{MAX_VOCAB}, got {args.vocab_size}")
-    mistake = output_over_inputs(args.output, [Path(p) for p in args.input], kind="folder")
+    # a folder: an earlier tokenizer folder (its tokenizer.json) is replaced, any other refused
+    mistake = output_folder_mistake(args.output, [Path(p) for p in args.input], "tokenizer.json")
     if mistake:
         return refuse(mistake)
     try:
