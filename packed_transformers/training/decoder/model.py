@@ -9,7 +9,6 @@ alone through transformers (tests/test_decoders.py, tests/test_decoder_pretraini
 
 from __future__ import annotations
 
-import json
 import textwrap
 from pathlib import Path
 
@@ -73,25 +72,23 @@ def check_training_memory(hf_config, device: torch.device) -> None:
         )
 
 
-def check_decoder_folder(folder: Path) -> None:
-    """RunError (one line) unless `folder` holds a config.json of a decoder family: a BERT
+def decoder_folder_config(folder: Path) -> dict:
+    """`folder`'s config.json, read once (model.opening.read_model_config) and handed on to the
+    loader; RunError (one line) unless it names a decoder family this run trains: a BERT
     folder is named as such, not as a missing head cut off mid-word."""
+    from packed_transformers.model.opening import read_model_config
     from packed_transformers.training.decoder.config import DECODER_FAMILIES
 
-    config_file = folder / "config.json"
-    if not config_file.is_file():
+    if not (folder / "config.json").is_file():
         raise RunError(f"model.init_checkpoint {folder}: no config.json (a transformers causal-LM folder)")
-    try:
-        model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
-    except (OSError, UnicodeDecodeError, ValueError, AttributeError) as err:
-        raise RunError(
-            f"model.init_checkpoint {config_file}: not a JSON object ({type(err).__name__})"
-        ) from None
+    config = read_model_config(folder)  # {} where it is not a readable JSON object
+    model_type = config.get("model_type")
     if model_type not in DECODER_FAMILIES:
         raise RunError(
             f"model.init_checkpoint {folder}: its config.json says model_type {model_type!r}, not a decoder "
             f"family this run trains ({', '.join(DECODER_FAMILIES)})"
         )
+    return config
 
 
 def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, device=None):
@@ -108,9 +105,9 @@ def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, d
     torch.manual_seed(config["training"]["seed"])
     if model_cfg["init_checkpoint"] is not None:
         folder = Path(model_cfg["init_checkpoint"])
-        check_decoder_folder(folder)
+        config_dict = decoder_folder_config(folder)
         try:
-            packed = PackedFamilyModel.from_pretrained(folder, "causal_lm")
+            packed = PackedFamilyModel.from_pretrained(folder, "causal_lm", config_dict=config_dict)
         except (OSError, ValueError, RuntimeError) as err:
             reason = textwrap.shorten(str(err), 300, placeholder=" ...")  # cut between words
             raise RunError(f"model.init_checkpoint {folder}: cannot be loaded ({reason})") from None
