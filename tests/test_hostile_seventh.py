@@ -715,8 +715,10 @@ def test_a_head_over_the_limit_is_refused_even_when_it_arrives_in_one_read(class
     """--max-header-bytes 2048: heads of 4 KB and 100 KB sent whole get 431 (they got 200: the
     head was parsed and handed to the app within one read before it was counted); a request
     whose body arrives in the same read as its head, and the next request on that kept-alive
-    connection, are answered (a body is not head)."""
+    connection, are answered (a body is not head), also when the blank line ending the head is
+    split over two reads (it was refused 431: the second read was counted whole as head)."""
     import json
+    import time
 
     from packed_transformers.serving.headers import HeadLimits, bounded_protocol
 
@@ -738,6 +740,13 @@ def test_a_head_over_the_limit_is_refused_even_when_it_arrives_in_one_read(class
             sock.sendall(request % (len(body), body))
             reply = read_response(sock)
             assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+        # the blank line that ends the head split over two reads, the body after it in the second
+        whole = request % (len(body), body)
+        cut = whole.index(b"\r\n\r\n") + 3
+        sock.sendall(whole[:cut])
+        time.sleep(0.2)  # two reads on the server's side
+        sock.sendall(whole[cut:])
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
         sock.close()
 
 

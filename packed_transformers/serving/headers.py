@@ -55,6 +55,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._head_bytes = 0
+        self._head_tail = b""
         self._in_head = True  # a connection that sends nothing is held by the deadline too
         self._head_deadline = None
         self._arm_deadline()
@@ -69,9 +70,13 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         # one feed, so counting after the parse let it through.
         # Only the head's bytes count: up to and including the blank line that ends it (a body
         # in the same read is not head; counting it refused a kept-alive client's next request).
+        # The blank line may be split over two reads: the last bytes of the previous read are
+        # searched with this one.
         if self._in_head:
-            end = data.find(HEAD_END)
-            self._head_bytes += len(data) if end < 0 else end + len(HEAD_END)
+            tail = self._head_tail
+            end = (tail + data).find(HEAD_END)
+            self._head_bytes += len(data) if end < 0 else end + len(HEAD_END) - len(tail)
+            self._head_tail = (tail + data)[-(len(HEAD_END) - 1) :]
             if self._head_bytes > self.head_limits.max_bytes:
                 self._refuse(431, f"the request head exceeds {self.head_limits.max_bytes} bytes")
                 return
@@ -92,6 +97,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         # first read (its deadline starts at on_message_begin, as before)
         self._in_head = True
         self._head_bytes = 0
+        self._head_tail = b""
 
     def on_headers_complete(self) -> None:
         self._in_head = False
