@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     )
     if mistake:
         return refuse(mistake)
-    from packed_transformers.packing.histogram import MAX_SEQUENCE_LENGTH
+    from packed_transformers.common.input_limits import MAX_SEQUENCE_LENGTH
 
     if not 2 <= args.max_sequence_length <= MAX_SEQUENCE_LENGTH:
         return refuse(
