@@ -13,6 +13,7 @@ PACKAGE = REPO / "packed_transformers"  # the one installed name; its rooms are 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("MKL_NUM_THREADS", "1")
+LAUNCH_COUNTS = "PACKED_TESTS_LAUNCH_COUNTS"  # the folder each test process writes its launch counts to
 HISTOGRAMS = REPO / "packed_transformers" / "packing" / "histograms"
 
 # Property tests: reproducible by default ("ci": the same examples every run, no deadline
@@ -41,17 +42,41 @@ def repo_root() -> Path:
     return REPO
 
 
+def runs_tests(config) -> bool:
+    """An xdist worker, or a run without workers; not the controller of an xdist run."""
+    return hasattr(config, "workerinput") or not config.getoption("numprocesses", default=None)
+
+
+def pytest_configure(config):
+    """The warm launcher (tests/warm_launch.py) in each process that runs tests; the controller
+    (or the run without workers) names the folder where each one leaves its launch counts."""
+    if not hasattr(config, "workerinput"):
+        import tempfile
+
+        os.environ[LAUNCH_COUNTS] = tempfile.mkdtemp(prefix="packed-tests-launches-")
+    if runs_tests(config):
+        from . import warm_launch
+
+        warm_launch.install()
+
+
 def pytest_sessionfinish(session, exitstatus):
     """No test leaves a process behind: what this test process (an xdist worker, or the
-    whole run without one) still has as children at its end is listed and killed. The
-    controller of an xdist run is left alone: its children are the workers, ending too."""
-    if session.config.pluginmanager.hasplugin("dsession") and not hasattr(session.config, "workerinput"):
+    whole run without one) still has as children at its end, the warm launcher's commands
+    included, is listed and killed; then the launcher's server stops and the process's launch
+    counts are written. The controller of an xdist run is left alone: its children are the
+    workers, ending too."""
+    if not runs_tests(session.config):
         return
+    import json
     import sys
 
     import psutil
 
-    left = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+    from . import warm_launch
+
+    server = warm_launch.server_pid()
+    left = [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.pid != server]
     for process in left:
         try:
             command = " ".join(process.cmdline())[:200]
@@ -59,6 +84,29 @@ def pytest_sessionfinish(session, exitstatus):
         except psutil.Error:
             continue
         print(f"\nkilled a process the tests left behind: pid {process.pid}: {command}", file=sys.stderr)
+    warm_launch.uninstall()
+    name = getattr(session.config, "workerinput", {}).get("workerid", "main")
+    (Path(os.environ[LAUNCH_COUNTS]) / f"{name}.json").write_text(json.dumps(warm_launch.counts))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """How many Python commands the tests started warm and cold (and why cold), summed over workers."""
+    import collections
+    import json
+    import shutil
+
+    folder = Path(os.environ.get(LAUNCH_COUNTS, "/nonexistent"))
+    if hasattr(config, "workerinput") or not folder.is_dir():
+        return
+    total = collections.Counter()
+    for file in folder.glob("*.json"):
+        total.update(json.loads(file.read_text()))
+    shutil.rmtree(folder, ignore_errors=True)
+    cold = sum(n for why, n in total.items() if why != "warm")
+    reasons = ", ".join(
+        f"{why.removeprefix('cold: ')} {n}" for why, n in total.most_common() if why != "warm"
+    )
+    terminalreporter.write_line(f"Python commands started: {total['warm']} warm, {cold} cold ({reasons})")
 
 
 @pytest.fixture(scope="module")
