@@ -16,7 +16,9 @@ from . import warm_launch
 from .conftest import REPO
 
 PROBE = str(REPO / "tests" / "warm_probe.py")
-pytestmark = pytest.mark.skipif(warm_launch.server_pid() is None, reason="the warm launcher is off (PACKED_TESTS_COLD)")
+pytestmark = pytest.mark.skipif(
+    warm_launch.server_pid() is None, reason="the warm launcher is off (PACKED_TESTS_COLD)"
+)
 
 
 def both(argv, **options):
@@ -24,7 +26,11 @@ def both(argv, **options):
     (the probe's JSON line, or None)."""
     done = {}
     for way in ("warm", "cold"):
-        env = dict(options.pop("env", None) or os.environ) if way == "warm" else dict(done["env"], PACKED_TESTS_COLD="1")
+        env = (
+            dict(options.pop("env", None) or os.environ)
+            if way == "warm"
+            else dict(done["env"], PACKED_TESTS_COLD="1")
+        )
         done["env"] = env
         before = warm_launch.counts["warm"]
         result = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=120,
@@ -51,7 +57,11 @@ def test_a_warm_command_sees_its_process_as_a_cold_one_does(tmp_path):
         assert state["pid"] == state["pgid"] == state["sid"]  # a session of its own, as asked
         state.pop("pid"), state.pop("pgid"), state.pop("sid"), state.pop("preloaded")
     assert warm.state == cold.state
-    assert cold.state["fds"] == [write] and cold.state["env"] == "seen" and cold.state["path"][1] == str(tmp_path)
+    assert (
+        cold.state["fds"] == [write]
+        and cold.state["env"] == "seen"
+        and cold.state["path"][1] == str(tmp_path)
+    )
 
 
 def test_without_a_session_of_its_own_a_warm_command_stays_in_its_callers_group():

@@ -270,7 +270,9 @@ def run_command(argv: list[str]) -> int:
     except SystemExit as stop:
         code = exit_code(stop.code)
     except BaseException as error:
-        error = error.with_traceback(error.__traceback__.tb_next)  # from the command's frames on, as a fresh one
+        error = error.with_traceback(
+            error.__traceback__.tb_next
+        )  # from the command's frames on, as a fresh one
         sys.excepthook(type(error), error, error.__traceback__)
         interrupted = isinstance(error, KeyboardInterrupt)
         code = 1
