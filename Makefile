@@ -51,14 +51,14 @@ test: install install-tf install-ray
 # The README's recipes exactly as written (make test runs them at tiny scale), each one
 # timed: the times the README gives next to its recipes (work/readme_timings.json).
 readme-timings: install
-	README_AS_WRITTEN=1 $(PY) -m pytest -q -s tests/test_readme.py -k run_as_written
+	README_AS_WRITTEN=1 $(PY) -m pytest -q -s tests/house/test_readme.py -k run_as_written
 
 # Opt-in: the IPU path (on the PopTorch-rules double) under the SDK 3.4 stack's versions
 # (torch 2.0.1, transformers 4.38.2), given an interpreter that has them (several GB):
 #   SDK_PYTHON=/path/to/sdk-venv/bin/python make test-sdk-stack
 test-sdk-stack: install
 	test -n "$(SDK_PYTHON)" || (echo "set SDK_PYTHON to an SDK 3.4 stack interpreter (requirements-ipu.txt)"; exit 2)
-	SDK_PYTHON=$(SDK_PYTHON) $(PY) -m pytest -q tests/test_ipu_sdk_stack.py
+	SDK_PYTHON=$(SDK_PYTHON) $(PY) -m pytest -q tests/training/test_ipu_sdk_stack.py
 
 # The demo: real text -> a corpus vocabulary -> unpacked shards -> packed (and
 # unpacked-baseline) shards -> verified. The 4,096-token vocabulary is learned from the

@@ -1,4 +1,4 @@
-"""Run by tests/test_decoders.py under `torch.distributed.run` (2 processes, gloo, CPU) and
+"""Run by tests/model/test_decoders.py under `torch.distributed.run` (2 processes, gloo, CPU) and
 alone (1 process): transformers' Trainer trains the packed decoder (PackedFamilyModel,
 causal_lm) on the same 8 packs, in order, 4 per optimizer step (2 processes x 2 accumulated
 micro-batches, or 1 process x 4), and process 0 writes the final weights.

@@ -1,4 +1,4 @@
-"""One poprun instance for tests/test_ipu_double.py: the IPU engine on the doubles in
+"""One poprun instance for tests/training/test_ipu_double.py: the IPU engine on the doubles in
 tests/doubles (PYTHONPATH puts them first), with a validated config from a JSON file.
 
     python -m tests.ipu_instance CONFIG.json OUTPUT_DIR [--resume]     (exit code: the run's)

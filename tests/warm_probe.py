@@ -1,4 +1,4 @@
-"""A command for tests/test_warm_launch.py: prints what it sees of its process as one JSON line
+"""A command for tests/house/test_warm_launch.py: prints what it sees of its process as one JSON line
 (before importing anything of ours), then ends as its first argument asks: `exit N`,
 `raise` (an uncaught exception), `sleep` (until a signal), `interrupt` (an uncaught
 KeyboardInterrupt)."""

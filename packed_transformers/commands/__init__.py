@@ -7,5 +7,5 @@
     parsers     their argument parsers, standard library only (answered before torch loads)
 
 The top of the house: may import any room; no room imports it. Never holds a job's logic
-beyond reading its arguments and writing its outputs (tests/test_house.py).
+beyond reading its arguments and writing its outputs (tests/house/test_house.py).
 """

@@ -3,7 +3,7 @@ reference generator does (mlcommons/training `create_pretraining_data.py`, which
 google-research/bert's without whole-word masking).
 
 The order of `random.Random` calls IS the contract: with the same seed and the same token ids
-the output is byte-identical to the reference's. tests/test_reference_generator.py runs the
+the output is byte-identical to the reference's. tests/data/test_reference_generator.py runs the
 reference itself side by side; a reordered draw anywhere below fails it. The calls, in order:
 
 1. `shuffle(documents)` once, before anything else.

@@ -14,5 +14,5 @@
     opener            open_folder: which of those a folder gets
 
 Uses model/, data/ and common/. Never imports inference/, finetune/, ray_jobs/,
-hf_integration/, serving/, commands/ or training/ (tests/test_house.py).
+hf_integration/, serving/, commands/ or training/ (tests/house/test_house.py).
 """

@@ -13,5 +13,5 @@ fine-tuning, from a checkpoint opened through the door, validated through infere
                    runs its command (commands/, ray_jobs/, serving/) as the main module, no logic
 
 Uses door/, inference/, model/, optim/, data/, packing/ and common/. Never imports
-training/ (pretraining), serving/, ray_jobs/, hf_integration/ or commands/ (tests/test_house.py).
+training/ (pretraining), serving/, ray_jobs/, hf_integration/ or commands/ (tests/house/test_house.py).
 """

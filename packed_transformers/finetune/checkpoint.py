@@ -11,7 +11,7 @@ A checkpoint is written after every epoch (validated, its metrics line written) 
 SIGINT or SIGTERM stops a run between two steps. The batch order of an epoch is a pure
 function of the seed and the epoch (inference.batching), so the position in it is a count
 of batches; the dropout stream continues from the saved RNG state: a resumed run's weights
-equal those of the run that was never stopped (tests/test_finetune_resume.py).
+equal those of the run that was never stopped (tests/finetune/test_finetune_resume.py).
 """
 
 from __future__ import annotations

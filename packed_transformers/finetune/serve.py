@@ -3,7 +3,7 @@ point, serving/cli.py), kept so that commands written before the server had its 
 still work. Same options, same behaviour; no logic here.
 
 The server is run as a module, not imported: finetune/ never imports serving/ (serving/
-builds on finetune/, not the reverse; tests/test_module_rules.py)."""
+builds on finetune/, not the reverse; tests/house/test_module_rules.py)."""
 
 import runpy
 

@@ -4,5 +4,5 @@
     pipeline   packed_pipeline: transformers' pipelines' calls, packed underneath
 
 Uses door/ and inference/. Never imports finetune/, ray_jobs/, serving/, commands/ or
-training/ (tests/test_house.py).
+training/ (tests/house/test_house.py).
 """

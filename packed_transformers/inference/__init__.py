@@ -10,5 +10,5 @@
     token_task        token classification's entities
 
 Never parses a command line. Never imports finetune/, ray_jobs/, hf_integration/,
-serving/, commands/ or training/ (tests/test_house.py).
+serving/, commands/ or training/ (tests/house/test_house.py).
 """

@@ -22,7 +22,7 @@ give a per-text cosine to float32 of min 0.945 / median 0.976, under ONNX Runtim
 VNNI sums u8 x s8 into int32 directly, so 8 bits are exact there; without it int8 is refused.
 
 torch marks its quantized-tensor API deprecated (pytorch issue 184982); the pinned torch
-(2.13.0) has it, and an upgrade must re-run tests/test_int8.py.
+(2.13.0) has it, and an upgrade must re-run tests/inference/test_int8.py.
 """
 
 from __future__ import annotations

@@ -5,5 +5,5 @@
     actors    Ray Data's map_batches callables, one model per actor (opened through the door)
 
 Ray is imported here and nowhere else. Uses door/ and inference/; never imports finetune/,
-serving/, commands/ or training/ (tests/test_house.py).
+serving/, commands/ or training/ (tests/house/test_house.py).
 """

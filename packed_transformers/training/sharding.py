@@ -14,7 +14,7 @@ torch.distributed.checkpoint (DCP), which a run of another number of ranks reads
     load_sharded       dcp/ into this run's shards, whatever number of ranks wrote it
 
 Gloo runs every collective FSDP2 and DCP need, so all of this runs and is tested on CPUs
-(tests/test_decoder_fsdp.py). Never imports the run or the engines.
+(tests/training/test_decoder_fsdp.py). Never imports the run or the engines.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The model is transformers' own AutoModelForCausalLM of the family, its attention
 through model.families' packed attention (each row's sequences attend only inside
 themselves; by length buckets, cost about the sum of l_i^2), wrapped as model.family_model's
 PackedCausalLM: the per-document next-token loss of packed rows equals each document run
-alone through transformers (tests/test_decoders.py, tests/test_decoder_pretraining.py).
+alone through transformers (tests/model/test_decoders.py, tests/training/test_decoder_pretraining.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A test double of PopDist (Poplar SDK 3.4), the instance topology poprun gives each
 process: tests only. The real module reads what poprun exported; the double reads
-DOUBLE_POPDIST_INSTANCES / _INSTANCE / _REPLICAS (set by tests/test_ipu_double.py).
+DOUBLE_POPDIST_INSTANCES / _INSTANCE / _REPLICAS (set by tests/training/test_ipu_double.py).
 
 Rules encoded, from Graphcore's own use of the API (graphcore/examples, nlp/bert/pytorch
 args.py init_popdist; the PopART BERT's set_popdist_args):

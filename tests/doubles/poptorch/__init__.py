@@ -1,4 +1,4 @@
-"""A test double of PopTorch 3.4 for tests/test_ipu_double.py: tests only, never product code.
+"""A test double of PopTorch 3.4 for tests/training/test_ipu_double.py: tests only, never product code.
 
 It runs the compiled step eagerly on CPU and enforces the PopTorch rules our IPU engine must
 obey, each with its source in graphcore/poptorch (3.4) or PopART:

@@ -1,0 +1,114 @@
+"""ARCHITECTURE.md's module rules, checked in a fresh interpreter per package: importing a
+package loads none of what it must never use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ..conftest import PACKAGE, REPO
+
+# End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
+pytestmark = pytest.mark.slow
+
+# package (inside packed_transformers) -> module prefixes it must never load (directly or through
+# its imports); a room's name means that room of packed_transformers, any other a library
+ROOMS = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} | {"run_pretraining"}
+RULES = {
+    "common": ["torch", "numpy", "packing", "model", "optim", "training", "finetune", "data"],
+    "packing": ["torch", "model", "optim", "training", "finetune", "poptorch"],
+    "model": ["packing", "scipy", "poptorch", "training", "finetune", "optim", "data"],
+    "optim": ["model", "packing", "training", "finetune", "poptorch"],
+    "data": ["torch", "model", "training", "finetune", "optim"],
+    "finetune.train": ["training", "poptorch", "serving"],
+    "finetune.predict": ["training", "poptorch", "serving"],
+    "hf_integration.trainer": ["training", "poptorch", "serving"],
+    "hf_integration.pipeline": ["training", "poptorch", "serving"],
+    "finetune.serve": ["training", "poptorch", "torch", "uvicorn", "serving"],  # an alias: runs serving
+    "serving.cli": ["training", "poptorch", "torch", "uvicorn"],  # parses first, then imports
+    "serving.app": ["training", "poptorch"],
+    "training.run": ["poptorch", "finetune", "horovod", "popdist"],
+    "training.backends": ["poptorch", "finetune", "horovod", "popdist"],
+    "training.backends.ipu": ["poptorch", "horovod", "popdist"],  # imported only inside functions
+    "training.backends.ipu_plan": ["poptorch", "horovod", "popdist"],
+    "run_pretraining": ["poptorch", "training", "finetune"],  # parses first, then imports the run
+}
+
+
+def full_name(name: str) -> str:
+    return f"packed_transformers.{name}" if name.split(".")[0] in ROOMS else name
+
+
+def loaded_modules(package: str) -> set[str]:
+    code = f"import sys, json, {full_name(package)}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    return set(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.parametrize("package", sorted(RULES))
+def test_package_loads_nothing_it_must_never_use(package):
+    loaded = loaded_modules(package)
+    broken = sorted(
+        name
+        for name in loaded
+        for banned in map(full_name, RULES[package])
+        if (name == banned or name.startswith(banned + ".")) and not full_name(package).startswith(banned)
+    )
+    assert not broken, f"importing {package} loads {broken}"
+
+
+def imports_of(path) -> set[str]:
+    """Every module a Python file names in an import statement (at any depth)."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return {name.removeprefix("packed_transformers.") for name in names}
+
+
+@pytest.mark.parametrize(
+    "importer,banned",
+    [("finetune", "serving"), ("model", "packing"), ("model", "training"), ("finetune", "training")],
+)
+def test_no_import_statement_crosses_a_rule(importer, banned):
+    """Statically, lazy imports inside functions included: serving/ builds on finetune/ (never
+    the reverse; `python -m packed_transformers.finetune.serve` runs serving as a module, importing nothing);
+    model/ knows nothing of packing/ or the run."""
+    crossing = [
+        f"{path.relative_to(PACKAGE).as_posix()}: {name}"
+        for path in sorted((PACKAGE / importer).rglob("*.py"))
+        for name in imports_of(path)
+        if name == banned or name.startswith(banned + ".")
+    ]
+    assert not crossing, crossing
+
+
+def test_static_rule_check_sees_a_crossing(tmp_path):
+    """The static check above finds an import of serving/ written inside a function."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "def f():\n    from packed_transformers.serving.app import create_app\n"
+        "    import packed_transformers.packing.structure\n"
+    )
+    assert {"serving.app", "packing.structure"} <= imports_of(probe)
+
+
+def test_engines_do_not_import_the_run():
+    """Engines sit side by side under the run; none imports training.run."""
+    for engine in ("torch_engine", "pipeline", "ipu", "ipu_plan", "ipu_step", "engine"):
+        source = (PACKAGE / "training" / "backends" / f"{engine}.py").read_text()
+        assert "training.run " not in source and "training.run\n" not in source, engine
+    importers = [
+        p.relative_to(PACKAGE).as_posix()
+        for p in PACKAGE.rglob("*.py")
+        if not {".venv", ".venv-tf", "tests"} & set(p.parts)  # tests/ hold the PopTorch double
+        and any(line.strip() == "import poptorch" for line in p.read_text().splitlines())
+    ]
+    assert importers == ["training/backends/ipu.py"]

@@ -1,0 +1,118 @@
+"""Decoder pretraining under faults: keys the data or machine cannot hold refused before the run
+folder, a killed save's temporary removed at resume, a checkpoint that cannot be written ends
+the run in one line, a BERT folder as the start named as such."""
+
+from __future__ import annotations
+
+import pytest
+
+from ..training_helpers import decoder_rows, pretrain_decoder
+
+
+def write_folder(folder, lengths=(5, 9, 30, 3, 12, 40, 7, 7, 20, 11) * 4, seed=0):
+    return decoder_rows(folder, lengths, seed)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    return write_folder(tmp_path_factory.mktemp("rows") / "train")
+
+
+# ----- the run ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory, clean):
+    root = clean.parent
+    write_folder(root / "eval", lengths=(8, 20, 31, 4) * 3, seed=1)
+    return root
+
+
+def pretrain(root, output, *sets, resume=False):
+    return pretrain_decoder(root, output, *sets, resume=resume)
+
+
+@pytest.mark.parametrize(
+    "setting, expected",
+    [
+        ("data.micro_batch_rows=100000", "100000 rows a step: data.train_dir holds"),
+        ("model.vocab_size=10", "model.vocab_size 10: below the rows' vocabulary of 50 tokens"),
+        ("model.vocab_size=99999999", "parameters (vocab_size 99999999) need"),
+    ],
+)
+def test_a_key_the_data_or_the_machine_cannot_hold_is_refused_before_the_run_folder(
+    data_root, tmp_path, setting, expected
+):
+    done = pretrain(data_root, tmp_path / "run", setting)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert expected in lines[-1] and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_checkpoint_temporary_left_by_a_killed_save_is_removed_at_resume(data_root, tmp_path):
+    first = pretrain(data_root, tmp_path / "run", "training.checkpoint_every_steps=1")
+    assert first.returncode == 0, first.stderr[-2000:]
+    leftover = tmp_path / "run/checkpoints/.step-00000003.tmp-99999-abcd"
+    leftover.mkdir()
+    (leftover / "training_state.pt").write_bytes(b"half")
+    again = pretrain(data_root, tmp_path / "run", "training.checkpoint_every_steps=1", "training.max_steps=3",
+                     resume=True)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not leftover.exists()
+    names = sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir())
+    assert all(not n.startswith(".") for n in names), names
+
+
+def test_a_checkpoint_that_cannot_be_written_ends_the_run_in_one_line(tmp_path):
+    """A full disk at the checkpoint (RLIMIT_FSIZE below its size, SIGXFSZ ignored: the write
+    fails as on a full disk): one line naming the checkpoint, exit 2, no half-written folder
+    (it was the project's own CheckpointError as a 27-line traceback, exit 1)."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from ..conftest import REPO
+    from ..training_helpers import DECODER_S
+
+    decoder_rows(tmp_path / "train")
+    decoder_rows(tmp_path / "eval", seed=1)
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(
+            resource.RLIMIT_FSIZE, (20_000, 20_000)
+        )  # the weights fit, the optimizer's state not
+
+    sets = [f"data.train_dir={tmp_path / 'train'}", f"data.eval_dir={tmp_path / 'eval'}",
+            f"data.max_sequence_length={DECODER_S}", "eval.rows=2", "model.hidden_size=16",
+            "model.intermediate_size=32", "model.num_hidden_layers=1", "training.max_steps=2"]  # fmt: skip
+    output = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "run_pretraining.py", "--config", "configs/pretrain_decoder_tiny.yaml", "--output-dir",
+         str(output), *[a for s in sets for a in ("--set", s)]],
+        cwd=REPO, capture_output=True, text=True, timeout=300, preexec_fn=small_files,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert (
+        len(errors) == 1 and f"{output}/checkpoints/step-00000002: writing the checkpoint failed" in errors[0]
+    )
+    assert list((output / "checkpoints").iterdir()) == []  # nothing half-written
+
+
+def test_a_bert_folder_as_the_starting_checkpoint_is_named_as_such(tmp_path):
+    """It was `cannot be loaded (...: the model's head is not in the file (..., cls.predictions.
+    transform.LayerNorm.bi)`, cut mid-word; now the folder's model_type is named, before any
+    run folder is written."""
+    from packed_transformers.data.assets import model_dir
+
+    root = tmp_path / "rows"
+    decoder_rows(root / "train")
+    decoder_rows(root / "eval", seed=1)
+    done = pretrain_decoder(root, tmp_path / "out", f"model.init_checkpoint={model_dir()}")
+    assert done.returncode == 2
+    assert (
+        f"model.init_checkpoint {model_dir()}: its config.json says model_type 'bert', not a decoder family"
+        in done.stderr
+    )
+    assert not (tmp_path / "out").exists()
