@@ -106,3 +106,27 @@ def config_reads(open_it, folder) -> int:
     with mock.patch("builtins.open", counting_open), mock.patch("io.open", counting_open):
         open_it()
     return len(reads)
+
+
+def counted_run(argv, folder, output: Path, plant: str | None = None, timeout: float = 300):
+    """`python -m packed_transformers ARGV` as a user runs it (a fresh interpreter, cold: the
+    warm launcher's server has imported transformers already), with tests/counting/ on
+    PYTHONPATH: returns (the finished process, {"config_json": opens of folder/config.json,
+    "tokenizer_builds": transformers tokenizers built}) over the whole process. plant:
+    "config" or "tokenizer", a second reader planted after the door (the count must see it)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    counts = output / "counts.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO / "tests" / "counting"), COUNT_FOLDER=str(folder),
+               COUNT_OUTPUT=str(counts), PACKED_TESTS_COLD="1")  # fmt: skip
+    env.pop("COUNT_PLANT", None)
+    if plant:
+        env["COUNT_PLANT"] = plant
+    done = subprocess.run([sys.executable, "-m", "packed_transformers", *map(str, argv)], cwd=REPO,
+                          capture_output=True, text=True, env=env, timeout=timeout)  # fmt: skip
+    return done, json.loads(counts.read_text()) if counts.exists() else None

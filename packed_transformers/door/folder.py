@@ -31,10 +31,13 @@ def load_finetuned(folder: Path, attention_backend: str | None = None) -> Loaded
     a folder that cannot be run. Reached through door.opener.open_folder."""
     spec = describe_folder(folder)
     folder = spec.path
-    opened = open_packed_model(
-        folder, spec.task, ModelOptions(attention_backend=attention_backend or INFERENCE_ATTENTION_BACKEND),
-        spec.model_config,
-    )  # fmt: skip
+    # The tokenizer first, built once: whether it hands token_type_ids is the model's to know.
+    opened_tokenizer = None if spec.tokenizer == "vocab.txt" else open_tokenizer(folder, spec.model_config)
+    options = ModelOptions(
+        attention_backend=attention_backend or INFERENCE_ATTENTION_BACKEND,
+        token_types=None if opened_tokenizer is None else opened_tokenizer.token_types,
+    )
+    opened = open_packed_model(folder, spec.task, options, spec.model_config)
     model = opened.model
     # New text may be longer than anything seen in training: a finetune.train folder takes it
     # up to the model's positions; any other folder up to its tokenizer's model_max_length too.
@@ -46,11 +49,11 @@ def load_finetuned(folder: Path, attention_backend: str | None = None) -> Loaded
         return LoadedModel(spec, model, tokenizer, vocab, max_input_length=limit)
     # Any other folder: the tokenizer transformers builds from whatever files it has (a
     # vocab.txt-only folder keeps tokenizer_config.json's do_lower_case, cased or not).
-    opened_tokenizer = open_tokenizer(folder, spec.model_config)
     check_vocabulary_fits(folder, opened_tokenizer.tokenizer, model)
     return LoadedModel(
-        spec, model, opened_tokenizer.tokenizer, None, opened_tokenizer.token_types, max_input_length=limit
-    )
+        spec, model, opened_tokenizer.tokenizer, None, opened_tokenizer.token_types, max_input_length=limit,
+        transformers_tokenizer=opened_tokenizer.transformers_tokenizer,
+    )  # fmt: skip
 
 
 def open_packed_model(folder: Path, task: str, options: ModelOptions, config, label: str | None = None):
@@ -89,6 +92,7 @@ class FolderTokenizer:
     tokenizer: object
     token_types: bool
     eos_id: int | None = None  # the end-of-sequence token's id, where the folder names one
+    transformers_tokenizer: object = None  # the one transformers built (None where it could not)
 
 
 def open_tokenizer(folder: Path, config: Mapping | None = None) -> FolderTokenizer:
@@ -119,7 +123,7 @@ def open_tokenizer(folder: Path, config: Mapping | None = None) -> FolderTokeniz
     tokenizer.no_padding()
     token_types = True if hf is None else "token_type_ids" in hf.model_input_names
     eos_id = getattr(hf, "eos_token_id", None) if hf is not None else None
-    return FolderTokenizer(tokenizer, token_types, eos_id if isinstance(eos_id, int) else None)
+    return FolderTokenizer(tokenizer, token_types, eos_id if isinstance(eos_id, int) else None, hf)
 
 
 def auto_tokenizer(folder: Path, config: Mapping | None):

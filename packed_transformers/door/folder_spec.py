@@ -14,7 +14,9 @@ ExampleError naming the file and key.
 
 from __future__ import annotations
 
+import copy
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,15 +229,26 @@ def read_finetune_info(info_path: Path) -> dict:
     return info
 
 
+# Each file read once per process: (real path, device, inode, mtime in ns, size) -> its object.
+# A command's preflight (before torch is imported) and the door after it ask for the same
+# config.json; a file changed in between has another identity and is read again.
+_READ_ONCE: dict[tuple, dict] = {}
+
+
 def read_json_object(path: Path) -> dict:
-    """A JSON object from `path`, or ExampleError naming the file."""
+    """A JSON object from `path` (a copy: the caller may change it), or ExampleError naming the
+    file. Parsed once per process while the file stays as it was (_READ_ONCE)."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        stat = os.stat(path)
+        identity = (os.path.realpath(path), stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if identity not in _READ_ONCE:
+            _READ_ONCE[identity] = json.loads(Path(path).read_text(encoding="utf-8"))
+        value = _READ_ONCE[identity]
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ExampleError(f"{path}: not readable JSON ({first_line(err)[:120]})") from None
     if not isinstance(value, dict):
         raise ExampleError(f"{path}: expected a JSON object")
-    return value
+    return copy.deepcopy(value)
 
 
 def task_of_architectures(config: dict, config_path: Path) -> str:

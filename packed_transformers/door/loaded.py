@@ -59,6 +59,9 @@ class LoadedModel:
         0  # tokens per text a run takes (specials included); set by the door, read after it
     )
     stats: dict = field(default_factory=lambda: {"texts": 0, "tokens": 0, "slots": 0, "truncated": 0})
+    # transformers' tokenizer as the door built it (QA windows need its overflow and offsets);
+    # None for finetune.train's vocab.txt folders, whose WordPiece is built from `vocab`
+    transformers_tokenizer: object = field(default=None, repr=False)
     _runners: dict = field(
         default_factory=dict, repr=False
     )  # (device, dtype) -> Runner (inference.runner.runner_of)
@@ -101,6 +104,8 @@ class LoadedModel:
             from packed_transformers.data.qa_windows import fast_tokenizer
 
             return fast_tokenizer(self.vocab)
+        if self.transformers_tokenizer is not None:  # the door's own build: built once per run
+            return self.transformers_tokenizer
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(self.folder)

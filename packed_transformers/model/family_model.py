@@ -99,13 +99,16 @@ class PackedFamilyModel(PreTrainedModel):
         dropout: dict | None = None,
         new_head: bool = False,
         config_dict=None,
+        token_types: bool | None = None,
         **options,
     ):
         """Load `folder` with transformers' Auto class of the task (never with remote code).
         options: config settings (num_labels, id2label, problem_type, ...); dropout:
         {"hidden", "attention", "classifier"} probabilities, set on whichever of the
         family's config keys name them (DROPOUT_KEYS); config_dict: config.json as already
-        read (None: read here), built as AutoConfig builds it from the file."""
+        read (None: read here), built as AutoConfig builds it from the file; token_types:
+        whether the folder's tokenizer hands token_type_ids, where the caller built it (None:
+        transformers' tokenizer of the folder is asked here)."""
         import transformers
         from transformers import CONFIG_MAPPING, AutoConfig
 
@@ -128,9 +131,9 @@ class PackedFamilyModel(PreTrainedModel):
             auto, Path(folder), new_head, config=config, trust_remote_code=False, **loading
         )
         packed = (PackedCausalLM if task == "causal_lm" else cls)(hf_model, task, pooling)
-        return packed.hand_token_types(
-            packed._token_types_optional and tokenizer_hands_token_types(folder, config=config)
-        )
+        if token_types is None and packed._token_types_optional:
+            token_types = tokenizer_hands_token_types(folder, config=config)
+        return packed.hand_token_types(packed._token_types_optional and bool(token_types))
 
     # ----- the encoder --------------------------------------------------------------------
     def encode(self, input_ids, segment_ids, position_ids, sequence_ids) -> torch.Tensor:

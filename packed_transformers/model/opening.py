@@ -50,6 +50,9 @@ class ModelOptions:
         folder's values.
     pooling: embedding pooling: a mode or modes (model.embedding.POOLING_MODES; default mean).
     config: config settings of the task head (num_labels, problem_type, id2label, label2id).
+    token_types: whether the folder's tokenizer hands the model token_type_ids, where the
+        caller has built that tokenizer (the door: built once per run); None: the family's
+        builder asks transformers' tokenizer of the folder itself.
     """
 
     new_head: bool = False
@@ -57,6 +60,7 @@ class ModelOptions:
     dropout: Mapping[str, float | None] = field(default_factory=dict)
     pooling: str | tuple[str, ...] | list[str] | None = None
     config: Mapping = field(default_factory=dict)
+    token_types: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,7 @@ def open_family(folder: Path, task: str, options: ModelOptions, config: Mapping)
 
     model = PackedFamilyModel.from_pretrained(
         folder, task, check_pooling(options.pooling or "mean"), dropout=dict(options.dropout) or None, new_head=options.new_head,
-        config_dict=config, **dict(options.config),
+        config_dict=config, token_types=options.token_types, **dict(options.config),
     )  # fmt: skip
     return OpenedModel(model, model.max_tokens)
 

@@ -1,0 +1,90 @@
+"""config.json parsed once and transformers' tokenizer built once per run, counted on real
+processes: `python -m packed_transformers predict|embed ...` as a user runs it, with an audit
+hook over every open of the process (transformers' own included) and a count of tokenizer
+objects built (tests/counting/sitecustomize.py); each count shown failing on a planted second
+reader."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification
+
+from ..decoder_helpers import decoder_tokenizer, tiny_config
+from ..family_helpers import save_family_folder
+from ..folder_helpers import tiny_hub_classifier
+from ..house_helpers import counted_run
+
+pytestmark = pytest.mark.slow  # fresh interpreters, as users start them
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("read_once")
+    texts = root / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("a text", "another text here")))
+    squad = root / "squad.jsonl"
+    squad.write_text(json.dumps({"id": "q1", "question": "what text", "context": "a text about things",
+                                 "answers": {"text": ["a text"], "answer_start": [0]}}) + "\n")  # fmt: skip
+    tokenizer = decoder_tokenizer()
+    torch.manual_seed(0)
+    gpt2 = AutoModelForSequenceClassification.from_config(
+        tiny_config("gpt2", num_labels=2, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id or 0)
+    )
+    gpt2.save_pretrained(root / "gpt2")
+    tokenizer.save_pretrained(root / "gpt2")
+    return {
+        "bert": tiny_hub_classifier(root / "bert"),
+        "gpt2": root / "gpt2",
+        "roberta": save_family_folder(root / "roberta", "roberta", "classification"),
+        "qa": save_family_folder(root / "qa", "bert", "question_answering"),
+        "texts": texts,
+        "squad": squad,
+    }
+
+
+RUNS = {  # name -> (folder, the command's arguments after the folder)
+    "predict a BERT classifier": ("bert", ["predict", "--input", "texts", "--output", "p.jsonl"]),
+    "predict a GPT-2 classifier": ("gpt2", ["predict", "--input", "texts", "--output", "p.jsonl"]),
+    "predict a RoBERTa classifier": ("roberta", ["predict", "--input", "texts", "--output", "p.jsonl"]),
+    "answer questions (QA)": ("qa", ["predict", "--input", "squad", "--output", "answers.json"]),
+    "embed with a BERT": (
+        "bert",
+        ["embed", "--input", "texts", "--output", "e.npy", "--pooling", "mean", "--quiet"],
+    ),
+    "embed with a RoBERTa": (
+        "roberta",
+        ["embed", "--input", "texts", "--output", "e.npy", "--pooling", "mean", "--quiet"],
+    ),
+}
+
+
+def command(folders, tmp_path, name):
+    folder_key, arguments = RUNS[name]
+    argv = [arguments[0], "--model", folders[folder_key]]
+    for value in arguments[1:]:
+        argv.append(
+            folders.get(value, tmp_path / value) if not value.startswith("--") and value != "mean" else value
+        )
+    return folders[folder_key], argv
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_each_run_parses_config_json_once_and_builds_one_tokenizer(folders, tmp_path, name):
+    folder, argv = command(folders, tmp_path, name)
+    done, counts = counted_run(argv, folder, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert counts == {"config_json": 1, "tokenizer_builds": 1}, name
+
+
+@pytest.mark.parametrize("plant, seen", [("config", {"config_json": 2, "tokenizer_builds": 1}),
+                                         ("tokenizer", {"config_json": 1, "tokenizer_builds": 2})])  # fmt: skip
+def test_a_planted_second_reader_is_counted(folders, tmp_path, plant, seen):
+    folder, argv = command(folders, tmp_path, "predict a GPT-2 classifier")
+    done, counts = counted_run(argv, folder, tmp_path, plant=plant)
+    assert done.returncode == 0, done.stderr[-2000:]
+    # a planted AutoTokenizer reads config.json itself, unless given it: seen as 2 there too
+    assert (
+        counts["tokenizer_builds"] == seen["tokenizer_builds"]
+        and counts["config_json"] >= seen["config_json"]
+    )
