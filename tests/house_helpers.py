@@ -90,9 +90,15 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def config_reads(open_it, folder) -> int:
-    """How often Python opens `folder`/config.json while `open_it()` runs."""
+    """How often Python opens `folder`/config.json while `open_it()` runs, as the first run of
+    the process (door.folder_spec reads a file once per process: what earlier tests read is
+    forgotten first)."""
     import builtins
     from unittest import mock
+
+    from packed_transformers.door import folder_spec
+
+    folder_spec._READ_ONCE.clear()
 
     target = (folder / "config.json").resolve()
     real_open, reads = builtins.open, []
