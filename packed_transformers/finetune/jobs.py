@@ -51,6 +51,9 @@ class Task:
     validation: TokenizedExamples
     label_names: list[str]
     vocab_file: Path | None  # None: the checkpoint's own tokenizer (tokenizer.json)
+    # whether the checkpoint's own tokenizer hands token_type_ids (None: WordPiece over a
+    # vocab.txt); handed to the model's builder, so that it does not build the tokenizer again
+    token_types: bool | None = None
 
 
 def check_vocabulary(checkpoint: Path, vocab_file: Path, checkpoint_config: dict | None = None) -> None:
@@ -134,7 +137,7 @@ def prepare_task(config: dict, checkpoint_config: dict | None = None) -> Task:
                 data["max_sequence_length"],
             )
         splits.append(tokenized)
-    return Task(splits[0], splits[1], label_names, vocab_file)
+    return Task(splits[0], splits[1], label_names, vocab_file, token_types if own_tokenizer else None)
 
 
 def build_classifier(config: dict, task: Task, checkpoint_config: dict | None = None):
@@ -153,6 +156,7 @@ def build_classifier(config: dict, task: Task, checkpoint_config: dict | None = 
         dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"],
                  "classifier": model_cfg["classifier_dropout"]},
         config={"num_labels": len(task.label_names), "problem_type": problem_type, **labels},
+        token_types=task.token_types,
     )  # fmt: skip
     opened = open_folder(  # through the door: one line (ExampleError) for a folder that cannot be loaded
         checkpoint, task="classification", model_options=options, config=checkpoint_config,

@@ -88,3 +88,17 @@ def test_a_planted_second_reader_is_counted(folders, tmp_path, plant, seen):
         counts["tokenizer_builds"] == seen["tokenizer_builds"]
         and counts["config_json"] >= seen["config_json"]
     )
+
+
+def test_fine_tuning_from_a_gpt2_checkpoint_parses_its_config_once_and_builds_one_tokenizer(
+    folders, tmp_path
+):
+    from ..finetune_helpers import write_config
+
+    checkpoint = folders["gpt2"]  # a family whose model asks its tokenizer about token types
+    config = write_config(tmp_path, checkpoint, training={"epochs": 1, "progress": False})
+    done, counts = counted_run(
+        ["train", "--config", config, "--output-dir", tmp_path / "run"], checkpoint, tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert counts == {"config_json": 1, "tokenizer_builds": 1}
