@@ -306,6 +306,7 @@ def causal_lm_job(config: dict, checkpoint_config: dict | None = None):
     options = ModelOptions(
         new_head=False,  # the LM head is the checkpoint's (tied or its own): a missing one is an error
         dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]},
+        token_types="token_type_ids" in tokenizer.model_input_names,  # the tokenizer above: built once
     )
     opened = open_folder(
         checkpoint, task="causal_lm", model_options=options, config=model_config,

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForSequenceClassification
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from ..decoder_helpers import decoder_tokenizer, tiny_config
 from ..family_helpers import save_family_folder
@@ -33,9 +33,13 @@ def folders(tmp_path_factory):
     )
     gpt2.save_pretrained(root / "gpt2")
     tokenizer.save_pretrained(root / "gpt2")
+    lm = AutoModelForCausalLM.from_config(tiny_config("gpt2", vocab_size=len(tokenizer)))
+    lm.save_pretrained(root / "gpt2_lm")
+    tokenizer.save_pretrained(root / "gpt2_lm")
     return {
         "bert": tiny_hub_classifier(root / "bert"),
         "gpt2": root / "gpt2",
+        "gpt2_lm": root / "gpt2_lm",
         "roberta": save_family_folder(root / "roberta", "roberta", "classification"),
         "qa": save_family_folder(root / "qa", "bert", "question_answering"),
         "texts": texts,
@@ -99,6 +103,21 @@ def test_fine_tuning_from_a_gpt2_checkpoint_parses_its_config_once_and_builds_on
     config = write_config(tmp_path, checkpoint, training={"epochs": 1, "progress": False})
     done, counts = counted_run(
         ["train", "--config", config, "--output-dir", tmp_path / "run"], checkpoint, tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert counts == {"config_json": 1, "tokenizer_builds": 1}
+
+
+def test_sft_of_a_gpt2_parses_its_config_once_and_builds_one_tokenizer(folders, tmp_path):
+    import yaml
+
+    from ..decoder_helpers import config_for
+
+    start = folders["gpt2_lm"]
+    config = tmp_path / "sft.yaml"
+    config.write_text(yaml.safe_dump(config_for(tmp_path, start, epochs=1)))
+    done, counts = counted_run(
+        ["train", "--config", config, "--output-dir", tmp_path / "run"], start, tmp_path
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert counts == {"config_json": 1, "tokenizer_builds": 1}
