@@ -61,7 +61,7 @@ from packed_transformers.common.files import (
     write_json_atomic,
 )
 from packed_transformers.data.classification_data import ExampleError, example_of_line
-from packed_transformers.door.opener import open_folder
+from packed_transformers.door.opener import ForEmbedding, open_folder
 from packed_transformers.inference.embedding import iter_encode
 from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.precision import device_problem
@@ -84,7 +84,7 @@ def run_on_ray(args) -> int:
 
     def check_model():  # the folder and the prompt, in one line, before any cluster starts
         encoder = open_folder(
-            args.model, args.pooling, task="embedding", normalize=args.normalize, max_length=args.max_length
+            args.model, ForEmbedding(args.pooling, normalize=args.normalize, max_length=args.max_length)
         )
         encoder.prompt(args.prompt_name)
 
@@ -253,10 +253,9 @@ def main(argv=None) -> int:
                 "twice (counts the lines, then embeds them): save it to a file first"
             )
         n = count_lines(args.input, args.text_field)
-        encoder = open_folder(
-            args.model, args.pooling, args.attention_backend, args.device, task="embedding",
-            normalize=args.normalize, max_length=args.max_length,
-        )  # fmt: skip
+        encoder = open_folder(args.model, ForEmbedding(
+            args.pooling, args.normalize, args.max_length, args.device, args.attention_backend
+        ))  # fmt: skip
         encoder.prompt(args.prompt_name)  # an unknown prompt name: refused before any compute
         options = InferenceOptions.from_args(args)
         args.output.parent.mkdir(parents=True, exist_ok=True)

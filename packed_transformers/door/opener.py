@@ -1,10 +1,12 @@
 """The one opener: a model folder's path in, one LoadedModel out, for every kind of run.
 
-    open_folder(folder)                                   # predict, the server, pipelines: as the folder says
-    open_folder(folder, pooling="mean")                   # embeddings of any encoder or decoder folder
-    open_folder(folder, task="embedding")                 # embeddings, whatever else the folder holds
-    open_folder(ckpt, task="classification", model_options=ModelOptions(new_head=True, ...),
-                config=checkpoint_config, label="model.init_checkpoint ckpt")   # fine-tuning's start
+    open_folder(folder)                                        # predict, the server, pipelines: as the folder says
+    open_folder(folder, AsTheFolderSays(pooling="mean"))       # embeddings of any encoder or decoder folder
+    open_folder(folder, ForEmbedding(normalize=True))          # embeddings, whatever else the folder holds
+    open_folder(ckpt, ForTraining("classification", ModelOptions(new_head=True, ...),
+                                  config=checkpoint_config, label="model.init_checkpoint ckpt"))   # fine-tuning's start
+
+One typed value per kind of caller (`Opening`) says how; each carries only what that kind sets.
 
 Which opening a folder gets is decided here: a folder finetune.train wrote (finetune.json)
 or any folder with a task head (config.json's architectures) opens with its head
@@ -17,6 +19,8 @@ read once on each of these ways and handed on; the length limit is computed here
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packed_transformers.door.embedding_folder import load_encoder
@@ -32,36 +36,61 @@ from packed_transformers.door.loaded import LoadedModel
 from packed_transformers.model.opening import ModelOptions
 
 
-def open_folder(
-    folder,
-    pooling=None,
-    attention_backend: str | None = None,
-    device: str = "cpu",
-    *,
-    normalize: bool | None = None,
-    max_length: int | None = None,
-    task: str | None = None,
-    model_options: ModelOptions | None = None,
-    config: dict | None = None,
-    label: str | None = None,
-) -> LoadedModel:
-    """The LoadedModel of `folder` (module docstring). pooling, normalize, max_length:
-    an embedding model's (sentence-transformers' settings overridden where given); device:
-    where an embedding model is put (the others move with their Runner); task "embedding":
-    the folder as an embedding model whatever else it holds (finetune.embed); any other task
-    with model_options: a checkpoint opened for that task (model.opening.TASKS), config its
-    config.json as the caller read it, label how an error line names it."""
+@dataclass(frozen=True)
+class AsTheFolderSays:
+    """predict, the server, pipelines and Ray's predict: a folder with a head opens with it; a
+    sentence-transformers folder (modules.json), or any folder given a pooling, as an embedding
+    model. attention_backend: the kernel (None: the inference default); device: where an
+    embedding model is put (a model with a head moves with its Runner)."""
+
+    pooling: str | tuple[str, ...] | None = None
+    attention_backend: str | None = None
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class ForEmbedding:
+    """embed and Ray's embed: the folder as an embedding model whatever else it holds;
+    pooling, normalize, max_length override sentence-transformers' settings where given."""
+
+    pooling: str | tuple[str, ...] | None = None
+    normalize: bool | None = None
+    max_length: int | None = None
+    device: str = "cpu"
+    attention_backend: str | None = None
+
+
+@dataclass(frozen=True)
+class ForTraining:
+    """Fine-tuning's start: a checkpoint opened for `task` (model.opening.TASKS) with the head
+    `model` allows; config: its config.json as the caller read it (None: read here); label:
+    how an error line names the folder (e.g. "model.init_checkpoint PATH")."""
+
+    task: str
+    model: ModelOptions = field(default_factory=ModelOptions)
+    config: Mapping | None = None
+    label: str | None = None
+
+
+Opening = AsTheFolderSays | ForEmbedding | ForTraining  # one typed value per kind of caller
+
+
+def open_folder(folder, how: Opening = AsTheFolderSays()) -> LoadedModel:
+    """The LoadedModel of `folder`, opened as `how` says (module docstring)."""
     folder = Path(folder)
-    embedding = task == "embedding" or (
-        task is None
-        and not (folder / FINETUNE_INFO).is_file()
-        and ((folder / "modules.json").is_file() or pooling)
-    )
-    if embedding:
-        return load_encoder(folder, pooling, normalize, max_length, device, attention_backend)
-    if task is not None:
-        return open_checkpoint(folder, task, model_options or ModelOptions(), config, label)
-    return load_finetuned(folder, attention_backend)
+    if isinstance(how, ForTraining):
+        return open_checkpoint(
+            folder, how.task, how.model, dict(how.config) if how.config is not None else None, how.label
+        )
+    if isinstance(how, ForEmbedding):
+        return load_encoder(
+            folder, how.pooling, how.normalize, how.max_length, how.device, how.attention_backend
+        )
+    if not isinstance(how, AsTheFolderSays):
+        raise TypeError(f"open_folder: how is a {type(how).__name__}, not one of {Opening}")
+    if not (folder / FINETUNE_INFO).is_file() and ((folder / "modules.json").is_file() or how.pooling):
+        return load_encoder(folder, how.pooling, None, None, how.device, how.attention_backend)
+    return load_finetuned(folder, how.attention_backend)
 
 
 def open_checkpoint(folder: Path, task: str, options: ModelOptions, config: dict | None, label: str | None):

@@ -262,7 +262,7 @@ def causal_lm_job(config: dict, checkpoint_config: dict | None = None):
     tokenizer and the door so that nothing reads it again."""
     from packed_transformers.door.folder import auto_tokenizer, check_vocabulary_size
     from packed_transformers.door.folder_spec import read_json_object
-    from packed_transformers.door.opener import open_folder
+    from packed_transformers.door.opener import ForTraining, open_folder
     from packed_transformers.model.opening import ModelOptions
 
     data, model_cfg = config["data"], config["model"]
@@ -309,8 +309,7 @@ def causal_lm_job(config: dict, checkpoint_config: dict | None = None):
         token_types="token_type_ids" in tokenizer.model_input_names,  # the tokenizer above: built once
     )
     opened = open_folder(
-        checkpoint, task="causal_lm", model_options=options, config=model_config,
-        label=f"model.init_checkpoint {checkpoint}",
+        checkpoint, ForTraining("causal_lm", options, model_config, f"model.init_checkpoint {checkpoint}"),
     )  # fmt: skip
     if int(max(train.lengths.max(), validation.lengths.max())) > opened.max_length:
         raise FinetuneError(

@@ -32,7 +32,7 @@ from packed_transformers.data.classification_data import (
 from packed_transformers.data.tokenizer import load_tokenizer
 from packed_transformers.door.folder_spec import read_json_object
 from packed_transformers.door.loaded import tokenize_examples
-from packed_transformers.door.opener import open_folder
+from packed_transformers.door.opener import ForTraining, open_folder
 from packed_transformers.finetune.causal_lm_task import causal_lm_job
 from packed_transformers.finetune.errors import Diverged, FinetuneError
 from packed_transformers.finetune.folder_writer import save_finetuned
@@ -159,8 +159,7 @@ def build_classifier(config: dict, task: Task, checkpoint_config: dict | None = 
         token_types=task.token_types,
     )  # fmt: skip
     opened = open_folder(  # through the door: one line (ExampleError) for a folder that cannot be loaded
-        checkpoint, task="classification", model_options=options, config=checkpoint_config,
-        label=f"model.init_checkpoint {checkpoint}",
+        checkpoint, ForTraining("classification", options, checkpoint_config, f"model.init_checkpoint {checkpoint}"),
     )  # fmt: skip
     model, positions = opened.model, opened.max_length
     longest = int(max(task.train.lengths.max(), task.validation.lengths.max()))

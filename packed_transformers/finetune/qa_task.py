@@ -75,7 +75,7 @@ def build_qa_model(config: dict, checkpoint: str, checkpoint_config: dict | None
     """The trainable QA head, opened through the door (its checks: strict weights, finite
     weights; one line for a folder that cannot be loaded). checkpoint_config: its config.json
     as read (None: read here)."""
-    from packed_transformers.door.opener import open_folder
+    from packed_transformers.door.opener import ForTraining, open_folder
     from packed_transformers.model.opening import ModelOptions
 
     model_cfg = config["model"]
@@ -86,6 +86,5 @@ def build_qa_model(config: dict, checkpoint: str, checkpoint_config: dict | None
         dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]},
     )
     return open_folder(
-        checkpoint, task="question_answering", model_options=options, config=checkpoint_config,
-        label=f"model.init_checkpoint {checkpoint}",
+        checkpoint, ForTraining("question_answering", options, checkpoint_config, f"model.init_checkpoint {checkpoint}"),
     ).model  # fmt: skip

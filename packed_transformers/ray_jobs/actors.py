@@ -95,13 +95,13 @@ class PackedEmbedder:
     ):  # fmt: skip
         import torch
 
-        from packed_transformers.door.opener import open_folder
+        from packed_transformers.door.opener import ForEmbedding, open_folder
         from packed_transformers.inference.options import InferenceOptions
 
         if threads:
             torch.set_num_threads(threads)
         self.encoder = open_folder(
-            Path(model), pooling, task="embedding", normalize=normalize, max_length=max_length
+            Path(model), ForEmbedding(pooling, normalize=normalize, max_length=max_length)
         )
         self.encoder.prompt(prompt_name)  # an unknown prompt name: refused at construction
         self.text_column, self.output_column = text_column, output_column

@@ -25,7 +25,7 @@ import numpy as np
 
 from packed_transformers.data.classification_data import ExampleError, Examples
 from packed_transformers.door.loaded import LoadedModel
-from packed_transformers.door.opener import open_folder
+from packed_transformers.door.opener import AsTheFolderSays, open_folder
 from packed_transformers.inference.embedding import l2_normalize
 from packed_transformers.inference.predictions import class_scores
 from packed_transformers.inference.runner import Runner, per_sequence, per_sequence_tokens, runner_of
@@ -53,7 +53,7 @@ def load_engine(
     model with a head, or an embedding model), its Runner, and ENGINES[spec.task]. Raises
     ExampleError for a bad folder; attention_backend overrides BERT's (every backend computes
     the same outputs); dtype: inference.precision's (bfloat16 under autocast)."""
-    loaded = open_folder(folder, pooling=pooling, attention_backend=attention_backend, device=device)
+    loaded = open_folder(folder, AsTheFolderSays(pooling, attention_backend, device))
     return ENGINES[loaded.spec.task](runner_of(loaded, device, dtype), loaded)
 
 

@@ -190,3 +190,20 @@ def test_from_the_servers_command_line_to_the_family_is_five_hops_one_way(tmp_pa
         assert len(path) - 1 <= 5, path
         layers = [layer[m.split("/")[0]] for m in path]
         assert layers == sorted(layers) and len(set(path)) == len(path), path
+
+
+def test_the_door_takes_one_typed_value_per_kind_of_caller(tmp_path):
+    """open_folder(folder, how): how is AsTheFolderSays, ForEmbedding or ForTraining, each
+    holding only what its kind of caller sets; anything else is refused before any file is read."""
+    import dataclasses
+
+    from packed_transformers.door.opener import AsTheFolderSays, ForEmbedding, ForTraining, open_folder
+
+    fields = {
+        kind: {f.name for f in dataclasses.fields(kind)}
+        for kind in (AsTheFolderSays, ForEmbedding, ForTraining)
+    }
+    assert fields[ForTraining] == {"task", "model", "config", "label"}
+    assert "normalize" in fields[ForEmbedding] and "normalize" not in fields[AsTheFolderSays]
+    with pytest.raises(TypeError, match="not one of"):
+        open_folder(tmp_path / "nowhere", "embedding")

@@ -144,12 +144,12 @@ def test_compiled_embedding_builds_one_graph_per_row_width_and_equals_eager(coun
     width is short): graphs = widths, fewer than the batches, and a second pass compiles
     nothing. (Sorted batching would make a width, and a graph, per batch.)"""
     from packed_transformers.data.assets import model_dir
-    from packed_transformers.door.opener import open_folder
+    from packed_transformers.door.opener import ForEmbedding, open_folder
     from packed_transformers.inference.embedding import encode
     from packed_transformers.inference.options import InferenceOptions
 
     texts = texts_far_apart_in_length()
-    encoder = open_folder(model_dir(), task="embedding")
+    encoder = open_folder(model_dir(), ForEmbedding())
     eager = encode(texts, encoder, InferenceOptions.for_embedding(batch_size=16))
     assert counted_inference.frame_count == 0
     options = InferenceOptions.for_embedding(batch_size=16, compile=True)
