@@ -121,9 +121,20 @@ def counted_run(argv, folder, output: Path, plant: str | None = None, timeout: f
     "tokenizer_builds": transformers tokenizers built}) over the whole process. plant:
     "config" or "tokenizer", a second reader planted after the door (the count must see it)."""
     import json
-    import os
     import subprocess
     import sys
+
+    from .conftest import REPO
+
+    env, counts = counting_environment(folder, output, plant)
+    done = subprocess.run([sys.executable, "-m", "packed_transformers", *map(str, argv)], cwd=REPO,
+                          capture_output=True, text=True, env=env, timeout=timeout)  # fmt: skip
+    return done, json.loads(counts.read_text()) if counts.exists() else None
+
+
+def counting_environment(folder, output: Path, plant: str | None = None) -> tuple[dict, Path]:
+    """The environment of a counted command (counted_run) and the file its counts land in at exit."""
+    import os
 
     from .conftest import REPO
 
@@ -133,6 +144,4 @@ def counted_run(argv, folder, output: Path, plant: str | None = None, timeout: f
     env.pop("COUNT_PLANT", None)
     if plant:
         env["COUNT_PLANT"] = plant
-    done = subprocess.run([sys.executable, "-m", "packed_transformers", *map(str, argv)], cwd=REPO,
-                          capture_output=True, text=True, env=env, timeout=timeout)  # fmt: skip
-    return done, json.loads(counts.read_text()) if counts.exists() else None
+    return env, counts

@@ -121,3 +121,33 @@ def test_sft_of_a_gpt2_parses_its_config_once_and_builds_one_tokenizer(folders, 
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert counts == {"config_json": 1, "tokenizer_builds": 1}
+
+
+def test_the_server_parses_config_once_and_builds_one_tokenizer(folders, tmp_path):
+    """`packed serve` as a user runs it: ready, one /predict answered, stopped by SIGINT (a
+    normal exit, so the counts are written)."""
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    from ..conftest import REPO
+    from ..house_helpers import counting_environment
+    from ..servers import free_port, wait_ready
+
+    folder = folders["gpt2"]
+    env, counts = counting_environment(folder, tmp_path)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "packed_transformers", "serve", "--model", str(folder),
+                               "--port", str(port)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        assert wait_ready(f"http://127.0.0.1:{port}"), "the server did not become ready"
+        answer = httpx.post(f"http://127.0.0.1:{port}/predict", json={"inputs": "a text"}, timeout=60)
+        assert answer.status_code == 200, answer.text
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, stderr = server.communicate(timeout=60)
+    assert server.returncode == 0, stderr[-2000:]
+    assert json.loads(counts.read_text()) == {"config_json": 1, "tokenizer_builds": 1}
