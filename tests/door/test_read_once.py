@@ -151,3 +151,31 @@ def test_the_server_parses_config_once_and_builds_one_tokenizer(folders, tmp_pat
         _, stderr = server.communicate(timeout=60)
     assert server.returncode == 0, stderr[-2000:]
     assert json.loads(counts.read_text()) == {"config_json": 1, "tokenizer_builds": 1}
+
+
+def test_decoder_pretraining_from_a_folder_parses_its_config_once(folders, tmp_path):
+    """`packed pretrain` of a decoder from a Llama folder (model.init_checkpoint): config.json
+    parsed once; pretraining reads token ids from its rows and builds no tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    from ..conftest import REPO
+    from ..training_helpers import DECODER_S, decoder_rows
+
+    start = tmp_path / "llama"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=64)).save_pretrained(start)
+    decoder_rows(tmp_path / "train")
+    decoder_rows(tmp_path / "eval", seed=1)
+    settings = [f"data.train_dir={tmp_path / 'train'}", f"data.eval_dir={tmp_path / 'eval'}",
+                f"data.max_sequence_length={DECODER_S}", "eval.rows=2", "training.max_steps=1",
+                "eval.every_samples=4", f"model.init_checkpoint={start}"]  # fmt: skip
+    argv = [
+        "pretrain",
+        "--config",
+        REPO / "configs/pretrain_decoder_tiny.yaml",
+        "--output-dir",
+        tmp_path / "run",
+    ]
+    done, counts = counted_run([*argv, *(a for s in settings for a in ("--set", s))], start, tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert counts == {"config_json": 1, "tokenizer_builds": 0}
