@@ -109,7 +109,32 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_line(f"Python commands started: {total['warm']} warm, {cold} cold ({reasons})")
 
 
-@pytest.fixture(scope="module")
+def folder_digest(folder: Path) -> dict:
+    """Each file under `folder` (relative name) -> sha256 of its bytes."""
+    import hashlib
+
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+def shared(folder: Path):
+    """Yield a session-wide folder, then fail the session's teardown if a test changed it: a
+    shared builder is read-only for the tests (copy it to change it)."""
+    before = folder_digest(folder)
+    yield folder
+    changed = sorted(set(before.items()) ^ set(folder_digest(folder).items()))
+    assert not changed, f"{folder}: a test changed this shared folder: {changed[:5]}"
+
+
+@pytest.fixture(scope="session")
+def hub_classifier(tmp_path_factory):
+    """A tiny BERT classifier folder as transformers saves it (tokenizer.json, safetensors)."""
+    from .folder_helpers import tiny_hub_classifier
+
+    yield from shared(tiny_hub_classifier(tmp_path_factory.mktemp("hub") / "classifier"))
+
+
+@pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """A tiny random BERT encoder (bare BertModel, like MiniLM) with its vocab.txt over
     finetune_helpers.WORDS: what the fine-tuning tests start from (a module may define its own
@@ -126,10 +151,10 @@ def checkpoint(tmp_path_factory):
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=64)  # fmt: skip
     BertModel(config).save_pretrained(folder)
-    return folder
+    yield from shared(folder)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory, checkpoint):
     """`checkpoint` fine-tuned for 2 epochs on finetune_helpers' labelled data: the folder holds
     train.jsonl, val.jsonl and run/model (the classifier the serving tests serve)."""
@@ -140,10 +165,10 @@ def trained(tmp_path_factory, checkpoint):
     folder = tmp_path_factory.mktemp("serve")
     config = write_config(folder, checkpoint, training={"epochs": 2, "progress": False})
     assert finetune.main(["--config", str(config), "--output-dir", str(folder / "run")]) == 0
-    return folder
+    yield from shared(folder)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def start_folder(tmp_path_factory):
     """A tiny random Qwen2 causal LM with decoder_helpers' byte-level tokenizer: what SFT starts from."""
     import torch
@@ -161,4 +186,4 @@ def start_folder(tmp_path_factory):
     )
     model.save_pretrained(root / "start")
     tokenizer.save_pretrained(root / "start")
-    return root / "start"
+    yield from shared(root / "start")

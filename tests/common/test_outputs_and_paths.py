@@ -138,9 +138,9 @@ def test_the_folder_lock_follows_symlinks(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    """A tiny BERT classifier folder as transformers saves it (tokenizer.json, safetensors)."""
-    return tiny_hub_classifier(tmp_path_factory.mktemp("hub") / "classifier")
+def classifier(hub_classifier):
+    """A tiny BERT classifier folder as transformers saves it (conftest's, shared by the session)."""
+    return hub_classifier
 
 
 def input_file(path, texts):

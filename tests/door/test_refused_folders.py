@@ -46,9 +46,9 @@ def test_pickled_weights_are_refused_in_one_line_everywhere(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    """A tiny BERT classifier folder as transformers saves it (tokenizer.json, safetensors)."""
-    return tiny_hub_classifier(tmp_path_factory.mktemp("hub") / "classifier")
+def classifier(hub_classifier):
+    """A tiny BERT classifier folder as transformers saves it (conftest's, shared by the session)."""
+    return hub_classifier
 
 
 def with_weight(folder, where, name, value):

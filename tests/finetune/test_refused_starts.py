@@ -10,13 +10,11 @@ import shutil
 import pytest
 import torch
 
-from ..folder_helpers import tiny_hub_classifier
-
 
 @pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    """A tiny BERT classifier folder as transformers saves it (tokenizer.json, safetensors)."""
-    return tiny_hub_classifier(tmp_path_factory.mktemp("hub") / "classifier")
+def classifier(hub_classifier):
+    """A tiny BERT classifier folder as transformers saves it (conftest's, shared by the session)."""
+    return hub_classifier
 
 
 def with_weight(folder, where, name, value):

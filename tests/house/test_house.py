@@ -186,13 +186,6 @@ def pipeline_line() -> int:
 
 
 # ----- config.json read once on every way in ---------------------------------------------------------
-@pytest.fixture(scope="module")
-def hub_classifier(tmp_path_factory):
-    from ..folder_helpers import tiny_hub_classifier
-
-    return tiny_hub_classifier(tmp_path_factory.mktemp("house") / "classifier")
-
-
 def test_predict_and_embed_read_config_json_once(hub_classifier, tmp_path):
     from packed_transformers.commands import embed, predict
 
@@ -481,3 +474,16 @@ def test_tests_live_in_the_rooms_they_test():
         r"_(second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth)$|first_hour|_round"
     )
     assert [p.stem for p in modules if review_round.search(p.stem)] == []
+
+
+def test_a_test_that_changes_a_shared_folder_fails_the_session(tmp_path):
+    """conftest's session-wide builders (hub_classifier, checkpoint, trained, start_folder) are
+    read-only: the check at their teardown sees a changed file."""
+    from ..conftest import shared
+
+    (tmp_path / "config.json").write_text("{}")
+    builder = shared(tmp_path)
+    assert next(builder) == tmp_path
+    (tmp_path / "config.json").write_text('{"changed": true}')
+    with pytest.raises(AssertionError, match="a test changed this shared folder"):
+        next(builder, None)

@@ -15,13 +15,12 @@ import numpy as np
 import pytest
 
 from ..conftest import REPO
-from ..folder_helpers import tiny_hub_classifier
 
 
 @pytest.fixture(scope="module")
-def classifier(tmp_path_factory):
-    """A tiny BERT classifier folder as transformers saves it (tokenizer.json, safetensors)."""
-    return tiny_hub_classifier(tmp_path_factory.mktemp("hub") / "classifier")
+def classifier(hub_classifier):
+    """A tiny BERT classifier folder as transformers saves it (conftest's, shared by the session)."""
+    return hub_classifier
 
 
 def input_file(path, texts):
