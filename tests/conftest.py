@@ -135,6 +135,22 @@ def hub_classifier(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def packed(tmp_path_factory):
+    """The small packed pretraining dataset (training_helpers.make_packed): tiny BERT's shards."""
+    from .training_helpers import make_packed
+
+    yield from shared(make_packed(tmp_path_factory.mktemp("train-data")))
+
+
+@pytest.fixture(scope="session")
+def decoder_train_rows(tmp_path_factory):
+    """A folder of decoder rows (training_helpers.decoder_rows: documents layout, S=32)."""
+    from .training_helpers import decoder_rows
+
+    yield from shared(decoder_rows(tmp_path_factory.mktemp("rows") / "train"))
+
+
+@pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory):
     """A tiny random BERT encoder (bare BertModel, like MiniLM) with its vocab.txt over
     finetune_helpers.WORDS: what the fine-tuning tests start from (a module may define its own

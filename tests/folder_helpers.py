@@ -5,6 +5,8 @@ Shared by several test modules (no test module imports another)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +78,53 @@ def one_line_error(done) -> str:
     ]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in done.stderr, done.stderr
     return lines[0]  # (a progress bar's lines aside)
+
+
+def variant(folder, where, edit_config=None, drop_weights=()):
+    """A copy of the classifier folder with config.json edited and/or weights removed."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, where)
+    if edit_config is not None:
+        config = json.loads((where / "config.json").read_text())
+        edit_config(config)
+        (where / "config.json").write_text(json.dumps(config))
+    if drop_weights:
+        weights = load_file(where / "model.safetensors")
+        kept = {k: v for k, v in weights.items() if not k.startswith(drop_weights)}
+        save_file(kept, where / "model.safetensors", metadata={"format": "pt"})
+    return where
+
+
+def with_weight(folder, where, name, value):
+    """A copy of `folder` whose weight `name` holds `value` at its first element."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(folder, where)
+    weights = load_file(where / "model.safetensors")
+    weights[name].view(-1)[0] = value
+    save_file(weights, where / "model.safetensors", metadata={"format": "pt"})
+    return where
+
+
+def roberta_over_bert(config):
+    config.update(model_type="roberta", architectures=["RobertaForSequenceClassification"])
+
+
+def input_file(path, texts):
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def embed_argv(model, source, output):
+    return [
+        "--model",
+        str(model),
+        "--input",
+        str(source),
+        "--output",
+        str(output),
+        "--pooling",
+        "mean",
+        "--quiet",
+    ]

@@ -1,4 +1,5 @@
-"""Random unpacked sequences, their packed batch, and the same as an HF batch."""
+"""Random unpacked sequences, their packed batch, and the same as an HF batch; the per-row
+cosine the embedding tests compare vectors by."""
 
 import numpy as np
 import torch
@@ -146,3 +147,8 @@ def tiny_config(backend="dense", **overrides):
 
 # the attention backends this machine runs (flex where torch compiles it here)
 BACKENDS = ["dense", "sdpa", "varlen"] + (["flex"] if flex_available() else [])
+
+
+def cosines(a, b):
+    """The cosine of each row of a [N, D] with the same row of b [N, D]."""
+    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)

@@ -97,7 +97,7 @@ def serve(control: socket.socket) -> None:
                 message, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, MAX_FDS)
                 if not message:
                     return
-                started = start(json.loads(message), fds, control, running)
+                started = start(json.loads(message), fds)
                 if started is not None:
                     running[started[0]] = started[1]
             else:
@@ -111,7 +111,7 @@ def serve(control: socket.socket) -> None:
                 status_socket.close()
 
 
-def start(request: dict, fds: list[int], control: socket.socket, running: dict):
+def start(request: dict, fds: list[int]):
     status_socket = socket.socket(fileno=fds[0])
     why_cold = search_path_conflict(request["env"])
     if why_cold:  # the client starts it as a fresh interpreter

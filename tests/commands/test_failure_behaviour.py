@@ -12,15 +12,10 @@ import torch
 from packed_transformers.common.files import sha256_file
 
 from ..conftest import REPO
-from ..training_helpers import make_packed, metrics, run, write_config
+from ..training_helpers import metrics, run, write_config
 
 # End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    return make_packed(tmp_path_factory.mktemp("failure_data"))
 
 
 class _Payload:

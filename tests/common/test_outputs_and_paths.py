@@ -3,7 +3,6 @@ second run on the same output, links at the temporary name; refused in one line,
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ from packed_transformers.common.files import (
 )
 
 from ..conftest import REPO
-from ..folder_helpers import one_line_error, run_module, tiny_hub_classifier  # noqa: F401
+from ..folder_helpers import embed_argv, input_file, one_line_error, run_module, tiny_hub_classifier  # noqa: F401
 
 
 # ----- 1. outputs go only to a regular file or a new path -------------------------------------
@@ -137,33 +136,8 @@ def test_the_folder_lock_follows_symlinks(tmp_path):
         holder.wait()
 
 
-@pytest.fixture(scope="module")
-def classifier(hub_classifier):
-    """A tiny BERT classifier folder as transformers saves it (conftest's, shared by the session)."""
-    return hub_classifier
-
-
-def input_file(path, texts):
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    return path
-
-
-def embed_argv(model, source, output):
-    return [
-        "--model",
-        str(model),
-        "--input",
-        str(source),
-        "--output",
-        str(output),
-        "--pooling",
-        "mean",
-        "--quiet",
-    ]
-
-
 @pytest.mark.slow  # two real processes
-def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(classifier, tmp_path):
+def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(hub_classifier, tmp_path):
     source = input_file(tmp_path / "in.jsonl", ["one text", "another text"])
     output = tmp_path / "e.npy"
     holder = subprocess.Popen(
@@ -173,33 +147,33 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_runs(classif
     )  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        done = run_module("packed_transformers.finetune.embed", *embed_argv(classifier, source, output))
+        done = run_module("packed_transformers.finetune.embed", *embed_argv(hub_classifier, source, output))
         assert "in use by another finetune.embed" in one_line_error(done)
         assert not output.exists() and not (tmp_path / ".e.npy.partial").exists()
     finally:
         holder.kill()
         holder.wait()
-    done = run_module("packed_transformers.finetune.embed", *embed_argv(classifier, source, output))
+    done = run_module("packed_transformers.finetune.embed", *embed_argv(hub_classifier, source, output))
     assert done.returncode == 0, done.stderr
     assert np.load(output).shape[0] == 2
 
 
-def test_a_link_or_fifo_at_the_temporary_name_is_never_followed(classifier, tmp_path):
+def test_a_link_or_fifo_at_the_temporary_name_is_never_followed(hub_classifier, tmp_path):
     from packed_transformers.commands import embed as embed_command
 
     source = input_file(tmp_path / "in.jsonl", ["one text", "another text"])
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     (tmp_path / ".e.npy.partial").symlink_to(victim)
-    assert embed_command.main(embed_argv(classifier, source, tmp_path / "e.npy")) == 2
+    assert embed_command.main(embed_argv(hub_classifier, source, tmp_path / "e.npy")) == 2
     assert victim.read_text() == "precious" and not (tmp_path / "e.npy").exists()
     os.mkfifo(tmp_path / ".f.npy.partial")
     started = time.monotonic()
-    assert embed_command.main(embed_argv(classifier, source, tmp_path / "f.npy")) == 2
+    assert embed_command.main(embed_argv(hub_classifier, source, tmp_path / "f.npy")) == 2
     assert time.monotonic() - started < 60 and (tmp_path / ".f.npy.partial").is_fifo()
 
 
-def test_an_output_into_a_hub_cache_snapshot_or_its_blobs_is_refused(classifier, tmp_path, capsys):
+def test_an_output_into_a_hub_cache_snapshot_or_its_blobs_is_refused(hub_classifier, tmp_path, capsys):
     """The cache layout: snapshots/REV/FILE -> ../../blobs/HASH. An output naming a snapshot
     file, or any path in blobs, would replace a cached model's file."""
     from packed_transformers.commands import embed as embed_command
@@ -209,7 +183,7 @@ def test_an_output_into_a_hub_cache_snapshot_or_its_blobs_is_refused(classifier,
     blobs, snapshot = repo / "blobs", repo / "snapshots" / "abc123"
     blobs.mkdir(parents=True)
     snapshot.mkdir(parents=True)
-    for file in classifier.iterdir():
+    for file in hub_classifier.iterdir():
         blob = blobs / sha256_file(file)
         shutil.copyfile(file, blob)
         (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))

@@ -12,7 +12,15 @@ import sys
 import pytest
 
 from ..conftest import REPO
-from ..folder_helpers import one_line_error, run_module, tiny_hub_classifier  # noqa: F401
+from ..folder_helpers import (  # noqa: F401
+    input_file,
+    one_line_error,
+    roberta_over_bert,
+    run_module,
+    tiny_hub_classifier,
+    variant,
+    with_weight,
+)
 from ..servers import free_port
 
 
@@ -45,48 +53,26 @@ def test_pickled_weights_are_refused_in_one_line_everywhere(tmp_path):
         assert "pytorch_model.bin (a pickle, which is never loaded here)" in one_line_error(run_module(*argv))
 
 
-@pytest.fixture(scope="module")
-def classifier(hub_classifier):
-    """A tiny BERT classifier folder as transformers saves it (conftest's, shared by the session)."""
-    return hub_classifier
-
-
-def with_weight(folder, where, name, value):
-    """A copy of `folder` whose weight `name` holds `value` at its first element."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(folder, where)
-    weights = load_file(where / "model.safetensors")
-    weights[name].view(-1)[0] = value
-    save_file(weights, where / "model.safetensors", metadata={"format": "pt"})
-    return where
-
-
-def input_file(path, texts):
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    return path
-
-
 # ----- 1. (high) non-finite weights are never run --------------------------------------------------
 @pytest.mark.parametrize("value, what", [(float("nan"), "NaN"), (float("inf"), "inf")])
-def test_a_folder_with_a_non_finite_weight_is_refused_by_every_door(classifier, tmp_path, value, what):
+def test_a_folder_with_a_non_finite_weight_is_refused_by_every_door(hub_classifier, tmp_path, value, what):
     from packed_transformers.data.classification_data import ExampleError
     from packed_transformers.door.folder import load_finetuned
     from packed_transformers.inference.embedding import load_encoder
 
-    folder = with_weight(classifier, tmp_path / "broken", "classifier.weight", value)
+    folder = with_weight(hub_classifier, tmp_path / "broken", "classifier.weight", value)
     with pytest.raises(ExampleError, match=rf"model\.safetensors: weight classifier\.weight holds {what}"):
         load_finetuned(folder)
     encoder = with_weight(
-        classifier, tmp_path / "broken_encoder", "bert.embeddings.word_embeddings.weight", value
+        hub_classifier, tmp_path / "broken_encoder", "bert.embeddings.word_embeddings.weight", value
     )
     with pytest.raises(ExampleError, match=rf"weight bert\.embeddings\.word_embeddings\.weight holds {what}"):
         load_encoder(encoder, pooling="mean")
 
 
 @pytest.mark.slow  # three commands in fresh interpreters
-def test_predict_embed_and_the_server_refuse_nan_weights_in_one_line(classifier, tmp_path):
-    folder = with_weight(classifier, tmp_path / "broken", "classifier.weight", float("nan"))
+def test_predict_embed_and_the_server_refuse_nan_weights_in_one_line(hub_classifier, tmp_path):
+    folder = with_weight(hub_classifier, tmp_path / "broken", "classifier.weight", float("nan"))
     source = input_file(tmp_path / "in.jsonl", ["a text", "another text"])
     done = run_module(
         "packed_transformers.finetune.predict",
@@ -100,7 +86,7 @@ def test_predict_embed_and_the_server_refuse_nan_weights_in_one_line(classifier,
     assert "model.safetensors: weight classifier.weight holds NaN" in one_line_error(done)
     assert not (tmp_path / "o.jsonl").exists()
     encoder = with_weight(
-        classifier, tmp_path / "enc", "bert.encoder.layer.0.output.dense.weight", float("nan")
+        hub_classifier, tmp_path / "enc", "bert.encoder.layer.0.output.dense.weight", float("nan")
     )
     done = run_module(
         "packed_transformers.finetune.embed",
@@ -123,16 +109,9 @@ def test_predict_embed_and_the_server_refuse_nan_weights_in_one_line(classifier,
 
 
 # ----- 10. pretraining --resume on a checkpoint whose manifest matches damaged weights --------------
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    from ..training_helpers import make_packed
-
-    return make_packed(tmp_path_factory.mktemp("train-data"))
-
-
 # ----- 13. messages that name the real cause -------------------------------------------------------
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
-def test_a_fifo_or_device_as_weights_or_shard_is_named_as_such(classifier, tmp_path, kind):
+def test_a_fifo_or_device_as_weights_or_shard_is_named_as_such(hub_classifier, tmp_path, kind):
     import os
 
     from packed_transformers.data.classification_data import ExampleError
@@ -147,7 +126,7 @@ def test_a_fifo_or_device_as_weights_or_shard_is_named_as_such(classifier, tmp_p
         os.mkfifo(path) if kind == "fifo" else os.symlink("/dev/zero", path)
 
     folder = tmp_path / "m"
-    shutil.copytree(classifier, folder)
+    shutil.copytree(hub_classifier, folder)
     plant(folder / "model.safetensors")
     what = "a FIFO \\(named pipe\\)" if kind == "fifo" else "a character device"
     with pytest.raises(ExampleError, match=f"model.safetensors: is {what}, not a weights file"):
@@ -162,27 +141,7 @@ def test_a_fifo_or_device_as_weights_or_shard_is_named_as_such(classifier, tmp_p
         PackedDataset.open(packed)
 
 
-def variant(classifier, where, edit_config=None, drop_weights=()):
-    """A copy of the classifier folder with config.json edited and/or weights removed."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(classifier, where)
-    if edit_config is not None:
-        config = json.loads((where / "config.json").read_text())
-        edit_config(config)
-        (where / "config.json").write_text(json.dumps(config))
-    if drop_weights:
-        weights = load_file(where / "model.safetensors")
-        kept = {k: v for k, v in weights.items() if not k.startswith(drop_weights)}
-        save_file(kept, where / "model.safetensors", metadata={"format": "pt"})
-    return where
-
-
 # ----- 1, 16. config and weights of different models: one line, never random weights ----------
-def roberta_over_bert(config):
-    config.update(model_type="roberta", architectures=["RobertaForSequenceClassification"])
-
-
 @pytest.mark.parametrize(
     "name, edit, drop, expected",
     [
@@ -203,12 +162,12 @@ def roberta_over_bert(config):
     ],
 )
 def test_a_folder_whose_weights_are_not_its_configs_model_is_refused(
-    classifier, tmp_path, name, edit, drop, expected
+    hub_classifier, tmp_path, name, edit, drop, expected
 ):
     from packed_transformers.data.classification_data import ExampleError
     from packed_transformers.door.folder import load_finetuned
 
-    folder = variant(classifier, tmp_path / name, edit, drop)
+    folder = variant(hub_classifier, tmp_path / name, edit, drop)
     with pytest.raises(ExampleError) as refused:
         load_finetuned(folder)
     message = str(refused.value)
@@ -216,8 +175,8 @@ def test_a_folder_whose_weights_are_not_its_configs_model_is_refused(
 
 
 @pytest.mark.slow  # the real command, in a fresh interpreter
-def test_predict_refuses_a_roberta_config_over_bert_weights_in_one_line(classifier, tmp_path):
-    folder = variant(classifier, tmp_path / "m", roberta_over_bert)
+def test_predict_refuses_a_roberta_config_over_bert_weights_in_one_line(hub_classifier, tmp_path):
+    folder = variant(hub_classifier, tmp_path / "m", roberta_over_bert)
     source = input_file(tmp_path / "in.jsonl", ["a text"])
     done = run_module(
         "packed_transformers.finetune.predict",
@@ -250,12 +209,12 @@ def test_predict_refuses_a_roberta_config_over_bert_weights_in_one_line(classifi
         (lambda c: c.update(vocab_size=100), "key 'vocab_size' is 100, but the folder's tokenizer has"),
     ],
 )
-def test_config_values_transformers_would_trip_on_are_one_line(classifier, tmp_path, edit, expected):
+def test_config_values_transformers_would_trip_on_are_one_line(hub_classifier, tmp_path, edit, expected):
     from packed_transformers.data.classification_data import ExampleError
     from packed_transformers.door.folder import load_finetuned
     from packed_transformers.inference.embedding import load_encoder
 
-    folder = variant(classifier, tmp_path / "m", edit)
+    folder = variant(hub_classifier, tmp_path / "m", edit)
     if "vocab_size' is 100" in expected:  # the table must still fit the weights: cut it too
         from safetensors.torch import load_file, save_file
 

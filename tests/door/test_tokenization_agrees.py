@@ -9,11 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-
-def input_file(path, texts):
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    return path
-
+from ..folder_helpers import input_file
 
 # ----- 2. (high) tokens exactly as transformers makes them -------------------------------------------
 COMBINING = ["e\u0301 a\u0308 o\u0302 cafe\u0301", "Zoe\u0308 and Ame\u0301lie", "plain text"]

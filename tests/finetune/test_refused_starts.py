@@ -5,34 +5,18 @@ of wrong types, truncated weights; empty completions are not blamed on truncatio
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 
-
-@pytest.fixture(scope="module")
-def classifier(hub_classifier):
-    """A tiny BERT classifier folder as transformers saves it (conftest's, shared by the session)."""
-    return hub_classifier
+from ..folder_helpers import roberta_over_bert, variant, with_weight
 
 
-def with_weight(folder, where, name, value):
-    """A copy of `folder` whose weight `name` holds `value` at its first element."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(folder, where)
-    weights = load_file(where / "model.safetensors")
-    weights[name].view(-1)[0] = value
-    save_file(weights, where / "model.safetensors", metadata={"format": "pt"})
-    return where
-
-
-def test_fine_tuning_refuses_to_start_from_non_finite_weights(classifier, tmp_path):
+def test_fine_tuning_refuses_to_start_from_non_finite_weights(hub_classifier, tmp_path):
     from packed_transformers.model.opening import ModelOptions, NonFiniteWeights, open_model
 
     folder = with_weight(
-        classifier, tmp_path / "broken", "bert.encoder.layer.0.output.dense.bias", float("nan")
+        hub_classifier, tmp_path / "broken", "bert.encoder.layer.0.output.dense.bias", float("nan")
     )
     with pytest.raises(NonFiniteWeights, match="bert.encoder.layer.0.output.dense.bias holds NaN"):
         open_model(folder, "classification", ModelOptions(new_head=True, config={"num_labels": 2}))
@@ -128,40 +112,20 @@ def test_empty_completions_without_eos_are_not_blamed_on_truncation(tmp_path, ca
     assert "every completion is empty and the tokenizer has no EOS token" in err and "truncation" not in err
 
 
-def variant(classifier, where, edit_config=None, drop_weights=()):
-    """A copy of the classifier folder with config.json edited and/or weights removed."""
-    from safetensors.torch import load_file, save_file
-
-    shutil.copytree(classifier, where)
-    if edit_config is not None:
-        config = json.loads((where / "config.json").read_text())
-        edit_config(config)
-        (where / "config.json").write_text(json.dumps(config))
-    if drop_weights:
-        weights = load_file(where / "model.safetensors")
-        kept = {k: v for k, v in weights.items() if not k.startswith(drop_weights)}
-        save_file(kept, where / "model.safetensors", metadata={"format": "pt"})
-    return where
-
-
 # ----- 1, 16. config and weights of different models: one line, never random weights ----------
-def roberta_over_bert(config):
-    config.update(model_type="roberta", architectures=["RobertaForSequenceClassification"])
-
-
-def test_fine_tuning_may_start_a_new_head_but_never_a_random_encoder(classifier, tmp_path):
+def test_fine_tuning_may_start_a_new_head_but_never_a_random_encoder(hub_classifier, tmp_path):
     """finetune.train's loading (new_head=True): a bare encoder gets its classifier; weights of
     another family (or fewer layers) are refused, not fine-tuned from random."""
     from packed_transformers.model.bert_heads import PackedBertForSequenceClassification
     from packed_transformers.model.family_model import PackedFamilyModel
 
-    bare = variant(classifier, tmp_path / "bare", drop_weights=("classifier.",))
+    bare = variant(hub_classifier, tmp_path / "bare", drop_weights=("classifier.",))
     model = PackedBertForSequenceClassification.from_pretrained(bare, num_labels=3, new_head=True)
     assert model.classifier.weight.shape[0] == 3
-    roberta = variant(classifier, tmp_path / "roberta", roberta_over_bert)
+    roberta = variant(hub_classifier, tmp_path / "roberta", roberta_over_bert)
     with pytest.raises(ValueError, match="encoder weights of the model are not in the file"):
         PackedFamilyModel.from_pretrained(roberta, "classification", new_head=True, num_labels=2)
-    fewer = variant(classifier, tmp_path / "fewer", lambda c: c.update(num_hidden_layers=1))
+    fewer = variant(hub_classifier, tmp_path / "fewer", lambda c: c.update(num_hidden_layers=1))
     with pytest.raises(ValueError, match="encoder weights in the file are not used"):
         PackedBertForSequenceClassification.from_pretrained(fewer, num_labels=2, new_head=True)
 

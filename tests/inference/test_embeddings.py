@@ -28,6 +28,7 @@ from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.model.embedding import POOLING_MODES
 
 from ..conftest import fast_loop_keeps
+from ..model_helpers import cosines
 
 sentence_transformers = pytest.importorskip("sentence_transformers")
 MAX_LENGTH = 64
@@ -59,10 +60,6 @@ def with_pooling(st_model, mode, normalize: bool):
     return sentence_transformers.SentenceTransformer(
         modules=modules + ([Normalize()] if normalize else []), device="cpu"
     )
-
-
-def cosines(a, b):
-    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
 
 
 def assert_same_vectors(ours, reference):

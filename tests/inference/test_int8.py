@@ -22,6 +22,8 @@ from packed_transformers.inference import int8
 from packed_transformers.inference.embedding import encode, load_encoder, packed_encode
 from packed_transformers.inference.options import InferenceOptions
 
+from ..model_helpers import cosines
+
 needs_vnni = pytest.mark.skipif(
     int8.int8_problem("cpu") is not None, reason="this CPU has no VNNI: int8 is refused"
 )
@@ -30,10 +32,6 @@ needs_vnni = pytest.mark.skipif(
 # (docs/embeddings.md); here a floor that holds on these texts: a 1-letter text (nearly all
 # [CLS] and [SEP]) is the furthest from float32 (0.975 measured; the empty text 0.972).
 MIN_COSINE, MEDIAN_COSINE = 0.965, 0.99
-
-
-def cosines(a, b):
-    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
 
 
 def reference_int8_linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarray:

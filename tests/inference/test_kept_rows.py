@@ -15,26 +15,18 @@ import numpy as np
 import pytest
 
 from ..conftest import REPO
-
-
-@pytest.fixture(scope="module")
-def classifier(hub_classifier):
-    """A tiny BERT classifier folder as transformers saves it (conftest's, shared by the session)."""
-    return hub_classifier
-
-
-def input_file(path, texts):
-    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
-    return path
+from ..folder_helpers import embed_argv, input_file
 
 
 # ----- 11. (low) embed does not hash the model folder's bytes on every run -------------------------
-def test_embed_keys_kept_rows_on_file_identity_without_reading_the_weights(classifier, tmp_path, monkeypatch):
+def test_embed_keys_kept_rows_on_file_identity_without_reading_the_weights(
+    hub_classifier, tmp_path, monkeypatch
+):
     from packed_transformers.commands import embed as embed_command
     from packed_transformers.common import files as common_files
 
     model = tmp_path / "model"
-    shutil.copytree(classifier, model)
+    shutil.copytree(hub_classifier, model)
     (model / "extra.safetensors").write_bytes(b"\0" * (1 << 20))  # read by a content hash
     hashed = []
     real = common_files.sha256_file
@@ -68,28 +60,14 @@ def interrupted_after_one_chunk():
     return stop_after_one_chunk
 
 
-def embed_argv(model, source, output):
-    return [
-        "--model",
-        str(model),
-        "--input",
-        str(source),
-        "--output",
-        str(output),
-        "--pooling",
-        "mean",
-        "--quiet",
-    ]
-
-
-def test_kept_rows_of_a_model_changed_in_place_are_not_continued(classifier, tmp_path, monkeypatch):
+def test_kept_rows_of_a_model_changed_in_place_are_not_continued(hub_classifier, tmp_path, monkeypatch):
     """Interrupted after its first chunk, the folder then re-saved with other weights: the
     rerun computes every row with the new model (it had mixed old and new rows)."""
     from packed_transformers.commands import embed as embed_command
     from packed_transformers.inference import embedding
 
     model = tmp_path / "model"
-    shutil.copytree(classifier, model)
+    shutil.copytree(hub_classifier, model)
     texts = [f"text number {i} about london" for i in range(40)]
     source = input_file(tmp_path / "in.jsonl", texts)
     output = tmp_path / "e.npy"
@@ -110,7 +88,7 @@ def test_kept_rows_of_a_model_changed_in_place_are_not_continued(classifier, tmp
     np.testing.assert_allclose(np.load(output), np.load(fresh), rtol=1e-5, atol=1e-6)
 
 
-def test_a_damaged_record_of_kept_rows_starts_over(classifier, tmp_path, monkeypatch):
+def test_a_damaged_record_of_kept_rows_starts_over(hub_classifier, tmp_path, monkeypatch):
     """An interrupted run's .NAME.partial.json edited to rows_written -1, 1.5 or "3" (the
     rest of the record intact): the rows are not trusted, the run starts over and writes
     every row (it was a traceback or a repeated error)."""
@@ -120,19 +98,19 @@ def test_a_damaged_record_of_kept_rows_starts_over(classifier, tmp_path, monkeyp
     texts = [f"text number {i}" for i in range(24)]
     source = input_file(tmp_path / "in.jsonl", texts)
     reference = tmp_path / "reference.npy"
-    assert embed_command.main([*embed_argv(classifier, source, reference), "--chunk-texts", "8"]) == 0
+    assert embed_command.main([*embed_argv(hub_classifier, source, reference), "--chunk-texts", "8"]) == 0
     real, stop_after_one_chunk = embedding.iter_encode, interrupted_after_one_chunk()
 
     output = tmp_path / "e.npy"
     record = tmp_path / ".e.npy.partial.json"
     for bad in (-1, 1.5, "3"):
         monkeypatch.setattr(embed_command, "iter_encode", stop_after_one_chunk)
-        assert embed_command.main([*embed_argv(classifier, source, output), "--chunk-texts", "8"]) != 0
+        assert embed_command.main([*embed_argv(hub_classifier, source, output), "--chunk-texts", "8"]) != 0
         state = json.loads(record.read_text())
         assert state["rows_written"] == 8
         record.write_text(json.dumps({**state, "rows_written": bad}))
         monkeypatch.setattr(embed_command, "iter_encode", real)
-        assert embed_command.main([*embed_argv(classifier, source, output), "--chunk-texts", "8"]) == 0
+        assert embed_command.main([*embed_argv(hub_classifier, source, output), "--chunk-texts", "8"]) == 0
         np.testing.assert_allclose(np.load(output), np.load(reference), rtol=1e-5, atol=1e-6)
         output.unlink()
 

@@ -152,13 +152,6 @@ def test_compiled_model_matches_eager(backend, precision):
         assert (grads_c[name] - g).abs().max() <= tol * 10 * g.abs().max() + 1e-4, name
 
 
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    from ..training_helpers import make_packed
-
-    return make_packed(tmp_path_factory.mktemp("cuda_data"))
-
-
 @pytest.mark.parametrize("precision, backend", [("bf16", "varlen"), ("fp16", "sdpa"), ("fp32", "dense")])
 def test_run_on_cuda_resumes_to_the_uninterrupted_weights(packed, tmp_path, precision, backend):
     """The run loop on the GPU: 6 steps straight vs 3 steps, checkpoint, --resume 3 more."""

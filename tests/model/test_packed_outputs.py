@@ -6,14 +6,8 @@ import pytest
 import torch
 
 
-@pytest.fixture(scope="module")
-def classifier(hub_classifier):
-    """A tiny BERT classifier folder as transformers saves it (conftest's, shared by the session)."""
-    return hub_classifier
-
-
 # ----- 3. outputs as transformers returns them ------------------------------------------------------
-def test_every_packed_model_answers_its_outputs_as_attributes(classifier, tmp_path):
+def test_every_packed_model_answers_its_outputs_as_attributes(hub_classifier, tmp_path):
     """`model(**batch).loss` as on any transformers model (a plain dict raised AttributeError);
     an unset declared field reads None, as a ModelOutput's does; index access as to_tuple."""
     import transformers
@@ -34,6 +28,6 @@ def test_every_packed_model_answers_its_outputs_as_attributes(classifier, tmp_pa
     assert model(**rows).loss is None
     with pytest.raises(AttributeError, match="has no output 'lossy'"):
         out.lossy  # noqa: B018
-    bert = open_model(classifier, "classification", ModelOptions()).model
+    bert = open_model(hub_classifier, "classification", ModelOptions()).model
     head_out = bert(**{**rows, "input_ids": rows["input_ids"] % 50})
     assert head_out.logits is head_out["logits"] and head_out.loss is None

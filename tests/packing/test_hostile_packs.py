@@ -258,8 +258,3 @@ def test_each_field_dtype_is_checked_when_a_shard_is_opened(tmp_path, name, chan
 
 
 # ----- 10. pretraining --resume on a checkpoint whose manifest matches damaged weights --------------
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    from ..training_helpers import make_packed
-
-    return make_packed(tmp_path_factory.mktemp("train-data"))

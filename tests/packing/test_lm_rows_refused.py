@@ -16,16 +16,6 @@ from packed_transformers.packing.lm_rows.row_rule import first_malformed_row
 from packed_transformers.packing.lm_rows.store import RowStore
 
 from ..training_helpers import DECODER_VOCAB as VOCAB
-from ..training_helpers import decoder_rows
-
-
-def write_folder(folder, lengths=(5, 9, 30, 3, 12, 40, 7, 7, 20, 11) * 4, seed=0):
-    return decoder_rows(folder, lengths, seed)
-
-
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory):
-    return write_folder(tmp_path_factory.mktemp("rows") / "train")
 
 
 def tamper(source, target, edit, meta_edit=None, recount=True):
@@ -102,32 +92,39 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_rows_that_break_the_format_are_refused_at_open_naming_file_and_row(clean, tmp_path, case):
+def test_rows_that_break_the_format_are_refused_at_open_naming_file_and_row(
+    decoder_train_rows, tmp_path, case
+):
     edit, expected = CASES[case]
-    folder = tamper(clean, tmp_path / "rows", edit)
+    folder = tamper(decoder_train_rows, tmp_path / "rows", edit)
     with pytest.raises(PackingInputError, match=expected) as err:
         RowStore.open(folder)
     message = str(err.value)
     assert "part-00000.h5: row " in message and "\n" not in message
 
 
-def test_the_clean_rows_open_and_the_rule_finds_nothing(clean):
-    store = RowStore.open(clean)
+def test_the_clean_rows_open_and_the_rule_finds_nothing(decoder_train_rows):
+    store = RowStore.open(decoder_train_rows)
     fields = {name: store.fields[name] for name in store.fields}
     assert first_malformed_row(fields, store.metadata["K"], VOCAB, 40, "documents") is None
     assert store.batch(np.arange(3))["input_ids"].dtype == np.int64
     assert store.fields["input_ids"].dtype == np.uint16  # kept in its stored dtype
 
 
-def test_rows_of_padding_with_a_real_token_count_claimed_are_refused(clean, tmp_path):
-    folder = tamper(clean, tmp_path / "rows", all_padding, recount=False)  # metadata keeps its count
+def test_rows_of_padding_with_a_real_token_count_claimed_are_refused(decoder_train_rows, tmp_path):
+    folder = tamper(
+        decoder_train_rows, tmp_path / "rows", all_padding, recount=False
+    )  # metadata keeps its count
     with pytest.raises(PackingInputError, match="no real token at its start"):
         RowStore.open(folder)
 
 
-def test_a_real_token_count_the_rows_do_not_hold_is_refused(clean, tmp_path):
+def test_a_real_token_count_the_rows_do_not_hold_is_refused(decoder_train_rows, tmp_path):
     folder = tamper(
-        clean, tmp_path / "rows", lambda f: None, lambda m: m.update(real_tokens=m["real_tokens"] + 1)
+        decoder_train_rows,
+        tmp_path / "rows",
+        lambda f: None,
+        lambda m: m.update(real_tokens=m["real_tokens"] + 1),
     )
     with pytest.raises(PackingInputError, match=r"real_tokens \d+ but the rows hold \d+"):
         RowStore.open(folder)

@@ -6,12 +6,6 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="module")
-def classifier(hub_classifier):
-    """A tiny BERT classifier folder as transformers saves it (conftest's, shared by the session)."""
-    return hub_classifier
-
-
 # ----- 12. embedding routes: prompt_name on OpenAI's route, unknown fields refused ----------------
 def test_embedding_routes_take_prompt_name_and_refuse_unknown_fields():
     from packed_transformers.serving.api import RequestError, RequestLimits, read_request
@@ -56,7 +50,7 @@ def read_all(sock) -> bytes:
 
 
 @pytest.mark.slow  # a real uvicorn server, clients over loopback, a timeout to wait out
-def test_hostile_heads_are_refused_and_other_clients_answered_within_a_second(classifier):
+def test_hostile_heads_are_refused_and_other_clients_answered_within_a_second(hub_classifier):
     import threading
     import time
 
@@ -67,7 +61,7 @@ def test_hostile_heads_are_refused_and_other_clients_answered_within_a_second(cl
     from ..servers import Server
 
     limits = HeadLimits(max_bytes=16 * 1024, timeout_s=2.0)
-    with Server(classifier, http=bounded_protocol(limits)) as server:
+    with Server(hub_classifier, http=bounded_protocol(limits)) as server:
         # 1. one client streaming a 200 MB header: 431 after the limit, never the whole stream
         big = raw_client(server.port)
         answer = {}
@@ -130,7 +124,7 @@ def read_response(sock) -> bytes:
 
 
 @pytest.mark.slow  # a real uvicorn server
-def test_a_head_over_the_limit_is_refused_even_when_it_arrives_in_one_read(classifier):
+def test_a_head_over_the_limit_is_refused_even_when_it_arrives_in_one_read(hub_classifier):
     """--max-header-bytes 2048: heads of 4 KB and 100 KB sent whole get 431 (they got 200: the
     head was parsed and handed to the app within one read before it was counted); a request
     whose body arrives in the same read as its head, and the next request on that kept-alive
@@ -149,7 +143,7 @@ def test_a_head_over_the_limit_is_refused_even_when_it_arrives_in_one_read(class
     request = (
         b"POST /predict HTTP/1.1\r\nHost: a\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
     )
-    with Server(classifier, http=bounded_protocol(HeadLimits(max_bytes=2048, timeout_s=5.0))) as server:
+    with Server(hub_classifier, http=bounded_protocol(HeadLimits(max_bytes=2048, timeout_s=5.0))) as server:
         for size in (4 << 10, 100 << 10):
             sock = raw_client(server.port)
             sock.sendall(b"POST /predict HTTP/1.1\r\nHost: a\r\nX-Big: " + b"a" * size + b"\r\n\r\n")

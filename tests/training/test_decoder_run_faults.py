@@ -9,20 +9,11 @@ import pytest
 from ..training_helpers import decoder_rows, pretrain_decoder
 
 
-def write_folder(folder, lengths=(5, 9, 30, 3, 12, 40, 7, 7, 20, 11) * 4, seed=0):
-    return decoder_rows(folder, lengths, seed)
-
-
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory):
-    return write_folder(tmp_path_factory.mktemp("rows") / "train")
-
-
 # ----- the run ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def data_root(tmp_path_factory, clean):
-    root = clean.parent
-    write_folder(root / "eval", lengths=(8, 20, 31, 4) * 3, seed=1)
+def data_root(tmp_path_factory, decoder_train_rows):
+    root = decoder_train_rows.parent
+    decoder_rows(root / "eval", lengths=(8, 20, 31, 4) * 3, seed=1)
     return root
 
 

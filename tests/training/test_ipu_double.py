@@ -27,7 +27,6 @@ from ..ipu_helpers import (  # noqa: F401
     _configs,
     _rows,  # noqa: F401
 )
-from ..training_helpers import make_packed
 
 # End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
 pytestmark = pytest.mark.slow
@@ -54,11 +53,6 @@ def poptorch_double(monkeypatch):
     # Leave no double behind: other tests look for a real poptorch.
     for name in _double_modules():
         del sys.modules[name]
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    return make_packed(tmp_path_factory.mktemp("ipu-double-data"))
 
 
 @pytest.mark.parametrize(

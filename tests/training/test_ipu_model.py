@@ -14,14 +14,9 @@ from packed_transformers.training.backends.ipu import IpuEngine  # noqa: E402
 from packed_transformers.training.config import validate  # noqa: E402
 from packed_transformers.training.run import run_training  # noqa: E402
 
-from ..training_helpers import base_config, make_packed  # noqa: E402
+from ..training_helpers import base_config  # noqa: E402
 
 pytestmark = pytest.mark.ipu
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    return make_packed(tmp_path_factory.mktemp("ipu-model-data"))
 
 
 def _config(packed, device, **ipu):

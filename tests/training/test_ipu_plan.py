@@ -31,12 +31,7 @@ from packed_transformers.training.data import PackedShards, pad_micro_batch
 from packed_transformers.training.observe import SUM_KEYS, MetricSums
 
 from ..conftest import REPO
-from ..training_helpers import VOCAB, base_config, make_packed
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    return make_packed(tmp_path_factory.mktemp("ipu-data"))
+from ..training_helpers import VOCAB, base_config
 
 
 def pod16(**changes) -> dict:

@@ -21,15 +21,9 @@ from packed_transformers.training.run import run_training
 
 from ..conftest import REPO
 from ..ipu_helpers import DOUBLES, _assert_same_run, _configs
-from ..training_helpers import make_packed
 
 SDK_PYTHON = os.environ.get("SDK_PYTHON")
 pytestmark = pytest.mark.skipif(not SDK_PYTHON, reason="SDK_PYTHON (an SDK 3.4 stack interpreter) not given")
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    return make_packed(tmp_path_factory.mktemp("sdk-stack-data"))
 
 
 def test_the_sdk_stack_has_its_own_versions():

@@ -21,15 +21,10 @@ from packed_transformers.training.curves import eval_curve, masked_labels, unigr
 from packed_transformers.training.data import PackedShards
 
 from ..conftest import REPO
-from ..training_helpers import make_packed, metrics, run, write_config
+from ..training_helpers import metrics, run, write_config
 
 # End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    return make_packed(tmp_path_factory.mktemp("curves-data"))
 
 
 def h5py_rows(dataset: PackedDataset, packs: list[int]) -> dict:

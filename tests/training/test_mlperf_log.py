@@ -13,7 +13,7 @@ import pytest
 from packed_transformers.training.mlperf_log import hyperparameters, mlperf_global_batch_size
 from packed_transformers.training.step import BatchArithmetic
 
-from ..training_helpers import make_packed, metrics, run, write_config
+from ..training_helpers import metrics, run, write_config
 
 # End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
 pytestmark = pytest.mark.slow
@@ -50,11 +50,6 @@ def log_lines(path) -> list[dict]:
         for line in path.read_text().splitlines()
         if ":::MLLOG" in line
     ]
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    return make_packed(tmp_path_factory.mktemp("mlperf_data"))
 
 
 @pytest.fixture(scope="module")

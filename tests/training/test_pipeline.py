@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from ..training_helpers import final_weights, make_packed, metrics, run, write_config
+from ..training_helpers import final_weights, metrics, run, write_config
 
 # End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
 pytestmark = pytest.mark.slow
 
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    return make_packed(tmp_path_factory.mktemp("pipeline-data"))
 
 
 def _config(path, packed, split=None, schedule="1f1b", ga=2, steps=4):

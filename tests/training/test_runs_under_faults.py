@@ -242,13 +242,6 @@ def test_resume_refuses_a_damaged_checkpoint_or_changed_data_in_one_line(tmp_pat
 
 
 # ----- 10. pretraining --resume on a checkpoint whose manifest matches damaged weights --------------
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    from ..training_helpers import make_packed
-
-    return make_packed(tmp_path_factory.mktemp("train-data"))
-
-
 def test_resume_skips_a_checkpoint_whose_weights_match_the_manifest_but_do_not_load(packed, tmp_path):
     from packed_transformers.common.files import sha256_file
 

@@ -14,15 +14,10 @@ import yaml
 from packed_transformers.training.config import ConfigError, load_config, validate
 
 from ..conftest import REPO
-from ..training_helpers import final_weights, make_packed, metrics, run, write_config
+from ..training_helpers import final_weights, metrics, run, write_config
 
 # End to end (whole runs, subprocesses): `pytest -m "not slow"` leaves them out.
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory):
-    return make_packed(tmp_path_factory.mktemp("train-data"))
 
 
 # ---------------------------------------------------------------------------------------
