@@ -204,7 +204,7 @@ def parse_args(argv=None):
 
 def train_all(args) -> dict[str, list[dict]] | None:
     """{variant: [eval curve per seed]} over the seeds every variant finished."""
-    from packed_transformers.training.curves import eval_curve
+    from packed_transformers.components.curves import eval_curve
 
     curves: dict[str, list[dict]] = {v: [] for v in args.variants}
     for seed in range(args.seeds):  # seeds outermost: an interrupted study still compares variants
@@ -243,7 +243,7 @@ def read_json_curves(files: list[Path]) -> tuple[dict[str, list[dict]], float, d
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    from packed_transformers.training.curves import plot_curves, unigram_baseline
+    from packed_transformers.components.curves import plot_curves, unigram_baseline
 
     started = time.perf_counter()
     if args.from_json:

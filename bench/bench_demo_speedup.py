@@ -6,7 +6,7 @@
 sequences/s can drift by 10-20% between runs. Here both runs' engines (the demo config,
 packed with its packing adjustment and over the unpacked baseline with none) live in one
 process and alternate step by step, each step timed from fetching its micro-batches
-(training.data.PackedShards, as the run's in-process loader does) through the LAMB
+(components.data.PackedShards, as the run's in-process loader does) through the LAMB
 update (training.backends.torch_engine.train_step: counts, forward, backward, checks,
 optimizer). The ratio of total sequences per total seconds is the realized speed-up;
 the goal is >= 0.95 x the packing factor.
@@ -31,11 +31,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from packed_transformers.components.data import PackedShards  # noqa: E402
+from packed_transformers.components.observe import MetricSums  # noqa: E402
 from packed_transformers.packing.shards import PackedDataset  # noqa: E402
 from packed_transformers.training.build import build_model, packing_factor  # noqa: E402
 from packed_transformers.training.config import load_config  # noqa: E402
-from packed_transformers.training.data import PackedShards  # noqa: E402
-from packed_transformers.training.observe import MetricSums  # noqa: E402
 
 
 class Side:

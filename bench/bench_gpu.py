@@ -49,11 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_lamb import bert_large_shapes, time_steps  # noqa: E402
 from bench_model import HIST, sample_rows  # noqa: E402
 
+from packed_transformers.components.observe import MetricSums, summarize  # noqa: E402
 from packed_transformers.model import PackedBertForPreTraining, bert_config  # noqa: E402
 from packed_transformers.optim import Lamb  # noqa: E402
 from packed_transformers.packing import Histogram, pack  # noqa: E402
 from packed_transformers.training.backends.torch_engine import train_step  # noqa: E402
-from packed_transformers.training.observe import MetricSums, summarize  # noqa: E402
 
 DEVICE = torch.device("cuda")  # --dry-run --all rehearses on the CPU with a tiny model
 PEAK_BF16_FLOPS = 989e12  # H100 / H200 SXM, dense bf16 tensor-core peak (the same chip)

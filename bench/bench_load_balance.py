@@ -77,7 +77,7 @@ def rows_of(token_lists, table, width):
 
 def plan(mode: str, data, steps: int, per_replica: int, width: int, world: int):
     """[step][rank] -> (token lists, table [rows, K], row width) of that replica's batch."""
-    from packed_transformers.packing.tokenized import pack_examples
+    from packed_transformers.packs.tokenized import pack_examples
 
     lengths = np.array([len(t) for t in data])
     used = steps * per_replica * world

@@ -19,10 +19,10 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from packed_transformers.components.data import LoaderPosition, PackedShards, ReplicaSampler, make_loader  # noqa: E402
 from packed_transformers.model import PackedBertForPreTraining, bert_config  # noqa: E402
 from packed_transformers.optim import Lamb, weight_decay_groups  # noqa: E402
 from packed_transformers.packing.shards import PackedDataset  # noqa: E402
-from packed_transformers.training.data import LoaderPosition, PackedShards, ReplicaSampler, make_loader  # noqa: E402
 
 
 def main() -> None:

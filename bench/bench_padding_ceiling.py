@@ -79,7 +79,7 @@ def grouped(lengths: np.ndarray, batch: int, seed: int) -> Batching:
 
 
 def packed(lengths: np.ndarray, pack_length: int, seed: int) -> tuple[Batching, int]:
-    from packed_transformers.packing.tokenized import pack_examples
+    from packed_transformers.packs.tokenized import pack_examples
 
     table = pack_examples(lengths, pack_length, None, "lp", seed)
     batching = Batching(

@@ -156,7 +156,7 @@ def main() -> None:
     quiet_transformers()
     config = load_finetune_config(CONFIG, args.set)
     windows = squad_windows(max(args.train_windows, args.infer_windows), seed=0)
-    model = build_qa_model(config, str(assets.model_dir()))
+    model = build_qa_model(config, str(assets.model_dir())).model
     from transformers import BertForQuestionAnswering
 
     reference = BertForQuestionAnswering.from_pretrained(assets.model_dir(), attn_implementation="sdpa")

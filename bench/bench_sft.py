@@ -103,7 +103,7 @@ def packing_part(lengths: np.ndarray) -> list[dict]:
     from datasets import Dataset
     from trl.data_utils import pack_dataset as trl_pack
 
-    from packed_transformers.packing.tokenized import pack_examples
+    from packed_transformers.packs.tokenized import pack_examples
 
     rows = []
     for width in (2048, 8192):

@@ -30,7 +30,7 @@ from packed_transformers.common.constants import BERT_VOCAB_SIZE  # noqa: E402
 from packed_transformers.data.synthetic import synthetic_rows  # noqa: E402
 from packed_transformers.model import bert_config  # noqa: E402
 from packed_transformers.packing.pipeline import PackJob, run_pack  # noqa: E402
-from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard  # noqa: E402
+from packed_transformers.packs.unpacked_hdf5 import write_unpacked_shard  # noqa: E402
 
 
 def make_data(root: Path, seq: int, n: int) -> Path:

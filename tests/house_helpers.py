@@ -12,9 +12,11 @@ from .conftest import PACKAGE
 PRODUCT_PACKAGES = (
     "common",
     "data",
+    "packs",
     "packing",
     "model",
     "optim",
+    "components",
     "training",
     "door",
     "inference",

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from packed_transformers.data.synthetic import synthetic_rows
 from packed_transformers.packing.pipeline import PackJob, run_pack
-from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
+from packed_transformers.packs.unpacked_hdf5 import write_unpacked_shard
 
 from .conftest import REPO
 from .processes import run_in_group
@@ -50,8 +50,8 @@ DECODER_S, DECODER_VOCAB = 32, 50
 def decoder_rows(folder: Path, lengths=(5, 9, 30, 3, 12, 40, 7, 7, 20, 11) * 4, seed=0) -> Path:
     """A small folder of decoder rows (`packed pack-documents`' format, documents layout, S=32,
     a vocabulary of 50), written in this process from random documents."""
-    from packed_transformers.packing.lm_rows.layouts import document_rows
-    from packed_transformers.packing.lm_rows.store import write_rows
+    from packed_transformers.packs.lm_rows.layouts import document_rows
+    from packed_transformers.packs.lm_rows.store import write_rows
 
     rng = np.random.default_rng(seed)
     tokens = [rng.integers(1, DECODER_VOCAB, n).astype(np.int32) for n in lengths]

@@ -5,11 +5,11 @@
 
 Each document is tokenized as the tokenizer folder's transformers tokenizer does it, EOS
 appended. Held-out documents (a seeded draw) become exactly --eval-rows evaluation rows; the
-rest are the training rows. Layouts (packing.lm_rows.layouts): `documents` packs whole documents
+rest are the training rows. Layouts (packs.lm_rows.layouts): `documents` packs whole documents
 with document masking (longer ones split every S tokens, said in the report); `concatenated`
 is MLPerf's reference (back to back, cut every S tokens). Written, each by atomic rename:
 
-    OUTPUT/<layout>/train/, OUTPUT/<layout>/eval/   (packing.lm_rows.store's format)
+    OUTPUT/<layout>/train/, OUTPUT/<layout>/eval/   (packs.lm_rows.store's format)
     OUTPUT/report.json                              documents, tokens, real-token share, K,
                                                     splits, left-out tail, crossing share
 
@@ -41,7 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         help="K of the documents layout (default: from the lengths, >= 16)",
     )
-    parser.add_argument("--algorithm", default="lpfhp", help="packing algorithm (packing.algorithms)")
+    parser.add_argument("--algorithm", default="lpfhp", help="packing algorithm (packs.algorithms)")
     parser.add_argument("--text-field", default="text")
     parser.add_argument("--seed", type=int, default=0, help="held-out draw and row order")
     return parser.parse_args(argv)
@@ -73,7 +73,7 @@ def held_out(lengths, rows: int, length: int, seed: int):
 
 def build_layout(layout: str, tokens, eval_docs, train_docs, args):
     """(train Rows, eval Rows or None, train document indices) of one layout."""
-    from packed_transformers.packing.lm_rows.layouts import concatenated_rows, document_rows
+    from packed_transformers.packs.lm_rows.layouts import concatenated_rows, document_rows
 
     length, depth = args.max_sequence_length, args.max_sequences_per_pack
 
@@ -103,7 +103,7 @@ def keep_rows(rows, count: int, documents, lengths):
     keeps its head in evaluation and its tail out (Rows.left_out_tokens)."""
     import numpy as np
 
-    from packed_transformers.packing.lm_rows.layouts import Rows
+    from packed_transformers.packs.lm_rows.layouts import Rows
 
     if rows.layout == "concatenated":
         order = np.arange(count)
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
     from packed_transformers.data.classification_data import ExampleError
     from packed_transformers.data.documents import read_documents, tokenize_documents
     from packed_transformers.door.folder import open_tokenizer
-    from packed_transformers.packing.algorithms import ALGORITHMS
+    from packed_transformers.packs.algorithms import ALGORITHMS
 
     if args.algorithm not in ALGORITHMS:
         return refuse(f"--algorithm {args.algorithm}: one of {', '.join(ALGORITHMS)}")
@@ -192,9 +192,9 @@ def write_all(args, texts, tokens, tokenizer) -> int:
     import numpy as np
 
     from packed_transformers.common.files import atomic_folder
-    from packed_transformers.packing.errors import PackingInputError
-    from packed_transformers.packing.lm_rows.layouts import check_rows, crossing_share
-    from packed_transformers.packing.lm_rows.store import write_rows
+    from packed_transformers.packs.errors import PackingInputError
+    from packed_transformers.packs.lm_rows.layouts import check_rows, crossing_share
+    from packed_transformers.packs.lm_rows.store import write_rows
 
     lengths = np.array([len(t) for t in tokens])
     vocab_size = tokenizer.tokenizer.get_vocab_size(with_added_tokens=True)

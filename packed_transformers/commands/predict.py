@@ -60,7 +60,7 @@ from packed_transformers.inference.precision import device_problem
 from packed_transformers.inference.predictions import score, write_predictions
 from packed_transformers.inference.runner import Runner
 from packed_transformers.model.hf_checkpoint import quiet_transformers
-from packed_transformers.packing.errors import PackingInputError
+from packed_transformers.packs.errors import PackingInputError
 
 
 def main(argv=None) -> int:

@@ -4,7 +4,7 @@
 |---|---|---|
 | MAX_FIELD_CHARS | 1,000,000 characters | a text field (data.text_rule.check_text) |
 | MAX_LINE_BYTES | 13,048,576 bytes | a line of a JSON-lines input (data.classification_data.bounded_lines) |
-| MAX_SEQUENCE_LENGTH | 1,048,576 tokens | a row or pack length (packing.histogram.check_sequence_length) |
+| MAX_SEQUENCE_LENGTH | 1,048,576 tokens | a row or pack length (packs.histogram.check_sequence_length) |
 | MAX_INT_DIGITS | 4,300 digits | an integer in JSON (common.json_text.loads) or YAML (common.config_schema) |
 """
 

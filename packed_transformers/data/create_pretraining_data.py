@@ -40,7 +40,7 @@ from packed_transformers.common.files import write_json_atomic
 from packed_transformers.data.pretraining_instances import Recipe, SpecialIds, create_instances
 from packed_transformers.data.reference_tokenizer import ReferenceTokenizer, read_vocab
 from packed_transformers.data.tokenizer import DataInputError
-from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
+from packed_transformers.packs.unpacked_hdf5 import write_unpacked_shard
 
 INPUT_FORMATS = ("lines", "one-document-per-file")
 SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
@@ -297,7 +297,7 @@ def create_parts(files: list[Path], args, common: dict) -> dict:
     """--per-part: one job per input file over a worker pool, progress in sequences/s."""
     from tqdm import tqdm
 
-    from packed_transformers.packing.workers import run_tasks
+    from packed_transformers.packs.workers import run_tasks
 
     names = [_part_name(f) for f in files]
     if len(set(names)) != len(names):

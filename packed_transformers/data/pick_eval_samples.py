@@ -21,7 +21,6 @@ import numpy as np
 
 from packed_transformers.common.cli import command_parser, refuse
 from packed_transformers.common.files import atomic_folder, describe_os_error, write_json_atomic
-from packed_transformers.packing.errors import PackingInputError
 from packed_transformers.packing.sources import (
     FIELDS,
     Limits,
@@ -30,7 +29,8 @@ from packed_transformers.packing.sources import (
     open_source,
     validate_rows,
 )
-from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.unpacked_hdf5 import write_unpacked_shard
 
 MLPERF_EVAL_SAMPLES = 10_000
 

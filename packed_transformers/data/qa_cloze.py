@@ -161,8 +161,8 @@ def packing_factors(questions: list[dict], vocab_file: Path) -> dict:
     from packed_transformers.data.qa_data import QaExamples
     from packed_transformers.data.qa_windows import fast_tokenizer, make_windows
     from packed_transformers.data.tokenizer import load_tokenizer
-    from packed_transformers.packing.algorithms import pack
-    from packed_transformers.packing.histogram import Histogram
+    from packed_transformers.packs.algorithms import pack
+    from packed_transformers.packs.histogram import Histogram
 
     examples = QaExamples(
         [q["id"] for q in questions],

@@ -13,7 +13,7 @@ import numpy as np
 
 from packed_transformers.common.constants import BERT_VOCAB_SIZE
 from packed_transformers.common.files import atomic_path
-from packed_transformers.packing.unpacked_hdf5 import DTYPES, create_unpacked_datasets
+from packed_transformers.packs.unpacked_hdf5 import DTYPES, create_unpacked_datasets
 
 CLS, SEP = 101, 102
 

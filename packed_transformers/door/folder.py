@@ -93,6 +93,7 @@ class FolderTokenizer:
     token_types: bool
     eos_id: int | None = None  # the end-of-sequence token's id, where the folder names one
     transformers_tokenizer: object = None  # the one transformers built (None where it could not)
+    vocab: dict | None = None  # finetune.train's WordPiece over a vocab.txt: that vocabulary
 
 
 def open_tokenizer(folder: Path, config: Mapping | None = None) -> FolderTokenizer:

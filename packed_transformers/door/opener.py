@@ -20,11 +20,11 @@ read once on each of these ways and handed on; the length limit is computed here
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packed_transformers.door.embedding_folder import load_encoder
-from packed_transformers.door.folder import load_finetuned, open_packed_model
+from packed_transformers.door.folder import FolderTokenizer, load_finetuned, open_packed_model
 from packed_transformers.door.folder_spec import (
     FINETUNE_INFO,
     JSONL_FIELDS,
@@ -70,6 +70,10 @@ class ForTraining:
     model: ModelOptions = field(default_factory=ModelOptions)
     config: Mapping | None = None
     label: str | None = None
+    # the tokenizer the job tokenized its data with (built once, before the model: the head's
+    # size follows the labels it found); the LoadedModel carries it, and its token types are
+    # the model's
+    tokenizer: FolderTokenizer | None = None
 
 
 Opening = AsTheFolderSays | ForEmbedding | ForTraining  # one typed value per kind of caller
@@ -80,8 +84,9 @@ def open_folder(folder, how: Opening = AsTheFolderSays()) -> LoadedModel:
     folder = Path(folder)
     if isinstance(how, ForTraining):
         return open_checkpoint(
-            folder, how.task, how.model, dict(how.config) if how.config is not None else None, how.label
-        )
+            folder, how.task, how.model, dict(how.config) if how.config is not None else None, how.label,
+            how.tokenizer,
+        )  # fmt: skip
     if isinstance(how, ForEmbedding):
         return load_encoder(
             folder, how.pooling, how.normalize, how.max_length, how.device, how.attention_backend
@@ -93,11 +98,16 @@ def open_folder(folder, how: Opening = AsTheFolderSays()) -> LoadedModel:
     return load_finetuned(folder, how.attention_backend)
 
 
-def open_checkpoint(folder: Path, task: str, options: ModelOptions, config: dict | None, label: str | None):
+def open_checkpoint(
+    folder: Path, task: str, options: ModelOptions, config: dict | None, label: str | None,
+    tokenizer: FolderTokenizer | None = None,
+):  # fmt: skip
     """A checkpoint opened to be fine-tuned for `task`: the model (a head absent from the file
-    initialised where options.new_head), its positions as the length limit, and no tokenizer
-    (the job tokenizes its data before the model is opened, as the run config says)."""
+    initialised where options.new_head), its positions as the length limit, and the tokenizer
+    the job tokenized its data with (the job builds it first, as the run config says)."""
     config = read_json_object(folder / "config.json") if config is None else config
+    if tokenizer is not None:
+        options = replace(options, token_types=tokenizer.token_types)
     opened = open_packed_model(folder, task, options, config, label)
     spec = FolderSpec(
         path=folder, source="config.json", task=task, labels=(), multi_label=False,
@@ -105,4 +115,9 @@ def open_checkpoint(folder: Path, task: str, options: ModelOptions, config: dict
         fields=TextFields(**JSONL_FIELDS), qa=None, tokenizer="tokenizer.json",
         model_type=config.get("model_type"), name=folder.name, model_config=config,
     )  # fmt: skip
-    return LoadedModel(spec, opened.model, None, max_input_length=opened.max_tokens)
+    if tokenizer is None:
+        return LoadedModel(spec, opened.model, None, max_input_length=opened.max_tokens)
+    return LoadedModel(
+        spec, opened.model, tokenizer.tokenizer, tokenizer.vocab, tokenizer.token_types,
+        max_input_length=opened.max_tokens, transformers_tokenizer=tokenizer.transformers_tokenizer,
+    )  # fmt: skip

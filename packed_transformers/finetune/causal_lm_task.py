@@ -260,7 +260,7 @@ def causal_lm_job(config: dict, checkpoint_config: dict | None = None):
     checkpoint's tokenizer, the decoder's packed causal LM opened for training.
     checkpoint_config: the checkpoint's config.json as read (None: read here), handed to the
     tokenizer and the door so that nothing reads it again."""
-    from packed_transformers.door.folder import auto_tokenizer, check_vocabulary_size
+    from packed_transformers.door.folder import FolderTokenizer, auto_tokenizer, check_vocabulary_size
     from packed_transformers.door.folder_spec import read_json_object
     from packed_transformers.door.opener import ForTraining, open_folder
     from packed_transformers.model.opening import ModelOptions
@@ -306,10 +306,14 @@ def causal_lm_job(config: dict, checkpoint_config: dict | None = None):
     options = ModelOptions(
         new_head=False,  # the LM head is the checkpoint's (tied or its own): a missing one is an error
         dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]},
-        token_types="token_type_ids" in tokenizer.model_input_names,  # the tokenizer above: built once
     )
+    carried = FolderTokenizer(  # the tokenizer above, built once: the LoadedModel carries it
+        tokenizer.backend_tokenizer, "token_type_ids" in tokenizer.model_input_names,
+        tokenizer.eos_token_id, transformers_tokenizer=tokenizer,
+    )  # fmt: skip
     opened = open_folder(
-        checkpoint, ForTraining("causal_lm", options, model_config, f"model.init_checkpoint {checkpoint}"),
+        checkpoint, ForTraining("causal_lm", options, model_config, f"model.init_checkpoint {checkpoint}",
+                                tokenizer=carried),
     )  # fmt: skip
     if int(max(train.lengths.max(), validation.lengths.max())) > opened.max_length:
         raise FinetuneError(
@@ -325,7 +329,7 @@ def causal_lm_job(config: dict, checkpoint_config: dict | None = None):
         tokenizer.save_pretrained(folder)
 
     return Job(
-        train, validation, opened.model, evaluate,
+        train, validation, opened, evaluate,
         lambda output, losses: write_losses(output / "validation_predictions.jsonl", *losses),
         save, f"{len(train)} / {len(validation)} prompt-completion examples ({train.predicted_tokens:,} trained tokens)",
         collate_causal, token_sums,

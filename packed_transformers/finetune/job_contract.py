@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from packed_transformers.common.config_schema import ConfigError
+from packed_transformers.door.loaded import LoadedModel
 from packed_transformers.inference.batching import collate
 
 STEP_SUMS = ("loss_sum", "count", "correct", "correct_count")  # what a training step adds up
@@ -24,18 +25,24 @@ def classification_sums(out: dict, batch: dict | None = None) -> dict:
 @dataclass
 class Job:
     """What the shared loop needs from a task: the training and validation rows (anything
-    with token_ids, segment_ids, labels and lengths), the model, and how to evaluate, write
-    and save; how a batch table becomes model inputs and a step's outputs its sums."""
+    with token_ids, segment_ids, labels and lengths), the starting checkpoint as the door
+    opened it (one LoadedModel: the model, its length limit and the tokenizer the rows were
+    made with), and how to evaluate, write and save; how a batch table becomes model inputs
+    and a step's outputs its sums."""
 
     train: object
     validation: object
-    model: torch.nn.Module
+    opened: LoadedModel
     evaluate: Callable  # (model, eval batcher) -> (metrics dict, inference timing, outputs)
     write_outputs: Callable  # (output folder, outputs) -> None
     save: Callable  # (model, model folder) -> None
     description: str  # "5 classes" / "1,203 questions"
     collate: Callable = collate  # (rows, batch table [B, K], width) -> model inputs
     step_sums: Callable = classification_sums  # (model outputs, batch) -> STEP_SUMS
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.opened.model
 
 
 def resolve_asset(value: str | None) -> str | None:

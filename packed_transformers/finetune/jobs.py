@@ -30,6 +30,7 @@ from packed_transformers.data.classification_data import (
     split_by_seed,
 )
 from packed_transformers.data.tokenizer import load_tokenizer
+from packed_transformers.door.folder import FolderTokenizer
 from packed_transformers.door.folder_spec import read_json_object
 from packed_transformers.door.loaded import tokenize_examples
 from packed_transformers.door.opener import ForTraining, open_folder
@@ -51,9 +52,9 @@ class Task:
     validation: TokenizedExamples
     label_names: list[str]
     vocab_file: Path | None  # None: the checkpoint's own tokenizer (tokenizer.json)
-    # whether the checkpoint's own tokenizer hands token_type_ids (None: WordPiece over a
-    # vocab.txt); handed to the model's builder, so that it does not build the tokenizer again
-    token_types: bool | None = None
+    # the tokenizer the rows were made with, built once: the checkpoint's own, or WordPiece
+    # over the vocab.txt; handed to the door, whose LoadedModel carries it
+    tokenizer: FolderTokenizer
 
 
 def check_vocabulary(checkpoint: Path, vocab_file: Path, checkpoint_config: dict | None = None) -> None:
@@ -106,6 +107,7 @@ def prepare_task(config: dict, checkpoint_config: dict | None = None) -> Task:
 
         opened = open_tokenizer(checkpoint, checkpoint_config)
         vocab_file, tokenizer, vocab, token_types = None, opened.tokenizer, None, opened.token_types
+        carried = opened
     else:
         vocab_file = Path(resolve_asset(data["vocab_file"]) or checkpoint / "vocab.txt")
         if not vocab_file.is_file():
@@ -113,6 +115,7 @@ def prepare_task(config: dict, checkpoint_config: dict | None = None) -> Task:
         check_vocabulary(checkpoint, vocab_file, checkpoint_config)
         tokenizer, vocab = load_tokenizer(vocab_file)
         token_types = True
+        carried = FolderTokenizer(tokenizer, token_types, vocab=vocab)
 
     examples = read_examples(data, resolve_asset(data["train_file"]))
     for note in examples.notes:
@@ -137,7 +140,7 @@ def prepare_task(config: dict, checkpoint_config: dict | None = None) -> Task:
                 data["max_sequence_length"],
             )
         splits.append(tokenized)
-    return Task(splits[0], splits[1], label_names, vocab_file, token_types if own_tokenizer else None)
+    return Task(splits[0], splits[1], label_names, vocab_file, carried)
 
 
 def build_classifier(config: dict, task: Task, checkpoint_config: dict | None = None):
@@ -156,23 +159,23 @@ def build_classifier(config: dict, task: Task, checkpoint_config: dict | None = 
         dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"],
                  "classifier": model_cfg["classifier_dropout"]},
         config={"num_labels": len(task.label_names), "problem_type": problem_type, **labels},
-        token_types=task.token_types,
     )  # fmt: skip
     opened = open_folder(  # through the door: one line (ExampleError) for a folder that cannot be loaded
-        checkpoint, ForTraining("classification", options, checkpoint_config, f"model.init_checkpoint {checkpoint}"),
+        checkpoint, ForTraining("classification", options, checkpoint_config, f"model.init_checkpoint {checkpoint}",
+                                tokenizer=task.tokenizer),
     )  # fmt: skip
-    model, positions = opened.model, opened.max_length
     longest = int(max(task.train.lengths.max(), task.validation.lengths.max()))
-    if longest > positions:
+    if longest > opened.max_length:
         raise FinetuneError(
-            f"data.max_sequence_length: examples of {longest} tokens exceed the checkpoint's {positions} positions"
+            f"data.max_sequence_length: examples of {longest} tokens exceed the checkpoint's "
+            f"{opened.max_length} positions"
         )
-    return model
+    return opened
 
 
 def classification_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     task = prepare_task(config, checkpoint_config)
-    model = build_classifier(config, task, checkpoint_config)
+    opened = build_classifier(config, task, checkpoint_config)
     multi_label = config["data"]["multi_label"]
 
     def evaluate(model, batcher):
@@ -186,7 +189,7 @@ def classification_job(config: dict, checkpoint_config: dict | None = None) -> J
     return Job(
         task.train,
         task.validation,
-        model,
+        opened,
         evaluate,
         lambda output, logits: write_predictions(
             output / "validation_predictions.jsonl", logits, task.label_names, multi_label
@@ -220,14 +223,15 @@ def qa_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     if not vocab_file.is_file():
         raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
     check_vocabulary(Path(checkpoint), vocab_file, checkpoint_config)
-    _, vocab = load_tokenizer(vocab_file)
+    wordpiece, vocab = load_tokenizer(vocab_file)
     train, validation, tokenizer = prepare_qa(config, vocab, resolve_asset)
-    model = build_qa_model(config, checkpoint, checkpoint_config)
+    carried = FolderTokenizer(wordpiece, True, transformers_tokenizer=tokenizer, vocab=vocab)
+    opened = build_qa_model(config, checkpoint, checkpoint_config, carried)
     longest = int(max(train.windows.lengths.max(), validation.windows.lengths.max()))
-    if longest > model.config.max_position_embeddings:
+    if longest > opened.max_length:
         raise FinetuneError(
             f"data.max_sequence_length: windows of {longest} tokens exceed the checkpoint's "
-            f"{model.config.max_position_embeddings} positions"
+            f"{opened.max_length} positions"
         )
     qa = config["qa"]
     settings = answer_settings(qa)
@@ -239,7 +243,7 @@ def qa_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     return Job(
         train.windows,
         validation.windows,
-        model,
+        opened,
         evaluate,
         lambda output, answers: write_answer_files(
             output / "validation_predictions.json", answers, validation.examples

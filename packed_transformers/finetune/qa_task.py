@@ -71,10 +71,11 @@ def prepare_qa(config: dict, vocab: dict, resolve) -> tuple[QaSplit, QaSplit, ob
     return splits[0], splits[1], tokenizer
 
 
-def build_qa_model(config: dict, checkpoint: str, checkpoint_config: dict | None = None):
+def build_qa_model(config: dict, checkpoint: str, checkpoint_config: dict | None = None, tokenizer=None):
     """The trainable QA head, opened through the door (its checks: strict weights, finite
-    weights; one line for a folder that cannot be loaded). checkpoint_config: its config.json
-    as read (None: read here)."""
+    weights; one line for a folder that cannot be loaded): a LoadedModel carrying `tokenizer`
+    (door.folder.FolderTokenizer, the windows' own). checkpoint_config: its config.json as
+    read (None: read here)."""
     from packed_transformers.door.opener import ForTraining, open_folder
     from packed_transformers.model.opening import ModelOptions
 
@@ -86,5 +87,6 @@ def build_qa_model(config: dict, checkpoint: str, checkpoint_config: dict | None
         dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]},
     )
     return open_folder(
-        checkpoint, ForTraining("question_answering", options, checkpoint_config, f"model.init_checkpoint {checkpoint}"),
-    ).model  # fmt: skip
+        checkpoint, ForTraining("question_answering", options, checkpoint_config, f"model.init_checkpoint {checkpoint}",
+                                tokenizer=tokenizer),
+    )  # fmt: skip

@@ -74,8 +74,8 @@ from packed_transformers.inference.batching import Batcher, BatchingSpec
 from packed_transformers.inference.predictions import to_device
 from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.optim import weight_decay_groups
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.tokenized import wider_packs
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.tokenized import wider_packs
 
 log = logging.getLogger("finetune")
 

@@ -9,7 +9,7 @@ output format out, in input order.
     tag = packed_pipeline("token-classification", model=folder)
     tag(["a sentence", ...]) -> [[{"entity", "score", "index", "word", "start", "end"}, ...], ...]
 
-Inputs are tokenized without padding, packed (packing.tokenized.pack_examples) and run
+Inputs are tokenized without padding, packed (packs.tokenized.pack_examples) and run
 in batches of packs; outputs return to input order through each slot's example index.
 Scores follow transformers' pipelines: softmax for single-label classification, sigmoid
 for multi-label (problem_type multi_label_classification) and one-label models; QA answers
@@ -29,7 +29,7 @@ from packed_transformers.inference.predictions import class_scores
 from packed_transformers.inference.runner import Runner, per_sequence, per_sequence_tokens, per_token
 from packed_transformers.inference.token_task import TaggedTexts, entities
 from packed_transformers.model.families import max_tokens
-from packed_transformers.packing.tokenized import pack_examples
+from packed_transformers.packs.tokenized import pack_examples
 
 PIPELINE_TASKS = {
     "text-classification": "PackedBertForSequenceClassification",

@@ -52,9 +52,9 @@ import numpy as np
 import torch
 
 from packed_transformers.inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.histogram import check_positive_int
-from packed_transformers.packing.tokenized import pack_examples
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.histogram import check_positive_int
+from packed_transformers.packs.tokenized import pack_examples
 
 TASKS = (
     "single_label_classification",
@@ -290,8 +290,8 @@ def pack_dataset(
 
     if task not in TASKS:
         raise PackedDatasetError(f"task {task!r}: expected one of {', '.join(TASKS)}")
-    from packed_transformers.packing.errors import PackingInputError
-    from packed_transformers.packing.histogram import check_sequence_length
+    from packed_transformers.packs.errors import PackingInputError
+    from packed_transformers.packs.histogram import check_sequence_length
 
     try:
         check_sequence_length("max_sequence_length", max_sequence_length)

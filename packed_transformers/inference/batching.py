@@ -27,8 +27,8 @@ import torch
 
 from packed_transformers.common.choices import BATCHING_MODES, FIXED_WIDTH_MODES
 from packed_transformers.inference.rows import pack_rows, pad_table, unpacked_table
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.tokenized import check_table, pack_examples
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.tokenized import check_table, pack_examples
 
 
 @dataclass(frozen=True)

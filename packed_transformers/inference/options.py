@@ -20,7 +20,7 @@ class InferenceOptions:
     """batching: inference.batching.BATCHING_MODES (embeddings: common.choices.EMBED_BATCHING);
     batch_size: examples per batch (packed: per batch of packs, rows = batch_size / packing
     factor); max_sequences_per_pack: K (None: chosen from the lengths,
-    packing.tokenized.fitting_depth); pack_length: tokens per pack, None = the folder's (or,
+    packs.tokenized.fitting_depth); pack_length: tokens per pack, None = the folder's (or,
     where it names none, packs grouped by row width); device; dtype: float32 | bfloat16 | int8
     (autocast); chunk_texts: texts embedded per chunk (memory bounded by a chunk);
     prompt_name: an embedding model's prompt (None: its default prompt, if any)."""

@@ -1,7 +1,7 @@
 """Fine-tuning's rows: a table of example indices [rows, K] -> the arrays the model reads,
 and the model's per-slot outputs -> input order.
 
-    table = pack_examples(lengths, 128, 6, "lpfhp", seed)    # packing/tokenized.py (K > 1)
+    table = pack_examples(lengths, 128, 6, "lpfhp", seed)    # packs/tokenized.py (K > 1)
     table = unpacked_table(n)                                  # one example per row (K = 1)
     rows = pack_rows(token_lists, table, max_tokens=128)       # dict of [rows, S] / [rows, K]
     logits = unpack_outputs(per_slot_logits, rows["example_index"], n)
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from packed_transformers.packing.errors import PackingBugError
-from packed_transformers.packing.tokenized import check_table
+from packed_transformers.packs.errors import PackingBugError
+from packed_transformers.packs.tokenized import check_table
 
 # Fields of a packed row for classification, [rows, S] or [rows, K]; what the model reads.
 ROW_FIELDS = ("input_ids", "segment_ids", "position_ids", "sequence_ids", "cls_positions", "example_index")

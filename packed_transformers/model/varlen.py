@@ -109,7 +109,7 @@ def varlen_layout(
 
 def _may_sync() -> bool:
     """False while tracing or capturing a CUDA graph, where a host read is not allowed
-    (the loader has checked the same rules on the host: packing.structure)."""
+    (the loader has checked the same rules on the host: packs.structure)."""
     if torch.compiler.is_compiling():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())

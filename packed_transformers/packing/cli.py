@@ -14,11 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from packed_transformers.common.cli import DefaultsHelpFormatter, command_parser, refuse
-from packed_transformers.packing.algorithms import ALGORITHMS, pack
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.histogram import Histogram
 from packed_transformers.packing.pipeline import SKIPPED, PackJob, run_pack
-from packed_transformers.packing.plan import parse_max_sequences_per_pack
 from packed_transformers.packing.report import (
     datasets_table,
     describe_plan,
@@ -30,6 +26,10 @@ from packed_transformers.packing.shards import PackedDataset
 from packed_transformers.packing.sources import expand_inputs
 from packed_transformers.packing.unpack import run_unpack
 from packed_transformers.packing.verify import run_verify
+from packed_transformers.packs.algorithms import ALGORITHMS, pack
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.histogram import Histogram
+from packed_transformers.packs.plan import parse_max_sequences_per_pack
 
 
 def _add_report(sub, name: str = "report") -> None:

@@ -28,10 +28,7 @@ from tqdm import tqdm
 
 from packed_transformers.common.constants import BERT_VOCAB_SIZE
 from packed_transformers.common.files import FolderInUse, atomic_path, lock_folder, write_json_atomic
-from packed_transformers.packing.algorithms import pack
-from packed_transformers.packing.errors import PackingInputError
 from packed_transformers.packing.format import FORMAT_NAME, FORMAT_VERSION, field_dtypes
-from packed_transformers.packing.histogram import Histogram
 from packed_transformers.packing.pipeline_tasks import (
     BLOCK_PACKS,
     PIECE_ROWS,
@@ -45,7 +42,6 @@ from packed_transformers.packing.pipeline_tasks import (
     _write_shard,
 )
 from packed_transformers.packing.pipeline_work import WORK, PackJob, job_fingerprint, prepare_output, save_npy
-from packed_transformers.packing.plan import assign_sequences
 from packed_transformers.packing.shards import METADATA
 from packed_transformers.packing.sources import (
     Limits,
@@ -53,7 +49,11 @@ from packed_transformers.packing.sources import (
     describe_problem,
     open_source,
 )
-from packed_transformers.packing.workers import run_tasks
+from packed_transformers.packs.algorithms import pack
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.histogram import Histogram
+from packed_transformers.packs.plan import assign_sequences
+from packed_transformers.packs.workers import run_tasks
 
 SKIPPED = "skipped_rows.jsonl"
 __all__ = ["BLOCK_PACKS", "PIECE_ROWS", "READ_ROWS", "SKIPPED", "WORK", "PackJob", "run_pack"]

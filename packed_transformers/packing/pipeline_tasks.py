@@ -1,7 +1,7 @@
 """What the packing pipeline's workers do, one task at a time (packing.pipeline runs them):
 pass 1 scans a piece of an input (validate rows: lengths, prediction counts), pass 2a
 compacts a piece into per-shard sequence stores, pass 2b assembles and writes one shard.
-Tasks are small picklable records; each worker opens its inputs once (packing.workers)."""
+Tasks are small picklable records; each worker opens its inputs once (packs.workers)."""
 
 from __future__ import annotations
 
@@ -20,14 +20,14 @@ from packed_transformers.packing.sources import (
     file_record,
     validate_rows,
 )
-from packed_transformers.packing.workers import worker_source
+from packed_transformers.packs.workers import worker_source
 
 PIECE_ROWS = 1 << 16  # rows of one input file handled by one task
 READ_ROWS = 1 << 13  # rows read and validated at once inside a task
 BLOCK_PACKS = 1 << 13  # packs assembled at once inside a shard task
 
 
-# Worker tasks are module level so that they pickle; sources come from packing.workers.
+# Worker tasks are module level so that they pickle; sources come from packs.workers.
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 
 from packed_transformers.common.files import atomic_path, write_json_atomic
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.plan import MaxPerPack
 from packed_transformers.packing.shards import METADATA
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.plan import MaxPerPack
 
 WORK = ".work"
 

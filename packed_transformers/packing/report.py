@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from packed_transformers.packing.algorithms import ALGORITHMS, pack
-from packed_transformers.packing.histogram import Histogram
-from packed_transformers.packing.plan import PackingPlan
+from packed_transformers.packs.algorithms import ALGORITHMS, pack
+from packed_transformers.packs.histogram import Histogram
+from packed_transformers.packs.plan import PackingPlan
 
 TABLE_DEPTHS = (1, 2, 3, 4, 8, None)
 NNLSHP_MAX_DEPTH = 3

@@ -16,7 +16,6 @@ import numpy as np
 from packed_transformers.common.constants import BERT_VOCAB_SIZE
 from packed_transformers.common.files import not_a_file, sha256_file
 from packed_transformers.packing.compact import SequenceStore, _ranges, _starts
-from packed_transformers.packing.errors import PackingInputError
 from packed_transformers.packing.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -24,6 +23,7 @@ from packed_transformers.packing.format import (
     empty_packs,
     field_dtypes,
 )
+from packed_transformers.packs.errors import PackingInputError
 
 METADATA = "metadata.json"
 

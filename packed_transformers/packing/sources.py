@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from packed_transformers.common.files import sha256_file
-from packed_transformers.packing.errors import PackingInputError
+from packed_transformers.packs.errors import PackingInputError
 
 FIELDS = (
     "input_ids",

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 
 from packed_transformers.common.files import atomic_path
-from packed_transformers.packing.errors import PackingInputError
 from packed_transformers.packing.shards import PackedDataset, extract
-from packed_transformers.packing.unpacked_hdf5 import create_unpacked_datasets
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.unpacked_hdf5 import create_unpacked_datasets
 
 
 def unpacked_name(record: dict, index: int, taken: set) -> str:

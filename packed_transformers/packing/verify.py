@@ -5,7 +5,7 @@ NSP label compared exactly, plus two independent 64-bit position-weighted sums o
 tokens and segments, and over the masked-LM (position, label) slots. Each side is
 fingerprinted in its own padded layout, without copying sequences out: the inputs as
 [n, S] rows, the packs as [p, S] rows after their structure is checked
-(packing.structure: contiguous runs 1..k, positions 0.. within each), so a sequence's
+(packs.structure: contiguous runs 1..k, positions 0.. within each), so a sequence's
 sums are differences of a running sum along its pack. The weights are odd,
 so any single changed token, segment, masked position or label always changes both sums;
 several changes cancel in both with probability about 2^-128. Presence is exact:
@@ -28,8 +28,8 @@ from packed_transformers.common.files import sha256_file
 from packed_transformers.packing.pipeline import PIECE_ROWS, READ_ROWS, SKIPPED
 from packed_transformers.packing.shards import PackedDataset
 from packed_transformers.packing.sources import Limits, check_source_shape, open_source, validate_rows
-from packed_transformers.packing.structure import first_malformed
-from packed_transformers.packing.workers import run_tasks, worker_source
+from packed_transformers.packs.structure import first_malformed
+from packed_transformers.packs.workers import run_tasks, worker_source
 
 # Rows fingerprinted at a time (packs: half as many, each holding ~2 sequences): the
 # temporaries of [rows, S] uint64 then stay in the cache; whole read blocks of 65,536 rows
@@ -80,7 +80,7 @@ def padded_fingerprints(rows: dict, lengths: np.ndarray, predictions: np.ndarray
 def pack_fingerprints(packs: dict, first_row: int = 0) -> Fingerprints:
     """The Fingerprints of every sequence in a block of packs, computed on the packed
     [p, S] layout (no extraction), in (pack, slot) order. The packs must keep the
-    format's structure (packing.structure.first_malformed): each sequence a contiguous
+    format's structure (packs.structure.first_malformed): each sequence a contiguous
     run starting at its next_sentence_positions entry, position_ids 0.. within it; and
     masked slots grouped by sequence (masked_slots_out_of_order)."""
     p, s = packs["sequence_ids"].shape

@@ -8,7 +8,7 @@ whenever the model is free.
 
   packed       length-aware packing (this project): sequences that waited longer than
                `starve_after_s` first, oldest first; then the rest longest first, while their
-               tokens fit the budget; then packed (packing/tokenized.pack_examples) into
+               tokens fit the budget; then packed (packs/tokenized.pack_examples) into
                rows of the width, among the fixed ones that hold the longest and the
                longest rounded up to 16, that needs the fewest padded tokens (row widths
                come from a small fixed set, so a compiled or CUDA-graph model sees few
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packed_transformers.packing.tokenized import pack_examples
+from packed_transformers.packs.tokenized import pack_examples
 
 POLICIES = ("packed", "fifo-tokens", "padded")
 TIGHT_STEP = 16  # packed rows may also be the longest sequence rounded up to this

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import torch
 
+from packed_transformers.components.errors import RunError
+from packed_transformers.components.step import BatchArithmetic
 from packed_transformers.model import PackedBertForPreTraining, bert_config
 from packed_transformers.model.hf_checkpoint import SHAPE_FIELDS
 from packed_transformers.optim import Lamb, WarmupPolyDecay, packing_factor_from_metadata, weight_decay_groups
-from packed_transformers.packing.errors import PackingInputError
 from packed_transformers.packing.shards import PackedDataset
-from packed_transformers.training.errors import RunError
-from packed_transformers.training.step import BatchArithmetic
+from packed_transformers.packs.errors import PackingInputError
 
 
 def open_packed(folder, config: dict, role: str) -> PackedDataset:

@@ -236,7 +236,7 @@ def validate(raw: dict, source: str = "config") -> dict:
         k = data["max_sequences_per_pack"]
         if k is None:
             raise ConfigError(f"{source}: data.max_sequences_per_pack: synthetic packs need K; give it")
-        if data["max_sequence_length"] < 8 * k:  # training.synthetic: every sequence >= 8 tokens
+        if data["max_sequence_length"] < 8 * k:  # components.synthetic: every sequence >= 8 tokens
             raise ConfigError(
                 f"{source}: data.max_sequence_length {data['max_sequence_length']} is too short for "
                 f"data.max_sequences_per_pack {k} synthetic sequences of at least 8 tokens (needs >= {8 * k})"

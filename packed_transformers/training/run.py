@@ -2,11 +2,11 @@
 
     checks (data, output folder, model)  ->  engine.attach  ->  restore a checkpoint
     loop:  micro-batches from the resumable loader  ->  engine.train (one place for the
-           step's math: training.step)  ->  log window  ->  evaluation when due  ->
+           step's math: components.step)  ->  log window  ->  evaluation when due  ->
            checkpoint when due  ->  stop on max_steps / max_samples / max_seconds / signal
     end:   evaluation at the end, final checkpoint, MLPerf RUN_STOP
 
-A batch goes: packed shard rows (training.data) -> dict of [B, S] / [B, M] / [B, K] int
+A batch goes: packed shard rows (components.data) -> dict of [B, S] / [B, M] / [B, K] int
 tensors -> engine -> PackedBertForPreTraining -> sums and counts -> loss normalised by
 the step's GLOBAL masked-token and sequence counts -> backward -> LAMB step.
 """
@@ -22,21 +22,21 @@ from pathlib import Path
 
 import torch
 
-from packed_transformers.training import checkpoint as ckpt
-from packed_transformers.training.backends.engine import Engine
-from packed_transformers.training.batch_check import validate_batch
-from packed_transformers.training.data import advance, padded_groups
-from packed_transformers.training.distributed import (
+from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components.batch_check import validate_batch
+from packed_transformers.components.data import advance, padded_groups
+from packed_transformers.components.distributed import (
     any_process,
     barrier,
     gather_rng_states,
 )
-from packed_transformers.training.errors import RunError
-from packed_transformers.training.observe import MetricSums, summarize
-from packed_transformers.training.run_folder import data_identity
+from packed_transformers.components.errors import RunError
+from packed_transformers.components.observe import MetricSums, summarize
+from packed_transformers.components.run_folder import data_identity
+from packed_transformers.components.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, Diverged
+from packed_transformers.components.step import NonFiniteStep
+from packed_transformers.training.backends.engine import Engine
 from packed_transformers.training.run_setup import RunSetup
-from packed_transformers.training.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, Diverged
-from packed_transformers.training.step import NonFiniteStep
 
 log = logging.getLogger("training")
 
@@ -326,8 +326,8 @@ class Run(RunSetup):
 def run(config: dict, output: Path, resume: bool) -> int:
     """The run with the engine the config selects, as a process exit code: user-input and
     environment errors become exit code 2 with one line (run_pretraining.py's contract)."""
+    from packed_transformers.components.run_state import exit_code_of
     from packed_transformers.training.backends import engine_class
-    from packed_transformers.training.run_state import exit_code_of
 
     return exit_code_of(lambda: run_training(config, output, resume, engine_class(config)))
 

@@ -12,8 +12,21 @@ import torch
 from tqdm import tqdm
 
 from packed_transformers.common.cli import first_line
+from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components.curves import MetricsFileError
+from packed_transformers.components.data import PackedShards, ReplicaSampler, eval_batches, make_loader
+from packed_transformers.components.errors import RunError
+from packed_transformers.components.observe import Reporter
+from packed_transformers.components.run_folder import (
+    check_same_run,
+    data_identity,
+    forget_metrics_after,
+    prepare_output,
+    write_run_config,
+)
+from packed_transformers.components.run_state import EvalSchedule, RunState, StopSignal
+from packed_transformers.components.synthetic import SyntheticPacks
 from packed_transformers.model import PackedBertForPreTraining
-from packed_transformers.training import checkpoint as ckpt
 from packed_transformers.training.backends.engine import Engine
 from packed_transformers.training.build import (
     build_model,
@@ -23,19 +36,6 @@ from packed_transformers.training.build import (
     open_packed,
     packing_factor,
 )
-from packed_transformers.training.curves import MetricsFileError
-from packed_transformers.training.data import PackedShards, ReplicaSampler, eval_batches, make_loader
-from packed_transformers.training.errors import RunError
-from packed_transformers.training.observe import Reporter
-from packed_transformers.training.run_folder import (
-    check_same_run,
-    data_identity,
-    forget_metrics_after,
-    prepare_output,
-    write_run_config,
-)
-from packed_transformers.training.run_state import EvalSchedule, RunState, StopSignal
-from packed_transformers.training.synthetic import SyntheticPacks
 
 log = logging.getLogger("training")
 
@@ -66,7 +66,7 @@ class RunSetup:
         if eval_data is not None:  # checked like the training data: not hours in, at the first evaluation
             check_model_fits_data(self.model, eval_data, "data.eval_dir")
         saved = self._restore_checkpoint(resume)
-        # What the step is made of, after the packing adjustment (training.step.BatchArithmetic).
+        # What the step is made of, after the packing adjustment (components.step.BatchArithmetic).
         self.arithmetic = self.engine.attach(self.model, packing_factor(train_data))
         self.schedule = build_schedule(config)
         self.state = RunState()

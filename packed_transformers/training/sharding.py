@@ -6,7 +6,7 @@ torch.distributed.checkpoint (DCP), which a run of another number of ranks reads
                        `_no_split_modules`: a decoder layer), then the whole model; gradients
                        summed over ranks (divide factor 1: the run's loss is already divided
                        by the step's predicted tokens of every rank, as the DDP path's is)
-    save_sharded       OUTPUT/checkpoints/step-N/ as training/checkpoint.py's format: model/
+    save_sharded       OUTPUT/checkpoints/step-N/ as components/checkpoint.py's format: model/
                        (config.json, model.safetensors: the full weights, gathered to rank 0:
                        what a user loads), training_state.pt (run state and RNG, no optimizer),
                        dcp/ (every rank's shard of model and optimizer), manifest.json last;
@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 
 from packed_transformers.common.files import apply_umask, replace_folder
-from packed_transformers.training import checkpoint as ckpt
-from packed_transformers.training.errors import RunError
+from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components.errors import RunError
 
 SHARDINGS = ("none", "fsdp")
 

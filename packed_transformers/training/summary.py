@@ -17,7 +17,7 @@ import numpy as np
 import yaml
 
 from packed_transformers.common.cli import command_parser, refuse
-from packed_transformers.training.curves import (
+from packed_transformers.components.curves import (
     MetricsFileError,
     curve_from_records,
     plot_curves,

@@ -245,7 +245,7 @@ def test_final_step_is_checkpointed_once_and_replacement_keeps_a_folder(packed, 
         with files.atomic_folder(target) as tmp:
             (tmp / "new.txt").write_text("new")
     monkeypatch.undo()
-    from packed_transformers.training.checkpoint import remove_leftovers
+    from packed_transformers.components.checkpoint import remove_leftovers
 
     remove_leftovers(target.parent)  # what a resume does first
     assert (target / "old.txt").read_text() == "old"
@@ -334,8 +334,8 @@ def test_one_run_per_output_folder(packed, tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        from packed_transformers.packing.errors import PackingInputError
         from packed_transformers.packing.pipeline import PackJob, run_pack
+        from packed_transformers.packs.errors import PackingInputError
 
         job = PackJob(
             inputs=(str(packed / "raw-train" / "part-00000.h5"),),

@@ -89,8 +89,8 @@ def test_pack_documents_refuses_dev_zero_and_a_file_named_twice(tmp_path):
 def test_a_sequence_length_past_the_bound_is_refused_where_it_is_given(tmp_path):
     from packed_transformers.commands import pack_documents
     from packed_transformers.hf_integration.trainer import PackedDatasetError, pack_dataset
-    from packed_transformers.packing.errors import PackingInputError
-    from packed_transformers.packing.histogram import MAX_SEQUENCE_LENGTH, Histogram
+    from packed_transformers.packs.errors import PackingInputError
+    from packed_transformers.packs.histogram import MAX_SEQUENCE_LENGTH, Histogram
 
     rows = [{"input_ids": [1, 2, 3], "label": 0}]
     with pytest.raises(

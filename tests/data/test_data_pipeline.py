@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from packed_transformers.data.synthetic import synthetic_rows, write_synthetic_shards
 from packed_transformers.packing import pipeline
-from packed_transformers.packing.algorithms import pack
 from packed_transformers.packing.cli import main as packing_main
-from packed_transformers.packing.histogram import Histogram
-from packed_transformers.packing.plan import assign_sequences
 from packed_transformers.packing.shards import PackedDataset
-from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
+from packed_transformers.packs.algorithms import pack
+from packed_transformers.packs.histogram import Histogram
+from packed_transformers.packs.plan import assign_sequences
+from packed_transformers.packs.unpacked_hdf5 import write_unpacked_shard
 
 from ..conftest import REPO
 from ..packing_helpers import P, S, small_counts  # noqa: F401
@@ -358,7 +358,7 @@ def test_token_ids_past_uint16_are_refused_without_vocab_size(tmp_path, capsys):
     """Issue 22, D12: without --vocab-size, an id >= 65,536 used to be stored wrapped
     (70000 as 4464); now the row is refused, naming the flag, and nothing is written."""
     from packed_transformers.data.synthetic import synthetic_rows
-    from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
+    from packed_transformers.packs.unpacked_hdf5 import write_unpacked_shard
 
     rng = np.random.default_rng(0)
     rows = synthetic_rows(rng.integers(8, S + 1, size=20), S, P, rng, vocab_size=5000)
@@ -376,7 +376,7 @@ def test_pack_after_fixing_a_bad_input_in_place_runs(tmp_path, capsys):
     """Issue 22, D17: a pack refused for a bad row leaves nothing behind, so the same
     command succeeds once the input is fixed in place."""
     from packed_transformers.data.synthetic import synthetic_rows
-    from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
+    from packed_transformers.packs.unpacked_hdf5 import write_unpacked_shard
 
     rng = np.random.default_rng(0)
     rows = synthetic_rows(rng.integers(8, S + 1, size=20), S, P, rng, vocab_size=5000)

@@ -12,7 +12,7 @@ from packed_transformers.data.pick_eval_samples import main as pick_main
 from packed_transformers.data.pick_eval_samples import picked_rows
 from packed_transformers.data.synthetic import synthetic_rows
 from packed_transformers.packing.cli import main as packing_main
-from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
+from packed_transformers.packs.unpacked_hdf5 import write_unpacked_shard
 
 S, P = 32, 5
 

@@ -83,7 +83,7 @@ def test_pick_names_a_bad_row_in_its_source_and_os_errors_are_one_line(tmp_path,
     from packed_transformers.data.pick_eval_samples import main as pick_main
     from packed_transformers.data.pick_eval_samples import picked_rows
     from packed_transformers.data.synthetic import synthetic_rows
-    from packed_transformers.packing.unpacked_hdf5 import write_unpacked_shard
+    from packed_transformers.packs.unpacked_hdf5 import write_unpacked_shard
 
     rng = np.random.default_rng(0)
     rows = synthetic_rows(rng.integers(4, 32, size=50), 32, 5, rng)

@@ -9,10 +9,10 @@ import json
 import numpy as np
 import pytest
 
-from packed_transformers.training.batch_check import validate_batch
+from packed_transformers.components.batch_check import validate_batch
+from packed_transformers.components.synthetic import SyntheticPacks, mlm_slots
 from packed_transformers.training.config import ConfigError, validate
 from packed_transformers.training.run import run_training
-from packed_transformers.training.synthetic import SyntheticPacks, mlm_slots
 
 from ..training_helpers import VOCAB, base_config
 

@@ -116,8 +116,8 @@ def test_a_fifo_or_device_as_weights_or_shard_is_named_as_such(hub_classifier, t
 
     from packed_transformers.data.classification_data import ExampleError
     from packed_transformers.door.folder import load_finetuned
-    from packed_transformers.packing.errors import PackingInputError
     from packed_transformers.packing.shards import PackedDataset
+    from packed_transformers.packs.errors import PackingInputError
 
     from ..training_helpers import make_packed
 

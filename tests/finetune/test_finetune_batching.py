@@ -11,8 +11,8 @@ from packed_transformers.data.classification_data import TokenizedExamples
 from packed_transformers.inference.batching import BATCHING_MODES, Batcher, BatchingSpec, collate
 from packed_transformers.inference.predictions import predict_logits
 from packed_transformers.inference.rows import pack_rows, pad_table
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.tokenized import pack_examples
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.tokenized import pack_examples
 
 S = 48
 
@@ -133,7 +133,7 @@ def test_pack_examples_refuses_lengths_out_of_range():
 
 def test_the_default_k_follows_the_lengths_and_an_explicit_k_wins():
     """Issue 61: short texts in 128-token rows left 42.6% padding at the old default K = 6.
-    K chosen from the histogram (packing.tokenized.fitting_depth) leaves <= 10%; long
+    K chosen from the histogram (packs.tokenized.fitting_depth) leaves <= 10%; long
     examples get a shallow K; an explicit K is a limit that holds."""
     rng = np.random.default_rng(0)
     short = rng.integers(6, 30, 2000)
@@ -151,7 +151,7 @@ def test_a_run_of_documents_cut_at_the_width_is_told_of_packs_twice_as_wide():
     names the wider width and the padding it would leave, which is what a run at that width
     gets; short texts, or a pack_length the user set, get no such note."""
     from packed_transformers.finetune.train import packing_note
-    from packed_transformers.packing.tokenized import wider_packs
+    from packed_transformers.packs.tokenized import wider_packs
 
     rng = np.random.default_rng(0)
     documents = np.minimum(rng.integers(250, 900, 600), 512)  # a third cut at 512

@@ -10,7 +10,7 @@ from packed_transformers.inference.batching import BATCHING_MODES, Batcher, Batc
 from packed_transformers.inference.predictions import predict_logits
 from packed_transformers.inference.rows import pack_rows, unpack_outputs
 from packed_transformers.model.bert_heads import PackedBertForSequenceClassification, classification_metrics
-from packed_transformers.packing.tokenized import pack_examples
+from packed_transformers.packs.tokenized import pack_examples
 
 VOCAB = 97
 CLASSES = 4

@@ -15,7 +15,7 @@ from packed_transformers.inference.batching import BATCHING_MODES, Batcher, Batc
 from packed_transformers.inference.question_answering import predict_spans
 from packed_transformers.inference.rows import pack_rows, unpack_token_outputs
 from packed_transformers.model.bert_heads import PackedBertForQuestionAnswering, span_metrics
-from packed_transformers.packing.tokenized import pack_examples
+from packed_transformers.packs.tokenized import pack_examples
 
 from ..conftest import fast_loop_keeps
 from ..model_helpers import BACKENDS

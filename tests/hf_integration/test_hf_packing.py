@@ -36,7 +36,7 @@ from packed_transformers.model.bert_heads import (
     PackedBertForSequenceClassification,
     PackedBertForTokenClassification,
 )
-from packed_transformers.packing.tokenized import pack_examples
+from packed_transformers.packs.tokenized import pack_examples
 
 from ..hf_helpers import (
     accuracy,  # noqa: F401

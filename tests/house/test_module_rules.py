@@ -18,10 +18,22 @@ pytestmark = pytest.mark.slow
 # its imports); a room's name means that room of packed_transformers, any other a library
 ROOMS = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} | {"run_pretraining"}
 RULES = {
-    "common": ["torch", "numpy", "packing", "model", "optim", "training", "finetune", "data"],
+    "common": [
+        "torch",
+        "numpy",
+        "packs",
+        "packing",
+        "model",
+        "optim",
+        "components",
+        "training",
+        "finetune",
+        "data",
+    ],
+    "packs": ["torch", "h5py", "packing", "model", "optim", "training", "finetune", "poptorch"],
     "packing": ["torch", "model", "optim", "training", "finetune", "poptorch"],
-    "model": ["packing", "scipy", "poptorch", "training", "finetune", "optim", "data"],
-    "optim": ["model", "packing", "training", "finetune", "poptorch"],
+    "model": ["packs", "packing", "scipy", "poptorch", "components", "training", "finetune", "optim", "data"],
+    "optim": ["model", "packs", "packing", "training", "finetune", "poptorch"],
     "data": ["torch", "model", "training", "finetune", "optim"],
     "finetune.train": ["training", "poptorch", "serving"],
     "finetune.predict": ["training", "poptorch", "serving"],
@@ -30,6 +42,7 @@ RULES = {
     "finetune.serve": ["training", "poptorch", "torch", "uvicorn", "serving"],  # an alias: runs serving
     "serving.cli": ["training", "poptorch", "torch", "uvicorn"],  # parses first, then imports
     "serving.app": ["training", "poptorch"],
+    "components": ["training", "finetune", "poptorch", "door", "inference"],
     "training.run": ["poptorch", "finetune", "horovod", "popdist"],
     "training.backends": ["poptorch", "finetune", "horovod", "popdist"],
     "training.backends.ipu": ["poptorch", "horovod", "popdist"],  # imported only inside functions
@@ -95,9 +108,9 @@ def test_static_rule_check_sees_a_crossing(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(
         "def f():\n    from packed_transformers.serving.app import create_app\n"
-        "    import packed_transformers.packing.structure\n"
+        "    import packed_transformers.packs.structure\n"
     )
-    assert {"serving.app", "packing.structure"} <= imports_of(probe)
+    assert {"serving.app", "packs.structure"} <= imports_of(probe)
 
 
 def test_engines_do_not_import_the_run():

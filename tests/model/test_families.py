@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from packed_transformers.inference.rows import pack_rows
 from packed_transformers.model.families import FAMILIES as PACKED
 from packed_transformers.model.family_model import PackedFamilyModel
-from packed_transformers.packing.tokenized import pack_examples
+from packed_transformers.packs.tokenized import pack_examples
 
 from ..conftest import REPO
 from ..family_helpers import AUTO, FAMILIES, TASKS, TEXTS, family_tokenizer, save_family_folder

@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import BertForPreTraining
 
+from packed_transformers.components.batch_check import BatchError, validate_batch
 from packed_transformers.model import PackedBertForPreTraining, bert_config, stage_layer_ranges
-from packed_transformers.training.batch_check import BatchError, validate_batch
 
 from ..model_helpers import _compare_outputs, group_into_packs, packed_batch, random_sequences, reference_for
 

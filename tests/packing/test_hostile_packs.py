@@ -51,7 +51,7 @@ HOSTILE = {
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 def test_every_hostile_pack_is_named_by_the_structure_check(tmp_path, kind):
     """#8 and #4: each rule of the format, checked on a whole block at once."""
-    from packed_transformers.packing.structure import first_malformed
+    from packed_transformers.packs.structure import first_malformed
 
     (tmp_path / "data").mkdir()
     fields = _block(make_packed(tmp_path / "data"))
@@ -122,8 +122,8 @@ def test_a_shard_changed_under_the_reader_is_reported_not_a_sigbus(tmp_path):
     message); one copied over in place was read silently as new bytes."""
     import shutil
 
+    from packed_transformers.components.data import PackedShards, ShardReadError
     from packed_transformers.packing.shards import PackedDataset
-    from packed_transformers.training.data import PackedShards, ShardReadError
 
     (tmp_path / "data").mkdir()
     packed = make_packed(tmp_path / "data")
@@ -150,7 +150,7 @@ def test_a_shard_changed_under_the_reader_is_reported_not_a_sigbus(tmp_path):
 
 def test_a_manifest_that_lists_nothing_proves_nothing(tmp_path):
     """#14: a manifest without 'files' was a KeyError, one with {} was accepted as intact."""
-    from packed_transformers.training.checkpoint import CheckpointError, check_checkpoint
+    from packed_transformers.components.checkpoint import CheckpointError, check_checkpoint
 
     checkpoint = tmp_path / "step-00000002"
     (checkpoint / "model").mkdir(parents=True)
@@ -173,8 +173,8 @@ def test_metadata_with_a_string_vocab_size_or_an_external_shard_is_refused_at_op
     import h5py
 
     from packed_transformers.common.files import sha256_file
-    from packed_transformers.packing.errors import PackingInputError
     from packed_transformers.packing.shards import PackedDataset
+    from packed_transformers.packs.errors import PackingInputError
 
     (tmp_path / "data").mkdir()
     packed = make_packed(tmp_path / "data") / "train"
@@ -241,8 +241,8 @@ def rewrite_shard(packed, change):
     ],
 )  # fmt: skip
 def test_each_field_dtype_is_checked_when_a_shard_is_opened(tmp_path, name, change, expected):
-    from packed_transformers.packing.errors import PackingInputError
     from packed_transformers.packing.shards import PackedDataset
+    from packed_transformers.packs.errors import PackingInputError
 
     from ..training_helpers import make_packed
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from packed_transformers.common.files import sha256_file
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.lm_rows.row_rule import first_malformed_row
-from packed_transformers.packing.lm_rows.store import RowStore
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.lm_rows.row_rule import first_malformed_row
+from packed_transformers.packs.lm_rows.store import RowStore
 
 from ..training_helpers import DECODER_VOCAB as VOCAB
 

@@ -23,8 +23,8 @@ def busy_cores(n: int):
 def test_lp_plans_are_the_same_under_load_and_without():
     """The residual integer program is limited in HiGHS nodes, not seconds: a plan (and so
     the packed bytes) cannot depend on how fast the machine ran that day."""
-    from packed_transformers.packing.algorithms.lp import lp_pack
-    from packed_transformers.packing.histogram import Histogram
+    from packed_transformers.packs.algorithms.lp import lp_pack
+    from packed_transformers.packs.histogram import Histogram
 
     histogram = Histogram.from_json_file(
         REPO / "packed_transformers" / "packing" / "histograms" / "wikipedia_512.json"

@@ -15,7 +15,7 @@ from packed_transformers.packing import (
     PackingPlan,
     pack,
 )
-from packed_transformers.packing.plan import remove_excess
+from packed_transformers.packs.plan import remove_excess
 
 
 @st.composite

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from packed_transformers.data.synthetic import synthetic_rows
 from packed_transformers.packing.format import Sequence, pack_sequences
 from packed_transformers.packing.sources import Limits, validate_rows
-from packed_transformers.packing.structure import first_malformed
 from packed_transformers.packing.verify import pack_fingerprints, padded_fingerprints
+from packed_transformers.packs.structure import first_malformed
 
 S, P, K = 64, 6, 3
 

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packed_transformers.packing.errors import PackingBugError
-from packed_transformers.packing.lm_rows.layouts import (
+from packed_transformers.packs.errors import PackingBugError
+from packed_transformers.packs.lm_rows.layouts import (
     Rows,
     check_rows,
     concatenated_rows,
@@ -102,7 +102,7 @@ def corpus(tmp_path_factory):
 @pytest.mark.slow  # the corpus fixture: a tokenizer learned and two layouts packed in fresh interpreters
 def test_pack_documents_writes_both_layouts_with_every_document_once(corpus):
     from packed_transformers.door.folder import open_tokenizer
-    from packed_transformers.packing.lm_rows.store import RowStore
+    from packed_transformers.packs.lm_rows.store import RowStore
 
     root, texts = corpus
     report = json.loads((root / "rows" / "report.json").read_text())
@@ -300,8 +300,8 @@ def test_bf16_autocast_trains_on_cpu(corpus, tmp_path):
 def test_an_edited_metadata_json_is_refused_in_one_line(corpus, tmp_path):
     import shutil
 
-    from packed_transformers.packing.errors import PackingInputError
-    from packed_transformers.packing.lm_rows.store import RowStore
+    from packed_transformers.packs.errors import PackingInputError
+    from packed_transformers.packs.lm_rows.store import RowStore
 
     root, _ = corpus
     folder = tmp_path / "rows"

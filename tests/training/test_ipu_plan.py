@@ -12,6 +12,8 @@ import time
 import pytest
 import torch
 
+from packed_transformers.components.data import PackedShards, pad_micro_batch
+from packed_transformers.components.observe import SUM_KEYS, MetricSums
 from packed_transformers.model import PackedBertForPreTraining, bert_config
 from packed_transformers.optim import Lamb, weight_decay_groups
 from packed_transformers.training.backends.ipu_plan import IpuPlanError, make_plan
@@ -27,8 +29,6 @@ from packed_transformers.training.backends.ipu_step import (
 from packed_transformers.training.backends.torch_engine import train_step
 from packed_transformers.training.build import open_packed
 from packed_transformers.training.config import load_config, validate
-from packed_transformers.training.data import PackedShards, pad_micro_batch
-from packed_transformers.training.observe import SUM_KEYS, MetricSums
 
 from ..conftest import REPO
 from ..training_helpers import VOCAB, base_config

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from packed_transformers.common.files import sha256_file
+from packed_transformers.components.curves import eval_curve, masked_labels, unigram_baseline
+from packed_transformers.components.data import PackedShards
 from packed_transformers.packing.format import PACKED_FIELDS
 from packed_transformers.packing.shards import PackedDataset
-from packed_transformers.training.curves import eval_curve, masked_labels, unigram_baseline
-from packed_transformers.training.data import PackedShards
 
 from ..conftest import REPO
 from ..training_helpers import metrics, run, write_config

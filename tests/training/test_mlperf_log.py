@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from packed_transformers.training.mlperf_log import hyperparameters, mlperf_global_batch_size
-from packed_transformers.training.step import BatchArithmetic
+from packed_transformers.components.mlperf_log import hyperparameters, mlperf_global_batch_size
+from packed_transformers.components.step import BatchArithmetic
 
 from ..training_helpers import metrics, run, write_config
 

@@ -3,7 +3,7 @@
 An engine owns the model's placement, the optimizer and how one host call turns
 micro-batches into optimizer steps. The run owns everything else (data order, the
 evaluation schedule, checkpoints, logging, stopping) and calls nothing else. Engines
-never import the run, and every engine computes its loss with training.step.
+never import the run, and every engine computes its loss with components.step.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import torch
 
-from packed_transformers.training.observe import MetricSums
-from packed_transformers.training.step import BatchArithmetic
+from packed_transformers.components.observe import MetricSums
+from packed_transformers.components.step import BatchArithmetic
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Engine(Protocol):
         [masked tokens, sequences] (float64, host)."""
 
     def evaluate(self, shards, batches: list[list[int]]) -> dict:
-        """Exact evaluation metrics (training.observe.summarize) over every replica's batches."""
+        """Exact evaluation metrics (components.observe.summarize) over every replica's batches."""
 
     def reduce(self, sums: MetricSums) -> dict:
         """Metric sums of every replica."""

@@ -10,7 +10,7 @@ training.run; this module supplies its engine (training.backends.engine.Engine):
     optim LAMB settings (beta^p)  ->  poptorch.optim.LAMB(**poptorch_lamb_kwargs(...))
 
 Data: the host feeds PopTorch's combined batch (device iterations x replicas x gradient
-accumulation x micro-batch) from training.data's resumable, instance-sharded loader
+accumulation x micro-batch) from components.data's resumable, instance-sharded loader
 instead of poptorch.DataLoader, whose own sampler cannot resume at a micro-batch
 position; under poprun each instance reads its own share and only instance 0 logs and
 saves. Host-side sums (step counts, metrics) are all-reduced over instances with
@@ -33,15 +33,15 @@ import time
 import torch
 
 import packed_transformers.training.backends.ipu_plan as ipu_plan
+from packed_transformers.components.data import padded_groups
+from packed_transformers.components.distributed import use_host_sum
+from packed_transformers.components.errors import RunError
+from packed_transformers.components.observe import MetricSums, summarize
+from packed_transformers.components.step import BatchArithmetic, set_learning_rate, step_counts
 from packed_transformers.optim import poptorch_lamb_kwargs, weight_decay_groups
 from packed_transformers.training.backends.engine import Snapshot
 from packed_transformers.training.backends.ipu_plan import IpuPlan, make_plan
 from packed_transformers.training.backends.ipu_step import PretrainingStep, adapt_for_ipu, step_inputs
-from packed_transformers.training.data import padded_groups
-from packed_transformers.training.distributed import use_host_sum
-from packed_transformers.training.errors import RunError
-from packed_transformers.training.observe import MetricSums, summarize
-from packed_transformers.training.step import BatchArithmetic, set_learning_rate, step_counts
 
 log = logging.getLogger("training.ipu")
 

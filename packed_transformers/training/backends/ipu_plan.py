@@ -9,7 +9,7 @@ and the pretraining heads back on IPU 0, where the MLM decoder shares its weight
 word embeddings (a tied weight must live on one IPU). IPU 0 may hold no encoder layer
 ([0, 4, 4, 4], Graphcore's BERT-Base layout): then it holds the embeddings and the heads.
 
-Batch arithmetic: training.step.BatchArithmetic (the torch engines' own), plus
+Batch arithmetic: components.step.BatchArithmetic (the torch engines' own), plus
     packs per host call = packs per step x device_iterations
 """
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from packed_transformers.components.errors import RunError
+from packed_transformers.components.step import BatchArithmetic
 from packed_transformers.model.config import bert_config, stage_layer_ranges
 from packed_transformers.optim import AdjustedHyperparameters
-from packed_transformers.training.errors import RunError
-from packed_transformers.training.step import BatchArithmetic
 
 
 class IpuPlanError(RunError):

@@ -6,7 +6,7 @@ check that the IPU graph computes what the torch path's `train_step` computes.
 A compiled graph cannot divide by the step's global masked-token count (it sees one
 micro-batch at a time), so the host passes the step's normalisers as per-row inputs
 (`mlm_scale`, `nsp_scale`: the same value on every row of a step), and the graph's loss
-is training.step.micro_batch_loss (the torch engines' own) times N = GA x replicas, with
+is components.step.micro_batch_loss (the torch engines' own) times N = GA x replicas, with
 gradient accumulation and replication reduced by MEAN (running): the mean over the step's N
 micro-batches of N x its share is exactly the torch path's loss, token losses / global
 masked tokens + NSP losses / global sequences. Mean, not Sum: PopTorch's fp16 gradient
@@ -22,10 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from packed_transformers.components.observe import SUM_KEYS
+from packed_transformers.components.step import loss_scales, micro_batch_loss
 from packed_transformers.model.encoder import encode_rows
 from packed_transformers.model.pretraining import HEAD_INPUTS
-from packed_transformers.training.observe import SUM_KEYS
-from packed_transformers.training.step import loss_scales, micro_batch_loss
 
 # Fields the graph takes; source_index (int64 bookkeeping) stays on the host.
 GRAPH_FIELDS = ("input_ids", "segment_ids", "position_ids", "sequence_ids", *HEAD_INPUTS)
@@ -98,7 +98,7 @@ class PretrainingStep(nn.Module):
     """(graph fields + mlm_scale + nsp_scale) -> (loss, sums [1, len(SUM_KEYS)] float32).
 
     `loss_marker` marks the loss for the compiler: poptorch.identity_loss(x, "none") on
-    IPUs, the identity on CPU. Sums follow training.observe.SUM_KEYS."""
+    IPUs, the identity on CPU. Sums follow components.observe.SUM_KEYS."""
 
     def __init__(self, model, loss_marker: Callable[[torch.Tensor], torch.Tensor] = lambda x: x):
         super().__init__()

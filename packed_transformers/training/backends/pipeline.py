@@ -7,10 +7,10 @@ Layout: rank = replica * stages + stage, so one pipeline's stages are neighbouri
 heads, as on IPUs. Every rank builds the whole model from the same seed (so weights agree
 without a broadcast) and moves only its stage to the device.
 
-The step is the torch engine's computation (training.step), spread out:
+The step is the torch engine's computation (components.step), spread out:
   * the step's micro-batches (gradient accumulation) are the schedule's micro-batches;
   * the last stage's loss function (`HeadLoss`) runs the heads and normalises each
-    micro-batch's sums by the step's global counts: training.step.micro_batch_loss,
+    micro-batch's sums by the step's global counts: components.step.micro_batch_loss,
     summed by the schedule (scale_grads=False);
   * gradients are summed over replicas (dp group); the MLM decoder weight, tied to the
     word embeddings of stage 0, gets the sum of both stages' gradients (tied group), so
@@ -29,21 +29,21 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-from packed_transformers.model.config import bert_config, nonempty_stage_ranges
-from packed_transformers.model.pretraining import HEAD_INPUTS
-from packed_transformers.training.backends.engine import Snapshot
-from packed_transformers.training.build import build_lamb
-from packed_transformers.training.data import padded_groups
-from packed_transformers.training.distributed import setup_replica
-from packed_transformers.training.errors import RunError
-from packed_transformers.training.observe import SUM_KEYS, MetricSums, summarize
-from packed_transformers.training.step import (
+from packed_transformers.components.data import padded_groups
+from packed_transformers.components.distributed import setup_replica
+from packed_transformers.components.errors import RunError
+from packed_transformers.components.observe import SUM_KEYS, MetricSums, summarize
+from packed_transformers.components.step import (
     BatchArithmetic,
     loss_scales,
     micro_batch_loss,
     set_learning_rate,
     step_counts,
 )
+from packed_transformers.model.config import bert_config, nonempty_stage_ranges
+from packed_transformers.model.pretraining import HEAD_INPUTS
+from packed_transformers.training.backends.engine import Snapshot
+from packed_transformers.training.build import build_lamb
 
 log = logging.getLogger("training.pipeline")
 

@@ -1,8 +1,8 @@
 """The torch engine: one process = one data-parallel replica (CPU, CUDA; DDP under torchrun).
 
 A step: the host counts the step's masked tokens and sequences over all replicas
-(training.step.step_counts), then every micro-batch runs forward under autocast, its
-loss is training.step.micro_batch_loss with those counts, and backward accumulates;
+(components.step.step_counts), then every micro-batch runs forward under autocast, its
+loss is components.step.micro_batch_loss with those counts, and backward accumulates;
 DDP all-reduces the gradients once, on the last micro-batch; LAMB steps.
 """
 
@@ -12,12 +12,9 @@ import contextlib
 
 import torch
 
-from packed_transformers.optim import Lamb
-from packed_transformers.training.backends.engine import Snapshot
-from packed_transformers.training.build import build_lamb
-from packed_transformers.training.distributed import setup_replica
-from packed_transformers.training.observe import SUM_KEYS, MetricSums, summarize
-from packed_transformers.training.step import (
+from packed_transformers.components.distributed import setup_replica
+from packed_transformers.components.observe import SUM_KEYS, MetricSums, summarize
+from packed_transformers.components.step import (
     BatchArithmetic,
     NonFiniteStep,
     autocast_context,
@@ -27,6 +24,9 @@ from packed_transformers.training.step import (
     set_learning_rate,
     step_counts,
 )
+from packed_transformers.optim import Lamb
+from packed_transformers.training.backends.engine import Snapshot
+from packed_transformers.training.build import build_lamb
 
 
 def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, world, mode, sums: MetricSums):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from packed_transformers.training.errors import RunError
+from packed_transformers.components.errors import RunError
 
 GRANULARITY = {"auto": None, "mask": 0}  # model.attention -> PackedLayout.granularity (buckets: by S)
 

@@ -1,7 +1,7 @@
 """The decoder pretraining loop: named steps over one typed state.
 
     open data -> prepare the folder -> model, AdamW -> restore the newest intact checkpoint
-    loop:  global batch of rows (training.decoder.data) -> per micro-batch: forward (the packed
+    loop:  global batch of rows (components.decoder_data) -> per micro-batch: forward (the packed
            causal LM's token-loss sum) scaled by 1 / (predicted tokens of the whole step, all
            replicas) -> backward -> gradients summed over replicas -> clip 1.0 -> AdamW at
            the cosine schedule's rate -> log -> evaluate when due -> checkpoint when due
@@ -26,29 +26,29 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from packed_transformers.optim import weight_decay_groups
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.lm_rows.store import RowStore
-from packed_transformers.training import checkpoint as ckpt
-from packed_transformers.training.decoder.data import evaluation_batches, global_batch_rows, micro_batches
-from packed_transformers.training.decoder.model import build_decoder
-from packed_transformers.training.distributed import (
+from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components.decoder_data import evaluation_batches, global_batch_rows, micro_batches
+from packed_transformers.components.distributed import (
     all_reduce_,
     any_process,
     barrier,
     setup_replica,
 )
-from packed_transformers.training.errors import RunError
-from packed_transformers.training.observe import Reporter
-from packed_transformers.training.run_folder import (
+from packed_transformers.components.errors import RunError
+from packed_transformers.components.observe import Reporter
+from packed_transformers.components.run_folder import (
     CHANGEABLE_ON_RESUME,
     forget_metrics_after,
     prepare_output,
     write_run_config,
 )
-from packed_transformers.training.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, StopSignal
+from packed_transformers.components.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, StopSignal
+from packed_transformers.components.step import autocast_context, set_learning_rate
+from packed_transformers.optim import weight_decay_groups
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.lm_rows.store import RowStore
+from packed_transformers.training.decoder.model import build_decoder
 from packed_transformers.training.sharding import full_tensor, load_sharded, save_sharded, shard_model
-from packed_transformers.training.step import autocast_context, set_learning_rate
 
 log = logging.getLogger("training")
 
@@ -399,6 +399,6 @@ class DecoderRun:
 
 def run_decoder(config: dict, output: Path, resume: bool) -> int:
     """run_pretraining.py's entry for a decoder config: exit code (2: refused, nothing trained)."""
-    from packed_transformers.training.run_state import exit_code_of
+    from packed_transformers.components.run_state import exit_code_of
 
     return exit_code_of(lambda: DecoderRun(config, output, resume).train())

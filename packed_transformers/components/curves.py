@@ -69,7 +69,7 @@ def curve_from_records(evals: list[dict]) -> dict[str, np.ndarray]:
 def masked_labels(dataset: PackedDataset, packs: list[int] | None = None) -> np.ndarray:
     """int64 [masked tokens]: the labels of every used masked-LM slot of `packs` (all packs
     when None), read in blocks."""
-    from packed_transformers.training.data import PackedShards  # torch: imported only where data is read
+    from packed_transformers.components.data import PackedShards  # torch: imported only where data is read
 
     shards = PackedShards(dataset)
     packs = list(range(len(shards))) if packs is None else packs
@@ -84,10 +84,10 @@ def masked_labels(dataset: PackedDataset, packs: list[int] | None = None) -> np.
 def unigram_baseline(train_dir, eval_dir, max_sequences: int) -> tuple[int, float]:
     """(token id, accuracy): the most frequent masked label of the training data and the
     MLM accuracy of always predicting it on the evaluation a run performs (the first
-    packs holding at most `max_sequences` sequences, as training.data.eval_batches picks).
+    packs holding at most `max_sequences` sequences, as components.data.eval_batches picks).
     A model has learned something beyond token frequencies only above this accuracy."""
+    from packed_transformers.components.data import eval_batches
     from packed_transformers.packing.shards import PackedDataset
-    from packed_transformers.training.data import eval_batches
 
     train = masked_labels(PackedDataset.open(train_dir))
     most_frequent = int(np.bincount(train).argmax())

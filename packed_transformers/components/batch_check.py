@@ -3,7 +3,7 @@
 
 What is particular to tensors (fields present, integer dtypes, 2-D, matching widths) and
 to the model (positions below its position embeddings) is checked here; the packed
-format's row rules are packing.structure's `first_malformed`, the check the training
+format's row rules are packs.structure's `first_malformed`, the check the training
 reader runs on every batch, stated once.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from packed_transformers.packing.structure import first_malformed
+from packed_transformers.packs.structure import first_malformed
 
 FIELDS_S = ("input_ids", "segment_ids", "position_ids", "sequence_ids")
 FIELDS_M = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")

@@ -24,7 +24,7 @@ import logging
 import math
 from pathlib import Path
 
-from packed_transformers.training.step import BatchArithmetic
+from packed_transformers.components.step import BatchArithmetic
 
 PACKED_SEQUENCES_PER_PACK = 2  # NVIDIA's convention for packed BERT's global_batch_size
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from packed_transformers.components.distributed import all_reduce_
 from packed_transformers.optim import AdjustedHyperparameters, adjust_for_packing
-from packed_transformers.training.distributed import all_reduce_
 
 
 # --------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from packed_transformers.packing.lm_rows.store import RowStore
+from packed_transformers.packs.lm_rows.store import RowStore
 
 
 def row_order(rows: int, seed: int, epoch: int) -> np.ndarray:

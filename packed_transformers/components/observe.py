@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from packed_transformers.training.distributed import all_reduce_host
-from packed_transformers.training.mlperf_log import MlperfLog
-from packed_transformers.training.step import loss_scales, micro_batch_loss
+from packed_transformers.components.distributed import all_reduce_host
+from packed_transformers.components.mlperf_log import MlperfLog
+from packed_transformers.components.step import loss_scales, micro_batch_loss
 
 SUM_KEYS = ("mlm_loss_sum", "mlm_count", "mlm_correct", "nsp_loss_sum", "nsp_count", "nsp_correct", "tokens")
 
@@ -49,7 +49,7 @@ def summarize(totals: dict) -> dict:
     """Sums -> the reported figures: losses per token / per sequence, accuracies."""
     mlm_scale, nsp_scale = loss_scales((totals["mlm_count"], totals["nsp_count"]))
     return {
-        # The step's own normalisation (training.step), over the whole window.
+        # The step's own normalisation (components.step), over the whole window.
         "loss": micro_batch_loss(totals["mlm_loss_sum"], totals["nsp_loss_sum"], mlm_scale, nsp_scale),
         "mlm_loss": totals["mlm_loss_sum"] * mlm_scale,
         "nsp_loss": totals["nsp_loss_sum"] * nsp_scale,
@@ -61,7 +61,7 @@ def summarize(totals: dict) -> dict:
 
 
 class Reporter:
-    """metrics.jsonl + TensorBoard + MLPerf log (`mlperf`, training.mlperf_log) on rank 0; silent elsewhere."""
+    """metrics.jsonl + TensorBoard + MLPerf log (`mlperf`, components.mlperf_log) on rank 0; silent elsewhere."""
 
     def __init__(self, output: Path, config: dict, rank: int):
         self.enabled = rank == 0

@@ -10,9 +10,9 @@ from pathlib import Path
 import yaml
 
 from packed_transformers.common.files import FolderInUse, atomic_path, lock_folder, sha256_file
-from packed_transformers.training.curves import read_metric_lines
-from packed_transformers.training.distributed import barrier
-from packed_transformers.training.errors import RunError
+from packed_transformers.components.curves import read_metric_lines
+from packed_transformers.components.distributed import barrier
+from packed_transformers.components.errors import RunError
 
 # Keys of the fixed sections that change how the run is done, not what it computes.
 CHANGEABLE_ON_RESUME = {("data", "loader_workers"), ("data", "validate_batches"), ("data", "check_sha256")}

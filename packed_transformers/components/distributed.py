@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from packed_transformers.training import checkpoint as ckpt
-from packed_transformers.training.errors import RunError
+from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components.errors import RunError
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ import numpy as np
 if TYPE_CHECKING:  # scipy is imported where a program is solved: packing with another
     import scipy.sparse  # algorithm (embed, predict, the server) pays nothing for it
 
-from packed_transformers.packing.algorithms.heuristics import lpfhp
-from packed_transformers.packing.algorithms.nnlshp import exact_fill_strategies
-from packed_transformers.packing.errors import PackingBugError
-from packed_transformers.packing.histogram import Histogram
-from packed_transformers.packing.plan import remove_excess
+from packed_transformers.packs.algorithms.heuristics import lpfhp
+from packed_transformers.packs.algorithms.nnlshp import exact_fill_strategies
+from packed_transformers.packs.errors import PackingBugError
+from packed_transformers.packs.histogram import Histogram
+from packed_transformers.packs.plan import remove_excess
 
 PRICING_TOLERANCE = 1e-9
 MAX_ITERATIONS = 500

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from packed_transformers.packing.errors import PackingInputError
 from packed_transformers.packing.format import PACKED_FIELDS
 from packed_transformers.packing.shards import METADATA, PackedDataset
-from packed_transformers.packing.structure import first_malformed
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.structure import first_malformed
 
 
 class PackedShards(Dataset):
@@ -39,7 +39,7 @@ class PackedShards(Dataset):
     records (a file truncated under a memory map would otherwise kill the process with
     SIGBUS, and one copied over in place would be read as new bytes silently), and every
     pack read keeps the format's structure and the model's vocabulary
-    (packing.structure.first_malformed)."""
+    (packs.structure.first_malformed)."""
 
     def __init__(
         self, dataset: PackedDataset, vocab_size: int | None = None, type_vocab_size: int | None = None

@@ -1,6 +1,6 @@
 """Packing for tokenized datasets held in memory (fine-tuning, inference).
 
-Pretraining data goes through shards on disk (packing.pipeline); a fine-tuning set is a
+Pretraining data goes through shards on disk (packing/, the shard packer); a fine-tuning set is a
 list of token id lists that fits in memory. The same histogram algorithms pack it:
 
     table = pack_examples(lengths, max_tokens=128, max_per_pack=None, algorithm="lpfhp", seed=0)
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packed_transformers.packing.algorithms import pack
-from packed_transformers.packing.errors import PackingBugError, PackingInputError
-from packed_transformers.packing.histogram import Histogram
-from packed_transformers.packing.plan import assign_sequences
+from packed_transformers.packs.algorithms import pack
+from packed_transformers.packs.errors import PackingBugError, PackingInputError
+from packed_transformers.packs.histogram import Histogram
+from packed_transformers.packs.plan import assign_sequences
 
 # The depths a default K is chosen from (fitting_depth): a few, so that the rows' [packs, K]
 # fields take few shapes.

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:  # imported where solved (see packing/algorithms/lp.py)
+if TYPE_CHECKING:  # imported where solved (see packs/algorithms/lp.py)
     import scipy.sparse
 
-from packed_transformers.packing.algorithms.heuristics import lpfhp
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.histogram import Histogram
-from packed_transformers.packing.plan import remove_excess
+from packed_transformers.packs.algorithms.heuristics import lpfhp
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.histogram import Histogram
+from packed_transformers.packs.plan import remove_excess
 
 MAX_DEPTH = 3
 SHORT_LENGTHS = 8  # lengths 1..8 get the smaller residual weight

@@ -5,11 +5,11 @@
                     documents, split_documents, left_out_tokens, vocab_size, eos_id,
                     tokenizer (what it was made with), shards [{file, rows, sha256}]
     part-00000.h5   input_ids, sequence_ids, position_ids, document_ids, document_offsets:
-                    [rows, S] each (packing.lm_rows.layouts.Rows)
+                    [rows, S] each (packs.lm_rows.layouts.Rows)
 
 Written into a temporary folder and renamed into place (nothing half-written); opened with
 every shard's shape and integer dtype checked from its header and, where asked, its sha256,
-then every row checked against the format (packing.lm_rows.row_rule) a block at a time.
+then every row checked against the format (packs.lm_rows.row_rule) a block at a time.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from packed_transformers.common.files import atomic_folder, sha256_file
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.lm_rows.layouts import LAYOUTS, Rows
-from packed_transformers.packing.lm_rows.row_rule import first_malformed_row
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.lm_rows.layouts import LAYOUTS, Rows
+from packed_transformers.packs.lm_rows.row_rule import first_malformed_row
 
 FORMAT = "packed-lm-rows"
 VERSION = 1
@@ -126,7 +126,7 @@ class RowStore:
         """PackingInputError (one line naming the folder, file, field or row) unless `folder`
         is this format, whole and as its metadata describes it. Sizes are checked from the
         metadata and the HDF5 headers before any row is read; rows are read a block at a
-        time, each block checked against the format (packing.lm_rows.row_rule) before the
+        time, each block checked against the format (packs.lm_rows.row_rule) before the
         next; the real tokens counted are compared with the metadata's."""
         folder = Path(folder)
         meta_file = folder / "metadata.json"

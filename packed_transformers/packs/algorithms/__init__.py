@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import time
 
-from packed_transformers.packing.algorithms.baselines import greedy_next_fit, no_packing
-from packed_transformers.packing.algorithms.heuristics import best_fit_decreasing, lpfhp, spfhp
-from packed_transformers.packing.algorithms.lp import lp_pack
-from packed_transformers.packing.algorithms.nnlshp import nnlshp
-from packed_transformers.packing.errors import PackingInputError
-from packed_transformers.packing.histogram import Histogram
-from packed_transformers.packing.plan import MaxPerPack, PackingPlan, effective_depth
+from packed_transformers.packs.algorithms.baselines import greedy_next_fit, no_packing
+from packed_transformers.packs.algorithms.heuristics import best_fit_decreasing, lpfhp, spfhp
+from packed_transformers.packs.algorithms.lp import lp_pack
+from packed_transformers.packs.algorithms.nnlshp import nnlshp
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.histogram import Histogram
+from packed_transformers.packs.plan import MaxPerPack, PackingPlan, effective_depth
 
 ALGORITHMS = {
     "none": no_packing,

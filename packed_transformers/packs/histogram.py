@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from packed_transformers.common import json_text
-from packed_transformers.packing.errors import PackingInputError
+from packed_transformers.packs.errors import PackingInputError
 
 
 @dataclass(frozen=True)

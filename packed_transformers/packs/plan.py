@@ -1,7 +1,7 @@
 """`PackingPlan`: which multisets of sequence lengths make up the packs, and how often.
 
 A plan is histogram-level: it says "pack lengths (300, 200, 12) together 4,117
-times", not which sequences go where (packing.plan does that). Every plan is
+times", not which sequences go where (packs.plan does that). Every plan is
 verified against its histogram before an algorithm returns it: each sequence is
 packed exactly once, no pack exceeds N tokens or K sequences.
 """
@@ -14,8 +14,8 @@ from typing import Optional
 
 import numpy as np
 
-from packed_transformers.packing.errors import PackingBugError, PackingInputError
-from packed_transformers.packing.histogram import Histogram
+from packed_transformers.packs.errors import PackingBugError, PackingInputError
+from packed_transformers.packs.histogram import Histogram
 
 # K = None means "unlimited": any number of sequences per pack (at most N).
 MaxPerPack = Optional[int]  # noqa: UP045 -- a runtime alias: `int | None` needs Python 3.10 (the IPU stack runs 3.8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from packed_transformers.packing.histogram import Histogram
+from packed_transformers.packs.histogram import Histogram
 
 
 def no_packing(histogram: Histogram, depth: int):

@@ -3,7 +3,7 @@
 Pack i is a pure function of (seed, i): `round(packing_factor)`-ish random sequences
 (floor or ceil of the factor, so that the mean is the factor) that fill all S tokens,
 about 15% of each sequence's tokens masked, random NSP labels, laid out by the packed
-format's own `pack_sequences`, so every batch is well formed (training.batch_check.validate_batch)
+format's own `pack_sequences`, so every batch is well formed (components.batch_check.validate_batch)
 and has the static shapes of a real packed dataset with the same S and K. The numbers a
 model learns from them mean nothing; their cost per step is that of real full packs.
 

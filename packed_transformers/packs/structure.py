@@ -14,7 +14,7 @@ the pack, before the model sees it. The rules are ARCHITECTURE.md section 3's:
 - masked_lm_weights: the number of the run the masked position lies in (0 = unused);
 - input_ids below the model's vocabulary, segment_ids below its token-type count.
 
-`training.batch_check.validate_batch` (the debug option, on tensors) checks what is
+`components.batch_check.validate_batch` (the debug option, on tensors) checks what is
 particular to tensors and calls this for the rules: they are stated here only.
 """
 

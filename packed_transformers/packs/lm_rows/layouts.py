@@ -3,7 +3,7 @@
 * `documents` (document-masked packs): each document is a sequence of its own (attention
   and next-token targets stay inside it, positions restart at 0). A document of more than
   S tokens is split at every S tokens into pieces, each its own sequence. The pieces are
-  packed by the histogram packers (packing.tokenized.pack_examples: LPFHP by default, K
+  packed by the histogram packers (packs.tokenized.pack_examples: LPFHP by default, K
   chosen from the lengths), so a row holds whole documents and little padding.
 * `concatenated` (MLPerf's reference, Megatron's and NeMo's data): all documents back to
   back (each already ends with EOS), cut every S tokens; one causal stream per row, so a
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packed_transformers.packing.errors import PackingBugError, PackingInputError
-from packed_transformers.packing.tokenized import pack_examples
+from packed_transformers.packs.errors import PackingBugError, PackingInputError
+from packed_transformers.packs.tokenized import pack_examples
 
 LAYOUTS = ("documents", "concatenated")
 # K of the documents layout: the smallest of these whose LPFHP plan leaves at most
@@ -76,7 +76,7 @@ def pieces_of(lengths: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray,
 
 def lm_depth(lengths: np.ndarray, length: int) -> int:
     """K for pieces of `lengths` tokens in rows of `length` (DEPTHS, MAX_PADDING)."""
-    from packed_transformers.packing.tokenized import padding_of
+    from packed_transformers.packs.tokenized import padding_of
 
     counts = np.bincount(np.asarray(lengths) - 1, minlength=length)
     return next((k for k in DEPTHS if padding_of(counts, length, k) <= MAX_PADDING), DEPTHS[-1])

@@ -9,8 +9,8 @@ the number of distinct strategies, not on the number of sequences.
 
 from __future__ import annotations
 
-from packed_transformers.packing.algorithms.open_packs import OpenPacks
-from packed_transformers.packing.histogram import Histogram
+from packed_transformers.packs.algorithms.open_packs import OpenPacks
+from packed_transformers.packs.histogram import Histogram
 
 
 def spfhp(histogram: Histogram, depth: int):

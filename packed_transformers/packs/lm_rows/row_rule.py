@@ -1,7 +1,7 @@
 """The causal-LM row format as one pure decision: `first_malformed_row` returns the first row
 of a block that breaks it, as a typed `RowFault`, or None. No I/O; numpy only.
 
-The rules (packing.lm_rows.layouts.Rows; `write_rows` only writes rows that keep them):
+The rules (packs.lm_rows.layouts.Rows; `write_rows` only writes rows that keep them):
   * input_ids in 0..vocab_size-1;
   * sequence_ids in 0..K; a row's real tokens (sequence id > 0) are a prefix of it, at least
     one, and padding after them (no hole inside a document);

@@ -8,8 +8,8 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from packed_transformers.training.data import LoaderPosition
-from packed_transformers.training.distributed import any_process
+from packed_transformers.components.data import LoaderPosition
+from packed_transformers.components.distributed import any_process
 
 EXIT_INTERRUPTED = 143
 EXIT_DIVERGED = 3  # a non-finite loss, gradient norm or weight: no checkpoint written
@@ -102,11 +102,11 @@ def exit_code_of(body: Callable[[], int]) -> int:
     its line with the path, exit 2. The process group is shut down whatever happens."""
     from packed_transformers.common.cli import refuse
     from packed_transformers.common.files import describe_os_error
-    from packed_transformers.packing.errors import PackingInputError
-    from packed_transformers.training.checkpoint import CheckpointError
-    from packed_transformers.training.data import one_line
-    from packed_transformers.training.distributed import shut_down_process_group
-    from packed_transformers.training.errors import RunError
+    from packed_transformers.components.checkpoint import CheckpointError
+    from packed_transformers.components.data import one_line
+    from packed_transformers.components.distributed import shut_down_process_group
+    from packed_transformers.components.errors import RunError
+    from packed_transformers.packs.errors import PackingInputError
 
     try:
         return body()

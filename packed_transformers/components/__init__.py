@@ -1,0 +1,9 @@
+"""The pieces every training run is built from (torchtitan's components/): the step's
+arithmetic and loss sums (step), replicas and host collectives (distributed), checkpoints
+and RNG state (checkpoint), the run folder and its resume checks (run_folder), the run's
+state, stop conditions and exit codes (run_state), metrics, TensorBoard and the MLPerf log
+(observe, mlperf_log), learning curves read back (curves), packed BERT shards in a
+resumable, replica-disjoint order (data; batch_check, synthetic). The runs and their
+engines (training/) are built on these. Never imports training/, door/, inference/,
+finetune/, serving/ or any room above them.
+"""
