@@ -53,10 +53,10 @@ def cross_evaluation(model_folder: Path, eval_dir: Path, rows: int) -> float:
     layout's evaluation set (the concatenated rows: each document after the ones before it)."""
     import torch
 
+    from packed_transformers.components.decoder_data import evaluation_batches
     from packed_transformers.model.families import next_token_targets
     from packed_transformers.model.family_model import PackedFamilyModel
     from packed_transformers.packs.lm_rows.store import RowStore
-    from packed_transformers.components.decoder_data import evaluation_batches
 
     model = PackedFamilyModel.from_pretrained(model_folder, "causal_lm").eval()
     store = RowStore.open(eval_dir, check_sha256=False)

@@ -32,7 +32,20 @@ def parse_args(argv=None):
         help="IPU: compile the executables (timed; cached in ipu.executable_cache_dir) and stop; "
         "the output folder is not written",
     )
-    return parser.parse_args(argv)
+    plan = parser.add_argument_group(
+        "memory plan (decoder configs; nothing is allocated, trained or written)"
+    )
+    plan.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the memory per rank and the GPUs the config needs, then stop",
+    )
+    plan.add_argument("--gpus", type=int, default=8, help="GPUs the plan spreads the run over")
+    plan.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU, GiB")
+    args = parser.parse_args(argv)
+    if args.plan and (args.gpus < 1 or not args.gpu_memory_gib > 0):
+        parser.error("--gpus must be >= 1 and --gpu-memory-gib > 0")
+    return args
 
 
 def main(argv=None) -> int:
@@ -60,6 +73,16 @@ def main(argv=None) -> int:
             config = validate_raw(raw, overrides, args.config)
     except ConfigError as err:
         return refuse(err)
+    if args.plan:
+        if not is_decoder_config(raw):
+            return refuse(
+                f"--plan: {args.config} is a BERT config; the memory plan is for decoder configs (model.family)"
+            )
+        from packed_transformers.model.hf_checkpoint import quiet_transformers
+        from packed_transformers.training.decoder.memory_plan import print_plan
+
+        quiet_transformers()
+        return print_plan(config, args.config, args.gpus, args.gpu_memory_gib)
     output = Path(args.output_dir or Path("runs") / Path(args.config).stem)
     if is_decoder_config(raw):
         from packed_transformers.model.hf_checkpoint import quiet_transformers

@@ -118,15 +118,24 @@ def write_pairs(path, count: int, seed: int = 0):
     return path
 
 
-def failed_mlperf_rules(log) -> set[str]:
+# What mlperf-logging 5.1.0's open_llama31_8b.yaml checks is a placeholder ("TODO: Update with
+# official compliance requirements"): an eval_accuracy below 1.0 with an epoch_num, another
+# benchmark's rule, which no llama31_8b log meets (its eval_accuracy is a log perplexity, target
+# 3.3, counted in samples). An Open log fails that rule and no other.
+OPEN_PLACEHOLDER_RULES = {"eval_accuracy"}
+
+
+def failed_mlperf_rules(log, division: str = "closed") -> set[str]:
     """The keys MLCommons' checker (mlperf-logging, --ruleset 5.1.0) reports failing in `log`;
-    every other rule of common, closed_common and closed_llama31_8b passed."""
+    every other rule of common, {division}_common and {division}_llama31_8b passed."""
     import re
 
     done = subprocess.run([PY, "-m", "mlperf_logging.compliance_checker", "--usage", "training", "--ruleset", "5.1.0",
                            str(log)], cwd=log.parent, capture_output=True, text=True)  # fmt: skip
     text = done.stdout + done.stderr
-    assert "closed_llama31_8b.yaml" in text, text[-2000:]  # the benchmark's own rules were applied
+    assert f"{division}_llama31_8b.yaml" in text, text[
+        -2000:
+    ]  # the benchmark's rules of that division applied
     failed = set(re.findall(r"CHECK for '(\w+)' failed", text)) | set(
         re.findall(r"Failed checks for (\w+)", text)
     )

@@ -12,6 +12,8 @@ torch.distributed.checkpoint (DCP), which a run of another number of ranks reads
                        dcp/ (every rank's shard of model and optimizer), manifest.json last;
                        written into a temporary folder every rank writes, renamed in by rank 0
     load_sharded       dcp/ into this run's shards, whatever number of ranks wrote it
+    materialize_sharded  a model built on the meta device and sharded gets its weights: each
+                       rank allocates its shards only, rank 0's whole model broadcast into them
 
 Gloo runs every collective FSDP2 and DCP need, so all of this runs and is tested on CPUs
 (tests/training/test_decoder_fsdp.py). Never imports the run or the engines.
@@ -66,6 +68,30 @@ def shard_model(model, world: int, precision: str, device: torch.device) -> int:
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
     return len(blocks)
+
+
+def materialize_sharded(model, whole_hf_model, device: torch.device, rank: int) -> None:
+    """Give a model built on the meta device and sharded (shard_model) its weights: each rank
+    allocates only its shards (`to_empty`), and rank 0's `whole_hf_model` (built on the CPU as an
+    unsharded run builds it, same seed: None on the other ranks) is broadcast into them, so a
+    sharded run starts from the weights a one-process run starts from, and no rank but rank 0
+    ever holds the whole model (in host memory, once). Buffers that are not in the state dict
+    (rotary frequencies) are broadcast as they are."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    hf_model = model.hf_model
+    model.to_empty(device=device)
+    whole = whole_hf_model.state_dict() if rank == 0 else {}
+    set_model_state_dict(
+        hf_model,
+        whole,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True),
+    )
+    sources = dict(whole_hf_model.named_buffers()) if rank == 0 else {}
+    for name, buffer in hf_model.named_buffers():
+        value = sources[name].to(device) if rank == 0 else torch.empty_like(buffer)
+        dist.broadcast(value, src=0)
+        buffer.copy_(value)
 
 
 def is_sharded(model) -> bool:

@@ -1,10 +1,13 @@
 """Loaded at start-up by the commands tests/house_helpers.py `counted_run` starts (this folder
 on PYTHONPATH): counts, for the whole process, how often config.json of the folder in
-$COUNT_FOLDER is opened (a Python audit hook: every open in the process, transformers' own
-included) and how many transformers tokenizers are built (PreTrainedTokenizerBase.__init__,
+$COUNT_FOLDER is opened to be read (a Python audit hook: every open in the process,
+transformers' own included; common.files.sha256_file's digest of its bytes is not a read of
+what it says and is left out) and how many transformers tokenizers are built (PreTrainedTokenizerBase.__init__,
 patched when transformers imports it), and writes {"config_json": n, "tokenizer_builds": m}
 to $COUNT_OUTPUT at exit. $COUNT_PLANT=config or tokenizer plants a second reader (after the
-door opens the folder), to show each count can fail."""
+door opens the folder), to show each count can fail. A $COUNT_OUTPUT holding "{pid}" is one
+file per process (a Ray job's driver and its actors, which inherit the environment), written
+at every count as well as at exit: Ray may end its workers without running atexit."""
 
 import atexit
 import importlib.abc
@@ -17,13 +20,33 @@ FOLDER = os.path.realpath(os.environ["COUNT_FOLDER"])
 counts = {"config_json": 0, "tokenizer_builds": 0}
 
 
+PER_PROCESS = "{pid}" in os.environ["COUNT_OUTPUT"]
+
+
+def digest_only() -> bool:
+    """Whether the open under way is common.files.sha256_file's: a digest of the bytes (a Ray
+    job ties its kept shards to the model's content), not a parse."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "sha256_file":
+            return True
+        frame = frame.f_back
+    return False
+
+
 def audit(event, args):
     if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
         path = os.fsdecode(args[0])
-        if os.path.basename(path) == "config.json" and os.path.realpath(path) == os.path.join(
-            FOLDER, "config.json"
+        if (
+            os.path.basename(path) == "config.json"
+            and os.path.realpath(path) == os.path.join(FOLDER, "config.json")
+            and not digest_only()
         ):
             counts["config_json"] += 1
+            if PER_PROCESS:
+                write()
 
 
 def patch_tokenizers(module):
@@ -32,6 +55,8 @@ def patch_tokenizers(module):
 
     def counted_init(self, *args, **kwargs):
         counts["tokenizer_builds"] += 1
+        if PER_PROCESS:
+            write()
         return original(self, *args, **kwargs)
 
     base.__init__ = counted_init
@@ -87,8 +112,10 @@ class AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def write():
-    with open(os.environ["COUNT_OUTPUT"], "w") as handle:
+    path = os.environ["COUNT_OUTPUT"].replace("{pid}", str(os.getpid()))
+    with open(path + ".tmp", "w") as handle:
         json.dump(counts, handle)
+    os.replace(path + ".tmp", path)
 
 
 sys.addaudithook(audit)

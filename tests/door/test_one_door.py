@@ -203,7 +203,7 @@ def test_the_door_takes_one_typed_value_per_kind_of_caller(tmp_path):
         kind: {f.name for f in dataclasses.fields(kind)}
         for kind in (AsTheFolderSays, ForEmbedding, ForTraining)
     }
-    assert fields[ForTraining] == {"task", "model", "config", "label"}
+    assert fields[ForTraining] == {"task", "model", "config", "label", "tokenizer"}
     assert "normalize" in fields[ForEmbedding] and "normalize" not in fields[AsTheFolderSays]
     with pytest.raises(TypeError, match="not one of"):
         open_folder(tmp_path / "nowhere", "embedding")

@@ -45,13 +45,16 @@ TINY = {
     "packed train --config configs/finetune_qa_bbc.yaml": [("max_seconds=90", "max_seconds=5")],
     "packed debian-texts": [("", " --limit 1500")],
     "packed pack-documents": [("", " --max-sequence-length 512 --eval-rows 8")],
-    "packed pretrain --config configs/pretrain_decoder_tiny.yaml": [
-        (
-            "",
-            " --set data.max_sequence_length=512 --set eval.rows=8 --set training.max_steps=3 --set eval.every_samples=2"
-            " --set model.hidden_size=32 --set model.intermediate_size=64",
-        )
-    ],
+    **{
+        f"packed pretrain --config configs/{config}": [
+            (
+                "",
+                " --set data.max_sequence_length=512 --set eval.rows=8 --set training.max_steps=3"
+                " --set eval.every_samples=2 --set model.hidden_size=32 --set model.intermediate_size=64",
+            )
+        ]
+        for config in ("pretrain_decoder_tiny.yaml", "pretrain_decoder_tiny_closed.yaml")
+    },
 }
 
 

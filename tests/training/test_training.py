@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,7 +48,11 @@ def test_config_errors_name_the_key(tmp_path):
 def test_every_shipped_config_validates():
     from packed_transformers.common.config_schema import read_yaml
     from packed_transformers.finetune.config import load_finetune_config
-    from packed_transformers.training.decoder.config import is_decoder_config, load_decoder_config
+    from packed_transformers.training.decoder.config import (
+        division_fault,
+        is_decoder_config,
+        load_decoder_config,
+    )
 
     decoders = 0
     for path in sorted((REPO / "configs").glob("*.yaml")):
@@ -56,11 +61,18 @@ def test_every_shipped_config_validates():
         if path.name.startswith("finetune_"):
             load_finetune_config(path)
         elif is_decoder_config(read_yaml(path)):
-            load_decoder_config(read_yaml(path), [], str(path))
+            config = load_decoder_config(read_yaml(path), [], str(path))
             decoders += 1
+            # each decoder config's division is one its rows' layout allows (pack-documents'
+            # OUTPUT/<layout>/train), and its name says which
+            layout = Path(config["data"]["train_dir"]).parent.name
+            division = config["logging"]["submission_division"]
+            assert division_fault(division, layout) is None, path.name
+            assert (division == "closed") == path.stem.endswith("_closed"), path.name
         else:
             load_config(path)
-    assert decoders == 2
+    assert decoders == 4
+    assert division_fault("closed", "documents") and division_fault("open", "concatenated") is None
 
 
 def test_short_cpu_run_lowers_the_loss_and_logs(packed, tmp_path):

@@ -114,6 +114,11 @@ class RowStore:
     def vocab_size(self) -> int:
         return self.metadata["vocab_size"]
 
+    @property
+    def layout(self) -> str:
+        """packs.lm_rows.layouts.LAYOUTS: "documents" (document-masked packs) or "concatenated"."""
+        return self.metadata["layout"]
+
     def batch(self, indices) -> dict[str, np.ndarray]:
         """The rows at `indices`: input_ids, sequence_ids, position_ids [n, S] int64."""
         return {

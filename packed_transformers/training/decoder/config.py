@@ -73,6 +73,16 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "checkpoint_every_steps": Key(int, 0, "0 = only at the end and on SIGTERM", minimum=0),
         "keep_checkpoints": Key(int, 2, "newest checkpoints kept", minimum=1),
         "log_every_steps": Key(int, 1, "metrics line every N steps", minimum=1),
+        "compile": Key(
+            bool,
+            False,
+            "torch.compile the training forward: one graph for the run (every micro-batch is "
+            "[micro_batch_rows, S]; compiled, the packed attention takes the row's mask and the LM "
+            "head runs on every token)",
+        ),
+        "compile_backend": Key(
+            str, "inductor", "torch.compile's backend", ("inductor", "aot_eager", "eager")
+        ),
     },
     "eval": {
         "every_samples": Key(
@@ -103,6 +113,29 @@ SCHEMA: dict[str, dict[str, Key]] = {
     # tqdm bar: the decoder loop logs a line per window and draws none.
     "logging": {name: key for name, key in BERT_SCHEMA["logging"].items() if name != "progress"},
 }
+
+
+# The MLPerf division a run may call itself, by the layout of the rows it trains on. The Closed
+# division requires the reference's training method, and MLPerf's llama31_8b reference (and
+# NVIDIA's 5.1 submission) concatenates C4 documents and cuts every 8,192 tokens with plain
+# causal attention across documents: the concatenated layout. Document-masked packs change what
+# the model attends to: an Open-division method.
+DIVISIONS_OF_LAYOUT: dict[str, tuple[str, ...]] = {
+    "concatenated": ("closed", "open"),
+    "documents": ("open",),
+}
+
+
+def division_fault(division: str, layout: str) -> str | None:
+    """Why a run on `layout` rows cannot be logged as `division` (None: it can)."""
+    if division in DIVISIONS_OF_LAYOUT[layout]:
+        return None
+    return (
+        f"logging.submission_division {division}: the training rows are {layout}-layout packs, "
+        f"a method of the {' or '.join(DIVISIONS_OF_LAYOUT[layout])} division only; MLPerf's Closed division "
+        "trains as the reference does, on the concatenated layout (pack-documents' concatenated/train): "
+        "train on those rows, or set logging.submission_division: open"
+    )
 
 
 def is_decoder_config(raw) -> bool:

@@ -9,6 +9,7 @@ alone through transformers (tests/model/test_decoders.py, tests/training/test_de
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 from pathlib import Path
 
@@ -50,25 +51,30 @@ def set_rope_theta(family_config, theta: float) -> None:
 TRAINING_BYTES_PER_PARAMETER = 16
 
 
-def check_training_memory(hf_config, device: torch.device) -> None:
-    """RunError unless the model's weights, gradients and AdamW state (fp32) fit the device's
-    memory: counted on the meta device (nothing allocated), against the memory available now
-    (a CPU) or the GPU's total. Activations come on top: this refuses what cannot fit at all."""
+def check_training_memory(
+    hf_config, device: torch.device, shards: int = 1, bytes_per_parameter: int = TRAINING_BYTES_PER_PARAMETER
+) -> None:
+    """RunError unless the model's weights, gradients and AdamW state (fp32; a 1/shards share
+    of each under FSDP2; bytes_per_parameter 4: the weights alone) fit the device's memory: counted on the meta device (nothing
+    allocated), against the memory available now (a CPU) or the GPU's total. Activations come
+    on top: this refuses what cannot fit at all (`--plan` counts them)."""
     import psutil
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(hf_config)
     parameters = sum(p.numel() for p in meta.parameters())
-    needed = parameters * TRAINING_BYTES_PER_PARAMETER
+    needed = -(-parameters // shards) * bytes_per_parameter
     if device.type == "cuda":
         have, where = torch.cuda.get_device_properties(device).total_memory, f"{device} holds"
     else:
         have, where = psutil.virtual_memory().available, "this machine has"
     if needed > have:
+        share = f" (a 1/{shards} share under execution.sharding fsdp)" if shards > 1 else ""
         raise RunError(
             f"model: {parameters:,} parameters (vocab_size {hf_config.vocab_size}) need {needed / 2**30:.1f} GiB "
-            f"for weights, gradients and AdamW state in fp32; {where} {have / 2**30:.1f} GiB"
+            f"for {'weights, gradients and AdamW state' if bytes_per_parameter == TRAINING_BYTES_PER_PARAMETER else 'its weights'} "
+            f"in fp32{share}; {where} {have / 2**30:.1f} GiB"
         )
 
 
@@ -91,11 +97,15 @@ def decoder_folder_config(folder: Path) -> dict:
     return config
 
 
-def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, device=None):
+def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, device=None, shards: int = 1,
+                  meta: bool = False, weights_only: bool = False):  # fmt: skip
     """PackedCausalLM of config["model"] (seeded by training.seed). vocab_size: the model's
     (model.vocab_size, else the data's); data_vocab: the rows' vocabulary, which the model
     must cover whether it comes from the config or a checkpoint; device: where it will train
-    (its memory checked before anything is allocated)."""
+    (its memory checked before anything is allocated, a 1/shards share of the model's state
+    under FSDP2); meta: built on the meta device, nothing allocated (a random init only: the
+    sharded run materializes it, training.sharding.materialize_sharded); weights_only: the
+    memory check counts its weights alone (rank 0's whole copy for that, which never trains)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from packed_transformers.model.families import PACKED_ATTENTION, _register_packed_attention
@@ -125,9 +135,11 @@ def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, d
                 f"model.vocab_size {vocab_size}: below the rows' vocabulary of {data_vocab} tokens "
                 "(vocab_size in data.train_dir's metadata.json)"
             )
-        check_training_memory(family_config, torch.device(device or "cpu"))
+        state_bytes = 4 if weights_only else TRAINING_BYTES_PER_PARAMETER
+        check_training_memory(family_config, torch.device(device or "cpu"), shards, state_bytes)
         _register_packed_attention()
-        hf_model = AutoModelForCausalLM.from_config(family_config, attn_implementation=PACKED_ATTENTION)
+        with torch.device("meta") if meta else contextlib.nullcontext():
+            hf_model = AutoModelForCausalLM.from_config(family_config, attn_implementation=PACKED_ATTENTION)
         packed = PackedCausalLM(hf_model, "causal_lm")
     if packed.config.vocab_size < data_vocab:
         raise RunError(

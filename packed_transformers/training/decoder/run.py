@@ -47,8 +47,15 @@ from packed_transformers.components.step import autocast_context, set_learning_r
 from packed_transformers.optim import weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.lm_rows.store import RowStore
+from packed_transformers.training.decoder.config import division_fault
 from packed_transformers.training.decoder.model import build_decoder
-from packed_transformers.training.sharding import full_tensor, load_sharded, save_sharded, shard_model
+from packed_transformers.training.sharding import (
+    full_tensor,
+    load_sharded,
+    materialize_sharded,
+    save_sharded,
+    shard_model,
+)
 
 log = logging.getLogger("training")
 
@@ -106,6 +113,9 @@ class DecoderRun:
             raise RunError(
                 f"data.eval_dir: holds {self.eval_rows.rows} rows, eval.rows is {config['eval']['rows']}"
             )
+        fault = division_fault(config["logging"]["submission_division"], self.train_rows.layout)
+        if fault:
+            raise RunError(fault)
         self.replica = setup_replica(config)
         self.rank, self.world = self.replica.rank, self.replica.world
         optim = config["optim"]
@@ -117,24 +127,37 @@ class DecoderRun:
                 f"data.train_dir holds {self.train_rows.rows} rows (a step would read rows more than once)"
             )
         data_vocab = max(self.train_rows.vocab_size, self.eval_rows.vocab_size if self.eval_rows else 0)
-        # the model is built (and its memory checked) before the run folder is written
-        self.model = build_decoder(
-            config,
-            config["model"]["vocab_size"] or data_vocab,
-            data["max_sequence_length"],
-            data_vocab,
-            self.replica.device,
-        ).to(self.replica.device)
         execution = config["execution"]
+        self.sharded = execution["sharding"] == "fsdp"
+        # the model is built (and its memory checked) before the run folder is written; sharded
+        # from a random init it is built on the meta device (no rank holds it whole on its
+        # device) and rank 0 builds it on the CPU, as one process would, for its weights
+        shape = (config, config["model"]["vocab_size"] or data_vocab, data["max_sequence_length"], data_vocab)
+        on_meta = self.sharded and config["model"]["init_checkpoint"] is None and self.world > 1
+        self.model = build_decoder(
+            *shape, self.replica.device, self.world if self.sharded else 1, meta=on_meta
+        )
+        if not on_meta:
+            self.model = self.model.to(self.replica.device)
         if execution["activation_checkpointing"]:
             self.model.hf_model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
-        self.sharded = execution["sharding"] == "fsdp"
         if self.sharded:
             blocks = shard_model(self.model, self.world, config["training"]["precision"], self.replica.device)
+            if on_meta:
+                whole = build_decoder(*shape, "cpu", weights_only=True).hf_model if self.rank == 0 else None
+                materialize_sharded(self.model, whole, self.replica.device, self.rank)
+                del whole
             if self.rank == 0:
-                log.info("FSDP2: %d blocks and the model sharded over %d ranks", blocks, self.world)
+                log.info("FSDP2: %d blocks and the model sharded over %d ranks%s", blocks, self.world,
+                         " (built on the meta device, rank 0's weights broadcast)" if on_meta else "")  # fmt: skip
+        training = config["training"]
+        self.step_model = (
+            torch.compile(self.model, backend=training["compile_backend"], dynamic=False)
+            if training["compile"]
+            else self.model
+        )
         # the global batch may be split another way on resume (other ranks, other accumulation)
         prepare_output(output, config, resume, self.rank, changeable=GLOBAL_BATCH_SPLIT)
         self.optimizer = torch.optim.AdamW(
@@ -265,11 +288,19 @@ class DecoderRun:
         self.model.train()
         loss_sum = torch.zeros((), dtype=torch.float64)
         precision = config["training"]["precision"]
+        # compiled, the step's token count is a tensor: a Python float would be a constant of
+        # the graph, compiled again for every count
+        items = torch.tensor(predicted) if self.step_model is not self.model else predicted
         for batch, target in zip(batches, targets):
             with autocast_context(precision, self.replica.device):
-                out = self.model(**batch, shift_labels=target, num_items_in_batch=predicted)
-            out["loss"].backward()
-            loss_sum += out["token_loss_sum"].double().cpu()
+                out = self.step_model(**batch, shift_labels=target, num_items_in_batch=items)
+            # only the loss is kept through the backward: the outputs also hold the predicted
+            # tokens' logits [N, V] fp32, which the backward does not need (N x V x 4 bytes:
+            # 4 GiB at 8,192 tokens of Llama 3.1's vocabulary, found by the memory plan)
+            loss, token_loss_sum = out["loss"], out["token_loss_sum"]
+            del out
+            loss.backward()
+            loss_sum += token_loss_sum.double().cpu()
         # each replica's gradient is its share of the step's mean: sum them (FSDP2 sums them
         # itself, reduce-scattered into each rank's shard)
         if self.world > 1 and not self.sharded:
@@ -393,6 +424,10 @@ class DecoderRun:
             print(f"run_pretraining.py: diverged: {err}; no checkpoint written for it", file=sys.stderr)
             exit_code = EXIT_DIVERGED
         mlperf.run_stop(state.samples, status)
+        if self.step_model is not self.model and self.rank == 0:
+            from torch._dynamo.utils import counters
+
+            log.info("torch.compile: %d graph(s) compiled for the run", counters["stats"]["unique_graphs"])
         self.reporter.close()
         return exit_code
 
