@@ -175,6 +175,39 @@ def latest_valid_checkpoint(folder: Path) -> Path | None:
     return next(intact_checkpoints(folder), None)
 
 
+def resume_from(folder: Path, load_weights) -> tuple[Path, dict]:
+    """The one resume policy of every pretraining run (BERT's and the decoder's), as
+    (checkpoint, its training state):
+
+    - the newest checkpoint whose files match its manifest (a corrupt or half-written one is
+      reported and the previous one tried);
+    - its training state must load: one that holds anything but tensors and plain values is
+      never skipped past (CheckpointError names it: someone put it there);
+    - `load_weights(path, state)` puts its weights (and, sharded, the optimizer's shards) into
+      the run; weights that match the manifest but do not load (damaged before the manifest
+      was written, or replaced with it, or of another model) make it a damaged checkpoint, as
+      a sha256 mismatch does: reported, the previous one tried;
+    - none left: CheckpointError. A --resume with nothing to resume from is refused, never a
+      silent start from step 0 (the user asked to continue a run)."""
+    from safetensors import SafetensorError
+
+    for path in intact_checkpoints(folder):
+        state = load_training_state(path)
+        try:
+            load_weights(path, state)
+        except CheckpointError:
+            raise
+        except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
+            log.error("refusing checkpoint: %s: its weights cannot be loaded (%s); trying the previous one",
+                      path, first_line(err)[:300])  # fmt: skip
+            continue
+        return path, state
+    raise CheckpointError(
+        f"{folder} holds no intact checkpoint to resume from; to start over, run without --resume in a "
+        f"new --output-dir (or delete {folder.parent})"
+    )
+
+
 def load_training_state(path: Path) -> dict:
     """The optimizer, run and RNG state of a checkpoint. Loaded with weights_only=True:
     a checkpoint may come from anyone, and unpickling arbitrary objects runs their code

@@ -41,3 +41,28 @@ class WarmupPolyDecay:
             return self.peak_lr * s / self.warmup_samples
         progress = min(s, self.total_samples) / self.total_samples
         return (self.peak_lr - self.end_lr) * (1.0 - progress) ** self.power + self.end_lr
+
+
+@dataclass(frozen=True)
+class WarmupCosineDecay:
+    """Linear warmup to `peak_lr`, then a cosine from `peak_lr` to `end_lr` at `total_samples`
+    (end_lr after it): MLPerf Training 5.1's llama31_8b schedule, counted in samples (rows).
+
+        lr = peak_lr * (samples + 1) / warmup_samples                      if samples < warmup
+        lr = end_lr + (peak_lr - end_lr) * (1 + cos(pi * p)) / 2            otherwise,
+             p = min(1, (samples - warmup) / max(total - warmup, 1))
+
+    The warmup counts the step's own samples (+1: a step at 0 samples trains at a rate above
+    zero), as the decoder run always has."""
+
+    peak_lr: float
+    warmup_samples: float
+    total_samples: float
+    end_lr: float = 0.0
+
+    def __call__(self, samples: float) -> float:
+        warmup, total = self.warmup_samples, self.total_samples
+        if samples < warmup:
+            return self.peak_lr * (samples + 1) / warmup
+        progress = min(1.0, (samples - warmup) / max(total - warmup, 1))
+        return self.end_lr + 0.5 * (self.peak_lr - self.end_lr) * (1 + math.cos(math.pi * progress))

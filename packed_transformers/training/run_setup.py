@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from packed_transformers.common.cli import first_line
 from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components.curves import MetricsFileError
 from packed_transformers.components.data import PackedShards, ReplicaSampler, eval_batches, make_loader
@@ -122,27 +121,15 @@ class RunSetup:
                 log.warning("removed %s, a checkpoint a crash left half-written", leftover)
         if not resume:
             return None
-        for restored in ckpt.intact_checkpoints(self.checkpoints):
-            try:
-                saved = ckpt.load_training_state(restored)
-            except ckpt.CheckpointError as err:  # a pickle that is not plain state: never skipped past
-                raise RunError(f"--resume: {err}") from None
-            try:
-                weights = PackedBertForPreTraining.from_pretrained(restored / "model").state_dict()
-            except (OSError, ValueError, RuntimeError) as err:
-                # weights that match the manifest but do not load (damaged before the manifest
-                # was written, or both replaced): a damaged checkpoint, as a sha256 mismatch is
-                log.error(
-                    "refusing checkpoint: %s: its model cannot be loaded (%s); trying the previous one",
-                    restored, first_line(err)[:300],
-                )  # fmt: skip
-                continue
-            self.model.load_state_dict(weights)
-            return saved
-        raise RunError(
-            f"--resume: {self.checkpoints} holds no intact checkpoint to resume from; to start "
-            f"over, run without --resume in a new --output-dir (or delete {self.output})"
-        )
+
+        def load_weights(path, _state):
+            self.model.load_state_dict(PackedBertForPreTraining.from_pretrained(path / "model").state_dict())
+
+        try:
+            _, saved = ckpt.resume_from(self.checkpoints, load_weights)
+        except ckpt.CheckpointError as err:
+            raise RunError(f"--resume: {err}") from None
+        return saved
 
     def _restore_state(self, saved: dict) -> None:
         """The engine's state (optimizer), the run state and this replica's RNG state."""

@@ -261,7 +261,7 @@ def test_resume_skips_a_checkpoint_whose_weights_match_the_manifest_but_do_not_l
     (newest / "manifest.json").write_text(json.dumps(manifest))
     done = run(config, tmp_path / "r", "--resume")
     assert done.returncode == 0, done.stderr
-    assert "its model cannot be loaded" in done.stderr and "Traceback" not in done.stderr
+    assert "its weights cannot be loaded" in done.stderr and "Traceback" not in done.stderr
     a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "r")
     assert all(torch.equal(a[k], b[k]) for k in a)  # the previous checkpoint, trained on to the same end
 

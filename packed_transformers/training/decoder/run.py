@@ -32,6 +32,7 @@ from packed_transformers.components.distributed import (
     all_reduce_,
     any_process,
     barrier,
+    gather_rng_states,
     setup_replica,
 )
 from packed_transformers.components.errors import RunError
@@ -44,7 +45,7 @@ from packed_transformers.components.run_folder import (
 )
 from packed_transformers.components.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, StopSignal
 from packed_transformers.components.step import autocast_context, set_learning_rate
-from packed_transformers.optim import weight_decay_groups
+from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.lm_rows.store import RowStore
 from packed_transformers.training.decoder.config import division_fault
@@ -75,16 +76,6 @@ class DecoderState:
     best_log_perplexity: float = math.inf
     reached_target: bool = False
     rows_per_step: int = 0  # the global batch (0: a checkpoint from before it was recorded)
-
-
-def cosine_with_warmup(optim: dict, samples: int) -> float:
-    """The rate after `samples` rows: linear from 0 to lr over warmup_samples, then a cosine
-    from lr to end_lr over the rest of total_samples (end_lr after it)."""
-    warmup, total, peak, end = optim["warmup_samples"], optim["total_samples"], optim["lr"], optim["end_lr"]
-    if samples < warmup:
-        return peak * (samples + 1) / warmup
-    progress = min(1.0, (samples - warmup) / max(total - warmup, 1))
-    return end + 0.5 * (peak - end) * (1 + math.cos(math.pi * progress))
 
 
 def open_rows(folder, role: str, config: dict) -> RowStore:
@@ -166,6 +157,9 @@ class DecoderRun:
             betas=tuple(optim["betas"]),
             eps=optim["eps"],
         )
+        self.schedule = WarmupCosineDecay(
+            optim["lr"], optim["warmup_samples"], optim["total_samples"], optim["end_lr"]
+        )
         self.state = DecoderState(
             next_eval_samples=config["eval"]["every_samples"] or 0, rows_per_step=self.rows_per_step
         )
@@ -206,44 +200,54 @@ class DecoderRun:
             for leftover in ckpt.remove_leftovers(self.output / "checkpoints"):
                 log.warning("removed %s: a checkpoint half-written when a run was stopped", leftover)
         barrier()
-        for path in ckpt.intact_checkpoints(self.output / "checkpoints"):
+        folder = self.output / "checkpoints"
+        for path in ckpt.list_checkpoints(
+            folder
+        ):  # a sharded run resumes a sharded checkpoint, and only that
             if (path / "dcp").is_dir() != self.sharded:
                 written = "with" if (path / "dcp").is_dir() else "without"
                 raise RunError(
                     f"--resume: {path} was written {written} execution.sharding fsdp; resume it the same way"
                 )
-            try:
-                saved = ckpt.load_training_state(path)
-                if self.sharded:
-                    load_sharded(path, self.model.hf_model, self.optimizer)
-                else:
-                    from safetensors.torch import load_file
+        try:
+            path, saved = ckpt.resume_from(folder, self._load_weights)
+        except ckpt.CheckpointError as err:
+            raise RunError(f"--resume: {err}") from None
+        restored = DecoderState(**json.loads(saved["state"]))
+        if restored.rows_per_step and restored.rows_per_step != self.rows_per_step:
+            raise RunError(
+                f"--resume: {restored.rows_per_step} rows a step in {path}, {self.rows_per_step} now "
+                "(data.micro_batch_rows x optim.gradient_accumulation x processes must stay the global batch)"
+            )
+        restored.rows_per_step = self.rows_per_step
+        self.state = restored
+        ckpt.set_rng_state(saved["rng"][self.rank] if self.rank < len(saved["rng"]) else saved["rng"][0])
+        log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
 
-                    weights = load_file(path / "model" / "model.safetensors")
-                    self.model.hf_model.load_state_dict(weights, strict=False)
-                    self.optimizer.load_state_dict(saved["optimizer"])
-            except (ckpt.CheckpointError, RuntimeError, KeyError, ValueError) as err:
-                log.error("refusing checkpoint %s (%s); trying the previous one", path, str(err)[:200])
-                continue
-            restored = DecoderState(**json.loads(saved["state"]))
-            if restored.rows_per_step and restored.rows_per_step != self.rows_per_step:
-                raise RunError(
-                    f"--resume: {restored.rows_per_step} rows a step in {path}, {self.rows_per_step} now "
-                    "(data.micro_batch_rows x optim.gradient_accumulation x processes must stay the global batch)"
-                )
-            restored.rows_per_step = self.rows_per_step
-            self.state = restored
-            ckpt.set_rng_state(saved["rng"][self.rank] if self.rank < len(saved["rng"]) else saved["rng"][0])
-            log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
+    def _load_weights(self, path: Path, saved: dict) -> None:
+        """A checkpoint's weights and optimizer state into the run (ckpt.resume_from's loader):
+        DCP shards, or the model folder's weights (strict: every key but a tied one, which the
+        folder stores once) and the optimizer."""
+        if self.sharded:
+            load_sharded(path, self.model.hf_model, self.optimizer)
             return
-        log.info("--resume: no intact checkpoint in %s; starting from step 0", self.output / "checkpoints")
+        from safetensors.torch import load_file
+
+        hf_model = self.model.hf_model
+        result = hf_model.load_state_dict(load_file(path / "model" / "model.safetensors"), strict=False)
+        tied = getattr(hf_model, "_tied_weights_keys", None) or ()
+        missing = set(result.missing_keys) - set(tied)
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"model.safetensors is not this model's: missing {sorted(missing)[:3]}, "
+                f"unexpected {sorted(result.unexpected_keys)[:3]}"
+            )
+        if tied:
+            hf_model.tie_weights()
+        self.optimizer.load_state_dict(saved["optimizer"])
 
     def _save(self) -> None:
-        rng = [ckpt.rng_state()]
-        if self.world > 1:
-            gathered = [None] * self.world
-            dist.all_gather_object(gathered, rng[0])
-            rng = gathered
+        rng = gather_rng_states()
         keep = self.config["training"]["keep_checkpoints"]
         if self.sharded:  # every rank writes its shard (optimizer state in dcp/)
             state = {"state": json.dumps(asdict(self.state)), "rng": rng}
@@ -283,7 +287,7 @@ class DecoderRun:
         )
         all_reduce_(counts)
         predicted, tokens = max(float(counts[0]), 1.0), int(counts[1])
-        lr = cosine_with_warmup(config["optim"], state.samples)
+        lr = self.schedule(state.samples)
         set_learning_rate(self.optimizer, lr)
         self.model.train()
         loss_sum = torch.zeros((), dtype=torch.float64)
