@@ -27,6 +27,7 @@ import torch
 
 from packed_transformers.components.distributed import all_reduce_
 from packed_transformers.optim import AdjustedHyperparameters, adjust_for_packing
+from packed_transformers.optim.lamb import tensor_norms
 
 
 # --------------------------------------------------------------------------------------
@@ -77,7 +78,7 @@ def check_finite_step(step_loss: torch.Tensor, parameters, check_gradients: bool
     if check_gradients:
         grads = [p.grad for p in parameters if p.grad is not None]
         if grads:
-            norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)).float())
+            norm = torch.linalg.vector_norm(tensor_norms(grads).float())  # whole tensors, also sharded
             values.append(norm.reshape(1))
     values = torch.cat([v.to(values[0].device) for v in values]).cpu()
     if not bool(torch.isfinite(values).all()):

@@ -24,6 +24,27 @@ import math
 import torch
 
 
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (an FSDP2 shard); a plain tensor as it is."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def tensor_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """[n] the L2 norm of each whole tensor: of a plain tensor its own; of DTensors sharded
+    over ranks (FSDP2), every rank's sum of squares of its shard summed over the mesh, so that
+    a trust ratio or a clipping norm is the whole parameter's on every rank, as unsharded."""
+    if not tensors:
+        return torch.zeros(0)
+    if not hasattr(tensors[0], "to_local"):
+        return torch.stack(torch._foreach_norm(tensors))
+    import torch.distributed as dist
+
+    locals_ = [t.to_local() for t in tensors]
+    squares = torch.stack([part.float().pow(2).sum() for part in locals_])
+    dist.all_reduce(squares, group=tensors[0].device_mesh.get_group())
+    return squares.sqrt()
+
+
 def _check_hyperparameters(lr, betas, eps, weight_decay, max_grad_norm, max_weight_norm):
     if not (isinstance(lr, (float, int)) and math.isfinite(lr) and lr >= 0):
         raise ValueError(f"Lamb: lr must be a finite number >= 0, got {lr!r}")
@@ -105,7 +126,7 @@ class Lamb(torch.optim.Optimizer):
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
         if not grads:
             return torch.zeros(())
-        return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        return torch.linalg.vector_norm(tensor_norms(grads))
 
     @torch.no_grad()
     def step(self, closure=None, grad_norm: torch.Tensor | None = None):
@@ -123,7 +144,7 @@ class Lamb(torch.optim.Optimizer):
                 coefficient = (self.max_grad_norm / norm.to(grads[0].device).float().clamp(min=1e-12)).clamp(
                     max=1.0
                 )
-                torch._foreach_mul_(grads, coefficient)
+                torch._foreach_mul_([local_part(g) for g in grads], coefficient)
         for group in self.param_groups:
             self._step_group(group)
         return loss
@@ -140,13 +161,30 @@ class Lamb(torch.optim.Optimizer):
             state = self.state[p]
             if not state:
                 state["step"] = torch.zeros((), dtype=torch.float64)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                # a DTensor parameter's moments are DTensors of its placements (as saved whole)
+                like = {} if hasattr(p, "to_local") else {"memory_format": torch.preserve_format}
+                state["exp_avg"] = torch.zeros_like(p, **like)
+                state["exp_avg_sq"] = torch.zeros_like(p, **like)
             state["step"] += 1
             grads.append(p.grad)
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
         step = float(self.state[params[0]]["step"])  # all tensors of a group step together
+        # Sharded (FSDP2 DTensors): the arithmetic runs on each rank's shards, the norms of the
+        # trust ratio over whole tensors (tensor_norms); the state stays DTensors, as saved.
+        sharded = hasattr(params[0], "to_local")
+        norm_of = tensor_norms
+        if sharded:
+            if self.compiled:
+                raise RuntimeError("Lamb(compiled=True) does not take sharded (FSDP2) parameters")
+            whole = params
+            params, grads = [p.to_local() for p in params], [g.to_local() for g in grads]
+            exp_avgs, exp_avg_sqs = [m.to_local() for m in exp_avgs], [v.to_local() for v in exp_avg_sqs]
+
+            def norm_of(parts, whole=whole):  # the parts' whole tensors are `whole`'s shapes
+                squares = torch.stack([part.float().pow(2).sum() for part in parts])
+                torch.distributed.all_reduce(squares, group=whole[0].device_mesh.get_group())
+                return squares.sqrt()
 
         # Bias corrections are folded into scalars so that no extra pass over memory is
         # needed (the step is memory-bound):  with c = sqrt(1-b2^t) / (1-b1^t),
@@ -188,10 +226,10 @@ class Lamb(torch.optim.Optimizer):
         if group["weight_decay"] != 0:
             torch._foreach_add_(updates, params, alpha=group["weight_decay"] / scale)
 
-        weight_norms = torch.stack(torch._foreach_norm(params))
+        weight_norms = norm_of(params)
         if group["max_weight_norm"] is not None:
             weight_norms = torch.clamp(weight_norms, max=group["max_weight_norm"])
-        scaled_update_norms = torch.stack(torch._foreach_norm(updates))  # ||u|| / c
+        scaled_update_norms = norm_of(updates)  # ||u|| / c
         usable = (weight_norms > 0) & (scaled_update_norms > 0)
         # w <- w - lr * r * u  with r = ||w|| / ||u|| (or 1), and u = c * updates.
         step_sizes = -group["lr"] * torch.where(

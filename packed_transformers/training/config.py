@@ -149,6 +149,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "distributed_backend": Key(
             str, None, "torchrun backend; null = nccl on CUDA, gloo on CPU", ("nccl", "gloo"), optional=True
         ),
+        "sharding": Key(
+            str,
+            "none",
+            "none: every replica holds the whole model (DDP); fsdp: FSDP2, each encoder layer and the "
+            "model sharded over the processes (torchrun), the checkpoint's format unchanged",
+            ("none", "fsdp"),
+        ),
         "layers_per_stage": Key(
             "int_list",
             None,
@@ -251,6 +258,20 @@ def validate(raw: dict, source: str = "config") -> dict:
             f"{source}: execution.compile_only: only PopTorch compiles ahead of time; execution.device is "
             f"{resolved['execution']['device']!r} (use ipu or ipu-model)"
         )
+    execution = resolved["execution"]
+    if execution["sharding"] == "fsdp":
+        clash = (
+            "execution.device " + execution["device"] if execution["device"] in ("ipu", "ipu-model")
+            else "execution.layers_per_stage" if execution["layers_per_stage"] and len(execution["layers_per_stage"]) > 1
+            else "training.compile" if resolved["training"]["compile"]
+            else "training.precision fp16" if resolved["training"]["precision"] == "fp16"
+            else None
+        )  # fmt: skip
+        if clash:
+            raise ConfigError(
+                f"{source}: execution.sharding fsdp: not with {clash} (FSDP2 shards the torch engine's "
+                "replicas on cpu or cuda, fp32 or bf16, uncompiled)"
+            )
     if not data["synthetic"] and data["train_dir"] is None:
         raise ConfigError(
             f"{source}: data.train_dir: give the packed training data (or data.synthetic: true)"

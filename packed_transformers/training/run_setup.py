@@ -17,6 +17,7 @@ from packed_transformers.components.data import PackedShards, ReplicaSampler, ev
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.observe import Reporter
 from packed_transformers.components.run_folder import (
+    CHANGEABLE_ON_RESUME,
     check_same_run,
     data_identity,
     forget_metrics_after,
@@ -24,6 +25,7 @@ from packed_transformers.components.run_folder import (
     write_run_config,
 )
 from packed_transformers.components.run_state import EvalSchedule, RunState, StopSignal
+from packed_transformers.components.step import BatchArithmetic
 from packed_transformers.components.synthetic import SyntheticPacks
 from packed_transformers.model import PackedBertForPreTraining
 from packed_transformers.training.backends.engine import Engine
@@ -37,6 +39,10 @@ from packed_transformers.training.build import (
 )
 
 log = logging.getLogger("training")
+
+# What may change on resume: what CHANGEABLE_ON_RESUME allows, and the split of the global batch
+# over processes and accumulation (checked against the checkpoint: the packs a step stay)
+GLOBAL_BATCH_SPLIT = CHANGEABLE_ON_RESUME | {("optim", "gradient_accumulation")}
 
 
 class RunSetup:
@@ -54,7 +60,7 @@ class RunSetup:
         train_data, eval_data = self._open_data()
         self.engine = engine_class(config)
         if not self.compile_only:
-            prepare_output(output, config, resume, self.engine.rank)
+            prepare_output(output, config, resume, self.engine.rank, changeable=GLOBAL_BATCH_SPLIT)
         # MLPerf's init phase starts at the model build; its lines are written once every
         # check has passed (no log file for a run that is refused).
         init_started_ms = time.time() * 1000
@@ -137,7 +143,19 @@ class RunSetup:
         # The checkpoint's own record, not only config.yaml (which a user can delete or
         # edit): the same settings, and the same data at the data path.
         if "config" in saved:
-            check_same_run(saved["config"], self.config, "the checkpoint")
+            check_same_run(saved["config"], self.config, "the checkpoint", changeable=GLOBAL_BATCH_SPLIT)
+            # the global batch may be split another way (other processes, other accumulation:
+            # a sharded run resumed on another number of ranks), never changed; the writer's
+            # processes are its RNG states' count
+            written = BatchArithmetic.from_config(
+                saved["config"], self.arithmetic.packing_factor, len(saved["rng"])
+            )
+            if written.packs_per_step != self.arithmetic.packs_per_step:
+                raise RunError(
+                    f"--resume: the checkpoint's steps are {written.packs_per_step} packs ({len(saved['rng'])} "
+                    f"process(es) x optim.gradient_accumulation x data.micro_batch_packs), this run's "
+                    f"{self.arithmetic.packs_per_step}: the global batch must stay"
+                )
         before, now = saved.get("data_identity"), data_identity(self.config)
         if before is not None and before != now:
             raise RunError(

@@ -14,6 +14,9 @@ torch.distributed.checkpoint (DCP), which a run of another number of ranks reads
     load_sharded       dcp/ into this run's shards, whatever number of ranks wrote it
     materialize_sharded  a model built on the meta device and sharded gets its weights: each
                        rank allocates its shards only, rank 0's whole model broadcast into them
+    full_optimizer_state, load_full_optimizer_state
+                       BERT's engine: the optimizer state gathered whole into the unsharded
+                       format (one checkpoint format, any number of ranks), and back into shards
 
 Gloo runs every collective FSDP2 and DCP need, so all of this runs and is tested on CPUs
 (tests/training/test_decoder_fsdp.py). Never imports the run or the engines.
@@ -46,10 +49,11 @@ def block_modules(hf_model) -> list[torch.nn.Module]:
     return blocks
 
 
-def shard_model(model, world: int, precision: str, device: torch.device) -> int:
-    """fully_shard each block of `model.hf_model`, then `model`; returns the number of blocks. bf16 on CUDA
-    gathers parameters in bf16 and reduces gradients in fp32 (MixedPrecisionPolicy); on a CPU
-    the run's bf16 autocast does the casting and the shards stay fp32."""
+def shard_model(model, world: int, precision: str, device: torch.device, blocks=None) -> int:
+    """fully_shard each block (default: those of `model.hf_model`, block_modules; BERT gives its
+    encoder layers), then `model`; returns the number of blocks. bf16 on CUDA gathers
+    parameters in bf16 and reduces gradients in fp32 (MixedPrecisionPolicy); on a CPU the run's
+    bf16 (or fp16) autocast does the casting and the shards stay fp32."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     if world < 2:
@@ -57,7 +61,7 @@ def shard_model(model, world: int, precision: str, device: torch.device) -> int:
     policy = MixedPrecisionPolicy()
     if precision == "bf16" and device.type == "cuda":
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    blocks = block_modules(model.hf_model)
+    blocks = block_modules(model.hf_model) if blocks is None else list(blocks)
     for block in blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
@@ -92,6 +96,43 @@ def materialize_sharded(model, whole_hf_model, device: torch.device, rank: int) 
         value = sources[name].to(device) if rank == 0 else torch.empty_like(buffer)
         dist.broadcast(value, src=0)
         buffer.copy_(value)
+
+
+def full_optimizer_state(optimizer) -> dict:
+    """Collective: `optimizer.state_dict()` with every sharded (DTensor) state tensor gathered
+    whole, on every rank: the format an unsharded run saves and loads (parameter indices in the
+    param groups' order, which sharding does not change), so one checkpoint format serves
+    both and any number of ranks resumes it."""
+    state = optimizer.state_dict()
+    # state_dict() hands out the optimizer's own per-parameter dicts: copies are filled in
+    state["state"] = {index: dict(values) for index, values in state["state"].items()}
+    for per_parameter in state["state"].values():
+        for key, value in per_parameter.items():
+            if hasattr(value, "full_tensor"):
+                per_parameter[key] = value.full_tensor().cpu()
+    return state
+
+
+def load_full_optimizer_state(optimizer, state: dict) -> None:
+    """An unsharded optimizer state (full_optimizer_state's or an unsharded run's) into an
+    optimizer over sharded parameters: each state tensor shaped like its parameter becomes that
+    parameter's shard (the same placements), scalars stay as they are."""
+    from torch.distributed.tensor import distribute_tensor
+
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {**state, "state": {index: dict(values) for index, values in state["state"].items()}}
+    for index, per_parameter in state["state"].items():
+        parameter = parameters[int(index)]
+        for key, value in per_parameter.items():
+            if (
+                hasattr(parameter, "device_mesh")
+                and torch.is_tensor(value)
+                and value.shape == parameter.shape
+            ):
+                per_parameter[key] = distribute_tensor(
+                    value.to(parameter.to_local().device), parameter.device_mesh, parameter.placements
+                )
+    optimizer.load_state_dict(state)
 
 
 def is_sharded(model) -> bool:

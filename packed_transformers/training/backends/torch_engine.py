@@ -9,6 +9,7 @@ DDP all-reduces the gradients once, on the last micro-batch; LAMB steps.
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 
@@ -27,6 +28,19 @@ from packed_transformers.components.step import (
 from packed_transformers.optim import Lamb
 from packed_transformers.training.backends.engine import Snapshot
 from packed_transformers.training.build import build_lamb
+
+log = logging.getLogger("training")
+
+
+def all_reduce_max(value: int) -> int:
+    """The largest `value` of every process (a sum of one-hot counts would do; this is the max)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return value
+    tensor = torch.tensor([float(value)])
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
 
 
 def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, world, mode, sums: MetricSums):
@@ -74,8 +88,10 @@ def optimizer_parameters(optimizer):
 
 
 @torch.no_grad()
-def evaluate(model, shards, batches, device, precision) -> dict:
-    """Exact eval metrics (token and sequence counts) over this replica's batches, all-reduced."""
+def evaluate(model, shards, batches, device, precision, spare_forwards: int = 0) -> dict:
+    """Exact eval metrics (token and sequence counts) over this replica's batches, all-reduced.
+    spare_forwards: forwards of the first batch (or of the first evaluation batch) whose outputs
+    count for nothing (a sharded model's ranks run equally many forwards)."""
     was_training = model.training
     model.eval()
     sums = MetricSums()
@@ -85,6 +101,10 @@ def evaluate(model, shards, batches, device, precision) -> dict:
         with autocast_context(precision, device):
             out = model(**batch)
         sums.add(out, int((host_batch["sequence_ids"] > 0).sum()))
+    for _ in range(spare_forwards):
+        spare = {k: v.to(device) for k, v in shards[batches[0] if batches else [0]].items()}
+        with autocast_context(precision, device):
+            model(**spare)
     model.train(was_training)
     return summarize(sums.reduce())
 
@@ -108,17 +128,34 @@ class TorchEngine:
         training = self.config["training"]
         batch = BatchArithmetic.from_config(self.config, packing_factor, self.replica.world)
         self.model = model
-        self.optimizer = build_lamb(model, self.config, batch, self.config["optim"]["max_grad_norm"])
+        self.sharded = self.config["execution"]["sharding"] == "fsdp"
         self.micro_batches_per_call = batch.gradient_accumulation
         model.to(self.replica.device)
         model.train()
+        self.scaler = torch.amp.GradScaler(self.replica.device.type, enabled=training["precision"] == "fp16")
+        if self.sharded:
+            # FSDP2: each encoder layer, then the model (the embeddings, heads and the tied MLM
+            # decoder together); LAMB over the shards (its norms over whole tensors). Gradients
+            # are summed over ranks, not averaged: the step's loss scaling needs no `* world`.
+            from packed_transformers.training.sharding import shard_model
+
+            self.model_class, self.model_config = type(model), model.config
+            blocks = shard_model(model, self.replica.world, training["precision"], self.replica.device,
+                                 blocks=model.encoder_layers)  # fmt: skip
+            if self.rank == 0:
+                log.info(
+                    "FSDP2: %d encoder layers and the model sharded over %d ranks", blocks, self.replica.world
+                )
+            self.optimizer = build_lamb(model, self.config, batch, self.config["optim"]["max_grad_norm"])
+            self.step_model = model
+            return batch
+        self.optimizer = build_lamb(model, self.config, batch, self.config["optim"]["max_grad_norm"])
         self.step_model = torch.compile(model) if training["compile"] else model
         if self.replica.world > 1:
             device_ids = [self.replica.device.index] if self.replica.device.type == "cuda" else None
             self.step_model = torch.nn.parallel.DistributedDataParallel(
                 self.step_model, device_ids=device_ids
             )
-        self.scaler = torch.amp.GradScaler(self.replica.device.type, enabled=training["precision"] == "fp16")
         return batch
 
     def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
@@ -130,12 +167,18 @@ class TorchEngine:
             lr,
             self.config["training"]["precision"],
             self.replica.device,
-            self.replica.world,
+            1 if self.sharded else self.replica.world,  # DDP averages gradients; FSDP2 here sums them
             self.config["model"]["mlm_loss_mode"],
             sums,
         )
 
     def evaluate(self, shards, batches) -> dict:
+        if self.sharded:
+            # every forward gathers parameters collectively: every rank runs as many as the
+            # rank with the most batches, a shorter one repeating its first without counting it
+            most = int(all_reduce_max(len(batches)))
+            return evaluate(self.model, shards, batches, self.replica.device, self.config["training"]["precision"],
+                            spare_forwards=most - len(batches))  # fmt: skip
         return evaluate(
             self.model, shards, batches, self.replica.device, self.config["training"]["precision"]
         )
@@ -144,11 +187,30 @@ class TorchEngine:
         return sums.reduce()
 
     def snapshot(self) -> Snapshot:
+        if self.sharded:  # collective: the weights and the optimizer state gathered whole
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            from packed_transformers.training.sharding import full_optimizer_state
+
+            weights = get_model_state_dict(
+                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
+            optimizer = full_optimizer_state(self.optimizer)
+            if self.rank != 0:
+                return Snapshot(None, None)
+            whole = self.model_class(self.model_config)
+            whole.load_state_dict(weights)
+            return Snapshot(whole, {"optimizer": optimizer, "scaler": self.scaler.state_dict()})
         # Every replica holds the same weights; rank 0 writes.
         state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()}
         return Snapshot(self.model, state)
 
     def load_state(self, engine_state: dict) -> None:
+        if self.sharded:  # the checkpoint holds the unsharded format, whoever wrote it
+            from packed_transformers.training.sharding import load_full_optimizer_state
+
+            load_full_optimizer_state(self.optimizer, engine_state["optimizer"])
+            return
         self.optimizer.load_state_dict(engine_state["optimizer"])
         if "scaler" in engine_state:
             self.scaler.load_state_dict(engine_state["scaler"])
