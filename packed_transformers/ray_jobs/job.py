@@ -113,7 +113,10 @@ def start_ray(address: str, workers: int, threads: int, quiet: bool):
 
     options = {"logging_level": logging.WARNING, "log_to_driver": False, "include_dashboard": False}
     if address == "local":
-        ray.init(num_cpus=workers * threads, **options)
+        # address "local": a new instance of this process's own. Without it Ray joins the
+        # newest cluster `ray start` left on this machine (and refuses num_cpus there): found
+        # when a test's cluster was up beside a `--ray local` job
+        ray.init(address="local", num_cpus=workers * threads, **options)
     else:
         ray.init(address=address, **options)
     logging.getLogger("ray.data").setLevel(logging.WARNING)  # its per-job INFO lines, not the user's news

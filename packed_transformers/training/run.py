@@ -295,6 +295,7 @@ class Run(RunSetup):
                 "rng": rng,
                 "config": self.config,
                 "data_identity": data_identity(self.config),
+                "packs_per_step": self.arithmetic.packs_per_step,  # what a resume must keep
             }
             try:
                 path = ckpt.save_checkpoint(

@@ -25,7 +25,6 @@ from packed_transformers.components.run_folder import (
     write_run_config,
 )
 from packed_transformers.components.run_state import EvalSchedule, RunState, StopSignal
-from packed_transformers.components.step import BatchArithmetic
 from packed_transformers.components.synthetic import SyntheticPacks
 from packed_transformers.model import PackedBertForPreTraining
 from packed_transformers.training.backends.engine import Engine
@@ -145,16 +144,20 @@ class RunSetup:
         if "config" in saved:
             check_same_run(saved["config"], self.config, "the checkpoint", changeable=GLOBAL_BATCH_SPLIT)
             # the global batch may be split another way (other processes, other accumulation:
-            # a sharded run resumed on another number of ranks), never changed; the writer's
-            # processes are its RNG states' count
-            written = BatchArithmetic.from_config(
-                saved["config"], self.arithmetic.packing_factor, len(saved["rng"])
-            )
-            if written.packs_per_step != self.arithmetic.packs_per_step:
+            # a sharded run resumed on another number of ranks), never changed: the checkpoint
+            # records its packs a step (one from before that record: the same accumulation)
+            written = saved.get("packs_per_step")
+            accumulation = saved["config"]["optim"]["gradient_accumulation"]
+            if written is None and accumulation != self.config["optim"]["gradient_accumulation"]:
                 raise RunError(
-                    f"--resume: the checkpoint's steps are {written.packs_per_step} packs ({len(saved['rng'])} "
-                    f"process(es) x optim.gradient_accumulation x data.micro_batch_packs), this run's "
-                    f"{self.arithmetic.packs_per_step}: the global batch must stay"
+                    "--resume: optim.gradient_accumulation differs from the checkpoint's, which does not "
+                    "record its packs a step (written before they were recorded): keep it"
+                )
+            if written is not None and written != self.arithmetic.packs_per_step:
+                raise RunError(
+                    f"--resume: the checkpoint's steps are {written} packs, this run's "
+                    f"{self.arithmetic.packs_per_step} (processes x optim.gradient_accumulation x "
+                    "data.micro_batch_packs): the global batch must stay"
                 )
         before, now = saved.get("data_identity"), data_identity(self.config)
         if before is not None and before != now:

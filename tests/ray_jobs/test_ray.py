@@ -420,16 +420,17 @@ def test_kept_shards_are_tied_to_the_model_and_checked_and_an_unreachable_cluste
     assert not (tmp_path / ".o3.partial").exists()
 
 
-@pytest.mark.parametrize("plant", [None, "config"])
-def test_each_ray_process_parses_config_json_once_and_builds_one_tokenizer(inputs, tmp_path, plant):
+def test_each_ray_process_parses_config_json_once_and_builds_one_tokenizer(inputs, tmp_path):
     """`packed embed --ray local` as a user runs it, counted in every process (the driver and
     the actors, which inherit the counting environment: tests/counting/sitecustomize.py): each
-    opens the model folder's config.json at most once and builds at most one tokenizer; the
-    actor that embeds does both once. A second reader planted after the door is seen."""
+    opens the model folder's config.json at most once and builds at most one tokenizer, and
+    both the driver (which checks the folder before the cluster starts) and the actor that
+    embeds open it. The counting itself is shown failing on planted second readers in
+    tests/door/test_read_once.py."""
     from ..house_helpers import counting_environment
 
     folder, _ = inputs
-    env, _ = counting_environment(model_dir(), tmp_path, plant)
+    env, _ = counting_environment(model_dir(), tmp_path)
     env["COUNT_OUTPUT"] = str(tmp_path / "counts-{pid}.json")
     done = subprocess.run([sys.executable, "-m", "packed_transformers", "embed", "--model", model_dir(), "--input",
                            folder, "--output", tmp_path / "out", "--ray", "local", "--workers", "1", "--quiet"],
@@ -437,8 +438,5 @@ def test_each_ray_process_parses_config_json_once_and_builds_one_tokenizer(input
     assert done.returncode == 0, done.stderr[-3000:]
     counts = [json.loads(path.read_text()) for path in tmp_path.glob("counts-*.json")]
     opened = [c for c in counts if c["config_json"] or c["tokenizer_builds"]]
-    if plant is None:
-        assert opened and all(c["config_json"] <= 1 and c["tokenizer_builds"] <= 1 for c in counts), counts
-        assert {"config_json": 1, "tokenizer_builds": 1} in opened, counts
-    else:
-        assert any(c["config_json"] == 2 for c in opened), counts
+    assert all(c["config_json"] <= 1 and c["tokenizer_builds"] <= 1 for c in counts), counts
+    assert opened.count({"config_json": 1, "tokenizer_builds": 1}) >= 2, counts  # the driver and an actor

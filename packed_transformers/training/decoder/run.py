@@ -144,6 +144,11 @@ class DecoderRun:
                 log.info("FSDP2: %d blocks and the model sharded over %d ranks%s", blocks, self.world,
                          " (built on the meta device, rank 0's weights broadcast)" if on_meta else "")  # fmt: skip
         training = config["training"]
+        from torch._dynamo.utils import counters
+
+        self.graphs_before = counters["stats"][
+            "unique_graphs"
+        ]  # the process's count (a process may run twice)
         self.step_model = (
             torch.compile(self.model, backend=training["compile_backend"], dynamic=False)
             if training["compile"]
@@ -431,7 +436,8 @@ class DecoderRun:
         if self.step_model is not self.model and self.rank == 0:
             from torch._dynamo.utils import counters
 
-            log.info("torch.compile: %d graph(s) compiled for the run", counters["stats"]["unique_graphs"])
+            compiled = counters["stats"]["unique_graphs"] - self.graphs_before
+            log.info("torch.compile: %d graph(s) compiled for the run", compiled)
         self.reporter.close()
         return exit_code
 
