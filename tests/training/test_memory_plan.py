@@ -63,8 +63,9 @@ def measured_peak(raw: dict, tmp_path) -> int:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "sections",
-    [{}, {"execution": {"activation_checkpointing": True}}, {"optim": {"gradient_accumulation": 2}}],
-    ids=["plain", "activation-checkpointing", "accumulating"],
+    # one micro-batch alone is the accumulating case's first half: its figure is in the docs
+    [{"execution": {"activation_checkpointing": True}}, {"optim": {"gradient_accumulation": 2}}],
+    ids=["activation-checkpointing", "accumulating"],
 )
 def test_the_plan_is_within_10_percent_of_the_runs_measured_peak(long_rows, tmp_path, sections):
     raw = small_config(long_rows, **sections)
@@ -159,9 +160,10 @@ def test_the_8b_config_states_the_gpus_its_plan_needs():
         config["data"]["micro_batch_rows"],
     }
     assert config["execution"]["sharding"] == "fsdp" and config["execution"]["activation_checkpointing"]
-    plan = plan_memory(config, rows_vocabulary(config))
+    plan = plan_memory(config, rows_vocabulary(config), checkpointing=(True,))  # as the config runs
     assert plan.parameters == 8_030_261_248  # Llama 3.1 8B
     gpu_bytes = int(stated[2]) * 2**30
     assert plan.needed(gpu_bytes, checkpointed=True) == (int(stated[1]), True)
     # without sharding no GPU of that size holds it
     assert plan.per_rank(1, False, True).total > gpu_bytes
+    assert (False, False) not in plan.steps  # only what was asked for was planned

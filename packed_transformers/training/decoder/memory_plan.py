@@ -228,7 +228,7 @@ class MemoryPlan:
 
     @property
     def parameters(self) -> int:
-        return self.steps[False, False].parameters
+        return next(iter(self.steps.values())).parameters
 
     def per_rank(self, gpus: int, sharded: bool, checkpointed: bool) -> RankMemory:
         return rank_memory(self.steps[sharded, checkpointed], gpus, sharded, self.bf16)
@@ -244,12 +244,13 @@ class MemoryPlan:
         return None
 
 
-def plan_memory(config: dict, vocab_size: int | None) -> MemoryPlan:
-    """The config's plan (vocab_size: as planned_model_config takes it)."""
+def plan_memory(config: dict, vocab_size: int | None, checkpointing=(False, True)) -> MemoryPlan:
+    """The config's plan (vocab_size: as planned_model_config takes it); checkpointing: the
+    activation-checkpointing settings planned (each costs two fake steps)."""
     family_config = planned_model_config(config, vocab_size)
     bf16 = config["training"]["precision"] == "bf16"
     steps = {}
-    for checkpointed in (False, True):
+    for checkpointed in checkpointing:
         steps[False, checkpointed] = fake_step(config, family_config, checkpointed, sharded=False)
         # in fp32 FSDP2 computes as a replica does: the same activations
         steps[True, checkpointed] = (
