@@ -199,3 +199,20 @@ def run_here(config: Path, output: Path, *extra) -> subprocess.CompletedProcess:
         for path in set(files._HELD) - locks_before:
             files._HELD.pop(path).close()
     return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
+
+
+def damage_newest_weights(output: Path) -> Path:
+    """The newest checkpoint's model.safetensors replaced by bytes that do not load, its
+    manifest rewritten to match them (damage a sha256 check cannot see): the checkpoint."""
+    from packed_transformers.common.files import sha256_file
+
+    newest = sorted((output / "checkpoints").glob("step-*"))[-1]
+    weights = newest / "model" / "model.safetensors"
+    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["files"]["model/model.safetensors"] = {
+        "bytes": weights.stat().st_size,
+        "sha256": sha256_file(weights),
+    }
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    return newest

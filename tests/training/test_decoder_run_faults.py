@@ -58,28 +58,16 @@ def test_resume_follows_the_one_policy_of_every_pretraining_run(data_root, tmp_p
     not load are a damaged checkpoint (reported, the previous one resumed, the same end as an
     uninterrupted run); --resume with nothing to resume from is refused in one line (the decoder
     run started over from step 0 then, and loaded weights with strict=False)."""
-    import json
-
     import torch
 
-    from packed_transformers.common.files import sha256_file
-
-    from ..training_helpers import final_weights
+    from ..training_helpers import damage_newest_weights, final_weights
 
     sets = ("training.checkpoint_every_steps=1", "training.max_steps=3")
     straight = pretrain(data_root, tmp_path / "straight", *sets)
     assert straight.returncode == 0, straight.stderr[-2000:]
     first = pretrain(data_root, tmp_path / "run", "training.checkpoint_every_steps=1", "training.max_steps=2")
     assert first.returncode == 0, first.stderr[-2000:]
-    newest = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))[-1]
-    weights = newest / "model" / "model.safetensors"
-    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")  # damaged, then the manifest rewritten
-    manifest = json.loads((newest / "manifest.json").read_text())
-    manifest["files"]["model/model.safetensors"] = {
-        "bytes": weights.stat().st_size,
-        "sha256": sha256_file(weights),
-    }
-    (newest / "manifest.json").write_text(json.dumps(manifest))
+    damage_newest_weights(tmp_path / "run")
     again = pretrain(data_root, tmp_path / "run", *sets, resume=True)
     assert again.returncode == 0, again.stderr[-2000:]
     assert "its weights cannot be loaded" in again.stderr and "resumed from" in again.stderr

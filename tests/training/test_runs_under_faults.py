@@ -243,22 +243,12 @@ def test_resume_refuses_a_damaged_checkpoint_or_changed_data_in_one_line(tmp_pat
 
 # ----- 10. pretraining --resume on a checkpoint whose manifest matches damaged weights --------------
 def test_resume_skips_a_checkpoint_whose_weights_match_the_manifest_but_do_not_load(packed, tmp_path):
-    from packed_transformers.common.files import sha256_file
-
-    from ..training_helpers import final_weights, run, write_config
+    from ..training_helpers import damage_newest_weights, final_weights, run, write_config
 
     config = write_config(tmp_path / "c.yaml", packed, training={"max_steps": 4, "checkpoint_every_steps": 2})
     assert run(config, tmp_path / "straight").returncode == 0
     assert run(config, tmp_path / "r").returncode == 0
-    newest = sorted((tmp_path / "r" / "checkpoints").glob("step-*"))[-1]
-    weights = newest / "model" / "model.safetensors"
-    weights.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")  # damaged, then the manifest rewritten
-    manifest = json.loads((newest / "manifest.json").read_text())
-    manifest["files"]["model/model.safetensors"] = {
-        "bytes": weights.stat().st_size,
-        "sha256": sha256_file(weights),
-    }
-    (newest / "manifest.json").write_text(json.dumps(manifest))
+    damage_newest_weights(tmp_path / "r")
     done = run(config, tmp_path / "r", "--resume")
     assert done.returncode == 0, done.stderr
     assert "its weights cannot be loaded" in done.stderr and "Traceback" not in done.stderr
