@@ -211,9 +211,8 @@ def rank_memory(step: StepMemory, gpus: int, sharded: bool, bf16: bool) -> RankM
         return RankMemory(weights, step.gradients, optimizer, 0, step.activations, step.peak)
     share = -(-step.parameters // gpus)
     compute = 2 if bf16 else 4  # bytes of a gathered parameter (bf16 gathers in bf16 on CUDA)
-    gathered = (step.root_parameters + 2 * step.block_parameters) * compute + step.block_parameters * (
-        compute + 4
-    )
+    # the unsharded gradient itself is in the measured step; its fp32 copy for the reduce-scatter here
+    gathered = (step.root_parameters + 2 * step.block_parameters) * compute + step.block_parameters * 4
     parts = (4 * share, 4 * share, 8 * share, gathered, step.activations)
     return RankMemory(*parts, total=sum(parts))
 
