@@ -76,6 +76,15 @@ def all_reduce_host(values: torch.Tensor) -> torch.Tensor:
     return values.cpu()
 
 
+def max_over_processes(value: int) -> int:
+    """The largest `value` of every process (this one's without torch.distributed)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    tensor = torch.tensor([float(value)])
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
 def any_process(flag: bool) -> bool:
     """True on every process if it is True on any (a signal seen by one replica stops all)."""
     return bool(all_reduce_host(torch.tensor([1.0 if flag else 0.0])).item() > 0)

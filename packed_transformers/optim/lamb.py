@@ -19,6 +19,7 @@ arithmetic. Bias corrections and gradient clipping are folded into scalars.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -37,11 +38,16 @@ def tensor_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
         return torch.zeros(0)
     if not hasattr(tensors[0], "to_local"):
         return torch.stack(torch._foreach_norm(tensors))
+    return shard_norms([t.to_local() for t in tensors], tensors[0].device_mesh.get_group())
+
+
+def shard_norms(parts: list[torch.Tensor], group) -> torch.Tensor:
+    """[n] the whole tensors' L2 norms from this rank's parts of them: each part's sum of
+    squares, summed over the ranks of `group` (a collective: every rank calls it)."""
     import torch.distributed as dist
 
-    locals_ = [t.to_local() for t in tensors]
-    squares = torch.stack([part.float().pow(2).sum() for part in locals_])
-    dist.all_reduce(squares, group=tensors[0].device_mesh.get_group())
+    squares = torch.stack([part.float().pow(2).sum() for part in parts])
+    dist.all_reduce(squares, group=group)
     return squares.sqrt()
 
 
@@ -177,14 +183,9 @@ class Lamb(torch.optim.Optimizer):
         if sharded:
             if self.compiled:
                 raise RuntimeError("Lamb(compiled=True) does not take sharded (FSDP2) parameters")
-            whole = params
+            norm_of = functools.partial(shard_norms, group=params[0].device_mesh.get_group())
             params, grads = [p.to_local() for p in params], [g.to_local() for g in grads]
             exp_avgs, exp_avg_sqs = [m.to_local() for m in exp_avgs], [v.to_local() for v in exp_avg_sqs]
-
-            def norm_of(parts, whole=whole):  # the parts' whole tensors are `whole`'s shapes
-                squares = torch.stack([part.float().pow(2).sum() for part in parts])
-                torch.distributed.all_reduce(squares, group=whole[0].device_mesh.get_group())
-                return squares.sqrt()
 
         # Bias corrections are folded into scalars so that no extra pass over memory is
         # needed (the step is memory-bound):  with c = sqrt(1-b2^t) / (1-b1^t),

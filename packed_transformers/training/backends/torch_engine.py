@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from packed_transformers.components.distributed import setup_replica
+from packed_transformers.components.distributed import max_over_processes, setup_replica
 from packed_transformers.components.observe import SUM_KEYS, MetricSums, summarize
 from packed_transformers.components.step import (
     BatchArithmetic,
@@ -30,17 +30,6 @@ from packed_transformers.training.backends.engine import Snapshot
 from packed_transformers.training.build import build_lamb
 
 log = logging.getLogger("training")
-
-
-def all_reduce_max(value: int) -> int:
-    """The largest `value` of every process (a sum of one-hot counts would do; this is the max)."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        return value
-    tensor = torch.tensor([float(value)])
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return int(tensor.item())
 
 
 def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, world, mode, sums: MetricSums):
@@ -176,7 +165,7 @@ class TorchEngine:
         if self.sharded:
             # every forward gathers parameters collectively: every rank runs as many as the
             # rank with the most batches, a shorter one repeating its first without counting it
-            most = int(all_reduce_max(len(batches)))
+            most = max_over_processes(len(batches))
             return evaluate(self.model, shards, batches, self.replica.device, self.config["training"]["precision"],
                             spare_forwards=most - len(batches))  # fmt: skip
         return evaluate(

@@ -146,9 +146,8 @@ class DecoderRun:
         training = config["training"]
         from torch._dynamo.utils import counters
 
-        self.graphs_before = counters["stats"][
-            "unique_graphs"
-        ]  # the process's count (a process may run twice)
+        # graphs the process compiled before this run (a process may run twice: tests)
+        self.graphs_before = counters["stats"]["unique_graphs"]
         self.step_model = (
             torch.compile(self.model, backend=training["compile_backend"], dynamic=False)
             if training["compile"]
@@ -206,9 +205,8 @@ class DecoderRun:
                 log.warning("removed %s: a checkpoint half-written when a run was stopped", leftover)
         barrier()
         folder = self.output / "checkpoints"
-        for path in ckpt.list_checkpoints(
-            folder
-        ):  # a sharded run resumes a sharded checkpoint, and only that
+        # a sharded run resumes a sharded checkpoint, and only that
+        for path in ckpt.list_checkpoints(folder):
             if (path / "dcp").is_dir() != self.sharded:
                 written = "with" if (path / "dcp").is_dir() else "without"
                 raise RunError(
