@@ -68,12 +68,16 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(folder: Path, step: int, model, training_state: dict, keep: int) -> Path:
-    """Write OUTPUT/checkpoints/step-N atomically; drop all but the newest `keep`."""
+def save_checkpoint(
+    folder: Path, step: int, model, training_state: dict, keep: int, write_model=None
+) -> Path:
+    """Write OUTPUT/checkpoints/step-N atomically; drop all but the newest `keep`.
+    write_model(model_folder): writes model/ (config.json, model.safetensors); default
+    `model.save_pretrained` (pretraining's transformers folder)."""
     final = folder / f"{PREFIX}{step:08d}"
     with atomic_folder(final) as tmp:
         try:
-            model.save_pretrained(tmp / "model")
+            (write_model or model.save_pretrained)(tmp / "model")
             torch.save(training_state, tmp / "training_state.pt")
         except OSError:
             raise
@@ -176,7 +180,7 @@ def latest_valid_checkpoint(folder: Path) -> Path | None:
 
 
 def resume_from(folder: Path, load_weights) -> tuple[Path, dict]:
-    """The one resume policy of every pretraining run (BERT's and the decoder's), as
+    """The one resume policy of every training run (BERT's, the decoder's, fine-tuning's), as
     (checkpoint, its training state):
 
     - the newest checkpoint whose files match its manifest (a corrupt or half-written one is

@@ -97,7 +97,7 @@ def check_positions(config: dict) -> dict:
 
 
 # What a run writes in its output folder (removed, and only these, by --overwrite).
-RUN_FILES = ("model", "checkpoint", "summary.json", "metrics.jsonl", "validation_predictions.jsonl",
+RUN_FILES = ("model", "checkpoints", "summary.json", "metrics.jsonl", "validation_predictions.jsonl",
              "validation_predictions.json")  # fmt: skip
 
 
@@ -129,25 +129,26 @@ CHANGEABLE_ON_RESUME = {
 def check_output(output: Path, resume: bool) -> dict | None:
     """The output folder may hold nothing finished; --resume needs its checkpoint. -> the
     checkpoint's progress (resume) or None."""
-    from packed_transformers.finetune.checkpoint import checkpoint_path, read_progress
+    from packed_transformers.components.checkpoint import CheckpointError
+    from packed_transformers.finetune.checkpoint import checkpoints_folder, has_checkpoint, read_progress
 
     if (output / "summary.json").exists() or (output / "model").exists():
         raise FinetuneError(
             f"--output-dir {output}: holds a finished run; choose another folder, or --overwrite to replace it"
         )
+    if not resume:
+        if has_checkpoint(output):
+            raise FinetuneError(
+                f"--output-dir {output}: holds an unfinished run ({checkpoints_folder(output)}); "
+                "continue it with --resume, replace it with --overwrite, or choose another folder"
+            )
+        return None
     try:
         progress = read_progress(output)
-    except ValueError as err:
-        raise FinetuneError(
-            f"--resume: {err}; the checkpoint is damaged: start over with --overwrite"
-        ) from None
-    if resume and progress is None:
-        raise FinetuneError(f"--resume: {checkpoint_path(output)} holds no checkpoint to resume from")
-    if not resume and progress is not None:
-        raise FinetuneError(
-            f"--output-dir {output}: holds an unfinished run (checkpoint at epoch {progress['epoch']}); "
-            "continue it with --resume, replace it with --overwrite, or choose another folder"
-        )
+    except CheckpointError as err:
+        raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
+    if progress is None:
+        raise FinetuneError(f"--resume: {checkpoints_folder(output)} holds no checkpoint to resume from")
     return progress
 
 
@@ -168,15 +169,18 @@ def save_final(job, model, output: Path) -> None:
     line naming the folder and the checkpoint that is kept, never a traceback."""
     from safetensors import SafetensorError
 
-    from packed_transformers.finetune.checkpoint import checkpoint_path, read_progress
+    from packed_transformers.finetune.checkpoint import checkpoints_folder, read_progress
 
     try:
         job.save(model, output / "model")
     except (OSError, SafetensorError, RuntimeError) as err:
-        kept = checkpoint_path(output)
-        progress = read_progress(output) if kept.is_dir() else None
+        kept = checkpoints_folder(output)
+        try:
+            progress = read_progress(output)
+        except Exception:  # noqa: BLE001 - the save's own error is the one to report
+            progress = None
         what = (
-            f"the checkpoint of epoch {progress['epoch'] - 1} is kept at {kept}: free the space and run the "
+            f"the checkpoint of epoch {progress['epoch'] - 1} is kept in {kept}: free the space and run the "
             "same command with --resume to save it"
             if progress is not None
             else "no checkpoint was written"
@@ -187,7 +191,7 @@ def save_final(job, model, output: Path) -> None:
         ) from None
 
 
-# ----- where a run stands: what a checkpoint's progress.json holds (finetune.checkpoint) -----
+# ----- where a run stands: the progress a checkpoint holds (finetune.checkpoint) ----------------
 def zero_sums() -> dict[str, float]:
     return dict.fromkeys(STEP_SUMS, 0.0)
 
@@ -213,7 +217,7 @@ class RunState:
     finished: bool = False
 
     def progress(self, **changes) -> dict:
-        """The JSON object a checkpoint keeps (progress.json), with `changes` applied."""
+        """The JSON object a checkpoint keeps (its progress), with `changes` applied."""
         return {**asdict(self), **changes}
 
     @classmethod

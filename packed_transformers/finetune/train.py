@@ -54,6 +54,7 @@ from tqdm import tqdm
 from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
+from packed_transformers.components.checkpoint import CheckpointError
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.finetune.config import load_finetune_config, train_parser
@@ -73,7 +74,7 @@ from packed_transformers.finetune.run_folder import (
 from packed_transformers.inference.batching import Batcher, BatchingSpec
 from packed_transformers.inference.predictions import to_device
 from packed_transformers.model.hf_checkpoint import quiet_transformers
-from packed_transformers.optim import weight_decay_groups
+from packed_transformers.optim import WarmupLinearDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.tokenized import wider_packs
 
@@ -85,7 +86,7 @@ FEW_VALIDATION_EXAMPLES = 30  # below this, the run's summary says its validatio
 # ----- optimizer and step ------------------------------------------------------------------
 def build_adamw(model, optim: dict, total_steps: int):
     """AdamW without decay on biases and LayerNorm (optim.weight_decay_groups, the rule
-    pretraining uses); linear warmup then linear decay to 0. The fused kernel (one pass
+    pretraining uses); optim.WarmupLinearDecay in optimizer steps. The fused kernel (one pass
     over all parameters, on CPU and CUDA; what transformers' Trainer picks by default):
     torch's default for-loop AdamW was ~13% of a MiniLM step on 2 CPU cores."""
     optimizer = torch.optim.AdamW(
@@ -95,14 +96,10 @@ def build_adamw(model, optim: dict, total_steps: int):
         eps=optim["eps"],
         fused=True,
     )
-    warmup = max(1, math.ceil(optim["warmup_fraction"] * total_steps))
-
-    def factor(step):
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    schedule = WarmupLinearDecay(
+        optim["lr"], max(1, math.ceil(optim["warmup_fraction"] * total_steps)), total_steps
+    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule.fraction(step))
 
 
 # ----- the run -----------------------------------------------------------------------------
@@ -178,7 +175,7 @@ def run_finetune(
 ) -> dict:
     """Train, evaluate each epoch, time inference, save. Returns the summary.
 
-    resume: continue from OUTPUT/checkpoint (finetune.checkpoint). stop: an object whose
+    resume: continue from OUTPUT/checkpoints (finetune.checkpoint). stop: an object whose
     is_set() is polled after every step (the CLI's SIGINT/SIGTERM flag); when set, the run
     writes a checkpoint and raises Interrupted."""
     run = start_run(config, output, resume, stop, overwrite)
@@ -247,17 +244,15 @@ def packing_note(batcher: Batcher, asked: int | None) -> str:
 
 
 def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState) -> RunState:
-    """--resume: the checkpoint's weights, optimizer, schedule and RNG into place. -> its
-    state; refused (one line) where the checkpoint is damaged or the data changed."""
-    from packed_transformers.finetune.checkpoint import checkpoint_path, load_checkpoint
+    """--resume: the checkpoint's weights, optimizer, schedule and RNG into place (the newest
+    intact one whose weights load: components.checkpoint.resume_from). -> its state; refused
+    (one line) where none is left or the data changed."""
+    from packed_transformers.finetune.checkpoint import load_checkpoint
 
     try:
-        progress = load_checkpoint(output, model, optimizer, scheduler)
-    except Exception as err:  # noqa: BLE001 - safetensors, torch.load and the state dicts each raise their own
-        raise FinetuneError(
-            f"--resume: {checkpoint_path(output)} is damaged ({type(err).__name__}: {first_line(err)[:200]}); "
-            "start over with --overwrite"
-        ) from None
+        path, progress = load_checkpoint(output, model, optimizer, scheduler)
+    except CheckpointError as err:
+        raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
     # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
     state = RunState.from_progress(progress, fresh.config, fresh.data_sha256)
     kept_tokenizer = state.data_sha256.get("tokenizer")  # absent: a checkpoint from before it was kept
@@ -274,7 +269,7 @@ def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState) ->
             f"--resume: the training or validation data changed since the checkpoint (same paths, other "
             f"contents: {changed}); resume with the data it was trained on, or start over with --overwrite"
         )
-    log.info("resumed from %s: epoch %d, %d batches done in it", checkpoint_path(output), state.epoch,
+    log.info("resumed from %s: epoch %d, %d batches done in it", path, state.epoch,
              state.batches_done)  # fmt: skip
     return state
 
@@ -445,7 +440,14 @@ def main(argv=None) -> int:
         summary = run_finetune(
             config, args.output_dir, resume=args.resume, stop=stop, overwrite=args.overwrite
         )
-    except (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError) as err:
+    except (
+        ConfigError,
+        ExampleError,
+        DataInputError,
+        FinetuneError,
+        PackingInputError,
+        CheckpointError,
+    ) as err:
         return refuse(err)
     except OSError as err:
         return refuse(describe_os_error(err))

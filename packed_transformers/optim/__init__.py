@@ -11,7 +11,7 @@ from packed_transformers.optim.packing_adjustment import (
 )
 from packed_transformers.optim.param_groups import weight_decay_groups
 from packed_transformers.optim.poptorch_mapping import poptorch_lamb_kwargs
-from packed_transformers.optim.schedules import WarmupCosineDecay, WarmupPolyDecay
+from packed_transformers.optim.schedules import WarmupCosineDecay, WarmupLinearDecay, WarmupPolyDecay
 
 __all__ = [
     "Lamb",
@@ -22,5 +22,6 @@ __all__ = [
     "weight_decay_groups",
     "poptorch_lamb_kwargs",
     "WarmupCosineDecay",
+    "WarmupLinearDecay",
     "WarmupPolyDecay",
 ]

@@ -1,5 +1,7 @@
-"""Learning-rate and beta1 schedules as functions of SAMPLES seen (real sequences, never
-packs), so that packed and unpacked runs follow the same curve per sequence trained."""
+"""The learning-rate schedules of every training run. Pretraining's are functions of SAMPLES
+seen (real sequences, never packs), so that packed and unpacked runs follow the same curve
+per sequence trained: BERT's WarmupPolyDecay, the decoder's WarmupCosineDecay. Fine-tuning's
+WarmupLinearDecay counts optimizer steps (its length is set in epochs)."""
 
 from __future__ import annotations
 
@@ -66,3 +68,29 @@ class WarmupCosineDecay:
             return self.peak_lr * (samples + 1) / warmup
         progress = min(1.0, (samples - warmup) / max(total - warmup, 1))
         return self.end_lr + 0.5 * (self.peak_lr - self.end_lr) * (1 + math.cos(math.pi * progress))
+
+
+@dataclass(frozen=True)
+class WarmupLinearDecay:
+    """Linear warmup to `peak_lr`, then linear decay to 0 at `total`: fine-tuning's schedule,
+    counted in optimizer steps (a fine-tuning batch's examples vary with packing; its epochs
+    are what a user sets, and the step count follows from them).
+
+        fraction = (step + 1) / warmup                          if step < warmup
+        fraction = max(0, (total - step) / max(1, total - warmup))   otherwise
+        lr = peak_lr * fraction
+
+    The warmup counts the step's own count (+1), as WarmupCosineDecay does. `fraction` is
+    what torch's LambdaLR multiplies the optimizer's lr by (its state is the step count)."""
+
+    peak_lr: float
+    warmup: int
+    total: int
+
+    def fraction(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        return max(0.0, (self.total - step) / max(1, self.total - self.warmup))
+
+    def __call__(self, step: int) -> float:
+        return self.peak_lr * self.fraction(step)

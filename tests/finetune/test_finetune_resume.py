@@ -77,14 +77,16 @@ def test_sigterm_ends_in_one_line_and_resume_finishes(tmp_path, checkpoint):  # 
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 120
-    while not (output / "checkpoint").is_dir() and time.monotonic() < deadline:
+    while not list((output / "checkpoints").glob("step-*")) and time.monotonic() < deadline:
         time.sleep(0.2)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 128 + signal.SIGTERM, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("interrupted: stopped at epoch") and "--resume" in last and "Traceback" not in err
-    assert json.loads((output / "checkpoint" / "progress.json").read_text())["steps"] > 0
+    from packed_transformers.finetune.checkpoint import read_progress
+
+    assert read_progress(output)["steps"] > 0
     assert (output / "metrics.jsonl").read_text().strip()  # the finished epochs' lines are kept
 
 
@@ -109,7 +111,7 @@ def test_a_learning_rate_that_breaks_the_weights_stops_before_the_metrics(tmp_pa
     assert done.returncode == 3, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "diverged" in last and "Traceback" not in done.stderr and "ValueError" not in done.stderr
-    assert not (tmp_path / "o" / "model").exists() and not (tmp_path / "o" / "checkpoint").exists()
+    assert not (tmp_path / "o" / "model").exists() and not (tmp_path / "o" / "checkpoints").exists()
 
 
 def test_a_failed_final_save_is_one_line_and_keeps_the_checkpoint(tmp_path, checkpoint, monkeypatch):  # noqa: F811
@@ -131,7 +133,7 @@ def test_a_failed_final_save_is_one_line_and_keeps_the_checkpoint(tmp_path, chec
     assert (
         "\n" not in message and "the final model could not be saved" in message and "No space left" in message
     )
-    assert f"the checkpoint of epoch 0 is kept at {output / 'checkpoint'}" in message
+    assert f"the checkpoint of epoch 0 is kept in {output / 'checkpoints'}" in message
     resumed = finetune.run_finetune(config, output, resume=True)  # space freed: --resume saves it
     assert (output / "model" / "model.safetensors").is_file() and resumed["train_steps"] > 0
 

@@ -216,7 +216,7 @@ def test_summary_reports_the_runs_end_not_its_last_logging_window(tmp_path, caps
 
 # ----- 14. finetune.train --resume on a damaged checkpoint, or on changed data ---------------------
 @pytest.mark.slow  # a stopped fine-tuning run per case
-@pytest.mark.parametrize("damage", ["model.safetensors", "training_state.pt", "progress.json", "train data"])
+@pytest.mark.parametrize("damage", ["model/model.safetensors", "training_state.pt", "manifest.json", "train data"])
 def test_resume_refuses_a_damaged_checkpoint_or_changed_data_in_one_line(tmp_path, damage):
     from packed_transformers.data.assets import model_dir
     from packed_transformers.finetune import train as finetune
@@ -233,9 +233,10 @@ def test_resume_refuses_a_damaged_checkpoint_or_changed_data_in_one_line(tmp_pat
         train.write_text("\n".join(reversed(lines)) + "\n")
         expected = "the training or validation data changed since the checkpoint"
     else:
-        path = tmp_path / "run" / "checkpoint" / damage
+        (newest,) = (tmp_path / "run" / "checkpoints").glob("step-*")
+        path = newest / damage
         path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])  # cut in half
-        expected = "damaged"
+        expected = "holds no intact checkpoint"  # the one resume policy: none left to take
     with pytest.raises(finetune.FinetuneError) as refused:
         finetune.run_finetune(config, tmp_path / "run", resume=True)
     assert expected in str(refused.value) and "--overwrite" in str(refused.value), str(refused.value)
