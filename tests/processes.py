@@ -87,6 +87,36 @@ def run_in_group(command, timeout: float, **options) -> subprocess.CompletedProc
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
+def run_together(commands: list, timeout: float, **options) -> list[subprocess.CompletedProcess]:
+    """run_in_group for commands that must run at once (the nodes of one torchrun job: each
+    waits in the rendezvous for the others), under one launch lock: each in a group of its
+    own, all waited for; a timeout stops every group (stacks to stderr) and raises Hung."""
+    env = dict(options.pop("env", None) or os.environ, PYTHONFAULTHANDLER="1")
+    with one_launch_at_a_time(True), contextlib.ExitStack() as files:
+        started = []
+        for command in commands:
+            out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
+            process = subprocess.Popen(
+                command, stdout=out, stderr=err, text=True, start_new_session=True, env=env, **options
+            )
+            started.append((command, process, out, err))
+        deadline = time.monotonic() + timeout
+        for command, process, _, err in started:
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                for _, other, _, _ in started:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(other.pid, signal.SIGKILL)
+                stop_and_raise(process, command, timeout, err)
+        done = [subprocess.CompletedProcess(c, p.returncode, read(o), read(e)) for c, p, o, e in started]
+    for command, process, _, _ in started:
+        if group_alive(process.pid):
+            os.killpg(process.pid, signal.SIGKILL)
+            raise LeftBehind(f"{command[:4]}...: processes of its group outlived it (killed)")
+    return done
+
+
 def stop_and_raise(process: subprocess.Popen, command, timeout: float, err) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGABRT)

@@ -17,7 +17,7 @@ from packed_transformers.packing.pipeline import PackJob, run_pack
 from packed_transformers.packs.unpacked_hdf5 import write_unpacked_shard
 
 from .conftest import REPO
-from .processes import run_in_group
+from .processes import run_in_group, run_together
 
 S, P, VOCAB = 64, 10, 1200
 
@@ -60,7 +60,7 @@ def decoder_rows(folder: Path, lengths=(5, 9, 30, 3, 12, 40, 7, 7, 20, 11) * 4, 
     return folder
 
 
-def pretrain_decoder(root: Path, output: Path, *sets, resume=False, torchrun=0):
+def pretrain_decoder(root: Path, output: Path, *sets, resume=False, torchrun=0, two_nodes=False):
     """run_pretraining.py on configs/pretrain_decoder_tiny.yaml over decoder_rows' train/ and
     eval/ under `root` (a one-layer model of width 16, S=32, two steps unless set)."""
     settings = [f"data.train_dir={root / 'train'}", f"data.eval_dir={root / 'eval'}",
@@ -68,6 +68,8 @@ def pretrain_decoder(root: Path, output: Path, *sets, resume=False, torchrun=0):
                 "model.intermediate_size=32", "model.num_hidden_layers=1", "training.log_every_steps=1",
                 "training.max_steps=2", "eval.every_samples=4", *sets]  # fmt: skip
     extra = [a for s in settings for a in ("--set", s)] + (["--resume"] if resume else [])
+    if two_nodes:
+        return run_two_nodes(REPO / "configs/pretrain_decoder_tiny.yaml", output, *extra)
     return run(REPO / "configs/pretrain_decoder_tiny.yaml", output, *extra, torchrun=torchrun)
 
 
@@ -134,6 +136,29 @@ def run(config: Path, output: Path, *extra, torchrun: int = 0, wait=True, fresh_
         )
     # in a process group of its own: no rank outlives the run (tests/processes.py)
     return run_in_group(cmd, timeout=600, cwd=REPO, env=env)
+
+
+def run_two_nodes(config: Path, output: Path, *extra) -> subprocess.CompletedProcess:
+    """run_pretraining.py as a job of two nodes with one rank each, both on this machine: two
+    torchrun launchers (`--nnodes 2 --node-rank 0|1`) meeting at a static rendezvous on
+    127.0.0.1, as two hosts meet at their first host's address. -> node 0's process (its
+    stderr followed by node 1's); returncode: the first nonzero of the two."""
+    import socket
+
+    with socket.socket() as probe:  # a free port for node 0's store (taken again at once by it)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nodes = [
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
+         "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
+         "run_pretraining.py", "--config", str(config), "--output-dir", str(output), *extra]
+        for rank in (0, 1)
+    ]  # fmt: skip
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
+    first, second = run_together(nodes, timeout=600, cwd=REPO, env=env)
+    code = first.returncode or second.returncode
+    return subprocess.CompletedProcess(first.args, code, first.stdout, first.stderr + second.stderr)
 
 
 def final_weights(output: Path) -> dict:

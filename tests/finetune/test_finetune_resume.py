@@ -4,7 +4,6 @@ a length the model cannot take (reliability 5, items 3-5 and 7-8; the first hour
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import signal

@@ -1,5 +1,5 @@
 """FSDP2 for decoder pretraining (`execution.sharding: fsdp`, issue 81) on CPUs with gloo:
-2 and 4 ranks end on one process's losses and weights at the same global batch, DCP
+2 ranks (on two nodes) and 4 end on one process's losses and weights at the same global batch, DCP
 checkpoints resume exactly, onto another number of ranks too, activation checkpointing changes
 no number, and what cannot run is refused in one line."""
 
@@ -51,9 +51,12 @@ def one_process(rows, tmp_path_factory):
     return output
 
 
-def test_fsdp_at_2_ranks_equals_one_process(rows, one_process, tmp_path):
+def test_fsdp_at_2_ranks_on_two_nodes_equals_one_process(rows, one_process, tmp_path):
+    """The 2 ranks are two nodes of one rank each (two torchrun launchers, `--nnodes 2`,
+    rendezvous on 127.0.0.1): the launch two hosts make; the resume test below runs 2 ranks
+    on one node."""
     two = pretrain_decoder(rows, tmp_path / "two", *STEPS, "optim.gradient_accumulation=2",
-                           "execution.sharding=fsdp", torchrun=2)  # fmt: skip
+                           "execution.sharding=fsdp", two_nodes=True)  # fmt: skip
     assert two.returncode == 0, two.stderr[-3000:]
     assert "FSDP2: 2 blocks and the model sharded over 2 ranks (built on the meta device" in two.stderr
     assert_same_run(one_process, tmp_path / "two")
