@@ -55,6 +55,7 @@ from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
 from packed_transformers.components.checkpoint import CheckpointError
+from packed_transformers.components.step import NonFiniteStep, check_finite_step
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.finetune.config import load_finetune_config, train_parser
@@ -139,13 +140,15 @@ def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums
     step_model = model if step_model is None else step_model
     out = step_model(**to_device(batch, next(model.parameters()).device))
     out["loss"].backward()
-    if not bool(torch.isfinite(out["loss"])):
+    # the divergence rule of every training run (components.step): a non-finite loss or
+    # gradient norm stops the run before the optimizer moves the weights
+    try:
+        norm = check_finite_step(out["loss"], model.parameters(), check_gradients=True)
+    except NonFiniteStep as err:
         optimizer.zero_grad(set_to_none=True)
-        raise FinetuneError(
-            f"non-finite training loss ({float(out['loss'].detach())}): the run diverged (lower optim.lr?)"
-        )
-    if max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm, foreach=True)
+        raise FinetuneError(f"non-finite training step ({err}): the run diverged (lower optim.lr?)") from None
+    if max_grad_norm > 0 and norm is not None:  # clipped by the norm just checked
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_grad_norm, norm, foreach=True)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
