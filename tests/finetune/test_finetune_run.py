@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from packed_transformers.commands import predict
 from packed_transformers.data.classification_data import (
@@ -227,6 +228,38 @@ def test_diverging_finetune_stops_at_the_step_with_one_line(tmp_path, checkpoint
     err = run_expecting_error(tmp_path, config, capsys, code=3)  # a diverging run: exit 3, as pretraining's
     assert "non-finite training step (loss" in err and "epoch" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_finite_loss_with_an_overflowing_backward_stops_before_the_weights_move():
+    """The one divergence rule (components.step.check_finite_step) in fine-tuning's step: a
+    finite loss whose gradient is not finite stops the step, the weights untouched (it used to
+    be clipped into them: a finite loss was all the step checked)."""
+    from packed_transformers.finetune.train import FinetuneError, build_adamw, finetune_step
+
+    class Overflow(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, weight):
+            ctx.shape = weight.shape
+            return weight.sum()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return torch.full(ctx.shape, float("inf"))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return {"loss": Overflow.apply(self.weight) * x.sum()}
+
+    model = Model()
+    optimizer, scheduler = build_adamw(model, {"lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-8,
+                                               "weight_decay": 0.0, "warmup_fraction": 0.0}, 10)  # fmt: skip
+    with pytest.raises(FinetuneError, match=r"non-finite training step \(loss 3.0, gradient norm inf\)"):
+        finetune_step(model, {"x": torch.ones(1)}, optimizer, scheduler, 1.0, sums=lambda out, batch: {})
+    assert torch.equal(model.weight.detach(), torch.ones(3)) and model.weight.grad is None
 
 
 def test_predict_refuses_to_overwrite_its_input_and_bad_sizes(tmp_path, checkpoint, capsys):
