@@ -216,7 +216,9 @@ def test_summary_reports_the_runs_end_not_its_last_logging_window(tmp_path, caps
 
 # ----- 14. finetune.train --resume on a damaged checkpoint, or on changed data ---------------------
 @pytest.mark.slow  # a stopped fine-tuning run per case
-@pytest.mark.parametrize("damage", ["model/model.safetensors", "training_state.pt", "manifest.json", "train data"])
+@pytest.mark.parametrize(
+    "damage", ["model/model.safetensors", "training_state.pt", "manifest.json", "train data"]
+)
 def test_resume_refuses_a_damaged_checkpoint_or_changed_data_in_one_line(tmp_path, damage):
     from packed_transformers.data.assets import model_dir
     from packed_transformers.finetune import train as finetune
