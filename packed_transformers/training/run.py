@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -31,9 +30,10 @@ from packed_transformers.components.distributed import (
     gather_rng_states,
 )
 from packed_transformers.components.errors import RunError
+from packed_transformers.components.loop import LoopEnd, run_loop
 from packed_transformers.components.observe import MetricSums, summarize
 from packed_transformers.components.run_folder import data_identity
-from packed_transformers.components.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, Diverged
+from packed_transformers.components.run_state import Diverged
 from packed_transformers.components.step import NonFiniteStep
 from packed_transformers.optim.lamb import local_part
 from packed_transformers.training.backends.engine import Engine
@@ -62,71 +62,77 @@ class Run(RunSetup):
             log.info("compile only: %s", ", ".join(f"{k} graph {v:.1f} s" for k, v in times.items()))
         return 0
 
-    # ----- the loop --------------------------------------------------------------------
+    # ----- the loop (components.loop.run_loop decides when; these methods say what) ------
     def train(self) -> int:
         """Train until a limit, the target or a signal. Returns the process exit code."""
-        state, config, engine = self.state, self.config, self.engine
+        state, engine = self.state, self.engine
         if engine.rank == 0:
             log.info(self.arithmetic.adjusted.describe())
             log.info(
                 "%s; eval every %d sequences", self.arithmetic.describe(), self.eval_schedule.every_samples
             )
         self.reporter.mlperf.run_start(state.samples)
-        # status is MLPerf's run_stop status (success only at the target: its rules call any
-        # other end "aborted"); stopped_by says which end it was, for the run's own record.
-        status, exit_code, self.started = "aborted", 0, time.perf_counter()
-        self.stopped_by, lr = "diverged", None
+        self.started, self.lr = time.perf_counter(), None
         self.resumed_train_seconds, self.paused_seconds = state.train_seconds, 0.0
         self._new_window()
-        try:
-            try:
-                while not self._limit_reached():
-                    lr = self._train_call()
-                    if state.step % self.limits["log_every_steps"] < engine.steps_per_call or (
-                        state.step >= self.limits["max_steps"]
-                    ):
-                        self._log_window(lr)
-                    if self.eval_schedule.due(state):
-                        state.next_eval_samples = self.eval_schedule.following(state)
-                        if self._evaluate() and config["eval"]["stop_at_target"]:
-                            state.reached_target, status = True, "success"
-                            break
-                        self.reporter.mlperf.block_start(state.samples)
-                    every = self.limits["checkpoint_every_steps"]
-                    if every and state.step % every < engine.steps_per_call:
-                        self._save()
-                    if self.stop.agreed():
-                        log.warning("stop requested (signal): checkpointing at step %d", state.step)
-                        exit_code = EXIT_INTERRUPTED
-                        break
-                if exit_code == 0 and self.window_samples and lr is not None:
-                    self._log_window(
-                        lr
-                    )  # steps since the last log line (a short or time-budget run): counted
-                if (
-                    exit_code == 0
-                    and not state.reached_target
-                    and config["eval"]["at_end"]
-                    and self.eval_set is not None
-                    and self.evaluated_step != state.step  # not twice for the same weights
-                ):
-                    if self._evaluate() and config["eval"]["stop_at_target"]:
-                        state.reached_target, status = True, "success"
-                if self.saved_step != state.step:  # not twice for the same step
-                    self._save()
-                self.stopped_by = (
-                    "target"
-                    if state.reached_target
-                    else "signal"
-                    if exit_code
-                    else self._limit_reached() or "limit"
-                )
-            except Diverged as err:
-                print(f"error: {err}", file=sys.stderr)
-                exit_code = EXIT_DIVERGED
-        finally:
-            self._close(status)
-        return exit_code
+        return run_loop(self).exit_code
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    def limit_reached(self) -> str | None:
+        return self._limit_reached()
+
+    def train_call(self) -> None:
+        self.lr = self._train_call()
+
+    def log_due(self) -> bool:
+        step = self.state.step
+        return (
+            step % self.limits["log_every_steps"] < self.engine.steps_per_call
+            or step >= self.limits["max_steps"]
+        )
+
+    def log_window(self) -> None:
+        self._log_window(self.lr)
+
+    def flush_window(self) -> None:
+        if self.window_samples and self.lr is not None:
+            self._log_window(self.lr)
+
+    def evaluation_due(self) -> bool:
+        if not self.eval_schedule.due(self.state):
+            return False
+        self.state.next_eval_samples = self.eval_schedule.following(self.state)
+        return True
+
+    def evaluate(self) -> bool:
+        return self._evaluate()
+
+    def after_evaluation(self) -> None:
+        self.reporter.mlperf.block_start(self.state.samples)
+
+    def evaluates_at_end(self) -> bool:
+        return bool(self.config["eval"]["at_end"]) and self.eval_set is not None
+
+    def stops_at_target(self) -> bool:
+        return bool(self.config["eval"]["stop_at_target"])
+
+    def checkpoint_due(self) -> bool:
+        every = self.limits["checkpoint_every_steps"]
+        return bool(every) and self.state.step % every < self.engine.steps_per_call
+
+    def save(self) -> None:
+        self._save()
+
+    def stop_agreed(self) -> bool:
+        return self.stop.agreed()
+
+    def close(self, end: LoopEnd) -> None:
+        self.state.reached_target = end.stopped_by == "target"
+        self.stopped_by = end.stopped_by
+        self._close(end.status)
 
     def _nonfinite(self, what: str) -> None:
         """A step the engine refused (non-finite loss or gradient norm; weights untouched):
