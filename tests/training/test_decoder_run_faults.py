@@ -134,3 +134,22 @@ def test_a_bert_folder_as_the_starting_checkpoint_is_named_as_such(tmp_path):
         in done.stderr
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_diverging_run_stops_at_its_first_nonfinite_step_and_keeps_the_good_checkpoints(data_root, tmp_path):
+    """The one divergence rule (components.loop, components.step): a learning rate that blows the
+    weights up stops the run at the first step whose loss or gradient norm is not finite, exit 3,
+    one line, the checkpoint of the step before it the newest; the end record says so."""
+    import json
+
+    done = pretrain(data_root, tmp_path / "run", "optim.lr=1e30", "optim.warmup_samples=0",
+                    "training.max_steps=4", "training.checkpoint_every_steps=1")  # fmt: skip
+    assert done.returncode == 3, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: diverged: step ") and "no checkpoint written for it" in last, last
+    assert "Traceback" not in done.stderr
+    bad = int(last.split("step ")[1].split(":")[0])
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert kept and kept[-1] == f"step-{bad - 1:08d}", (kept, bad)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["kind"] == "end" and records[-1]["stopped_by"] == "diverged"

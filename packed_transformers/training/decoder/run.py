@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +35,7 @@ from packed_transformers.components.distributed import (
     setup_replica,
 )
 from packed_transformers.components.errors import RunError
+from packed_transformers.components.loop import LoopEnd, run_loop
 from packed_transformers.components.observe import Reporter
 from packed_transformers.components.run_folder import (
     CHANGEABLE_ON_RESUME,
@@ -43,7 +43,7 @@ from packed_transformers.components.run_folder import (
     prepare_output,
     write_run_config,
 )
-from packed_transformers.components.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, StopSignal
+from packed_transformers.components.run_state import Diverged, StopSignal
 from packed_transformers.components.step import autocast_context, set_learning_rate
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
@@ -174,7 +174,7 @@ class DecoderRun:
             forget_metrics_after(output / "metrics.jsonl", self.state.step)
         self.reporter = Reporter(output, config, self.rank)
         self.stop = StopSignal()
-        self.evaluated_step = -1
+        self.saved_step = self.state.step if resume else None  # a resume's checkpoint: not written again
 
     # ----- the MLPerf log -----------------------------------------------------------------
     def _mlperf_settings(self) -> dict:
@@ -331,7 +331,7 @@ class DecoderRun:
         return {"step": state.step, "samples": state.samples, "tokens": state.tokens, "loss": loss,
                 "lr": lr, "grad_norm": float(norm), "step_tokens": tokens}  # fmt: skip
 
-    def evaluate(self) -> float:
+    def log_perplexity(self) -> float:
         """Log perplexity (nats per predicted token) over the first eval.rows rows."""
         from packed_transformers.model.families import next_token_targets
 
@@ -363,9 +363,8 @@ class DecoderRun:
 
     def _evaluate_and_log(self) -> bool:
         """Evaluate, log; True when the target is reached."""
-        value = self.evaluate()
+        value = self.log_perplexity()
         state = self.state
-        self.evaluated_step = state.step  # not twice for the same weights
         state.best_log_perplexity = min(state.best_log_perplexity, value)
         self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.tokens,
                            "log_perplexity": value}, prefix="eval")  # fmt: skip
@@ -376,68 +375,98 @@ class DecoderRun:
         state.reached_target = state.reached_target or reached
         return reached
 
-    # ----- the loop -----------------------------------------------------------------------
+    # ----- the loop (components.loop.run_loop decides when; these methods say what) ------
     def train(self) -> int:
         config, state = self.config, self.state
-        limits, every = config["training"], config["eval"]["every_samples"]
         mlperf = self.reporter.mlperf
         platform = f"{self.world}x{self.replica.device.type}"
         mlperf.init_benchmark("llama31_8b", config["logging"], platform, self.started_ms, self._mlperf_settings(),
                               self.train_rows.rows, config["eval"]["rows"] if self.eval_rows else 0)  # fmt: skip
         mlperf.run_start(state.samples)
-        status, exit_code, started = "aborted", 0, time.perf_counter()
-        window_tokens, window_start = 0, time.perf_counter()
+        self.started = time.perf_counter()
+        self.window_tokens, self.window_start, self.record = 0, time.perf_counter(), None
+        return run_loop(self).exit_code
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    def limit_reached(self) -> str | None:
+        limits = self.config["training"]
+        if self.state.step >= limits["max_steps"]:
+            return "max_steps"
+        # every process's clock asked: all of them stop at the same step
+        if limits["max_seconds"] is not None and any_process(
+            time.perf_counter() - self.started >= limits["max_seconds"]
+        ):
+            return "max_seconds"
+        return None
+
+    def train_call(self) -> None:
         try:
-            while state.step < limits["max_steps"]:
-                record = self._step()
-                window_tokens += record.pop("step_tokens")
-                if state.step % limits["log_every_steps"] == 0 or state.step == limits["max_steps"]:
-                    elapsed = time.perf_counter() - window_start
-                    record["tokens_per_second"] = window_tokens / max(elapsed, 1e-9)
-                    self.reporter.log(record)
-                    if self.rank == 0:
-                        log.info("step %d: loss %.4f, lr %.3g, %.0f tokens/s", state.step, record["loss"],
-                                 record["lr"], record["tokens_per_second"])  # fmt: skip
-                    window_tokens, window_start = 0, time.perf_counter()
-                if self.eval_rows is not None and every and state.samples >= state.next_eval_samples:
-                    state.next_eval_samples += every * (
-                        1 + (state.samples - state.next_eval_samples) // every
-                    )
-                    if self._evaluate_and_log() and config["eval"]["stop_at_target"]:
-                        status = "success"
-                        break
-                    mlperf.block_start(state.samples)
-                every_ckpt = limits["checkpoint_every_steps"]
-                if every_ckpt and state.step % every_ckpt == 0:
-                    self._save()
-                if self.stop.agreed():
-                    log.warning("stop requested (signal): checkpointing at step %d", state.step)
-                    exit_code = EXIT_INTERRUPTED
-                    break
-                if limits["max_seconds"] is not None and any_process(
-                    time.perf_counter() - started >= limits["max_seconds"]
-                ):
-                    break
-            if (
-                exit_code == 0
-                and status != "success"
-                and self.eval_rows is not None
-                and self.evaluated_step != state.step
-            ):
-                if self._evaluate_and_log() and config["eval"]["stop_at_target"]:
-                    status = "success"
-            self._save()
+            self.record = self._step()
         except FloatingPointError as err:  # a diverging run stops; its good checkpoints stay
-            print(f"run_pretraining.py: diverged: {err}; no checkpoint written for it", file=sys.stderr)
-            exit_code = EXIT_DIVERGED
-        mlperf.run_stop(state.samples, status)
+            raise Diverged(f"diverged: {err}; no checkpoint written for it") from None
+        self.window_tokens += self.record.pop("step_tokens")
+
+    def log_due(self) -> bool:
+        limits = self.config["training"]
+        return self.state.step % limits["log_every_steps"] == 0 or self.state.step == limits["max_steps"]
+
+    def log_window(self) -> None:
+        record = self.record
+        record["tokens_per_second"] = self.window_tokens / max(time.perf_counter() - self.window_start, 1e-9)
+        self.reporter.log(record)
+        if self.rank == 0:
+            log.info("step %d: loss %.4f, lr %.3g, %.0f tokens/s", record["step"], record["loss"], record["lr"],
+                     record["tokens_per_second"])  # fmt: skip
+        self.window_tokens, self.window_start, self.record = 0, time.perf_counter(), None
+
+    def flush_window(self) -> None:
+        if self.record is not None:
+            self.log_window()
+
+    def evaluation_due(self) -> bool:
+        state, every = self.state, self.config["eval"]["every_samples"]
+        if self.eval_rows is None or not every or state.samples < state.next_eval_samples:
+            return False
+        state.next_eval_samples += every * (1 + (state.samples - state.next_eval_samples) // every)
+        return True
+
+    def evaluate(self) -> bool:
+        return self._evaluate_and_log()
+
+    def after_evaluation(self) -> None:
+        self.reporter.mlperf.block_start(self.state.samples)
+
+    def evaluates_at_end(self) -> bool:
+        return self.eval_rows is not None
+
+    def stops_at_target(self) -> bool:
+        return bool(self.config["eval"]["stop_at_target"])
+
+    def checkpoint_due(self) -> bool:
+        every = self.config["training"]["checkpoint_every_steps"]
+        return bool(every) and self.state.step % every == 0
+
+    def save(self) -> None:
+        self._save()
+
+    def stop_agreed(self) -> bool:
+        return self.stop.agreed()
+
+    def close(self, end: LoopEnd) -> None:
+        state = self.state
+        self.reporter.mlperf.run_stop(state.samples, end.status)
+        self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.tokens,
+                           "status": end.status, "stopped_by": end.stopped_by,
+                           "seconds": time.perf_counter() - self.started}, "end")  # fmt: skip
         if self.step_model is not self.model and self.rank == 0:
             from torch._dynamo.utils import counters
 
             compiled = counters["stats"]["unique_graphs"] - self.graphs_before
             log.info("torch.compile: %d graph(s) compiled for the run", compiled)
         self.reporter.close()
-        return exit_code
 
 
 def run_decoder(config: dict, output: Path, resume: bool) -> int:
