@@ -18,23 +18,26 @@ good one). `status` is MLPerf's run_stop status: success only at the target.
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass
 from typing import Protocol
 
 from packed_transformers.components.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, Diverged
 
 log = logging.getLogger("training")
+EXIT_ERROR = 1  # an exception ended the loop; it propagates (the command maps it to its exit code)
 
 
 @dataclass(frozen=True)
 class LoopEnd:
-    """How the loop ended: the process exit code, MLPerf's status ("success" | "aborted") and
-    what stopped it ("target", a limit's name, "signal" or "diverged")."""
+    """How the loop ended: the process exit code, MLPerf's status ("success" | "aborted"),
+    what stopped it ("target", a limit's name, "signal", "diverged", or "error": an exception
+    that propagates past close) and, diverged, the one line saying where (the job prints or
+    raises it)."""
 
     exit_code: int
     status: str
     stopped_by: str
+    diverged: str | None = None
 
 
 class LoopJob(Protocol):
@@ -58,12 +61,12 @@ class LoopJob(Protocol):
     def checkpoint_due(self) -> bool: ...
     def save(self) -> None: ...  # collective; raises Diverged for non-finite weights
     def stop_agreed(self) -> bool: ...  # a signal, agreed by every process
-    def close(self, end: LoopEnd) -> None: ...  # always called, also after Diverged
+    def close(self, end: LoopEnd) -> None: ...  # always called; may raise, but not for "error"
 
 
 def run_loop(job: LoopJob) -> LoopEnd:
     """Train `job` until a limit, its target or a signal (the module's docstring)."""
-    status, exit_code, stopped_by = "aborted", 0, "diverged"
+    status, exit_code = "aborted", 0
     reached, evaluated_step = False, None
 
     def evaluate() -> bool:
@@ -71,7 +74,8 @@ def run_loop(job: LoopJob) -> LoopEnd:
         evaluated_step = job.step
         return job.evaluate() and job.stops_at_target()
 
-    end = LoopEnd(EXIT_DIVERGED, status, stopped_by)
+    # what close() is told if an exception other than Diverged ends the loop (it propagates)
+    end = LoopEnd(EXIT_ERROR, status, "error")
     try:
         while not job.limit_reached():
             job.train_call()
@@ -101,7 +105,7 @@ def run_loop(job: LoopJob) -> LoopEnd:
         stopped_by = "target" if reached else "signal" if exit_code else job.limit_reached() or "limit"
         end = LoopEnd(exit_code, status, stopped_by)
     except Diverged as err:
-        print(f"error: {err}", file=sys.stderr)
+        end = LoopEnd(EXIT_DIVERGED, status, "diverged", str(err))
     finally:
         job.close(end)
     return end

@@ -4,13 +4,16 @@ Interrupted 128 + the signal."""
 
 from __future__ import annotations
 
+from packed_transformers.components.run_state import Diverged as RunDiverged
+
 
 class FinetuneError(ValueError):
     """A run that cannot start (vocabulary mismatch, existing output); CLI exit code 2."""
 
 
-class Diverged(RuntimeError):
-    """The weights or outputs stopped being finite; CLI exit code 3 (as pretraining's)."""
+class Diverged(RunDiverged):
+    """The weights or outputs stopped being finite; CLI exit code 3 (as pretraining's). The
+    one loop (components.loop) ends a run on it as on pretraining's."""
 
 
 class Interrupted(RuntimeError):

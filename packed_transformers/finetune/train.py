@@ -18,8 +18,9 @@ Causal LM (data.task: causal_lm, finetune.causal_lm_task): prompt/completion JSO
 Where things live: finetune.jobs (each task's data, model, evaluation and save: `JOBS`),
 finetune.run_folder (the output folder, --overwrite, --resume's checks, the final save),
 finetune.run_folder (`RunState`: a checkpoint's progress), finetune.checkpoint (its files).
-This module: the optimizer, the step, and the run as named steps (start_run, train_epoch,
-validate_epoch, finish_run).
+This module: the optimizer, the step, and the run: start_run builds it, the one training loop
+of every run (components.loop.run_loop) drives it (`Run`: a step is a batch, an evaluation an
+epoch's validation, a checkpoint after each), finish_run writes its outputs.
 
 OUTPUT/
   model/                      Hugging Face folder (+ vocab.txt, finetune.json) for predict
@@ -55,6 +56,7 @@ from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
 from packed_transformers.components.checkpoint import CheckpointError
+from packed_transformers.components.loop import LoopEnd, run_loop
 from packed_transformers.components.step import NonFiniteStep, check_finite_step
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
@@ -155,10 +157,13 @@ def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums
     return sums(out, batch)
 
 
-# ----- the run -----------------------------------------------------------------------------
+# ----- the run: a job of the one training loop (components.loop) ---------------------------
 @dataclass
 class Run:
-    """What a run works with, built once by start_run; `state` changes as it trains."""
+    """What a run works with, built once by start_run; `state` changes as it trains. The
+    loop (components.loop.run_loop) asks it when and does what its methods say: a step is a
+    batch, an evaluation is an epoch's validation (its metrics line), a checkpoint follows
+    each validation, the limits are the epochs and training.max_seconds."""
 
     config: dict
     output: Path
@@ -171,6 +176,121 @@ class Run:
     state: RunState
     stop: object  # has is_set() and signum (the CLI's signal flag), or None
     step_model: torch.nn.Module  # what the training step calls: model, or compiled (step_model_of)
+    saved_step: int | None = None  # the newest checkpoint's step (a resume's: not written again)
+    metrics_file: object = None  # OUTPUT/metrics.jsonl, open while the loop runs
+    batches: list | None = None  # the epoch in progress's batch tables
+    bar: object = None  # its progress bar
+    validated: tuple | None = None  # the last validation: (metrics, inference timing, outputs)
+    summary: dict | None = None  # written by close at a complete end
+    where: Path | None = None  # the newest checkpoint's folder
+
+    @property
+    def step(self) -> int:
+        return self.state.steps
+
+    def limit_reached(self) -> str | None:
+        state, training = self.state, self.config["training"]
+        if state.finished or state.epoch >= training["epochs"]:
+            return "epochs"
+        if training["max_seconds"] is not None and state.train_seconds >= training["max_seconds"]:
+            return "max_seconds"
+        return None
+
+    def train_call(self) -> None:
+        """One batch of the epoch in progress: its optimizer step, the run state advanced.
+        Diverged (components.run_state) for a non-finite step."""
+        state, epoch = self.state, self.state.epoch
+        if self.batches is None:  # the epoch starts (or resumes at state.batches_done)
+            self.batches = self.batcher.epoch(epoch)
+            if state.batches_done == 0:
+                state.padding.append(self.batcher.padding_fraction(self.batches))
+            self.bar = tqdm(self.batches, desc=f"epoch {epoch}", disable=not self.config["training"]["progress"],
+                            leave=False, initial=state.batches_done)  # fmt: skip
+        table = self.batches[state.batches_done]
+        start = time.perf_counter()
+        batch = self.job.collate(self.job.train, table, self.batcher.width(table))
+        try:
+            step = finetune_step(self.model, batch, self.optimizer, self.scheduler,
+                                 self.config["optim"]["max_grad_norm"], self.job.step_sums, self.step_model)  # fmt: skip
+        except FinetuneError as err:
+            raise Diverged(f"epoch {epoch}, step {state.steps + 1}: {err}; nothing saved") from None
+        state.train_seconds += time.perf_counter() - start
+        state.steps += 1
+        state.batches_done += 1
+        state.train_examples += int((table >= 0).sum())
+        for key in state.sums:
+            state.sums[key] += float(step[key])
+        self.bar.update(1)
+
+    def log_due(self) -> bool:
+        return False  # a line per epoch (its validation), the bar per batch
+
+    def log_window(self) -> None:
+        pass
+
+    def flush_window(self) -> None:
+        pass
+
+    def evaluation_due(self) -> bool:
+        return self.batches is not None and self.state.batches_done == len(self.batches)
+
+    def evaluate(self) -> bool:
+        """The epoch in progress validated (also one a time budget cut short), its metrics line
+        written, the next epoch begun. -> False: fine-tuning has no target to stop at."""
+        epoch = self.state.epoch
+        if self.bar is not None:
+            self.bar.close()
+        self.validated = validate_epoch(self, epoch, self.metrics_file)
+        self.state.epoch, self.state.batches_done, self.state.sums = epoch + 1, 0, zero_sums()
+        self.batches = self.bar = None
+        return False
+
+    def after_evaluation(self) -> None:
+        pass
+
+    def evaluates_at_end(self) -> bool:
+        return self.state.batches_done > 0  # an epoch a time budget stopped: validated as a whole one is
+
+    def stops_at_target(self) -> bool:
+        return False
+
+    def checkpoint_due(self) -> bool:
+        return self.batches is None and self.state.batches_done == 0  # after each epoch's validation
+
+    def save(self) -> None:
+        """The checkpoint of this step, never of non-finite weights; a run whose limit is reached
+        is marked finished (a --resume of it trains nothing more)."""
+        from packed_transformers.finetune.checkpoint import save_checkpoint
+
+        check_weights(self, self.state.epoch)
+        self.state.finished = self.limit_reached() is not None
+        self.where = save_checkpoint(
+            self.output, self.model, self.optimizer, self.scheduler, self.state.progress()
+        )
+
+    def stop_agreed(self) -> bool:
+        return self.stop is not None and self.stop.is_set()
+
+    def close(self, end: LoopEnd) -> None:
+        """Diverged and Interrupted raised with their line; a complete run's outputs written."""
+        if self.bar is not None:
+            self.bar.close()
+        if self.metrics_file is not None:
+            self.metrics_file.close()
+        if end.stopped_by == "error":  # an exception is on its way out: let it
+            return
+        if end.diverged:
+            raise Diverged(end.diverged)
+        if end.stopped_by == "max_seconds":
+            log.info("stopped after training.max_seconds=%s", self.config["training"]["max_seconds"])
+        if end.exit_code:
+            raise Interrupted(
+                f"stopped at epoch {self.state.epoch}, step {self.state.steps}; checkpoint kept at {self.where}: "
+                "continue with the same command and --resume", self.stop.signum
+            )  # fmt: skip
+        if self.validated is None:  # resumed from the last epoch's checkpoint: nothing left to train
+            self.validated = self.job.evaluate(self.model, self.eval_batcher)
+        self.summary = finish_run(self, *self.validated)
 
 
 def run_finetune(
@@ -184,8 +304,25 @@ def run_finetune(
     run = start_run(config, output, resume, stop, overwrite)
     if stop is not None and stop.is_set():
         raise Interrupted("stopped before the first step; nothing was trained", stop.signum)
-    validation, inference, outputs = train_and_validate(run)
-    return finish_run(run, validation, inference, outputs)
+    open_metrics(run)
+    run_loop(run)
+    return run.summary
+
+
+def open_metrics(run: Run) -> None:
+    """OUTPUT/metrics.jsonl opened for the loop, holding the lines of the epochs the
+    checkpoint has validated (a resumed run's; none for a new one)."""
+    metrics_path = run.output / "metrics.jsonl"
+    kept = []
+    if run.state.epoch > 0 and metrics_path.is_file():
+        kept = [
+            line
+            for line in metrics_path.read_text().splitlines()
+            if json.loads(line)["epoch"] < run.state.epoch
+        ]
+    run.metrics_file = metrics_path.open("w")
+    run.metrics_file.write("".join(line + "\n" for line in kept))
+    run.metrics_file.flush()
 
 
 def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -> Run:
@@ -224,9 +361,9 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     if progress is not None:
         state = restore_state(output, model, optimizer, scheduler, state)
     step_model = step_model_of(model, training["compile"])
-    return Run(
-        config, output, job, model, batcher, eval_batcher, optimizer, scheduler, state, stop, step_model
-    )
+    saved_step = state.steps if progress is not None else None
+    return Run(config, output, job, model, batcher, eval_batcher, optimizer, scheduler, state, stop, step_model,
+               saved_step)  # fmt: skip
 
 
 def packing_note(batcher: Batcher, asked: int | None) -> str:
@@ -275,79 +412,6 @@ def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState) ->
     log.info("resumed from %s: epoch %d, %d batches done in it", path, state.epoch,
              state.batches_done)  # fmt: skip
     return state
-
-
-def train_and_validate(run: Run):
-    """Every epoch left: train it, validate it, write its metrics line, checkpoint it. ->
-    the last validation (metrics, inference timing, outputs)."""
-    from packed_transformers.finetune.checkpoint import save_checkpoint
-
-    state, training = run.state, run.config["training"]
-    metrics_path = run.output / "metrics.jsonl"
-    kept = []  # metrics lines of the epochs the checkpoint has validated
-    if state.epoch > 0 and metrics_path.is_file():
-        kept = [
-            line for line in metrics_path.read_text().splitlines() if json.loads(line)["epoch"] < state.epoch
-        ]
-    validated = None
-    last_epoch = state.epoch if state.finished else training["epochs"]
-    with metrics_path.open("w") as metrics_file:
-        metrics_file.write("".join(line + "\n" for line in kept))
-        metrics_file.flush()
-        for epoch in range(state.epoch, last_epoch):
-            stopped = train_epoch(run, epoch)
-            validated = validate_epoch(run, epoch, metrics_file)
-            state.epoch, state.batches_done, state.sums = epoch + 1, 0, zero_sums()
-            state.finished = stopped or epoch + 1 == training["epochs"]
-            save_checkpoint(run.output, run.model, run.optimizer, run.scheduler, state.progress())
-            if stopped:
-                log.info("stopped after training.max_seconds=%s", training["max_seconds"])
-                break
-    if validated is None:  # resumed from the last epoch's checkpoint: nothing left to train
-        validated = run.job.evaluate(run.model, run.eval_batcher)
-    return validated
-
-
-def train_epoch(run: Run, epoch: int) -> bool:
-    """Train the batches of `epoch` not yet done. -> whether training.max_seconds stopped it.
-    Diverged for a non-finite loss or weights; Interrupted (checkpoint kept) on a stop."""
-    from packed_transformers.finetune.checkpoint import save_checkpoint
-
-    state, training, job = run.state, run.config["training"], run.job
-    batches = run.batcher.epoch(epoch)
-    if state.batches_done == 0:
-        state.padding.append(run.batcher.padding_fraction(batches))
-    bar = tqdm(batches, desc=f"epoch {epoch}", disable=not training["progress"], leave=False,
-               initial=state.batches_done)  # fmt: skip
-    try:
-        for table in batches[state.batches_done :]:
-            start = time.perf_counter()
-            batch = job.collate(job.train, table, run.batcher.width(table))
-            try:
-                step = finetune_step(run.model, batch, run.optimizer, run.scheduler,
-                                     run.config["optim"]["max_grad_norm"], job.step_sums, run.step_model)  # fmt: skip
-            except FinetuneError as err:
-                raise Diverged(f"epoch {epoch}, step {state.steps + 1}: {err}; nothing saved") from None
-            state.train_seconds += time.perf_counter() - start
-            state.steps += 1
-            state.batches_done += 1
-            state.train_examples += int((table >= 0).sum())
-            for key in state.sums:
-                state.sums[key] += float(step[key])
-            bar.update(1)
-            if run.stop is not None and run.stop.is_set() and state.batches_done < len(batches):
-                check_weights(run, epoch)
-                where = save_checkpoint(run.output, run.model, run.optimizer, run.scheduler,
-                                        state.progress(epoch=epoch))  # fmt: skip
-                raise Interrupted(
-                    f"stopped at epoch {epoch}, step {state.steps}; checkpoint kept at {where}: "
-                    "continue with the same command and --resume", run.stop.signum
-                )  # fmt: skip
-            if training["max_seconds"] is not None and state.train_seconds >= training["max_seconds"]:
-                return True
-        return False
-    finally:
-        bar.close()
 
 
 def check_weights(run: Run, epoch: int) -> None:

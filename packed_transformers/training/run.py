@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -75,7 +76,10 @@ class Run(RunSetup):
         self.started, self.lr = time.perf_counter(), None
         self.resumed_train_seconds, self.paused_seconds = state.train_seconds, 0.0
         self._new_window()
-        return run_loop(self).exit_code
+        end = run_loop(self)
+        if end.diverged:
+            print(f"error: {end.diverged}", file=sys.stderr)
+        return end.exit_code
 
     @property
     def step(self) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -385,7 +386,10 @@ class DecoderRun:
         mlperf.run_start(state.samples)
         self.started = time.perf_counter()
         self.window_tokens, self.window_start, self.record = 0, time.perf_counter(), None
-        return run_loop(self).exit_code
+        end = run_loop(self)
+        if end.diverged:
+            print(f"error: {end.diverged}", file=sys.stderr)
+        return end.exit_code
 
     @property
     def step(self) -> int:
