@@ -136,7 +136,9 @@ def test_a_bert_folder_as_the_starting_checkpoint_is_named_as_such(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_diverging_run_stops_at_its_first_nonfinite_step_and_keeps_the_good_checkpoints(data_root, tmp_path):
+def test_a_diverging_run_stops_at_its_first_nonfinite_step_and_keeps_the_good_checkpoints(
+    data_root, tmp_path
+):
     """The one divergence rule (components.loop, components.step): a learning rate that blows the
     weights up stops the run at the first step whose loss or gradient norm is not finite, exit 3,
     one line, the checkpoint of the step before it the newest; the end record says so."""
