@@ -1,4 +1,5 @@
-"""The pieces every training run is built from (torchtitan's components/): the step's
+"""The pieces every training run is built from (torchtitan's components/): the one training
+loop of every run (loop: when to log, evaluate, checkpoint and stop; the runs are its jobs), the step's
 arithmetic and loss sums (step), replicas and host collectives (distributed), checkpoints
 and RNG state (checkpoint), the run folder and its resume checks (run_folder), the run's
 state, stop conditions and exit codes (run_state), metrics, TensorBoard and the MLPerf log

@@ -109,3 +109,23 @@ def run_loop(job: LoopJob) -> LoopEnd:
     finally:
         job.close(end)
     return end
+
+
+class LoopJobDefaults:
+    """What a job without per-step log lines, MLPerf blocks or a target says (fine-tuning):
+    a base to inherit, so a job writes only the answers it has."""
+
+    def log_due(self) -> bool:
+        return False
+
+    def log_window(self) -> None:
+        pass
+
+    def flush_window(self) -> None:
+        pass
+
+    def after_evaluation(self) -> None:
+        pass
+
+    def stops_at_target(self) -> bool:
+        return False

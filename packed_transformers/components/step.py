@@ -87,6 +87,16 @@ def check_finite_step(step_loss: torch.Tensor, parameters, check_gradients: bool
     return norm
 
 
+def weights_finite(parameters) -> bool:
+    """Whether this process's weights are all finite (under FSDP2 its own shards: agree over
+    processes with components.distributed.any_process). One reduction, one host sync: the
+    check before every checkpoint of every run (a checkpoint of non-finite weights is refused)."""
+    from packed_transformers.optim.lamb import local_part
+
+    flags = [torch.isfinite(local_part(p.detach())).all() for p in parameters]
+    return not flags or bool(torch.stack(flags).all())
+
+
 # --------------------------------------------------------------------------------------
 # What every step does around the loss
 # --------------------------------------------------------------------------------------

@@ -1,21 +1,10 @@
-"""Fine-tuning checkpoints: pretraining's format and resume policy (components.checkpoint),
-with fine-tuning's progress in them.
-
-    OUTPUT/checkpoints/step-00000123/   the latest only (keep 1), renamed into place when whole
-        model/config.json, model/model.safetensors   the weights in the run's own names
-                                   (safetensors: nothing unpickled on load; loaded strictly)
-        training_state.pt         AdamW's and the schedule's state, every RNG's state, and
-                                  "state": the progress (finetune.run_folder.RunState) as JSON
-                                  (tensors, numbers and strings: read with weights_only=True)
-        manifest.json             every file's size and sha256, written last
-
-A checkpoint is written after every epoch (validated, its metrics line written) and when
-SIGINT or SIGTERM stops a run between two steps. The batch order of an epoch is a pure
-function of the seed and the epoch (inference.batching), so the position in it is a count
-of batches; the dropout stream continues from the saved RNG state: a resumed run's weights
-equal those of the run that was never stopped (tests/finetune/test_finetune_resume.py).
-Resume takes the newest checkpoint whose files match their manifest and whose weights load
-(components.checkpoint.resume_from, the policy of every training run); none: refused.
+"""Fine-tuning checkpoints: every run's format and resume policy (components.checkpoint),
+the latest only, its model/ in the run's own names (safetensors, loaded strictly) and the
+progress (finetune.run_folder.RunState) as JSON in training_state.pt beside AdamW's, the
+schedule's and every RNG's state. Written after every epoch's validation and when a signal
+stops a run; an epoch's batch order is a pure function of seed and epoch, so the position in
+it is a count of batches: a resumed run's weights equal the unstopped run's
+(tests/finetune/test_finetune_resume.py).
 """
 
 from __future__ import annotations
@@ -23,22 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from packed_transformers.components import checkpoint as ckpt
 
-CHECKPOINTS = "checkpoints"
 KEEP = 1  # a fine-tuning run keeps its latest checkpoint only (as many copies of the model as before)
 
 
 def checkpoints_folder(output: Path) -> Path:
-    return Path(output) / CHECKPOINTS
-
-
-def weights_finite(model) -> bool:
-    """Whether every parameter is finite (one fused norm per tensor, then one check)."""
-    norms = torch._foreach_norm([p.detach() for p in model.parameters()])
-    return bool(torch.isfinite(torch.stack(norms)).all())
+    return Path(output) / "checkpoints"
 
 
 def write_weights(model):
@@ -76,17 +56,12 @@ def has_checkpoint(output: Path) -> bool:
 def read_progress(output: Path) -> dict | None:
     """The newest intact checkpoint's progress; None without one. ckpt.CheckpointError where
     there are checkpoints and none intact, or its state is not plain values."""
-    folder = checkpoints_folder(output)
     if not has_checkpoint(output):
         return None
-    newest = ckpt.latest_valid_checkpoint(folder)
+    newest = ckpt.latest_valid_checkpoint(checkpoints_folder(output))
     if newest is None:
-        raise ckpt.CheckpointError(f"{folder} holds no intact checkpoint")
-    return progress_of(ckpt.load_training_state(newest))
-
-
-def progress_of(training_state: dict) -> dict:
-    return json.loads(training_state["state"])
+        raise ckpt.CheckpointError(f"{checkpoints_folder(output)} holds no intact checkpoint")
+    return json.loads(ckpt.load_training_state(newest)["state"])
 
 
 def load_checkpoint(output: Path, model, optimizer, scheduler) -> tuple[Path, dict]:
@@ -101,4 +76,4 @@ def load_checkpoint(output: Path, model, optimizer, scheduler) -> tuple[Path, di
 
     path, state = ckpt.resume_from(checkpoints_folder(output), load_weights)
     ckpt.set_rng_state(state["rng"][0])
-    return path, progress_of(state)
+    return path, json.loads(state["state"])

@@ -56,8 +56,8 @@ from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
 from packed_transformers.components.checkpoint import CheckpointError
-from packed_transformers.components.loop import LoopEnd, run_loop
-from packed_transformers.components.step import NonFiniteStep, check_finite_step
+from packed_transformers.components.loop import LoopEnd, LoopJobDefaults, run_loop
+from packed_transformers.components.step import NonFiniteStep, check_finite_step, weights_finite
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.finetune.config import load_finetune_config, train_parser
@@ -159,11 +159,12 @@ def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums
 
 # ----- the run: a job of the one training loop (components.loop) ---------------------------
 @dataclass
-class Run:
+class Run(LoopJobDefaults):
     """What a run works with, built once by start_run; `state` changes as it trains. The
     loop (components.loop.run_loop) asks it when and does what its methods say: a step is a
-    batch, an evaluation is an epoch's validation (its metrics line), a checkpoint follows
-    each validation, the limits are the epochs and training.max_seconds."""
+    batch, an evaluation is an epoch's validation (its metrics line: no per-step lines, no
+    target), a checkpoint follows each validation, the limits are the epochs and
+    training.max_seconds."""
 
     config: dict
     output: Path
@@ -222,15 +223,6 @@ class Run:
             state.sums[key] += float(step[key])
         self.bar.update(1)
 
-    def log_due(self) -> bool:
-        return False  # a line per epoch (its validation), the bar per batch
-
-    def log_window(self) -> None:
-        pass
-
-    def flush_window(self) -> None:
-        pass
-
     def evaluation_due(self) -> bool:
         return self.batches is not None and self.state.batches_done == len(self.batches)
 
@@ -245,14 +237,8 @@ class Run:
         self.batches = self.bar = None
         return False
 
-    def after_evaluation(self) -> None:
-        pass
-
     def evaluates_at_end(self) -> bool:
         return self.state.batches_done > 0  # an epoch a time budget stopped: validated as a whole one is
-
-    def stops_at_target(self) -> bool:
-        return False
 
     def checkpoint_due(self) -> bool:
         return self.batches is None and self.state.batches_done == 0  # after each epoch's validation
@@ -312,16 +298,11 @@ def run_finetune(
 def open_metrics(run: Run) -> None:
     """OUTPUT/metrics.jsonl opened for the loop, holding the lines of the epochs the
     checkpoint has validated (a resumed run's; none for a new one)."""
-    metrics_path = run.output / "metrics.jsonl"
-    kept = []
-    if run.state.epoch > 0 and metrics_path.is_file():
-        kept = [
-            line
-            for line in metrics_path.read_text().splitlines()
-            if json.loads(line)["epoch"] < run.state.epoch
-        ]
-    run.metrics_file = metrics_path.open("w")
-    run.metrics_file.write("".join(line + "\n" for line in kept))
+    path, epoch = run.output / "metrics.jsonl", run.state.epoch
+    lines = path.read_text().splitlines() if epoch > 0 and path.is_file() else []
+    kept = "".join(line + "\n" for line in lines if json.loads(line)["epoch"] < epoch)
+    run.metrics_file = path.open("w")
+    run.metrics_file.write(kept)
     run.metrics_file.flush()
 
 
@@ -415,12 +396,9 @@ def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState) ->
 
 
 def check_weights(run: Run, epoch: int) -> None:
-    from packed_transformers.finetune.checkpoint import weights_finite
-
-    if not weights_finite(run.model):
-        raise Diverged(
-            f"epoch {epoch}: the weights are no longer finite: the run diverged (lower optim.lr?); nothing saved"
-        )
+    if not weights_finite(run.model.parameters()):
+        raise Diverged(f"epoch {epoch}: the weights are no longer finite: the run diverged (lower optim.lr?); "
+                       "nothing saved")  # fmt: skip
 
 
 def validate_epoch(run: Run, epoch: int, metrics_file):

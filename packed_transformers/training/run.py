@@ -35,8 +35,7 @@ from packed_transformers.components.loop import LoopEnd, run_loop
 from packed_transformers.components.observe import MetricSums, summarize
 from packed_transformers.components.run_folder import data_identity
 from packed_transformers.components.run_state import Diverged
-from packed_transformers.components.step import NonFiniteStep
-from packed_transformers.optim.lamb import local_part
+from packed_transformers.components.step import NonFiniteStep, weights_finite
 from packed_transformers.training.backends.engine import Engine
 from packed_transformers.training.run_setup import RunSetup
 
@@ -291,10 +290,7 @@ class Run(RunSetup):
     def _write_checkpoint(self) -> None:
         # One reduction on the device, one host sync (not one per parameter).
         # each rank its own shard under FSDP2 (local_part), the verdict agreed by every rank
-        bad = not bool(
-            torch.stack([torch.isfinite(local_part(p)).all() for p in self.model.parameters()]).all()
-        )
-        if any_process(bad):
+        if any_process(not weights_finite(self.model.parameters())):
             raise Diverged(f"step {self.state.step}: non-finite weights; refusing to checkpoint them")
         snapshot = self.engine.snapshot()
         rng = gather_rng_states()

@@ -45,7 +45,7 @@ from packed_transformers.components.run_folder import (
     write_run_config,
 )
 from packed_transformers.components.run_state import Diverged, StopSignal
-from packed_transformers.components.step import autocast_context, set_learning_rate
+from packed_transformers.components.step import autocast_context, set_learning_rate, weights_finite
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.lm_rows.store import RowStore
@@ -454,6 +454,9 @@ class DecoderRun:
         return bool(every) and self.state.step % every == 0
 
     def save(self) -> None:
+        """Collective: never a checkpoint of non-finite weights (every run's rule)."""
+        if any_process(not weights_finite(self.model.parameters())):
+            raise Diverged(f"step {self.state.step}: non-finite weights; refusing to checkpoint them")
         self._save()
 
     def stop_agreed(self) -> bool:
