@@ -16,6 +16,7 @@ from packed_transformers.components.errors import RunError
 from packed_transformers.components.step import BatchArithmetic
 from packed_transformers.model import PackedBertForPreTraining, bert_config
 from packed_transformers.model.hf_checkpoint import SHAPE_FIELDS
+from packed_transformers.model.opening import check_finite_weights
 from packed_transformers.optim import Lamb, WarmupPolyDecay, packing_factor_from_metadata, weight_decay_groups
 from packed_transformers.packing.shards import PackedDataset
 from packed_transformers.packs.errors import PackingInputError
@@ -77,7 +78,9 @@ def build_model(config: dict, seed: int) -> PackedBertForPreTraining:
                 f"{model_cfg['preset']} ({key}={getattr(wanted, key)})"
             )
     try:
-        return PackedBertForPreTraining.from_pretrained(folder, **options)
+        model = PackedBertForPreTraining.from_pretrained(folder, **options)
+        check_finite_weights(folder, model)  # the door's check: a NaN start trains nothing (NonFiniteWeights)
+        return model
     except (OSError, ValueError, RuntimeError) as err:
         raise RunError(f"model.init_checkpoint {folder}: cannot be loaded ({err})") from None
 

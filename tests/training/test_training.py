@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
 from packed_transformers.training.config import ConfigError, load_config, validate
 
@@ -114,6 +116,21 @@ def test_bad_inputs_fail_before_compute(packed, tmp_path):
     assert run(config, tmp_path / "taken").returncode == 0
     done = run(config, tmp_path / "taken")
     assert done.returncode == 2 and "--resume" in done.stderr
+    # a starting checkpoint whose weights hold a NaN: the door's check, before any step
+    from safetensors.torch import save_file
+
+    start = tmp_path / "nan_start"
+    shutil.copytree(sorted((tmp_path / "taken" / "checkpoints").glob("step-*"))[-1] / "model", start)
+    weights = load_file(start / "model.safetensors")
+    name = sorted(weights)[0]
+    weights[name].view(-1)[0] = float("nan")
+    save_file(weights, start / "model.safetensors", metadata={"format": "pt"})
+    done = run(
+        write_config(tmp_path / "nan.yaml", packed, model={"init_checkpoint": str(start)}), tmp_path / "o2"
+    )
+    assert done.returncode == 2 and f"weight {name} holds" in done.stderr.strip().splitlines()[-1], (
+        done.stderr[-800:]
+    )
 
 
 def test_resume_after_budget_stop_is_bitwise_identical(packed, tmp_path):

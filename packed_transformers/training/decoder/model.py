@@ -110,6 +110,7 @@ def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, d
 
     from packed_transformers.model.families import PACKED_ATTENTION, _register_packed_attention
     from packed_transformers.model.family_model import PackedCausalLM, PackedFamilyModel
+    from packed_transformers.model.opening import check_finite_weights
 
     model_cfg = config["model"]
     torch.manual_seed(config["training"]["seed"])
@@ -118,6 +119,7 @@ def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, d
         config_dict = decoder_folder_config(folder)
         try:
             packed = PackedFamilyModel.from_pretrained(folder, "causal_lm", config_dict=config_dict)
+            check_finite_weights(folder, packed)  # the door's check: a NaN start trains nothing
         except (OSError, ValueError, RuntimeError) as err:
             reason = textwrap.shorten(str(err), 300, placeholder=" ...")  # cut between words
             raise RunError(f"model.init_checkpoint {folder}: cannot be loaded ({reason})") from None
