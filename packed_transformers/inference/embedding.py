@@ -47,7 +47,7 @@ def run_tables(
 ):
     """Forward every batch table; -> (per-slot embeddings [rows, K, D], example_index [rows, K])
     per batch. The model pools; normalization is the caller's."""
-    runner = runner_of(encoder, options.device, options.dtype, options.compile)
+    runner = runner_of(encoder, options.device, options.dtype, options.compile, options.runtime)
     for batch in runner.run(token_ids, tables, width_of, None, ("embeddings",)):
         yield batch.outputs["embeddings"], batch.rows["example_index"]
 
@@ -76,6 +76,9 @@ def embed_token_ids(encoder: LoadedModel, token_ids: list, options: InferenceOpt
         )
     else:
         parts = [(np.arange(n), longest)]
+    runner = runner_of(encoder, options.device, options.dtype, options.compile, options.runtime)
+    if runner.needs_calibration:
+        calibrate(runner, encoder, token_ids, options)
     vectors = np.empty((n, encoder.dimension), dtype=np.float32)
     for members, width in parts:
         if len(members):
@@ -87,15 +90,45 @@ def embed_token_ids(encoder: LoadedModel, token_ids: list, options: InferenceOpt
     return l2_normalize(vectors) if encoder.normalize else vectors
 
 
-def _embed_part(
-    encoder: LoadedModel, token_ids: list, lengths: np.ndarray, width: int, options: InferenceOptions
-):
-    """One batching pass over texts of at most `width` tokens -> [n, D] in their order."""
+def part_batcher(encoder: LoadedModel, lengths: np.ndarray, width: int, options: InferenceOptions) -> Batcher:
+    """The batching of texts of at most `width` tokens (one of width_groups' parts)."""
     spec = BatchingSpec(
         EMBED_BATCHING[options.batching], options.batch_size, encoder.max_length, options.max_sequences_per_pack,
         options.algorithm, pack_length=width,
     )  # fmt: skip
-    batcher = Batcher(lengths, spec, seed=0)
+    return Batcher(lengths, spec, seed=0)
+
+
+def calibrate(runner, encoder: LoadedModel, token_ids: list, options: InferenceOptions) -> None:
+    """OpenVINO int8's calibration: packed rows, batched as embedding batches them, of
+    options.calibration_texts, else of a fixed sample of up to CALIBRATION_TEXTS of `token_ids`
+    (the first chunk embedded: texts like the ones to come)."""
+    from packed_transformers.inference.openvino_graphs import CALIBRATION_TEXTS
+
+    if options.calibration_texts:
+        places = [f"calibration_texts[{i}]" for i in range(len(options.calibration_texts))]
+        sample, _ = encoder.tokenize_texts(list(options.calibration_texts), places)
+    else:
+        picks = np.random.default_rng(0).choice(
+            len(token_ids), min(CALIBRATION_TEXTS, len(token_ids)), replace=False
+        )
+        sample = [token_ids[i] for i in np.sort(picks)]
+    lengths = np.array([len(t) for t in sample])
+    longest = max(encoder.max_length, int(lengths.max()))
+    hidden = encoder.model.config.hidden_size
+    for members, width in width_groups(
+        lengths, longest, options.max_sequences_per_pack, options.algorithm, hidden
+    ):
+        if len(members):
+            batcher = part_batcher(encoder, lengths[members], width, options)
+            runner.calibrate([sample[i] for i in members], batcher.epoch(0, shuffle=False), batcher.width)
+
+
+def _embed_part(
+    encoder: LoadedModel, token_ids: list, lengths: np.ndarray, width: int, options: InferenceOptions
+):
+    """One batching pass over texts of at most `width` tokens -> [n, D] in their order."""
+    batcher = part_batcher(encoder, lengths, width, options)
     tables = batcher.epoch(0, shuffle=False)
     slots, index = [], []
     for per_slot, example_index in run_tables(encoder, token_ids, tables, batcher.width, options):

@@ -23,7 +23,8 @@ class InferenceOptions:
     packs.tokenized.fitting_depth); pack_length: tokens per pack, None = the folder's (or,
     where it names none, packs grouped by row width); device; dtype: float32 | bfloat16 | int8
     (autocast); chunk_texts: texts embedded per chunk (memory bounded by a chunk);
-    prompt_name: an embedding model's prompt (None: its default prompt, if any)."""
+    prompt_name: an embedding model's prompt (None: its default prompt, if any); runtime:
+    torch, or openvino (float32 or int8, a compiled graph per row shape)."""
 
     batching: str = "packed"
     batch_size: int = PREDICT_BATCH_SIZE
@@ -35,6 +36,9 @@ class InferenceOptions:
     chunk_texts: int = 8192
     prompt_name: str | None = None
     compile: bool = False  # torch.compile the forward once per row width (inference.runner.compiled_forward)
+    runtime: str = "torch"  # or "openvino": a graph per row shape (inference.openvino_graphs)
+    # openvino int8's calibration texts (None: a sample of the first texts embedded)
+    calibration_texts: tuple[str, ...] | None = None
 
     @classmethod
     def from_args(cls, args) -> InferenceOptions:

@@ -66,6 +66,9 @@ class Runner:
     # torch.compile the forward (inductor, weights frozen into the graph, static shapes): one
     # graph per row width, the tables of a width padded with empty rows to its most rows
     compiled: bool = False
+    # "torch", or "openvino": the rows through OpenVINO (inference.openvino_graphs), a graph
+    # compiled per row shape, the tables of a width padded as compiled's are; float32 or int8
+    runtime: str = "torch"
 
     def __post_init__(self):
         parameter = next(self.model.parameters(), None)
@@ -74,11 +77,21 @@ class Runner:
             if self.device
             else (parameter.device if parameter is not None else torch.device("cpu"))
         )
-        problem = device_problem(device.type, self.dtype)
+        problem = (
+            device_problem(device.type, self.dtype)
+            if self.runtime == "torch"
+            else runtime_problem(self.runtime, device.type, self.dtype)
+        )
         if problem:
             raise ValueError(problem)
         self.device = device
         self.model = self.model.to(device).eval()
+        if self.runtime == "openvino":
+            from packed_transformers.inference.openvino_graphs import OpenVinoGraphs
+
+            self._forward_model = OpenVinoGraphs(self.model, self.dtype, torch.get_num_threads())
+            self._rows_of_width: dict[int, int] = {}
+            return
         if self.dtype == "int8":  # a quantized copy: the loaded float32 model serves other runners
             from packed_transformers.inference.int8 import quantize_encoder
 
@@ -95,6 +108,18 @@ class Runner:
             return table
         return pad_table(table, rows)
 
+    @property
+    def needs_calibration(self) -> bool:
+        """An OpenVINO int8 runner not yet calibrated (`calibrate` before its first forward)."""
+        return self.runtime == "openvino" and not self._forward_model.calibrated
+
+    def calibrate(
+        self, token_ids: list, tables: Iterable[np.ndarray], width_of: Callable[[np.ndarray], int]
+    ) -> None:
+        """OpenVINO int8: quantize on the packed rows of `tables` over `token_ids` (texts like
+        those to come, never counted in `stats`)."""
+        self._forward_model.calibrate([pack_rows(token_ids, table, width_of(table)) for table in tables])
+
     @torch.inference_mode()
     def forward(
         self, token_ids: list, table: np.ndarray, width: int, segment_ids: list | None = None,
@@ -107,7 +132,7 @@ class Runner:
         `outputs`. inputs: the model's inputs beyond the rows, from the batch's tensors (a
         causal LM's next-token targets, so that its head runs only where one is); `read`
         sees them in its batch."""
-        if self.compiled:
+        if self.compiled or self.runtime == "openvino":
             table = self._static_rows(table, width)
         rows = pack_rows(token_ids, table, width, segment_ids)
         batch = {
@@ -184,6 +209,20 @@ def per_sequence_tokens(batches: list[RunBatch], name: str, lengths) -> list[np.
     return out
 
 
+RUNTIMES = ("torch", "openvino")
+
+
+def runtime_problem(runtime: str, device: str, dtype: str) -> str | None:
+    """The one-line reason `runtime` cannot run `dtype` on `device` here, or None."""
+    if runtime not in RUNTIMES:
+        return f"--runtime must be one of {RUNTIMES}, got {runtime!r}"
+    if runtime == "openvino":
+        from packed_transformers.inference.openvino_graphs import openvino_problem
+
+        return openvino_problem(device, dtype)
+    return device_problem(device, dtype)
+
+
 def compiled_forward(model: torch.nn.Module):
     """`model` under torch.compile for inference: static shapes (dynamic=False) and, with
     inductor, its weights frozen into the graph (constant-folded, pre-packed for oneDNN on a
@@ -193,10 +232,10 @@ def compiled_forward(model: torch.nn.Module):
     return torch.compile(model, dynamic=False, backend=COMPILE_BACKEND)
 
 
-def runner_of(loaded, device: str, dtype: str, compiled: bool = False) -> Runner:
-    """A LoadedModel's Runner on `device` in `dtype` (compiled or not), built (and so checked)
-    once per setting and kept on the LoadedModel."""
-    key = (str(device), dtype, compiled)
+def runner_of(loaded, device: str, dtype: str, compiled: bool = False, runtime: str = "torch") -> Runner:
+    """A LoadedModel's Runner on `device` in `dtype` (compiled or not, through `runtime`),
+    built (and so checked) once per setting and kept on the LoadedModel."""
+    key = (str(device), dtype, compiled, runtime)
     if key not in loaded._runners:
-        loaded._runners[key] = Runner(loaded.model, device, dtype, compiled=compiled)
+        loaded._runners[key] = Runner(loaded.model, device, dtype, compiled=compiled, runtime=runtime)
     return loaded._runners[key]
