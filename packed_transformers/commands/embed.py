@@ -2,6 +2,7 @@
 
     python -m packed_transformers.finetune.embed --model DIR --input texts.jsonl --output embeddings.npy
         [--batching packed | sorted | padded] [--dtype float32 | bfloat16 | int8] [--device cpu | cuda]
+        [--runtime torch | openvino]
         [--pooling mean] [--normalize | --no-normalize] [--max-length N] [--text-field text]
 
 --input: JSON lines, one object per line with a string field "text" (--text-field);
@@ -64,7 +65,7 @@ from packed_transformers.data.classification_data import ExampleError, example_o
 from packed_transformers.door.opener import ForEmbedding, open_folder
 from packed_transformers.inference.embedding import iter_encode
 from packed_transformers.inference.options import InferenceOptions
-from packed_transformers.inference.precision import device_problem
+from packed_transformers.inference.runner import runtime_problem
 
 
 def run_on_ray(args) -> int:
@@ -231,7 +232,9 @@ def main(argv=None) -> int:
     args = embed_parser(__doc__).parse_args(argv)
     wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "chunk_texts", "max_length", "workers",
                              "threads_per_worker", "chunk_rows"))  # fmt: skip
-    wrong = wrong or device_problem(args.device, args.dtype)
+    wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype)
+    if not wrong and args.ray and args.runtime != "torch":
+        wrong = "--runtime openvino runs without --ray (the Ray replicas run torch)"
     if not args.ray:
         wrong = wrong or output_over_inputs(args.output, [args.input], [args.model])
         if not wrong and args.output.exists() and not args.overwrite:  # a corpus's embeddings cost minutes
@@ -277,6 +280,7 @@ def main(argv=None) -> int:
         "truncated": stats["truncated"],
         "batching": args.batching,
         "dtype": args.dtype,
+        "runtime": args.runtime,
         "output": str(args.output),
     }
     print(json.dumps(summary))

@@ -77,6 +77,13 @@ def embed_parser(doc: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_compile_option(parser)
+    parser.add_argument(
+        "--runtime",
+        default="torch",
+        choices=("torch", "openvino"),
+        help="openvino: the packed rows through OpenVINO, a graph compiled per row shape (float32, or int8 "
+        "calibrated on a sample of the input's first texts; docs/embeddings.md measures both)",
+    )
     add_ray_options(parser)
     return parser
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from packed_transformers.inference.precision import device_problem, precision
-from packed_transformers.inference.rows import pack_rows, pad_table, unpack_outputs, unpack_token_outputs
+from packed_transformers.inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
 
 # What a compiled Runner hands torch.compile (tests count graphs through another backend).
 COMPILE_BACKEND = "inductor"
@@ -90,23 +90,23 @@ class Runner:
             from packed_transformers.inference.openvino_graphs import OpenVinoGraphs
 
             self._forward_model = OpenVinoGraphs(self.model, self.dtype, torch.get_num_threads())
-            self._rows_of_width: dict[int, int] = {}
+            self._rows_of_width: dict[int, tuple[int, int]] = {}  # (rows, slots) of a width's tables
             return
         if self.dtype == "int8":  # a quantized copy: the loaded float32 model serves other runners
             from packed_transformers.inference.int8 import quantize_encoder
 
             self.model = quantize_encoder(self.model)
         self._forward_model = compiled_forward(self.model) if self.compiled else self.model
-        self._rows_of_width: dict[int, int] = {}  # compiled: the rows every table of a width runs with
+        self._rows_of_width: dict[int, tuple[int, int]] = {}  # compiled: (rows, slots) of a width's tables
 
     def _static_rows(self, table: np.ndarray, width: int) -> np.ndarray:
-        """compiled: `table` padded with empty rows (-1) to the most rows seen at `width`, so
-        that every forward at a width has one shape (more rows than before: one new graph)."""
-        rows = self._rows_of_width.setdefault(width, len(table))
-        if len(table) > rows:
-            self._rows_of_width[width] = len(table)
-            return table
-        return pad_table(table, rows)
+        """compiled or openvino: `table` padded with empty rows and slots (-1) to the most rows
+        and slots seen at `width`, so that every forward at a width has one shape (more than
+        before: one new graph)."""
+        seen_rows, seen_depth = self._rows_of_width.get(width, (0, 0))
+        rows, depth = max(seen_rows, len(table)), max(seen_depth, table.shape[1])
+        self._rows_of_width[width] = (rows, depth)
+        return np.pad(table, ((0, rows - len(table)), (0, depth - table.shape[1])), constant_values=-1)
 
     @property
     def needs_calibration(self) -> bool:

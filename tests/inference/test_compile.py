@@ -154,7 +154,7 @@ def test_compiled_embedding_builds_one_graph_per_row_width_and_equals_eager(coun
     assert counted_inference.frame_count == 0
     options = InferenceOptions.for_embedding(batch_size=16, compile=True)
     compiled = encode(texts, encoder, options)
-    runner = encoder._runners[("cpu", "float32", True)]
+    runner = encoder._runners[("cpu", "float32", True, "torch")]
     widths = runner._rows_of_width
     assert runner.stats.batches > len(widths)  # several batches at some width
     assert counted_inference.frame_count == len(widths)

@@ -1,0 +1,105 @@
+"""Packed inference through OpenVINO (`runtime="openvino"`, inference/openvino_graphs.py): float32
+equal to torch's packed forward, one compiled graph per row shape (a later batch of fewer rows at
+a width runs in the same graph), int8 calibrated by NNCF within the quality gate and running in
+int8, and what cannot run refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from packed_transformers.commands import embed as embed_command
+from packed_transformers.data.assets import corpus_glob, model_dir
+from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+from packed_transformers.inference.embedding import encode, load_encoder
+from packed_transformers.inference.options import InferenceOptions
+from packed_transformers.inference.runner import Runner, runner_of, runtime_problem
+
+from ..finetune_helpers import WORDS
+from ..model_helpers import cosines
+
+pytest.importorskip("openvino")
+
+
+def tiny_texts(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 40)))) for _ in range(n)]
+
+
+def test_float32_through_openvino_equals_torch_with_one_graph_per_row_shape(checkpoint, tmp_path):
+    encoder = load_encoder(checkpoint, pooling=["mean"])
+    texts = tiny_texts(70)
+    torch_vectors = encode(
+        texts, encoder, InferenceOptions.for_embedding(batch_size=8, max_sequences_per_pack=4)
+    )
+    options = InferenceOptions.for_embedding(batch_size=8, max_sequences_per_pack=4, runtime="openvino")
+    vectors = encode(texts, encoder, options)
+    np.testing.assert_allclose(vectors, torch_vectors, rtol=0, atol=2e-5)
+    # one graph per width: a later table of fewer rows or slots at a width runs in its graph
+    runner = Runner(encoder.model, "cpu", runtime="openvino")
+    short = ["the market", "a film", "team win", "the vote", "music award star", "bank profit"]
+    ids, _ = encoder.tokenize_texts(short, short)
+    expected = encode(short, encoder)
+    first = runner.forward(ids, np.array([[0, 1, 2], [3, 4, -1]]), 64, outputs=("embeddings",))
+    second = runner.forward(ids, np.array([[5]]), 64, outputs=("embeddings",))
+    assert len(runner._forward_model.compiled) == 1
+    assert second.rows["example_index"].tolist() == [[5, -1, -1], [-1, -1, -1]]  # padded to 2 x 3
+    np.testing.assert_allclose(first.outputs["embeddings"][1, 1], expected[4], rtol=0, atol=2e-5)
+    np.testing.assert_allclose(second.outputs["embeddings"][0, 0], expected[5], rtol=0, atol=2e-5)
+    # the command: the same vectors, its summary naming the runtime
+    source = tmp_path / "texts.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "e.npy"
+    argv = ["--model", str(checkpoint), "--pooling", "mean", "--input", str(source), "--output", str(out),
+            "--runtime", "openvino", "--batch-size", "8", "--max-sequences-per-pack", "4", "--quiet"]  # fmt: skip
+    assert embed_command.main(argv) == 0
+    np.testing.assert_allclose(np.load(out), vectors, rtol=0, atol=2e-5)
+
+
+def test_what_openvino_cannot_run_is_refused_in_one_line(checkpoint, tmp_path, capsys):
+    assert (
+        runtime_problem("openvino", "cpu", "bfloat16")
+        == "--runtime openvino runs float32 or int8, not bfloat16"
+    )
+    assert runtime_problem("openvino", "cuda", "float32") == "--runtime openvino runs on a CPU, not on cuda"
+    assert runtime_problem("onnx", "cpu", "float32").startswith("--runtime must be one of")
+    encoder = load_encoder(checkpoint, pooling=["mean"])
+    with pytest.raises(ValueError, match="runs float32 or int8"):
+        Runner(encoder.model, "cpu", "bfloat16", runtime="openvino")
+    source = tmp_path / "t.jsonl"
+    source.write_text('{"text": "the market"}\n')
+    argv = ["--model", str(checkpoint), "--pooling", "mean", "--input", str(source), "--output",
+            str(tmp_path / "o.npy"), "--runtime", "openvino"]  # fmt: skip
+    assert embed_command.main([*argv, "--ray", "local"]) == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == "error: --runtime openvino runs without --ray (the Ray replicas run torch)"
+    )
+    assert not (tmp_path / "o.npy").exists()
+
+
+@pytest.mark.slow  # MiniLM converted, calibrated and compiled
+def test_int8_through_openvino_holds_the_quality_gate_and_runs_in_int8():
+    """The real MiniLM on BBC texts: int8 (NNCF, calibrated on texts apart from the measured
+    ones) against float32 per text within test_int8's gate; the compiled graph runs its matrix
+    products in int8."""
+    pool = texts_of(bbc_articles(corpus_glob())[:60], "mixed")
+    picks = np.random.default_rng(0).permutation(len(pool))
+    texts, calibration = [pool[i] for i in picks[:80]], tuple(pool[i] for i in picks[80:140])
+    encoder = load_encoder(model_dir())
+    fp32 = encode(texts, encoder)
+    options = InferenceOptions.for_embedding(runtime="openvino", dtype="int8", calibration_texts=calibration)
+    eight = encode(texts, encoder, options)
+    similar = cosines(eight, fp32)
+    assert similar.min() >= 0.965 and np.median(similar) >= 0.99, (similar.min(), np.median(similar))
+    assert not np.allclose(eight, fp32, atol=1e-4)
+    graphs = runner_of(encoder, "cpu", "int8", False, "openvino")._forward_model
+    request, _ = next(iter(graphs.compiled.values()))
+    precisions = {
+        op.get_rt_info()["runtimePrecision"].astype(str)
+        for op in request.get_compiled_model().get_runtime_model().get_ops()
+        if "runtimePrecision" in op.get_rt_info()
+    }
+    assert {"i8", "u8"} & precisions, precisions  # int8 kernels, not float32 ones
