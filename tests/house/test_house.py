@@ -270,7 +270,8 @@ def test_the_package_pins_what_requirements_pin():
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    declared = pins(project["dependencies"]) | pins(project["optional-dependencies"]["test"])
+    extras = project["optional-dependencies"]
+    declared = pins(project["dependencies"]) | pins(extras["test"]) | pins(extras["openvino"])
     required = pins((REPO / "requirements.txt").read_text().splitlines())
     assert declared == required
     assert pins(project["optional-dependencies"]["ray"]) == pins(
