@@ -3,6 +3,8 @@
     runner            the one packed forward outside a training step (Runner, runner_of)
     batching, rows    batch tables (padded | dynamic | uniform | packed); tables -> rows -> input order
     precision         float32 / bfloat16, refused where the device has no bf16
+    int8              torch's x86 int8 kernels in the transformer layers (dtype="int8")
+    openvino_graphs   the packed rows through OpenVINO, a graph per row shape (runtime="openvino")
     classify          classification of new text (InferenceOptions: the one options type)
     predictions       logits -> scores and records (never NaN in a JSON line)
     embedding         texts -> vectors, chunk by chunk (encode, iter_encode, packed_encode)

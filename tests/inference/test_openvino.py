@@ -30,7 +30,7 @@ def tiny_texts(n: int, seed: int = 0) -> list[str]:
 
 def test_float32_through_openvino_equals_torch_with_one_graph_per_row_shape(checkpoint, tmp_path):
     encoder = load_encoder(checkpoint, pooling=["mean"])
-    texts = tiny_texts(70)
+    texts = tiny_texts(30)
     torch_vectors = encode(
         texts, encoder, InferenceOptions.for_embedding(batch_size=8, max_sequences_per_pack=4)
     )
@@ -38,13 +38,14 @@ def test_float32_through_openvino_equals_torch_with_one_graph_per_row_shape(chec
     vectors = encode(texts, encoder, options)
     np.testing.assert_allclose(vectors, torch_vectors, rtol=0, atol=2e-5)
     # one graph per width: a later table of fewer rows or slots at a width runs in its graph
-    runner = Runner(encoder.model, "cpu", runtime="openvino")
+    runner = runner_of(encoder, "cpu", "float32", False, "openvino")  # converted above; 96: a width not met
+    before = len(runner._forward_model.compiled)
     short = ["the market", "a film", "team win", "the vote", "music award star", "bank profit"]
     ids, _ = encoder.tokenize_texts(short, short)
     expected = encode(short, encoder)
-    first = runner.forward(ids, np.array([[0, 1, 2], [3, 4, -1]]), 64, outputs=("embeddings",))
-    second = runner.forward(ids, np.array([[5]]), 64, outputs=("embeddings",))
-    assert len(runner._forward_model.compiled) == 1
+    first = runner.forward(ids, np.array([[0, 1, 2], [3, 4, -1]]), 96, outputs=("embeddings",))
+    second = runner.forward(ids, np.array([[5]]), 96, outputs=("embeddings",))
+    assert len(runner._forward_model.compiled) == before + 1  # one graph for both tables
     assert second.rows["example_index"].tolist() == [[5, -1, -1], [-1, -1, -1]]  # padded to 2 x 3
     np.testing.assert_allclose(first.outputs["embeddings"][1, 1], expected[4], rtol=0, atol=2e-5)
     np.testing.assert_allclose(second.outputs["embeddings"][0, 0], expected[5], rtol=0, atol=2e-5)
@@ -87,7 +88,7 @@ def test_int8_through_openvino_holds_the_quality_gate_and_runs_in_int8():
     products in int8."""
     pool = texts_of(bbc_articles(corpus_glob())[:60], "mixed")
     picks = np.random.default_rng(0).permutation(len(pool))
-    texts, calibration = [pool[i] for i in picks[:80]], tuple(pool[i] for i in picks[80:140])
+    texts, calibration = [pool[i] for i in picks[:60]], tuple(pool[i] for i in picks[60:100])
     encoder = load_encoder(model_dir())
     fp32 = encode(texts, encoder)
     options = InferenceOptions.for_embedding(runtime="openvino", dtype="int8", calibration_texts=calibration)
