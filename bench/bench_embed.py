@@ -21,6 +21,8 @@ through `tokenizers`, truncated at 256 tokens as the folder's max_seq_length):
 
   onnxruntime   an onnxruntime InferenceSession, fp32, intra-op threads = --threads
   openvino      OpenVINO's CPU plugin, fp32 asked for, threads = --threads (if installed)
+  embed-openvino  python -m packed_transformers.finetune.embed --runtime openvino: the packed rows
+                through OpenVINO (converted and compiled per row shape inside the process, timed)
 
 Each is timed twice: the whole process (interpreter start, imports, model load, reading,
 writing: what a user waits for) and its own encode loop. The vectors of every run are
@@ -122,6 +124,7 @@ def main() -> int:
         results["onnxruntime"] = []
         if importlib.util.find_spec("openvino") is not None:
             results["openvino"] = []
+            results["embed-openvino"] = []
     with tempfile.TemporaryDirectory() as scratch:
         if args.peers:
             from bench_onnx import export_onnx
@@ -139,9 +142,11 @@ def main() -> int:
             if name in ("onnxruntime", "openvino"):
                 return [sys.executable, "-c", PEER_SCRIPT, str(exported), str(source), str(outputs[name]),
                         str(args.threads), name, str(REPO / "bench"), model]  # fmt: skip
+            batching = "packed" if name == "embed-openvino" else name.split("-")[1]
+            runtime = ["--runtime", "openvino"] if name == "embed-openvino" else []
             return [sys.executable, "-m", "packed_transformers.finetune.embed", "--model", model, "--input", str(source),
-                    "--output", str(outputs[name]), "--batching", name.split("-")[1], "--dtype", args.dtype,
-                    "--quiet", "--overwrite"]  # fmt: skip
+                    "--output", str(outputs[name]), "--batching", batching, "--dtype", args.dtype,
+                    "--quiet", "--overwrite", *runtime]  # fmt: skip
 
         names = list(results)
         for round_ in range(args.rounds):
@@ -175,11 +180,12 @@ def main() -> int:
         loop = [s["encode"] / p["encode"] for s, p in zip(results["st-encode"], results[name])]
         print(f"\n{name} / st-encode, paired per round: whole process {np.median(whole):.2f}x "
               f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
-    for peer in [name for name in ("onnxruntime", "openvino") if name in results]:
-        whole = [s["wall"] / p["wall"] for s, p in zip(results[peer], results["embed-packed"])]
-        loop = [s["encode"] / p["encode"] for s, p in zip(results[peer], results["embed-packed"])]
-        print(f"embed-packed / {peer}, paired per round: whole process {np.median(whole):.2f}x "
-              f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
+    for ours in [name for name in ("embed-packed", "embed-openvino") if name in results]:
+        for peer in [name for name in ("onnxruntime", "openvino") if name in results]:
+            whole = [s["wall"] / p["wall"] for s, p in zip(results[peer], results[ours])]
+            loop = [s["encode"] / p["encode"] for s, p in zip(results[peer], results[ours])]
+            print(f"{ours} / {peer}, paired per round: whole process {np.median(whole):.2f}x "
+                  f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"texts": n, "runs": results, "min_cosine": agreement}, indent=1))
     return 0
