@@ -16,16 +16,31 @@ bias correction; attention scores and softmax stay float) over packed rows of ca
 texts, the way sentence-transformers quantizes for OpenVINO through optimum-intel (which
 calibrates on 300 sentences). Quality is measured, not assumed: docs/embeddings.md.
 
+Start-up: the converted (and, int8, quantized) model is kept on disk and read back by later
+processes (`read_cached`, `write_cached`: `$PACKED_TRANSFORMERS_CACHE/openvino/<key>/model.xml`, default
+`~/.cache/packed-transformers`; an empty value turns it off), keyed by everything it is made of:
+the weights' bytes, the model's config, the model room's source files, the OpenVINO (and NNCF)
+versions, and for int8 the calibration rows' bytes; compiled shapes go to OpenVINO's own
+CACHE_DIR beside it. An entry appears by atomic rename; one that cannot be read is rebuilt.
+
 Refused in one line (`openvino_problem`) where openvino (or, for int8, nncf) is not installed,
 on a device other than the CPU, or for bfloat16.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
 
 CALIBRATION_TEXTS = 300  # texts an int8 graph is calibrated on where the caller gives none
 
@@ -48,6 +63,76 @@ def openvino_problem(device: str, dtype: str) -> str | None:
     return None
 
 
+def cache_root() -> Path | None:
+    """Where converted graphs are kept: $PACKED_TRANSFORMERS_CACHE (empty: nowhere), else
+    $XDG_CACHE_HOME or ~/.cache, /packed-transformers; its openvino/ folder."""
+    chosen = os.environ.get("PACKED_TRANSFORMERS_CACHE")
+    if chosen == "":
+        return None
+    base = (
+        Path(chosen)
+        if chosen
+        else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packed-transformers"
+    )
+    return base / "openvino"
+
+
+def model_digest(model: torch.nn.Module, dtype: str) -> hashlib._Hash:
+    """A running sha256 over what a converted graph is made of (the module's docstring)."""
+    import openvino
+
+    digest = hashlib.sha256(f"{type(model).__name__}|{dtype}|openvino {openvino.__version__}".encode())
+    if dtype == "int8":
+        import nncf
+
+        digest.update(f"|nncf {nncf.__version__}".encode())
+    config = getattr(model, "config", None)
+    digest.update(repr(config.to_dict() if hasattr(config, "to_dict") else config).encode())
+    for source in sorted((Path(__file__).resolve().parents[1] / "model").rglob("*.py")):
+        digest.update(source.read_bytes())
+    for name, tensor in model.state_dict().items():
+        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest
+
+
+def read_cached(key: str):
+    """The cached openvino.Model of `key`, or None (absent, off, or unreadable: then removed)."""
+    root = cache_root()
+    if root is None or not (root / key / "model.xml").is_file():
+        return None
+    import openvino
+
+    try:
+        return openvino.Core().read_model(str(root / key / "model.xml"))
+    except Exception as err:  # noqa: BLE001 - OpenVINO raises RuntimeError subclasses of its own
+        log.warning(
+            "%s: a cached graph that cannot be read (%s); building it again", root / key, str(err)[:200]
+        )
+        shutil.rmtree(root / key, ignore_errors=True)
+        return None
+
+
+def write_cached(key: str, model) -> None:
+    """Keep `model` under `key` (a temporary folder renamed into place; an entry another
+    process wrote first is kept). A cache that cannot be written is only logged."""
+    root = cache_root()
+    if root is None or (root / key).is_dir():
+        return
+    import openvino
+
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+        openvino.save_model(model, str(scratch / "model.xml"), compress_to_fp16=False)
+        try:
+            scratch.rename(root / key)
+        except OSError:  # written meanwhile by another process
+            shutil.rmtree(scratch, ignore_errors=True)
+    except OSError as err:
+        log.warning("%s: the converted graph is not kept (%s)", root, err)
+
+
 class OpenVinoGraphs:
     """`model`'s packed forward through OpenVINO: called as the model is (keyword tensors of
     one batch of rows), answering its outputs as float32 tensors by name."""
@@ -57,35 +142,63 @@ class OpenVinoGraphs:
         self.converted = None  # the openvino.Model, rows and width open (quantized once for int8)
         self.compiled: dict[tuple, tuple] = {}  # row shape -> (infer request, its output names)
         self.calibrated = dtype != "int8"
+        self.from_cache = False  # whether the (quantized) graph was read back from the cache
         self.setup_seconds = 0.0  # conversion, quantization and compilation, all shapes
 
-    def _convert(self, batch: dict) -> None:
+    def _key(self, batch: dict) -> None:
+        """The inputs' names and the running digest of what the graph is made of."""
+        self.input_names = list(batch)
+        self.digest = model_digest(self.model, self.dtype)
+        self.digest.update("|".join(self.input_names).encode())
+
+    def _convert(self, batch: dict):
+        """The model converted with rows and width open (an openvino.Model)."""
         import openvino
 
-        started = time.perf_counter()
         with torch.inference_mode():
-            self.converted = openvino.convert_model(
+            return openvino.convert_model(
                 self.model, example_input=batch, input=[openvino.PartialShape([-1, -1])] * len(batch)
             )
-        self.input_names = list(batch)
+
+    def _float32(self, batch: dict) -> None:
+        started = time.perf_counter()
+        self._key(batch)
+        key = "fp32-" + self.digest.hexdigest()[:32]
+        self.converted = read_cached(key)
+        self.from_cache = self.converted is not None
+        if self.converted is None:
+            self.converted = self._convert(batch)
+            write_cached(key, self.converted)
         self.setup_seconds += time.perf_counter() - started
 
     def calibrate(self, batches: list[dict]) -> None:
         """int8: quantize the converted model on `batches` (rows as pack_rows makes them, numpy
-        int64, any shapes). Once; a later call changes nothing."""
+        int64, any shapes), or read the graph quantized on the same rows back from the cache.
+        Once; a later call changes nothing."""
         if self.calibrated:
             return
         import nncf
 
         if not batches:
             raise ValueError("--dtype int8 with --runtime openvino: no calibration rows")
-        if self.converted is None:
-            self._convert({name: torch.from_numpy(value) for name, value in batches[0].items()})
         started = time.perf_counter()
+        first = {name: torch.from_numpy(value) for name, value in batches[0].items()}
+        self._key(first)
         feeds = [[batch[name] for name in self.input_names] for batch in batches]
-        self.converted = nncf.quantize(
-            self.converted, nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(feeds)
-        )
+        digest = self.digest.copy()
+        for feed in feeds:
+            for array in feed:
+                digest.update(f"{array.shape}".encode())
+                digest.update(np.ascontiguousarray(array).tobytes())
+        key = "int8-" + digest.hexdigest()[:32]
+        self.converted = read_cached(key)
+        self.from_cache = self.converted is not None
+        if self.converted is None:
+            self.converted = nncf.quantize(
+                self._convert(first), nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
+                subset_size=len(feeds),
+            )  # fmt: skip
+            write_cached(key, self.converted)
         self.calibrated = True
         self.setup_seconds += time.perf_counter() - started
 
@@ -95,7 +208,7 @@ class OpenVinoGraphs:
                 "OpenVinoGraphs: int8 graphs are calibrated (calibrate) before their first batch"
             )
         if self.converted is None:
-            self._convert(batch)
+            self._float32(batch)
         shape = tuple(tuple(batch[name].shape) for name in self.input_names)
         if shape not in self.compiled:
             self._compile(shape)
@@ -110,6 +223,8 @@ class OpenVinoGraphs:
         model = self.converted.clone()
         model.reshape({port: openvino.PartialShape(list(dims)) for port, dims in zip(model.inputs, shape)})
         settings = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": self.threads}
+        if cache_root() is not None:  # compiled shapes kept by OpenVINO itself, beside the graphs
+            settings["CACHE_DIR"] = str(cache_root() / "compiled")
         compiled = openvino.Core().compile_model(model, "CPU", settings)
         # the model's outputs by the names its forward gives them (the dict keys)
         outputs = {}

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from packed_transformers.commands import embed as embed_command
 from packed_transformers.data.assets import corpus_glob, model_dir
@@ -21,6 +22,14 @@ from ..finetune_helpers import WORDS
 from ..model_helpers import cosines
 
 pytest.importorskip("openvino")
+
+
+@pytest.fixture(autouse=True)
+def graph_cache(tmp_path_factory, monkeypatch):
+    """Converted graphs kept in this session's temporary folder, never the user's cache."""
+    folder = tmp_path_factory.getbasetemp() / "openvino-cache"
+    monkeypatch.setenv("PACKED_TRANSFORMERS_CACHE", str(folder))
+    return folder / "openvino"
 
 
 def tiny_texts(n: int, seed: int = 0) -> list[str]:
@@ -57,6 +66,38 @@ def test_float32_through_openvino_equals_torch_with_one_graph_per_row_shape(chec
             "--runtime", "openvino", "--batch-size", "8", "--max-sequences-per-pack", "4", "--quiet"]  # fmt: skip
     assert embed_command.main(argv) == 0
     np.testing.assert_allclose(np.load(out), vectors, rtol=0, atol=2e-5)
+
+
+def test_a_later_process_reads_the_converted_graph_back_and_a_damaged_one_is_rebuilt(checkpoint, graph_cache):
+    """The start-up cache: a second encoder of the same weights reads the graph back (nothing
+    converted) and gives the same vectors (to float32 rounding); a cached graph whose weights file was cut is rebuilt;
+    other weights make another entry."""
+    texts = tiny_texts(12, seed=3)
+    options = InferenceOptions.for_embedding(runtime="openvino")
+
+    def fresh_run(folder=checkpoint):
+        encoder = load_encoder(folder, pooling=["mean"])
+        vectors = encode(texts, encoder, options)
+        return vectors, runner_of(encoder, "cpu", "float32", False, "openvino")._forward_model
+
+    first, graphs = fresh_run()
+    entry = graph_cache / f"fp32-{graphs.digest.hexdigest()[:32]}"
+    assert (entry / "model.xml").is_file()
+    again, graphs = fresh_run()
+    assert graphs.from_cache
+    np.testing.assert_allclose(again, first, rtol=0, atol=1e-6)  # float32 rounding: a read graph folds alike
+    weights = entry / "model.bin"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    rebuilt, graphs = fresh_run()
+    assert not graphs.from_cache and (entry / "model.xml").is_file()
+    np.testing.assert_allclose(rebuilt, first, rtol=0, atol=1e-6)
+    entries = {p.name for p in graph_cache.glob("fp32-*")}
+    encoder = load_encoder(checkpoint, pooling=["mean"])
+    with torch.no_grad():
+        next(encoder.model.parameters()).add_(0.01)  # other weights: another key
+    encode(texts, encoder, options)
+    assert not runner_of(encoder, "cpu", "float32", False, "openvino")._forward_model.from_cache
+    assert len({p.name for p in graph_cache.glob("fp32-*")} - entries) == 1
 
 
 def test_what_openvino_cannot_run_is_refused_in_one_line(checkpoint, tmp_path, capsys):
