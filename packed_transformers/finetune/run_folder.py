@@ -97,7 +97,7 @@ def check_positions(config: dict) -> dict:
 
 
 # What a run writes in its output folder (removed, and only these, by --overwrite).
-RUN_FILES = ("model", "checkpoints", "summary.json", "metrics.jsonl", "validation_predictions.jsonl",
+RUN_FILES = ("model", "checkpoints", "checkpoint", "summary.json", "metrics.jsonl", "validation_predictions.jsonl",
              "validation_predictions.json")  # fmt: skip
 
 
@@ -114,10 +114,8 @@ def clear_run(output: Path) -> None:
             path.unlink()
 
 
-# Settings a resumed run may change (none of them changes what is computed): the time budget,
-# the threads, the progress bar. Everything else must equal the checkpoint's config.
-# How the run is carried out, not what it computes (a compiled step computes the same step;
-# a checkpoint written before training.compile existed lacks the key).
+# Settings a resumed run may change: how it is carried out, not what it computes (a compiled step
+# computes the same step). Everything else must equal the checkpoint's config.
 CHANGEABLE_ON_RESUME = {
     ("training", "max_seconds"),
     ("training", "threads"),
@@ -143,6 +141,9 @@ def check_output(output: Path, resume: bool) -> dict | None:
                 "continue it with --resume, replace it with --overwrite, or choose another folder"
             )
         return None
+    if not has_checkpoint(output) and (output / "checkpoint" / "progress.json").is_file():
+        raise FinetuneError(f"--resume: {output / 'checkpoint'} is a checkpoint of the layout before the one "
+                            "training loop (CHANGELOG) and cannot be resumed: start again with --overwrite")  # fmt: skip
     try:
         progress = read_progress(output)
     except CheckpointError as err:

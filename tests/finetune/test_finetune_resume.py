@@ -60,6 +60,17 @@ def test_resume_refuses_another_config_and_a_folder_without_checkpoint(tmp_path,
         finetune.run_finetune(config, tmp_path / "run", resume=True)
 
 
+def test_a_checkpoint_of_the_earlier_layout_is_named_and_overwrite_clears_it(tmp_path, checkpoint):  # noqa: F811
+    config = load_finetune_config(str(write_config(tmp_path, checkpoint, training={"epochs": 1})), [])
+    old = tmp_path / "run" / "checkpoint"  # OUTPUT/checkpoint/ as fine-tuning wrote it before the one loop
+    old.mkdir(parents=True)
+    (old / "progress.json").write_text('{"epoch": 0}')
+    with pytest.raises(finetune.FinetuneError, match="layout before the one training loop"):
+        finetune.run_finetune(config, tmp_path / "run", resume=True)
+    finetune.run_finetune(config, tmp_path / "run", overwrite=True)
+    assert not old.exists() and (tmp_path / "run" / "model").is_dir()
+
+
 def run_command(args, **options):
     return subprocess.run(
         [sys.executable, "-m", "packed_transformers.finetune.train", *args], cwd=REPO, capture_output=True, text=True,
