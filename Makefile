@@ -43,10 +43,12 @@ $(RAY_STAMP): requirements-ray.txt $(STAMP)
 	touch $(RAY_STAMP)
 
 # Two workers, each test module on one (its module fixtures built once); TEST_WORKERS=0 runs
-# the suite in this process alone.
+# the suite in this process alone. A worker that dies ends the run at once, its test failed and
+# how it died printed (tests/conftest.py): pytest-xdist 3.8.0 replacing it under loadscope can
+# wait forever for work it will never send (pytest-xdist issues 1323, 1378).
 TEST_WORKERS ?= 2
 test: install install-tf install-ray
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --max-worker-restart 0)
 
 # The README's recipes exactly as written (make test runs them at tiny scale), each one
 # timed: the times the README gives next to its recipes (work/readme_timings.json).

@@ -89,6 +89,35 @@ def pytest_sessionfinish(session, exitstatus):
     (Path(os.environ[LAUNCH_COUNTS]) / f"{name}.json").write_text(json.dumps(warm_launch.counts))
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: a run with -p no:xdist has no such hook
+def pytest_testnodedown(node, error):
+    """A worker that died (xdist's "node down"): how it ended, in the run's output, since
+    xdist says only "Not properly terminated": its exit status (a negative one is the signal
+    that ended it: -9 SIGKILL, as the kernel's out-of-memory killer sends; -15 SIGTERM), and
+    the test it was running when it did."""
+    if error is None:
+        return
+    import subprocess
+    import sys
+
+    popen = getattr(getattr(node.gateway, "_io", None), "popen", None)
+    try:
+        status = popen.wait(timeout=10) if popen is not None else "unknown"
+    except subprocess.TimeoutExpired:
+        status = "still running 10 s after its channel closed"
+    print(f"\n[{node.gateway.id}] died: exit status {status}; {error}; the last test it reported: "
+          f"{LAST_REPORTED.get(node.gateway.id)}", file=sys.stderr, flush=True)  # fmt: skip
+
+
+LAST_REPORTED: dict[str, str] = {}  # in an xdist run's controller: each worker's last reported test
+
+
+def pytest_runtest_logreport(report):
+    node = getattr(report, "node", None)  # set on the reports a controller receives from its workers
+    if node is not None:
+        LAST_REPORTED[node.gateway.id] = f"{report.nodeid} ({report.when}: {report.outcome})"
+
+
 def pytest_terminal_summary(terminalreporter, config):
     """How many Python commands the tests started warm and cold (and why cold), summed over workers."""
     import collections

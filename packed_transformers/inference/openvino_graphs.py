@@ -25,10 +25,22 @@ CACHE_DIR beside it. An entry appears by atomic rename; one that cannot be read 
 
 Refused in one line (`openvino_problem`) where openvino (or, for int8, nncf) is not installed,
 on a device other than the CPU, or for bfloat16.
+
+Signals: OpenVINO's CPU plugin (2026.4.1, measured) gives the thread that compiles an
+alternate signal stack of its own, and when a plugin instance is unloaded puts back the stack
+it found. With a Core per compiled shape released in the order they were made, the thread
+ended on a stack already unmapped, and the next signal a Python handler ran for (SIGCHLD,
+SIGINT, SIGTERM: CPython runs its handlers on the alternate stack) killed the process with
+SIGSEGV. So one Core serves the process (`openvino_core`: its plugin never unloaded before
+exit), and the thread's own stack is put back after each OpenVINO call that may change it
+(`signal_stack_kept`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -96,15 +108,76 @@ def model_digest(model: torch.nn.Module, dtype: str) -> hashlib._Hash:
     return digest
 
 
+class _SignalStack(ctypes.Structure):
+    """POSIX stack_t (sigaltstack's argument) on Linux x86-64."""
+
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+
+
+_SS_DISABLE = 2  # Linux: the thread has no alternate signal stack
+
+
+def _signal_stack() -> _SignalStack | None:
+    """The calling thread's alternate signal stack (None where sigaltstack is not there)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    current = _SignalStack()
+    if not hasattr(libc, "sigaltstack") or libc.sigaltstack(None, ctypes.byref(current)) != 0:
+        return None
+    return current
+
+
+@contextlib.contextmanager
+def signal_stack_kept():
+    """Run the block, then give the calling thread back the alternate signal stack it had
+    before, where OpenVINO replaced it (the module docstring says why)."""
+    before = _signal_stack()
+    try:
+        yield
+    finally:
+        now = _signal_stack()
+        if (
+            before is not None
+            and now is not None
+            and (now.ss_sp, now.ss_size) != (before.ss_sp, before.ss_size)
+        ):
+            if before.ss_flags & _SS_DISABLE:
+                before = _SignalStack(None, _SS_DISABLE, 0)
+            else:
+                before.ss_flags = 0
+            ctypes.CDLL(None, use_errno=True).sigaltstack(ctypes.byref(before), None)
+
+
+def signal_stack_mapped() -> bool:
+    """Whether the calling thread's alternate signal stack, if it has one, lies in mapped
+    memory (/proc/self/maps): a signal delivered onto an unmapped one kills the process."""
+    current = _signal_stack()
+    if current is None or current.ss_flags & _SS_DISABLE or not current.ss_sp:
+        return True
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            start, end = (int(bound, 16) for bound in line.split()[0].split("-"))
+            if start <= current.ss_sp and current.ss_sp + current.ss_size <= end:
+                return True
+    return False
+
+
+@functools.cache
+def openvino_core():
+    """The process's one openvino.Core (its CPU plugin loaded once, unloaded at exit only)."""
+    import openvino
+
+    with signal_stack_kept():
+        return openvino.Core()
+
+
 def read_cached(key: str):
     """The cached openvino.Model of `key`, or None (absent, off, or unreadable: then removed)."""
     root = cache_root()
     if root is None or not (root / key / "model.xml").is_file():
         return None
-    import openvino
-
     try:
-        return openvino.Core().read_model(str(root / key / "model.xml"))
+        with signal_stack_kept():
+            return openvino_core().read_model(str(root / key / "model.xml"))
     except Exception as err:  # noqa: BLE001 - OpenVINO raises RuntimeError subclasses of its own
         log.warning(
             "%s: a cached graph that cannot be read (%s); building it again", root / key, str(err)[:200]
@@ -155,7 +228,7 @@ class OpenVinoGraphs:
         """The model converted with rows and width open (an openvino.Model)."""
         import openvino
 
-        with torch.inference_mode():
+        with torch.inference_mode(), signal_stack_kept():
             return openvino.convert_model(
                 self.model, example_input=batch, input=[openvino.PartialShape([-1, -1])] * len(batch)
             )
@@ -194,10 +267,11 @@ class OpenVinoGraphs:
         self.converted = read_cached(key)
         self.from_cache = self.converted is not None
         if self.converted is None:
-            self.converted = nncf.quantize(
-                self._convert(first), nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
-                subset_size=len(feeds),
-            )  # fmt: skip
+            with signal_stack_kept():  # NNCF compiles the model on Cores of its own to calibrate
+                self.converted = nncf.quantize(
+                    self._convert(first), nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
+                    subset_size=len(feeds),
+                )  # fmt: skip
             write_cached(key, self.converted)
         self.calibrated = True
         self.setup_seconds += time.perf_counter() - started
@@ -225,7 +299,8 @@ class OpenVinoGraphs:
         settings = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": self.threads}
         if cache_root() is not None:  # compiled shapes kept by OpenVINO itself, beside the graphs
             settings["CACHE_DIR"] = str(cache_root() / "compiled")
-        compiled = openvino.Core().compile_model(model, "CPU", settings)
+        with signal_stack_kept():
+            compiled = openvino_core().compile_model(model, "CPU", settings)
         # the model's outputs by the names its forward gives them (the dict keys)
         outputs = {}
         for port in compiled.outputs:

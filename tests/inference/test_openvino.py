@@ -6,6 +6,8 @@ int8, and what cannot run refused in one line."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -145,3 +147,46 @@ def test_int8_through_openvino_holds_the_quality_gate_and_runs_in_int8():
         if "runtimePrecision" in op.get_rt_info()
     }
     assert {"i8", "u8"} & precisions, precisions  # int8 kernels, not float32 ones
+
+
+SIGNAL_AFTER_OPENVINO = """
+import ctypes, gc, os, signal, sys
+import torch
+from packed_transformers.inference.openvino_graphs import OpenVinoGraphs, signal_stack_mapped
+
+class Summed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+
+    def forward(self, input_ids):
+        return {"summed": self.embed(input_ids).sum(-1)}
+
+graphs = OpenVinoGraphs(Summed(), "float32", threads=1)
+for rows in (2, 3):  # two row shapes: two compiled graphs
+    graphs(input_ids=torch.zeros(rows, 8, dtype=torch.int64))
+del graphs
+gc.collect()
+print("stack mapped:", signal_stack_mapped(), flush=True)
+handled = []
+signal.signal(signal.SIGUSR1, lambda *_: handled.append(True))  # a Python handler runs on the alternate stack
+os.kill(os.getpid(), signal.SIGUSR1)
+print("handled:", handled == [True], flush=True)
+"""
+
+
+def test_a_signal_after_openvino_graphs_are_released_is_handled_not_fatal(tmp_path):
+    """OpenVINO's CPU plugin gives each thread that compiles an alternate signal stack of its
+    own and, when a plugin instance is unloaded, puts back the one it found: with one Core per
+    compiled shape, released in the order they were made, the thread was left on a stack
+    already unmapped, and the next signal its Python handler ran for (SIGCHLD, SIGINT, SIGTERM)
+    killed the process with SIGSEGV. Graphs of two shapes compiled and released, then a
+    signal: handled, the process alive."""
+    from ..processes import run_in_group
+
+    script = tmp_path / "signal_after_openvino.py"
+    script.write_text(SIGNAL_AFTER_OPENVINO)
+    env = dict(os.environ, PACKED_TRANSFORMERS_CACHE="")  # compiled here, not read from a cache
+    done = run_in_group([sys.executable, str(script)], timeout=300, env=env)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split("\n")[:2] == ["stack mapped: True", "handled: True"], done.stdout
