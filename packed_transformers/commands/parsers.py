@@ -39,6 +39,7 @@ def predict_parser(doc: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="--ray: no progress bars")
     add_compile_option(parser)
+    add_runtime_option(parser)
     add_ray_options(parser)
     return parser
 
@@ -77,15 +78,20 @@ def embed_parser(doc: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_compile_option(parser)
+    add_runtime_option(parser)
+    add_ray_options(parser)
+    return parser
+
+
+def add_runtime_option(parser: argparse.ArgumentParser) -> None:
+    """--runtime: the batch commands' forward through torch or OpenVINO (inference.runner)."""
     parser.add_argument(
         "--runtime",
         default="torch",
         choices=("torch", "openvino"),
         help="openvino: the packed rows through OpenVINO, a graph compiled per row shape (float32, or int8 "
-        "calibrated on a sample of the input's first texts; docs/embeddings.md measures both)",
+        "calibrated on a sample of the input's texts; docs/embeddings.md measures both)",
     )
-    add_ray_options(parser)
-    return parser
 
 
 def add_compile_option(parser: argparse.ArgumentParser) -> None:

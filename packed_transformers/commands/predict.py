@@ -12,6 +12,10 @@ counted): rows and packs widen to the longest input when it exceeds the training
 input line, in input order whatever the batching (packs hold examples out of order; the
 example indices put them back).
 
+Classification through OpenVINO: `--runtime openvino` (float32, or with `--dtype int8` int8
+calibrated on a fixed sample of up to 300 of the input's texts), a graph compiled per row
+shape (inference/openvino_graphs.py); not with --ray or --compile, nor for other tasks.
+
 Question answering (a folder written with data.task: question_answering): --input is
 SQuAD JSON or its JSON lines; every question is answered once, with the window length,
 doc_stride, n_best_size, max_answer_length and v2.0 settings the model was trained with
@@ -58,7 +62,7 @@ from packed_transformers.inference.classify import classify_examples
 from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.precision import device_problem
 from packed_transformers.inference.predictions import score, write_predictions
-from packed_transformers.inference.runner import Runner
+from packed_transformers.inference.runner import Runner, runtime_problem
 from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.packs.errors import PackingInputError
 
@@ -78,6 +82,9 @@ def main(argv=None) -> int:
             "chunk_rows",
         ),
     ) or device_problem(args.device, args.dtype)
+    wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype)
+    if not wrong and args.runtime != "torch" and (args.ray or args.compile):
+        wrong = f"--runtime {args.runtime} runs without --ray and --compile (those run torch)"
     if wrong:
         return refuse(wrong)
     if args.ray:
@@ -99,6 +106,9 @@ def main(argv=None) -> int:
     try:
         folder = open_folder(args.model)
         model, spec = folder.model, folder.spec
+        if args.runtime != "torch" and spec.task != "classification":
+            return refuse(f"--runtime {args.runtime} runs classification folders (and embed); {args.model} is "
+                          f"a {spec.task} folder: leave --runtime out")  # fmt: skip
         if spec.task == "question_answering":
             return predict_answers(args, folder, summary_path)
         if spec.task == "token_classification":
@@ -111,7 +121,7 @@ def main(argv=None) -> int:
             if has_labels
             else np.zeros(len(examples), dtype=np.int64)
         )
-        runner = Runner(model, args.device, args.dtype, compiled=args.compile)
+        runner = Runner(model, args.device, args.dtype, compiled=args.compile, runtime=args.runtime)
         logits, timing, data = classify_examples(
             folder, runner, examples, labels, InferenceOptions.from_args(args)
         )

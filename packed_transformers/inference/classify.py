@@ -34,12 +34,41 @@ def classify_examples(folder, runner: Runner, examples, labels, options: Inferen
             f"give at least {longest}, or leave it out"
         )
     width = max(spec.max_sequence_length, longest)
-    if options.batching == "packed" and options.pack_length is None and spec.pack_length is None:
+    in_width_groups = (
+        options.batching == "packed" and options.pack_length is None and spec.pack_length is None
+    )
+    if runner.needs_calibration:
+        calibrate(runner, data, width, in_width_groups, options, max(spec.pack_length or width, longest))
+    if in_width_groups:
         logits, timing = predict_in_width_groups(options, runner, data, width)
     else:
         batcher = options.batcher(data.lengths, width, max(spec.pack_length or width, longest))
         logits, timing = predict_logits(runner, data, batcher)
     return logits, timing, data
+
+
+def calibrate(runner, data, width: int, in_width_groups: bool, options: InferenceOptions, pack_length: int):
+    """OpenVINO int8's calibration (before the first forward): the packed rows of a fixed sample
+    of up to CALIBRATION_TEXTS of the examples (texts like the ones to come), batched as the
+    pass over them batches them, every row width among them."""
+    from packed_transformers.inference.openvino_graphs import CALIBRATION_TEXTS
+
+    picks = np.sort(
+        np.random.default_rng(0).choice(len(data), min(CALIBRATION_TEXTS, len(data)), replace=False)
+    )
+    tokens, segments = [data.token_ids[i] for i in picks], [data.segment_ids[i] for i in picks]
+    lengths = np.array([len(t) for t in tokens])
+    if in_width_groups:
+        hidden = runner.model.config.hidden_size
+        groups = width_groups(lengths, width, options.max_sequences_per_pack, options.algorithm, hidden)
+        passes = [(members, options.batcher(lengths[members], w, w)) for members, w in groups if len(members)]
+    else:
+        passes = [(np.arange(len(tokens)), options.batcher(lengths, width, pack_length))]
+    rows = []
+    for members, batcher in passes:
+        rows += runner.calibration_rows([tokens[i] for i in members], batcher.epoch(0, shuffle=False), batcher.width,
+                                        [segments[i] for i in members])  # fmt: skip
+    runner.calibrate(rows)
 
 
 def predict_in_width_groups(options: InferenceOptions, runner, data, longest: int):

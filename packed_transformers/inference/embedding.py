@@ -116,12 +116,15 @@ def calibrate(runner, encoder: LoadedModel, token_ids: list, options: InferenceO
     lengths = np.array([len(t) for t in sample])
     longest = max(encoder.max_length, int(lengths.max()))
     hidden = encoder.model.config.hidden_size
+    rows = []  # every width group's rows: one calibration over texts of every length
     for members, width in width_groups(
         lengths, longest, options.max_sequences_per_pack, options.algorithm, hidden
     ):
         if len(members):
             batcher = part_batcher(encoder, lengths[members], width, options)
-            runner.calibrate([sample[i] for i in members], batcher.epoch(0, shuffle=False), batcher.width)
+            rows += runner.calibration_rows([sample[i] for i in members], batcher.epoch(0, shuffle=False),
+                                            batcher.width)  # fmt: skip
+    runner.calibrate(rows)
 
 
 def _embed_part(

@@ -113,12 +113,19 @@ class Runner:
         """An OpenVINO int8 runner not yet calibrated (`calibrate` before its first forward)."""
         return self.runtime == "openvino" and not self._forward_model.calibrated
 
-    def calibrate(
-        self, token_ids: list, tables: Iterable[np.ndarray], width_of: Callable[[np.ndarray], int]
-    ) -> None:
-        """OpenVINO int8: quantize on the packed rows of `tables` over `token_ids` (texts like
-        those to come, never counted in `stats`)."""
-        self._forward_model.calibrate([pack_rows(token_ids, table, width_of(table)) for table in tables])
+    @staticmethod
+    def calibration_rows(
+        token_ids: list, tables: Iterable[np.ndarray], width_of: Callable[[np.ndarray], int],
+        segment_ids: list | None = None,
+    ) -> list[dict]:  # fmt: skip
+        """The packed rows of `tables` over `token_ids` (and `segment_ids`), as forward feeds them."""
+        return [pack_rows(token_ids, table, width_of(table), segment_ids) for table in tables]
+
+    def calibrate(self, rows: list[dict]) -> None:
+        """OpenVINO int8: quantize on packed `rows` (calibration_rows of texts like those to
+        come, every row width among them; never counted in `stats`). Once: a later call
+        changes nothing."""
+        self._forward_model.calibrate(rows)
 
     @torch.inference_mode()
     def forward(

@@ -190,3 +190,31 @@ def test_a_signal_after_openvino_graphs_are_released_is_handled_not_fatal(tmp_pa
     done = run_in_group([sys.executable, str(script)], timeout=300, env=env)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.split("\n")[:2] == ["stack mapped: True", "handled: True"], done.stdout
+
+
+@pytest.mark.slow  # two graphs converted, one quantized
+def test_predict_through_openvino_equals_torch_and_int8_keeps_the_labels(trained, tmp_path, capsys):
+    """`predict --runtime openvino`: float32 gives torch's scores (within 1e-4), int8 (calibrated
+    on the input's texts) float32's labels for >= 99% of the texts (predict's quality gate; its
+    graph's int8 kernels are asserted for embeddings above); --ray is refused in one line."""
+    from packed_transformers.commands import predict
+
+    folder, source = trained / "run" / "model", trained / "val.jsonl"
+    scores = {}
+    for runtime, dtype in (("torch", "float32"), ("openvino", "float32"), ("openvino", "int8")):
+        out = tmp_path / f"{runtime}-{dtype}.jsonl"
+        argv = ["--model", str(folder), "--input", str(source), "--output", str(out), "--dtype", dtype]
+        assert predict.main([*argv, "--runtime", runtime]) == 0
+        scores[runtime, dtype] = [json.loads(line) for line in out.read_text().splitlines()]
+    torch_scores, float32, int8 = scores.values()
+    assert len(torch_scores) == len(float32) == len(int8) > 20
+    for a, b in zip(torch_scores, float32):
+        assert a["label"] == b["label"] and a["index"] == b["index"]
+        assert np.allclose(list(a["scores"].values()), list(b["scores"].values()), atol=1e-4)
+    assert np.mean([a["label"] == b["label"] for a, b in zip(float32, int8)]) >= 0.99
+    argv = ["--model", str(folder), "--input", str(source), "--output", str(tmp_path / "r.jsonl")]
+    assert predict.main([*argv, "--runtime", "openvino", "--ray", "local"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --runtime openvino runs without --ray and --compile (those run torch)"
+    )
+    assert not (tmp_path / "r.jsonl").exists()
