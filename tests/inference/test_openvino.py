@@ -20,6 +20,7 @@ from packed_transformers.inference.embedding import encode, load_encoder
 from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.runner import Runner, runner_of, runtime_problem
 
+from ..family_helpers import save_family_folder
 from ..finetune_helpers import WORDS
 from ..model_helpers import cosines
 
@@ -196,7 +197,8 @@ def test_a_signal_after_openvino_graphs_are_released_is_handled_not_fatal(tmp_pa
 def test_predict_through_openvino_equals_torch_and_int8_keeps_the_labels(trained, tmp_path, capsys):
     """`predict --runtime openvino`: float32 gives torch's scores (within 1e-4), int8 (calibrated
     on the input's texts) float32's labels for >= 99% of the texts (predict's quality gate; its
-    graph's int8 kernels are asserted for embeddings above); --ray is refused in one line."""
+    graph's int8 kernels are asserted for embeddings above); --ray and other tasks are refused
+    in one line."""
     from packed_transformers.commands import predict
 
     folder, source = trained / "run" / "model", trained / "val.jsonl"
@@ -216,5 +218,13 @@ def test_predict_through_openvino_equals_torch_and_int8_keeps_the_labels(trained
     assert predict.main([*argv, "--runtime", "openvino", "--ray", "local"]) == 2
     assert capsys.readouterr().err.strip() == (
         "error: --runtime openvino runs without --ray and --compile (those run torch)"
+    )
+    assert not (tmp_path / "r.jsonl").exists()
+    qa = save_family_folder(tmp_path / "qa", "bert", "question_answering")
+    argv = ["--model", str(qa), "--input", str(source), "--output", str(tmp_path / "r.jsonl")]
+    assert predict.main([*argv, "--runtime", "openvino"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: --runtime openvino runs classification folders (and embed); {qa} is a question_answering "
+        "folder: leave --runtime out"
     )
     assert not (tmp_path / "r.jsonl").exists()
