@@ -11,6 +11,10 @@ order of the two; the wall time of each process is measured from outside; the me
 paired ratios are reported, and the two outputs' scores compared (max absolute difference).
 --bf16 adds `commands.predict --dtype bfloat16` to the rounds: bf16 against fp32 as whole
 processes (on a CPU without bf16 the command refuses in one line, and that line is reported).
+--runtimes adds `--dtype int8` (torch's fbgemm kernels), `--runtime openvino` and `--runtime
+openvino --dtype int8` (calibrated on the input's texts): each against the fp32 command as
+whole processes, with its label agreement and largest score difference to fp32. Their graph
+cache is a fresh folder: round 0 converts (and quantizes), later rounds read it back.
 """
 
 from __future__ import annotations
@@ -90,6 +94,7 @@ def main() -> int:
     parser.add_argument("--peer", nargs=2, metavar=("INPUT", "OUTPUT"), help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help="also write the JSON here")
     parser.add_argument("--bf16", action="store_true", help="also commands.predict --dtype bfloat16")
+    parser.add_argument("--runtimes", action="store_true", help="also int8, OpenVINO fp32 and OpenVINO int8")
     args = parser.parse_args()
     if args.peer:
         import torch
@@ -127,6 +132,20 @@ def main() -> int:
                     if probe.stderr.strip()
                     else f"exit {probe.returncode}"
                 )
+        variants = {}  # name -> (its output, what it adds to the fp32 command)
+        if args.runtimes:
+            variants = {
+                "predict int8": ("int8.jsonl", ["--dtype", "int8"]),
+                "predict openvino": ("openvino.jsonl", ["--runtime", "openvino"]),
+                "predict openvino int8": (
+                    "openvino_int8.jsonl",
+                    ["--runtime", "openvino", "--dtype", "int8"],
+                ),
+            }
+            os.environ["PACKED_TRANSFORMERS_CACHE"] = str(Path(scratch) / "graph-cache")
+            for name, (out, extra) in variants.items():
+                commands[name] = commands["packed_transformers.finetune.predict"][:-3] + [
+                    "--output", str(Path(scratch) / out), "--overwrite", *extra]  # fmt: skip
         seconds = {name: [] for name in commands}
         for round_number in range(args.rounds):
             names = list(commands)
@@ -140,6 +159,17 @@ def main() -> int:
             if bf16_out.exists()
             else []
         )
+        fp32_labels = [json.loads(line)["label"] for line in ours_out.read_text().splitlines()]
+        against_fp32 = {}
+        for name, (out, _) in variants.items():
+            records = [json.loads(line) for line in (Path(scratch) / out).read_text().splitlines()]
+            fp32, mine = seconds["packed_transformers.finetune.predict"], seconds[name]
+            against_fp32[name] = {
+                "speedup_paired": [round(a / b, 3) for a, b in zip(fp32, mine)],
+                "speedup_median": round(statistics.median(a / b for a, b in zip(fp32, mine)), 3),
+                "label_agreement": sum(r["label"] == f for r, f in zip(records, fp32_labels)) / len(records),
+                "max_score_difference": max(abs(r["scores"][k] - o[k]) for r, o in zip(records, ours) for k in o),
+            }  # fmt: skip
     difference = max(abs(a[k] - b[k]) for a, b in zip(ours, peer) for k in a)
     ratios = [
         p / o
@@ -156,6 +186,8 @@ def main() -> int:
         "speedup_median": round(statistics.median(ratios), 3),
         "max_score_difference": difference,
     }
+    if against_fp32:
+        result["against_fp32"] = against_fp32
     if args.bf16 and bf16_refusal:
         result["bf16"] = f"not measured: {bf16_refusal}"
     elif args.bf16:
