@@ -24,6 +24,17 @@ through `tokenizers`, truncated at 256 tokens as the folder's max_seq_length):
   embed-openvino  python -m packed_transformers.finetune.embed --runtime openvino: the packed rows
                 through OpenVINO (converted and compiled per row shape inside the process, timed)
 
+With --int8-peers, int8 against the int8 ways a CPU user would otherwise run, whole processes
+over the same texts, each quantized once before the rounds (not timed, as a user quantizes
+once), st-encode kept as the vectors' reference:
+
+  embed-int8           python -m packed_transformers.finetune.embed --dtype int8 (torch's fbgemm kernels)
+  embed-openvino-int8  ... --runtime openvino --dtype int8 (calibrated on its input's first texts;
+                       the graph cache a fresh folder: round 0 quantizes, later rounds read it)
+  onnxruntime-int8     ONNX Runtime on quantize_dynamic of the optimized graph (bench_int8's)
+  openvino-int8        OpenVINO on NNCF's static quantization of the exported encoder (model type
+                       TRANSFORMER, calibrated on 300 BBC texts apart from the measured ones, saved)
+
 Each is timed twice: the whole process (interpreter start, imports, model load, reading,
 writing: what a user waits for) and its own encode loop. The vectors of every run are
 compared with sentence-transformers' (cosine per text). Prints a markdown table and the
@@ -65,9 +76,10 @@ PEER_SCRIPT = """
 import json, sys, time
 sys.path.insert(0, sys.argv[6])
 import numpy as np
-from bench_onnx import SortedBatchEncoder, onnx_runtime, openvino_runtime, tokenizers_batches
+from bench_onnx import SortedBatchEncoder, onnx_runtime, openvino_int8_runtime_of, openvino_runtime, tokenizers_batches
 texts = [json.loads(line)["text"] for line in open(sys.argv[2])]
-runtime = {"onnxruntime": onnx_runtime, "openvino": openvino_runtime}[sys.argv[5]]
+runtime = {"onnxruntime": onnx_runtime, "openvino": openvino_runtime, "onnxruntime-int8": onnx_runtime,
+           "openvino-int8": openvino_int8_runtime_of}[sys.argv[5]]
 encoder = SortedBatchEncoder(runtime(sys.argv[1], int(sys.argv[4])), tokenizers_batches(sys.argv[7]))
 started = time.perf_counter()
 vectors = encoder.encode(texts)
@@ -75,6 +87,37 @@ seconds = time.perf_counter() - started
 np.save(sys.argv[3], vectors)
 print(json.dumps({"texts": len(texts), "seconds": seconds, "torch": "torch" in sys.modules}))
 """
+
+
+def int8_peer_models(folder: Path, scratch: Path, texts: list[str], picks) -> dict[str, Path]:
+    """--int8-peers: the peers' int8 models, made once as their users make them: ONNX Runtime's
+    quantize_dynamic of the optimized graph (bench_int8.onnx_int8_graphs) and NNCF's static
+    quantization of the exported encoder for OpenVINO, calibrated on 300 BBC texts not among
+    the measured ones (bench_int8's way), saved as OpenVINO IR."""
+    import nncf
+    import openvino
+    import transformers
+    from bench_int8 import onnx_int8_graphs
+    from bench_onnx import export_onnx, transformers_batches
+
+    from packed_transformers.data.assets import corpus_glob
+    from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+
+    exported = scratch / "int8" / "minilm.onnx"
+    exported.parent.mkdir()
+    export_onnx(folder, exported)
+    _, onnx_int8 = onnx_int8_graphs(exported, folder)
+    pool = texts_of(bbc_articles(corpus_glob()), "mixed")
+    measured = set(texts)
+    apart = [t for t in pool if t not in measured]
+    drawn = np.random.default_rng(2).choice(len(apart), size=min(300, len(apart)), replace=False)
+    calibration = sorted((apart[i] for i in drawn), key=len)
+    feed = transformers_batches(transformers.AutoTokenizer.from_pretrained(folder))
+    feeds = [feed(calibration[i : i + 32]) for i in range(0, len(calibration), 32)]
+    quantized = nncf.quantize(openvino.Core().read_model(str(exported)), nncf.Dataset(feeds),
+                              model_type=nncf.ModelType.TRANSFORMER, subset_size=len(feeds))  # fmt: skip
+    openvino.save_model(quantized, str(scratch / "int8" / "minilm_int8.xml"))
+    return {"onnxruntime-int8": onnx_int8, "openvino-int8": scratch / "int8" / "minilm_int8.xml"}
 
 
 def run(argv: list[str], threads: int) -> tuple[float, dict]:
@@ -103,9 +146,14 @@ def main() -> int:
         "plus one in six passages of four paragraphs (cut at max_seq_length); sentences: the bodies' sentences",
     )  # fmt: skip
     parser.add_argument("--peers", action="store_true", help="also ONNX Runtime and OpenVINO (fp32)")
+    parser.add_argument(
+        "--int8-peers", action="store_true", help="int8: ours against ONNX Runtime's and OpenVINO's"
+    )
     args = parser.parse_args()
     if args.peers and args.dtype != "float32":
         parser.error("--peers: the peers run fp32 only")
+    if args.int8_peers and (args.peers or args.dtype != "float32"):
+        parser.error("--int8-peers: alone, without --peers or --dtype")
     if args.profile in ("mixed", "sentences"):
         texts = texts_of(bbc_articles(corpus_glob()), args.profile)
     else:
@@ -118,6 +166,10 @@ def main() -> int:
     texts = [texts[i] for i in picks]
     model = str(model_dir())
     results: dict[str, list] = {"st-encode": [], "embed-sorted": [], "embed-packed": []}
+    if args.int8_peers:
+        results = {name: [] for name in ("st-encode", "embed-int8", "embed-openvino-int8", "onnxruntime-int8",
+                                         "openvino-int8")}  # fmt: skip
+        os.environ["PACKED_TRANSFORMERS_CACHE"] = tempfile.mkdtemp(prefix="bench-embed-graphs-")
     if args.peers:
         import importlib.util
 
@@ -131,6 +183,8 @@ def main() -> int:
 
             exported = Path(scratch) / "minilm.onnx"
             export_onnx(Path(model), exported)
+        if args.int8_peers:
+            quantized = int8_peer_models(Path(model), Path(scratch), texts, picks)
         source = Path(scratch) / "texts.jsonl"
         source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         outputs = {name: Path(scratch) / f"{name}.npy" for name in results}
@@ -139,13 +193,17 @@ def main() -> int:
             if name == "st-encode":
                 return [sys.executable, "-c", ST_SCRIPT, model, str(source), str(outputs[name]),
                         str(args.threads), args.dtype]  # fmt: skip
-            if name in ("onnxruntime", "openvino"):
-                return [sys.executable, "-c", PEER_SCRIPT, str(exported), str(source), str(outputs[name]),
+            if name in ("onnxruntime", "openvino", "onnxruntime-int8", "openvino-int8"):
+                graph = quantized[name] if name.endswith("int8") else exported
+                return [sys.executable, "-c", PEER_SCRIPT, str(graph), str(source), str(outputs[name]),
                         str(args.threads), name, str(REPO / "bench"), model]  # fmt: skip
-            batching = "packed" if name == "embed-openvino" else name.split("-")[1]
-            runtime = ["--runtime", "openvino"] if name == "embed-openvino" else []
+            batching = (
+                "packed" if name.startswith("embed-openvino") or name == "embed-int8" else name.split("-")[1]
+            )
+            runtime = ["--runtime", "openvino"] if name.startswith("embed-openvino") else []
+            dtype = "int8" if name.endswith("int8") else args.dtype
             return [sys.executable, "-m", "packed_transformers.finetune.embed", "--model", model, "--input", str(source),
-                    "--output", str(outputs[name]), "--batching", batching, "--dtype", args.dtype,
+                    "--output", str(outputs[name]), "--batching", batching, "--dtype", dtype,
                     "--quiet", "--overwrite", *runtime]  # fmt: skip
 
         names = list(results)
@@ -175,13 +233,15 @@ def main() -> int:
         loop = [n / r["encode"] for r in results[name]]
         print(f"| {name} | {np.median(whole):.1f} ({min(whole):.1f}-{max(whole):.1f}) | "
               f"{np.median(loop):.1f} ({min(loop):.1f}-{max(loop):.1f}) | {agreement[name]:.7f} |")  # fmt: skip
-    for name in ("embed-packed", "embed-sorted"):
+    for name in [name for name in ("embed-packed", "embed-sorted") if name in results]:
         whole = [s["wall"] / p["wall"] for s, p in zip(results["st-encode"], results[name])]
         loop = [s["encode"] / p["encode"] for s, p in zip(results["st-encode"], results[name])]
         print(f"\n{name} / st-encode, paired per round: whole process {np.median(whole):.2f}x "
               f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
-    for ours in [name for name in ("embed-packed", "embed-openvino") if name in results]:
-        for peer in [name for name in ("onnxruntime", "openvino") if name in results]:
+    for ours in [name for name in ("embed-packed", "embed-openvino", "embed-int8", "embed-openvino-int8")
+                 if name in results]:  # fmt: skip
+        for peer in [name for name in ("onnxruntime", "openvino", "onnxruntime-int8", "openvino-int8")
+                     if name in results]:  # fmt: skip
             whole = [s["wall"] / p["wall"] for s, p in zip(results[peer], results[ours])]
             loop = [s["encode"] / p["encode"] for s, p in zip(results[peer], results[ours])]
             print(f"{ours} / {peer}, paired per round: whole process {np.median(whole):.2f}x "

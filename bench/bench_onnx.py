@@ -97,6 +97,18 @@ def openvino_runtime(path: Path, threads: int):
     return lambda feeds: request.infer(feeds)[output]
 
 
+def openvino_int8_runtime_of(path: Path, threads: int):
+    """feeds -> last hidden states through OpenVINO's CPU plugin from an int8 model saved
+    before (NNCF's quantization, bench_embed --int8-peers), as a user's process runs it: read,
+    compiled with the threads asked for, nothing else set."""
+    import openvino
+
+    compiled = openvino.Core().compile_model(str(path), "CPU", {"INFERENCE_NUM_THREADS": threads})
+    request = compiled.create_infer_request()
+    output = compiled.output("last_hidden_state")
+    return lambda feeds: request.infer(feeds)[output]
+
+
 def transformers_batches(tokenizer, max_length: int = 256):
     """texts -> padded int64 feeds, by a transformers tokenizer (imports torch with it)."""
 
