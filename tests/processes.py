@@ -22,6 +22,9 @@ from pathlib import Path
 
 LAUNCH_LOCK = Path(tempfile.gettempdir()) / "packed-transformers-tests-launch.lock"
 STACKS_WAIT_S = 5.0  # what the group gets after SIGABRT to write its stacks
+# stderr kept in Hung's message: every process of a group writes its stacks (a launcher's and
+# each rank's, ~5,000 characters each with the extension list), and a rank's are the ones wanted
+HUNG_STDERR_CHARS = 40_000
 
 
 class LeftBehind(AssertionError):
@@ -126,7 +129,9 @@ def stop_and_raise(process: subprocess.Popen, command, timeout: float, err) -> N
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-    raise Hung(f"{command[:6]}... ran past {timeout} s; the end of its stderr:\n{read(err)[-8000:]}")
+    raise Hung(
+        f"{command[:6]}... ran past {timeout} s; the end of its stderr:\n{read(err)[-HUNG_STDERR_CHARS:]}"
+    )
 
 
 def read(file) -> str:
