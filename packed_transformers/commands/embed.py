@@ -232,9 +232,7 @@ def main(argv=None) -> int:
     args = embed_parser(__doc__).parse_args(argv)
     wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "chunk_texts", "max_length", "workers",
                              "threads_per_worker", "chunk_rows"))  # fmt: skip
-    wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype)
-    if not wrong and args.ray and args.runtime != "torch":
-        wrong = "--runtime openvino runs without --ray (the Ray replicas run torch)"
+    wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
     if not args.ray:
         wrong = wrong or output_over_inputs(args.output, [args.input], [args.model])
         if not wrong and args.output.exists() and not args.overwrite:  # a corpus's embeddings cost minutes

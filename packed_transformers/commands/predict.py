@@ -82,9 +82,7 @@ def main(argv=None) -> int:
             "chunk_rows",
         ),
     ) or device_problem(args.device, args.dtype)
-    wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype)
-    if not wrong and args.runtime != "torch" and (args.ray or args.compile):
-        wrong = f"--runtime {args.runtime} runs without --ray and --compile (those run torch)"
+    wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
     if wrong:
         return refuse(wrong)
     if args.ray:

@@ -37,12 +37,13 @@ def classify_examples(folder, runner: Runner, examples, labels, options: Inferen
     in_width_groups = (
         options.batching == "packed" and options.pack_length is None and spec.pack_length is None
     )
+    pack_length = max(spec.pack_length or width, longest)
     if runner.needs_calibration:
-        calibrate(runner, data, width, in_width_groups, options, max(spec.pack_length or width, longest))
+        calibrate(runner, data, width, in_width_groups, options, pack_length)
     if in_width_groups:
         logits, timing = predict_in_width_groups(options, runner, data, width)
     else:
-        batcher = options.batcher(data.lengths, width, max(spec.pack_length or width, longest))
+        batcher = options.batcher(data.lengths, width, pack_length)
         logits, timing = predict_logits(runner, data, batcher)
     return logits, timing, data
 
@@ -51,11 +52,9 @@ def calibrate(runner, data, width: int, in_width_groups: bool, options: Inferenc
     """OpenVINO int8's calibration (before the first forward): the packed rows of a fixed sample
     of up to CALIBRATION_TEXTS of the examples (texts like the ones to come), batched as the
     pass over them batches them, every row width among them."""
-    from packed_transformers.inference.openvino_graphs import CALIBRATION_TEXTS
+    from packed_transformers.inference.openvino_graphs import calibration_picks
 
-    picks = np.sort(
-        np.random.default_rng(0).choice(len(data), min(CALIBRATION_TEXTS, len(data)), replace=False)
-    )
+    picks = calibration_picks(len(data))
     tokens, segments = [data.token_ids[i] for i in picks], [data.segment_ids[i] for i in picks]
     lengths = np.array([len(t) for t in tokens])
     if in_width_groups:

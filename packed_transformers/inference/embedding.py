@@ -103,16 +103,13 @@ def calibrate(runner, encoder: LoadedModel, token_ids: list, options: InferenceO
     """OpenVINO int8's calibration: packed rows, batched as embedding batches them, of
     options.calibration_texts, else of a fixed sample of up to CALIBRATION_TEXTS of `token_ids`
     (the first chunk embedded: texts like the ones to come)."""
-    from packed_transformers.inference.openvino_graphs import CALIBRATION_TEXTS
+    from packed_transformers.inference.openvino_graphs import calibration_picks
 
     if options.calibration_texts:
         places = [f"calibration_texts[{i}]" for i in range(len(options.calibration_texts))]
         sample, _ = encoder.tokenize_texts(list(options.calibration_texts), places)
     else:
-        picks = np.random.default_rng(0).choice(
-            len(token_ids), min(CALIBRATION_TEXTS, len(token_ids)), replace=False
-        )
-        sample = [token_ids[i] for i in np.sort(picks)]
+        sample = [token_ids[i] for i in calibration_picks(len(token_ids))]
     lengths = np.array([len(t) for t in sample])
     longest = max(encoder.max_length, int(lengths.max()))
     hidden = encoder.model.config.hidden_size

@@ -57,6 +57,12 @@ log = logging.getLogger(__name__)
 CALIBRATION_TEXTS = 300  # texts an int8 graph is calibrated on where the caller gives none
 
 
+def calibration_picks(n: int) -> np.ndarray:
+    """The fixed sample an int8 graph is calibrated on where the caller gives no texts: up to
+    CALIBRATION_TEXTS of `n` inputs, their indices in input order (the same every run)."""
+    return np.sort(np.random.default_rng(0).choice(n, min(CALIBRATION_TEXTS, n), replace=False))
+
+
 def openvino_problem(device: str, dtype: str) -> str | None:
     """The one-line reason `runtime="openvino"` cannot run `dtype` on `device` here, or None."""
     if device != "cpu":
@@ -117,9 +123,14 @@ class _SignalStack(ctypes.Structure):
 _SS_DISABLE = 2  # Linux: the thread has no alternate signal stack
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _signal_stack() -> _SignalStack | None:
     """The calling thread's alternate signal stack (None where sigaltstack is not there)."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     current = _SignalStack()
     if not hasattr(libc, "sigaltstack") or libc.sigaltstack(None, ctypes.byref(current)) != 0:
         return None
@@ -144,7 +155,7 @@ def signal_stack_kept():
                 before = _SignalStack(None, _SS_DISABLE, 0)
             else:
                 before.ss_flags = 0
-            ctypes.CDLL(None, use_errno=True).sigaltstack(ctypes.byref(before), None)
+            _libc().sigaltstack(ctypes.byref(before), None)
 
 
 def signal_stack_mapped() -> bool:

@@ -80,7 +80,7 @@ class Runner:
         problem = (
             device_problem(device.type, self.dtype)
             if self.runtime == "torch"
-            else runtime_problem(self.runtime, device.type, self.dtype)
+            else runtime_problem(self.runtime, device.type, self.dtype, compiled=self.compiled)
         )
         if problem:
             raise ValueError(problem)
@@ -219,13 +219,20 @@ def per_sequence_tokens(batches: list[RunBatch], name: str, lengths) -> list[np.
 RUNTIMES = ("torch", "openvino")
 
 
-def runtime_problem(runtime: str, device: str, dtype: str) -> str | None:
-    """The one-line reason `runtime` cannot run `dtype` on `device` here, or None."""
+def runtime_problem(
+    runtime: str, device: str, dtype: str, ray: bool = False, compiled: bool = False
+) -> str | None:
+    """The one-line reason `runtime` cannot run `dtype` on `device` here (on Ray's replicas,
+    or under torch.compile), or None."""
     if runtime not in RUNTIMES:
         return f"--runtime must be one of {RUNTIMES}, got {runtime!r}"
     if runtime == "openvino":
         from packed_transformers.inference.openvino_graphs import openvino_problem
 
+        if ray:
+            return "--runtime openvino runs without --ray (the Ray replicas run torch)"
+        if compiled:
+            return "--runtime openvino runs without --compile (torch.compile compiles torch's forward)"
         return openvino_problem(device, dtype)
     return device_problem(device, dtype)
 
