@@ -201,6 +201,16 @@ def sha256_file(path, block: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def files_digest(paths, name_of) -> str:
+    """Hex sha256 over files (each `name_of(path)` and its sha256, in the order given; a path
+    that is not a file is left out): what a run records to notice inputs changed in place."""
+    digest = hashlib.sha256()
+    for path in paths:
+        if os.path.isfile(path):
+            digest.update(f"{name_of(path)}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
+
+
 def describe_os_error(err: OSError) -> str:
     """One line for an error of the operating system (no space left, permission denied, not
     a directory, file too large): the path and the reason, never a traceback."""

@@ -29,24 +29,32 @@ class Replica:
 def setup_replica(config: dict) -> Replica:
     """Rank and device from torchrun's environment (rank 0 of 1 without it); joins the
     process group when there is more than one process."""
+    execution = config["execution"]
+    return join_process_group(
+        execution["device"], execution["threads"], execution["distributed_backend"], "execution.device"
+    )
+
+
+def join_process_group(kind: str, threads: int | None, backend: str | None, key: str) -> Replica:
+    """setup_replica for any run: `kind` cpu | cuda (this rank's GPU: LOCAL_RANK), torch's
+    CPU threads (None: its default), the backend (None: nccl on CUDA, gloo on CPUs); `key`: the
+    config key a refusal names."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    kind = config["execution"]["device"]
     if kind == "cuda":
         if not torch.cuda.is_available():
             from packed_transformers.common.cli import no_gpu
 
-            raise RunError(no_gpu("execution.device cuda", torch.__version__, torch.version.cuda is not None))
+            raise RunError(no_gpu(f"{key} cuda", torch.__version__, torch.version.cuda is not None))
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if config["execution"]["threads"]:
-        torch.set_num_threads(config["execution"]["threads"])
+    if threads:
+        torch.set_num_threads(threads)
     if world > 1 and not dist.is_initialized():
-        backend = config["execution"]["distributed_backend"] or ("nccl" if kind == "cuda" else "gloo")
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=backend or ("nccl" if kind == "cuda" else "gloo"))
     return Replica(rank, world, local_rank, device)
 
 

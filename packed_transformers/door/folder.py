@@ -82,6 +82,19 @@ def open_packed_model(folder: Path, task: str, options: ModelOptions, config, la
         raise ExampleError(f"{label or folder}: the model cannot be loaded ({reason[:400]})") from None
 
 
+# The files a tokenizer is built from (transformers' names; a chat template in its own file too).
+TOKENIZER_FILE_PATTERNS = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "*.model",
+)  # fmt: skip
+
+
+def tokenizer_files(folder: Path) -> list[Path]:
+    """The folder's files a tokenizer is built from, sorted (a tokenizer changed in place
+    changes one of them)."""
+    return sorted({path for pattern in TOKENIZER_FILE_PATTERNS for path in Path(folder).glob(pattern)})
+
+
 @dataclass(frozen=True)
 class FolderTokenizer:
     """A folder's tokenizer as transformers builds it: `tokenizer`, a `tokenizers.Tokenizer`

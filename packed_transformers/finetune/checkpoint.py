@@ -21,31 +21,51 @@ def checkpoints_folder(output: Path) -> Path:
     return Path(output) / "checkpoints"
 
 
-def write_weights(model):
+def write_weights(model, weights):
     """The checkpoint's model/ writer: config.json and every parameter and buffer under the
-    run's own names (safetensors' save_model: tied tensors stored once)."""
+    run's own names (a tied tensor once): the model's own (safetensors' save_model), or the
+    weights gathered whole from a sharded run's ranks."""
 
     def write(folder: Path) -> None:
-        from safetensors.torch import save_model
+        from safetensors.torch import save_file, save_model
 
         folder.mkdir(parents=True, exist_ok=True)
         model.config.to_json_file(folder / "config.json")
-        save_model(model, str(folder / "model.safetensors"))
+        if weights is None:
+            save_model(model, str(folder / "model.safetensors"))
+        else:
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"),
+                      metadata={"format": "pt"})  # fmt: skip
 
     return write
 
 
-def save_checkpoint(output: Path, model, optimizer, scheduler, progress: dict) -> Path:
+def save_checkpoint(output: Path, model, optimizer, scheduler, progress: dict, replicas) -> Path:
     """Write the checkpoint of `progress` (RunState.progress()) and keep only it. -> its folder.
+    Every process calls it: a sharded run's weights and optimizer state are gathered whole
+    (the one format, whatever the number of ranks), every rank's RNG is kept, rank 0 writes.
     OSError (the disk's answer) or ckpt.CheckpointError (a writer's own error, one line)."""
+    from packed_transformers.components.distributed import gather_rng_states
+    from packed_transformers.components.replicas import gathered_optimizer_state, gathered_weights
+
+    weights = gathered_weights(model, replicas) if replicas.sharded else None
     state = {
-        "optimizer": optimizer.state_dict(),
+        "optimizer": gathered_optimizer_state(optimizer, replicas),
         "scheduler": scheduler.state_dict(),
-        "rng": [ckpt.rng_state()],  # one process: the list every run's checkpoint holds
+        "rng": gather_rng_states(),  # index = rank
         "state": json.dumps(progress),
     }
-    return ckpt.save_checkpoint(checkpoints_folder(output), progress["steps"], model, state, KEEP,
-                                write_weights(model))  # fmt: skip
+    final = checkpoints_folder(output) / f"{ckpt.PREFIX}{progress['steps']:08d}"
+    failure = None
+    if replicas.writes:
+        try:
+            ckpt.save_checkpoint(checkpoints_folder(output), progress["steps"], model, state, KEEP,
+                                 write_weights(model, weights))  # fmt: skip
+        except (OSError, ckpt.CheckpointError) as err:
+            failure = err
+    if replicas.agree(failure is not None):  # every rank raises where rank 0's write failed
+        raise failure or ckpt.CheckpointError(f"{final}: writing the checkpoint failed on rank 0")
+    return final
 
 
 def has_checkpoint(output: Path) -> bool:
@@ -64,16 +84,20 @@ def read_progress(output: Path) -> dict | None:
     return json.loads(ckpt.load_training_state(newest)["state"])
 
 
-def load_checkpoint(output: Path, model, optimizer, scheduler) -> tuple[Path, dict]:
-    """Restore weights, optimizer, schedule and RNG from the checkpoint resume_from picks.
-    -> (its folder, its progress). ckpt.CheckpointError when none is left to resume from."""
-    from safetensors.torch import load_model
+def load_checkpoint(output: Path, model, optimizer, scheduler, replicas) -> tuple[Path, dict]:
+    """Restore weights, optimizer, schedule and RNG (this rank's; rank 0's for a rank the
+    writer did not have) from the checkpoint resume_from picks, whatever number of ranks
+    wrote it. -> (its folder, its progress). ckpt.CheckpointError when none is left."""
+    from safetensors.torch import load_file
 
-    def load_weights(path: Path, state: dict) -> None:
-        load_model(model, str(path / "model" / "model.safetensors"))  # strict: every key, no other
-        optimizer.load_state_dict(state["optimizer"])
+    from packed_transformers.components.replicas import load_optimizer_state, load_weights
+
+    def load_into_run(path: Path, state: dict) -> None:
+        load_weights(model, load_file(str(path / "model" / "model.safetensors")), replicas)  # strict
+        load_optimizer_state(optimizer, state["optimizer"], replicas)
         scheduler.load_state_dict(state["scheduler"])
 
-    path, state = ckpt.resume_from(checkpoints_folder(output), load_weights)
-    ckpt.set_rng_state(state["rng"][0])
+    path, state = ckpt.resume_from(checkpoints_folder(output), load_into_run)
+    rng = state["rng"]
+    ckpt.set_rng_state(rng[replicas.rank] if replicas.rank < len(rng) else rng[0])
     return path, json.loads(state["state"])

@@ -116,6 +116,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "torch.compile the training step (inductor) once for the run: packed or padded batching, "
             "the last batch padded; pays off after the steps docs/compile.md measures",
         ),
+        "sharding": Key(
+            str, "none", "under torchrun: replicate the model (DDP) or shard it (FSDP2)", ("none", "fsdp")
+        ),
     },
 }
 
@@ -157,6 +160,10 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
         raise ConfigError(
             f"{source}: training.compile: batching.mode {mode} changes the row width from batch to batch "
             f"(a new graph for each width); compile with {' or '.join(FIXED_WIDTH_MODES)} batching"
+        )
+    if config["training"]["compile"] and config["training"]["sharding"] == "fsdp":
+        raise ConfigError(
+            f"{source}: training.compile: not with training.sharding fsdp (a compiled step is DDP's)"
         )
     return config
 

@@ -6,9 +6,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -19,51 +17,30 @@ from packed_transformers.finetune.job_contract import STEP_SUMS, resolve_asset
 
 
 def input_digest(config: dict) -> dict:
-    """sha256 of the training and validation files (each file of a glob), so that --resume
-    refuses data changed at the same path. -> {"train_file": hex, "validation_file": hex}."""
+    """sha256 of the training and validation files (each file of a glob) and of the tokenizer's
+    files (data.vocab_file, else the init checkpoint's: door.folder.tokenizer_files), so that
+    --resume refuses data or a tokenizer changed at the same path (the plan of batches came
+    from them). -> {"train_file": hex, "validation_file": hex, "tokenizer": hex}."""
     import glob as globbing
 
-    from packed_transformers.common.files import sha256_file
+    from packed_transformers.common.files import files_digest
+    from packed_transformers.door.folder import tokenizer_files
 
     digests = {}
     for key in ("train_file", "validation_file"):
         spec = resolve_asset(config["data"].get(key))
-        if spec is None:
-            continue
-        files = sorted(globbing.glob(spec)) if globbing.has_magic(spec) else [spec]
-        digest = hashlib.sha256()
-        for path in files:
-            if os.path.isfile(path):
-                digest.update(f"{path}\0{sha256_file(path)}\n".encode())
-        digests[key] = digest.hexdigest()
-    digests["tokenizer"] = tokenizer_digest(config)
-    return digests
-
-
-# The files a tokenizer is built from (transformers' names; a chat template in its own file too).
-TOKENIZER_FILE_PATTERNS = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
-    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "*.model",
-)  # fmt: skip
-
-
-def tokenizer_digest(config: dict) -> str:
-    """sha256 over the tokenizer's files: data.vocab_file where set, else those of the init
-    checkpoint (names and contents), so that --resume refuses a tokenizer changed in place
-    (a chat template added, tokenizer.json replaced): the plan of batches came from it."""
-    from packed_transformers.common.files import sha256_file
-
+        if spec is not None:
+            digests[key] = files_digest(
+                sorted(globbing.glob(spec)) if globbing.has_magic(spec) else [spec], str
+            )
     vocab_file = resolve_asset(config["data"].get("vocab_file"))
-    if vocab_file is not None:
-        files = [Path(vocab_file)]
-    else:
-        checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
-        files = sorted({p for pattern in TOKENIZER_FILE_PATTERNS for p in checkpoint.glob(pattern)})
-    digest = hashlib.sha256()
-    for path in files:
-        if path.is_file():
-            digest.update(f"{path.name}\0{sha256_file(path)}\n".encode())
-    return digest.hexdigest()
+    tokenizer = (
+        [Path(vocab_file)]
+        if vocab_file is not None
+        else tokenizer_files(resolve_asset(config["model"]["init_checkpoint"]))
+    )
+    digests["tokenizer"] = files_digest(tokenizer, lambda path: Path(path).name)
+    return digests
 
 
 def check_positions(config: dict) -> dict:
@@ -121,6 +98,7 @@ CHANGEABLE_ON_RESUME = {
     ("training", "threads"),
     ("training", "progress"),
     ("training", "compile"),
+    ("training", "sharding"),  # checkpoints hold whole weights: any engine resumes them
 }
 
 

@@ -1,32 +1,28 @@
-"""Fine-tune a BERT checkpoint for text classification or extractive question answering
-with packed (or padded) batches.
+"""Fine-tune a checkpoint with packed (or padded) batches: text classification, extractive
+question answering, a decoder's supervised fine-tuning.
 
     python -m packed_transformers.finetune.train --config configs/finetune_bbc.yaml --output-dir runs/bbc \
         [--set batching.mode=dynamic ...]
+    torchrun --nproc-per-node N -m packed_transformers.finetune.train ... [--set training.sharding=fsdp]
 
-Data flow (classification): examples (jsonl or BBC News) -> labels checked -> WordPiece
-ids -> train / validation split -> batch tables (inference.batching: padded | dynamic |
-uniform | packed) -> collate -> PackedBertForSequenceClassification -> per-example loss
--> AdamW step. Question answering (data.task: question_answering, finetune.qa_task):
-SQuAD questions -> overlapping context windows with span labels -> the same batch tables
-and step -> PackedBertForQuestionAnswering. After every epoch the validation set goes
-through inference in the same batching mode, timed; the last pass's predictions are
-written (classification in input order; QA as SQuAD's {question id: answer} file).
-Causal LM (data.task: causal_lm, finetune.causal_lm_task): prompt/completion JSON lines
--> a decoder's packed causal LM, the loss on the completion's tokens only.
+Classification: examples (jsonl or BBC News) -> labels checked -> token ids -> train /
+validation split -> batch tables (inference.batching: padded | dynamic | uniform | packed) ->
+collate -> PackedBertForSequenceClassification -> per-example loss -> AdamW step. QA
+(finetune.qa_task): SQuAD questions -> overlapping context windows with span labels -> the same
+tables and step. Causal LM (finetune.causal_lm_task): prompt/completion JSON lines -> a
+decoder's packed causal LM, the loss on the completion's tokens only. After every epoch the
+validation set goes through inference in the same batching mode, timed; the last pass's
+predictions are written. Under torchrun the processes share each step's rows, the model
+replicated (DDP) or sharded (FSDP2): components.replicas; rank 0 writes.
 
 Where things live: finetune.jobs (each task's data, model, evaluation and save: `JOBS`),
-finetune.run_folder (the output folder, --overwrite, --resume's checks, the final save),
-finetune.run_folder (`RunState`: a checkpoint's progress), finetune.checkpoint (its files).
-This module: the optimizer, the step, and the run: start_run builds it, the one training loop
-of every run (components.loop.run_loop) drives it (`Run`: a step is a batch, an evaluation an
-epoch's validation, a checkpoint after each), finish_run writes its outputs.
+finetune.run_folder (the output folder, resume's checks, the final save, `RunState`),
+finetune.checkpoint (its files). This module: the step and the run: start_run builds it, the
+one training loop (components.loop.run_loop) drives it (`Run`: a step is a batch, an
+evaluation an epoch's validation, a checkpoint after each), finish_run writes its outputs.
 
-OUTPUT/
-  model/                      Hugging Face folder (+ vocab.txt, finetune.json) for predict
-  metrics.jsonl               one line per epoch: train loss/accuracy, validation metrics
-  validation_predictions.jsonl   classification; QA: validation_predictions.json
-  summary.json                mode, examples/s (training, inference), padding fractions, accuracy
+OUTPUT/  model/ (a transformers folder for predict), metrics.jsonl (a line per epoch),
+         validation_predictions.jsonl (QA: .json), summary.json (examples/s, padding, scores)
 """
 
 from __future__ import annotations
@@ -43,7 +39,6 @@ if __name__ == "__main__":  # option and path mistakes answered before torch is 
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +50,9 @@ from tqdm import tqdm
 from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
+from packed_transformers.components import replicas as parallel  # this process among the run's
 from packed_transformers.components.checkpoint import CheckpointError
+from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJobDefaults, run_loop
 from packed_transformers.components.step import NonFiniteStep, check_finite_step, weights_finite
 from packed_transformers.data.classification_data import ExampleError
@@ -77,35 +74,16 @@ from packed_transformers.finetune.run_folder import (
 from packed_transformers.inference.batching import Batcher, BatchingSpec
 from packed_transformers.inference.predictions import to_device
 from packed_transformers.model.hf_checkpoint import quiet_transformers
-from packed_transformers.optim import WarmupLinearDecay, weight_decay_groups
+from packed_transformers.optim import build_adamw
+from packed_transformers.optim.lamb import local_part
 from packed_transformers.packs.errors import PackingInputError
-from packed_transformers.packs.tokenized import wider_packs
 
 log = logging.getLogger("finetune")
 
 FEW_VALIDATION_EXAMPLES = 30  # below this, the run's summary says its validation score measures little
 
 
-# ----- optimizer and step ------------------------------------------------------------------
-def build_adamw(model, optim: dict, total_steps: int):
-    """AdamW without decay on biases and LayerNorm (optim.weight_decay_groups, the rule
-    pretraining uses); optim.WarmupLinearDecay in optimizer steps. The fused kernel (one pass
-    over all parameters, on CPU and CUDA; what transformers' Trainer picks by default):
-    torch's default for-loop AdamW was ~13% of a MiniLM step on 2 CPU cores."""
-    optimizer = torch.optim.AdamW(
-        weight_decay_groups(model.named_parameters(), optim["weight_decay"]),
-        lr=optim["lr"],
-        betas=tuple(optim["betas"]),
-        eps=optim["eps"],
-        fused=True,
-    )
-    schedule = WarmupLinearDecay(
-        optim["lr"], max(1, math.ceil(optim["warmup_fraction"] * total_steps)), total_steps
-    )
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule.fraction(step))
-
-
-# ----- the run -----------------------------------------------------------------------------
+# ----- the step ----------------------------------------------------------------------------
 def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
     batching = config["batching"]
     return BatchingSpec(
@@ -135,26 +113,34 @@ def step_model_of(model: torch.nn.Module, compile_step: bool):
 
 
 def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums=classification_sums,
-                  step_model=None) -> dict:  # fmt: skip
-    """One optimizer step on one batch (the model's mean loss). -> `sums(outputs)`: STEP_SUMS.
-    step_model: what runs the forward (step_model_of; None: `model`)."""
+                  step_model=None, replicas=None) -> dict:  # fmt: skip
+    """One optimizer step on one batch: the mean loss over the step's examples (or predicted
+    tokens) of every replica (components.replicas: this process's rows of it). -> the step's
+    `sums(outputs)` over every replica: STEP_SUMS. step_model: what runs the forward
+    (step_model_of, DDP; None: `model`)."""
     model.train()
     step_model = model if step_model is None else step_model
     out = step_model(**to_device(batch, next(model.parameters()).device))
-    out["loss"].backward()
+    local = sums(out, batch)
+    total = local if replicas is None else replicas.step_sums(local)
+    share = 1.0 if replicas is None else replicas.loss_share(local["count"], total["count"])
+    (out["loss"] * share if share != 1.0 else out["loss"]).backward()
     # the divergence rule of every training run (components.step): a non-finite loss or
     # gradient norm stops the run before the optimizer moves the weights
-    try:
+    try:  # this rank's loss; the gradients' norm is every rank's (summed gradients, whole tensors)
         norm = check_finite_step(out["loss"], model.parameters(), check_gradients=True)
     except NonFiniteStep as err:
         optimizer.zero_grad(set_to_none=True)
         raise FinetuneError(f"non-finite training step ({err}): the run diverged (lower optim.lr?)") from None
-    if max_grad_norm > 0 and norm is not None:  # clipped by the norm just checked
-        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_grad_norm, norm, foreach=True)
+    if max_grad_norm > 0 and norm is not None:  # clipped by the norm just checked (shards: their parts)
+        coefficient = torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0)
+        torch._foreach_mul_(
+            [local_part(p.grad) for p in model.parameters() if p.grad is not None], coefficient
+        )
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return sums(out, batch)
+    return total
 
 
 # ----- the run: a job of the one training loop (components.loop) ---------------------------
@@ -176,7 +162,9 @@ class Run(LoopJobDefaults):
     scheduler: torch.optim.lr_scheduler.LambdaLR
     state: RunState
     stop: object  # has is_set() and signum (the CLI's signal flag), or None
-    step_model: torch.nn.Module  # what the training step calls: model, or compiled (step_model_of)
+    step_model: torch.nn.Module  # what the training step calls: model, compiled (step_model_of), DDP
+    replicas: parallel.Replicas  # this process among the run's (components.replicas; world 1: alone)
+    skeleton: torch.nn.Module | None = None  # sharded, rank 0: the model's copy for the final save
     saved_step: int | None = None  # the newest checkpoint's step (a resume's: not written again)
     metrics_file: object = None  # OUTPUT/metrics.jsonl, open while the loop runs
     batches: list | None = None  # the epoch in progress's batch tables
@@ -193,7 +181,10 @@ class Run(LoopJobDefaults):
         state, training = self.state, self.config["training"]
         if state.finished or state.epoch >= training["epochs"]:
             return "epochs"
-        if training["max_seconds"] is not None and state.train_seconds >= training["max_seconds"]:
+        # every rank stops at the same step: one whose clock reached the budget stops all
+        if training["max_seconds"] is not None and self.replicas.agree(
+            state.train_seconds >= training["max_seconds"]
+        ):
             return "max_seconds"
         return None
 
@@ -209,10 +200,11 @@ class Run(LoopJobDefaults):
                             leave=False, initial=state.batches_done)  # fmt: skip
         table = self.batches[state.batches_done]
         start = time.perf_counter()
-        batch = self.job.collate(self.job.train, table, self.batcher.width(table))
+        rows = self.replicas.rows(table, self.batcher.spec.pad_last_batch)  # this process's share of the step
+        batch = self.job.collate(self.job.train, rows, self.batcher.width(table))
         try:
-            step = finetune_step(self.model, batch, self.optimizer, self.scheduler,
-                                 self.config["optim"]["max_grad_norm"], self.job.step_sums, self.step_model)  # fmt: skip
+            step = finetune_step(self.model, batch, self.optimizer, self.scheduler, self.config["optim"]["max_grad_norm"],
+                                 self.job.step_sums, self.step_model, self.replicas)  # fmt: skip
         except FinetuneError as err:
             raise Diverged(f"epoch {epoch}, step {state.steps + 1}: {err}; nothing saved") from None
         state.train_seconds += time.perf_counter() - start
@@ -232,7 +224,9 @@ class Run(LoopJobDefaults):
         epoch = self.state.epoch
         if self.bar is not None:
             self.bar.close()
-        self.validated = validate_epoch(self, epoch, self.metrics_file)
+        check_weights(self, epoch)  # every rank: a collective
+        if self.replicas.writes or self.replicas.sharded:  # a sharded forward needs every rank
+            self.validated = validate_epoch(self, epoch, self.metrics_file)
         self.state.epoch, self.state.batches_done, self.state.sums = epoch + 1, 0, zero_sums()
         self.batches = self.bar = None
         return False
@@ -250,12 +244,11 @@ class Run(LoopJobDefaults):
 
         check_weights(self, self.state.epoch)
         self.state.finished = self.limit_reached() is not None
-        self.where = save_checkpoint(
-            self.output, self.model, self.optimizer, self.scheduler, self.state.progress()
-        )
+        self.where = save_checkpoint(self.output, self.model, self.optimizer, self.scheduler, self.state.progress(),
+                                     self.replicas)  # fmt: skip
 
     def stop_agreed(self) -> bool:
-        return self.stop is not None and self.stop.is_set()
+        return self.replicas.agree(self.stop is not None and self.stop.is_set())
 
     def close(self, end: LoopEnd) -> None:
         """Diverged and Interrupted raised with their line; a complete run's outputs written."""
@@ -274,9 +267,13 @@ class Run(LoopJobDefaults):
                 f"stopped at epoch {self.state.epoch}, step {self.state.steps}; checkpoint kept at {self.where}: "
                 "continue with the same command and --resume", self.stop.signum
             )  # fmt: skip
-        if self.validated is None:  # resumed from the last epoch's checkpoint: nothing left to train
-            self.validated = self.job.evaluate(self.model, self.eval_batcher)
-        self.summary = finish_run(self, *self.validated)
+        if self.validated is None and (self.replicas.writes or self.replicas.sharded):
+            self.validated = self.job.evaluate(self.model, self.eval_batcher)  # a resumed finished run
+        weights = parallel.gathered_weights(self.model, self.replicas)  # sharded: collective
+        if self.replicas.writes:
+            model = self.model if self.skeleton is None else parallel.whole_model(self.skeleton, weights)
+            self.summary = finish_run(self, model, *self.validated)
+        self.replicas.barrier()  # the run's files are complete when any rank returns
 
 
 def run_finetune(
@@ -290,7 +287,8 @@ def run_finetune(
     run = start_run(config, output, resume, stop, overwrite)
     if stop is not None and stop.is_set():
         raise Interrupted("stopped before the first step; nothing was trained", stop.signum)
-    open_metrics(run)
+    if run.replicas.writes:
+        open_metrics(run)
     run_loop(run)
     return run.summary
 
@@ -308,70 +306,56 @@ def open_metrics(run: Run) -> None:
 
 def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -> Run:
     """Check the output folder and the config against a checkpoint, build the task's job, the
-    batchers and the optimizer, and restore the checkpoint's state (--resume)."""
+    batchers and the optimizer, join the run's other processes (torchrun: components.replicas)
+    and restore the checkpoint's state (--resume)."""
     checkpoint_config = check_positions(config)  # before anything is read, packed or (--overwrite) removed
-    if overwrite and not resume:
+    training = config["training"]
+    try:
+        replicas = parallel.join_replicas(training["device"], training["sharding"], training["threads"])
+    except RunError as err:
+        raise FinetuneError(str(err)) from None
+    if not replicas.writes:
+        log.setLevel(logging.WARNING)  # rank 0 tells the run; the others say what goes wrong
+    if overwrite and not resume and replicas.writes:
         clear_run(output)
+    replicas.barrier()
     progress = check_output(output, resume)
     changed = resume_differences(config, progress)
     if changed:
         raise FinetuneError(
             f"--resume: the config differs from the checkpoint's in {', '.join(changed)}; resume with the same config"
         )
-    training = config["training"]
-    if training["threads"]:
-        torch.set_num_threads(training["threads"])
-    if training["device"] == "cuda" and not torch.cuda.is_available():
-        from packed_transformers.common.cli import no_gpu
-
-        raise FinetuneError(no_gpu("training.device cuda", torch.__version__, torch.version.cuda is not None))
     job = JOBS[config["data"]["task"]](config, checkpoint_config)  # config.json read once, handed on
     output.mkdir(parents=True, exist_ok=True)
-    model = job.model.to(training["device"])
+    skeleton = parallel.host_skeleton(job.model, replicas)  # before the model moves or is sharded
+    model = job.model.to(replicas.device)
     seed, batching = config["batching"]["shuffle_seed"], config["batching"]
     batcher = Batcher(job.train.lengths, batching_spec(config, batching["batch_size"]), seed)
+    step_model = parallel.replicate(model, replicas, step_model_of(model, training["compile"]))
     optimizer, scheduler = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
     eval_batcher = Batcher(job.validation.lengths, batching_spec(config, batching["eval_batch_size"]), seed)
     log.info(
-        "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s",
-        batcher.spec.mode, len(job.train), len(job.validation), job.description,
-        batcher.batches_per_epoch, batcher.packing_factor, packing_note(batcher, batching["max_sequences_per_pack"]),
+        "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s%s",
+        batcher.spec.mode, len(job.train), len(job.validation), job.description, batcher.batches_per_epoch,
+        batcher.packing_factor, batcher.packing_note(batching["max_sequences_per_pack"]), replicas.describe(),
     )  # fmt: skip
     torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
     state = RunState(config, input_digest(config))
     if progress is not None:
-        state = restore_state(output, model, optimizer, scheduler, state)
-    step_model = step_model_of(model, training["compile"])
+        state = restore_state(output, model, optimizer, scheduler, state, replicas)
     saved_step = state.steps if progress is not None else None
     return Run(config, output, job, model, batcher, eval_batcher, optimizer, scheduler, state, stop, step_model,
-               saved_step)  # fmt: skip
+               replicas, skeleton, saved_step)  # fmt: skip
 
 
-def packing_note(batcher: Batcher, asked: int | None) -> str:
-    """ ", K=16 (chosen from the lengths), 1.0% padding" for packed batching; "" otherwise."""
-    if batcher.spec.mode != "packed":
-        return ""
-    how = "chosen from the lengths" if asked is None else f"at most {asked}"
-    padding = batcher.padding_fraction([batcher.table])  # every pack of an epoch, in any order
-    note = f", K={batcher.table.shape[1]} ({how}), {padding:.1%} padding"
-    if batcher.spec.pack_length is None:  # the default width: say where a wider one would pad less
-        wider = wider_packs(batcher.lengths, batcher.spec.fixed_width, padding)
-        if wider is not None:
-            note += (
-                f" (packs of {wider.pack_length} tokens would leave {wider.padding:.1%}: "
-                f"set batching.pack_length: {wider.pack_length})"
-            )
-    return note
-
-
-def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState) -> RunState:
+def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState, replicas) -> RunState:
     """--resume: the checkpoint's weights, optimizer, schedule and RNG into place (the newest
     intact one whose weights load: components.checkpoint.resume_from). -> its state; refused
     (one line) where none is left or the data changed."""
     from packed_transformers.finetune.checkpoint import load_checkpoint
 
     try:
-        path, progress = load_checkpoint(output, model, optimizer, scheduler)
+        path, progress = load_checkpoint(output, model, optimizer, scheduler, replicas)
     except CheckpointError as err:
         raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
     # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
@@ -396,7 +380,7 @@ def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState) ->
 
 
 def check_weights(run: Run, epoch: int) -> None:
-    if not weights_finite(run.model.parameters()):
+    if run.replicas.agree(not weights_finite(run.model.parameters())):  # sharded: every rank's shards
         raise Diverged(f"epoch {epoch}: the weights are no longer finite: the run diverged (lower optim.lr?); "
                        "nothing saved")  # fmt: skip
 
@@ -405,7 +389,6 @@ def validate_epoch(run: Run, epoch: int, metrics_file):
     """Timed inference over the validation set in the run's batching mode, its metrics line
     written. The last epoch's pass (the model does not change after it) is the run's
     inference figure and its predictions. -> (metrics, inference timing, outputs)."""
-    check_weights(run, epoch)
     validation, inference, outputs = run.job.evaluate(run.model, run.eval_batcher)
     sums = run.state.sums
     record = {
@@ -415,17 +398,19 @@ def validate_epoch(run: Run, epoch: int, metrics_file):
         "train_accuracy": sums["correct"] / max(sums["correct_count"], 1),
         **{f"validation_{k}": v for k, v in validation.items()},
     }
-    metrics_file.write(json.dumps(record) + "\n")
-    metrics_file.flush()
+    if metrics_file is not None:  # rank 0's
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
     log.info("epoch %d: %s", epoch, {k: round(v, 4) for k, v in record.items() if isinstance(v, float)})
     return validation, inference, outputs
 
 
-def finish_run(run: Run, validation: dict, inference: dict, outputs) -> dict:
-    """Write the predictions, the model folder and summary.json. -> the summary."""
+def finish_run(run: Run, model, validation: dict, inference: dict, outputs) -> dict:
+    """Write the predictions, the model folder (of `model`: the run's, or a sharded run's
+    gathered whole) and summary.json. -> the summary."""
     job, state, output = run.job, run.state, run.output
     job.write_outputs(output, outputs)
-    save_final(job, run.model, output)
+    save_final(job, model, output)
     summary = {
         "task": run.config["data"]["task"],
         "batching": run.batcher.spec.mode,
@@ -459,6 +444,8 @@ __all__ = ["Diverged", "FinetuneError", "Interrupted", "Job", "batching_spec", "
 def main(argv=None) -> int:
     import signal
     import threading
+
+    from packed_transformers.components.distributed import shut_down_process_group
 
     parser = train_parser(__doc__)
     args = parser.parse_args(argv)
@@ -505,6 +492,9 @@ def main(argv=None) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        shut_down_process_group()
+    if summary is None:  # a torchrun rank but the first: rank 0 wrote and prints the run
+        return 0
     if stop.is_set():  # a signal after the last step: the run finished and is complete
         log.info("a stop was asked for after the last step; the run is complete")
     print(json.dumps(summary, indent=1))

@@ -74,6 +74,25 @@ class Batcher:
             self.table = unpacked_table(len(self.lengths))
             self.rows_per_batch = spec.batch_size
 
+    def packing_note(self, asked: int | None) -> str:
+        """ ", K=16 (chosen from the lengths), 1.0% padding" for packed batching, with a wider
+        pack where one pads less (fine-tuning's log); "" otherwise. asked: the K the user set."""
+        from packed_transformers.packs.tokenized import wider_packs
+
+        if self.spec.mode != "packed":
+            return ""
+        how = "chosen from the lengths" if asked is None else f"at most {asked}"
+        padding = self.padding_fraction([self.table])  # every pack of an epoch, in any order
+        note = f", K={self.table.shape[1]} ({how}), {padding:.1%} padding"
+        if self.spec.pack_length is None:  # the default width: say where a wider one would pad less
+            wider = wider_packs(self.lengths, self.spec.fixed_width, padding)
+            if wider is not None:
+                note += (
+                    f" (packs of {wider.pack_length} tokens would leave {wider.padding:.1%}: "
+                    f"set batching.pack_length: {wider.pack_length})"
+                )
+        return note
+
     @property
     def batches_per_epoch(self) -> int:
         """len(self.epoch(e)) for every e, without building one."""

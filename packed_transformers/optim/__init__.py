@@ -9,7 +9,7 @@ from packed_transformers.optim.packing_adjustment import (
     adjust_for_packing,
     packing_factor_from_metadata,
 )
-from packed_transformers.optim.param_groups import weight_decay_groups
+from packed_transformers.optim.param_groups import build_adamw, weight_decay_groups
 from packed_transformers.optim.poptorch_mapping import poptorch_lamb_kwargs
 from packed_transformers.optim.schedules import WarmupCosineDecay, WarmupLinearDecay, WarmupPolyDecay
 
@@ -19,6 +19,7 @@ __all__ = [
     "AdjustedHyperparameters",
     "adjust_for_packing",
     "packing_factor_from_metadata",
+    "build_adamw",
     "weight_decay_groups",
     "poptorch_lamb_kwargs",
     "WarmupCosineDecay",

@@ -1,4 +1,5 @@
-"""Parameter groups: weight decay on weights, none on biases and LayerNorm parameters."""
+"""Parameter groups: weight decay on weights, none on biases and LayerNorm parameters; fine-tuning's
+AdamW over them with its schedule (`build_adamw`)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,26 @@ def weight_decay_groups(named_parameters, weight_decay: float) -> list[dict]:
         {"name": "decay", "params": decay, "weight_decay": weight_decay},
         {"name": "no_decay", "params": no_decay, "weight_decay": 0.0},
     ]
+
+
+def build_adamw(model, optim: dict, total_steps: int):
+    """AdamW without decay on biases and LayerNorm (weight_decay_groups, the rule pretraining
+    uses); optim.WarmupLinearDecay in optimizer steps. -> (optimizer, LambdaLR). The fused
+    kernel (one pass over all parameters, on CPU and CUDA; what transformers' Trainer picks by
+    default): torch's default for-loop AdamW was ~13% of a MiniLM step on 2 CPU cores.
+    optim: fine-tuning's section (lr, betas, eps, weight_decay, warmup_fraction)."""
+    import math
+
+    from packed_transformers.optim.schedules import WarmupLinearDecay
+
+    optimizer = torch.optim.AdamW(
+        weight_decay_groups(model.named_parameters(), optim["weight_decay"]),
+        lr=optim["lr"],
+        betas=tuple(optim["betas"]),
+        eps=optim["eps"],
+        fused=True,
+    )
+    schedule = WarmupLinearDecay(
+        optim["lr"], max(1, math.ceil(optim["warmup_fraction"] * total_steps)), total_steps
+    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: schedule.fraction(step))

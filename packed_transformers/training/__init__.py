@@ -1,8 +1,7 @@
 """Pretraining runs: BERT phase 2 (MLPerf style; run_setup, run) and decoders (decoder/: MLPerf
-5.1's llama31_8b rules), their config schemas, what a run needs on this machine
-(prerequisites), the model and optimizer built for a run (build), FSDP2 sharding with DCP
-checkpoints (sharding), the engines that run the steps (backends/: CPU/CUDA, torchrun,
-pipeline stages, IPU) and runs compared (summary). The pieces a run is made of (step,
-checkpoints, replicas, logs, data order) are components/. Never imports door/, inference/,
-finetune/, serving/ or any room above it.
+5.1's llama31_8b rules), their config schemas, what a run needs on this machine (prerequisites),
+the model and optimizer built for a run (build), the engines that run the steps (backends/:
+CPU/CUDA, torchrun, pipeline stages, IPU) and runs compared (summary). The pieces a run is made
+of (step, checkpoints, replicas, FSDP2 sharding and DCP, logs, data order) are components/.
+Never imports door/, inference/, finetune/, serving/ or any room above it.
 """

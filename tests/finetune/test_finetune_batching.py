@@ -150,7 +150,6 @@ def test_a_run_of_documents_cut_at_the_width_is_told_of_packs_twice_as_wide():
     400 tokens cannot pair with another); packs of twice the width pair them. The note
     names the wider width and the padding it would leave, which is what a run at that width
     gets; short texts, or a pack_length the user set, get no such note."""
-    from packed_transformers.finetune.train import packing_note
     from packed_transformers.packs.tokenized import wider_packs
 
     rng = np.random.default_rng(0)
@@ -162,8 +161,8 @@ def test_a_run_of_documents_cut_at_the_width_is_told_of_packs_twice_as_wide():
     assert hint is not None and hint.pack_length == 1024 and hint.padding <= padding / 2
     wider = Batcher(documents, BatchingSpec("packed", 32, 512, algorithm="lpfhp", pack_length=1024), seed=0)
     assert wider.padding_fraction([wider.table]) == pytest.approx(hint.padding, abs=0.005)
-    assert f"packs of 1024 tokens would leave {hint.padding:.1%}" in packing_note(default, None)
-    assert "would leave" not in packing_note(wider, None)  # a width the user set is kept as is
+    assert f"packs of 1024 tokens would leave {hint.padding:.1%}" in default.packing_note(None)
+    assert "would leave" not in wider.packing_note(None)  # a width the user set is kept as is
     short = Batcher(rng.integers(8, 60, 600), BatchingSpec("packed", 32, 128), seed=0)
     assert wider_packs(short.lengths, 128, short.padding_fraction([short.table])) is None
-    assert "would leave" not in packing_note(short, None)
+    assert "would leave" not in short.packing_note(None)

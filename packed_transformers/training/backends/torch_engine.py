@@ -126,7 +126,7 @@ class TorchEngine:
             # FSDP2: each encoder layer, then the model (the embeddings, heads and the tied MLM
             # decoder together); LAMB over the shards (its norms over whole tensors). Gradients
             # are summed over ranks, not averaged: the step's loss scaling needs no `* world`.
-            from packed_transformers.training.sharding import shard_model
+            from packed_transformers.components.sharding import shard_model
 
             self.model_class, self.model_config = type(model), model.config
             blocks = shard_model(model, self.replica.world, training["precision"], self.replica.device,
@@ -179,7 +179,7 @@ class TorchEngine:
         if self.sharded:  # collective: the weights and the optimizer state gathered whole
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            from packed_transformers.training.sharding import full_optimizer_state
+            from packed_transformers.components.sharding import full_optimizer_state
 
             weights = get_model_state_dict(
                 self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -196,7 +196,7 @@ class TorchEngine:
 
     def load_state(self, engine_state: dict) -> None:
         if self.sharded:  # the checkpoint holds the unsharded format, whoever wrote it
-            from packed_transformers.training.sharding import load_full_optimizer_state
+            from packed_transformers.components.sharding import load_full_optimizer_state
 
             load_full_optimizer_state(self.optimizer, engine_state["optimizer"])
             return

@@ -157,7 +157,7 @@ def fake_step(config: dict, family_config, checkpointed: bool, sharded: bool) ->
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AutoModelForCausalLM
 
-    from packed_transformers.training.sharding import block_modules
+    from packed_transformers.components.sharding import block_modules
 
     data = config["data"]
     length, rows = data["max_sequence_length"], data["micro_batch_rows"]

@@ -104,7 +104,7 @@ def build_decoder(config: dict, vocab_size: int, length: int, data_vocab: int, d
     must cover whether it comes from the config or a checkpoint; device: where it will train
     (its memory checked before anything is allocated, a 1/shards share of the model's state
     under FSDP2); meta: built on the meta device, nothing allocated (a random init only: the
-    sharded run materializes it, training.sharding.materialize_sharded); weights_only: the
+    sharded run materializes it, components.sharding.materialize_sharded); weights_only: the
     memory check counts its weights alone (rank 0's whole copy for that, which never trains)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -45,19 +45,19 @@ from packed_transformers.components.run_folder import (
     write_run_config,
 )
 from packed_transformers.components.run_state import Diverged, StopSignal
-from packed_transformers.components.step import autocast_context, set_learning_rate, weights_finite
-from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
-from packed_transformers.packs.errors import PackingInputError
-from packed_transformers.packs.lm_rows.store import RowStore
-from packed_transformers.training.decoder.config import division_fault
-from packed_transformers.training.decoder.model import build_decoder
-from packed_transformers.training.sharding import (
+from packed_transformers.components.sharding import (
     full_tensor,
     load_sharded,
     materialize_sharded,
     save_sharded,
     shard_model,
 )
+from packed_transformers.components.step import autocast_context, set_learning_rate, weights_finite
+from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
+from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.lm_rows.store import RowStore
+from packed_transformers.training.decoder.config import division_fault
+from packed_transformers.training.decoder.model import build_decoder
 
 log = logging.getLogger("training")
 

@@ -1,0 +1,208 @@
+"""Replicas of a run whose step is one batch table (fine-tuning): torchrun's processes share
+each step's rows, and N processes take the step one process takes.
+
+    the step's rows        rank r trains rows r, r + N, ... of the step's batch table [B, K]
+                           (one empty row where B < N: every rank joins every collective)
+    the step's loss        sum over the step's loss units (examples, or predicted tokens) of
+                           every rank / their count over every rank: each rank's mean loss
+                           times its units' share (`loss_share`), gradients summed over ranks
+                           (DDP averages: times N; FSDP2 here sums)
+    the model              replicated (DDP) or sharded (`sharding: fsdp`: FSDP2 per block,
+                           components.sharding); rank 0 writes every file
+    checkpoints            the one unsharded format (weights and optimizer state gathered
+                           whole), so any number of ranks resumes any checkpoint
+
+One process is a `Replicas` of world 1: every method is then the plain single-process
+step, bit for bit. Never imports the runs (training/, finetune/).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from packed_transformers.components.distributed import all_reduce_host, any_process, join_process_group
+from packed_transformers.components.errors import RunError
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """This process's place among the run's processes (world 1: a run of one process)."""
+
+    rank: int
+    world: int
+    device: torch.device
+    sharding: str  # "none" (replicated: DDP) | "fsdp"
+
+    @property
+    def writes(self) -> bool:
+        """Rank 0 writes the run's files; the others compute alongside."""
+        return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.sharding == "fsdp"
+
+    def rows(self, table: np.ndarray, fixed_rows: bool) -> np.ndarray:
+        """This rank's rows of a step's batch table [B, K] (-1: no example). fixed_rows (a
+        compiled step keeps one shape): every rank gets ceil(B / N) rows, empty ones added."""
+        mine = table[self.rank :: self.world]
+        rows = -(-len(table) // self.world) if fixed_rows else max(len(mine), 1)
+        if len(mine) < rows:
+            mine = np.concatenate([mine, np.full((rows - len(mine), table.shape[1]), -1, table.dtype)])
+        return mine
+
+    def describe(self) -> str:
+        """ "; 2 processes share each step's rows (FSDP2)" under torchrun; "" alone."""
+        if self.world == 1:
+            return ""
+        return f"; {self.world} processes share each step's rows ({'FSDP2' if self.sharded else 'DDP'})"
+
+    def step_sums(self, local: dict[str, float]) -> dict[str, float]:
+        """A step's sums (loss_sum, count, ...) over every rank: one collective, float64."""
+        if self.world == 1:
+            return local
+        keys = sorted(local)
+        total = all_reduce_host(torch.tensor([local[k] for k in keys], dtype=torch.float64))
+        return dict(zip(keys, total.tolist(), strict=True))
+
+    def loss_share(self, local_count: float, total_count: float) -> float:
+        """What this rank's mean loss is multiplied by before backward, so that the gradients
+        summed over ranks are those of the step's mean loss over every rank's units (a model's
+        mean over no units is 0: its share is 0). 1.0 for one process."""
+        if self.world == 1:
+            return 1.0
+        share = max(local_count, 1.0) / max(total_count, 1.0)
+        return share if self.sharded else share * self.world  # DDP averages the gradients
+
+    def agree(self, flag: bool) -> bool:
+        """True on every rank if it is on any (a limit a rank's clock reached, a signal)."""
+        return any_process(flag) if self.world > 1 else flag
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def join_replicas(device_kind: str, sharding: str, threads: int | None) -> Replicas:
+    """This process's Replicas from torchrun's environment (world 1 without it); FSDP2 needs
+    2 or more processes (RunError, one line)."""
+    replica = join_process_group(device_kind, threads, None, "training.device")
+    if sharding == "fsdp" and replica.world < 2:
+        raise RunError("training.sharding fsdp: needs 2 or more processes (torchrun --nproc-per-node N)")
+    return Replicas(replica.rank, replica.world, replica.device, sharding)
+
+
+def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's transformer blocks: the children of its ModuleList holding the most
+    parameters (an encoder's layers, a decoder's), what FSDP2 shards one by one."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
+    if not lists:
+        raise RunError(f"training.sharding fsdp: {type(model).__name__} has no list of blocks to shard")
+    biggest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+    return list(biggest)
+
+
+def replicate(model: torch.nn.Module, replicas: Replicas, step_model: torch.nn.Module) -> torch.nn.Module:
+    """The module the step calls: `step_model` itself (one process), DDP around it, or (FSDP2)
+    `model` sharded in place, each block then the whole (gradients summed, never averaged)."""
+    if replicas.world == 1:
+        return step_model
+    if replicas.sharded:
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        from packed_transformers.components.sharding import shard_model
+
+        blocks = repeated_blocks(model)
+        shard_model(model, replicas.world, "fp32", replicas.device, blocks=blocks)
+        for block in blocks:  # a block's other entry points (a packed encoder's last layer: forward_rows)
+            for name in (n for n in dir(block) if n.startswith("forward_") and callable(getattr(block, n))):
+                register_fsdp_forward_method(block, name)
+        return model
+    device_ids = [replicas.device.index] if replicas.device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
+
+
+def host_skeleton(model: torch.nn.Module, replicas: Replicas) -> torch.nn.Module | None:
+    """Rank 0 of a sharded run: a copy of `model` (before sharding) whose parameters hold no
+    memory (meta), its buffers real; `whole_model` fills it with the gathered weights for the
+    run's final save. None elsewhere."""
+    if not (replicas.sharded and replicas.writes):
+        return None
+    memo = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+            for p in model.parameters()}  # fmt: skip
+    return copy.deepcopy(model, memo)
+
+
+def _tied_names(model: torch.nn.Module) -> list[list[str]]:
+    """Groups of parameter names that are one tensor (tied embeddings), first name first."""
+    groups: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(parameter), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def gathered_weights(model: torch.nn.Module, replicas: Replicas) -> dict[str, torch.Tensor] | None:
+    """Collective under FSDP2: the whole state dict on rank 0's CPU (None on the others), a tied
+    tensor under its first name only (as safetensors keeps it). Unsharded: the model's own
+    state dict (every rank holds it)."""
+    if not replicas.sharded:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not replicas.writes:
+        return None
+    for names in _tied_names(model):
+        for alias in names[1:]:
+            full.pop(alias, None)
+    return full
+
+
+def load_weights(
+    model: torch.nn.Module, weights: dict[str, torch.Tensor], replicas: Replicas, assign: bool = False
+) -> None:
+    """A checkpoint's whole weights (every rank reads them) into `model`, strictly: every name
+    but a tied alias the file keeps once, no other. Sharded: each rank takes its shards."""
+    for names in _tied_names(model):
+        present = [n for n in names if n in weights]
+        for alias in names:
+            if present and alias not in weights:
+                weights[alias] = weights[present[0]]
+    if not replicas.sharded:
+        model.load_state_dict(weights, strict=True, assign=assign)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=True))
+
+
+def whole_model(skeleton: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """host_skeleton's copy given the gathered weights (rank 0): an unsharded model on the CPU
+    (its meta parameters replaced by the weights; a tied pair shares one tensor)."""
+    load_weights(skeleton, dict(weights), Replicas(0, 1, torch.device("cpu"), "none"), assign=True)
+    return skeleton
+
+
+def gathered_optimizer_state(optimizer: torch.optim.Optimizer, replicas: Replicas) -> dict:
+    """Collective under FSDP2: the optimizer's state dict with every shard gathered whole (the
+    unsharded format); unsharded: the state dict itself."""
+    if not replicas.sharded:
+        return optimizer.state_dict()
+    from packed_transformers.components.sharding import full_optimizer_state
+
+    return full_optimizer_state(optimizer)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict, replicas: Replicas) -> None:
+    """An unsharded optimizer state (whoever wrote it) into this run's optimizer."""
+    if not replicas.sharded:
+        optimizer.load_state_dict(state)
+        return
+    from packed_transformers.components.sharding import load_full_optimizer_state
+
+    load_full_optimizer_state(optimizer, state)

@@ -1,0 +1,150 @@
+"""Fine-tuning over torchrun's processes (issue 81: every job on the engines): 2 ranks share
+each step's rows, replicated (DDP) or sharded (`training.sharding: fsdp`, FSDP2), and end on one
+process's metrics and weights at the same batches; a checkpoint one process wrote resumes on 2
+ranks, and a sharded run's checkpoints hold the weights one process's hold (one format)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from packed_transformers.finetune import train as finetune
+from packed_transformers.finetune.config import load_finetune_config
+
+from ..conftest import REPO
+from ..finetune_helpers import StopAfter, write_config
+from ..processes import run_in_group
+
+# torchrun processes: the fast loop leaves them out
+pytestmark = pytest.mark.slow
+
+# no dropout: 2 ranks draw other random numbers than one process (their own streams)
+MODEL = {"hidden_dropout": 0.0, "attention_dropout": 0.0, "classifier_dropout": 0.0}
+
+
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory, checkpoint):
+    root = tmp_path_factory.mktemp("replicas")
+    return write_config(root, checkpoint, model=MODEL, training={"epochs": 2, "progress": False},
+                        batching={"batch_size": 12})  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def one_process(config_path):
+    output = config_path.parent / "one"
+    finetune.run_finetune(load_finetune_config(str(config_path), []), output)
+    return output
+
+
+def torchrun(config_path, output, *extra):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "packed_transformers.finetune.train", "--config", str(config_path), "--output-dir", str(output),
+               *extra]  # fmt: skip
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
+    return run_in_group(command, timeout=600, cwd=REPO, env=env)
+
+
+def assert_same_run(a, b, atol=1e-5):
+    lines = [
+        [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (a, b)
+    ]
+    assert len(lines[0]) == len(lines[1]) == 2
+    for one, other in zip(*lines, strict=True):
+        assert one.keys() == other.keys() and one["step"] == other["step"]
+        for key, value in one.items():
+            assert abs(value - other[key]) <= atol, (key, value, other[key])
+    wa, wb = (load_file(str(run / "model" / "model.safetensors")) for run in (a, b))
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.allclose(wa[name], wb[name], rtol=0, atol=atol), (
+            name,
+            (wa[name] - wb[name]).abs().max(),
+        )
+
+
+def newest_checkpoint_weights(output):
+    newest = sorted((output / "checkpoints").glob("step-*"))[-1]
+    return newest.name, load_file(str(newest / "model" / "model.safetensors"))
+
+
+def test_fsdp_at_2_ranks_equals_one_process_and_checkpoints_the_same_weights(
+    config_path, one_process, tmp_path
+):
+    done = torchrun(config_path, tmp_path / "fsdp", "--set", "training.sharding=fsdp")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 processes share each step's rows (FSDP2)" in done.stderr
+    assert_same_run(one_process, tmp_path / "fsdp")
+    (name, sharded), (one_name, whole) = (
+        newest_checkpoint_weights(r) for r in (tmp_path / "fsdp", one_process)
+    )
+    assert name == one_name and sharded.keys() == whole.keys()  # one format: the same names, tied once
+    assert all(torch.allclose(sharded[k], whole[k], rtol=0, atol=1e-5) for k in whole)
+    summary = json.loads(done.stdout)  # rank 0 alone prints the run's summary
+    assert summary["train_steps"] == json.loads((one_process / "summary.json").read_text())["train_steps"]
+
+
+def test_a_checkpoint_of_one_process_resumes_on_2_ddp_ranks_to_the_same_run(
+    config_path, one_process, tmp_path
+):
+    """One process stops inside epoch 0 (its checkpoint); 2 replicated ranks resume it: the
+    epochs' metrics and the final weights of the uninterrupted process."""
+    config = load_finetune_config(str(config_path), [])
+    with pytest.raises(finetune.Interrupted):
+        finetune.run_finetune(config, tmp_path / "run", stop=StopAfter(4))
+    done = torchrun(config_path, tmp_path / "run", "--resume")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 processes share each step's rows (DDP)" in done.stderr and "resumed from" in done.stderr
+    assert_same_run(one_process, tmp_path / "run")
+
+
+def test_fsdp_without_torchrun_and_with_compile_is_refused_in_one_line(config_path, tmp_path, capsys):
+    alone = finetune.main(["--config", str(config_path), "--output-dir", str(tmp_path / "alone"),
+                           "--set", "training.sharding=fsdp"])  # fmt: skip
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert alone == 2 and "training.sharding fsdp: needs 2 or more processes" in line
+    assert not (tmp_path / "alone").exists()
+    compiled = finetune.main(["--config", str(config_path), "--output-dir", str(tmp_path / "compiled"),
+                              "--set", "training.sharding=fsdp", "--set", "training.compile=true"])  # fmt: skip
+    assert compiled == 2 and "not with training.sharding fsdp" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tied_start(tmp_path_factory):
+    """A tiny random Qwen2 whose output layer is its embedding table (tie_word_embeddings)."""
+    from transformers import AutoModelForCausalLM
+
+    from ..decoder_helpers import decoder_tokenizer, tiny_config
+
+    folder = tmp_path_factory.mktemp("tied") / "start"
+    tokenizer = decoder_tokenizer()
+    torch.manual_seed(0)
+    config = tiny_config(
+        "qwen2", vocab_size=len(tokenizer) + 8, max_position_embeddings=128, tie_word_embeddings=True
+    )
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_sft_of_a_tied_decoder_with_fsdp_at_2_ranks_equals_one_process(tied_start, tmp_path):
+    """A decoder's SFT (the loss over completion tokens of every rank) sharded over 2 ranks:
+    one process's metrics and weights, the tied output layer saved once and tied on load."""
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    from ..decoder_helpers import config_for
+
+    config = config_for(tmp_path, tied_start, epochs=2)
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    finetune.run_finetune(config, tmp_path / "one")
+    done = torchrun(tmp_path / "config.yaml", tmp_path / "fsdp", "--set", "training.sharding=fsdp")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_run(tmp_path / "one", tmp_path / "fsdp")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "model")
+    assert loaded.lm_head.weight is loaded.get_input_embeddings().weight
