@@ -1,13 +1,19 @@
 """Fine-tuning's small labelled data and config, shared by the test modules that fine-tune
-(the tiny BERT they start from is conftest.py's `checkpoint` fixture)."""
+(the tiny BERT they start from is conftest.py's `checkpoint` fixture), and a run over torchrun's
+processes compared with one process's."""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
 
 import numpy as np
 import yaml
+
+from .conftest import REPO
+from .processes import run_in_group
 
 WORDS = "the a market shares profit bank film music award star match goal team win game vote party".split()
 
@@ -68,3 +74,38 @@ class StopAfter:
     def is_set(self) -> bool:
         self.polls += 1
         return self.polls > self.steps
+
+
+def torchrun(config_path, output, *extra):
+    """`finetune.train` over 2 torchrun processes (in a process group of its own)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "packed_transformers.finetune.train", "--config", str(config_path), "--output-dir", str(output),
+               *extra]  # fmt: skip
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
+    return run_in_group(command, timeout=600, cwd=REPO, env=env)
+
+
+def assert_same_run(a, b, epochs=2, atol=1e-5, zero_gradient=()):
+    """Two finished runs wrote the same metrics lines and final weights, within `atol`.
+    zero_gradient: weights whose gradient is 0 but for rounding (a shift the loss cannot see):
+    AdamW turns two runs' different rounding noise into steps of lr's size, so they are not
+    compared."""
+    import torch
+    from safetensors.torch import load_file
+
+    lines = [
+        [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (a, b)
+    ]
+    assert len(lines[0]) == len(lines[1]) == epochs
+    for one, other in zip(*lines, strict=True):
+        assert one.keys() == other.keys() and one["step"] == other["step"]
+        for key, value in one.items():
+            assert abs(value - other[key]) <= atol, (key, value, other[key])
+    wa, wb = (load_file(str(run / "model" / "model.safetensors")) for run in (a, b))
+    assert wa.keys() == wb.keys()
+    for name in set(wa) - set(zero_gradient):
+        assert torch.allclose(wa[name], wb[name], rtol=0, atol=atol), (
+            name,
+            (wa[name] - wb[name]).abs().max(),
+        )

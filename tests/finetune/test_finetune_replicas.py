@@ -6,8 +6,6 @@ ranks, and a sharded run's checkpoints hold the weights one process's hold (one 
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
 import torch
@@ -16,9 +14,7 @@ from safetensors.torch import load_file
 from packed_transformers.finetune import train as finetune
 from packed_transformers.finetune.config import load_finetune_config
 
-from ..conftest import REPO
-from ..finetune_helpers import StopAfter, write_config
-from ..processes import run_in_group
+from ..finetune_helpers import StopAfter, assert_same_run, torchrun, write_config
 
 # torchrun processes: the fast loop leaves them out
 pytestmark = pytest.mark.slow
@@ -39,33 +35,6 @@ def one_process(config_path):
     output = config_path.parent / "one"
     finetune.run_finetune(load_finetune_config(str(config_path), []), output)
     return output
-
-
-def torchrun(config_path, output, *extra):
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "packed_transformers.finetune.train", "--config", str(config_path), "--output-dir", str(output),
-               *extra]  # fmt: skip
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
-    return run_in_group(command, timeout=600, cwd=REPO, env=env)
-
-
-def assert_same_run(a, b, atol=1e-5):
-    lines = [
-        [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] for run in (a, b)
-    ]
-    assert len(lines[0]) == len(lines[1]) == 2
-    for one, other in zip(*lines, strict=True):
-        assert one.keys() == other.keys() and one["step"] == other["step"]
-        for key, value in one.items():
-            assert abs(value - other[key]) <= atol, (key, value, other[key])
-    wa, wb = (load_file(str(run / "model" / "model.safetensors")) for run in (a, b))
-    assert wa.keys() == wb.keys()
-    for name in wa:
-        assert torch.allclose(wa[name], wb[name], rtol=0, atol=atol), (
-            name,
-            (wa[name] - wb[name]).abs().max(),
-        )
 
 
 def newest_checkpoint_weights(output):

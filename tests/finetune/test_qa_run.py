@@ -19,6 +19,8 @@ from packed_transformers.data.qa_windows import fast_tokenizer
 from packed_transformers.finetune import train as finetune
 from packed_transformers.inference.batching import BATCHING_MODES
 
+from ..finetune_helpers import assert_same_run, torchrun
+
 pytestmark = pytest.mark.slow
 
 
@@ -122,6 +124,21 @@ def test_saved_folder_loads_unchanged_in_transformers(trained):
         )
     np.testing.assert_allclose(mine["start_logits"].numpy(), theirs.start_logits.numpy(), atol=1e-5)
     np.testing.assert_allclose(mine["end_logits"].numpy(), theirs.end_logits.numpy(), atol=1e-5)
+
+
+def test_two_ddp_ranks_train_the_questions_one_process_trains(tmp_path, checkpoint, squad_files):
+    """QA's windows shared by 2 torchrun processes (the loss's units: windows of every rank):
+    one process's metrics and weights (no dropout: the ranks draw their own numbers)."""
+    no_dropout = {"hidden_dropout": 0.0, "attention_dropout": 0.0, "classifier_dropout": 0.0}
+    config = write_config(tmp_path, checkpoint, squad_files, model=no_dropout)
+    assert finetune.main(["--config", str(config), "--output-dir", str(tmp_path / "one")]) == 0
+    done = torchrun(config, tmp_path / "two")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2 processes share each step's rows (DDP)" in done.stderr
+    # a start or end logit shifted alike at every position of a window changes no softmax: the
+    # span head's bias and the last LayerNorm's bias (a shift of every position) get no gradient
+    shift = ("qa_outputs.bias", "bert.encoder.layer.1.output.LayerNorm.bias")
+    assert_same_run(tmp_path / "one", tmp_path / "two", epochs=1, zero_gradient=shift)
 
 
 def test_every_batching_mode_writes_the_same_predictions_file(trained, squad_files, tmp_path):
