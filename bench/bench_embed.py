@@ -23,6 +23,11 @@ through `tokenizers`, truncated at 256 tokens as the folder's max_seq_length):
   openvino      OpenVINO's CPU plugin, fp32 asked for, threads = --threads (if installed)
   embed-openvino  python -m packed_transformers.finetune.embed --runtime openvino: the packed rows
                 through OpenVINO (converted and compiled per row shape inside the process, timed)
+  fastembed     FastEmbed as its users run it (if installed): TextEmbedding("sentence-transformers/
+                all-MiniLM-L6-v2", threads=--threads) with its defaults (256 texts a batch in input
+                order, padded to the batch's longest, ONNX Runtime fp32, mean pooling, normalised),
+                from a local folder (`specific_model_path`) holding the same exported graph as
+                model.onnx, the name FastEmbed's MiniLM file has, and the folder's tokenizer files
 
 With --int8-peers, int8 against the int8 ways a CPU user would otherwise run, whole processes
 over the same texts, each quantized once before the rounds (not timed, as a user quantizes
@@ -87,6 +92,34 @@ seconds = time.perf_counter() - started
 np.save(sys.argv[3], vectors)
 print(json.dumps({"texts": len(texts), "seconds": seconds, "torch": "torch" in sys.modules}))
 """
+
+
+FASTEMBED_SCRIPT = """
+import json, sys, time
+import numpy as np
+from fastembed import TextEmbedding
+texts = [json.loads(line)["text"] for line in open(sys.argv[2])]
+model = TextEmbedding("sentence-transformers/all-MiniLM-L6-v2", specific_model_path=sys.argv[1], threads=int(sys.argv[4]))
+started = time.perf_counter()
+vectors = np.stack(list(model.embed(texts)))
+seconds = time.perf_counter() - started
+np.save(sys.argv[3], vectors.astype(np.float32))
+print(json.dumps({"texts": len(texts), "seconds": seconds, "torch": "torch" in sys.modules}))
+"""
+
+
+def fastembed_folder(folder: Path, exported: Path, scratch: Path) -> Path:
+    """A folder FastEmbed loads MiniLM from without the hub: the exported graph as model.onnx
+    beside the model folder's tokenizer and config files."""
+    import shutil
+
+    target = scratch / "fastembed"
+    target.mkdir()
+    shutil.copy(exported, target / "model.onnx")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"):
+        if (folder / name).is_file():
+            shutil.copy(folder / name, target / name)
+    return target
 
 
 def int8_peer_models(folder: Path, scratch: Path, texts: list[str], picks) -> dict[str, Path]:
@@ -177,12 +210,16 @@ def main() -> int:
         if importlib.util.find_spec("openvino") is not None:
             results["openvino"] = []
             results["embed-openvino"] = []
+        if importlib.util.find_spec("fastembed") is not None:
+            results["fastembed"] = []
     with tempfile.TemporaryDirectory() as scratch:
         if args.peers:
             from bench_onnx import export_onnx
 
             exported = Path(scratch) / "minilm.onnx"
             export_onnx(Path(model), exported)
+            if "fastembed" in results:
+                fastembed_model = fastembed_folder(Path(model), exported, Path(scratch))
         if args.int8_peers:
             quantized = int8_peer_models(Path(model), Path(scratch), texts, picks)
         source = Path(scratch) / "texts.jsonl"
@@ -193,6 +230,9 @@ def main() -> int:
             if name == "st-encode":
                 return [sys.executable, "-c", ST_SCRIPT, model, str(source), str(outputs[name]),
                         str(args.threads), args.dtype]  # fmt: skip
+            if name == "fastembed":
+                return [sys.executable, "-c", FASTEMBED_SCRIPT, str(fastembed_model), str(source), str(outputs[name]),
+                        str(args.threads)]  # fmt: skip
             if name in ("onnxruntime", "openvino", "onnxruntime-int8", "openvino-int8"):
                 graph = quantized[name] if name.endswith("int8") else exported
                 return [sys.executable, "-c", PEER_SCRIPT, str(graph), str(source), str(outputs[name]),
@@ -240,7 +280,7 @@ def main() -> int:
               f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
     for ours in [name for name in ("embed-packed", "embed-openvino", "embed-int8", "embed-openvino-int8")
                  if name in results]:  # fmt: skip
-        for peer in [name for name in ("onnxruntime", "openvino", "onnxruntime-int8", "openvino-int8")
+        for peer in [name for name in ("onnxruntime", "openvino", "fastembed", "onnxruntime-int8", "openvino-int8")
                      if name in results]:  # fmt: skip
             whole = [s["wall"] / p["wall"] for s, p in zip(results[peer], results[ours])]
             loop = [s["encode"] / p["encode"] for s, p in zip(results[peer], results[ours])]
