@@ -28,6 +28,7 @@ through `tokenizers`, truncated at 256 tokens as the folder's max_seq_length):
                 order, padded to the batch's longest, ONNX Runtime fp32, mean pooling, normalised),
                 from a local folder (`specific_model_path`) holding the same exported graph as
                 model.onnx, the name FastEmbed's MiniLM file has, and the folder's tokenizer files
+                (truncating at 256 tokens, as FastEmbed describes its MiniLM)
 
 With --int8-peers, int8 against the int8 ways a CPU user would otherwise run, whole processes
 over the same texts, each quantized once before the rounds (not timed, as a user quantizes
@@ -116,9 +117,14 @@ def fastembed_folder(folder: Path, exported: Path, scratch: Path) -> Path:
     target = scratch / "fastembed"
     target.mkdir()
     shutil.copy(exported, target / "model.onnx")
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"):
+    for name in ("tokenizer.json", "special_tokens_map.json", "config.json"):
         if (folder / name).is_file():
             shutil.copy(folder / name, target / name)
+    # FastEmbed truncates at tokenizer_config's model_max_length; its MiniLM is described as "256
+    # input tokens truncation" (the model's max_seq_length, where sentence-transformers cuts too),
+    # while the folder's tokenizer_config says 512: 256, so every system encodes the same tokens
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "model_max_length": 256}))
     return target
 
 

@@ -2,7 +2,7 @@
 
     python -m packed_transformers.serving --model runs/bbc_packed/model [--host 127.0.0.1 --port 8080]
         [--policy packed | fifo-tokens | padded] [--max-batch-tokens 16384] [--max-wait-ms 0]
-        [--dtype float32 | bfloat16 | int8] [--device cpu | cuda]
+        [--dtype float32 | bfloat16 | int8] [--device cpu | cuda] [--runtime torch | openvino]
 
 (`python -m packed_transformers.finetune.serve` is an alias of this command.)
 
@@ -42,6 +42,13 @@ def main(argv=None) -> int:
     add_inference_options(parser, "finetune.train output model folder, or a sentence-transformers folder")
     parser.add_argument(
         "--pooling", nargs="+", help="embedding: pool a plain BERT folder this way (mean, cls, max, ...)"
+    )
+    parser.add_argument(
+        "--runtime",
+        default="torch",
+        choices=("torch", "openvino"),
+        help="openvino: classification and embedding folders' packed rows through OpenVINO, float32, a "
+        "graph compiled per row shape at its first batch",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
@@ -119,7 +126,7 @@ def main(argv=None) -> int:
     import uvicorn
 
     from packed_transformers.data.classification_data import ExampleError
-    from packed_transformers.inference.precision import device_problem
+    from packed_transformers.inference.runner import runtime_problem
     from packed_transformers.model.hf_checkpoint import quiet_transformers
     from packed_transformers.serving.api import RequestLimits
     from packed_transformers.serving.app import create_app
@@ -129,11 +136,15 @@ def main(argv=None) -> int:
     from packed_transformers.serving.scheduler import QueueLimits
 
     quiet_transformers()
-    wrong = device_problem(args.device, args.dtype)
+    wrong = runtime_problem(args.runtime, args.device, args.dtype)
+    if args.runtime == "openvino" and args.dtype == "int8":  # its int8 is calibrated on a batch's input
+        wrong = "--runtime openvino serves float32: --dtype int8 alone serves torch's int8 kernels"
     if wrong:
         return refuse(wrong)
     try:
-        engine = load_engine(args.model, args.device, args.attention_backend, args.dtype, args.pooling)
+        engine = load_engine(
+            args.model, args.device, args.attention_backend, args.dtype, args.pooling, args.runtime
+        )
         policy = PolicySettings(
             args.policy, args.max_batch_tokens, engine.max_length, tuple(args.widths), args.batch_size,
             args.max_sequences_per_pack or default_sequences_per_pack(engine.task), args.algorithm,

@@ -1,7 +1,7 @@
 """Fine-tuning over torchrun's processes (issue 81: every job on the engines): 2 ranks share
 each step's rows, replicated (DDP) or sharded (`training.sharding: fsdp`, FSDP2), and end on one
 process's metrics and weights at the same batches; a checkpoint one process wrote resumes on 2
-ranks, and a sharded run's checkpoints hold the weights one process's hold (one format)."""
+sharded ranks, whose checkpoints hold the weights one process's hold (one format)."""
 
 from __future__ import annotations
 
@@ -42,34 +42,33 @@ def newest_checkpoint_weights(output):
     return newest.name, load_file(str(newest / "model" / "model.safetensors"))
 
 
-def test_fsdp_at_2_ranks_equals_one_process_and_checkpoints_the_same_weights(
-    config_path, one_process, tmp_path
-):
-    done = torchrun(config_path, tmp_path / "fsdp", "--set", "training.sharding=fsdp")
+def test_2_ddp_ranks_equal_one_process(config_path, one_process, tmp_path):
+    done = torchrun(config_path, tmp_path / "ddp")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 processes share each step's rows (FSDP2)" in done.stderr
-    assert_same_run(one_process, tmp_path / "fsdp")
-    (name, sharded), (one_name, whole) = (
-        newest_checkpoint_weights(r) for r in (tmp_path / "fsdp", one_process)
-    )
-    assert name == one_name and sharded.keys() == whole.keys()  # one format: the same names, tied once
-    assert all(torch.allclose(sharded[k], whole[k], rtol=0, atol=1e-5) for k in whole)
+    assert "2 processes share each step's rows (DDP)" in done.stderr
+    assert_same_run(one_process, tmp_path / "ddp")
     summary = json.loads(done.stdout)  # rank 0 alone prints the run's summary
     assert summary["train_steps"] == json.loads((one_process / "summary.json").read_text())["train_steps"]
 
 
-def test_a_checkpoint_of_one_process_resumes_on_2_ddp_ranks_to_the_same_run(
+def test_a_checkpoint_of_one_process_resumes_on_2_fsdp_ranks_to_the_same_run(
     config_path, one_process, tmp_path
 ):
-    """One process stops inside epoch 0 (its checkpoint); 2 replicated ranks resume it: the
-    epochs' metrics and the final weights of the uninterrupted process."""
+    """One process stops inside epoch 0 (its checkpoint); 2 sharded ranks resume it (each takes
+    its shards of the whole weights and AdamW moments): the epochs' metrics and the final weights
+    of the uninterrupted process, and checkpoints holding its weights (one format)."""
     config = load_finetune_config(str(config_path), [])
     with pytest.raises(finetune.Interrupted):
         finetune.run_finetune(config, tmp_path / "run", stop=StopAfter(4))
-    done = torchrun(config_path, tmp_path / "run", "--resume")
+    done = torchrun(config_path, tmp_path / "run", "--resume", "--set", "training.sharding=fsdp")
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 processes share each step's rows (DDP)" in done.stderr and "resumed from" in done.stderr
+    assert "2 processes share each step's rows (FSDP2)" in done.stderr and "resumed from" in done.stderr
     assert_same_run(one_process, tmp_path / "run")
+    (name, sharded), (one_name, whole) = (
+        newest_checkpoint_weights(r) for r in (tmp_path / "run", one_process)
+    )
+    assert name == one_name and sharded.keys() == whole.keys()  # one format: the same names, tied once
+    assert all(torch.allclose(sharded[k], whole[k], rtol=0, atol=1e-5) for k in whole)
 
 
 def test_fsdp_without_torchrun_and_with_compile_is_refused_in_one_line(config_path, tmp_path, capsys):

@@ -129,6 +129,21 @@ def test_what_openvino_cannot_run_is_refused_in_one_line(checkpoint, tmp_path, c
     )
     assert not (tmp_path / "o.npy").exists()
 
+    # the server: OpenVINO's int8 (calibrated on a batch command's input) and a folder of a task
+    # it does not run, before anything is served
+    from packed_transformers.serving import cli as serve_cli
+
+    argv = ["--model", str(checkpoint), "--pooling", "mean", "--runtime", "openvino"]
+    assert serve_cli.main([*argv, "--dtype", "int8"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: --runtime openvino serves float32: --dtype int8 alone serves torch's int8 kernels"
+    )
+    qa = save_family_folder(tmp_path / "qa", "bert", "question_answering")
+    assert serve_cli.main(["--model", str(qa), "--runtime", "openvino"]) == 2
+    assert (
+        capsys.readouterr().err.strip().endswith(f"{qa} is a question_answering folder: leave --runtime out")
+    )
+
 
 @pytest.mark.slow  # MiniLM converted, calibrated and compiled
 def test_int8_through_openvino_holds_the_quality_gate_and_runs_in_int8():
@@ -233,3 +248,24 @@ def test_predict_through_openvino_equals_torch_and_int8_keeps_the_labels(trained
         "folder: leave --runtime out"
     )
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_the_server_through_openvino_answers_as_torch(checkpoint):
+    """`packed serve --runtime openvino`: /embed's vectors are torch's packed forward's (within
+    2e-5) over batches of several row shapes (its refusals: the test above)."""
+    import httpx
+
+    from packed_transformers.serving.engines import load_engine
+
+    from ..servers import Server
+
+    texts = tiny_texts(24, seed=3)
+    expected = encode(texts, load_encoder(checkpoint, pooling=["mean"]))
+    engine = load_engine(checkpoint, pooling=["mean"], runtime="openvino")
+    with Server(checkpoint, engine=engine, max_batch_tokens=256, widths=(32, 64)) as server:
+        answers = [httpx.post(server.url + "/embed", json={"inputs": texts[i : i + 6], "normalize": False})
+                   for i in range(0, len(texts), 6)]  # fmt: skip
+    assert [a.status_code for a in answers] == [200] * 4
+    vectors = np.concatenate([np.array(a.json(), dtype=np.float32) for a in answers])
+    np.testing.assert_allclose(vectors, expected, rtol=0, atol=2e-5)
+    assert len(engine.runner._forward_model.compiled) >= 2  # the widths met: a graph each
