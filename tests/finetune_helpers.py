@@ -76,9 +76,9 @@ class StopAfter:
         return self.polls > self.steps
 
 
-def torchrun(config_path, output, *extra):
-    """`finetune.train` over 2 torchrun processes (in a process group of its own)."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+def torchrun(config_path, output, *extra, processes=2):
+    """`finetune.train` over torchrun's processes (in a process group of its own)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
                "-m", "packed_transformers.finetune.train", "--config", str(config_path), "--output-dir", str(output),
                *extra]  # fmt: skip
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))

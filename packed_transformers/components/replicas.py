@@ -2,7 +2,8 @@
 each step's rows, and N processes take the step one process takes.
 
     the step's rows        rank r trains rows r, r + N, ... of the step's batch table [B, K]
-                           (one empty row where B < N: every rank joins every collective)
+                           (one empty row where B < N: the batch shape a compiled run's padded
+                           last batch has, which every model takes)
     the step's loss        sum over the step's loss units (examples, or predicted tokens) of
                            every rank / their count over every rank: each rank's mean loss
                            times its units' share (`loss_share`), gradients summed over ranks

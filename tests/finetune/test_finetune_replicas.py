@@ -42,13 +42,22 @@ def newest_checkpoint_weights(output):
     return newest.name, load_file(str(newest / "model" / "model.safetensors"))
 
 
-def test_2_ddp_ranks_equal_one_process(config_path, one_process, tmp_path):
-    done = torchrun(config_path, tmp_path / "ddp")
+def test_4_ddp_ranks_equal_one_process_also_where_a_rank_has_no_row(config_path, tmp_path):
+    """6 examples a step make 3 packed rows: 4 replicated ranks take one each, the fourth an
+    empty row (no example, its loss 0), and they still train what one process trains."""
+    config = load_finetune_config(str(config_path), ["batching.batch_size=6"])
+    finetune.run_finetune(config, tmp_path / "one")
+    done = torchrun(config_path, tmp_path / "ddp", "--set", "batching.batch_size=6", processes=4)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "2 processes share each step's rows (DDP)" in done.stderr
-    assert_same_run(one_process, tmp_path / "ddp")
+    assert "4 processes share each step's rows (DDP)" in done.stderr
+    # 120 examples at 1.85 a row are 65 rows in 22 steps: 3 rows a step (round(6 / 1.85)), so
+    # rank 3 trains an empty row at every step
+    assert "22 steps per epoch, 1.85 per packed row" in done.stderr
+    assert_same_run(tmp_path / "one", tmp_path / "ddp")
     summary = json.loads(done.stdout)  # rank 0 alone prints the run's summary
-    assert summary["train_steps"] == json.loads((one_process / "summary.json").read_text())["train_steps"]
+    assert (
+        summary["train_steps"] == json.loads((tmp_path / "one" / "summary.json").read_text())["train_steps"]
+    )
 
 
 def test_a_checkpoint_of_one_process_resumes_on_2_fsdp_ranks_to_the_same_run(
