@@ -269,3 +269,24 @@ def test_the_server_through_openvino_answers_as_torch(checkpoint):
     vectors = np.concatenate([np.array(a.json(), dtype=np.float32) for a in answers])
     np.testing.assert_allclose(vectors, expected, rtol=0, atol=2e-5)
     assert len(engine.runner._forward_model.compiled) >= 2  # the widths met: a graph each
+
+
+@pytest.mark.slow  # a family folder converted and compiled
+@pytest.mark.parametrize("family", ["modernbert", "deberta-v2"])
+def test_predict_through_openvino_runs_other_families_as_torch_does(family, tmp_path):
+    """Families whose attention differs most from BERT's (ModernBERT's local and global layers,
+    DeBERTa-v2's relative positions) convert and score as torch's packed forward (checked by
+    hand on all ten families: the same 6-decimal scores)."""
+    from packed_transformers.commands import predict
+
+    folder = save_family_folder(tmp_path / family, family, "classification")
+    source = tmp_path / "texts.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in tiny_texts(12, seed=5)))
+    scores = {}
+    for runtime in ("torch", "openvino"):
+        out = tmp_path / f"{runtime}.jsonl"
+        argv = ["--model", str(folder), "--input", str(source), "--output", str(out), "--runtime", runtime]
+        assert predict.main([*argv, "--quiet"]) == 0
+        scores[runtime] = [list(json.loads(line)["scores"].values()) for line in out.read_text().splitlines()]
+    assert len(scores["torch"]) == 12
+    np.testing.assert_allclose(scores["openvino"], scores["torch"], rtol=0, atol=2e-6)
