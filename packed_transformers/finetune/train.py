@@ -80,6 +80,8 @@ from packed_transformers.packs.errors import PackingInputError
 
 log = logging.getLogger("finetune")
 
+# What the command answers in one line and exit 2: the input's fault, found before or while it runs.
+REFUSED = (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError, CheckpointError)
 FEW_VALIDATION_EXAMPLES = 30  # below this, the run's summary says its validation score measures little
 
 
@@ -269,11 +271,15 @@ class Run(LoopJobDefaults):
             )  # fmt: skip
         if self.validated is None and (self.replicas.writes or self.replicas.sharded):
             self.validated = self.job.evaluate(self.model, self.eval_batcher)  # a resumed finished run
-        weights = parallel.gathered_weights(self.model, self.replicas)  # sharded: collective
+        weights, failure = parallel.gathered_weights(self.model, self.replicas), None  # sharded: collective
         if self.replicas.writes:
             model = self.model if self.skeleton is None else parallel.whole_model(self.skeleton, weights)
-            self.summary = finish_run(self, model, *self.validated)
-        self.replicas.barrier()  # the run's files are complete when any rank returns
+            try:
+                self.summary = finish_run(self, model, *self.validated)
+            except (FinetuneError, OSError) as err:  # every rank ends with it, none waits for rank 0
+                failure = err
+        if self.replicas.agree(failure is not None):  # the run's files are complete when any rank returns
+            raise failure or FinetuneError("rank 0 could not write the run's outputs (its line says why)")
 
 
 def run_finetune(
@@ -472,14 +478,7 @@ def main(argv=None) -> int:
         summary = run_finetune(
             config, args.output_dir, resume=args.resume, stop=stop, overwrite=args.overwrite
         )
-    except (
-        ConfigError,
-        ExampleError,
-        DataInputError,
-        FinetuneError,
-        PackingInputError,
-        CheckpointError,
-    ) as err:
+    except REFUSED as err:
         return refuse(err)
     except OSError as err:
         return refuse(describe_os_error(err))
