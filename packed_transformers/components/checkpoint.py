@@ -68,13 +68,18 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def step_folder(folder: Path, step: int) -> Path:
+    """OUTPUT/checkpoints/step-N: the folder of step `step`'s checkpoint."""
+    return folder / f"{PREFIX}{step:08d}"
+
+
 def save_checkpoint(
     folder: Path, step: int, model, training_state: dict, keep: int, write_model=None
 ) -> Path:
     """Write OUTPUT/checkpoints/step-N atomically; drop all but the newest `keep`.
     write_model(model_folder): writes model/ (config.json, model.safetensors); default
     `model.save_pretrained` (pretraining's transformers folder)."""
-    final = folder / f"{PREFIX}{step:08d}"
+    final = step_folder(folder, step)
     with atomic_folder(final) as tmp:
         try:
             (write_model or model.save_pretrained)(tmp / "model")

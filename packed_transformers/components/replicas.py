@@ -71,13 +71,14 @@ class Replicas:
         total = all_reduce_host(torch.tensor([local[k] for k in keys], dtype=torch.float64))
         return dict(zip(keys, total.tolist(), strict=True))
 
-    def loss_share(self, local_count: float, total_count: float) -> float:
+    def loss_share(self, local: dict[str, float], total: dict[str, float]) -> float:
         """What this rank's mean loss is multiplied by before backward, so that the gradients
-        summed over ranks are those of the step's mean loss over every rank's units (a model's
-        mean over no units is 0: its share is 0). 1.0 for one process."""
+        summed over ranks are those of the step's mean loss over every rank's units (`count` of
+        this rank's step sums and of every rank's; a model's mean over no units is 0: its share
+        is 0). 1.0 for one process."""
         if self.world == 1:
             return 1.0
-        share = max(local_count, 1.0) / max(total_count, 1.0)
+        share = max(local["count"], 1.0) / max(total["count"], 1.0)
         return share if self.sharded else share * self.world  # DDP averages the gradients
 
     def agree(self, flag: bool) -> bool:
@@ -89,6 +90,10 @@ class Replicas:
             dist.barrier()
 
 
+# A run of one process: every method is the plain single-process step.
+ONE_PROCESS = Replicas(0, 1, torch.device("cpu"), "none")
+
+
 def join_replicas(device_kind: str, sharding: str, threads: int | None) -> Replicas:
     """This process's Replicas from torchrun's environment (world 1 without it); FSDP2 needs
     2 or more processes (RunError, one line)."""
@@ -96,16 +101,6 @@ def join_replicas(device_kind: str, sharding: str, threads: int | None) -> Repli
     if sharding == "fsdp" and replica.world < 2:
         raise RunError("training.sharding fsdp: needs 2 or more processes (torchrun --nproc-per-node N)")
     return Replicas(replica.rank, replica.world, replica.device, sharding)
-
-
-def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's transformer blocks: the children of its ModuleList holding the most
-    parameters (an encoder's layers, a decoder's), what FSDP2 shards one by one."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
-    if not lists:
-        raise RunError(f"training.sharding fsdp: {type(model).__name__} has no list of blocks to shard")
-    biggest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
-    return list(biggest)
 
 
 def replicate(model: torch.nn.Module, replicas: Replicas, step_model: torch.nn.Module) -> torch.nn.Module:
@@ -116,9 +111,9 @@ def replicate(model: torch.nn.Module, replicas: Replicas, step_model: torch.nn.M
     if replicas.sharded:
         from torch.distributed.fsdp import register_fsdp_forward_method
 
-        from packed_transformers.components.sharding import shard_model
+        from packed_transformers.components.sharding import block_modules, shard_model
 
-        blocks = repeated_blocks(model)
+        blocks = block_modules(model, "training.sharding")
         shard_model(model, replicas.world, "fp32", replicas.device, blocks=blocks)
         for block in blocks:  # a block's other entry points (a packed encoder's last layer: forward_rows)
             for name in (n for n in dir(block) if n.startswith("forward_") and callable(getattr(block, n))):
@@ -149,10 +144,10 @@ def _tied_names(model: torch.nn.Module) -> list[list[str]]:
 
 def gathered_weights(model: torch.nn.Module, replicas: Replicas) -> dict[str, torch.Tensor] | None:
     """Collective under FSDP2: the whole state dict on rank 0's CPU (None on the others), a tied
-    tensor under its first name only (as safetensors keeps it). Unsharded: the model's own
-    state dict (every rank holds it)."""
+    tensor under its first name only (as safetensors keeps it). Unsharded: None (the model,
+    whole on every rank, is saved as it is)."""
     if not replicas.sharded:
-        return model.state_dict()
+        return None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -185,7 +180,7 @@ def load_weights(
 def whole_model(skeleton: torch.nn.Module, weights: dict[str, torch.Tensor]) -> torch.nn.Module:
     """host_skeleton's copy given the gathered weights (rank 0): an unsharded model on the CPU
     (its meta parameters replaced by the weights; a tied pair shares one tensor)."""
-    load_weights(skeleton, dict(weights), Replicas(0, 1, torch.device("cpu"), "none"), assign=True)
+    load_weights(skeleton, dict(weights), ONE_PROCESS, assign=True)
     return skeleton
 
 

@@ -40,14 +40,25 @@ from packed_transformers.components.errors import RunError
 SHARDINGS = ("none", "fsdp")
 
 
-def block_modules(hf_model) -> list[torch.nn.Module]:
-    """The model's repeated blocks: modules whose class transformers names unsplittable
-    (`_no_split_modules`, what accelerate's device maps keep whole)."""
-    names = set(getattr(hf_model, "_no_split_modules", None) or ())
-    blocks = [m for m in hf_model.modules() if type(m).__name__ in names]
-    if not blocks:
-        raise RunError(f"execution.sharding fsdp: {type(hf_model).__name__} names no block to shard")
-    return blocks
+def block_modules(model, key: str = "execution.sharding") -> list[torch.nn.Module]:
+    """The model's repeated blocks, what FSDP2 shards one by one: modules whose class transformers
+    names unsplittable (`_no_split_modules` of the model, or of the transformers model it wraps
+    as `hf_model`: what accelerate's device maps keep whole); for a model that names none (the
+    packed BERT heads), the children of its ModuleList holding the most parameters (its layers).
+    key: the config key a refusal names."""
+    named = getattr(model, "_no_split_modules", None) or getattr(
+        getattr(model, "hf_model", None), "_no_split_modules", None
+    )
+    names = set(named or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
+    if not lists:
+        raise RunError(
+            f"{key} fsdp: {type(model).__name__} names no block to shard and has no list of blocks"
+        )
+    return list(max(lists, key=lambda m: sum(p.numel() for p in m.parameters())))
 
 
 def shard_model(model, world: int, precision: str, device: torch.device, blocks=None) -> int:
@@ -164,7 +175,7 @@ def save_sharded(folder: Path, step: int, hf_model, optimizer, training_state: d
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
-    final = folder / f"{ckpt.PREFIX}{step:08d}"
+    final = ckpt.step_folder(folder, step)
     tmp = _shared_temporary(final, rank)
     failure = None
     try:

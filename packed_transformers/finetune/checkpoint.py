@@ -48,14 +48,14 @@ def save_checkpoint(output: Path, model, optimizer, scheduler, progress: dict, r
     from packed_transformers.components.distributed import gather_rng_states
     from packed_transformers.components.replicas import gathered_optimizer_state, gathered_weights
 
-    weights = gathered_weights(model, replicas) if replicas.sharded else None
+    weights = gathered_weights(model, replicas)  # sharded: gathered whole; else None
     state = {
         "optimizer": gathered_optimizer_state(optimizer, replicas),
         "scheduler": scheduler.state_dict(),
         "rng": gather_rng_states(),  # index = rank
         "state": json.dumps(progress),
     }
-    final = checkpoints_folder(output) / f"{ckpt.PREFIX}{progress['steps']:08d}"
+    final = ckpt.step_folder(checkpoints_folder(output), progress["steps"])
     failure = None
     if replicas.writes:
         try:

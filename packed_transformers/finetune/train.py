@@ -115,7 +115,7 @@ def step_model_of(model: torch.nn.Module, compile_step: bool):
 
 
 def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums=classification_sums,
-                  step_model=None, replicas=None) -> dict:  # fmt: skip
+                  step_model=None, replicas=parallel.ONE_PROCESS) -> dict:  # fmt: skip
     """One optimizer step on one batch: the mean loss over the step's examples (or predicted
     tokens) of every replica (components.replicas: this process's rows of it). -> the step's
     `sums(outputs)` over every replica: STEP_SUMS. step_model: what runs the forward
@@ -124,8 +124,8 @@ def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums
     step_model = model if step_model is None else step_model
     out = step_model(**to_device(batch, next(model.parameters()).device))
     local = sums(out, batch)
-    total = local if replicas is None else replicas.step_sums(local)
-    share = 1.0 if replicas is None else replicas.loss_share(local["count"], total["count"])
+    total = replicas.step_sums(local)  # one process: `local` itself
+    share = replicas.loss_share(local, total)  # one process: 1.0
     (out["loss"] * share if share != 1.0 else out["loss"]).backward()
     # the divergence rule of every training run (components.step): a non-finite loss or
     # gradient norm stops the run before the optimizer moves the weights

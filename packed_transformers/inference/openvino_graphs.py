@@ -54,6 +54,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
+# The tasks whose packed rows the graphs run (the pooled heads: a sequence's score or vector).
+OPENVINO_TASKS = ("classification", "embedding")
 CALIBRATION_TEXTS = 300  # texts an int8 graph is calibrated on where the caller gives none
 
 

@@ -137,7 +137,7 @@ def main(argv=None) -> int:
 
     quiet_transformers()
     wrong = runtime_problem(args.runtime, args.device, args.dtype)
-    if args.runtime == "openvino" and args.dtype == "int8":  # its int8 is calibrated on a batch's input
+    if not wrong and args.runtime == "openvino" and args.dtype == "int8":  # calibrated on a batch's input
         wrong = "--runtime openvino serves float32: --dtype int8 alone serves torch's int8 kernels"
     if wrong:
         return refuse(wrong)

@@ -56,14 +56,12 @@ def load_engine(
     the same outputs); dtype: inference.precision's (bfloat16 under autocast); runtime "openvino":
     classification and embedding folders through OpenVINO (ValueError, one line, for others)."""
     loaded = open_folder(folder, AsTheFolderSays(pooling, attention_backend, device))
+    from packed_transformers.inference.openvino_graphs import OPENVINO_TASKS
+
     if runtime != "torch" and loaded.spec.task not in OPENVINO_TASKS:
         raise ValueError(f"--runtime {runtime} serves {' and '.join(OPENVINO_TASKS)} folders; {folder} is a "
                          f"{loaded.spec.task} folder: leave --runtime out")  # fmt: skip
     return ENGINES[loaded.spec.task](runner_of(loaded, device, dtype, runtime=runtime), loaded)
-
-
-# The tasks whose packed rows OpenVINO runs (inference.openvino_graphs: the pooled heads).
-OPENVINO_TASKS = ("classification", "embedding")
 
 
 # fp32 FLOP/s assumed of a cold server's forward: a fraction of the 60-130 GFLOP/s the 2-core
