@@ -293,7 +293,11 @@ def main() -> int:
             print(f"{ours} / {peer}, paired per round: whole process {np.median(whole):.2f}x "
                   f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps({"texts": n, "runs": results, "min_cosine": agreement}, indent=1))
+        from bench.machine import description
+
+        written = {"command": "python bench/bench_embed.py " + " ".join(sys.argv[1:]), "machine": description(),
+                   "texts": n, "runs": results, "min_cosine": agreement}  # fmt: skip
+        args.json.write_text(json.dumps(written, indent=1))
     return 0
 
 

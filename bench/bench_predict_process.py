@@ -15,6 +15,8 @@ processes (on a CPU without bf16 the command refuses in one line, and that line 
 openvino --dtype int8` (calibrated on the input's texts): each against the fp32 command as
 whole processes, with its label agreement and largest score difference to fp32. Their graph
 cache is a fresh folder: round 0 converts (and quantizes), later rounds read it back.
+Inputs whose lines carry "label" (a held-out set of a trained folder) also get each way's
+accuracy; lines with "text_pair" are fed as pairs to both sides.
 """
 
 from __future__ import annotations
@@ -39,12 +41,14 @@ def sorted_loop(model_folder: str, input_path: str, output_path: str, batch_size
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    texts = [json.loads(line)["text"] for line in open(input_path, encoding="utf-8") if line.strip()]
+    records = [json.loads(line) for line in open(input_path, encoding="utf-8") if line.strip()]
+    texts = [r["text"] for r in records]
+    pairs = [r["text_pair"] for r in records] if records and "text_pair" in records[0] else None
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     model = AutoModelForSequenceClassification.from_pretrained(
         model_folder, attn_implementation="sdpa"
     ).eval()
-    encoded = tokenizer(texts, truncation=True)["input_ids"]
+    encoded = tokenizer(texts, pairs, truncation=True)["input_ids"]
     order = np.argsort([len(ids) for ids in encoded], kind="stable")
     scores = [None] * len(texts)
     with torch.inference_mode():
@@ -78,6 +82,26 @@ def default_inputs(scratch: Path, texts: int) -> tuple[str, Path]:
     return str(folder), path
 
 
+def bbc_heldout(scratch: Path) -> Path:
+    """The validation split of configs/finetune_bbc.yaml (its validation_fraction and
+    split_seed, the examples a folder trained by it never saw) as predict's labelled JSON
+    lines: title as text, first sentence as text_pair, the class as label."""
+    from packed_transformers.common.config_schema import read_yaml
+    from packed_transformers.data.assets import corpus_glob
+    from packed_transformers.data.classification_data import read_bbc_news, split_by_seed
+
+    data = read_yaml(REPO / "configs/finetune_bbc.yaml")["data"]
+    examples = read_bbc_news(corpus_glob())
+    _, held_out = split_by_seed(len(examples.texts), data["validation_fraction"], data["split_seed"])
+    path = scratch / "bbc_heldout.jsonl"
+    lines = [
+        {"text": examples.texts[i], "text_pair": examples.pairs[i], "label": examples.labels[i]}
+        for i in held_out
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
 def timed(command: list[str], threads: int) -> float:
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(REPO))
     started = time.perf_counter()
@@ -89,6 +113,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="default: MiniLM-L6 as a classification folder (default_inputs)")
     parser.add_argument("--input", type=Path, help="default: 2,000 mixed BBC texts")
+    parser.add_argument(
+        "--bbc-heldout",
+        action="store_true",
+        help="input: configs/finetune_bbc.yaml's validation split, labelled (for a folder it trained)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peer", nargs=2, metavar=("INPUT", "OUTPUT"), help=argparse.SUPPRESS)
@@ -103,6 +132,8 @@ def main() -> int:
         sorted_loop(args.model, *args.peer)
         return 0
     with tempfile.TemporaryDirectory() as scratch:
+        if args.bbc_heldout:
+            args.input = bbc_heldout(Path(scratch))
         if args.model is None or args.input is None:
             model, texts_path = default_inputs(Path(scratch), 2000)
             args.model, args.input = args.model or model, args.input or texts_path
@@ -160,6 +191,9 @@ def main() -> int:
             else []
         )
         fp32_labels = [json.loads(line)["label"] for line in ours_out.read_text().splitlines()]
+        gold = [json.loads(line).get("label") for line in args.input.read_text().splitlines() if line.strip()]
+        scored = all(g is not None for g in gold)
+        accuracy = {"predict": sum(a == g for a, g in zip(fp32_labels, gold)) / len(gold)} if scored else {}
         against_fp32 = {}
         for name, (out, _) in variants.items():
             records = [json.loads(line) for line in (Path(scratch) / out).read_text().splitlines()]
@@ -169,14 +203,20 @@ def main() -> int:
                 "speedup_median": round(statistics.median(a / b for a, b in zip(fp32, mine)), 3),
                 "label_agreement": sum(r["label"] == f for r, f in zip(records, fp32_labels)) / len(records),
                 "max_score_difference": max(abs(r["scores"][k] - o[k]) for r, o in zip(records, ours) for k in o),
+                "labels_changed": sum(r["label"] != f for r, f in zip(records, fp32_labels)),
             }  # fmt: skip
+            if scored:
+                accuracy[name] = sum(r["label"] == g for r, g in zip(records, gold)) / len(gold)
     difference = max(abs(a[k] - b[k]) for a, b in zip(ours, peer) for k in a)
     ratios = [
         p / o
         for o, p in zip(seconds["packed_transformers.finetune.predict"], seconds["sorted transformers loop"])
     ]
+    from bench.machine import description
+
     result = {
         "command": f"python bench/bench_predict_process.py {' '.join(sys.argv[1:])}",
+        "machine": description(),
         "date": time.strftime("%Y-%m-%d"),
         "texts": texts,
         "threads": args.threads,
@@ -188,6 +228,8 @@ def main() -> int:
     }
     if against_fp32:
         result["against_fp32"] = against_fp32
+    if accuracy:
+        result["accuracy"] = accuracy
     if args.bf16 and bf16_refusal:
         result["bf16"] = f"not measured: {bf16_refusal}"
     elif args.bf16:

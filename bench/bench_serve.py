@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.machine import description as machine_description  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
@@ -285,6 +286,8 @@ def main() -> int:
     )
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=("float32", "bfloat16", "int8"),
                         help="each policy served in each dtype, interleaved in the same rounds (--dtype)")  # fmt: skip
+    parser.add_argument("--runtimes", nargs="+", default=["torch"], choices=("torch", "openvino"),
+                        help="each policy and dtype served through each runtime, interleaved (--runtime)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -299,12 +302,18 @@ def main() -> int:
 
             args.model = args.model or model_dir()
         model = args.model or fine_tuned_model(Path(scratch))
-        # each policy in each dtype: a variant with its own server options, named "policy" (one
-        # dtype) or "policy dtype"
+        # each policy in each dtype and runtime: a variant with its own server options, named
+        # "policy", then " dtype" where several dtypes and " runtime" where several runtimes
         variants = {
-            (policy if len(args.dtypes) == 1 else f"{policy} {dtype}"): (policy, [*extra, "--dtype", dtype])
+            policy
+            + (f" {dtype}" if len(args.dtypes) > 1 else "")
+            + (f" {runtime}" if len(args.runtimes) > 1 else ""): (
+                policy,
+                [*extra, "--dtype", dtype, "--runtime", runtime],
+            )
             for policy in args.policies
             for dtype in args.dtypes
+            for runtime in args.runtimes
         }
         results = {name: {"saturation_rounds": []} for name in variants}
         names = list(variants)
@@ -374,6 +383,12 @@ def main() -> int:
         for dtype in ("int8", "bfloat16"):
             if rates.get(dtype) and rates.get("float32"):
                 print(f"\n{policy}: {dtype} / float32 at saturation: {rates[dtype] / rates['float32']:.2f}x")
+    if len(args.runtimes) > 1:
+        for name in names:
+            if name.endswith(" openvino"):
+                torch_rate = results[name.removesuffix(" openvino") + " torch"]["saturation"]["rate"]
+                ratio = results[name]["saturation"]["rate"] / torch_rate
+                print(f"\n{name.removesuffix(' openvino')}: openvino / torch at saturation: {ratio:.2f}x")
     if overload:
         print(f"\noverload: packed at {overload['rate']:.0f} requests/s (2x its saturation) for {args.overload_seconds:g} s: "
               f"{overload['sent']} sent, statuses {overload['statuses']}, p99 of answered {overload['p99'] * 1000:.0f} ms, "
@@ -385,6 +400,8 @@ def main() -> int:
                     "policies": results,
                     "overload": overload,
                     "dtypes": args.dtypes,
+                    "runtimes": args.runtimes,
+                    "machine": machine_description(),
                     "command": " ".join(sys.argv),
                 },
                 indent=1,

@@ -16,6 +16,7 @@ The real TensorFlow is never needed, and sys.modules is restored after the impor
 
 from __future__ import annotations
 
+import functools
 import glob
 import importlib
 import random
@@ -98,8 +99,14 @@ def reference_arrays(files, vocab_file, seed, s, p, dupe_factor, masked_lm_prob=
     return out
 
 
+@functools.lru_cache(maxsize=4)
+def full_tokenizer(vocab_file: str):
+    """The reference's FullTokenizer of `vocab_file` (built once: it reads 30k vocabulary lines)."""
+    _, tokenization = load()
+    return tokenization.FullTokenizer(vocab_file=vocab_file, do_lower_case=True)
+
+
 def reference_tokenize(vocab_file, lines):
     """The reference FullTokenizer's ids for each line."""
-    _, tokenization = load()
-    tokenizer = tokenization.FullTokenizer(vocab_file=str(vocab_file), do_lower_case=True)
+    tokenizer = full_tokenizer(str(vocab_file))
     return [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(line)) for line in lines]

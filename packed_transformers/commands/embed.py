@@ -66,6 +66,7 @@ from packed_transformers.door.opener import ForEmbedding, open_folder
 from packed_transformers.inference.embedding import iter_encode
 from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.runner import runtime_problem
+from packed_transformers.inference.runtime_choice import resolved_runtime
 
 
 def run_on_ray(args) -> int:
@@ -233,6 +234,12 @@ def main(argv=None) -> int:
     wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "chunk_texts", "max_length", "workers",
                              "threads_per_worker", "chunk_rows"))  # fmt: skip
     wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
+    if not wrong:
+        chosen = resolved_runtime(args.runtime, "embedding", args.device, args.dtype, ray=bool(args.ray),
+                                  compiled=args.compile)  # fmt: skip
+        if chosen.why:
+            print(chosen.why, file=sys.stderr)
+        args.runtime = chosen.runtime
     if not args.ray:
         wrong = wrong or output_over_inputs(args.output, [args.input], [args.model])
         if not wrong and args.output.exists() and not args.overwrite:  # a corpus's embeddings cost minutes

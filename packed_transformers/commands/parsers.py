@@ -84,13 +84,15 @@ def embed_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def add_runtime_option(parser: argparse.ArgumentParser) -> None:
-    """--runtime: the batch commands' forward through torch or OpenVINO (inference.runner)."""
+    """--runtime: the batch commands' forward through torch or OpenVINO, or this CPU's measured
+    choice of the two (inference.runner, inference.runtime_choice)."""
     parser.add_argument(
         "--runtime",
         default="torch",
-        choices=("torch", "openvino"),
+        choices=("torch", "openvino", "auto"),
         help="openvino: the packed rows through OpenVINO, a graph compiled per row shape (float32, or int8 "
-        "calibrated on a sample of the input's texts; docs/embeddings.md measures both)",
+        "calibrated on a sample of the input's texts; docs/embeddings.md measures both); auto: the one "
+        "measured faster on this CPU's kind (torch where it was not measured)",
     )
 
 

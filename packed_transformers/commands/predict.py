@@ -63,6 +63,7 @@ from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.precision import device_problem
 from packed_transformers.inference.predictions import score, write_predictions
 from packed_transformers.inference.runner import Runner, runtime_problem
+from packed_transformers.inference.runtime_choice import resolved_runtime
 from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.packs.errors import PackingInputError
 
@@ -86,6 +87,7 @@ def main(argv=None) -> int:
     if wrong:
         return refuse(wrong)
     if args.ray:
+        args.runtime = "torch"  # the Ray replicas run torch (auto's choice there; openvino is refused above)
         return run_on_ray(args)
     summary_path = args.output.with_suffix(".summary.json")
     outputs = [args.output, summary_path] + ([args.nbest_output] if args.nbest_output else [])
@@ -104,6 +106,10 @@ def main(argv=None) -> int:
     try:
         folder = open_folder(args.model)
         model, spec = folder.model, folder.spec
+        chosen = resolved_runtime(args.runtime, spec.task, args.device, args.dtype, compiled=args.compile)
+        if chosen.why:
+            print(chosen.why, file=sys.stderr)
+        args.runtime = chosen.runtime
         if args.runtime != "torch" and spec.task != "classification":
             return refuse(f"--runtime {args.runtime} runs classification folders (and embed); {args.model} is "
                           f"a {spec.task} folder: leave --runtime out")  # fmt: skip
@@ -127,7 +133,8 @@ def main(argv=None) -> int:
         return refuse(err)
     except OSError as err:
         return refuse(describe_os_error(err))
-    report = {"batching": args.batching, **timing, "truncated": data.truncated}
+    report = {"batching": args.batching, "dtype": args.dtype, "runtime": args.runtime, **timing,
+              "truncated": data.truncated}  # fmt: skip
     if has_labels:
         report.update(score(logits, labels, spec.multi_label))
     return write_outputs(

@@ -5,6 +5,7 @@
     precision         float32 / bfloat16, refused where the device has no bf16
     int8              torch's x86 int8 kernels in the transformer layers (dtype="int8")
     openvino_graphs   the packed rows through OpenVINO, a graph per row shape (runtime="openvino")
+    runtime_choice    runtime="auto": torch or OpenVINO per CPU kind, from a measured table
     classify          classification of new text (InferenceOptions: the one options type)
     predictions       logits -> scores and records (never NaN in a JSON line)
     embedding         texts -> vectors, chunk by chunk (encode, iter_encode, packed_encode)

@@ -24,7 +24,8 @@ class InferenceOptions:
     where it names none, packs grouped by row width); device; dtype: float32 | bfloat16 | int8
     (autocast); chunk_texts: texts embedded per chunk (memory bounded by a chunk);
     prompt_name: an embedding model's prompt (None: its default prompt, if any); runtime:
-    torch, or openvino (float32 or int8, a compiled graph per row shape)."""
+    torch, openvino (float32 or int8, a compiled graph per row shape), or auto (the one measured
+    faster on this CPU's kind: inference.runtime_choice)."""
 
     batching: str = "packed"
     batch_size: int = PREDICT_BATCH_SIZE
@@ -36,7 +37,7 @@ class InferenceOptions:
     chunk_texts: int = 8192
     prompt_name: str | None = None
     compile: bool = False  # torch.compile the forward once per row width (inference.runner.compiled_forward)
-    runtime: str = "torch"  # or "openvino": a graph per row shape (inference.openvino_graphs)
+    runtime: str = "torch"  # "openvino": a graph per row shape (inference.openvino_graphs); "auto"
     # openvino int8's calibration texts (None: a sample of the first texts embedded)
     calibration_texts: tuple[str, ...] | None = None
 

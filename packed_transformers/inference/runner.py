@@ -77,6 +77,8 @@ class Runner:
             if self.device
             else (parameter.device if parameter is not None else torch.device("cpu"))
         )
+        if self.runtime not in ("torch", "openvino"):  # "auto" is resolved by the caller, who knows the task
+            raise ValueError(f"Runner runs torch or openvino, not {self.runtime!r} (resolve auto first)")
         problem = (
             device_problem(device.type, self.dtype)
             if self.runtime == "torch"
@@ -216,16 +218,19 @@ def per_sequence_tokens(batches: list[RunBatch], name: str, lengths) -> list[np.
     return out
 
 
-RUNTIMES = ("torch", "openvino")
+RUNTIMES = ("torch", "openvino", "auto")  # auto: inference.runtime_choice, resolved before a Runner
 
 
 def runtime_problem(
     runtime: str, device: str, dtype: str, ray: bool = False, compiled: bool = False
 ) -> str | None:
     """The one-line reason `runtime` cannot run `dtype` on `device` here (on Ray's replicas,
-    or under torch.compile), or None."""
+    or under torch.compile), or None. auto falls back to torch wherever OpenVINO cannot run
+    and picks OpenVINO only where torch runs the dtype too, so torch's limits are its own."""
     if runtime not in RUNTIMES:
         return f"--runtime must be one of {RUNTIMES}, got {runtime!r}"
+    if runtime == "auto":
+        return device_problem(device, dtype)
     if runtime == "openvino":
         from packed_transformers.inference.openvino_graphs import openvino_problem
 
@@ -247,8 +252,12 @@ def compiled_forward(model: torch.nn.Module):
 
 
 def runner_of(loaded, device: str, dtype: str, compiled: bool = False, runtime: str = "torch") -> Runner:
-    """A LoadedModel's Runner on `device` in `dtype` (compiled or not, through `runtime`),
-    built (and so checked) once per setting and kept on the LoadedModel."""
+    """A LoadedModel's Runner on `device` in `dtype` (compiled or not, through `runtime`;
+    "auto": this CPU's choice for the folder's task, inference.runtime_choice), built (and so
+    checked) once per setting and kept on the LoadedModel."""
+    from packed_transformers.inference.runtime_choice import resolved_runtime
+
+    runtime = resolved_runtime(runtime, loaded.spec.task, str(device), dtype, compiled=compiled).runtime
     key = (str(device), dtype, compiled, runtime)
     if key not in loaded._runners:
         loaded._runners[key] = Runner(loaded.model, device, dtype, compiled=compiled, runtime=runtime)

@@ -2,7 +2,7 @@
 
     python -m packed_transformers.serving --model runs/bbc_packed/model [--host 127.0.0.1 --port 8080]
         [--policy packed | fifo-tokens | padded] [--max-batch-tokens 16384] [--max-wait-ms 0]
-        [--dtype float32 | bfloat16 | int8] [--device cpu | cuda] [--runtime torch | openvino]
+        [--dtype float32 | bfloat16 | int8] [--device cpu | cuda] [--runtime torch | openvino | auto]
 
 (`python -m packed_transformers.finetune.serve` is an alias of this command.)
 
@@ -46,9 +46,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--runtime",
         default="torch",
-        choices=("torch", "openvino"),
+        choices=("torch", "openvino", "auto"),
         help="openvino: classification and embedding folders' packed rows through OpenVINO, float32, a "
-        "graph compiled per row shape at its first batch",
+        "graph compiled per row shape at its first batch; auto: the runtime measured faster on this CPU's "
+        "kind for the folder's task (torch where it was not measured, and for int8)",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080)
@@ -159,8 +160,11 @@ def main(argv=None) -> int:
         args.max_body_bytes, args.max_client_batch_size, body_timeout_s=args.body_timeout_s
     )
     app = create_app(engine, policy, queue, limits, args.tokenizer_threads, access)
+    if engine.runtime_chosen:
+        print(engine.runtime_chosen, file=sys.stderr)
     print(
-        f"serving {args.model} ({engine.task}, policy {args.policy}) on http://{args.host}:{args.port}",
+        f"serving {args.model} ({engine.task}, policy {args.policy}, runtime {engine.runner.runtime}) on "
+        f"http://{args.host}:{args.port}",
         file=sys.stderr,
         flush=True,
     )

@@ -54,14 +54,20 @@ def load_engine(
     model with a head, or an embedding model), its Runner, and ENGINES[spec.task]. Raises
     ExampleError for a bad folder; attention_backend overrides BERT's (every backend computes
     the same outputs); dtype: inference.precision's (bfloat16 under autocast); runtime "openvino":
-    classification and embedding folders through OpenVINO (ValueError, one line, for others)."""
+    classification and embedding folders through OpenVINO (ValueError, one line, for others);
+    "auto": inference.runtime_choice's for the folder's task (int8: torch's, never calibrated here)."""
     loaded = open_folder(folder, AsTheFolderSays(pooling, attention_backend, device))
     from packed_transformers.inference.openvino_graphs import OPENVINO_TASKS
+    from packed_transformers.inference.runtime_choice import resolved_runtime
 
+    chosen = resolved_runtime(runtime, loaded.spec.task, device, dtype, calibrates_int8=False)
+    runtime = chosen.runtime
     if runtime != "torch" and loaded.spec.task not in OPENVINO_TASKS:
         raise ValueError(f"--runtime {runtime} serves {' and '.join(OPENVINO_TASKS)} folders; {folder} is a "
                          f"{loaded.spec.task} folder: leave --runtime out")  # fmt: skip
-    return ENGINES[loaded.spec.task](runner_of(loaded, device, dtype, runtime=runtime), loaded)
+    engine = ENGINES[loaded.spec.task](runner_of(loaded, device, dtype, runtime=runtime), loaded)
+    engine.runtime_chosen = chosen.why
+    return engine
 
 
 # fp32 FLOP/s assumed of a cold server's forward: a fraction of the 60-130 GFLOP/s the 2-core
@@ -80,6 +86,7 @@ class _Engine:
         self.runner, self.model = runner, runner.model
         self.max_sequence_length, self.name = loaded.spec.max_sequence_length, name
         self.max_length = loaded.max_length
+        self.runtime_chosen = ""  # load_engine: what --runtime auto chose and why
 
     def cold_tokens_per_second(self) -> float:
         """A conservative first estimate of the forward's speed, for admission before any

@@ -6,6 +6,7 @@ instances and fails these tests."""
 
 from __future__ import annotations
 
+import functools
 import random
 
 import h5py
@@ -150,6 +151,12 @@ def test_blank_lines_separate_documents(tmp_path, corpus):
     assert json.loads((out / "creation.json").read_text())["documents"] == 30
 
 
+@functools.lru_cache(maxsize=4)
+def our_tokenizer(vocab: str) -> ReferenceTokenizer:
+    """Built once per vocabulary (the test is of tokenizing, not of reading vocab.txt 300 times)."""
+    return ReferenceTokenizer(read_vocab(vocab))
+
+
 _text = st.text(
     alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=0, max_size=60
 ) | st.sampled_from(HOSTILE_LINES)
@@ -161,7 +168,7 @@ _text = st.text(
 def test_tokenizer_equals_the_reference_on_any_text(corpus, lines):
     _, vocab = corpus
     lines = [line.strip() for line in lines]
-    ours = ReferenceTokenizer(read_vocab(vocab)).encode_lines(lines)
+    ours = our_tokenizer(str(vocab)).encode_lines(lines)
     assert ours == reference_bert.reference_tokenize(vocab, lines)
 
 
