@@ -17,7 +17,7 @@ rows was not measured gets torch, the default, and says so.
 Decided here, once, for every door (embed, predict, the server, `packed_encode`): the kind
 comes from the CPU's flags (`cpu_kind`, pure), the table gives the runtime, and anything
 OpenVINO does not run (another task than a pooled head, a GPU, bfloat16, Ray's replicas,
-torch.compile, openvino not installed) falls back to torch with the reason in `why`. auto is
+torch.compile, openvino not installed, the server) falls back to torch with the reason in `why`. auto is
 not the default: the vectors would then depend on the machine (int8 through OpenVINO is
 another quantization than torch's), and the first OpenVINO process pays the conversion
 (10-17 s for MiniLM-L6) that its graph cache saves later ones.
@@ -89,6 +89,13 @@ RUNTIME_TABLE: dict[tuple[CpuKind, str], Measured] = {
 }  # fmt: skip
 
 
+# The server's batches range from one request to a full queue: OpenVINO ran /embed at 0.73x
+# torch's rate at saturation and 12x its median latency at half load (each new row shape
+# compiled while requests wait; small batches no faster than torch's), and its int8 needs a
+# batch command's input to calibrate on. Measured in docs/embeddings.md's AUTO_SECTION.
+SERVED_BY_TORCH = "the server runs torch: OpenVINO served /embed at 0.73x its rate (docs/embeddings.md)"
+
+
 @dataclass(frozen=True)
 class RuntimeChoice:
     runtime: str  # "torch" | "openvino"
@@ -97,12 +104,11 @@ class RuntimeChoice:
 
 def choose_runtime(
     kind: CpuKind, dtype: str, task: str, device: str = "cpu", *, ray: bool = False, compiled: bool = False,
-    openvino_installed: bool = True, calibrates_int8: bool = True,
+    openvino_installed: bool = True, serving: bool = False,
 ) -> RuntimeChoice:  # fmt: skip
     """auto's decision for a `task` folder ("embedding", "classification", ...) run in `dtype`
     on `device` of `kind`: the table's runtime where OpenVINO can run it, else torch.
-    calibrates_int8: whether the caller can calibrate an OpenVINO int8 graph on its input
-    (the batch commands and the API can; the server cannot: it has no input before serving)."""
+    serving: for the server, which runs torch (SERVED_BY_TORCH)."""
     from packed_transformers.inference.openvino_graphs import OPENVINO_TASKS
 
     fallback = None
@@ -114,8 +120,8 @@ def choose_runtime(
         fallback = "--compile compiles torch's forward"
     elif task not in OPENVINO_TASKS:
         fallback = f"OpenVINO runs {' and '.join(OPENVINO_TASKS)} folders, not {task}"
-    elif dtype == "int8" and not calibrates_int8:
-        fallback = "OpenVINO's int8 is calibrated on a batch command's input; the server runs torch's int8"
+    elif serving:
+        fallback = SERVED_BY_TORCH
     if fallback:
         return RuntimeChoice("torch", f"--runtime auto: torch ({fallback})")
     measured = RUNTIME_TABLE.get((kind, dtype))
@@ -134,7 +140,7 @@ def choose_runtime(
 
 def resolved_runtime(
     runtime: str, task: str, device: str, dtype: str, *, ray: bool = False, compiled: bool = False,
-    calibrates_int8: bool = True,
+    serving: bool = False,
 ) -> RuntimeChoice:  # fmt: skip
     """`runtime` as given (why ""), or for "auto" this machine's choice (`choose_runtime`)."""
     if runtime != AUTO:
@@ -146,5 +152,5 @@ def resolved_runtime(
     )
     return choose_runtime(
         this_cpu_kind(), dtype, task, device, ray=ray, compiled=compiled, openvino_installed=installed,
-        calibrates_int8=calibrates_int8,
+        serving=serving,
     )  # fmt: skip

@@ -55,12 +55,12 @@ def load_engine(
     ExampleError for a bad folder; attention_backend overrides BERT's (every backend computes
     the same outputs); dtype: inference.precision's (bfloat16 under autocast); runtime "openvino":
     classification and embedding folders through OpenVINO (ValueError, one line, for others);
-    "auto": inference.runtime_choice's for the folder's task (int8: torch's, never calibrated here)."""
+    "auto": inference.runtime_choice's for serving (torch, measured faster under load)."""
     loaded = open_folder(folder, AsTheFolderSays(pooling, attention_backend, device))
     from packed_transformers.inference.openvino_graphs import OPENVINO_TASKS
     from packed_transformers.inference.runtime_choice import resolved_runtime
 
-    chosen = resolved_runtime(runtime, loaded.spec.task, device, dtype, calibrates_int8=False)
+    chosen = resolved_runtime(runtime, loaded.spec.task, device, dtype, serving=True)
     runtime = chosen.runtime
     if runtime != "torch" and loaded.spec.task not in OPENVINO_TASKS:
         raise ValueError(f"--runtime {runtime} serves {' and '.join(OPENVINO_TASKS)} folders; {folder} is a "

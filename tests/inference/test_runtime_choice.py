@@ -76,8 +76,8 @@ def test_the_table_picks_openvino_only_where_it_was_measured_and_torch_runs_the_
         ({"kind": CpuKind.AVX512_VNNI, "dtype": "float32", "compiled": True}, "torch", "--compile"),
         ({"kind": CpuKind.AVX512_VNNI, "dtype": "float32", "openvino_installed": False}, "torch",
          "is not installed"),
-        ({"kind": CpuKind.AVX512_VNNI, "dtype": "int8", "calibrates_int8": False}, "torch", "the server runs torch"),
-        ({"kind": CpuKind.AVX512_VNNI, "dtype": "float32", "calibrates_int8": False}, "openvino", "float32"),
+        ({"kind": CpuKind.AVX512_VNNI, "dtype": "int8", "serving": True}, "torch", "the server runs torch"),
+        ({"kind": CpuKind.AVX512_VNNI, "dtype": "float32", "serving": True}, "torch", "0.73x"),
     ],
 )  # fmt: skip
 def test_auto_runs_the_tables_runtime_or_says_why_torch(settings, runtime, reason):
@@ -158,9 +158,13 @@ def test_the_server_and_the_api_resolve_auto_for_their_folder(checkpoint, kind_o
     from packed_transformers.inference.runner import runner_of
     from packed_transformers.serving.engines import load_engine
 
-    kind_of_cpu(CpuKind.AVX512_VNNI)
+    kind_of_cpu(CpuKind.AVX512_VNNI)  # where batch jobs run OpenVINO, the server runs torch (measured)
     engine = load_engine(checkpoint, pooling=["mean"], runtime="auto")
-    assert engine.runner.runtime == "openvino" and "--runtime auto: openvino" in engine.runtime_chosen
+    assert (
+        engine.runner.runtime == "torch"
+        and "--runtime auto: torch (the server runs torch" in engine.runtime_chosen
+    )
+    assert load_engine(checkpoint, pooling=["mean"], runtime="openvino").runner.runtime == "openvino"
     assert load_engine(checkpoint, pooling=["mean"], runtime="torch").runtime_chosen == ""
     # the API: options.runtime "auto" runs the chosen runner, kept on the encoder under the choice
     encoder = load_encoder(checkpoint, pooling=["mean"])
