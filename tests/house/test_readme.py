@@ -39,10 +39,10 @@ TINY = {
         )
     ],
     "packed train": [("", " --set training.epochs=1 --set training.progress=false")],
-    "packed train --config configs/finetune_own.yaml": [("", " --set training.max_seconds=5")],
+    "packed train --config configs/finetune_own.yaml": [("", " --set training.max_seconds=2")],
     "packed embedding-texts --output work/texts.jsonl": [("--limit 5000", "--limit 64")],
-    "packed qa-cloze": [("--questions-per-article 1", "--questions-per-article 1 --dev-fraction 0.06")],
-    "packed train --config configs/finetune_qa_bbc.yaml": [("max_seconds=90", "max_seconds=5")],
+    "packed qa-cloze": [("--questions-per-article 1", "--questions-per-article 1 --dev-fraction 0.03")],
+    "packed train --config configs/finetune_qa_bbc.yaml": [("max_seconds=90", "max_seconds=2")],
     "packed debian-texts": [("", " --limit 1500")],
     "packed pack-documents": [("", " --max-sequence-length 512 --eval-rows 8")],
     **{
@@ -213,7 +213,7 @@ def test_readme_recipes_run_as_written(tmp_path, group):
     elif group == "qa":
         answers = json.loads((tmp_path / "work/qa_predictions.json").read_text())
         dev = json.loads((tmp_path / "demo_qa/dev.json").read_text())
-        assert len(answers) == sum(len(p["qas"]) for a in dev["data"] for p in a["paragraphs"]) > 100
+        assert len(answers) == sum(len(p["qas"]) for a in dev["data"] for p in a["paragraphs"]) > 40
     else:
         import numpy as np
 

@@ -263,51 +263,10 @@ def test_the_python_api_runs_inside_a_users_own_map_batches(cluster, tmp_path):
 
 
 def test_bad_inputs_are_refused_in_one_line_with_nothing_written(cluster, inputs, embedded, tmp_path, capsys):
+    """Refused before any cluster work (a bad line inside a job, its rows kept, is
+    test_kept_shards_are_tied_to_the_model_and_checked...)."""
     folder, joined = inputs
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    lines = [json.dumps({"text": t}) for t in TEXTS[:30]]
-    lines[17] = '{"text": "unterminated'
-    (broken / "x.jsonl").write_text("\n".join(lines) + "\n")
-    out = tmp_path / "out"
     ray_args = ("--ray", cluster.address, "--workers", 1, "--chunk-rows", 8, "--quiet")
-    done = command(
-        "packed_transformers.finetune.embed",
-        "--model",
-        model_dir(),
-        "--input",
-        broken,
-        "--output",
-        out,
-        *ray_args,
-    )
-    assert done.returncode == 2, done.stderr[-2000:]
-    last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and f"{broken / 'x.jsonl'}:18" in last, done.stderr[-2000:]
-    assert not out.exists()  # nothing half-written at the output
-    assert "other 22 rows are kept" in last  # 4 chunks of 8 lines: the one with line 18 refused
-    lines[17] = json.dumps({"text": "fixed"})
-    (broken / "x.jsonl").write_text("\n".join(lines) + "\n")
-    again = command(
-        "packed_transformers.finetune.embed",
-        "--model",
-        model_dir(),
-        "--input",
-        broken,
-        "--output",
-        out,
-        *ray_args,
-        check=True,
-    )
-    summary = json.loads(again.stdout.splitlines()[-1])
-    assert (summary["chunks_run"], summary["chunks_kept"], summary["rows"]) == (
-        1,
-        3,
-        30,
-    )  # only the fixed chunk
-    assert len(gathered(out, ".npy")) == 30
-    assert not (tmp_path / ".out.partial").exists()
-
     not_parquet = tmp_path / "np"
     not_parquet.mkdir()
     (not_parquet / "y.parquet").write_text("not parquet")
@@ -324,7 +283,7 @@ def test_bad_inputs_are_refused_in_one_line_with_nothing_written(cluster, inputs
     over = refused_here(capsys, "--model", model_dir(), "--input", folder, "--output", folder, *ray_args)
     assert "never replaces an input" in over
     assert sorted(p.name for p in folder.iterdir()) == ["a.jsonl", "b.parquet"]
-    glob_none = refused_here(capsys, "--model", model_dir(), "--input", tmp_path / "*.nothing", "--output", out,
+    glob_none = refused_here(capsys, "--model", model_dir(), "--input", tmp_path / "*.nothing", "--output", tmp_path / "out",
                              *ray_args)  # fmt: skip
     assert "matches no file" in glob_none
 
@@ -372,7 +331,10 @@ def test_kept_shards_are_tied_to_the_model_and_checked_and_an_unreachable_cluste
     first = command(
         "packed_transformers.finetune.embed", "--model", model, "--input", source, "--output", out, *ray_args
     )
-    assert first.returncode == 2 and "other 24 rows are kept" in first.stderr  # 3 of 4 chunks kept
+    assert first.returncode == 2, first.stderr[-2000:]
+    last = first.stderr.strip().splitlines()[-1]  # one line naming the file and line
+    assert last.startswith("error: ") and f"{source}:31" in last, first.stderr[-2000:]
+    assert "other 24 rows are kept" in last and not out.exists()  # 3 of 4 chunks kept, nothing half-written
     partial = tmp_path / ".out.partial"
     shard = sorted(partial.glob("part-*"))[0]
     shard.write_bytes(shard.read_bytes()[:40])  # a damaged kept shard
@@ -390,7 +352,8 @@ def test_kept_shards_are_tied_to_the_model_and_checked_and_an_unreachable_cluste
         check=True,
     )
     summary = json.loads(again.stdout.splitlines()[-1])
-    assert (summary["chunks_run"], summary["chunks_kept"]) == (2, 2)
+    assert (summary["chunks_run"], summary["chunks_kept"]) == (2, 2)  # the refused chunk and the damaged one
+    assert len(gathered(out, ".npy")) == 32 and not partial.exists()
 
     # the same job after the model was re-saved in place: nothing kept from the old weights
     second_out = tmp_path / "out2"
