@@ -16,6 +16,7 @@ padding a command reports come from here.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -257,7 +258,10 @@ def runner_of(loaded, device: str, dtype: str, compiled: bool = False, runtime: 
     checked) once per setting and kept on the LoadedModel."""
     from packed_transformers.inference.runtime_choice import resolved_runtime
 
-    runtime = resolved_runtime(runtime, loaded.spec.task, str(device), dtype, compiled=compiled).runtime
+    chosen = resolved_runtime(runtime, loaded.spec.task, str(device), dtype, compiled=compiled)
+    runtime = chosen.runtime
+    if chosen.why and (str(device), dtype, compiled, runtime) not in loaded._runners:
+        logging.getLogger(__name__).info("%s", chosen.why)  # the Python API's auto says what it chose
     key = (str(device), dtype, compiled, runtime)
     if key not in loaded._runners:
         loaded._runners[key] = Runner(loaded.model, device, dtype, compiled=compiled, runtime=runtime)
