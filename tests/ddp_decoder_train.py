@@ -8,6 +8,7 @@ micro-batches, or 1 process x 4), and process 0 writes the final weights.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -49,12 +50,20 @@ def main(start: str, out: str, accumulate: int) -> None:
         state = {name: tensor.detach().clone() for name, tensor in trainer.model.state_dict().items()}
         save_file(state, out)
     if torch.distributed.is_initialized():
-        # An orderly end: a rank leaving while its peer still writes, with the process group
-        # alive, was aborted once in gloo's teardown on a loaded machine ("terminate called
-        # without an active exception", CI 2026-11-27).
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        torch.distributed.barrier()  # rank 0's weights are on disk before any rank ends
 
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    # Ended without the interpreter's teardown, where gloo's group is destroyed. Two ends seen
+    # on a loaded machine, both in that teardown: "terminate called without an active
+    # exception" (SIGABRT, CI 2026-11-27), and a hang, 1 run in 25 (gdb, 2026-11-29): the main
+    # thread, holding the GIL, destroyed DDP's Reducer, whose last reference to the group ran
+    # ~ProcessGroupGloo, which joins gloo's worker threads; one of them was destroying the
+    # barrier's finished work, whose tensors' Python objects need the GIL: each waited for the
+    # other (torch's open issues 56297 and 190489, process-group destructors that block with
+    # the GIL held). Trainer keeps the DDP model, so the teardown's order is not this script's
+    # to choose; with the weights written and the barrier passed nothing is left to do.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

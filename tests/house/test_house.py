@@ -384,6 +384,22 @@ def test_a_process_left_behind_by_a_command_is_killed_and_reported():
     hang = "import time\ndef waits_forever():\n    time.sleep(30)\nwaits_forever()"
     with pytest.raises(Hung, match=r"(?s)ran past 1 s.*in waits_forever"):
         run_in_group([sys.executable, "-c", hang], timeout=1)
+    # a process started in a session of its own, as torchrun starts its ranks: found by the
+    # tag it inherited, killed and reported when left behind; its stack shown when it hangs
+    session_marker = "import time; time.sleep(300)  # own-session-probe"
+    own_session = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {session_marker!r}], "
+                   "start_new_session=True)")  # fmt: skip
+    with pytest.raises(LeftBehind, match="outlived it"):
+        run_in_group([sys.executable, "-c", own_session], timeout=60)
+    time.sleep(0.5)
+    assert subprocess.run(["pgrep", "-f", "own-session-probe"], capture_output=True, text=True).stdout == ""
+    rank = "import time\ndef rank_waits():\n    time.sleep(300)\nrank_waits()"
+    launcher = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True)"
+                ".wait()")  # fmt: skip
+    with pytest.raises(Hung, match=r"(?s)ran past 4 s.*in rank_waits"):  # 4 s: two interpreters started
+        run_in_group([sys.executable, "-c", launcher], timeout=4)
+    time.sleep(0.5)
+    assert subprocess.run(["pgrep", "-f", "def rank_waits"], capture_output=True, text=True).stdout == ""
 
 
 def documented_imports() -> list[str]:
