@@ -8,6 +8,7 @@ every process must join."""
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -121,4 +122,11 @@ def shut_down_process_group() -> None:
     an active exception' (SIGABRT) in a finished 2-stage pipeline run on a loaded machine."""
     use_host_sum(None)
     if dist.is_available() and dist.is_initialized():
+        # DDP modules the run no longer holds but a reference cycle keeps are freed first, while
+        # the group's Python object still holds the group: freed later, the last reference would
+        # be their Reducer's, whose destructor ends the gloo group with the GIL held and can wait
+        # for ever on a gloo thread that needs the GIL (seen in a Trainer run's teardown,
+        # tests/ddp_decoder_train.py; torch issues 56297, 190489). The group's own Python object
+        # ends it with the GIL released.
+        gc.collect()
         dist.destroy_process_group()
