@@ -19,6 +19,7 @@ from packed_transformers.common.choices import (
     BATCHING_MODES,
     EMBED_BATCHING,
     POOLING_MODES,
+    RUNTIMES,
 )
 from packed_transformers.common.cli import add_inference_options, add_ray_options, command_parser
 
@@ -89,7 +90,7 @@ def add_runtime_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--runtime",
         default="torch",
-        choices=("torch", "openvino", "auto"),
+        choices=RUNTIMES,
         help="openvino: the packed rows through OpenVINO, a graph compiled per row shape (float32, or int8 "
         "calibrated on a sample of the input's texts; docs/embeddings.md measures both); auto: the one "
         "measured faster on this CPU's kind (torch where it was not measured)",

@@ -31,3 +31,7 @@ FIXED_WIDTH_MODES = ("packed", "padded")
 # commands.embed's --batching -> BATCHING_MODES (padded: rows of max_seq_length tokens; sorted:
 # sentence-transformers' encode, batches of length-sorted texts padded to their longest)
 EMBED_BATCHING = {"packed": "packed", "sorted": "uniform", "padded": "padded"}
+# what runs the packed rows outside training (inference.runner): torch, OpenVINO (a graph per row
+# shape, inference.openvino_graphs), or auto, the one measured faster on the CPU's kind
+# (inference.runtime_choice, resolved before a Runner is built)
+RUNTIMES = ("torch", "openvino", "auto")

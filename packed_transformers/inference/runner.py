@@ -24,8 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from packed_transformers.common.choices import RUNTIMES
 from packed_transformers.inference.precision import device_problem, precision
 from packed_transformers.inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
+
+log = logging.getLogger(__name__)
 
 # What a compiled Runner hands torch.compile (tests count graphs through another backend).
 COMPILE_BACKEND = "inductor"
@@ -219,9 +222,6 @@ def per_sequence_tokens(batches: list[RunBatch], name: str, lengths) -> list[np.
     return out
 
 
-RUNTIMES = ("torch", "openvino", "auto")  # auto: inference.runtime_choice, resolved before a Runner
-
-
 def runtime_problem(
     runtime: str, device: str, dtype: str, ray: bool = False, compiled: bool = False
 ) -> str | None:
@@ -259,10 +259,9 @@ def runner_of(loaded, device: str, dtype: str, compiled: bool = False, runtime: 
     from packed_transformers.inference.runtime_choice import resolved_runtime
 
     chosen = resolved_runtime(runtime, loaded.spec.task, str(device), dtype, compiled=compiled)
-    runtime = chosen.runtime
-    if chosen.why and (str(device), dtype, compiled, runtime) not in loaded._runners:
-        logging.getLogger(__name__).info("%s", chosen.why)  # the Python API's auto says what it chose
-    key = (str(device), dtype, compiled, runtime)
+    key = (str(device), dtype, compiled, chosen.runtime)
     if key not in loaded._runners:
-        loaded._runners[key] = Runner(loaded.model, device, dtype, compiled=compiled, runtime=runtime)
+        if chosen.why:  # the Python API's auto says what it chose, once per runner
+            log.info("%s", chosen.why)
+        loaded._runners[key] = Runner(loaded.model, device, dtype, compiled=compiled, runtime=chosen.runtime)
     return loaded._runners[key]

@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 
-from packed_transformers.common.choices import ATTENTION_BACKENDS, INFERENCE_ATTENTION_BACKEND
+from packed_transformers.common.choices import ATTENTION_BACKENDS, INFERENCE_ATTENTION_BACKEND, RUNTIMES
 from packed_transformers.common.cli import add_inference_options, below_one, command_parser, refuse
 from packed_transformers.serving.policies import POLICIES
 
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--runtime",
         default="torch",
-        choices=("torch", "openvino", "auto"),
+        choices=RUNTIMES,
         help="openvino: classification and embedding folders' packed rows through OpenVINO, float32, a "
         "graph compiled per row shape at its first batch; auto: the runtime measured faster for serving (torch: "
         "OpenVINO served at 0.73x its rate, docs/embeddings.md)",
