@@ -47,6 +47,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from packed_transformers.common.telemetry import decline_openvino_telemetry  # noqa: E402
+
+decline_openvino_telemetry()  # the OpenVINO peers send no usage events from our benches either
+
 
 def export_onnx(folder: Path, path: Path) -> None:
     import torch

@@ -62,6 +62,7 @@ from packed_transformers.common.files import (
     write_json_atomic,
 )
 from packed_transformers.data.classification_data import ExampleError, example_of_line
+from packed_transformers.door.exported_folder import exported_arguments_problem, is_exported, read_export
 from packed_transformers.door.opener import ForEmbedding, open_folder
 from packed_transformers.inference.embedding import iter_encode
 from packed_transformers.inference.options import InferenceOptions
@@ -233,8 +234,15 @@ def main(argv=None) -> int:
     args = embed_parser(__doc__).parse_args(argv)
     wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "chunk_texts", "max_length", "workers",
                              "threads_per_worker", "chunk_rows"))  # fmt: skip
-    wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
-    if not wrong:
+    exported = is_exported(args.model)
+    if exported:  # its graph decides runtime and dtype: torch is never imported
+        wrong = wrong or exported_arguments_problem(args, sys.argv[1:] if argv is None else argv)
+        if not wrong:
+            info = read_export(args.model)
+            args.runtime, args.dtype = info.runtime, info.dtype
+    else:
+        wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
+    if not wrong and not exported:
         chosen = resolved_runtime(args.runtime, "embedding", args.device, args.dtype, ray=bool(args.ray),
                                   compiled=args.compile)  # fmt: skip
         if chosen.why:
@@ -247,9 +255,10 @@ def main(argv=None) -> int:
                      "or another path")  # fmt: skip
     if wrong:
         return refuse(wrong)
-    from packed_transformers.model.hf_checkpoint import quiet_transformers
+    if not exported:
+        from packed_transformers.model.hf_checkpoint import quiet_transformers
 
-    quiet_transformers()
+        quiet_transformers()
     if args.ray:
         return run_on_ray(args)
     try:
@@ -293,13 +302,13 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from packed_transformers.common.cli import run_main
+    from packed_transformers.common.cli import own_process_handler, run_main
 
     def stop(signum, frame):  # SIGTERM ends as Ctrl-C does: the rows written are kept
         STOPPED_BY[0] = signum
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, own_process_handler(stop))
     sys.exit(
         run_main(
             main,

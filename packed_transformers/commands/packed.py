@@ -45,6 +45,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "commands.predict", "a fine-tuned or transformers folder's predictions, input order"
     ),
     "embed": Subcommand("commands.embed", "texts -> an .npy of embeddings (sentence-transformers' folders)"),
+    "export": Subcommand(
+        "commands.export", "a model folder -> a torch-free folder (ONNX Runtime graph, tokenizer)"
+    ),
     "serve": Subcommand(
         "serving", "an HTTP server packing requests as they arrive (TEI's and OpenAI's APIs)"
     ),

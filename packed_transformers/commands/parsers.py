@@ -92,9 +92,32 @@ def add_runtime_option(parser: argparse.ArgumentParser) -> None:
         default="torch",
         choices=RUNTIMES,
         help="openvino: the packed rows through OpenVINO, a graph compiled per row shape (float32, or int8 "
-        "calibrated on a sample of the input's texts; docs/embeddings.md measures both); auto: the one "
+        "calibrated on a sample of the input's texts); onnxruntime: through ONNX Runtime, one graph for every "
+        "row shape (float32, or dynamic int8); docs/embeddings.md measures them; auto: the one "
         "measured faster on this CPU's kind (torch where it was not measured)",
     )
+
+
+def export_parser(doc: str) -> argparse.ArgumentParser:
+    """commands.export's options."""
+    parser = command_parser("packed export", doc)
+    parser.add_argument("--model", required=True, type=Path, help="the model folder to export")
+    parser.add_argument("--output", required=True, type=Path, help="the export folder (new, or --overwrite)")
+    parser.add_argument("--runtime", default="onnxruntime", choices=("onnxruntime",),
+                        help="the runtime the graph is for")  # fmt: skip
+    parser.add_argument("--dtype", default="float32", choices=("float32", "int8"),
+                        help="int8: ONNX Runtime's dynamic quantization (weights per channel)")  # fmt: skip
+    parser.add_argument(
+        "--pooling", nargs="+", choices=POOLING_MODES,
+        help="export as an embedding model pooled so (default: the folder's Pooling module's mode)",
+    )  # fmt: skip
+    parser.add_argument("--embedding", action="store_true",
+                        help="export as an embedding model whatever head the folder has")  # fmt: skip
+    parser.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                        help="L2-normalize (default: whether the folder has a Normalize module)")  # fmt: skip
+    parser.add_argument("--max-length", type=int, help="tokens per text (default: the folder's max_seq_length)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing export folder")
+    return parser
 
 
 def add_compile_option(parser: argparse.ArgumentParser) -> None:

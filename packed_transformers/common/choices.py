@@ -32,6 +32,11 @@ FIXED_WIDTH_MODES = ("packed", "padded")
 # sentence-transformers' encode, batches of length-sorted texts padded to their longest)
 EMBED_BATCHING = {"packed": "packed", "sorted": "uniform", "padded": "padded"}
 # what runs the packed rows outside training (inference.runner): torch, OpenVINO (a graph per row
-# shape, inference.openvino_graphs), or auto, the one measured faster on the CPU's kind
+# shape, inference.openvino_graphs), ONNX Runtime (one graph, rows and width open,
+# inference.onnx_graphs), or auto, the one measured faster on the CPU's kind
 # (inference.runtime_choice, resolved before a Runner is built)
-RUNTIMES = ("torch", "openvino", "auto")
+RUNTIMES = ("torch", "openvino", "onnxruntime", "auto")
+# the runtimes that run an exported graph of the packed model (not torch's own forward)
+GRAPH_RUNTIMES = ("openvino", "onnxruntime")
+# FolderSpec.source of a folder `packed export` wrote (door.exported_folder): a graph, no torch
+EXPORTED = "packed_export.json"

@@ -5,8 +5,28 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import os
+import signal
 import sys
 from pathlib import Path
+
+
+def own_process_handler(handle):
+    """`handle(signum, frame)` as a signal handler of this process alone. A child process a
+    library forks later (OpenVINO's telemetry senders, a tokenizer's or a data loader's
+    workers) inherits Python's handlers; one that receives the signal there ends by the
+    signal's default action, instead of running the parent's handler (which raised
+    KeyboardInterrupt into it and printed its traceback)."""
+    owner = os.getpid()
+
+    def handler(signum, frame):
+        if os.getpid() != owner:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        handle(signum, frame)
+
+    return handler
 
 
 def first_line(err: BaseException) -> str:

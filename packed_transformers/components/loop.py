@@ -9,7 +9,7 @@ checkpoint are is the job's (`LoopJob`).
     end:  the last window logged, an evaluation at the end (never twice for the same
           weights), a checkpoint (never twice for the same step), the job closed
 
-How a run ends (`LoopEnd`): exit 0 (a limit or the target), EXIT_INTERRUPTED (a signal: the
+How a run ends (`LoopEnd`): exit 0 (a limit or the target), 128 + the signal (130 Ctrl-C, 143 SIGTERM: the
 checkpoint of the step it stopped at is written), EXIT_DIVERGED (the job raised Diverged: a
 non-finite step or weights; nothing is written for it, the newest checkpoint is the last
 good one). `status` is MLPerf's run_stop status: success only at the target.
@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from packed_transformers.components.run_state import EXIT_DIVERGED, EXIT_INTERRUPTED, Diverged
+from packed_transformers.components.run_state import EXIT_DIVERGED, Diverged, interrupted_exit_code
 
 log = logging.getLogger("training")
 EXIT_ERROR = 1  # an exception ended the loop; it propagates (the command maps it to its exit code)
@@ -92,7 +92,7 @@ def run_loop(job: LoopJob) -> LoopEnd:
             # a signal at the last step ends the run as complete (every process sees the limit)
             if not job.limit_reached() and job.stop_agreed():
                 log.warning("stop requested (signal): checkpointing at step %d", job.step)
-                exit_code = EXIT_INTERRUPTED
+                exit_code = interrupted_exit_code()
                 break
         if exit_code == 0:
             job.flush_window()  # the steps since the last line (a short or time-budget run)

@@ -79,15 +79,30 @@ class Diverged(RuntimeError):
 
 
 class StopSignal:
-    """SIGTERM / SIGINT -> finish the current step, checkpoint, exit 143."""
+    """SIGTERM / SIGINT -> finish the current step, checkpoint, exit 128 + the signal's number
+    (143 for SIGTERM, 130 for SIGINT: `interrupted_exit_code`). The handlers act in this
+    process only: a library's child process forked later ends by the signal's default action
+    (common.cli.own_process_handler)."""
+
+    received: list[int] = []  # the signals this process received, in order
 
     def __init__(self):
+        from packed_transformers.common.cli import own_process_handler
+
         self.requested = False
+        StopSignal.received = []
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
+            signal.signal(sig, own_process_handler(self._handle))
 
     def _handle(self, signum, frame):
         self.requested = True
+        StopSignal.received.append(signum)
+
+
+def interrupted_exit_code() -> int:
+    """A run stopped by a signal exits 128 + the first signal this process received (130 for
+    Ctrl-C); a replica stopped because another one was signalled exits 143 (SIGTERM's)."""
+    return 128 + (StopSignal.received[0] if StopSignal.received else signal.SIGTERM)
 
     def agreed(self) -> bool:
         """Any replica's signal stops all of them at the same step."""

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from packed_transformers.door.embedding_folder import load_encoder
-from packed_transformers.door.folder import FolderTokenizer, load_finetuned, open_packed_model
+from typing import TYPE_CHECKING
+
 from packed_transformers.door.folder_spec import (
     FINETUNE_INFO,
     JSONL_FIELDS,
@@ -33,7 +33,19 @@ from packed_transformers.door.folder_spec import (
     read_json_object,
 )
 from packed_transformers.door.loaded import LoadedModel
-from packed_transformers.model.opening import ModelOptions
+
+# The torch door (model/, door.folder, door.embedding_folder) is imported where a folder is
+# opened with torch, never at import: an exported folder (door.exported_folder) opens here too,
+# in a process that imports no torch.
+if TYPE_CHECKING:
+    from packed_transformers.door.folder import FolderTokenizer
+    from packed_transformers.model.opening import ModelOptions
+
+
+def _model_options():
+    from packed_transformers.model.opening import ModelOptions
+
+    return ModelOptions()
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,7 @@ class ForTraining:
     how an error line names the folder (e.g. "model.init_checkpoint PATH")."""
 
     task: str
-    model: ModelOptions = field(default_factory=ModelOptions)
+    model: ModelOptions = field(default_factory=_model_options)
     config: Mapping | None = None
     label: str | None = None
     # the tokenizer the job tokenized its data with (built once, before the model: the head's
@@ -80,8 +92,16 @@ Opening = AsTheFolderSays | ForEmbedding | ForTraining  # one typed value per ki
 
 
 def open_folder(folder, how: Opening = AsTheFolderSays()) -> LoadedModel:
-    """The LoadedModel of `folder`, opened as `how` says (module docstring)."""
+    """The LoadedModel of `folder`, opened as `how` says (module docstring). A folder `packed
+    export` wrote opens as it was exported (door.exported_folder), without torch."""
+    from packed_transformers.door.exported_folder import is_exported, load_exported
+
     folder = Path(folder)
+    if is_exported(folder) and not isinstance(how, ForTraining):
+        return load_exported(folder)
+    from packed_transformers.door.embedding_folder import load_encoder
+    from packed_transformers.door.folder import load_finetuned
+
     if isinstance(how, ForTraining):
         return open_checkpoint(
             folder, how.task, how.model, dict(how.config) if how.config is not None else None, how.label,
@@ -105,6 +125,8 @@ def open_checkpoint(
     """A checkpoint opened to be fine-tuned for `task`: the model (a head absent from the file
     initialised where options.new_head), its positions as the length limit, and the tokenizer
     the job tokenized its data with (the job builds it first, as the run config says)."""
+    from packed_transformers.door.folder import open_packed_model
+
     config = read_json_object(folder / "config.json") if config is None else config
     if tokenizer is not None:
         options = replace(options, token_types=tokenizer.token_types)

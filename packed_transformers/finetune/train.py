@@ -47,7 +47,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from packed_transformers.common.cli import first_line, refuse
+from packed_transformers.common.cli import first_line, own_process_handler, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
 from packed_transformers.components import replicas as parallel  # this process among the run's
@@ -468,7 +468,8 @@ def main(argv=None) -> int:
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, own_process_handler(request_stop))
+                    for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
     try:
         config = load_finetune_config(args.config, args.set)
         if args.resume and args.overwrite:

@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from packed_transformers.common.choices import BATCHING_MODES, FIXED_WIDTH_MODES
 from packed_transformers.inference.rows import pack_rows, pad_table, unpacked_table
@@ -179,9 +178,11 @@ def width_groups(
     return best
 
 
-def collate(data, table: np.ndarray, width: int, with_labels: bool = True) -> dict[str, torch.Tensor]:
+def collate(data, table: np.ndarray, width: int, with_labels: bool = True) -> dict:
     """Model inputs for one batch table: pack_rows' fields [rows, width] / [rows, K] and labels
     [rows, K] (or [rows, K, C] multi-label, [rows, K, 2] span positions; zeros in empty slots)."""
+    import torch  # here alone: batching is torch-free for the exported process
+
     rows = pack_rows(data.token_ids, table, width, data.segment_ids)
     batch = {name: torch.from_numpy(value) for name, value in rows.items()}
     if with_labels:

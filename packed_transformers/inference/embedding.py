@@ -23,7 +23,6 @@ import numpy as np
 
 from packed_transformers.common.choices import EMBED_BATCHING
 from packed_transformers.data.classification_data import ExampleError
-from packed_transformers.door.embedding_folder import encoder_from_sentence_transformer, load_encoder  # noqa: F401 (read from here too)
 from packed_transformers.door.loaded import LoadedModel
 from packed_transformers.inference.batching import Batcher, BatchingSpec, width_groups
 from packed_transformers.inference.options import InferenceOptions
@@ -34,12 +33,24 @@ from packed_transformers.inference.runner import runner_of
 def packed_encode(st_model, texts: list[str], **options) -> np.ndarray:
     """sentence-transformers' `model.encode(texts)` (numpy float32 [n, D]), packed: the same
     vectors, computed on packs. The LoadedModel is built once per model object and kept on it."""
+    from packed_transformers.door.embedding_folder import encoder_from_sentence_transformer
+
     encoder = getattr(st_model, "_packed_encoder", None)
     if encoder is None:
         encoder = encoder_from_sentence_transformer(st_model)
         st_model._packed_encoder = encoder
     device = str(next(encoder.model.parameters()).device.type)
     return encode(texts, encoder, InferenceOptions.for_embedding(device=device, **options))
+
+
+def __getattr__(name: str):
+    """load_encoder, read from here too, imported when asked for (it imports torch; this
+    module runs exported folders without it)."""
+    if name == "load_encoder":
+        from packed_transformers.door.embedding_folder import load_encoder
+
+        return load_encoder
+    raise AttributeError(name)
 
 
 def run_tables(

@@ -17,8 +17,9 @@ texts, the way sentence-transformers quantizes for OpenVINO through optimum-inte
 calibrates on 300 sentences). Quality is measured, not assumed: docs/embeddings.md.
 
 Start-up: the converted (and, int8, quantized) model is kept on disk and read back by later
-processes (`read_cached`, `write_cached`: `$PACKED_TRANSFORMERS_CACHE/openvino/<key>/model.xml`, default
-`~/.cache/packed-transformers`; an empty value turns it off), keyed by everything it is made of:
+processes (`read_cached`, `write_cached` over inference.graph_cache:
+`$PACKED_TRANSFORMERS_CACHE/openvino/<key>/model.xml`, default `~/.cache/packed-transformers`;
+an empty value turns it off; a cache that cannot be written is one warning line), keyed by everything it is made of:
 the weights' bytes, the model's config, the model room's source files, the OpenVINO (and NNCF)
 versions, and for int8 the calibration rows' bytes; compiled shapes go to OpenVINO's own
 CACHE_DIR beside it. An entry appears by atomic rename; one that cannot be read is rebuilt.
@@ -45,19 +46,24 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import logging
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from packed_transformers.common.telemetry import decline_openvino_telemetry
+from packed_transformers.inference import graph_cache
+
+# before openvino is first imported: its conversion and NNCF send usage telemetry by default
+# (common.telemetry says why and how a user turns it back on)
+decline_openvino_telemetry()
+
 log = logging.getLogger(__name__)
 
 # The tasks whose packed rows the graphs run (the pooled heads: a sequence's score or vector).
 OPENVINO_TASKS = ("classification", "embedding")
+RUNTIME = "openvino"  # its folder in the graph cache
 CALIBRATION_TEXTS = 300  # texts an int8 graph is calibrated on where the caller gives none
 
 
@@ -83,35 +89,14 @@ def openvino_problem(device: str, dtype: str) -> str | None:
     return None
 
 
-def cache_root() -> Path | None:
-    """Where converted graphs are kept: $PACKED_TRANSFORMERS_CACHE (empty: nowhere), else
-    $XDG_CACHE_HOME or ~/.cache, /packed-transformers; its openvino/ folder."""
-    chosen = os.environ.get("PACKED_TRANSFORMERS_CACHE")
-    if chosen == "":
-        return None
-    base = (
-        Path(chosen)
-        if chosen
-        else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "packed-transformers"
-    )
-    return base / "openvino"
-
-
 def model_digest(model: torch.nn.Module, dtype: str) -> hashlib._Hash:
     """A running sha256 over what a converted graph is made of (the module's docstring)."""
     import openvino
 
-    digest = hashlib.sha256(f"{type(model).__name__}|{dtype}|openvino {openvino.__version__}".encode())
+    header = f"{dtype}|openvino {openvino.__version__}"
     if dtype == "int8":  # its version read, nncf not imported (0.3 s): a cached graph needs none of it
-        digest.update(f"|nncf {importlib.metadata.version('nncf')}".encode())
-    config = getattr(model, "config", None)
-    digest.update(repr(config.to_dict() if hasattr(config, "to_dict") else config).encode())
-    for source in sorted((Path(__file__).resolve().parents[1] / "model").rglob("*.py")):
-        digest.update(source.read_bytes())
-    for name, tensor in model.state_dict().items():
-        digest.update(f"{name}{tuple(tensor.shape)}{tensor.dtype}".encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest
+        header += f"|nncf {importlib.metadata.version('nncf')}"
+    return graph_cache.model_digest(model, header)
 
 
 class _SignalStack(ctypes.Structure):
@@ -183,38 +168,29 @@ def openvino_core():
 
 def read_cached(key: str):
     """The cached openvino.Model of `key`, or None (absent, off, or unreadable: then removed)."""
-    root = cache_root()
-    if root is None or not (root / key / "model.xml").is_file():
+    path = graph_cache.cached_file(RUNTIME, key, "model.xml")
+    if path is None:
         return None
     try:
         with signal_stack_kept():
-            return openvino_core().read_model(str(root / key / "model.xml"))
+            return openvino_core().read_model(str(path))
     except Exception as err:  # noqa: BLE001 - OpenVINO raises RuntimeError subclasses of its own
-        log.warning(
-            "%s: a cached graph that cannot be read (%s); building it again", root / key, str(err)[:200]
-        )
-        shutil.rmtree(root / key, ignore_errors=True)
+        log.warning("%s: a cached graph that cannot be read (%s); building it again", path.parent,
+                    str(err)[:200])  # fmt: skip
+        graph_cache.discard(RUNTIME, key)
         return None
 
 
 def write_cached(key: str, model) -> None:
-    """Keep `model` under `key` (a temporary folder renamed into place; an entry another
-    process wrote first is kept). A cache that cannot be written is only logged."""
-    root = cache_root()
-    if root is None or (root / key).is_dir():
-        return
+    """Keep `model` under `key` (graph_cache.keep: a cache that cannot be written, whatever
+    OpenVINO raises, is one warning line, and nothing half-written stays)."""
     import openvino
 
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
-        openvino.save_model(model, str(scratch / "model.xml"), compress_to_fp16=False)
-        try:
-            scratch.rename(root / key)
-        except OSError:  # written meanwhile by another process
-            shutil.rmtree(scratch, ignore_errors=True)
-    except OSError as err:
-        log.warning("%s: the converted graph is not kept (%s)", root, err)
+    def save(folder: Path) -> None:
+        with signal_stack_kept():
+            openvino.save_model(model, str(folder / "model.xml"), compress_to_fp16=False)
+
+    graph_cache.keep(RUNTIME, key, save)
 
 
 class OpenVinoGraphs:
@@ -308,8 +284,11 @@ class OpenVinoGraphs:
         model = self.converted.clone()
         model.reshape({port: openvino.PartialShape(list(dims)) for port, dims in zip(model.inputs, shape)})
         settings = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": self.threads}
-        if cache_root() is not None:  # compiled shapes kept by OpenVINO itself, beside the graphs
-            settings["CACHE_DIR"] = str(cache_root() / "compiled")
+        # compiled shapes kept by OpenVINO itself, beside the graphs, only where it can write
+        # there: its compile fails on a CACHE_DIR it cannot create
+        compiled_cache = graph_cache.cache_root(RUNTIME)
+        if compiled_cache is not None and graph_cache.writable_folder(compiled_cache / "compiled"):
+            settings["CACHE_DIR"] = str(compiled_cache / "compiled")
         with signal_stack_kept():
             compiled = openvino_core().compile_model(model, "CPU", settings)
         # the model's outputs by the names its forward gives them (the dict keys)

@@ -22,11 +22,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
-from packed_transformers.common.choices import RUNTIMES
-from packed_transformers.inference.precision import device_problem, precision
+from packed_transformers.common.choices import EXPORTED, GRAPH_RUNTIMES, RUNTIMES
 from packed_transformers.inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
+
+# torch is imported where a torch Runner is built, never at import: an exported folder's
+# process (inference.graph_runner) reads this module's RunBatch, RunStats and per_* without it
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,15 @@ class RunStats:
     def padding_fraction(self) -> float:
         return 1.0 - self.real_tokens / max(self.row_tokens, 1)
 
+    def count(self, table: np.ndarray, width: int, token_ids: list, seconds: float) -> None:
+        """One forward over `table`'s rows of `width` tokens, taking `seconds`."""
+        self.seconds += seconds
+        self.batches += 1
+        present = table[table >= 0]
+        self.sequences += len(present)
+        self.real_tokens += int(sum(len(token_ids[i]) for i in present))
+        self.row_tokens += len(table) * width
+
 
 @dataclass
 class Runner:
@@ -63,26 +73,32 @@ class Runner:
     VNNI: a copy of the model with int8 layers, inference.int8). ValueError (one line) if
     this machine cannot run that device or dtype."""
 
-    model: torch.nn.Module
+    model: object  # torch.nn.Module
     device: str | None = None  # None: where the model's parameters are
     dtype: str = "float32"
     stats: RunStats = field(default_factory=RunStats)
     # torch.compile the forward (inductor, weights frozen into the graph, static shapes): one
     # graph per row width, the tables of a width padded with empty rows to its most rows
     compiled: bool = False
-    # "torch", or "openvino": the rows through OpenVINO (inference.openvino_graphs), a graph
-    # compiled per row shape, the tables of a width padded as compiled's are; float32 or int8
+    # "torch"; "openvino": the rows through OpenVINO (inference.openvino_graphs), a graph
+    # compiled per row shape, the tables of a width padded as compiled's are; "onnxruntime":
+    # through ONNX Runtime (inference.onnx_graphs), one graph with rows and width open;
+    # float32 or int8 on either
     runtime: str = "torch"
 
     def __post_init__(self):
+        import torch
+
+        from packed_transformers.inference.precision import device_problem
+
         parameter = next(self.model.parameters(), None)
         device = (
             torch.device(self.device)
             if self.device
             else (parameter.device if parameter is not None else torch.device("cpu"))
         )
-        if self.runtime not in ("torch", "openvino"):  # "auto" is resolved by the caller, who knows the task
-            raise ValueError(f"Runner runs torch or openvino, not {self.runtime!r} (resolve auto first)")
+        if self.runtime not in ("torch", *GRAPH_RUNTIMES):  # "auto" is resolved by the caller, who knows the task
+            raise ValueError(f"Runner runs torch, {' or '.join(GRAPH_RUNTIMES)}, not {self.runtime!r} (resolve auto first)")
         problem = (
             device_problem(device.type, self.dtype)
             if self.runtime == "torch"
@@ -97,6 +113,11 @@ class Runner:
 
             self._forward_model = OpenVinoGraphs(self.model, self.dtype, torch.get_num_threads())
             self._rows_of_width: dict[int, tuple[int, int]] = {}  # (rows, slots) of a width's tables
+            return
+        if self.runtime == "onnxruntime":
+            from packed_transformers.inference.onnx_graphs import OnnxGraphs
+
+            self._forward_model = OnnxGraphs(self.model, self.dtype, torch.get_num_threads())
             return
         if self.dtype == "int8":  # a quantized copy: the loaded float32 model serves other runners
             from packed_transformers.inference.int8 import quantize_encoder
@@ -133,7 +154,6 @@ class Runner:
         changes nothing."""
         self._forward_model.calibrate(rows)
 
-    @torch.inference_mode()
     def forward(
         self, token_ids: list, table: np.ndarray, width: int, segment_ids: list | None = None,
         outputs: Iterable[str] = ("logits",), read: Callable[[dict, dict], dict] | None = None,
@@ -145,6 +165,10 @@ class Runner:
         `outputs`. inputs: the model's inputs beyond the rows, from the batch's tensors (a
         causal LM's next-token targets, so that its head runs only where one is); `read`
         sees them in its batch."""
+        import torch
+
+        from packed_transformers.inference.precision import precision
+
         if self.compiled or self.runtime == "openvino":
             table = self._static_rows(table, width)
         rows = pack_rows(token_ids, table, width, segment_ids)
@@ -154,20 +178,15 @@ class Runner:
         started = time.perf_counter()
         if inputs is not None:
             batch.update(inputs(batch))
-        with precision(self.device.type, self.dtype):
+        with torch.inference_mode(), precision(self.device.type, self.dtype):
             out = self._forward_model(**batch)
-        if read is not None:
-            arrays = read(batch, out)  # numpy: waits for the device too
-        else:
-            arrays = {
-                name: out[name].float().cpu().numpy() for name in outputs
-            }  # .cpu() waits for the device
-        self.stats.seconds += time.perf_counter() - started
-        self.stats.batches += 1
-        present = table[table >= 0]
-        self.stats.sequences += len(present)
-        self.stats.real_tokens += int(sum(len(token_ids[i]) for i in present))
-        self.stats.row_tokens += len(table) * width
+            if read is not None:
+                arrays = read(batch, out)  # numpy: waits for the device too
+            else:
+                arrays = {
+                    name: out[name].float().cpu().numpy() for name in outputs
+                }  # .cpu() waits for the device
+        self.stats.count(table, width, token_ids, time.perf_counter() - started)
         return RunBatch(rows, arrays)
 
     def run(
@@ -226,27 +245,37 @@ def runtime_problem(
     runtime: str, device: str, dtype: str, ray: bool = False, compiled: bool = False
 ) -> str | None:
     """The one-line reason `runtime` cannot run `dtype` on `device` here (on Ray's replicas,
-    or under torch.compile), or None. auto falls back to torch wherever OpenVINO cannot run
-    and picks OpenVINO only where torch runs the dtype too, so torch's limits are its own."""
+    or under torch.compile), or None. auto falls back to torch wherever a graph runtime cannot
+    run and picks one only where torch runs the dtype too, so torch's limits are its own.
+    Decided from the arguments and the machine alone: torch is not imported."""
+    from packed_transformers.inference.precision import device_problem
+
     if runtime not in RUNTIMES:
         return f"--runtime must be one of {RUNTIMES}, got {runtime!r}"
     if runtime == "auto":
         return device_problem(device, dtype)
+    if runtime in GRAPH_RUNTIMES:
+        if ray:
+            return f"--runtime {runtime} runs without --ray (the Ray replicas run torch)"
+        if compiled:
+            return f"--runtime {runtime} runs without --compile (torch.compile compiles torch's forward)"
+    if runtime == "onnxruntime":
+        from packed_transformers.inference.onnx_session import onnxruntime_problem
+
+        return onnxruntime_problem(device, dtype)
     if runtime == "openvino":
         from packed_transformers.inference.openvino_graphs import openvino_problem
 
-        if ray:
-            return "--runtime openvino runs without --ray (the Ray replicas run torch)"
-        if compiled:
-            return "--runtime openvino runs without --compile (torch.compile compiles torch's forward)"
         return openvino_problem(device, dtype)
     return device_problem(device, dtype)
 
 
-def compiled_forward(model: torch.nn.Module):
+def compiled_forward(model):
     """`model` under torch.compile for inference: static shapes (dynamic=False) and, with
     inductor, its weights frozen into the graph (constant-folded, pre-packed for oneDNN on a
     CPU). Built at the first forward of each shape; bench/bench_compile.py times it."""
+    import torch
+
     if COMPILE_BACKEND == "inductor":
         return torch.compile(model, dynamic=False, options={"freezing": True})
     return torch.compile(model, dynamic=False, backend=COMPILE_BACKEND)
@@ -258,6 +287,10 @@ def runner_of(loaded, device: str, dtype: str, compiled: bool = False, runtime: 
     checked) once per setting and kept on the LoadedModel."""
     from packed_transformers.inference.runtime_choice import resolved_runtime
 
+    if loaded.spec.source == EXPORTED:  # an exported folder: its own graph, no torch
+        from packed_transformers.inference.graph_runner import graph_runner_of
+
+        return graph_runner_of(loaded, device, dtype, compiled, runtime)
     chosen = resolved_runtime(runtime, loaded.spec.task, str(device), dtype, compiled=compiled)
     key = (str(device), dtype, compiled, chosen.runtime)
     if key not in loaded._runners:

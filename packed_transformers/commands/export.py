@@ -1,0 +1,171 @@
+"""Export a model folder for the torch-free process: the packed graph, the tokenizer and what
+the read-out needs, in one folder that `packed embed`, `packed predict` and `packed serve`
+run with neither torch nor transformers imported (door.exported_folder).
+
+    packed export --model DIR --output OUT [--runtime onnxruntime] [--dtype float32 | int8]
+        [--pooling mean] [--normalize | --no-normalize] [--max-length N]
+
+DIR: a sentence-transformers folder (or any encoder folder with --pooling): an embedding
+export; a classification folder (finetune.train's, or a transformers folder with a
+sequence-classification head): a classification export. The graph is exported with rows,
+width and slots open (inference.onnx_graphs), float32 or ONNX Runtime's dynamic int8, then
+checked before the folder appears: the exported graph run by ONNX Runtime on packed rows of
+varied widths and slot counts against the torch model on the same rows (float32: cosine
+>= 0.99999 per text, the same labels; int8: reported). OUT appears complete or not at all
+(atomic rename); it never replaces the model folder. A one-line JSON summary goes to stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+
+if __name__ == "__main__":  # option and path mistakes answered before torch is imported
+    from packed_transformers.commands.parsers import export_parser
+    from packed_transformers.common.preflight import exit_on_path_mistakes
+
+    export_parser(__doc__).parse_args()
+    exit_on_path_mistakes({"--model": "folder"})
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from packed_transformers.commands.parsers import export_parser
+from packed_transformers.common.choices import EXPORTED
+from packed_transformers.common.cli import refuse
+from packed_transformers.common.files import atomic_folder, describe_os_error, model_fingerprint, output_over_inputs
+from packed_transformers.data.classification_data import ExampleError
+from packed_transformers.door.exported_folder import EXPORT_FORMAT, GRAPH_TASKS, ExportInfo, spec_fields
+from packed_transformers.inference.onnx_session import RUNTIME, onnxruntime_problem
+
+FP32_MIN_COSINE = 0.99999  # the exported float32 graph against torch, per text
+
+
+def check_rows(seed: int = 0) -> list[list[np.ndarray]]:
+    """Token id lists of a few packs' worth of made-up texts: varied lengths, so that the
+    check runs rows of several widths and slot counts through both models."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(1000, 2000, size=int(n)).astype(np.int64) for n in (3, 9, 17, 30, 5, 64, 2, 12, 40, 7)]
+
+
+def tables_for_check(lengths: list[int]) -> list[tuple[np.ndarray, int]]:
+    """(table, width) pairs over the check texts: one text a row, two and three a row, one
+    wide row: every axis of the graph takes more than one size."""
+    n = len(lengths)
+    order = list(range(n))
+    tables = [np.array([[i] for i in order[:4]]), np.array([[4, 5], [6, 7]]), np.array([[8, 9, 0]])]
+    out = []
+    for table in tables:
+        width = int(max(sum(lengths[i] for i in row if i >= 0) for row in table.tolist()))
+        out.append((table, width + 3))
+    return out
+
+
+def compare(model, loaded, graph_path: Path, dtype: str, task: str) -> dict:
+    """The exported graph against the torch model on the same packed rows -> figures
+    (min cosine per text, label agreement for classification); ExampleError where float32
+    differs beyond FP32_MIN_COSINE."""
+    import torch
+
+    from packed_transformers.inference.onnx_session import OnnxSession
+    from packed_transformers.inference.rows import pack_rows
+
+    session = OnnxSession(graph_path, torch.get_num_threads())
+    name = "embeddings" if task == "embedding" else "logits"
+    texts = check_rows()
+    cosines, agree, total = [], 0, 0
+    for table, width in tables_for_check([len(t) for t in texts]):
+        rows = pack_rows(texts, table, width)
+        with torch.inference_mode():
+            reference = model(**{k: torch.from_numpy(v) for k, v in rows.items()})[name].float().numpy()
+        graph = session(rows)[name]
+        present = rows["example_index"] >= 0
+        a, b = reference[present], graph[present]
+        cosines += list((a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30))
+        if task == "classification":
+            agree += int((a.argmax(-1) == b.argmax(-1)).sum())
+            total += len(a)
+    figures = {"min_cosine_to_torch": round(float(min(cosines)), 6)}
+    if total:
+        figures["label_agreement"] = round(agree / total, 4)
+    if dtype == "float32" and min(cosines) < FP32_MIN_COSINE:
+        raise ExampleError(
+            f"the exported graph differs from the torch model (min cosine {min(cosines):.6f} < {FP32_MIN_COSINE}); "
+            "nothing was written"
+        )
+    return figures
+
+
+def export(args) -> dict:
+    """Write the export folder; -> the summary."""
+    import torch
+
+    from packed_transformers.door.opener import AsTheFolderSays, ForEmbedding, open_folder
+    from packed_transformers.inference.onnx_graphs import GRAPH_FILE, export_graph
+    from packed_transformers.inference.rows import pack_rows
+
+    describe = (
+        ForEmbedding(args.pooling, args.normalize, args.max_length) if args.pooling or args.embedding
+        else AsTheFolderSays()
+    )  # fmt: skip
+    loaded = open_folder(args.model, describe)
+    task = loaded.spec.task
+    if task not in GRAPH_TASKS:
+        raise ExampleError(f"--model {args.model}: a {task} folder; packed export writes {' and '.join(GRAPH_TASKS)} folders")
+    model = loaded.model.eval()
+    texts = check_rows()
+    table, width = tables_for_check([len(t) for t in texts])[1]
+    trace_rows = pack_rows(texts, table, width)
+    dimension = loaded.dimension if task == "embedding" else len(loaded.spec.labels) or model.config.num_labels
+    with atomic_folder(args.output) as folder:
+        outputs = export_graph(model, trace_rows, args.dtype, folder / GRAPH_FILE)
+        figures = compare(model, loaded, folder / GRAPH_FILE, args.dtype, task)
+        tokenizer = loaded.tokenizer
+        text = tokenizer.to_str() if hasattr(tokenizer, "to_str") else tokenizer._tokenizer.to_str()
+        (folder / "tokenizer.json").write_text(text, encoding="utf-8")
+        if loaded.vocab is not None:  # finetune.train's WordPiece folders tokenize pairs by it
+            words = sorted(loaded.vocab, key=loaded.vocab.get)
+            (folder / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+        info = ExportInfo(
+            format=EXPORT_FORMAT, runtime=RUNTIME, dtype=args.dtype, graph=GRAPH_FILE, outputs=tuple(outputs),
+            dimension=int(dimension), hidden_size=int(model.config.hidden_size),
+            max_input_length=int(loaded.max_length), token_types=bool(loaded.token_types),
+            spec=spec_fields(loaded.spec),
+            source={"folder": str(Path(args.model).resolve()), "fingerprint": model_fingerprint(args.model),
+                    "torch": torch.__version__},
+        )  # fmt: skip
+        (folder / EXPORTED).write_text(json.dumps(info.to_json(), indent=1) + "\n", encoding="utf-8")
+    size = sum(p.stat().st_size for p in Path(args.output).iterdir())
+    return {"output": str(args.output), "task": task, "runtime": RUNTIME, "dtype": args.dtype,
+            "dimension": int(dimension), "megabytes": round(size / 2**20, 1), **figures}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    args = export_parser(__doc__).parse_args(argv)
+    wrong = onnxruntime_problem("cpu", args.dtype)
+    wrong = wrong or output_over_inputs(args.output, [], [args.model])
+    if not wrong and Path(args.output).resolve() == Path(args.model).resolve():
+        wrong = f"--output {args.output}: is the model folder; give a new folder"
+    if not wrong and Path(args.output).exists() and not args.overwrite:
+        wrong = f"--output {args.output}: exists; give --overwrite to replace it, or another path"
+    if wrong:
+        return refuse(wrong)
+    from packed_transformers.model.hf_checkpoint import quiet_transformers
+
+    quiet_transformers()
+    try:
+        summary = export(args)
+    except ExampleError as err:
+        return refuse(err)
+    except OSError as err:
+        return refuse(describe_os_error(err))
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    from packed_transformers.common.cli import run_main
+
+    sys.exit(run_main(main, "stopped; nothing was written (the folder appears only when complete)"))
+

@@ -1,0 +1,99 @@
+"""The packed forward of an exported folder, without torch: tables -> rows (numpy) -> the
+graph (ONNX Runtime) -> numpy outputs, with the Runner's interface and figures, so that
+embed, predict and the server run an exported folder through the code they run a torch model
+through (inference.embedding, inference.classify, serving/).
+
+    runner = runner_of(loaded, "cpu", "float32")     # inference.runner: a GraphRunner here
+    for batch in runner.run(token_ids, tables, width_of, segment_ids, ("embeddings",)): ...
+
+The folder fixes the runtime and dtype (its graph was made for them): asking for others is a
+one-line ValueError. Threads: ONNX Runtime's intra-op threads, $OMP_NUM_THREADS where set,
+else the CPUs this process may run on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+
+from packed_transformers.inference.rows import pack_rows
+from packed_transformers.inference.runner import RunBatch, RunStats
+
+
+def default_threads() -> int:
+    """$OMP_NUM_THREADS, else the CPUs this process may run on."""
+    chosen = os.environ.get("OMP_NUM_THREADS", "")
+    if chosen.isdigit() and int(chosen) > 0:
+        return int(chosen)
+    return len(os.sched_getaffinity(0))
+
+
+def exported_problem(info, device: str, dtype: str | None, runtime: str | None) -> str | None:
+    """The one line refusing a device, dtype or runtime an exported folder's graph was not
+    made for (None: not asked, the folder's own), or None."""
+    if device != "cpu":
+        return f"an exported folder runs on the CPU ({info.runtime}), not on {device}"
+    if runtime not in (None, "auto", info.runtime):
+        return f"this folder holds an {info.runtime} graph: --runtime {runtime} needs the model folder it was exported from"
+    if dtype not in (None, info.dtype):
+        return f"this folder holds a {info.dtype} graph: --dtype {dtype} needs `packed export --dtype {dtype}` of the model"
+    return None
+
+
+class GraphRunner:
+    """An exported graph as a Runner: `run`, `forward`, `stats`, `model`, `needs_calibration`."""
+
+    device = "cpu"
+    compiled = False
+    needs_calibration = False
+
+    def __init__(self, model, threads: int | None = None):
+        from packed_transformers.inference.onnx_session import OnnxSession
+
+        self.model = model  # door.exported_folder.ExportedGraph
+        self.runtime, self.dtype = model.info.runtime, model.info.dtype
+        self.session = OnnxSession(model.path, threads or default_threads())
+        self.stats = RunStats()
+
+    def forward(
+        self, token_ids: list, table: np.ndarray, width: int, segment_ids: list | None = None,
+        outputs: Iterable[str] = ("logits",), read: Callable | None = None, inputs: Callable | None = None,
+    ) -> RunBatch:  # fmt: skip
+        """One table's rows through the graph -> RunBatch (Runner.forward's contract; `read`
+        and `inputs` serve a causal LM's logits, which no exported graph holds)."""
+        if read is not None or inputs is not None:
+            raise ValueError("an exported graph answers its outputs whole (no read / inputs)")
+        rows = pack_rows(token_ids, table, width, segment_ids)
+        started = time.perf_counter()
+        answer = self.session(rows)
+        arrays = {name: answer[name] for name in outputs}
+        self.stats.count(table, width, token_ids, time.perf_counter() - started)
+        return RunBatch(rows, arrays)
+
+    def run(
+        self, token_ids: list, tables: Iterable[np.ndarray], width_of: Callable[[np.ndarray], int],
+        segment_ids: list | None = None, outputs: Iterable[str] = ("logits",),
+    ) -> Iterator[RunBatch]:  # fmt: skip
+        outputs = tuple(outputs)
+        for table in tables:
+            yield self.forward(token_ids, table, width_of(table), segment_ids, outputs)
+
+
+def graph_runner_of(loaded, device: str, dtype: str | None, compiled: bool, runtime: str | None) -> GraphRunner:
+    """The exported LoadedModel's GraphRunner, built once and kept on it; ValueError (one
+    line) for a device, dtype or runtime its graph was not made for, or --compile."""
+    if compiled:
+        raise ValueError("an exported folder runs its graph: --compile compiles torch's forward")
+    # the options' defaults (torch, float32) mean "as the folder says" here
+    info = loaded.model.info
+    problem = exported_problem(info, str(device), None if dtype in ("float32", info.dtype) else dtype,
+                               None if runtime == "torch" else runtime)  # fmt: skip
+    if problem:
+        raise ValueError(problem)
+    key = ("exported",)
+    if key not in loaded._runners:
+        loaded._runners[key] = GraphRunner(loaded.model)
+    return loaded._runners[key]
