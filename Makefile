@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packed_transformers/packing/histograms/wikipedia_512.json
 
-.PHONY: test-sdk-stack install install-tf install-ray readme-timings test demo demo-data convergence bench lint clean finetune-demo qa-demo
+.PHONY: test-sdk-stack install install-tf install-ray install-light readme-timings test demo demo-data convergence bench lint clean finetune-demo qa-demo
 
 install: $(STAMP)
 
@@ -32,6 +32,20 @@ $(TF_STAMP): requirements-tf.txt
 	$(TF_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-tf.txt
 	touch $(TF_STAMP)
 
+# The light install (ARCHITECTURE.md, "The light install"): an environment with neither torch nor
+# transformers, the package installed without its dependencies plus requirements-runtime.txt: what
+# runs a folder `packed export` wrote. The tests run an exported folder in it.
+LIGHT_VENV := .venv-light
+LIGHT_STAMP := $(LIGHT_VENV)/.installed
+install-light: $(LIGHT_STAMP)
+
+$(LIGHT_STAMP): requirements-runtime.txt pyproject.toml
+	@echo "installing $(LIGHT_VENV): the light install (tokenizers, numpy, ONNX Runtime; ~230 MB, no torch)"
+	test -x $(LIGHT_VENV)/bin/python || $(PYTHON) -m venv $(LIGHT_VENV)
+	$(LIGHT_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-runtime.txt
+	$(LIGHT_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $(LIGHT_STAMP)
+
 # Optional Ray (packed batch inference on a Ray cluster: commands.embed / commands.predict --ray),
 # into .venv beside the main install.
 RAY_STAMP := $(VENV)/.installed-ray
@@ -47,7 +61,7 @@ $(RAY_STAMP): requirements-ray.txt $(STAMP)
 # how it died printed (tests/conftest.py): pytest-xdist 3.8.0 replacing it under loadscope can
 # wait forever for work it will never send (pytest-xdist issues 1323, 1378).
 TEST_WORKERS ?= 2
-test: install install-tf install-ray
+test: install install-tf install-ray install-light
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --max-worker-restart 0)
 
 # The README's recipes exactly as written (make test runs them at tiny scale), each one

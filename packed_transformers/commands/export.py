@@ -42,11 +42,13 @@ from packed_transformers.inference.onnx_session import RUNTIME, onnxruntime_prob
 FP32_MIN_COSINE = 0.99999  # the exported float32 graph against torch, per text
 
 
-def check_rows(seed: int = 0) -> list[list[np.ndarray]]:
-    """Token id lists of a few packs' worth of made-up texts: varied lengths, so that the
-    check runs rows of several widths and slot counts through both models."""
+def check_rows(vocabulary: int, longest: int, seed: int = 0) -> list[np.ndarray]:
+    """Token id lists of a few packs' worth of made-up texts (ids below `vocabulary`, at most
+    `longest` tokens): varied lengths, so that the check runs rows of several widths and slot
+    counts through both models."""
     rng = np.random.default_rng(seed)
-    return [rng.integers(1000, 2000, size=int(n)).astype(np.int64) for n in (3, 9, 17, 30, 5, 64, 2, 12, 40, 7)]
+    lengths = [min(n, longest) for n in (3, 9, 17, 30, 5, 64, 2, 12, 40, 7)]
+    return [rng.integers(5, vocabulary, size=n).astype(np.int64) for n in lengths]
 
 
 def tables_for_check(lengths: list[int]) -> list[tuple[np.ndarray, int]]:
@@ -73,7 +75,7 @@ def compare(model, loaded, graph_path: Path, dtype: str, task: str) -> dict:
 
     session = OnnxSession(graph_path, torch.get_num_threads())
     name = "embeddings" if task == "embedding" else "logits"
-    texts = check_rows()
+    texts = check_rows(model.config.vocab_size, loaded.max_length)
     cosines, agree, total = [], 0, 0
     for table, width in tables_for_check([len(t) for t in texts]):
         rows = pack_rows(texts, table, width)
@@ -114,7 +116,7 @@ def export(args) -> dict:
     if task not in GRAPH_TASKS:
         raise ExampleError(f"--model {args.model}: a {task} folder; packed export writes {' and '.join(GRAPH_TASKS)} folders")
     model = loaded.model.eval()
-    texts = check_rows()
+    texts = check_rows(model.config.vocab_size, loaded.max_length)
     table, width = tables_for_check([len(t) for t in texts])[1]
     trace_rows = pack_rows(texts, table, width)
     dimension = loaded.dimension if task == "embedding" else len(loaded.spec.labels) or model.config.num_labels

@@ -60,18 +60,16 @@ from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.door.opener import open_folder
 from packed_transformers.inference.classify import classify_examples
 from packed_transformers.inference.options import InferenceOptions
-from packed_transformers.inference.precision import device_problem
+from packed_transformers.door.exported_folder import exported_arguments_problem, is_exported, read_export
 from packed_transformers.inference.predictions import score, write_predictions
-from packed_transformers.inference.runner import Runner, runtime_problem
+from packed_transformers.inference.runner import Runner, runner_of, runtime_problem
 from packed_transformers.inference.runtime_choice import resolved_runtime
-from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.packs.errors import PackingInputError
 
 
 def main(argv=None) -> int:
     parser = predict_parser(__doc__)
     args = parser.parse_args(argv)
-    quiet_transformers()
     wrong = below_one(
         args,
         (
@@ -82,8 +80,20 @@ def main(argv=None) -> int:
             "threads_per_worker",
             "chunk_rows",
         ),
-    ) or device_problem(args.device, args.dtype)
-    wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
+    )
+    exported = is_exported(args.model)
+    if exported:  # its graph decides runtime and dtype: torch is never imported
+        wrong = wrong or exported_arguments_problem(args, sys.argv[1:] if argv is None else argv)
+        if not wrong:
+            info = read_export(args.model)
+            args.runtime, args.dtype = info.runtime, info.dtype
+    else:
+        from packed_transformers.inference.precision import device_problem
+        from packed_transformers.model.hf_checkpoint import quiet_transformers
+
+        quiet_transformers()
+        wrong = wrong or device_problem(args.device, args.dtype)
+        wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
     if wrong:
         return refuse(wrong)
     if args.ray:
@@ -106,11 +116,12 @@ def main(argv=None) -> int:
     try:
         folder = open_folder(args.model)
         model, spec = folder.model, folder.spec
-        chosen = resolved_runtime(args.runtime, spec.task, args.device, args.dtype, compiled=args.compile)
-        if chosen.why:
-            print(chosen.why, file=sys.stderr)
-        args.runtime = chosen.runtime
-        if args.runtime != "torch" and spec.task != "classification":
+        if not exported:
+            chosen = resolved_runtime(args.runtime, spec.task, args.device, args.dtype, compiled=args.compile)
+            if chosen.why:
+                print(chosen.why, file=sys.stderr)
+            args.runtime = chosen.runtime
+        if args.runtime != "torch" and spec.task != "classification" and not exported:
             return refuse(f"--runtime {args.runtime} runs classification folders (and embed); {args.model} is "
                           f"a {spec.task} folder: leave --runtime out")  # fmt: skip
         if spec.task == "question_answering":
@@ -125,7 +136,10 @@ def main(argv=None) -> int:
             if has_labels
             else np.zeros(len(examples), dtype=np.int64)
         )
-        runner = Runner(model, args.device, args.dtype, compiled=args.compile, runtime=args.runtime)
+        runner = (
+            runner_of(folder, args.device, args.dtype, args.compile, args.runtime) if exported
+            else Runner(model, args.device, args.dtype, compiled=args.compile, runtime=args.runtime)
+        )  # fmt: skip
         logits, timing, data = classify_examples(
             folder, runner, examples, labels, InferenceOptions.from_args(args)
         )

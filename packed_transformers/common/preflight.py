@@ -59,6 +59,10 @@ def path_mistake(option: str, value: str, kind: str) -> str | None:
     return f"{option} {value}: file not found"
 
 
+# what a folder `packed export` wrote needs (door.exported_folder): the light install
+EXPORTED_NEEDS = ("onnxruntime", "tokenizers", "numpy")
+
+
 def missing_packages(names=("torch", "transformers")) -> str | None:
     """One line if this Python lacks the project's packages (run outside .venv), else None.
     importlib's find_spec looks without importing."""
@@ -67,6 +71,11 @@ def missing_packages(names=("torch", "transformers")) -> str | None:
     missing = [name for name in names if find_spec(name) is None]
     if not missing:
         return None
+    if tuple(names) == EXPORTED_NEEDS:
+        return (
+            f"{', '.join(missing)} not installed in this Python ({sys.executable}); an exported folder runs "
+            "with the light install: pip install -r requirements-runtime.txt"
+        )
     return (
         f"{', '.join(missing)} not installed in this Python ({sys.executable}): run `make install` in the "
         "project folder, then use .venv/bin/python (or `source .venv/bin/activate`)"
@@ -121,7 +130,11 @@ def exit_on_path_mistakes(spec: dict[str, str], argv: list[str] | None = None) -
     argv = sys.argv[1:] if argv is None else argv
     if "-h" in argv or "--help" in argv:
         return
-    missing = missing_packages()
+    from packed_transformers.common.choices import EXPORTED
+
+    model = value_of(argv, "--model")
+    exported = model is not None and (Path(model) / EXPORTED).is_file()
+    missing = missing_packages(EXPORTED_NEEDS if exported else ("torch", "transformers"))
     if missing:
         print(f"error: {missing}", file=sys.stderr)
         raise SystemExit(2)

@@ -37,9 +37,9 @@ def exported_problem(info, device: str, dtype: str | None, runtime: str | None) 
     if device != "cpu":
         return f"an exported folder runs on the CPU ({info.runtime}), not on {device}"
     if runtime not in (None, "auto", info.runtime):
-        return f"this folder holds an {info.runtime} graph: --runtime {runtime} needs the model folder it was exported from"
+        return f"this folder's graph is for {info.runtime}: --runtime {runtime} needs the model folder it was exported from"
     if dtype not in (None, info.dtype):
-        return f"this folder holds a {info.dtype} graph: --dtype {dtype} needs `packed export --dtype {dtype}` of the model"
+        return f"this folder's graph is {info.dtype}: --dtype {dtype} needs `packed export --dtype {dtype}` of the model"
     return None
 
 

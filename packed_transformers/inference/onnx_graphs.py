@@ -25,6 +25,7 @@ import importlib.metadata
 import logging
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +94,10 @@ def export_graph(model: torch.nn.Module, rows: dict, dtype: str, path: Path) -> 
     axes.update({name: {0: "rows", 1: "slots"} for name in outputs})
     with tempfile.TemporaryDirectory(prefix="packed-onnx-") as scratch:
         fp32 = Path(scratch) / "fp32.onnx" if dtype == "int8" else path
-        with torch.inference_mode(), dense_attention(model):
+        # the TorchScript exporter (dynamo=False) warns that it is deprecated; the dynamo one
+        # needs onnxscript, which the install does not carry (not tried here)
+        with torch.inference_mode(), dense_attention(model), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(
                 Positional().eval(), tuple(batch[name] for name in names), str(fp32), input_names=names,
                 output_names=outputs, dynamic_axes=axes, opset_version=OPSET, dynamo=False,

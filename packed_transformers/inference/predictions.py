@@ -9,21 +9,26 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from packed_transformers.common.files import atomic_path
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.inference.batching import Batcher
-from packed_transformers.inference.runner import Runner, per_sequence
-from packed_transformers.model.task_heads import classification_metrics
+from packed_transformers.inference.runner import per_sequence
+
+# numpy only: an exported folder's predict (door.exported_folder) scores without torch
 
 
 def predict_logits(
     model, data, batcher: Batcher, device=None, dtype: str = "float32"
 ) -> tuple[np.ndarray, dict]:
     """Logits float32 [n, C] in input order, and timing/padding figures of the pass.
-    `model` is a module (run on its own device) or a inference.runner.Runner."""
-    runner = model if isinstance(model, Runner) else Runner(model, device, dtype)
+    `model` is a module (run on its own device) or a Runner (inference.runner or .graph_runner)."""
+    if hasattr(model, "run") and hasattr(model, "stats"):
+        runner = model
+    else:
+        from packed_transformers.inference.runner import Runner
+
+        runner = Runner(model, device, dtype)
     tables = batcher.epoch(0, shuffle=False)
     start = time.perf_counter()
     batches = list(runner.run(data.token_ids, tables, batcher.width, data.segment_ids, ("logits",)))
@@ -38,29 +43,49 @@ def predict_logits(
     }
 
 
-def to_device(batch: dict, device: torch.device) -> dict:
+def to_device(batch: dict, device) -> dict:
     return {name: value.to(device, non_blocking=True) for name, value in batch.items()}
 
 
-def score(logits: np.ndarray, labels: np.ndarray, multi_label: bool) -> dict:
-    """Loss, accuracy (multi-label: per label) and macro ROC-AUC of input-order logits [n, C]."""
-    from sklearn.metrics import roc_auc_score
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """float32 softmax over the last axis (the largest logit subtracted first)."""
+    shifted = np.exp(logits - logits.max(-1, keepdims=True))
+    return (shifted / shifted.sum(-1, keepdims=True)).astype(np.float32)
 
-    logits_t = torch.from_numpy(logits)[:, None]
-    labels_t = torch.from_numpy(labels)[:, None]
-    present = torch.ones(logits_t.shape[:2], dtype=torch.bool)
-    metrics = classification_metrics(logits_t, labels_t, present, multi_label)
+
+def example_losses(logits: np.ndarray, labels: np.ndarray, multi_label: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Per-example losses [n] (cross-entropy; multi-label: BCE with logits averaged over the
+    C labels, as the training head's) and hits (per example: 0/1; multi-label: labels whose
+    sign matches), computed in float64 from logits [n, C]."""
+    x = logits.astype(np.float64)
+    if multi_label:
+        targets = labels.astype(np.float64)
+        per_label = np.maximum(x, 0) - x * targets + np.log1p(np.exp(-np.abs(x)))
+        return per_label.mean(-1), ((x > 0) == (targets > 0.5)).sum(-1)
+    top = x.max(-1, keepdims=True)
+    log_norm = (top + np.log(np.exp(x - top).sum(-1, keepdims=True)))[:, 0]
+    return log_norm - x[np.arange(len(x)), labels], (x.argmax(-1) == labels).astype(np.int64)
+
+
+def score(logits: np.ndarray, labels: np.ndarray, multi_label: bool) -> dict:
+    """Loss, accuracy (multi-label: per label) and macro ROC-AUC of input-order logits [n, C]
+    (ROC-AUC by scikit-learn: None where it is not installed, as in the light install)."""
+    losses, hits = example_losses(logits, labels, multi_label)
     out = {
-        "loss": float(metrics["loss_sum"] / metrics["count"]),
-        "accuracy": float(metrics["correct"]) / float(metrics["correct_count"]),
+        "loss": float(losses.mean()),
+        "accuracy": float(hits.sum()) / (hits.size * (logits.shape[1] if multi_label else 1)),
     }
     if multi_label:
         truth, scores = labels.astype(np.int64), 1 / (1 + np.exp(-logits))
     else:
         truth = np.eye(logits.shape[1], dtype=np.int64)[labels]
-        scores = torch.softmax(torch.from_numpy(logits), -1).numpy()
+        scores = softmax(logits)
     # ROC-AUC needs both outcomes in a column; classes with one are left out and counted.
     usable = [c for c in range(truth.shape[1]) if 0 < truth[:, c].sum() < len(truth)]
+    try:
+        from sklearn.metrics import roc_auc_score
+    except ImportError:
+        usable = []
     out["roc_auc"] = (
         float(roc_auc_score(truth[:, usable], scores[:, usable], average="macro")) if usable else None
     )
@@ -74,7 +99,7 @@ def class_scores(logits: np.ndarray, multi_label: bool) -> np.ndarray:
     over the labels."""
     if multi_label or logits.shape[1] == 1:
         return 1 / (1 + np.exp(-logits))
-    return torch.softmax(torch.from_numpy(logits), -1).numpy()
+    return softmax(logits)
 
 
 def write_predictions(path: Path, logits: np.ndarray, label_names: list[str], multi_label: bool) -> None:

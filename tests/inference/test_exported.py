@@ -1,0 +1,197 @@
+"""ONNX Runtime on packed rows (inference/onnx_graphs.py, onnx_session.py) and the torch-free
+process (`packed export`, door/exported_folder.py, inference/graph_runner.py): float32 equal to
+torch's packed forward per text, int8 within its gate, the same labels for a classifier, and
+the exported folder's commands importing neither torch nor transformers (judged on
+sys.modules in a fresh process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from packed_transformers.commands import embed as embed_command
+from packed_transformers.commands import export as export_command
+from packed_transformers.commands import predict as predict_command
+from packed_transformers.door.exported_folder import is_exported, load_exported
+from packed_transformers.inference.embedding import encode, load_encoder
+from packed_transformers.inference.options import InferenceOptions
+from packed_transformers.inference.runner import runner_of
+
+from ..conftest import REPO
+from ..finetune_helpers import WORDS
+from ..model_helpers import cosines
+
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(autouse=True)
+def graph_cache(tmp_path_factory, monkeypatch):
+    """Exported graphs kept in this session's temporary folder, never the user's cache."""
+    folder = tmp_path_factory.getbasetemp() / "onnx-cache"
+    monkeypatch.setenv("PACKED_TRANSFORMERS_CACHE", str(folder))
+    return folder / "onnxruntime"
+
+
+def tiny_texts(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 40)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def exported(checkpoint, tmp_path_factory):
+    """`checkpoint` exported as a mean-pooled, normalised embedding model, float32 and int8."""
+    root = tmp_path_factory.mktemp("exported")
+    for dtype in ("float32", "int8"):
+        argv = ["--model", str(checkpoint), "--output", str(root / dtype), "--pooling", "mean", "--normalize",
+                "--dtype", dtype]  # fmt: skip
+        assert export_command.main(argv) == 0
+    return root
+
+
+def test_onnxruntime_runner_equals_torch_per_text(checkpoint):
+    encoder = load_encoder(checkpoint, pooling=["mean"])
+    texts = tiny_texts(30)
+    options = InferenceOptions.for_embedding(batch_size=8, max_sequences_per_pack=4)
+    torch_vectors = encode(texts, encoder, options)
+    vectors = encode(texts, encoder, InferenceOptions.for_embedding(batch_size=8, max_sequences_per_pack=4,
+                                                                    runtime="onnxruntime"))  # fmt: skip
+    assert cosines(vectors, torch_vectors).min() >= 0.99999
+    np.testing.assert_allclose(vectors, torch_vectors, rtol=0, atol=2e-5)
+    # one graph for every row shape: another width and slot count run in the same session
+    runner = runner_of(encoder, "cpu", "float32", False, "onnxruntime")
+    session = runner._forward_model.session
+    ids, _ = encoder.tokenize_texts(["the market", "a film", "team win"], ["a", "b", "c"])
+    one = runner.forward(ids, np.array([[0, 1, 2]]), 40, outputs=("embeddings",))
+    assert runner._forward_model.session is session
+    expected = encode(["the market", "a film", "team win"], encoder)
+    np.testing.assert_allclose(one.outputs["embeddings"][0], expected, rtol=0, atol=2e-5)
+
+
+def test_the_exported_folder_embeds_as_torch_does(checkpoint, exported, tmp_path):
+    texts = tiny_texts(40, seed=1)
+    reference = encode(texts, load_encoder(checkpoint, pooling=["mean"], normalize=True))
+    assert is_exported(exported / "float32") and not is_exported(checkpoint)
+    vectors = encode(texts, load_exported(exported / "float32"))
+    assert cosines(vectors, reference).min() >= 0.99999
+    int8 = encode(texts, load_exported(exported / "int8"))
+    assert cosines(int8, reference).min() >= 0.95  # dynamic int8 of a 32-wide random model
+    # the command, with the vectors the API gives and a summary naming the folder's graph
+    source = tmp_path / "texts.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "e.npy"
+    assert embed_command.main(["--model", str(exported / "int8"), "--input", str(source), "--output", str(out),
+                               "--quiet"]) == 0  # fmt: skip
+    np.testing.assert_allclose(np.load(out), int8, rtol=0, atol=1e-6)
+
+
+def test_an_exported_folder_refuses_what_its_export_settled(exported, tmp_path, capsys):
+    source = tmp_path / "texts.jsonl"
+    source.write_text(json.dumps({"text": "a text"}) + "\n")
+    out = tmp_path / "e.npy"
+    for extra, said in ((["--dtype", "float32"], "graph is int8"), (["--pooling", "cls"], "--pooling was settled"),
+                        (["--runtime", "openvino"], "graph is for onnxruntime"),
+                        (["--device", "cuda"], "runs on the CPU")):  # fmt: skip
+        argv = ["--model", str(exported / "int8"), "--input", str(source), "--output", str(out), *extra]
+        assert embed_command.main(argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+        assert not out.exists()
+
+
+def test_a_damaged_export_is_one_line(exported, tmp_path, capsys):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(exported / "float32", broken)
+    info = json.loads((broken / "packed_export.json").read_text())
+    (broken / "packed_export.json").write_text(json.dumps({**info, "format": 99}))
+    source = tmp_path / "texts.jsonl"
+    source.write_text(json.dumps({"text": "a text"}) + "\n")
+    assert embed_command.main(["--model", str(broken), "--input", str(source), "--output",
+                               str(tmp_path / "e.npy")]) == 2  # fmt: skip
+    assert "format 99; this version reads format 1" in capsys.readouterr().err
+
+
+def test_a_classifier_exports_with_the_same_labels(trained, tmp_path):
+    """finetune.train's classifier (WordPiece vocab.txt, labels) exported: predict on the
+    folder gives torch's labels and scores."""
+    model = trained / "run" / "model"
+    folder = tmp_path / "exported"
+    assert export_command.main(["--model", str(model), "--output", str(folder)]) == 0
+    assert (folder / "vocab.txt").is_file()
+    outputs = {}
+    for name, source in (("torch", model), ("exported", folder)):
+        out = tmp_path / f"{name}.jsonl"
+        assert predict_command.main(["--model", str(source), "--input", str(trained / "val.jsonl"),
+                                     "--output", str(out)]) == 0  # fmt: skip
+        outputs[name] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["label"] for r in outputs["exported"]] == [r["label"] for r in outputs["torch"]]
+    for ours, theirs in zip(outputs["exported"], outputs["torch"]):
+        for label, value in theirs["scores"].items():
+            assert abs(ours["scores"][label] - value) <= 2e-6
+    summary = json.loads((tmp_path / "exported.summary.json").read_text())
+    assert summary["runtime"] == "onnxruntime" and summary["dtype"] == "float32"
+    assert summary["accuracy"] == json.loads((tmp_path / "torch.summary.json").read_text())["accuracy"]
+
+
+# A fresh interpreter runs a command on the exported folder, then says which of the heavy
+# packages it imported: the test judges the process, not our import lists.
+NO_TORCH = """
+import runpy, sys, json
+sys.argv = ["packed", *json.loads(sys.argv[1])]
+try:
+    runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
+except SystemExit as done:
+    code = done.code
+print(json.dumps({"code": code, "imported": sorted(m for m in ("torch", "transformers", "openvino")
+                                                   if m in sys.modules)}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("command", ["embed", "predict"])
+def test_the_exported_process_imports_neither_torch_nor_transformers(command, exported, trained, tmp_path):
+    if command == "embed":
+        source = tmp_path / "texts.jsonl"
+        source.write_text("".join(json.dumps({"text": t}) + "\n" for t in tiny_texts(5)))
+        args = ["packed_transformers.commands.embed", "--model", str(exported / "int8"), "--input", str(source),
+                "--output", str(tmp_path / "e.npy"), "--quiet"]  # fmt: skip
+    else:
+        folder = tmp_path / "classifier"
+        assert export_command.main(["--model", str(trained / "run" / "model"), "--output", str(folder),
+                                    "--dtype", "int8"]) == 0  # fmt: skip
+        args = ["packed_transformers.commands.predict", "--model", str(folder), "--input",
+                str(trained / "val.jsonl"), "--output", str(tmp_path / "p.jsonl")]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", NO_TORCH, json.dumps(args)], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)  # fmt: skip
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    assert report == {"code": 0, "imported": []}, done.stderr[-2000:]
+
+
+LIGHT_PYTHON = REPO / ".venv-light" / "bin" / "python"
+
+
+def test_the_light_install_runs_an_exported_folder(exported, tmp_path):
+    """The light install (`make install-light`: requirements-runtime.txt and the package
+    without its dependencies, no torch or transformers in the environment at all) embeds
+    as the full install does. Skipped where .venv-light is absent (CI builds it: `make test`
+    depends on `install-light`)."""
+    if not LIGHT_PYTHON.exists():
+        pytest.skip("no .venv-light (make install-light)")
+    found = subprocess.run([str(LIGHT_PYTHON), "-c", "import importlib.util as u; "
+                            "print([m for m in ('torch', 'transformers') if u.find_spec(m)])"],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    assert found.stdout.strip() == "[]"
+    source = tmp_path / "texts.jsonl"
+    texts = tiny_texts(20, seed=4)
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "light.npy"
+    done = subprocess.run([str(LIGHT_PYTHON.parent / "packed"), "embed", "--model", str(exported / "float32"),
+                           "--input", str(source), "--output", str(out), "--quiet"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["runtime"] == "onnxruntime"
+    np.testing.assert_allclose(np.load(out), encode(texts, load_exported(exported / "float32")), rtol=0, atol=1e-6)
