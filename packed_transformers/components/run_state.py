@@ -98,15 +98,15 @@ class StopSignal:
         self.requested = True
         StopSignal.received.append(signum)
 
+    def agreed(self) -> bool:
+        """Any replica's signal stops all of them at the same step."""
+        return any_process(self.requested)
+
 
 def interrupted_exit_code() -> int:
     """A run stopped by a signal exits 128 + the first signal this process received (130 for
     Ctrl-C); a replica stopped because another one was signalled exits 143 (SIGTERM's)."""
     return 128 + (StopSignal.received[0] if StopSignal.received else signal.SIGTERM)
-
-    def agreed(self) -> bool:
-        """Any replica's signal stops all of them at the same step."""
-        return any_process(self.requested)
 
 
 def exit_code_of(body: Callable[[], int]) -> int:

@@ -146,6 +146,18 @@ def load_exported(folder) -> LoadedModel:
     )  # fmt: skip
 
 
+def exported_problem(info, device: str, dtype: str | None, runtime: str | None) -> str | None:
+    """The one line refusing a device, dtype or runtime an exported folder's graph was not
+    made for (None: not asked, the folder's own), or None."""
+    if device != "cpu":
+        return f"an exported folder runs on the CPU ({info.runtime}), not on {device}"
+    if runtime not in (None, "auto", info.runtime):
+        return f"this folder's graph is for {info.runtime}: --runtime {runtime} needs the model folder it was exported from"
+    if dtype not in (None, info.dtype):
+        return f"this folder's graph is {info.dtype}: --dtype {dtype} needs `packed export --dtype {dtype}` of the model"
+    return None
+
+
 # the options an exported folder's own graph and door settled (given to a command, refused)
 SETTLED_OPTIONS = ("--pooling", "--normalize", "--no-normalize", "--max-length", "--attention-backend", "--compile",
                    "--ray")  # fmt: skip
@@ -155,8 +167,6 @@ def exported_arguments_problem(args, argv: list[str]) -> str | None:
     """The one line refusing what a command was asked that an exported folder cannot do (a
     device, runtime or dtype its graph was not made for; options its export settled), or
     None. Given options only: the parser's defaults mean "as the folder says"."""
-    from packed_transformers.inference.graph_runner import exported_problem
-
     given = {word.split("=")[0] for word in argv if word.startswith("--")}
     try:
         info = read_export(args.model)

@@ -44,12 +44,12 @@ def packed_encode(st_model, texts: list[str], **options) -> np.ndarray:
 
 
 def __getattr__(name: str):
-    """load_encoder, read from here too, imported when asked for (it imports torch; this
-    module runs exported folders without it)."""
-    if name == "load_encoder":
-        from packed_transformers.door.embedding_folder import load_encoder
+    """load_encoder and encoder_from_sentence_transformer, read from here too, imported when
+    asked for (they import torch; this module runs exported folders without it)."""
+    if name in ("load_encoder", "encoder_from_sentence_transformer"):
+        from packed_transformers.door import embedding_folder
 
-        return load_encoder
+        return getattr(embedding_folder, name)
     raise AttributeError(name)
 
 

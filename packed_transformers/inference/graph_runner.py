@@ -19,8 +19,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
+from packed_transformers.door.exported_folder import exported_problem
 from packed_transformers.inference.rows import pack_rows
-from packed_transformers.inference.runner import RunBatch, RunStats
+from packed_transformers.inference.run_stats import RunBatch, RunStats
 
 
 def default_threads() -> int:
@@ -29,18 +30,6 @@ def default_threads() -> int:
     if chosen.isdigit() and int(chosen) > 0:
         return int(chosen)
     return len(os.sched_getaffinity(0))
-
-
-def exported_problem(info, device: str, dtype: str | None, runtime: str | None) -> str | None:
-    """The one line refusing a device, dtype or runtime an exported folder's graph was not
-    made for (None: not asked, the folder's own), or None."""
-    if device != "cpu":
-        return f"an exported folder runs on the CPU ({info.runtime}), not on {device}"
-    if runtime not in (None, "auto", info.runtime):
-        return f"this folder's graph is for {info.runtime}: --runtime {runtime} needs the model folder it was exported from"
-    if dtype not in (None, info.dtype):
-        return f"this folder's graph is {info.dtype}: --dtype {dtype} needs `packed export --dtype {dtype}` of the model"
-    return None
 
 
 class GraphRunner:

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from packed_transformers.common.choices import EXPORTED, GRAPH_RUNTIMES, RUNTIMES
+from packed_transformers.common.choices import GRAPH_RUNTIMES, RUNTIMES
 from packed_transformers.inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
+from packed_transformers.inference.run_stats import RunBatch, RunStats  # noqa: F401 (read from here too)
 
 # torch is imported where a torch Runner is built, never at import: an exported folder's
 # process (inference.graph_runner) reads this module's RunBatch, RunStats and per_* without it
@@ -33,37 +34,6 @@ log = logging.getLogger(__name__)
 
 # What a compiled Runner hands torch.compile (tests count graphs through another backend).
 COMPILE_BACKEND = "inductor"
-
-
-@dataclass
-class RunBatch:
-    """One forward: the rows it ran (pack_rows' int64 arrays) and the model's outputs asked
-    for, float32 numpy ([rows, K, ...] per slot, or [rows, width] per token)."""
-
-    rows: dict
-    outputs: dict
-
-
-@dataclass
-class RunStats:
-    batches: int = 0
-    seconds: float = 0.0  # forward time, device synchronised by the copy to host
-    sequences: int = 0
-    real_tokens: int = 0
-    row_tokens: int = 0  # rows x width: what the model computed on
-
-    @property
-    def padding_fraction(self) -> float:
-        return 1.0 - self.real_tokens / max(self.row_tokens, 1)
-
-    def count(self, table: np.ndarray, width: int, token_ids: list, seconds: float) -> None:
-        """One forward over `table`'s rows of `width` tokens, taking `seconds`."""
-        self.seconds += seconds
-        self.batches += 1
-        present = table[table >= 0]
-        self.sequences += len(present)
-        self.real_tokens += int(sum(len(token_ids[i]) for i in present))
-        self.row_tokens += len(table) * width
 
 
 @dataclass
@@ -287,7 +257,9 @@ def runner_of(loaded, device: str, dtype: str, compiled: bool = False, runtime: 
     checked) once per setting and kept on the LoadedModel."""
     from packed_transformers.inference.runtime_choice import resolved_runtime
 
-    if loaded.spec.source == EXPORTED:  # an exported folder: its own graph, no torch
+    from packed_transformers.door.exported_folder import ExportedGraph
+
+    if isinstance(loaded.model, ExportedGraph):  # an exported folder: its own graph, no torch
         from packed_transformers.inference.graph_runner import graph_runner_of
 
         return graph_runner_of(loaded, device, dtype, compiled, runtime)
