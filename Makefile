@@ -187,6 +187,8 @@ bench: install
 	$(PY) bench/bench_embed.py --texts 2000 --rounds 3
 	$(PY) bench/bench_embed.py --texts 3000 --rounds 2 --profile paragraphs
 	for profile in sentences mixed paragraphs; do $(PY) bench/bench_embed.py --texts 2000 --rounds 2 --peers --profile $$profile || exit 1; done
+	$(PY) bench/bench_embed.py --texts 2000 --rounds 3 --int8-peers
+	$(PY) bench/bench_startup.py --texts 10 --rounds 7
 	$(PY) bench/bench_onnx.py --texts 1000 --rounds 3
 	$(PY) bench/bench_int8.py --texts 1000 --rounds 3
 	$(PY) bench/bench_compile.py --texts 2000

@@ -40,6 +40,13 @@ once), st-encode kept as the vectors' reference:
   onnxruntime-int8     ONNX Runtime on quantize_dynamic of the optimized graph (bench_int8's)
   openvino-int8        OpenVINO on NNCF's static quantization of the exported encoder (model type
                        TRANSFORMER, calibrated on 300 BBC texts apart from the measured ones, saved)
+  embed-onnxruntime-int8  ... --runtime onnxruntime --dtype int8: the packed graph through ONNX
+                       Runtime's dynamic int8 (the graph cache a fresh folder: round 0 exports)
+  exported-int8        `packed embed` on a folder `packed export --dtype int8` wrote before the rounds
+                       (not timed, as the peers quantize once): the torch-free process
+
+embed-int8 and embed-openvino-int8 are left out on a CPU without VNNI, where both are refused.
+With --peers, also exported-fp32 (the same, float32) and embed-onnxruntime (--runtime onnxruntime).
 
 Each is timed twice: the whole process (interpreter start, imports, model load, reading,
 writing: what a user waits for) and its own encode loop. The vectors of every run are
@@ -206,13 +213,19 @@ def main() -> int:
     model = str(model_dir())
     results: dict[str, list] = {"st-encode": [], "embed-sorted": [], "embed-packed": []}
     if args.int8_peers:
-        results = {name: [] for name in ("st-encode", "embed-int8", "embed-openvino-int8", "onnxruntime-int8",
-                                         "openvino-int8")}  # fmt: skip
+        from packed_transformers.inference.runtime_choice import cpu_flags, has_vnni
+
+        ours = ("embed-int8", "embed-openvino-int8") if has_vnni(cpu_flags()) else ()
+        results = {name: [] for name in ("st-encode", *ours, "embed-onnxruntime-int8", "exported-int8",
+                                         "onnxruntime-int8", "openvino-int8")}  # fmt: skip
         os.environ["PACKED_TRANSFORMERS_CACHE"] = tempfile.mkdtemp(prefix="bench-embed-graphs-")
     if args.peers:
         import importlib.util
 
         results["onnxruntime"] = []
+        results["embed-onnxruntime"] = []
+        results["exported-fp32"] = []
+        os.environ["PACKED_TRANSFORMERS_CACHE"] = tempfile.mkdtemp(prefix="bench-embed-graphs-")
         if importlib.util.find_spec("openvino") is not None:
             results["openvino"] = []
             results["embed-openvino"] = []
@@ -231,6 +244,13 @@ def main() -> int:
         source = Path(scratch) / "texts.jsonl"
         source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         outputs = {name: Path(scratch) / f"{name}.npy" for name in results}
+        exports = {}
+        for name in [name for name in results if name.startswith("exported-")]:
+            exports[name] = Path(scratch) / name
+            dtype = "int8" if name.endswith("int8") else "float32"
+            subprocess.run([sys.executable, "-m", "packed_transformers.commands.export", "--model", model,
+                            "--output", str(exports[name]), "--dtype", dtype], cwd=REPO, check=True,
+                           capture_output=True)  # fmt: skip
 
         def argv_of(name):
             if name == "st-encode":
@@ -243,10 +263,12 @@ def main() -> int:
                 graph = quantized[name] if name.endswith("int8") else exported
                 return [sys.executable, "-c", PEER_SCRIPT, str(graph), str(source), str(outputs[name]),
                         str(args.threads), name, str(REPO / "bench"), model]  # fmt: skip
-            batching = (
-                "packed" if name.startswith("embed-openvino") or name == "embed-int8" else name.split("-")[1]
-            )
-            runtime = ["--runtime", "openvino"] if name.startswith("embed-openvino") else []
+            if name in exports:  # the folder fixes runtime and dtype
+                return [sys.executable, "-m", "packed_transformers.commands.embed", "--model", str(exports[name]),
+                        "--input", str(source), "--output", str(outputs[name]), "--quiet", "--overwrite"]  # fmt: skip
+            graph_runtime = next((r for r in ("openvino", "onnxruntime") if name.startswith(f"embed-{r}")), None)
+            batching = "packed" if graph_runtime or name == "embed-int8" else name.split("-")[1]
+            runtime = ["--runtime", graph_runtime] if graph_runtime else []
             dtype = "int8" if name.endswith("int8") else args.dtype
             return [sys.executable, "-m", "packed_transformers.finetune.embed", "--model", model, "--input", str(source),
                     "--output", str(outputs[name]), "--batching", batching, "--dtype", dtype,
@@ -284,7 +306,8 @@ def main() -> int:
         loop = [s["encode"] / p["encode"] for s, p in zip(results["st-encode"], results[name])]
         print(f"\n{name} / st-encode, paired per round: whole process {np.median(whole):.2f}x "
               f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
-    for ours in [name for name in ("embed-packed", "embed-openvino", "embed-int8", "embed-openvino-int8")
+    for ours in [name for name in ("embed-packed", "embed-openvino", "embed-onnxruntime", "exported-fp32",
+                                   "embed-int8", "embed-openvino-int8", "embed-onnxruntime-int8", "exported-int8")
                  if name in results]:  # fmt: skip
         for peer in [name for name in ("onnxruntime", "openvino", "fastembed", "onnxruntime-int8", "openvino-int8")
                      if name in results]:  # fmt: skip

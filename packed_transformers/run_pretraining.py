@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from packed_transformers.common.cli import command_parser, refuse
+from packed_transformers.common.input_limits import MAX_GPU_MEMORY_GIB, MAX_PLAN_GPUS
 
 
 def parse_args(argv=None):
@@ -43,8 +44,11 @@ def parse_args(argv=None):
     plan.add_argument("--gpus", type=int, default=8, help="GPUs the plan spreads the run over")
     plan.add_argument("--gpu-memory-gib", type=float, default=80.0, help="memory of one GPU, GiB")
     args = parser.parse_args(argv)
-    if args.plan and (args.gpus < 1 or not args.gpu_memory_gib > 0):
-        parser.error("--gpus must be >= 1 and --gpu-memory-gib > 0")
+    if args.plan and not 1 <= args.gpus <= MAX_PLAN_GPUS:
+        parser.error(f"--gpus must be between 1 and {MAX_PLAN_GPUS:,}, got {args.gpus}")
+    if args.plan and not 0 < args.gpu_memory_gib <= MAX_GPU_MEMORY_GIB:  # NaN and inf fail too
+        parser.error(f"--gpu-memory-gib must be a size above 0 and at most {MAX_GPU_MEMORY_GIB:,.0f}, "
+                     f"got {args.gpu_memory_gib:g}")  # fmt: skip
     return args
 
 

@@ -32,11 +32,16 @@ from pathlib import Path
 import numpy as np
 
 from packed_transformers.commands.parsers import export_parser
-from packed_transformers.common.choices import EXPORTED
+from packed_transformers.common.choices import EXPORTED, GRAPH_TASKS
 from packed_transformers.common.cli import refuse
-from packed_transformers.common.files import atomic_folder, describe_os_error, model_fingerprint, output_over_inputs
+from packed_transformers.common.files import (
+    atomic_folder,
+    describe_os_error,
+    model_fingerprint,
+    output_over_inputs,
+)
 from packed_transformers.data.classification_data import ExampleError
-from packed_transformers.door.exported_folder import EXPORT_FORMAT, GRAPH_TASKS, ExportInfo, spec_fields
+from packed_transformers.door.exported_folder import EXPORT_FORMAT, ExportInfo, spec_fields
 from packed_transformers.inference.onnx_session import RUNTIME, onnxruntime_problem
 
 FP32_MIN_COSINE = 0.99999  # the exported float32 graph against torch, per text

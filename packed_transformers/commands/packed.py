@@ -54,7 +54,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "gather": Subcommand(
         "ray_jobs.job", "a --ray job's Parquet shards -> the command's own output", ("gather",)
     ),
-    "report": Subcommand("finetune.report", "fine-tuning runs side by side"),
+    "report": Subcommand("commands.report", "fine-tuning runs side by side"),
     "summary": Subcommand("training.summary", "pretraining runs compared, packed against unpacked"),
     "create-pretraining-data": Subcommand(
         "data.create_pretraining_data", "raw text -> unpacked pretraining shards (MLPerf's reference)"

@@ -57,10 +57,10 @@ from packed_transformers.common.cli import below_one, refuse
 from packed_transformers.common.files import describe_os_error, output_over_inputs, write_json_atomic
 from packed_transformers.data.classification_data import ExampleError, encode_labels, read_jsonl
 from packed_transformers.data.tokenizer import DataInputError
+from packed_transformers.door.exported_folder import exported_arguments_problem, is_exported, read_export
 from packed_transformers.door.opener import open_folder
 from packed_transformers.inference.classify import classify_examples
 from packed_transformers.inference.options import InferenceOptions
-from packed_transformers.door.exported_folder import exported_arguments_problem, is_exported, read_export
 from packed_transformers.inference.predictions import score, write_predictions
 from packed_transformers.inference.runner import Runner, runner_of, runtime_problem
 from packed_transformers.inference.runtime_choice import resolved_runtime

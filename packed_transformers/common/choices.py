@@ -38,5 +38,8 @@ EMBED_BATCHING = {"packed": "packed", "sorted": "uniform", "padded": "padded"}
 RUNTIMES = ("torch", "openvino", "onnxruntime", "auto")
 # the runtimes that run an exported graph of the packed model (not torch's own forward)
 GRAPH_RUNTIMES = ("openvino", "onnxruntime")
+# the tasks whose packed rows a graph runtime runs and `packed export` writes: the pooled heads
+# (a sequence's score or vector)
+GRAPH_TASKS = ("classification", "embedding")
 # FolderSpec.source of a folder `packed export` wrote (door.exported_folder): a graph, no torch
 EXPORTED = "packed_export.json"

@@ -6,6 +6,8 @@
 | MAX_LINE_BYTES | 13,048,576 bytes | a line of a JSON-lines input (data.classification_data.bounded_lines) |
 | MAX_SEQUENCE_LENGTH | 1,048,576 tokens | a row or pack length (packs.histogram.check_sequence_length) |
 | MAX_INT_DIGITS | 4,300 digits | an integer in JSON (common.json_text.loads) or YAML (common.config_schema) |
+| MAX_MODEL_WIDTH, MAX_MODEL_LAYERS, MAX_MODEL_HEADS | 65,536 / 1,024 / 1,024 | a decoder config's shape (training.decoder.config) |
+| MAX_PLAN_GPUS, MAX_GPU_MEMORY_GIB | 1,000,000 / 1,000,000 | the memory plan's --gpus, --gpu-memory-gib (run_pretraining.py) |
 """
 
 from __future__ import annotations
@@ -30,3 +32,15 @@ MAX_SEQUENCE_LENGTH = 1 << 20
 # raises a bare ValueError past it), said in our words where a JSON line, a request body, a
 # config or --set holds a longer one. No setting here needs more than a handful.
 MAX_INT_DIGITS = sys.get_int_max_str_digits() or 4300
+
+# A model's shape, far past any model trained (Llama 3.1 405B: width 16,384, MLP 53,248, 126
+# layers, 128 heads): the memory plan builds the model on fake tensors layer by layer, and a
+# typo (num_hidden_layers=1000000) ran for minutes and grew past 900 MB before any line.
+MAX_MODEL_WIDTH = 1 << 16  # hidden_size
+MAX_MODEL_MLP_WIDTH = 1 << 18  # intermediate_size
+MAX_MODEL_LAYERS = 1024
+MAX_MODEL_HEADS = 1024
+
+# The memory plan's machine: a million GPUs of a million GiB each; inf and NaN are not sizes.
+MAX_PLAN_GPUS = 1_000_000
+MAX_GPU_MEMORY_GIB = 1_000_000.0

@@ -40,6 +40,10 @@ class LoopEnd:
     diverged: str | None = None
 
 
+# LoopEnd.stopped_by of a run resumed after it had finished: close() adds no end record
+RESUMED_COMPLETE = "already complete"
+
+
 class LoopJob(Protocol):
     """What a training job gives the loop. `step` counts optimizer steps done (run state);
     `steps_per_call` how many one `train_call` makes (an IPU call makes several)."""
@@ -76,6 +80,11 @@ def run_loop(job: LoopJob) -> LoopEnd:
 
     # what close() is told if an exception other than Diverged ends the loop (it propagates)
     end = LoopEnd(EXIT_ERROR, status, "error")
+    # a finished run resumed: at its limit, with the checkpoint of that step; it evaluated and
+    # wrote its records when it finished, so nothing is trained, evaluated or recorded again
+    complete_at_start = job.limit_reached() is not None and job.saved_step == job.step
+    if complete_at_start:
+        evaluated_step = job.step
     try:
         while not job.limit_reached():
             job.train_call()
@@ -102,7 +111,10 @@ def run_loop(job: LoopJob) -> LoopEnd:
         if job.saved_step != job.step:
             job.save()
             job.saved_step = job.step
-        stopped_by = "target" if reached else "signal" if exit_code else job.limit_reached() or "limit"
+        stopped_by = (
+            RESUMED_COMPLETE if complete_at_start
+            else "target" if reached else "signal" if exit_code else job.limit_reached() or "limit"
+        )  # fmt: skip
         end = LoopEnd(exit_code, status, stopped_by)
     except Diverged as err:
         end = LoopEnd(EXIT_DIVERGED, status, "diverged", str(err))

@@ -320,3 +320,51 @@ def split_by_seed(n: int, validation_fraction: float, seed: int) -> tuple[np.nda
             f"data.validation_fraction {validation_fraction} of {n} examples leaves an empty split"
         )
     return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+PAIR_ROLES = ("anchor", "positive", "negative")  # sentence-transformers' column names
+
+
+@dataclass
+class TokenizedPairs:
+    """(anchor, positive[, negative]) token ids: `roles` [anchors, positives(, negatives)],
+    each a list of int64 arrays in input order; `lengths` a pair's tokens over its roles (what
+    the pair sampler is given)."""
+
+    roles: list
+    truncated: int = 0
+
+    def __len__(self) -> int:
+        return len(self.roles[0])
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([sum(len(role[i]) for role in self.roles) for i in range(len(self))], dtype=np.int64)
+
+
+def read_pairs(path, fields: dict[str, str]) -> tuple[dict[str, list[str]], list[str]]:
+    """JSON lines of (anchor, positive[, negative]) texts -> ({role: texts}, where), `fields`
+    naming each role's field: every line a non-blank anchor and positive, and a negative on
+    every line or on none (ExampleError naming file:line and the field otherwise)."""
+    path = Path(path)
+    check_readable(path)
+    texts: dict[str, list[str]] = {role: [] for role in PAIR_ROLES}
+    where = []
+    with path.open("rb") as f:
+        for number, raw in bounded_lines(f, str(path)):
+            if not raw.strip():
+                continue
+            place = f"{path}:{number}"
+            record = example_of_line(raw, place, fields["anchor"], None, empty_ok=False)[2]
+            for role in PAIR_ROLES:
+                if role != "negative" or fields[role] in record:
+                    texts[role].append(example_of_line(raw, place, fields[role], None, empty_ok=False)[0])
+            where.append(place)
+    if not where:
+        raise ExampleError(f"{path}: no pairs (empty file)")
+    if texts["negative"] and len(texts["negative"]) != len(where):
+        raise ExampleError(
+            f"{path}: field '{fields['negative']}' on {len(texts['negative'])} of {len(where)} lines; "
+            "hard negatives are given on every line or on none"
+        )
+    return texts, where

@@ -6,7 +6,9 @@ long mixed, as a search index holds), and title -> article pairs for a retrieval
 
 Each output line is {"text": ...}; `mixed` interleaves every article's title, its
 sentences and its paragraphs in corpus order; `articles` gives each article whole (title,
-then its paragraphs): documents for language-model pretraining.
+then its paragraphs): documents for language-model pretraining. `pairs` gives one
+{"anchor": title, "positive": its first two paragraphs} a line: short queries and long
+passages, what contrastive training of an embedding model learns from (data.task: embedding).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from packed_transformers.common.files import atomic_path
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.create_pretraining_data import read_document, split_sentences
 
-KINDS = ("mixed", "titles", "sentences", "paragraphs", "articles")
+KINDS = ("mixed", "titles", "sentences", "paragraphs", "articles", "pairs")
 
 
 def bbc_articles(pattern: str) -> list[dict]:
@@ -58,6 +60,12 @@ def texts_of(articles: list[dict], kind: str = "mixed") -> list[str]:
     return out
 
 
+def pairs_of(articles: list[dict]) -> list[dict]:
+    """(title, first two paragraphs) of every article with a title and a body."""
+    return [{"anchor": a["title"], "positive": " ".join(a["paragraphs"][:2])} for a in articles
+            if a["title"] and a["paragraphs"]]  # fmt: skip
+
+
 def main(argv=None) -> int:
     from packed_transformers.data.assets import corpus_glob
 
@@ -68,13 +76,17 @@ def main(argv=None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="at most this many texts")
     args = parser.parse_args(argv)
     try:
-        texts = texts_of(bbc_articles(args.input or corpus_glob()), args.kind)[: args.limit]
+        articles = bbc_articles(args.input or corpus_glob())
+        if args.kind == "pairs":
+            records = pairs_of(articles)[: args.limit]
+        else:
+            records = [{"text": text} for text in texts_of(articles, args.kind)[: args.limit]]
         args.output.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(args.output) as tmp, tmp.open("w") as f:
-            f.writelines(json.dumps({"text": text}) + "\n" for text in texts)
+            f.writelines(json.dumps(record) + "\n" for record in records)
     except (ExampleError, OSError) as err:
         return refuse(err)
-    print(f"{len(texts)} texts -> {args.output}", file=sys.stderr)
+    print(f"{len(records)} {'pairs' if args.kind == 'pairs' else 'texts'} -> {args.output}", file=sys.stderr)
     return 0
 
 

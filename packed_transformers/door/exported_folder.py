@@ -24,13 +24,12 @@ import types
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from packed_transformers.common.choices import EXPORTED
+from packed_transformers.common.choices import EXPORTED, GRAPH_TASKS
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.door.folder_spec import EmbeddingSpec, FolderSpec, TextFields
 from packed_transformers.door.loaded import LoadedModel
 
 EXPORT_FORMAT = 1
-GRAPH_TASKS = ("classification", "embedding")  # pooled heads: one vector or score per text
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from packed_transformers.door.folder_spec import (

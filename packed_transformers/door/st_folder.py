@@ -110,6 +110,13 @@ def read_sentence_transformers(folder: Path) -> tuple[EmbeddingSpec, int | None]
     return embedding, max_length
 
 
+def transformer_module_path(folder: Path) -> str:
+    """Where a sentence-transformers folder keeps its Transformer module (its first, checked
+    by read_sentence_transformers); "" (the folder itself) without modules.json."""
+    modules_file = Path(folder) / "modules.json"
+    return json.loads(modules_file.read_text())[0].get("path", "") if modules_file.is_file() else ""
+
+
 def read_prompts(path: Path) -> tuple[dict, str | None]:
     """config_sentence_transformers.json's `prompts` {name: text} and `default_prompt_name`
     (e5-, bge- and nomic-style models ship them); ExampleError naming the key if malformed."""

@@ -1,12 +1,13 @@
-"""Packed fine-tuning: classification, question answering and decoders' supervised
-fine-tuning, from a checkpoint opened through the door, validated through inference/.
+"""Packed fine-tuning: classification, question answering, decoders' supervised fine-tuning
+and contrastive training of embedding models, from a checkpoint opened through the door,
+validated through inference/.
 
     train          `python -m packed_transformers.finetune.train` / `packed train`: the run as named steps over a typed state
     config         the YAML schema and the command line (train_parser, standard library and YAML only)
-    jobs           data.task -> its Job (job_contract): classification here, QA (qa_task), SFT (causal_lm_task)
+    jobs           data.task -> its Job (job_contract): classification and embedding (contrastive) here, QA
+                   (qa_task), SFT (causal_lm_task)
     run_folder, checkpoint   the output folder, resume's checks, the run's typed state (RunState), exact --resume
     folder_writer  the fine-tuned folder written (read back by door/)
-    report         `python -m packed_transformers.finetune.report`: runs side by side
     errors         FinetuneError, Diverged
 
     predict, embed, ray_job, serve   `python -m finetune.X` kept for scripts that name it: each

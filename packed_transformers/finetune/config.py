@@ -37,6 +37,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "hidden_dropout": Key(float, 0.1, "dropout after attention and FFN", minimum=0, maximum=1),
         "attention_dropout": Key(float, 0.1, "dropout on attention probabilities", minimum=0, maximum=1),
         "classifier_dropout": Key(float, 0.1, "dropout before the classifier", minimum=0, maximum=1),
+        "pooling": Key("str_list", None, "embedding: pooling modes; null = the folder's", optional=True),
     },
     "data": {
         "task": Key(str, "classification", "what is learned", TASKS),
@@ -54,6 +55,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "label_field": Key(str, "label", "jsonl field of the label (a list for multi-label)"),
         "prompt_field": Key(str, "prompt", "causal_lm: jsonl field of the prompt (no loss on it)"),
         "completion_field": Key(str, "completion", "causal_lm: jsonl field of the completion (learned)"),
+        "anchor_field": Key(str, "anchor", "embedding: jsonl field of the anchor (query)"),
+        "positive_field": Key(str, "positive", "embedding: jsonl field of the anchor's positive"),
+        "negative_field": Key(str, "negative", "embedding: jsonl field of a hard negative (optional)"),
         "labels": Key(
             "str_list", None, "class names in index order; null = sorted names seen", optional=True
         ),
@@ -90,6 +94,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "null_score_diff_threshold": Key(
             float, 0.0, "v2.0: answer '' when null score - best span score exceeds this"
         ),
+    },
+    "contrastive": {
+        "scale": Key(float, 20.0, "embedding: cosine similarities times this (in-batch negatives)", minimum=0),
+        "symmetric": Key(bool, False, "embedding: also each positive against the anchors"),
     },
     "optim": {
         "lr": Key(float, 5e-5, "peak learning rate (AdamW)", minimum=0),
@@ -144,10 +152,8 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
             f"{source}: data.source: {data['source']} does not go with data.task {data['task']} "
             f"(question_answering reads source squad; classification reads jsonl or bbc_news)"
         )
-    if data["task"] == "causal_lm" and data["source"] != "jsonl":
-        raise ConfigError(
-            f"{source}: data.source: causal_lm reads prompt/completion jsonl, not {data['source']}"
-        )
+    if data["task"] in ("causal_lm", "embedding") and data["source"] != "jsonl":
+        raise ConfigError(f"{source}: data.source: {data['task']} reads jsonl, not {data['source']}")
     if qa_task and config["qa"]["doc_stride"] >= data["max_sequence_length"] - 4:
         raise ConfigError(
             f"{source}: qa.doc_stride {config['qa']['doc_stride']} must be below "

@@ -39,6 +39,10 @@ class Job:
     description: str  # "5 classes" / "1,203 questions"
     collate: Callable = collate  # (rows, batch table [B, K], width) -> model inputs
     step_sums: Callable = classification_sums  # (model outputs, batch) -> STEP_SUMS
+    # (config, batch size) -> BatchingSpec, and (an epoch's tables) -> the padding its steps compute
+    # on; None: the config's batching and the batcher's figure (the contrastive job packs each step)
+    batching: Callable | None = None
+    padding: Callable | None = None
 
     @property
     def model(self) -> torch.nn.Module:

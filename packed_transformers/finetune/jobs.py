@@ -8,11 +8,18 @@ that builds it; the loop itself names no task.
                         this project's packed QA head
     causal_lm           prompt/completion JSON lines -> tokens, the prompt's labels -100
                         (finetune.causal_lm_task) -> a decoder's packed causal LM
+    embedding           (anchor, positive[, negative]) JSON lines -> a step: batch_size pairs in
+                        random order (the sampler's, as sentence-transformers' trainer draws
+                        them: the batch is the negatives), its texts packed into rows ->
+                        MultipleNegativesRankingLoss (model.contrastive) -> a sentence-transformers
+                        folder; validated as retrieval over the held-out pairs
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from packed_transformers.common.files import atomic_folder
 from packed_transformers.data.classification_data import (
     Examples,
     TokenizedExamples,
@@ -38,7 +46,9 @@ from packed_transformers.finetune.causal_lm_task import causal_lm_job
 from packed_transformers.finetune.errors import Diverged, FinetuneError
 from packed_transformers.finetune.folder_writer import save_finetuned
 from packed_transformers.finetune.job_contract import Job, resolve_asset
+from packed_transformers.inference.batching import BatchingSpec
 from packed_transformers.inference.predictions import predict_logits, score, write_predictions
+from packed_transformers.inference.rows import PAIR_SLOTS, pair_rows
 from packed_transformers.model.opening import ModelOptions, qa_fine_tuning_refusal
 
 log = logging.getLogger("finetune")
@@ -253,9 +263,82 @@ def qa_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     )
 
 
+def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
+    """A sentence-transformers folder (or an encoder given model.pooling) trained on pairs."""
+    from packed_transformers.data.classification_data import PAIR_ROLES, TokenizedPairs, read_pairs
+    from packed_transformers.door.opener import ForEmbedding
+    from packed_transformers.door.st_folder import transformer_module_path
+    from packed_transformers.model import contrastive
+
+    data, model_cfg, batching = config["data"], config["model"], config["batching"]
+    checkpoint = Path(resolve_asset(model_cfg["init_checkpoint"]))
+    fields = {role: data[f"{role}_field"] for role in PAIR_ROLES}
+    texts, where = read_pairs(resolve_asset(data["train_file"]), fields)
+    held, held_where = read_pairs(data["validation_file"], fields) if data["validation_file"] else (texts, where)
+    split = split_by_seed(len(where), data["validation_fraction"], data["split_seed"])
+    train_rows, val_rows = split if data["validation_file"] is None else (range(len(where)), range(len(held_where)))
+    # the folder's tokenizer and cut (sentence-transformers' max_seq_length), as embed reads texts
+    reader = open_folder(checkpoint, ForEmbedding(model_cfg["pooling"], max_length=data["max_sequence_length"]))
+
+    def tokenized(source, place, rows) -> TokenizedPairs:
+        cut = [reader.tokenize_texts([source[r][i] for i in rows], [f"{place[i]}: {r}" for i in rows])
+               for r in PAIR_ROLES if source[r]]  # fmt: skip
+        return TokenizedPairs([ids for ids, _ in cut], sum(n for _, n in cut))
+
+    train, validation = tokenized(texts, where, train_rows), tokenized(held, held_where, val_rows)
+    if len(train) < 2 or len(validation) < 1:
+        raise FinetuneError(f"{len(train)} training, {len(validation)} validation pairs: in-batch negatives need 2")
+    torch.manual_seed(config["training"]["seed"])
+    options = ModelOptions(attention_backend=model_cfg["attention_backend"], pooling=model_cfg["pooling"], dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]})  # fmt: skip
+    opened = open_folder(checkpoint, ForTraining("embedding", options, checkpoint_config, f"model.init_checkpoint {checkpoint}"))  # fmt: skip
+    opened.model = contrastive.PackedContrastive(opened.model, **config["contrastive"])
+    width = max(batching["pack_length"] or reader.max_length, int(max(len(t) for role in train.roles for t in role)))
+
+    def rows_of(pairs: TokenizedPairs, table) -> dict:  # the step's texts packed: rows and each text's slot
+        chosen = table[table >= 0]
+        rows = pair_rows(pairs.roles, chosen, width, batching["max_sequences_per_pack"], batching["algorithm"], int(chosen[0]))  # fmt: skip
+        return {name: torch.from_numpy(value) for name, value in rows.items()}
+
+    def padding(pairs: TokenizedPairs, tables) -> float:  # of the steps' packed rows
+        rows = [rows_of(pairs, table)["input_ids"] for table in tables]
+        return 1.0 - sum(int((r > 0).sum()) for r in rows) / max(sum(r.numel() for r in rows), 1)
+
+    def evaluate(model, batcher):  # the held-out pairs as retrieval, and their in-batch loss
+        started, tables, found, loss_sum = time.perf_counter(), batcher.epoch(0, shuffle=False), ([], []), 0.0
+        with torch.inference_mode():
+            for table in tables:
+                batch = {k: v.to(next(model.parameters()).device) for k, v in rows_of(validation, table).items()}
+                slots = [batch.pop(name) for name in PAIR_SLOTS if name in batch]
+                flat = model.eval().embedder(**batch)["embeddings"].reshape(-1, model.dimension).float()
+                losses, _ = contrastive.ranking_loss(flat[slots[0]], flat[torch.cat(slots[1:])], model.scale, model.symmetric)
+                loss_sum += float(losses.sum())
+                for kept, slot in zip(found, slots):
+                    kept.append(flat[slot].cpu().numpy())
+        seconds, scores = time.perf_counter() - started, contrastive.retrieval_scores(*map(np.concatenate, found))
+        return {"loss": loss_sum / len(validation), **scores}, {"examples": len(validation), "seconds": seconds,
+                "padding_fraction": padding(validation, tables), "examples_per_second": len(validation) / seconds}, None  # fmt: skip
+
+    def save(model, folder: Path) -> None:  # the starting folder's modules, the trained encoder's weights
+        from safetensors.torch import save_file
+
+        with atomic_folder(folder) as written:
+            shutil.copytree(checkpoint, written, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+            target = written / transformer_module_path(checkpoint) / "model.safetensors"
+            save_file(contrastive.encoder_weights(model.embedder), str(target), metadata={"format": "pt"})
+
+    return Job(
+        train, validation, opened, evaluate, lambda output, outputs: None, save,
+        f"{len(train):,} pairs{' with hard negatives' if len(train.roles) > 2 else ''}",
+        collate=lambda pairs, table, _width, with_labels=True: rows_of(pairs, table),
+        batching=lambda config, batch_size: BatchingSpec("dynamic", batch_size, width),
+        padding=lambda tables: padding(train, tables),
+    )  # fmt: skip
+
+
 # data.task -> the function that builds its Job
 JOBS: dict[str, Callable[[dict, dict | None], Job]] = {
     "classification": classification_job,
     "question_answering": qa_job,
     "causal_lm": causal_lm_job,
+    "embedding": contrastive_job,
 }

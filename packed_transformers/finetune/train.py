@@ -197,7 +197,7 @@ class Run(LoopJobDefaults):
         if self.batches is None:  # the epoch starts (or resumes at state.batches_done)
             self.batches = self.batcher.epoch(epoch)
             if state.batches_done == 0:
-                state.padding.append(self.batcher.padding_fraction(self.batches))
+                state.padding.append((self.job.padding or self.batcher.padding_fraction)(self.batches))
             self.bar = tqdm(self.batches, desc=f"epoch {epoch}", disable=not self.config["training"]["progress"],
                             leave=False, initial=state.batches_done)  # fmt: skip
         table = self.batches[state.batches_done]
@@ -336,10 +336,11 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     skeleton = parallel.host_skeleton(job.model, replicas)  # before the model moves or is sharded
     model = job.model.to(replicas.device)
     seed, batching = config["batching"]["shuffle_seed"], config["batching"]
-    batcher = Batcher(job.train.lengths, batching_spec(config, batching["batch_size"]), seed)
+    spec_of = job.batching or batching_spec
+    batcher = Batcher(job.train.lengths, spec_of(config, batching["batch_size"]), seed)
     step_model = parallel.replicate(model, replicas, step_model_of(model, training["compile"]))
     optimizer, scheduler = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
-    eval_batcher = Batcher(job.validation.lengths, batching_spec(config, batching["eval_batch_size"]), seed)
+    eval_batcher = Batcher(job.validation.lengths, spec_of(config, batching["eval_batch_size"]), seed)
     log.info(
         "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s%s",
         batcher.spec.mode, len(job.train), len(job.validation), job.description, batcher.batches_per_epoch,

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 CACHE_VARIABLE = "PACKED_TRANSFORMERS_CACHE"
 # a temporary entry: `.KEY.tmp-PID-random`, PID the process writing it
 _TEMPORARY = re.compile(r"^\..+\.tmp-(?P<pid>\d+)-\w+$")
-_warned: set[str] = set()  # one warning line per cache root and process
+_warned: set[str] = set()  # one warning line per cache and process
 
 
 def cache_base() -> Path | None:
@@ -53,10 +53,11 @@ def cache_root(runtime: str) -> Path | None:
 
 
 def warn_once(root: Path | None, what: str, err: BaseException) -> None:
-    """The one warning line a cache problem costs (once per root and process)."""
-    if str(root) in _warned:
+    """The one warning line a cache problem costs (once per cache and process, whichever of
+    its folders met it first)."""
+    if str(cache_base()) in _warned:
         return
-    _warned.add(str(root))
+    _warned.add(str(cache_base()))
     reason = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
     log.warning("graph cache %s: %s (%s); running without it", root, what, reason)
 

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from packed_transformers.inference import graph_cache
-from packed_transformers.model.attention import PackedSelfAttention
 from packed_transformers.inference.onnx_session import RUNTIME, OnnxSession
+from packed_transformers.model.attention import PackedSelfAttention
 
 OPSET = 17  # LayerNormalization as one op
 # the axes left open, by row field: [rows, width] token fields, [rows, slots] slot fields

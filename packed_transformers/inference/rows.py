@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from packed_transformers.packs.errors import PackingBugError
-from packed_transformers.packs.tokenized import check_table
+from packed_transformers.packs.tokenized import check_table, pack_with_places
 
 # Fields of a packed row for classification, [rows, S] or [rows, K]; what the model reads.
 ROW_FIELDS = ("input_ids", "segment_ids", "position_ids", "sequence_ids", "cls_positions", "example_index")
@@ -64,6 +64,24 @@ def pack_rows(
             out["cls_positions"][row, slot] = start
             start = end
     return out
+
+
+PAIR_SLOTS = ("anchor_slots", "positive_slots", "negative_slots")
+
+
+def pair_rows(
+    roles: list, chosen: np.ndarray, width: int, max_per_pack: int | None, algorithm: str, seed: int
+) -> dict[str, np.ndarray]:
+    """A contrastive step's rows: the texts of pairs `chosen` (roles: [anchors, positives
+    (, negatives)] token id lists; the step's order) packed into rows of `width` tokens, and
+    each text's place among the rows' slots flattened (pack * K + slot): anchor_slots,
+    positive_slots (, negative_slots), int64 [len(chosen)] each (model.contrastive reads them)."""
+    texts = [role[i] for role in roles for i in chosen]
+    table, place = pack_with_places(np.array([len(t) for t in texts]), width, max_per_pack, algorithm, seed)
+    rows = pack_rows(texts, table, width)
+    for r, name in enumerate(PAIR_SLOTS[: len(roles)]):
+        rows[name] = place[r * len(chosen) : (r + 1) * len(chosen)]
+    return rows
 
 
 def unpack_outputs(per_slot: np.ndarray, example_index: np.ndarray, n: int) -> np.ndarray:

@@ -215,15 +215,16 @@ def runtime_problem(
     runtime: str, device: str, dtype: str, ray: bool = False, compiled: bool = False
 ) -> str | None:
     """The one-line reason `runtime` cannot run `dtype` on `device` here (on Ray's replicas,
-    or under torch.compile), or None. auto falls back to torch wherever a graph runtime cannot
-    run and picks one only where torch runs the dtype too, so torch's limits are its own.
-    Decided from the arguments and the machine alone: torch is not imported."""
-    from packed_transformers.inference.precision import device_problem
-
+    or under torch.compile), or None. auto: the problem of what it picks for a pooled head on
+    this machine (inference.runtime_choice); a command resolves auto for its folder's task and
+    asks again where that gives torch."""
     if runtime not in RUNTIMES:
         return f"--runtime must be one of {RUNTIMES}, got {runtime!r}"
     if runtime == "auto":
-        return device_problem(device, dtype)
+        from packed_transformers.inference.runtime_choice import resolved_runtime
+
+        chosen = resolved_runtime(runtime, "embedding", device, dtype, ray=ray, compiled=compiled).runtime
+        return runtime_problem(chosen, device, dtype, ray, compiled)
     if runtime in GRAPH_RUNTIMES:
         if ray:
             return f"--runtime {runtime} runs without --ray (the Ray replicas run torch)"
@@ -237,6 +238,8 @@ def runtime_problem(
         from packed_transformers.inference.openvino_graphs import openvino_problem
 
         return openvino_problem(device, dtype)
+    from packed_transformers.inference.precision import device_problem
+
     return device_problem(device, dtype)
 
 
@@ -255,9 +258,8 @@ def runner_of(loaded, device: str, dtype: str, compiled: bool = False, runtime: 
     """A LoadedModel's Runner on `device` in `dtype` (compiled or not, through `runtime`;
     "auto": this CPU's choice for the folder's task, inference.runtime_choice), built (and so
     checked) once per setting and kept on the LoadedModel."""
-    from packed_transformers.inference.runtime_choice import resolved_runtime
-
     from packed_transformers.door.exported_folder import ExportedGraph
+    from packed_transformers.inference.runtime_choice import resolved_runtime
 
     if isinstance(loaded.model, ExportedGraph):  # an exported folder: its own graph, no torch
         from packed_transformers.inference.graph_runner import graph_runner_of

@@ -5,22 +5,21 @@ whole-process measurements (start-up included), one row per CPU kind and dtype.
     choice.runtime, choice.why      # "openvino", "--runtime auto: openvino (AVX-512 with VNNI, float32: ...)"
     resolved_runtime("auto", "embedding", "cpu", "int8")    # the same, for this machine's kind
 
-The candidates were torch eager, torch.compile, ONNX Runtime and OpenVINO on packed rows.
+The candidates are torch eager, torch.compile, OpenVINO and ONNX Runtime on packed rows.
 torch.compile lost to eager once its compile time counts (docs/embeddings.md, "torch.compile
-at the pack widths"). ONNX Runtime ran the same exported encoder slower than OpenVINO on the
-AVX-512 kind (fp32 and int8) and slower than packed torch's loop on the AVX2 kind (docs/
-embeddings.md, "Against ONNX Runtime and OpenVINO", "The AVX2 kind"), so packed rows were
-built for OpenVINO and not for it (ONNX Runtime on packed rows: not built, not measured).
-What is left to choose is torch or OpenVINO, per CPU kind: a kind where OpenVINO on packed
-rows was not measured gets torch, the default, and says so.
+at the pack widths"). OpenVINO ran packed rows faster than torch on the AVX-512/VNNI kind
+(float32 and int8); ONNX Runtime's dynamic int8 on packed rows is the int8 that holds the
+quality gate on the AVX2 kind, where torch's and OpenVINO's int8 are refused (docs/embeddings.md,
+"ONNX Runtime on packed rows and the torch-free process"). A kind or dtype where no graph
+runtime was measured faster gets torch, the default, and says so.
 
 Decided here, once, for every door (embed, predict, the server, `packed_encode`): the kind
-comes from the CPU's flags (`cpu_kind`, pure), the table gives the runtime, and anything
-OpenVINO does not run (another task than a pooled head, a GPU, bfloat16, Ray's replicas,
-torch.compile, openvino not installed, the server) falls back to torch with the reason in `why`. auto is
-not the default: the vectors would then depend on the machine (int8 through OpenVINO is
-another quantization than torch's), and the first OpenVINO process pays the conversion
-(10-17 s for MiniLM-L6) that its graph cache saves later ones.
+comes from the CPU's flags (`cpu_kind`, pure), the table gives the runtime, and anything a graph
+runtime does not run (another task than a pooled head, a GPU, bfloat16, Ray's replicas,
+torch.compile, its package not installed, the server) falls back to torch with the reason in
+`why`. auto is not the default: the vectors would then depend on the machine (each runtime's
+int8 is another quantization), and the first process of a graph runtime exports or converts
+the model (10-17 s for MiniLM-L6) that its graph cache saves later ones.
 """
 
 from __future__ import annotations
@@ -28,6 +27,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from pathlib import Path
+
+from packed_transformers.common.choices import GRAPH_RUNTIMES, GRAPH_TASKS
 
 AUTO = "auto"
 
@@ -53,15 +54,28 @@ def cpu_kind(flags: frozenset[str]) -> CpuKind:
     return CpuKind.OTHER
 
 
-def this_cpu_kind(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuKind:
-    """This machine's kind (its first processor's flags; OTHER where they cannot be read)."""
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """This machine's CPU flags (its first processor's; none where they cannot be read)."""
     try:
         for line in cpuinfo.read_text().splitlines():
             if line.startswith("flags"):
-                return cpu_kind(frozenset(line.split(":", 1)[1].split()))
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return CpuKind.OTHER
+    return frozenset()
+
+
+# the instructions that multiply int8 by int8 into int32 in one step (AVX-512 VNNI, AVX-VNNI, AMX)
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def has_vnni(flags: frozenset[str]) -> bool:
+    return any(flag in flags for flag in VNNI_FLAGS)
+
+
+def this_cpu_kind(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuKind:
+    """This machine's kind (its first processor's flags; OTHER where they cannot be read)."""
+    return cpu_kind(cpu_flags(cpuinfo))
 
 
 @dataclass(frozen=True)
@@ -70,20 +84,21 @@ class Measured:
     where none was measured), what the figures said, and the docs/embeddings.md section
     holding them ("" where nothing was measured)."""
 
-    runtime: str  # "torch" | "openvino"
+    runtime: str  # "torch" | "openvino" | "onnxruntime"
     finding: str
     section: str = ""
 
 
 AUTO_SECTION = "Which runtime auto picks"
-NOT_MEASURED = "OpenVINO on packed rows not measured on this kind"
+ONNX_SECTION = "ONNX Runtime on packed rows and the torch-free process (issue 93, 2026-12-01)"
+NOT_MEASURED = "no graph runtime on packed rows measured on this kind"
 # (kind, dtype) -> the runtime; every figure from whole processes (interpreter start, imports,
 # the graph cache read and compiles included), 2,000 BBC texts, 2 threads.
 RUNTIME_TABLE: dict[tuple[CpuKind, str], Measured] = {
     (CpuKind.AVX512_VNNI, "float32"): Measured("openvino", "1.09x torch as whole processes, graphs cached", AUTO_SECTION),
     (CpuKind.AVX512_VNNI, "int8"): Measured("openvino", "1.08-1.12x torch's int8 as whole processes, graphs cached, and closer to float32", AUTO_SECTION),
     (CpuKind.AVX2, "float32"): Measured("torch", NOT_MEASURED),
-    (CpuKind.AVX2, "int8"): Measured("torch", "int8 needs VNNI: torch refuses it in one line"),
+    (CpuKind.AVX2, "int8"): Measured("onnxruntime", "its dynamic int8 holds the quality gate without VNNI, 1.37x the torch-free ONNX Runtime int8 script's loop; torch's and OpenVINO's int8 are refused here", ONNX_SECTION),
     (CpuKind.AMX, "float32"): Measured("torch", NOT_MEASURED),
     (CpuKind.AMX, "int8"): Measured("torch", NOT_MEASURED),
 }  # fmt: skip
@@ -98,19 +113,18 @@ SERVED_BY_TORCH = "the server runs torch: OpenVINO served /embed at 0.73x its ra
 
 @dataclass(frozen=True)
 class RuntimeChoice:
-    runtime: str  # "torch" | "openvino"
+    runtime: str  # "torch" | "openvino" | "onnxruntime"
     why: str  # one line for the user ("" where the runtime was given, not chosen)
 
 
 def choose_runtime(
     kind: CpuKind, dtype: str, task: str, device: str = "cpu", *, ray: bool = False, compiled: bool = False,
-    openvino_installed: bool = True, serving: bool = False,
+    installed: frozenset[str] = frozenset(GRAPH_RUNTIMES), serving: bool = False,
 ) -> RuntimeChoice:  # fmt: skip
     """auto's decision for a `task` folder ("embedding", "classification", ...) run in `dtype`
-    on `device` of `kind`: the table's runtime where OpenVINO can run it, else torch.
-    serving: for the server, which runs torch (SERVED_BY_TORCH)."""
-    from packed_transformers.inference.openvino_graphs import OPENVINO_TASKS
-
+    on `device` of `kind`: the table's runtime where it can run the job and is `installed`
+    (the graph runtimes whose packages are), else torch. serving: for the server, which runs
+    torch (SERVED_BY_TORCH)."""
     fallback = None
     if device != "cpu":
         fallback = f"the device is {device}"
@@ -118,8 +132,8 @@ def choose_runtime(
         fallback = "Ray's replicas run torch"
     elif compiled:
         fallback = "--compile compiles torch's forward"
-    elif task not in OPENVINO_TASKS:
-        fallback = f"OpenVINO runs {' and '.join(OPENVINO_TASKS)} folders, not {task}"
+    elif task not in GRAPH_TASKS:
+        fallback = f"the graph runtimes run {' and '.join(GRAPH_TASKS)} folders, not {task}"
     elif serving:
         fallback = SERVED_BY_TORCH
     if fallback:
@@ -127,15 +141,27 @@ def choose_runtime(
     measured = RUNTIME_TABLE.get((kind, dtype))
     if measured is None:
         return RuntimeChoice("torch", f"--runtime auto: torch ({kind.value}, {dtype}: not measured)")
-    if measured.runtime == "openvino" and not openvino_installed:
+    if measured.runtime != "torch" and measured.runtime not in installed:
         return RuntimeChoice(
-            "torch", f"--runtime auto: torch (OpenVINO, measured faster on {kind.value}, is not installed)"
+            "torch", f"--runtime auto: torch ({measured.runtime}, measured faster on {kind.value}, is not installed)"
         )
     where = f"; docs/embeddings.md, '{measured.section}'" if measured.section else ""
     return RuntimeChoice(
         measured.runtime,
         f"--runtime auto: {measured.runtime} ({kind.value}, {dtype}: {measured.finding}{where})",
     )
+
+
+def installed_runtimes(dtype: str) -> frozenset[str]:
+    """The graph runtimes whose packages are installed for `dtype` (found, not imported)."""
+    import importlib.util
+
+    found = {"onnxruntime"} if importlib.util.find_spec("onnxruntime") is not None else set()
+    if importlib.util.find_spec("openvino") is not None and (
+        dtype != "int8" or importlib.util.find_spec("nncf") is not None
+    ):
+        found.add("openvino")
+    return frozenset(found)
 
 
 def resolved_runtime(
@@ -145,12 +171,7 @@ def resolved_runtime(
     """`runtime` as given (why ""), or for "auto" this machine's choice (`choose_runtime`)."""
     if runtime != AUTO:
         return RuntimeChoice(runtime, "")
-    import importlib.util
-
-    installed = importlib.util.find_spec("openvino") is not None and (
-        dtype != "int8" or importlib.util.find_spec("nncf") is not None
-    )
     return choose_runtime(
-        this_cpu_kind(), dtype, task, device, ray=ray, compiled=compiled, openvino_installed=installed,
+        this_cpu_kind(), dtype, task, device, ray=ray, compiled=compiled, installed=installed_runtimes(dtype),
         serving=serving,
     )  # fmt: skip

@@ -109,3 +109,15 @@ def check_table(table: np.ndarray, n: int) -> None:
     used = table[table >= 0]
     if used.size != n or not np.array_equal(np.sort(used), np.arange(n)):
         raise PackingBugError(f"pack table holds {used.size} slots for {n} examples, not each exactly once")
+
+
+def pack_with_places(
+    lengths: np.ndarray, max_tokens: int, max_per_pack: int | None, algorithm: str, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """pack_examples' table, and each example's place among its slots flattened: int64 [n],
+    pack * K + slot (a contrastive step reads each text's pooled vector there)."""
+    table = pack_examples(lengths, max_tokens, max_per_pack, algorithm, seed)
+    flat = table.reshape(-1)
+    place = np.empty(len(lengths), dtype=np.int64)
+    place[flat[flat >= 0]] = np.flatnonzero(flat >= 0)
+    return table, place

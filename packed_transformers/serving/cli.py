@@ -2,7 +2,7 @@
 
     python -m packed_transformers.serving --model runs/bbc_packed/model [--host 127.0.0.1 --port 8080]
         [--policy packed | fifo-tokens | padded] [--max-batch-tokens 16384] [--max-wait-ms 0]
-        [--dtype float32 | bfloat16 | int8] [--device cpu | cuda] [--runtime torch | openvino | auto]
+        [--dtype float32 | bfloat16 | int8] [--device cpu | cuda] [--runtime torch | openvino | onnxruntime | auto]
 
 (`python -m packed_transformers.finetune.serve` is an alias of this command.)
 
@@ -48,7 +48,8 @@ def main(argv=None) -> int:
         default="torch",
         choices=RUNTIMES,
         help="openvino: classification and embedding folders' packed rows through OpenVINO, float32, a "
-        "graph compiled per row shape at its first batch; auto: the runtime measured faster for serving (torch: "
+        "graph compiled per row shape at its first batch; onnxruntime: through ONNX Runtime, float32 or "
+        "int8, one graph for every batch shape; auto: the runtime measured faster for serving (torch: "
         "OpenVINO served at 0.73x its rate, docs/embeddings.md)",
     )
     parser.add_argument("--host", default="127.0.0.1")
@@ -139,7 +140,7 @@ def main(argv=None) -> int:
     quiet_transformers()
     wrong = runtime_problem(args.runtime, args.device, args.dtype)
     if not wrong and args.runtime == "openvino" and args.dtype == "int8":  # calibrated on a batch's input
-        wrong = "--runtime openvino serves float32: --dtype int8 alone serves torch's int8 kernels"
+        wrong = "--runtime openvino serves float32; int8 is served by --runtime onnxruntime --dtype int8"
     if wrong:
         return refuse(wrong)
     try:

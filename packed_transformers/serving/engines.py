@@ -57,13 +57,13 @@ def load_engine(
     classification and embedding folders through OpenVINO (ValueError, one line, for others);
     "auto": inference.runtime_choice's for serving (torch, measured faster under load)."""
     loaded = open_folder(folder, AsTheFolderSays(pooling, attention_backend, device))
-    from packed_transformers.inference.openvino_graphs import OPENVINO_TASKS
+    from packed_transformers.common.choices import GRAPH_TASKS
     from packed_transformers.inference.runtime_choice import resolved_runtime
 
     chosen = resolved_runtime(runtime, loaded.spec.task, device, dtype, serving=True)
     runtime = chosen.runtime
-    if runtime != "torch" and loaded.spec.task not in OPENVINO_TASKS:
-        raise ValueError(f"--runtime {runtime} serves {' and '.join(OPENVINO_TASKS)} folders; {folder} is a "
+    if runtime != "torch" and loaded.spec.task not in GRAPH_TASKS:
+        raise ValueError(f"--runtime {runtime} serves {' and '.join(GRAPH_TASKS)} folders; {folder} is a "
                          f"{loaded.spec.task} folder: leave --runtime out")  # fmt: skip
     engine = ENGINES[loaded.spec.task](runner_of(loaded, device, dtype, runtime=runtime), loaded)
     engine.runtime_chosen = chosen.why

@@ -31,7 +31,7 @@ from packed_transformers.components.distributed import (
     gather_rng_states,
 )
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.loop import LoopEnd, run_loop
+from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, run_loop
 from packed_transformers.components.observe import MetricSums, summarize
 from packed_transformers.components.run_folder import data_identity
 from packed_transformers.components.run_state import Diverged
@@ -319,6 +319,10 @@ class Run(RunSetup):
 
     def _close(self, status: str) -> None:
         self.progress.close()
+        if self.stopped_by == RESUMED_COMPLETE:  # its records were written when it finished
+            log.info("the run was complete at step %d: nothing trained, nothing recorded", self.state.step)
+            self.reporter.close()
+            return
         self.reporter.mlperf.run_stop(self.state.samples, status)
         self.reporter.log(
             {

@@ -111,7 +111,7 @@ def test_sft_refusals_are_one_line(tmp_path, start_folder, capsys):
     cases = {
         "completion": (["--set", f"data.train_file={bad}"], f"{bad}:1: field 'completion' is missing"),
         "encoder": (["--set", f"model.init_checkpoint={save_family_folder(tmp_path / 'enc', 'roberta', 'embedding')}"], "is an encoder"),
-        "source": (["--set", "data.source=bbc_news", "--set", "data.validation_file=null"], "causal_lm reads prompt/completion jsonl"),
+        "source": (["--set", "data.source=bbc_news", "--set", "data.validation_file=null"], "causal_lm reads jsonl"),
     }  # fmt: skip
     config = config_for(tmp_path, start_folder)
     path = tmp_path / "c.yaml"

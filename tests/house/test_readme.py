@@ -219,4 +219,5 @@ def test_readme_recipes_run_as_written(tmp_path, group):
 
         lines = len((tmp_path / "work/texts.jsonl").read_text().splitlines())
         assert np.load(tmp_path / "work/embeddings.npy").shape == (lines, 384)
+        assert np.load(tmp_path / "work/embeddings-int8.npy").shape == (lines, 384)
         assert lines == (5000 if AS_WRITTEN else 64)

@@ -155,3 +155,18 @@ def test_a_diverging_run_stops_at_its_first_nonfinite_step_and_keeps_the_good_ch
     assert kept and kept[-1] == f"step-{bad - 1:08d}", (kept, bad)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["kind"] == "end" and records[-1]["stopped_by"] == "diverged"
+
+
+def test_resuming_a_finished_run_adds_nothing(data_root, tmp_path):
+    """Reliability 9, item 3: --resume of a decoder run that had finished ran its final
+    evaluation again and appended a second eval and end record (13 lines instead of 11)."""
+    first = pretrain(data_root, tmp_path / "run", "training.max_steps=3")
+    assert first.returncode == 0, first.stderr[-2000:]
+    records = (tmp_path / "run/metrics.jsonl").read_text()
+    mlperf = (tmp_path / "run/mlperf.log").read_bytes() if (tmp_path / "run/mlperf.log").exists() else None
+    again = pretrain(data_root, tmp_path / "run", "training.max_steps=3", resume=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (tmp_path / "run/metrics.jsonl").read_text() == records
+    if mlperf is not None:
+        assert (tmp_path / "run/mlperf.log").read_bytes() == mlperf
+    assert "the run was complete at step 3" in again.stderr

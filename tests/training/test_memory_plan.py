@@ -133,8 +133,29 @@ def test_plan_command_prints_the_table_and_refuses_in_one_line(long_rows, tmp_pa
         nothing.returncode == 2 and "--plan needs the vocabulary" in nothing.stderr.strip().splitlines()[-1]
     )
     zero = run_here(config, output, "--plan", "--gpus", "0", *sets)
-    assert zero.returncode == 2 and "--gpus must be >= 1" in zero.stderr
+    assert zero.returncode == 2 and "--gpus must be between 1 and 1,000,000, got 0" in zero.stderr
     assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    "arguments, said",
+    [
+        (["--gpu-memory-gib", "inf"], "--gpu-memory-gib must be a size above 0 and at most 1,000,000, got inf"),
+        (["--gpu-memory-gib", "nan"], "got nan"),
+        (["--gpus", "100000000000000000000"], "--gpus must be between 1 and 1,000,000"),
+        (["--set", "model.num_hidden_layers=1000000"], "model.num_hidden_layers: must be <= 1024"),
+        (["--set", "model.hidden_size=10000000"], "model.hidden_size: must be <= 65536"),
+        (["--set", "data.max_sequence_length=1000000000"], "data.max_sequence_length: must be <= 1048576"),
+    ],
+)  # fmt: skip
+def test_the_plan_refuses_sizes_no_machine_has_in_one_line(arguments, said, tmp_path):
+    """Reliability 9, items 7 and 8: an infinite GPU ran the whole plan and died in an
+    OverflowError; a million layers grew past 900 MB for minutes before any line."""
+    from ..training_helpers import run_here
+
+    done = run_here(REPO / "configs" / "pretrain_decoder_tiny.yaml", tmp_path / "run", "--plan", *arguments)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert said in done.stderr.strip().splitlines()[-1] and "Traceback" not in done.stderr
 
 
 @pytest.mark.slow

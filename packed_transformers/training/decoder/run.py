@@ -36,7 +36,7 @@ from packed_transformers.components.distributed import (
     setup_replica,
 )
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.loop import LoopEnd, run_loop
+from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, run_loop
 from packed_transformers.components.observe import Reporter
 from packed_transformers.components.run_folder import (
     CHANGEABLE_ON_RESUME,
@@ -464,6 +464,10 @@ class DecoderRun:
 
     def close(self, end: LoopEnd) -> None:
         state = self.state
+        if end.stopped_by == RESUMED_COMPLETE:  # its records were written when it finished
+            log.info("the run was complete at step %d: nothing trained, nothing recorded", state.step)
+            self.reporter.close()
+            return
         self.reporter.mlperf.run_stop(state.samples, end.status)
         self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.tokens,
                            "status": end.status, "stopped_by": end.stopped_by,

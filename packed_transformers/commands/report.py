@@ -1,6 +1,6 @@
 """Side-by-side table of fine-tuning runs (their OUTPUT/summary.json), ratios against padded.
 
-python -m packed_transformers.finetune.report runs/bbc_padded runs/bbc_dynamic runs/bbc_uniform runs/bbc_packed
+packed report runs/bbc_padded runs/bbc_dynamic runs/bbc_uniform runs/bbc_packed
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def table(summaries: list[dict]) -> str:
 def main(argv=None) -> int:
     from packed_transformers.common.cli import command_parser
 
-    parser = command_parser("python -m packed_transformers.finetune.report", __doc__)
+    parser = command_parser("packed report", __doc__)
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="finetune.train output folders")
     folders = parser.parse_args(argv).runs
     try:
