@@ -72,7 +72,7 @@ def timed(argv: list[str], env: dict) -> tuple[float, str]:
 
 
 def scores(folder: Path, held_out: list[dict]) -> dict:
-    from packed_transformers.finetune.contrastive_task import retrieval_scores
+    from packed_transformers.model.embedding import retrieval_scores
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(str(folder), device="cpu")
@@ -96,7 +96,8 @@ def main() -> int:
     order = np.random.default_rng(0).permutation(len(pairs))[: args.pairs]
     held = len(order) // 10
     held_out, train = [pairs[i] for i in order[:held]], [pairs[i] for i in order[held:]]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               ORT_DISABLE_TELEMETRY="1")
     results: dict[str, list] = {"sentence-transformers": [], "packed": []}
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)

@@ -167,7 +167,8 @@ def int8_peer_models(folder: Path, scratch: Path, texts: list[str], picks) -> di
 
 
 def run(argv: list[str], threads: int) -> tuple[float, dict]:
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    # ORT_DISABLE_TELEMETRY: no peer sends ONNX Runtime's usage events (common/telemetry.py)
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", ORT_DISABLE_TELEMETRY="1")
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started

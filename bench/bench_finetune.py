@@ -84,7 +84,7 @@ def main() -> None:
     quiet_transformers()
     config = load_finetune_config(CONFIG, args.set)
     task = prepare_task(config)
-    model = build_classifier(config, task)
+    model = build_classifier(config, task).model  # the door's LoadedModel carries the packed classifier
     print(
         f"# BBC News, {len(task.train)} train / {len(task.validation)} validation examples, "
         f"MiniLM-L6 (H=384), padded width {config['data']['max_sequence_length']}, "

@@ -47,9 +47,13 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from packed_transformers.common.telemetry import decline_openvino_telemetry  # noqa: E402
+from packed_transformers.common.telemetry import (  # noqa: E402
+    decline_onnxruntime_telemetry,
+    decline_openvino_telemetry,
+)
 
-decline_openvino_telemetry()  # the OpenVINO peers send no usage events from our benches either
+decline_openvino_telemetry()  # the OpenVINO and ONNX Runtime peers send no usage events from our benches either
+decline_onnxruntime_telemetry()  # (set in the environment: the peers' own processes inherit it)
 
 
 def export_onnx(folder: Path, path: Path) -> None:

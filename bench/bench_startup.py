@@ -65,7 +65,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false", ORT_DISABLE_TELEMETRY="1")
     texts = texts_of(bbc_articles(corpus_glob()), "mixed")[: args.texts]
     model = model_dir()
     with tempfile.TemporaryDirectory() as scratch:

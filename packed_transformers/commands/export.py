@@ -76,16 +76,16 @@ def compare(model, loaded, graph_path: Path, dtype: str, task: str) -> dict:
     import torch
 
     from packed_transformers.inference.onnx_session import OnnxSession
-    from packed_transformers.inference.rows import pack_rows
+    from packed_transformers.inference.runner import Runner
 
     session = OnnxSession(graph_path, torch.get_num_threads())
+    runner = Runner(model, "cpu", "float32")  # the packed forward, as predict and embed run it
     name = "embeddings" if task == "embedding" else "logits"
     texts = check_rows(model.config.vocab_size, loaded.max_length)
     cosines, agree, total = [], 0, 0
     for table, width in tables_for_check([len(t) for t in texts]):
-        rows = pack_rows(texts, table, width)
-        with torch.inference_mode():
-            reference = model(**{k: torch.from_numpy(v) for k, v in rows.items()})[name].float().numpy()
+        batch = runner.forward(texts, table, width, outputs=(name,))
+        rows, reference = batch.rows, batch.outputs[name]
         graph = session(rows)[name]
         present = rows["example_index"] >= 0
         a, b = reference[present], graph[present]

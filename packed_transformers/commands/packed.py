@@ -92,6 +92,20 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The subcommand's exit code; output cut off by a closed pipe (`packed ... --help | head`)
+    ends quietly with 141 (128 + SIGPIPE, a shell's own code for it), never a traceback."""
+    try:
+        code = run(argv)
+        sys.stdout.flush()  # inside the try: a pipe closed early fails here, not at exit
+        return code
+    except BrokenPipeError:
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 141
+
+
+def run(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())

@@ -13,6 +13,14 @@ no event is sent, no sender process started, nothing written under `~/intel`.
     PACKED_TRANSFORMERS_OPENVINO_TELEMETRY=1     leave OpenVINO's own consent rules in force
                                                  (its consent file, `opt_in_out --opt_in`)
 
+ONNX Runtime (1.32's Linux wheel too, whatever its privacy notice says of Windows) keeps a device
+id and an event store under `~/.cache/Microsoft/DeveloperTools/.onnxruntime/` and sends the
+events to Microsoft's collector (mobile.events.data.microsoft.com), unless `ORT_DISABLE_TELEMETRY`
+is set (its own switch, read when it loads; children inherit it). `decline_onnxruntime_telemetry`
+sets it before onnxruntime is imported, unless the user set it or asked for telemetry:
+
+    PACKED_TRANSFORMERS_ONNXRUNTIME_TELEMETRY=1  leave ONNX Runtime's default (telemetry on)
+
 Standard library only.
 """
 
@@ -21,6 +29,15 @@ from __future__ import annotations
 import os
 
 OPENVINO_TELEMETRY_VARIABLE = "PACKED_TRANSFORMERS_OPENVINO_TELEMETRY"
+ONNXRUNTIME_TELEMETRY_VARIABLE = "PACKED_TRANSFORMERS_ONNXRUNTIME_TELEMETRY"
+
+
+def decline_onnxruntime_telemetry() -> bool:
+    """ORT_DISABLE_TELEMETRY=1 in this process's environment (so in its children's too), unless
+    the user set ORT_DISABLE_TELEMETRY or asked for telemetry. -> whether it is declined."""
+    if os.environ.get(ONNXRUNTIME_TELEMETRY_VARIABLE) == "1":
+        return False
+    return os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1") == "1"
 
 
 def decline_openvino_telemetry() -> bool:

@@ -265,7 +265,7 @@ def task_of_architectures(config: dict, config_path: Path) -> str:
         raise ExampleError(
             f"{config_path}: key 'architectures' is {architectures}; predict runs a "
             "*ForSequenceClassification, *ForTokenClassification or *ForQuestionAnswering folder "
-            "(for embeddings of a bare encoder use finetune.embed --pooling)"
+            "(for embeddings of a bare encoder use `packed embed --pooling mean`)"
         )
     return task
 

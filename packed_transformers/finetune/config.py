@@ -23,7 +23,7 @@ from packed_transformers.common.config_schema import (
     resolve,
 )
 
-TASKS = ("classification", "question_answering", "causal_lm")
+TASKS = ("classification", "question_answering", "causal_lm", "embedding")
 SOURCES = ("jsonl", "bbc_news", "squad")
 
 SCHEMA: dict[str, dict[str, Key]] = {

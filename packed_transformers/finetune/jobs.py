@@ -11,13 +11,14 @@ that builds it; the loop itself names no task.
     embedding           (anchor, positive[, negative]) JSON lines -> a step: batch_size pairs in
                         random order (the sampler's, as sentence-transformers' trainer draws
                         them: the batch is the negatives), its texts packed into rows ->
-                        MultipleNegativesRankingLoss (model.contrastive) -> a sentence-transformers
+                        MultipleNegativesRankingLoss (model.embedding) -> a sentence-transformers
                         folder; validated as retrieval over the held-out pairs
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -268,11 +269,12 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     from packed_transformers.data.classification_data import PAIR_ROLES, TokenizedPairs, read_pairs
     from packed_transformers.door.opener import ForEmbedding
     from packed_transformers.door.st_folder import transformer_module_path
-    from packed_transformers.model import contrastive
+    from packed_transformers.model import embedding as contrastive
 
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each rank would score its own share of the step alone
+        raise FinetuneError("data.task embedding runs in one process: in-batch negatives are not gathered across ranks")
     data, model_cfg, batching = config["data"], config["model"], config["batching"]
-    checkpoint = Path(resolve_asset(model_cfg["init_checkpoint"]))
-    fields = {role: data[f"{role}_field"] for role in PAIR_ROLES}
+    checkpoint, fields = Path(resolve_asset(model_cfg["init_checkpoint"])), {r: data[f"{r}_field"] for r in PAIR_ROLES}
     texts, where = read_pairs(resolve_asset(data["train_file"]), fields)
     held, held_where = read_pairs(data["validation_file"], fields) if data["validation_file"] else (texts, where)
     split = split_by_seed(len(where), data["validation_fraction"], data["split_seed"])
@@ -285,8 +287,7 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
                for r in PAIR_ROLES if source[r]]  # fmt: skip
         return TokenizedPairs([ids for ids, _ in cut], sum(n for _, n in cut))
 
-    train, validation = tokenized(texts, where, train_rows), tokenized(held, held_where, val_rows)
-    if len(train) < 2 or len(validation) < 1:
+    if min(len(train := tokenized(texts, where, train_rows)) - 1, len(validation := tokenized(held, held_where, val_rows))) < 1:  # fmt: skip
         raise FinetuneError(f"{len(train)} training, {len(validation)} validation pairs: in-batch negatives need 2")
     torch.manual_seed(config["training"]["seed"])
     options = ModelOptions(attention_backend=model_cfg["attention_backend"], pooling=model_cfg["pooling"], dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]})  # fmt: skip
@@ -310,8 +311,7 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
                 batch = {k: v.to(next(model.parameters()).device) for k, v in rows_of(validation, table).items()}
                 slots = [batch.pop(name) for name in PAIR_SLOTS if name in batch]
                 flat = model.eval().embedder(**batch)["embeddings"].reshape(-1, model.dimension).float()
-                losses, _ = contrastive.ranking_loss(flat[slots[0]], flat[torch.cat(slots[1:])], model.scale, model.symmetric)
-                loss_sum += float(losses.sum())
+                loss_sum += float(contrastive.ranking_loss(flat[slots[0]], flat[torch.cat(slots[1:])], model.scale, model.symmetric)[0].sum())  # fmt: skip
                 for kept, slot in zip(found, slots):
                     kept.append(flat[slot].cpu().numpy())
         seconds, scores = time.perf_counter() - started, contrastive.retrieval_scores(*map(np.concatenate, found))

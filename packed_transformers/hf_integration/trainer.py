@@ -398,6 +398,21 @@ class PerExample:
     losses: np.ndarray | None = None
     extra: dict = field(default_factory=dict)
 
+    # What a Trainer user's compute_metrics reads of transformers' EvalPrediction, one row per
+    # example here: `p.predictions`, `p.label_ids`, and `logits, labels = p` (or p[0], p[1]).
+    @property
+    def label_ids(self):
+        return self.labels
+
+    def __iter__(self):
+        return iter((self.predictions, self.labels))
+
+    def __getitem__(self, index: int):
+        return (self.predictions, self.labels)[index]
+
+    def __len__(self) -> int:
+        return 2
+
 
 def unpack_predictions(task: str, predictions, label_ids=None) -> PerExample:
     """Trainer's `predict()` / EvalPrediction fields from a packed model -> PerExample.

@@ -20,6 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from packed_transformers.common.telemetry import decline_onnxruntime_telemetry
+
+# before onnxruntime is first imported: its wheel sends usage telemetry by default (common.telemetry)
+decline_onnxruntime_telemetry()
+
 RUNTIME = "onnxruntime"
 GRAPH_DTYPES = ("float32", "int8")
 

@@ -75,7 +75,7 @@ def pair_rows(
     """A contrastive step's rows: the texts of pairs `chosen` (roles: [anchors, positives
     (, negatives)] token id lists; the step's order) packed into rows of `width` tokens, and
     each text's place among the rows' slots flattened (pack * K + slot): anchor_slots,
-    positive_slots (, negative_slots), int64 [len(chosen)] each (model.contrastive reads them)."""
+    positive_slots (, negative_slots), int64 [len(chosen)] each (model.embedding.PackedContrastive reads them)."""
     texts = [role[i] for role in roles for i in chosen]
     table, place = pack_with_places(np.array([len(t) for t in texts]), width, max_per_pack, algorithm, seed)
     rows = pack_rows(texts, table, width)

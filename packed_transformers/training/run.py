@@ -319,11 +319,11 @@ class Run(RunSetup):
 
     def _close(self, status: str) -> None:
         self.progress.close()
-        if self.stopped_by == RESUMED_COMPLETE:  # its records were written when it finished
+        self.reporter.mlperf.run_stop(self.state.samples, status)  # the process's MLPerf block closed
+        if self.stopped_by == RESUMED_COMPLETE:  # its metrics records were written when it finished
             log.info("the run was complete at step %d: nothing trained, nothing recorded", self.state.step)
             self.reporter.close()
             return
-        self.reporter.mlperf.run_stop(self.state.samples, status)
         self.reporter.log(
             {
                 "step": self.state.step,

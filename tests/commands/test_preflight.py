@@ -123,3 +123,22 @@ def test_a_mistyped_or_missing_option_is_one_line_naming_the_nearest(argv, says)
     named before the required option it hides."""
     done, _ = run(*argv)
     assert done.returncode == 2 and done.stderr.strip() == says, done.stderr[-500:]
+
+
+def test_a_closed_pipe_is_not_a_traceback(tmp_path):
+    """`packed --help | head -1` (and `python -m packed_transformers`): the output cut off by
+    the reader ends quietly (it printed a BrokenPipeError traceback)."""
+    import os
+    from pathlib import Path
+
+    err = tmp_path / "err.txt"
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+    for command in ("packed", f"{sys.executable} -m packed_transformers"):
+        done = subprocess.run(["bash", "-c", f"{command} --help 2>{err} | head -1"], capture_output=True, text=True,
+                              env={**os.environ, "PATH": path})  # fmt: skip
+        assert done.stdout.startswith("usage: packed") and done.stdout.count("\n") == 1
+        assert err.read_text() == "", err.read_text()
+        # a reader gone before the first byte (Python starts in ~0.1 s): every write fails
+        done = subprocess.run(["bash", "-c", f"{command} --help 2>{err} | true; echo ${{PIPESTATUS[0]}}"],
+                              capture_output=True, text=True, env={**os.environ, "PATH": path})  # fmt: skip
+        assert done.stdout.strip() == "141" and err.read_text() == "", (done.stdout, err.read_text())

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -76,14 +77,60 @@ def test_a_child_forked_later_dies_by_the_signal_not_by_our_handler():
     called = []
     previous = signal.signal(signal.SIGTERM, own_process_handler(lambda signum, frame: called.append(signum)))
     try:
+        ready, said = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child: wait for the signal; a handler that returned would exit 7
-            signal.pause()
+        if pid == 0:  # the child: Python code running when the signal comes; a handler that returned exits 7
+            os.write(said, b"1")  # CPython clears signals that arrive before fork() returns in the child
+            for _ in range(1000):
+                time.sleep(0.01)
             os._exit(7)
+        assert os.read(ready, 1) == b"1"
+        os.close(ready), os.close(said)
         os.kill(pid, signal.SIGTERM)
-        _, status = os.waitpid(pid, 0)
+        for _ in range(2000):  # at most 20 s, then the child is killed and the test fails
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.01)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child did not end on SIGTERM")
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
         os.kill(os.getpid(), signal.SIGTERM)
         assert called == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+ORT_SESSION = """
+import sys
+if sys.argv[1] == "ours":
+    import packed_transformers.inference.onnx_session  # what every ONNX Runtime path of ours imports first
+import onnxruntime
+from onnx import TensorProto, helper
+value = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1])
+graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [value("x")], [value("y")])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+model.ir_version = 8
+onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+"""
+
+
+def test_onnxruntime_keeps_and_sends_nothing(tmp_path):
+    """ONNX Runtime 1.32's Linux wheel keeps a device id and an event store under
+    ~/.cache/Microsoft/DeveloperTools/.onnxruntime and sends them to Microsoft's collector unless
+    ORT_DISABLE_TELEMETRY is set: our processes set it before onnxruntime is imported."""
+    pytest.importorskip("onnxruntime")
+    env = {k: v for k, v in os.environ.items() if k not in ("ORT_DISABLE_TELEMETRY",
+                                                             "PACKED_TRANSFORMERS_ONNXRUNTIME_TELEMETRY")}  # fmt: skip
+    homes = {}
+    for who in ("ours", "theirs"):
+        homes[who] = tmp_path / who
+        homes[who].mkdir()
+        done = subprocess.run([sys.executable, "-c", ORT_SESSION, who], capture_output=True, text=True, timeout=120,
+                              env={**env, "HOME": str(homes[who])})  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert list(homes["ours"].rglob("*")) == []
+    # the test can fail: without the switch ONNX Runtime writes its device id and event store
+    assert (homes["theirs"] / ".cache/Microsoft/DeveloperTools/.onnxruntime").is_dir()

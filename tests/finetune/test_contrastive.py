@@ -1,5 +1,5 @@
-"""Packed contrastive training of embedding models (data.task: embedding; model/contrastive.py,
-finetune/contrastive_task.py), judged by sentence-transformers: for the same step's texts the
+"""Packed contrastive training of embedding models (data.task: embedding; model/embedding.py PackedContrastive,
+finetune/jobs.py contrastive_job), judged by sentence-transformers: for the same step's texts the
 packed MultipleNegativesRankingLoss and the gradient of every parameter equal its padded
 computation (BERT, a non-BERT encoder, a decoder embedder pooled at its last token; with and
 without hard negatives); a text never attends to another of its row; a run writes a
@@ -15,7 +15,7 @@ import torch
 
 from packed_transformers.door.opener import ForEmbedding, ForTraining, open_folder
 from packed_transformers.inference.rows import pair_rows
-from packed_transformers.model.contrastive import PackedContrastive
+from packed_transformers.model.embedding import PackedContrastive
 from packed_transformers.model.opening import ModelOptions
 
 from ..family_helpers import TEXTS, save_family_folder
@@ -94,8 +94,11 @@ def folders(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("family", ["bert", "distilbert", "qwen2"])
-@pytest.mark.parametrize("negatives, symmetric", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize(
+    "family, negatives, symmetric",
+    [("bert", False, False), ("bert", True, False), ("bert", False, True), ("distilbert", True, False),
+     ("qwen2", True, False), ("qwen2", False, False)],
+)  # fmt: skip
 def test_the_packed_step_equals_sentence_transformers_loss_and_every_gradient(folders, family, negatives, symmetric):
     folder, pooling = folders[family]
     roles = [ANCHORS, POSITIVES] + ([NEGATIVES] if negatives else [])

@@ -128,3 +128,30 @@ def test_answer_labels_map_back_to_the_exact_answer_after_odd_characters(tokeniz
         offsets = windows.offsets[w]
         assert (offsets[first, 0], offsets[last, 1]) == (start, start + len(answer)), (context, w)
     assert holding >= 1
+
+
+def test_packed_metrics_hands_a_trainer_users_compute_metrics_what_it_reads():
+    """compute_metrics written as Trainer users write it (`logits, labels = p`, `p.label_ids`,
+    `p.predictions`) gets one row per example in input order (it got a PerExample with
+    `.labels` only: AttributeError: no attribute 'label_ids')."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from packed_transformers.hf_integration.trainer import packed_metrics
+
+    logits = np.arange(12, dtype=np.float32).reshape(2, 2, 3)  # 2 packs, 2 slots, 3 classes
+    index = np.array([[1, 2], [0, -1]])  # example 0 in pack 1; pack 1 slot 1 empty
+    labels = np.array([[1, 2], [0, 0]])
+    seen = {}
+
+    def compute_metrics(p):
+        logits_in_order, label_ids = p
+        assert p.predictions is logits_in_order and p.label_ids is label_ids and p[1] is label_ids
+        seen["labels"] = label_ids.tolist()
+        return {"accuracy": float((logits_in_order.argmax(-1) == label_ids).mean())}
+
+    out = packed_metrics("single_label_classification", compute_metrics)(
+        SimpleNamespace(predictions=(logits, index), label_ids=labels)
+    )
+    assert seen["labels"] == [0, 1, 2] and out == {"accuracy": 1 / 3}  # every argmax is class 2

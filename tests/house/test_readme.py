@@ -26,7 +26,7 @@ from ..conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-TESTED = ("own-text", "finetune", "sft", "qa", "pack", "embed", "decoder-pretrain")
+TESTED = ("own-text", "finetune", "sft", "qa", "pack", "embed", "embed-train", "decoder-pretrain")
 
 # (command prefix, what is appended or replaced) -> the same command at tiny scale
 TINY = {
@@ -41,6 +41,8 @@ TINY = {
     "packed train": [("", " --set training.epochs=1 --set training.progress=false")],
     "packed train --config configs/finetune_own.yaml": [("", " --set training.max_seconds=2")],
     "packed embedding-texts --output work/texts.jsonl": [("--limit 5000", "--limit 64")],
+    "packed embedding-texts --kind pairs": [("", " --limit 40")],
+    "packed train --config configs/finetune_embedding.yaml": [("", " --set data.max_sequence_length=64 --set batching.batch_size=8")],
     "packed qa-cloze": [("--questions-per-article 1", "--questions-per-article 1 --dev-fraction 0.03")],
     "packed train --config configs/finetune_qa_bbc.yaml": [("max_seconds=90", "max_seconds=2")],
     "packed debian-texts": [("", " --limit 1500")],
@@ -130,7 +132,7 @@ GROUPS = {
     "pretraining": ("own-text", "pack"),
     "finetune": ("finetune", "sft"),
     "qa": ("qa",),
-    "embed": ("embed",),
+    "embed": ("embed", "embed-train"),
     "decoder-pretrain": ("decoder-pretrain",),
 }
 
@@ -220,4 +222,6 @@ def test_readme_recipes_run_as_written(tmp_path, group):
         lines = len((tmp_path / "work/texts.jsonl").read_text().splitlines())
         assert np.load(tmp_path / "work/embeddings.npy").shape == (lines, 384)
         assert np.load(tmp_path / "work/embeddings-int8.npy").shape == (lines, 384)
+        summary = json.loads((tmp_path / "runs/my_embedder/summary.json").read_text())
+        assert summary["task"] == "embedding" and (tmp_path / "runs/my_embedder/model/modules.json").is_file()
         assert lines == (5000 if AS_WRITTEN else 64)

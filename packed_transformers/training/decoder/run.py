@@ -464,11 +464,11 @@ class DecoderRun:
 
     def close(self, end: LoopEnd) -> None:
         state = self.state
-        if end.stopped_by == RESUMED_COMPLETE:  # its records were written when it finished
+        self.reporter.mlperf.run_stop(state.samples, end.status)  # the process's MLPerf block closed
+        if end.stopped_by == RESUMED_COMPLETE:  # its metrics records were written when it finished
             log.info("the run was complete at step %d: nothing trained, nothing recorded", state.step)
             self.reporter.close()
             return
-        self.reporter.mlperf.run_stop(state.samples, end.status)
         self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.tokens,
                            "status": end.status, "stopped_by": end.stopped_by,
                            "seconds": time.perf_counter() - self.started}, "end")  # fmt: skip
