@@ -88,11 +88,9 @@ def main(argv=None) -> int:
             info = read_export(args.model)
             args.runtime, args.dtype = info.runtime, info.dtype
     else:
-        from packed_transformers.inference.precision import device_problem
         from packed_transformers.model.hf_checkpoint import quiet_transformers
 
-        quiet_transformers()
-        wrong = wrong or device_problem(args.device, args.dtype)
+        quiet_transformers()  # runtime_problem holds torch's device and dtype rules too
         wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
     if wrong:
         return refuse(wrong)

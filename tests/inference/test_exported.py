@@ -195,3 +195,25 @@ def test_the_light_install_runs_an_exported_folder(exported, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["runtime"] == "onnxruntime"
     np.testing.assert_allclose(np.load(out), encode(texts, load_exported(exported / "float32")), rtol=0, atol=1e-6)
+
+
+def test_the_server_runs_onnxruntime_and_exported_folders_as_torch(checkpoint, exported):
+    """The server's engine through ONNX Runtime (`packed serve --runtime onnxruntime`) and on an
+    exported folder gives torch's vectors for the same texts and table."""
+    from packed_transformers.serving.engines import load_engine
+
+    texts = tiny_texts(7, seed=5)
+    engines = {
+        "torch": load_engine(checkpoint, pooling=["mean"]),
+        "onnxruntime": load_engine(checkpoint, pooling=["mean"], runtime="onnxruntime"),
+        "exported": load_engine(exported / "float32"),
+    }
+    assert engines["onnxruntime"].runner.runtime == engines["exported"].runner.runtime == "onnxruntime"
+    token_ids, _ = engines["torch"].encoder.tokenize_texts(texts, texts)
+    table, width = np.array([[0, 1, 2], [3, 4, -1], [5, 6, -1]]), max(len(t) for t in token_ids) * 3
+    vectors = {name: np.stack(engine.run(token_ids, [np.zeros_like(t) for t in token_ids], table, width))
+               for name, engine in engines.items()}  # fmt: skip
+    np.testing.assert_allclose(vectors["onnxruntime"], vectors["torch"], rtol=0, atol=2e-5)
+    reference = vectors["torch"] / np.linalg.norm(vectors["torch"], axis=1, keepdims=True)  # the export normalises
+    ours = vectors["exported"] / np.linalg.norm(vectors["exported"], axis=1, keepdims=True)
+    np.testing.assert_allclose(ours, reference, rtol=0, atol=2e-5)
