@@ -269,6 +269,16 @@ def bbc_texts(workload: str = "pairs", seed: int = 0) -> list:
     return out
 
 
+def refused(runtime: str, dtype: str) -> bool:
+    """Whether this machine refuses `runtime` in `dtype` (say so, and leave that variant out)."""
+    from packed_transformers.inference.runner import runtime_problem
+
+    problem = runtime_problem(runtime, "cpu", dtype)
+    if problem:
+        print(f"left out: --runtime {runtime} --dtype {dtype}: {problem}", file=sys.stderr)
+    return problem is not None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a finetune.train model folder (default: fine-tune one)")
@@ -286,7 +296,7 @@ def main() -> int:
     )
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=("float32", "bfloat16", "int8"),
                         help="each policy served in each dtype, interleaved in the same rounds (--dtype)")  # fmt: skip
-    parser.add_argument("--runtimes", nargs="+", default=["torch"], choices=("torch", "openvino"),
+    parser.add_argument("--runtimes", nargs="+", default=["torch"], choices=("torch", "openvino", "onnxruntime"),
                         help="each policy and dtype served through each runtime, interleaved (--runtime)")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -314,6 +324,7 @@ def main() -> int:
             for policy in args.policies
             for dtype in args.dtypes
             for runtime in args.runtimes
+            if not refused(runtime, dtype)
         }
         results = {name: {"saturation_rounds": []} for name in variants}
         names = list(variants)
@@ -383,12 +394,14 @@ def main() -> int:
         for dtype in ("int8", "bfloat16"):
             if rates.get(dtype) and rates.get("float32"):
                 print(f"\n{policy}: {dtype} / float32 at saturation: {rates[dtype] / rates['float32']:.2f}x")
-    if len(args.runtimes) > 1:
+    if len(args.runtimes) > 1:  # every variant against torch float32's of its policy
         for name in names:
-            if name.endswith(" openvino"):
-                torch_rate = results[name.removesuffix(" openvino") + " torch"]["saturation"]["rate"]
-                ratio = results[name]["saturation"]["rate"] / torch_rate
-                print(f"\n{name.removesuffix(' openvino')}: openvino / torch at saturation: {ratio:.2f}x")
+            policy = name.split(" ")[0]
+            base = next((n for n in names if n.split(" ")[0] == policy and n.endswith(" torch")
+                         and ("float32" in n or len(args.dtypes) == 1)), None)  # fmt: skip
+            if base and name != base:
+                ratio = results[name]["saturation"]["rate"] / results[base]["saturation"]["rate"]
+                print(f"\n{name} / {base} at saturation: {ratio:.2f}x")
     if overload:
         print(f"\noverload: packed at {overload['rate']:.0f} requests/s (2x its saturation) for {args.overload_seconds:g} s: "
               f"{overload['sent']} sent, statuses {overload['statuses']}, p99 of answered {overload['p99'] * 1000:.0f} ms, "
