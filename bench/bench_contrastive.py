@@ -72,8 +72,9 @@ def timed(argv: list[str], env: dict) -> tuple[float, str]:
 
 
 def scores(folder: Path, held_out: list[dict]) -> dict:
-    from packed_transformers.model.embedding import retrieval_scores
     from sentence_transformers import SentenceTransformer
+
+    from packed_transformers.model.embedding import retrieval_scores
 
     model = SentenceTransformer(str(folder), device="cpu")
     anchors = model.encode([r["anchor"] for r in held_out], convert_to_numpy=True)

@@ -62,7 +62,7 @@ from packed_transformers.common.files import (
     write_json_atomic,
 )
 from packed_transformers.data.classification_data import ExampleError, example_of_line
-from packed_transformers.door.exported_folder import exported_arguments_problem, is_exported, read_export
+from packed_transformers.door.exported_folder import is_exported, settle_exported_arguments
 from packed_transformers.door.opener import ForEmbedding, open_folder
 from packed_transformers.inference.embedding import iter_encode
 from packed_transformers.inference.options import InferenceOptions
@@ -236,10 +236,7 @@ def main(argv=None) -> int:
                              "threads_per_worker", "chunk_rows"))  # fmt: skip
     exported = is_exported(args.model)
     if exported:  # its graph decides runtime and dtype: torch is never imported
-        wrong = wrong or exported_arguments_problem(args, sys.argv[1:] if argv is None else argv)
-        if not wrong:
-            info = read_export(args.model)
-            args.runtime, args.dtype = info.runtime, info.dtype
+        wrong = wrong or settle_exported_arguments(args, sys.argv[1:] if argv is None else argv)
     else:
         wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
     if not wrong and not exported:

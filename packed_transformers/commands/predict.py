@@ -57,7 +57,7 @@ from packed_transformers.common.cli import below_one, refuse
 from packed_transformers.common.files import describe_os_error, output_over_inputs, write_json_atomic
 from packed_transformers.data.classification_data import ExampleError, encode_labels, read_jsonl
 from packed_transformers.data.tokenizer import DataInputError
-from packed_transformers.door.exported_folder import exported_arguments_problem, is_exported, read_export
+from packed_transformers.door.exported_folder import is_exported, settle_exported_arguments
 from packed_transformers.door.opener import open_folder
 from packed_transformers.inference.classify import classify_examples
 from packed_transformers.inference.options import InferenceOptions
@@ -83,10 +83,7 @@ def main(argv=None) -> int:
     )
     exported = is_exported(args.model)
     if exported:  # its graph decides runtime and dtype: torch is never imported
-        wrong = wrong or exported_arguments_problem(args, sys.argv[1:] if argv is None else argv)
-        if not wrong:
-            info = read_export(args.model)
-            args.runtime, args.dtype = info.runtime, info.dtype
+        wrong = wrong or settle_exported_arguments(args, sys.argv[1:] if argv is None else argv)
     else:
         from packed_transformers.model.hf_checkpoint import quiet_transformers
 

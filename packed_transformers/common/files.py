@@ -160,7 +160,7 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
         return removed
     for entry in path.parent.iterdir():
         match = _TEMPORARY.match(entry.name)
-        if not match or match.group("name") != path.name or _running(int(match.group("pid"))):
+        if not match or match.group("name") != path.name or process_running(int(match.group("pid"))):
             continue
         try:
             if time.time() - entry.lstat().st_mtime < STALE_AFTER_S:
@@ -175,7 +175,8 @@ def remove_stale_temporaries(path: Path) -> list[Path]:
     return removed
 
 
-def _running(pid: int) -> bool:
+def process_running(pid: int) -> bool:
+    """Whether process `pid` runs (this one, or another user's, counts as running)."""
     if pid == os.getpid():
         return True
     try:

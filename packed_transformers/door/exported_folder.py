@@ -179,3 +179,13 @@ def exported_arguments_problem(args, argv: list[str]) -> str | None:
         info, getattr(args, "device", "cpu"), args.dtype if "--dtype" in given else None,
         args.runtime if "--runtime" in given else None,
     )  # fmt: skip
+
+
+def settle_exported_arguments(args, argv: list[str]) -> str | None:
+    """A command's arguments for an exported folder: the one line refusing what it cannot do
+    (exported_arguments_problem), else None with args.runtime and args.dtype set to its graph's."""
+    problem = exported_arguments_problem(args, argv)
+    if problem is None:
+        info = read_export(args.model)
+        args.runtime, args.dtype = info.runtime, info.dtype
+    return problem

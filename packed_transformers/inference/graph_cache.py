@@ -27,6 +27,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from packed_transformers.common.files import process_running
+
 log = logging.getLogger(__name__)
 
 CACHE_VARIABLE = "PACKED_TRANSFORMERS_CACHE"
@@ -125,18 +127,6 @@ def remove_dead_temporaries(root: Path) -> list[Path]:
         shutil.rmtree(entry, ignore_errors=True)
         removed.append(entry)
     return removed
-
-
-def process_running(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def writable_folder(path: Path) -> bool:

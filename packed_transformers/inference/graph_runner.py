@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
 from packed_transformers.door.exported_folder import exported_problem
 from packed_transformers.inference.rows import pack_rows
-from packed_transformers.inference.run_stats import RunBatch, RunStats
+from packed_transformers.inference.run_stats import RunBatch, RunsTables, RunStats
 
 
 def default_threads() -> int:
@@ -32,7 +32,7 @@ def default_threads() -> int:
     return len(os.sched_getaffinity(0))
 
 
-class GraphRunner:
+class GraphRunner(RunsTables):
     """An exported graph as a Runner: `run`, `forward`, `stats`, `model`, `needs_calibration`."""
 
     device = "cpu"
@@ -61,14 +61,6 @@ class GraphRunner:
         arrays = {name: answer[name] for name in outputs}
         self.stats.count(table, width, token_ids, time.perf_counter() - started)
         return RunBatch(rows, arrays)
-
-    def run(
-        self, token_ids: list, tables: Iterable[np.ndarray], width_of: Callable[[np.ndarray], int],
-        segment_ids: list | None = None, outputs: Iterable[str] = ("logits",),
-    ) -> Iterator[RunBatch]:  # fmt: skip
-        outputs = tuple(outputs)
-        for table in tables:
-            yield self.forward(token_ids, table, width_of(table), segment_ids, outputs)
 
 
 def graph_runner_of(loaded, device: str, dtype: str | None, compiled: bool, runtime: str | None) -> GraphRunner:

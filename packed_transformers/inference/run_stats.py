@@ -4,6 +4,7 @@ numpy only."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,3 +39,16 @@ class RunStats:
         self.sequences += len(present)
         self.real_tokens += int(sum(len(token_ids[i]) for i in present))
         self.row_tokens += len(table) * width
+
+
+class RunsTables:
+    """What every runner does with a pass's tables, written once: each through its `forward`
+    in turn (a generator: the caller may consume batch by batch)."""
+
+    def run(
+        self, token_ids: list, tables: Iterable[np.ndarray], width_of: Callable[[np.ndarray], int],
+        segment_ids: list | None = None, outputs: Iterable[str] = ("logits",),
+    ) -> Iterator[RunBatch]:  # fmt: skip
+        outputs = tuple(outputs)
+        for table in tables:
+            yield self.forward(token_ids, table, width_of(table), segment_ids, outputs)

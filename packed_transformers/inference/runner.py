@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from packed_transformers.common.choices import GRAPH_RUNTIMES, RUNTIMES
 from packed_transformers.inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
-from packed_transformers.inference.run_stats import RunBatch, RunStats  # noqa: F401 (read from here too)
+from packed_transformers.inference.run_stats import RunBatch, RunsTables, RunStats  # noqa: F401 (read from here too)
 
 # torch is imported where a torch Runner is built, never at import: an exported folder's
 # process (inference.graph_runner) reads this module's RunBatch, RunStats and per_* without it
@@ -37,7 +37,7 @@ COMPILE_BACKEND = "inductor"
 
 
 @dataclass
-class Runner:
+class Runner(RunsTables):
     """A model in eval mode on `device`, run in `dtype` (inference.precision: float32,
     bfloat16 under autocast where the device computes it natively, or int8 on a CPU with
     VNNI: a copy of the model with int8 layers, inference.int8). ValueError (one line) if
@@ -158,15 +158,6 @@ class Runner:
                 }  # .cpu() waits for the device
         self.stats.count(table, width, token_ids, time.perf_counter() - started)
         return RunBatch(rows, arrays)
-
-    def run(
-        self, token_ids: list, tables: Iterable[np.ndarray], width_of: Callable[[np.ndarray], int],
-        segment_ids: list | None = None, outputs: Iterable[str] = ("logits",),
-    ) -> Iterator[RunBatch]:  # fmt: skip
-        """Every table in turn (a generator: the caller may consume batch by batch)."""
-        outputs = tuple(outputs)
-        for table in tables:
-            yield self.forward(token_ids, table, width_of(table), segment_ids, outputs)
 
 
 def per_sequence(batches: list[RunBatch], name: str, n: int) -> np.ndarray:

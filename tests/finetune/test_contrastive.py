@@ -109,7 +109,7 @@ def test_the_packed_step_equals_sentence_transformers_loss_and_every_gradient(fo
     assert abs(ours - theirs) <= 1e-5, (ours, theirs)
     assert our_grads.keys() == their_grads.keys()
     for name, grad in their_grads.items():
-        torch.testing.assert_close(our_grads[name], grad, rtol=0, atol=1e-5, msg=name)
+        torch.testing.assert_close(our_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)  # float32 sums, other order
 
 
 def test_a_text_never_attends_to_another_of_its_row(folders):
