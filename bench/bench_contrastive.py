@@ -97,8 +97,13 @@ def main() -> int:
     order = np.random.default_rng(0).permutation(len(pairs))[: args.pairs]
     held = len(order) // 10
     held_out, train = [pairs[i] for i in order[:held]], [pairs[i] for i in order[held:]]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               ORT_DISABLE_TELEMETRY="1")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(args.threads),
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        ORT_DISABLE_TELEMETRY="1",
+    )
     results: dict[str, list] = {"sentence-transformers": [], "packed": []}
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
@@ -127,13 +132,19 @@ def main() -> int:
                 results[name].append(figures)
                 print(f"round {round_} {name}: {json.dumps({k: round(v, 4) for k, v in figures.items()})}",
                       file=sys.stderr, flush=True)  # fmt: skip
-    print(f"# {len(train)} training pairs, {held} held out, batch {args.batch}, 1 epoch, {args.threads} threads")
-    print("| trainer | whole process, s | pairs/s | padding computed on | nDCG@10 | recall@1 |\n|---|---|---|---|---|---|")
+    print(
+        f"# {len(train)} training pairs, {held} held out, batch {args.batch}, 1 epoch, {args.threads} threads"
+    )
+    print(
+        "| trainer | whole process, s | pairs/s | padding computed on | nDCG@10 | recall@1 |\n|---|---|---|---|---|---|"
+    )
     for name, runs in results.items():
         med = {k: float(np.median([r[k] for r in runs])) for k in runs[0]}
         print(f"| {name} | {med['seconds']:.1f} | {med['pairs_per_second']:.2f} | {med['padding_fraction']:.1%} | "
               f"{med['ndcg@10']:.4f} | {med['recall@1']:.4f} |")  # fmt: skip
-    ratios = [s["seconds"] / p["seconds"] for s, p in zip(results["sentence-transformers"], results["packed"])]
+    ratios = [
+        s["seconds"] / p["seconds"] for s, p in zip(results["sentence-transformers"], results["packed"])
+    ]
     print(f"\npacked / sentence-transformers, whole process: {np.median(ratios):.2f}x (goal >= 1.5x)")
     if args.json:
         from bench.machine import description

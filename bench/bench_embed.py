@@ -168,7 +168,9 @@ def int8_peer_models(folder: Path, scratch: Path, texts: list[str], picks) -> di
 
 def run(argv: list[str], threads: int) -> tuple[float, dict]:
     # ORT_DISABLE_TELEMETRY: no peer sends ONNX Runtime's usage events (common/telemetry.py)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", ORT_DISABLE_TELEMETRY="1")
+    env = dict(
+        os.environ, OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false", ORT_DISABLE_TELEMETRY="1"
+    )
     started = time.perf_counter()
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
@@ -267,7 +269,9 @@ def main() -> int:
             if name in exports:  # the folder fixes runtime and dtype
                 return [sys.executable, "-m", "packed_transformers.commands.embed", "--model", str(exports[name]),
                         "--input", str(source), "--output", str(outputs[name]), "--quiet", "--overwrite"]  # fmt: skip
-            graph_runtime = next((r for r in ("openvino", "onnxruntime") if name.startswith(f"embed-{r}")), None)
+            graph_runtime = next(
+                (r for r in ("openvino", "onnxruntime") if name.startswith(f"embed-{r}")), None
+            )
             batching = "packed" if graph_runtime or name == "embed-int8" else name.split("-")[1]
             runtime = ["--runtime", graph_runtime] if graph_runtime else []
             dtype = "int8" if name.endswith("int8") else args.dtype

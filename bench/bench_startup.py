@@ -65,7 +65,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false", ORT_DISABLE_TELEMETRY="1")
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(args.threads),
+        TOKENIZERS_PARALLELISM="false",
+        ORT_DISABLE_TELEMETRY="1",
+    )
     texts = texts_of(bbc_articles(corpus_glob()), "mixed")[: args.texts]
     model = model_dir()
     with tempfile.TemporaryDirectory() as scratch:
@@ -93,7 +98,9 @@ def main() -> int:
                 times[name].append(wall(ways[name], env))
         imports = import_times(ways["packed embed (exported int8)"], env)
     medians = {name: statistics.median(values) for name, values in times.items()}
-    print(f"# {args.texts} texts, {args.threads} threads, {args.rounds} rounds alternating; whole process, seconds")
+    print(
+        f"# {args.texts} texts, {args.threads} threads, {args.rounds} rounds alternating; whole process, seconds"
+    )
     print("| process | median | range |\n|---|---|---|")
     for name, values in times.items():
         print(f"| {name} | {medians[name]:.3f} | {min(values):.3f}-{max(values):.3f} |")

@@ -56,10 +56,18 @@ def main() -> None:
     trainer = Trainer(model, training, PackedDataCollator(), packed, packed_eval, processing_class=tokenizer,
                       compute_metrics=packed_metrics(task, compute_metrics))  # fmt: skip
     trainer.train()
-    print(json.dumps(trainer.evaluate()))  # eval_accuracy over the held-out examples, eval_loss their exact mean
+    print(
+        json.dumps(trainer.evaluate())
+    )  # eval_accuracy over the held-out examples, eval_loss their exact mean
     trainer.save_model(args.output)  # the weights, config and (processing_class) the tokenizer
     classify = packed_pipeline("text-classification", model=args.output)
-    print(json.dumps(classify(["Shares rise as the bank reports record profits", "The striker scored twice in the final"])))
+    print(
+        json.dumps(
+            classify(
+                ["Shares rise as the bank reports record profits", "The striker scored twice in the final"]
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -89,7 +89,9 @@ def compare(model, loaded, graph_path: Path, dtype: str, task: str) -> dict:
         graph = session(rows)[name]
         present = rows["example_index"] >= 0
         a, b = reference[present], graph[present]
-        cosines += list((a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30))
+        cosines += list(
+            (a * b).sum(-1) / np.maximum(np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1), 1e-30)
+        )
         if task == "classification":
             agree += int((a.argmax(-1) == b.argmax(-1)).sum())
             total += len(a)
@@ -119,12 +121,16 @@ def export(args) -> dict:
     loaded = open_folder(args.model, describe)
     task = loaded.spec.task
     if task not in GRAPH_TASKS:
-        raise ExampleError(f"--model {args.model}: a {task} folder; packed export writes {' and '.join(GRAPH_TASKS)} folders")
+        raise ExampleError(
+            f"--model {args.model}: a {task} folder; packed export writes {' and '.join(GRAPH_TASKS)} folders"
+        )
     model = loaded.model.eval()
     texts = check_rows(model.config.vocab_size, loaded.max_length)
     table, width = tables_for_check([len(t) for t in texts])[1]
     trace_rows = pack_rows(texts, table, width)
-    dimension = loaded.dimension if task == "embedding" else len(loaded.spec.labels) or model.config.num_labels
+    dimension = (
+        loaded.dimension if task == "embedding" else len(loaded.spec.labels) or model.config.num_labels
+    )
     with atomic_folder(args.output) as folder:
         outputs = export_graph(model, trace_rows, args.dtype, folder / GRAPH_FILE)
         figures = compare(model, loaded, folder / GRAPH_FILE, args.dtype, task)
@@ -137,6 +143,7 @@ def export(args) -> dict:
         info = ExportInfo(
             format=EXPORT_FORMAT, runtime=RUNTIME, dtype=args.dtype, graph=GRAPH_FILE, outputs=tuple(outputs),
             dimension=int(dimension), hidden_size=int(model.config.hidden_size),
+            parameters=sum(p.numel() for p in model.parameters()),
             max_input_length=int(loaded.max_length), token_types=bool(loaded.token_types),
             spec=spec_fields(loaded.spec),
             source={"folder": str(Path(args.model).resolve()), "fingerprint": model_fingerprint(args.model),
@@ -175,4 +182,3 @@ if __name__ == "__main__":
     from packed_transformers.common.cli import run_main
 
     sys.exit(run_main(main, "stopped; nothing was written (the folder appears only when complete)"))
-

@@ -115,7 +115,9 @@ def export_parser(doc: str) -> argparse.ArgumentParser:
                         help="export as an embedding model whatever head the folder has")  # fmt: skip
     parser.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                         help="L2-normalize (default: whether the folder has a Normalize module)")  # fmt: skip
-    parser.add_argument("--max-length", type=int, help="tokens per text (default: the folder's max_seq_length)")
+    parser.add_argument(
+        "--max-length", type=int, help="tokens per text (default: the folder's max_seq_length)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export folder")
     return parser
 

@@ -39,7 +39,7 @@ class ExportInfo:
     runtime, dtype: what the graph is for ("onnxruntime"; "float32" | "int8"); graph: its file;
     outputs: the graph's outputs ("embeddings" [rows, K, D] | "logits" [rows, K, C]);
     dimension: D (embedding) or C (classification); hidden_size: the model's H (the packing's
-    cost model reads it); max_input_length: tokens per text, specials included; token_types:
+    cost model reads it); parameters: the model's count (the server's cold speed estimate); max_input_length: tokens per text, specials included; token_types:
     whether the tokenizer's token types reach the model; spec: the source FolderSpec's fields
     (path left out); source: the folder exported and its fingerprint (common.files)."""
 
@@ -50,6 +50,7 @@ class ExportInfo:
     outputs: tuple[str, ...]
     dimension: int
     hidden_size: int
+    parameters: int
     max_input_length: int
     token_types: bool
     spec: dict
@@ -66,7 +67,7 @@ class ExportedGraph:
     def __init__(self, folder: Path, info: ExportInfo):
         self.path = folder / info.graph
         self.info = info
-        self.dimension = info.dimension
+        self.dimension, self.parameter_count = info.dimension, info.parameters
         self.config = types.SimpleNamespace(hidden_size=info.hidden_size)
 
 
@@ -115,7 +116,9 @@ def read_export(folder) -> ExportInfo:
     info = ExportInfo(**{name: data[name] for name in expected})
     info = ExportInfo(**{**asdict(info), "outputs": tuple(info.outputs)})
     if info.spec.get("task") not in GRAPH_TASKS:
-        raise ExampleError(f"{path}: spec.task {info.spec.get('task')!r}; an export holds one of {GRAPH_TASKS}")
+        raise ExampleError(
+            f"{path}: spec.task {info.spec.get('task')!r}; an export holds one of {GRAPH_TASKS}"
+        )
     for name in (info.graph, "tokenizer.json"):
         if not (folder / name).is_file():
             raise ExampleError(f"{folder / name}: missing (the export is incomplete; export the model again)")

@@ -63,7 +63,9 @@ class GraphRunner(RunsTables):
         return RunBatch(rows, arrays)
 
 
-def graph_runner_of(loaded, device: str, dtype: str | None, compiled: bool, runtime: str | None) -> GraphRunner:
+def graph_runner_of(
+    loaded, device: str, dtype: str | None, compiled: bool, runtime: str | None
+) -> GraphRunner:
     """The exported LoadedModel's GraphRunner, built once and kept on it; ValueError (one
     line) for a device, dtype or runtime its graph was not made for, or --compile."""
     if compiled:

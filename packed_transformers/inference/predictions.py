@@ -53,7 +53,9 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return (shifted / shifted.sum(-1, keepdims=True)).astype(np.float32)
 
 
-def example_losses(logits: np.ndarray, labels: np.ndarray, multi_label: bool) -> tuple[np.ndarray, np.ndarray]:
+def example_losses(
+    logits: np.ndarray, labels: np.ndarray, multi_label: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Per-example losses [n] (cross-entropy; multi-label: BCE with logits averaged over the
     C labels, as the training head's) and hits (per example: 0/1; multi-label: labels whose
     sign matches), computed in float64 from logits [n, C]."""

@@ -67,8 +67,13 @@ class Runner(RunsTables):
             if self.device
             else (parameter.device if parameter is not None else torch.device("cpu"))
         )
-        if self.runtime not in ("torch", *GRAPH_RUNTIMES):  # "auto" is resolved by the caller, who knows the task
-            raise ValueError(f"Runner runs torch, {' or '.join(GRAPH_RUNTIMES)}, not {self.runtime!r} (resolve auto first)")
+        if self.runtime not in (
+            "torch",
+            *GRAPH_RUNTIMES,
+        ):  # "auto" is resolved by the caller, who knows the task
+            raise ValueError(
+                f"Runner runs torch, {' or '.join(GRAPH_RUNTIMES)}, not {self.runtime!r} (resolve auto first)"
+            )
         problem = (
             device_problem(device.type, self.dtype)
             if self.runtime == "torch"

@@ -143,7 +143,8 @@ def choose_runtime(
         return RuntimeChoice("torch", f"--runtime auto: torch ({kind.value}, {dtype}: not measured)")
     if measured.runtime != "torch" and measured.runtime not in installed:
         return RuntimeChoice(
-            "torch", f"--runtime auto: torch ({measured.runtime}, measured faster on {kind.value}, is not installed)"
+            "torch",
+            f"--runtime auto: torch ({measured.runtime}, measured faster on {kind.value}, is not installed)",
         )
     where = f"; docs/embeddings.md, '{measured.section}'" if measured.section else ""
     return RuntimeChoice(

@@ -188,7 +188,7 @@ def encoder_weights(embedder: nn.Module) -> dict[str, torch.Tensor]:
     once): this project's BERT's under `bert.` as BertModel names them, a family's its
     transformers module's own. What a sentence-transformers folder's Transformer module holds."""
     if hasattr(embedder, "bert"):
-        state = {k[len("bert."):]: v for k, v in embedder.state_dict().items() if k.startswith("bert.")}
+        state = {k[len("bert.") :]: v for k, v in embedder.state_dict().items() if k.startswith("bert.")}
     else:
         state = embedder.hf_model.state_dict()
     seen, weights = set(), {}

@@ -128,6 +128,7 @@ def main(argv=None) -> int:
     import uvicorn
 
     from packed_transformers.data.classification_data import ExampleError
+    from packed_transformers.door.exported_folder import is_exported, settle_exported_arguments
     from packed_transformers.inference.runner import runtime_problem
     from packed_transformers.model.hf_checkpoint import quiet_transformers
     from packed_transformers.serving.api import RequestLimits
@@ -137,8 +138,11 @@ def main(argv=None) -> int:
     from packed_transformers.serving.policies import PolicySettings
     from packed_transformers.serving.scheduler import QueueLimits
 
-    quiet_transformers()
-    wrong = runtime_problem(args.runtime, args.device, args.dtype)
+    if is_exported(args.model):  # its graph decides runtime and dtype: torch is never imported
+        wrong = settle_exported_arguments(args, sys.argv[1:] if argv is None else argv)
+    else:
+        quiet_transformers()
+        wrong = runtime_problem(args.runtime, args.device, args.dtype)
     if not wrong and args.runtime == "openvino" and args.dtype == "int8":  # calibrated on a batch's input
         wrong = "--runtime openvino serves float32; int8 is served by --runtime onnxruntime --dtype int8"
     if wrong:

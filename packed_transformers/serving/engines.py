@@ -93,7 +93,8 @@ class _Engine:
         batch has run (serving/admission.py): 2 FLOPs per parameter per token at
         COLD_FLOPS_PER_SECOND, a rate most CPUs beat several times over, so that a cold server
         refuses only what could not run in time even then."""
-        parameters = sum(p.numel() for p in self.model.parameters())
+        count = getattr(self.model, "parameter_count", None)  # an exported graph's, from its export
+        parameters = count if count is not None else sum(p.numel() for p in self.model.parameters())
         return COLD_FLOPS_PER_SECOND / max(2 * parameters, 1)
 
     def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int, outputs) -> list:

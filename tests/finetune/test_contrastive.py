@@ -88,7 +88,9 @@ def folders(tmp_path_factory):
     tokenizer = decoder_tokenizer()
     torch.manual_seed(0)
     # room for the token transformers' Qwen2 tokenizer class adds, as real Qwen2 folders pad their table
-    transformers.AutoModel.from_config(tiny_config("qwen2", vocab_size=len(tokenizer) + 8)).save_pretrained(root / "qwen2")
+    transformers.AutoModel.from_config(tiny_config("qwen2", vocab_size=len(tokenizer) + 8)).save_pretrained(
+        root / "qwen2"
+    )
     tokenizer.save_pretrained(root / "qwen2")
     out["qwen2"] = (root / "qwen2", "lasttoken")
     return out
@@ -99,7 +101,9 @@ def folders(tmp_path_factory):
     [("bert", False, False), ("bert", True, False), ("bert", False, True), ("distilbert", True, False),
      ("qwen2", True, False), ("qwen2", False, False)],
 )  # fmt: skip
-def test_the_packed_step_equals_sentence_transformers_loss_and_every_gradient(folders, family, negatives, symmetric):
+def test_the_packed_step_equals_sentence_transformers_loss_and_every_gradient(
+    folders, family, negatives, symmetric
+):
     folder, pooling = folders[family]
     roles = [ANCHORS, POSITIVES] + ([NEGATIVES] if negatives else [])
     theirs, their_grads = their_step(folder, pooling, roles, 20.0, symmetric)
@@ -109,7 +113,9 @@ def test_the_packed_step_equals_sentence_transformers_loss_and_every_gradient(fo
     assert abs(ours - theirs) <= 1e-5, (ours, theirs)
     assert our_grads.keys() == their_grads.keys()
     for name, grad in their_grads.items():
-        torch.testing.assert_close(our_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)  # float32 sums, other order
+        torch.testing.assert_close(
+            our_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name
+        )  # float32 sums, other order
 
 
 def test_a_text_never_attends_to_another_of_its_row(folders):
@@ -117,7 +123,9 @@ def test_a_text_never_attends_to_another_of_its_row(folders):
     the texts packed beside them change (a cross-contaminating mask would move them)."""
     folder, pooling = folders["bert"]
     reader = open_folder(folder, ForEmbedding(pooling, max_length=60))
-    embedder = open_folder(folder, ForTraining("embedding", ModelOptions(pooling=pooling), label="f")).model.eval()
+    embedder = open_folder(
+        folder, ForTraining("embedding", ModelOptions(pooling=pooling), label="f")
+    ).model.eval()
 
     def anchor_vectors(positives):
         batch = step_batch([reader.tokenize_texts(texts, texts)[0] for texts in (ANCHORS, positives)], 128)
@@ -169,7 +177,9 @@ def test_a_run_writes_a_sentence_transformers_folder_that_both_load(tmp_path):
     assert embed.main(["--model", str(folder), "--input", str(source), "--output", str(tmp_path / "e.npy"),
                        "--quiet"]) == 0  # fmt: skip
     ours = np.load(tmp_path / "e.npy")
-    assert ((ours * expected).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(expected, axis=1)).min() >= 0.99999
+    assert (
+        (ours * expected).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(expected, axis=1)
+    ).min() >= 0.99999
     # trained: the weights moved from the starting folder's
     from packed_transformers.data.assets import model_dir
 

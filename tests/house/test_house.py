@@ -271,7 +271,12 @@ def test_the_package_pins_what_requirements_pin():
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    declared = pins(project["dependencies"]) | pins(extras["test"]) | pins(extras["openvino"]) | pins(extras["onnxruntime"])
+    declared = (
+        pins(project["dependencies"])
+        | pins(extras["test"])
+        | pins(extras["openvino"])
+        | pins(extras["onnxruntime"])
+    )
     required = pins((REPO / "requirements.txt").read_text().splitlines())
     assert declared == required
     assert pins(project["optional-dependencies"]["ray"]) == pins(

@@ -42,7 +42,9 @@ TINY = {
     "packed train --config configs/finetune_own.yaml": [("", " --set training.max_seconds=2")],
     "packed embedding-texts --output work/texts.jsonl": [("--limit 5000", "--limit 64")],
     "packed embedding-texts --kind pairs": [("", " --limit 40")],
-    "packed train --config configs/finetune_embedding.yaml": [("", " --set data.max_sequence_length=64 --set batching.batch_size=8")],
+    "packed train --config configs/finetune_embedding.yaml": [
+        ("", " --set data.max_sequence_length=64 --set batching.batch_size=8")
+    ],
     "packed qa-cloze": [("--questions-per-article 1", "--questions-per-article 1 --dev-fraction 0.03")],
     "packed train --config configs/finetune_qa_bbc.yaml": [("max_seconds=90", "max_seconds=2")],
     "packed debian-texts": [("", " --limit 1500")],

@@ -194,7 +194,9 @@ def test_the_light_install_runs_an_exported_folder(exported, tmp_path):
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["runtime"] == "onnxruntime"
-    np.testing.assert_allclose(np.load(out), encode(texts, load_exported(exported / "float32")), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(
+        np.load(out), encode(texts, load_exported(exported / "float32")), rtol=0, atol=1e-6
+    )
 
 
 def test_the_server_runs_onnxruntime_and_exported_folders_as_torch(checkpoint, exported):
@@ -214,6 +216,28 @@ def test_the_server_runs_onnxruntime_and_exported_folders_as_torch(checkpoint, e
     vectors = {name: np.stack(engine.run(token_ids, [np.zeros_like(t) for t in token_ids], table, width))
                for name, engine in engines.items()}  # fmt: skip
     np.testing.assert_allclose(vectors["onnxruntime"], vectors["torch"], rtol=0, atol=2e-5)
-    reference = vectors["torch"] / np.linalg.norm(vectors["torch"], axis=1, keepdims=True)  # the export normalises
+    reference = vectors["torch"] / np.linalg.norm(
+        vectors["torch"], axis=1, keepdims=True
+    )  # the export normalises
     ours = vectors["exported"] / np.linalg.norm(vectors["exported"], axis=1, keepdims=True)
     np.testing.assert_allclose(ours, reference, rtol=0, atol=2e-5)
+
+
+SERVE_NO_TORCH = """
+import json, sys
+import numpy as np
+from packed_transformers.serving.cli import main  # the command's module, as `packed serve` loads it
+from packed_transformers.serving.engines import load_engine
+engine = load_engine(sys.argv[1])  # what serving.cli's main builds before the app starts
+ids, _ = engine.encoder.tokenize_texts(["a text", "another text"], ["a", "b"])
+vectors = engine.run(ids, [np.zeros_like(t) for t in ids], np.array([[0, 1]]), 32)
+print(json.dumps({"rows": len(vectors), "cold": engine.cold_tokens_per_second() > 0,
+                  "imported": sorted(m for m in ("torch", "transformers") if m in sys.modules)}))
+"""
+
+
+def test_the_server_on_an_exported_folder_imports_neither(exported):
+    done = subprocess.run([sys.executable, "-c", SERVE_NO_TORCH, str(exported / "int8")], capture_output=True,
+                          text=True, cwd=REPO, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"rows": 2, "cold": True, "imported": []}

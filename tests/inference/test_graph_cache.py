@@ -74,7 +74,9 @@ def test_a_cache_that_cannot_be_written_runs_without_it(kind, tmp_path, monkeypa
 
 def test_the_temporaries_of_a_dead_process_are_removed_by_the_next_writer(tmp_path, monkeypatch):
     monkeypatch.setenv(graph_cache.CACHE_VARIABLE, str(tmp_path))
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     pid = int(dead.stdout)
     root = tmp_path / "openvino"
     (root / f".fp32-abc.tmp-{pid}-x1y2").mkdir(parents=True)

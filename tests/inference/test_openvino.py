@@ -248,7 +248,10 @@ def test_predict_through_openvino_equals_torch_and_int8_keeps_the_labels(trained
         assert np.allclose(list(a["scores"].values()), list(b["scores"].values()), atol=1e-4)
     if ("openvino", "int8") in scores:  # a CPU with VNNI: the int8 gate
         int8 = scores["openvino", "int8"]
-        assert len(int8) == len(float32) and np.mean([a["label"] == b["label"] for a, b in zip(float32, int8)]) >= 0.99
+        assert (
+            len(int8) == len(float32)
+            and np.mean([a["label"] == b["label"] for a, b in zip(float32, int8)]) >= 0.99
+        )
     argv = ["--model", str(folder), "--input", str(source), "--output", str(tmp_path / "r.jsonl")]
     assert predict.main([*argv, "--runtime", "openvino", "--ray", "local"]) == 2
     assert capsys.readouterr().err.strip() == (

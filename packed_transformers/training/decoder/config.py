@@ -29,11 +29,17 @@ SCHEMA: dict[str, dict[str, Key]] = {
             str, None, "causal-LM folder to start from; null = random init", optional=True
         ),
         "hidden_size": Key(int, 4096, "hidden width (random init)", minimum=1, maximum=MAX_MODEL_WIDTH),
-        "intermediate_size": Key(int, 14336, "MLP width (random init)", minimum=1, maximum=MAX_MODEL_MLP_WIDTH),
+        "intermediate_size": Key(
+            int, 14336, "MLP width (random init)", minimum=1, maximum=MAX_MODEL_MLP_WIDTH
+        ),
         "num_hidden_layers": Key(int, 32, "layers (random init)", minimum=1, maximum=MAX_MODEL_LAYERS),
         "num_attention_heads": Key(int, 32, "query heads (random init)", minimum=1, maximum=MAX_MODEL_HEADS),
         "num_key_value_heads": Key(
-            int, 8, "key/value heads (random init; grouped-query attention)", minimum=1, maximum=MAX_MODEL_HEADS
+            int,
+            8,
+            "key/value heads (random init; grouped-query attention)",
+            minimum=1,
+            maximum=MAX_MODEL_HEADS,
         ),
         "rope_theta": Key(
             float, 500000.0, "rotary base (random init; families with rotary positions)", minimum=1
@@ -53,7 +59,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "train_dir": Key(str, None, "training rows (packed pack-documents' <layout>/train)", optional=True),
         "eval_dir": Key(str, None, "evaluation rows (<layout>/eval); null = no evaluation", optional=True),
         "max_sequence_length": Key(
-            int, 8192, "expected S of the data (checked against metadata.json)", minimum=2,
+            int,
+            8192,
+            "expected S of the data (checked against metadata.json)",
+            minimum=2,
             maximum=MAX_SEQUENCE_LENGTH,
         ),
         "micro_batch_rows": Key(int, 1, "rows per replica per forward pass", minimum=1),
