@@ -300,15 +300,15 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
         rows = pair_rows(pairs.roles, chosen, width, batching["max_sequences_per_pack"], batching["algorithm"], int(chosen[0]))  # fmt: skip
         return {name: torch.from_numpy(value) for name, value in rows.items()}
 
-    def padding(pairs: TokenizedPairs, tables) -> float:  # of the steps' packed rows
-        rows = [rows_of(pairs, table)["input_ids"] for table in tables]
-        return 1.0 - sum(int((r > 0).sum()) for r in rows) / max(sum(r.numel() for r in rows), 1)
+    def padding(sequence_ids: list) -> float:  # of packed rows, from their sequence ids (0: padding)
+        return 1.0 - sum(int((r > 0).sum()) for r in sequence_ids) / max(sum(r.numel() for r in sequence_ids), 1)
 
     def evaluate(model, batcher):  # the held-out pairs as retrieval, and their in-batch loss
-        started, tables, found, loss_sum = time.perf_counter(), batcher.epoch(0, shuffle=False), ([], []), 0.0
+        started, found, loss_sum, seen = time.perf_counter(), ([], []), 0.0, []
         with torch.inference_mode():
-            for table in tables:
+            for table in batcher.epoch(0, shuffle=False):
                 batch = {k: v.to(next(model.parameters()).device) for k, v in rows_of(validation, table).items()}
+                seen.append(batch["sequence_ids"])
                 slots = [batch.pop(name) for name in PAIR_SLOTS if name in batch]
                 flat = model.eval().embedder(**batch)["embeddings"].reshape(-1, model.dimension).float()
                 loss_sum += float(contrastive.ranking_loss(flat[slots[0]], flat[torch.cat(slots[1:])], model.scale, model.symmetric)[0].sum())  # fmt: skip
@@ -316,7 +316,7 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
                     kept.append(flat[slot].cpu().numpy())
         seconds, scores = time.perf_counter() - started, contrastive.retrieval_scores(*map(np.concatenate, found))
         return {"loss": loss_sum / len(validation), **scores}, {"examples": len(validation), "seconds": seconds,
-                "padding_fraction": padding(validation, tables), "examples_per_second": len(validation) / seconds}, None  # fmt: skip
+                "padding_fraction": padding(seen), "examples_per_second": len(validation) / seconds}, None  # fmt: skip
 
     def save(model, folder: Path) -> None:  # the starting folder's modules, the trained encoder's weights
         from safetensors.torch import save_file
@@ -331,7 +331,7 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
         f"{len(train):,} pairs{' with hard negatives' if len(train.roles) > 2 else ''}",
         collate=lambda pairs, table, _width, with_labels=True: rows_of(pairs, table),
         batching=lambda config, batch_size: BatchingSpec("dynamic", batch_size, width),
-        padding=lambda tables: padding(train, tables),
+        padding=lambda tables: padding([rows_of(train, table)["sequence_ids"] for table in tables]),
     )  # fmt: skip
 
 
