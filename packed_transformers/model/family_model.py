@@ -138,6 +138,19 @@ class PackedFamilyModel(PreTrainedModel):
     # ----- the encoder --------------------------------------------------------------------
     def encode(self, input_ids, segment_ids, position_ids, sequence_ids) -> torch.Tensor:
         """Packed rows -> the family's last hidden states [B, S, H]."""
+        if self.family.pair_mask is not None:
+            arguments = self.packed_arguments(input_ids, segment_ids, position_ids, sequence_ids)
+            allowed = PackedLayout(sequence_ids, position_ids, {}).allowed()[:, 0]
+            return self.family.pair_mask(self, arguments, sequence_ids != 0, allowed)
+        arguments = self.packed_arguments(input_ids, segment_ids, position_ids, sequence_ids)
+        return self.base(**arguments).last_hidden_state
+
+    def packed_arguments(self, input_ids, segment_ids, position_ids, sequence_ids) -> dict:
+        """The keywords the family's base model takes for packed rows (all [B, S]): its
+        positions (RoBERTa-style offset where the family numbers them so), token types where
+        it reads them, and, for attention through packed_attention, the layout and the 4-D
+        mask stand-in (a pair-mask family gets only the first three: its encoder is run by
+        the family's pair_mask function)."""
         real = sequence_ids != 0
         positions = position_ids
         if self.family.positions_after_padding:
@@ -149,14 +162,13 @@ class PackedFamilyModel(PreTrainedModel):
         if self._token_types:
             arguments["token_type_ids"] = segment_ids
         if self.family.pair_mask is not None:
-            allowed = PackedLayout(sequence_ids, position_ids, {}).allowed()[:, 0]
-            return self.family.pair_mask(self, arguments, real, allowed)
+            return arguments
         arguments["packed_layout"] = PackedLayout(sequence_ids, position_ids, {}, self.attention_granularity)
         if self._has_attention_mask:  # attention is confined by the packed layout: no mask built
             arguments["attention_mask"] = mask_stand_in(input_ids)
         if self._has_use_cache:
             arguments["use_cache"] = False
-        return self.base(**arguments).last_hidden_state
+        return arguments
 
     # ----- the forward ----------------------------------------------------------------------
     @property
