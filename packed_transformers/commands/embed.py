@@ -30,10 +30,13 @@ if __name__ == "__main__":  # option and path mistakes answered before torch is 
     from packed_transformers.commands.parsers import embed_parser
     from packed_transformers.common.preflight import exit_on_path_mistakes, value_of
 
-    embed_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
+    early = embed_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
 
     ray = value_of(sys.argv[1:], "--ray") is not None  # --input may then be a folder or a glob
     exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "json"})
+    from packed_transformers.inference.runtime_choice import exit_on_machine_refusal
+
+    exit_on_machine_refusal(early, ray)  # int8 without VNNI, bf16 without its instructions: no torch yet
 
 import errno
 import io
@@ -267,6 +270,8 @@ def main(argv=None) -> int:
                 "twice (counts the lines, then embeds them): save it to a file first"
             )
         n = count_lines(args.input, args.text_field)
+        if not args.quiet:  # what the first seconds are spent on, before the bar moves
+            print(f"{n:,} texts in {args.input}; loading {args.model}", file=sys.stderr, flush=True)
         encoder = open_folder(args.model, ForEmbedding(
             args.pooling, args.normalize, args.max_length, args.device, args.attention_backend
         ))  # fmt: skip

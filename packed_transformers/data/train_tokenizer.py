@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from packed_transformers.common.cli import command_parser, refuse
+from packed_transformers.common.cli import command_parser, interruptible, refuse, run_main
 
 EOS = "<|endoftext|>"
 MIN_VOCAB, MAX_VOCAB = 257 + 1, 1_000_000  # the 256 bytes and EOS at least
@@ -54,7 +54,8 @@ def main(argv=None) -> int:
         return refuse(mistake)
     try:
         texts = read_documents([Path(p) for p in args.input], args.text_field).texts
-        tokenizer = train_tokenizer(texts, args.vocab_size)
+        print(f"{len(texts):,} documents read; learning {args.vocab_size:,} tokens", file=sys.stderr, flush=True)
+        tokenizer = interruptible(train_tokenizer, texts, args.vocab_size)  # Ctrl-C within 0.1 s
         with atomic_folder(args.output) as tmp:
             tokenizer.save_pretrained(tmp)
     except ExampleError as err:
@@ -66,4 +67,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main, "no tokenizer was written (it appears only when complete)"))

@@ -174,6 +174,28 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
     return config
 
 
+def exit_on_config_mistakes(doc: str) -> None:
+    """finetune.train's preflight, before torch is imported: the config's keys and the folder
+    model.init_checkpoint names, in one line and exit 2 (a decoder's names both ways to one)."""
+    from packed_transformers.common.cli import refuse
+    from packed_transformers.common.preflight import path_mistake
+
+    args = train_parser(doc).parse_args()
+    try:
+        config = load_finetune_config(args.config, args.set)
+    except ConfigError as err:
+        raise SystemExit(refuse(err)) from None
+    except OSError:  # an unreadable YAML: said in the command's own words after the import
+        return
+    start = config["model"]["init_checkpoint"]
+    mistake = None if start.startswith("asset:") else path_mistake("model.init_checkpoint", start, "folder")
+    if mistake and config["data"]["task"] == "causal_lm" and "Hub id" not in mistake:
+        mistake += (f"; get a decoder from the Hub (hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir {start})"
+                    f" or, offline, write a small random Llama there: packed assets decoder {start}")  # fmt: skip
+    if mistake:
+        raise SystemExit(refuse(mistake))
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--markdown"]:
         print(markdown(SCHEMA))

@@ -1,6 +1,5 @@
-"""`python -m packed_transformers.finetune.embed`: the name scripts and the README used before `packed embed`; the
-command lives in commands/embed.py, run here as the main module (its checks before the imports
-included). No logic here."""
+"""`python -m packed_transformers.finetune.embed`: the name used before `packed embed`; commands/embed.py run here as
+the main module (its checks before the imports included). No logic here."""
 
 import runpy
 

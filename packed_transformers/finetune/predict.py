@@ -1,6 +1,5 @@
-"""`python -m packed_transformers.finetune.predict`: the name scripts and the README used before `packed predict`; the
-command lives in commands/predict.py, run here as the main module (its checks before the imports
-included). No logic here."""
+"""`python -m packed_transformers.finetune.predict`: the name used before `packed predict`; commands/predict.py run here as
+the main module (its checks before the imports included). No logic here."""
 
 import runpy
 

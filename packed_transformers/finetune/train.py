@@ -31,11 +31,11 @@ import sys
 
 if __name__ == "__main__":  # option and path mistakes answered before torch is imported
     from packed_transformers.common.preflight import exit_on_path_mistakes
-    from packed_transformers.finetune.config import train_parser
+    from packed_transformers.finetune.config import exit_on_config_mistakes, train_parser
 
     train_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
-
     exit_on_path_mistakes({"--config": "file"})
+    exit_on_config_mistakes(__doc__)  # its keys, model.init_checkpoint's folder
 
 import json
 import logging
@@ -54,7 +54,13 @@ from packed_transformers.components import replicas as parallel  # this process 
 from packed_transformers.components.checkpoint import CheckpointError
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJobDefaults, run_loop
-from packed_transformers.components.step import NonFiniteStep, check_finite_step, weights_finite
+from packed_transformers.components.step import (
+    NonFiniteStep,
+    check_finite_step,
+    clip_to_norm_,
+    step_model_of,
+    weights_finite,
+)
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.finetune.config import load_finetune_config, train_parser
@@ -75,7 +81,6 @@ from packed_transformers.inference.batching import Batcher, BatchingSpec
 from packed_transformers.inference.predictions import to_device
 from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.optim import build_adamw
-from packed_transformers.optim.lamb import local_part
 from packed_transformers.packs.errors import PackingInputError
 
 log = logging.getLogger("finetune")
@@ -87,31 +92,11 @@ FEW_VALIDATION_EXAMPLES = 30  # below this, the run's summary says its validatio
 
 # ----- the step ----------------------------------------------------------------------------
 def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
-    batching = config["batching"]
-    return BatchingSpec(
-        batching["mode"],
-        batch_size,
-        config["data"]["max_sequence_length"],
-        batching["max_sequences_per_pack"],
-        batching["algorithm"],
-        # a compiled step keeps one shape: the last batch gets empty rows (they hold no example)
-        batching["pad_last_batch"] or config["training"]["compile"],
-        batching["pack_length"],
-    )
-
-
-# What training.compile hands torch.compile (tests count compilations through another backend).
-COMPILE_BACKEND = "inductor"
-
-
-def step_model_of(model: torch.nn.Module, compile_step: bool):
-    """The module the training step calls: `model` itself, or (training.compile) its compiled
-    forward with static shapes, built at the first step and reused by every batch of the run
-    (FIXED_WIDTH_MODES give each batch the same rows x width). Its backward is compiled with
-    it (AOTAutograd); weights, optimizer and checkpoints stay `model`'s."""
-    if not compile_step:
-        return model
-    return torch.compile(model, backend=COMPILE_BACKEND, dynamic=False)
+    batching, compiled = config["batching"], config["training"]["compile"]
+    # a compiled step keeps one shape: the last batch gets empty rows (they hold no example)
+    return BatchingSpec(batching["mode"], batch_size, config["data"]["max_sequence_length"],
+                        batching["max_sequences_per_pack"], batching["algorithm"],
+                        batching["pad_last_batch"] or compiled, batching["pack_length"])  # fmt: skip
 
 
 def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums=classification_sums,
@@ -134,11 +119,8 @@ def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums
     except NonFiniteStep as err:
         optimizer.zero_grad(set_to_none=True)
         raise FinetuneError(f"non-finite training step ({err}): the run diverged (lower optim.lr?)") from None
-    if max_grad_norm > 0 and norm is not None:  # clipped by the norm just checked (shards: their parts)
-        coefficient = torch.clamp(max_grad_norm / (norm + 1e-6), max=1.0)
-        torch._foreach_mul_(
-            [local_part(p.grad) for p in model.parameters() if p.grad is not None], coefficient
-        )
+    if max_grad_norm > 0 and norm is not None:  # clipped by the norm just checked
+        clip_to_norm_(model.parameters(), norm, max_grad_norm)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

@@ -47,10 +47,9 @@ def int8_problem(device: str) -> str | None:
     ):
         return "--dtype int8: this torch build has no x86 int8 kernels (fbgemm)"
     if not (torch.cpu._is_vnni_supported() or torch.cpu._is_amx_tile_supported()):
-        return (
-            "--dtype int8: this CPU has no VNNI (AVX512-VNNI, AVX-VNNI or AMX); without it int8 needs "
-            "7-bit activations, which lose accuracy (docs/embeddings.md) (use --dtype float32)"
-        )
+        from packed_transformers.inference.runtime_choice import INT8_WITHOUT_VNNI
+
+        return INT8_WITHOUT_VNNI
     return None
 
 

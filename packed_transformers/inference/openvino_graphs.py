@@ -77,15 +77,6 @@ def calibration_picks(n: int) -> np.ndarray:
     return np.sort(np.random.default_rng(0).choice(n, min(CALIBRATION_TEXTS, n), replace=False))
 
 
-# Measured on an AVX2 EPYC (docs/embeddings.md, "The AVX2 kind"): NNCF's static int8 through
-# OpenVINO ran slower than OpenVINO's float32 and fell below the quality gate (min cosine 0.958
-# to sentence-transformers on 1,000 texts, where ONNX Runtime's dynamic int8 keeps 0.98).
-OPENVINO_INT8_WITHOUT_VNNI = (
-    "--runtime openvino --dtype int8: on a CPU without VNNI OpenVINO's int8 measured slower than its float32 "
-    "and below the quality gate (docs/embeddings.md); use --runtime onnxruntime --dtype int8"
-)
-
-
 def openvino_problem(device: str, dtype: str) -> str | None:
     """The one-line reason `runtime="openvino"` cannot run `dtype` on `device` here, or None."""
     if device != "cpu":
@@ -93,7 +84,11 @@ def openvino_problem(device: str, dtype: str) -> str | None:
     if dtype not in ("float32", "int8"):
         return f"--runtime openvino runs float32 or int8, not {dtype}"
     if dtype == "int8":
-        from packed_transformers.inference.runtime_choice import cpu_flags, has_vnni
+        from packed_transformers.inference.runtime_choice import (
+            OPENVINO_INT8_WITHOUT_VNNI,
+            cpu_flags,
+            has_vnni,
+        )
 
         if not has_vnni(cpu_flags()):
             return OPENVINO_INT8_WITHOUT_VNNI

@@ -46,12 +46,11 @@ def device_problem(device: str, dtype: str = "float32") -> str | None:
 
         return int8_problem(device)
     if dtype == "bfloat16" and not native_bf16(device):
-        what = (
-            "this CPU has no bf16 instructions (AVX512-BF16 or AMX)"
-            if device == "cpu"
-            else "this GPU has no bf16"
-        )
-        return f"--dtype bfloat16: {what}; bf16 would be emulated, slower than float32 (use --dtype float32)"
+        if device == "cpu":
+            from packed_transformers.inference.runtime_choice import BF16_WITHOUT_INSTRUCTIONS
+
+            return BF16_WITHOUT_INSTRUCTIONS
+        return "--dtype bfloat16: this GPU has no bf16; bf16 would be emulated, slower than float32 (use --dtype float32)"
     return None
 
 

@@ -73,6 +73,66 @@ def has_vnni(flags: frozenset[str]) -> bool:
     return any(flag in flags for flag in VNNI_FLAGS)
 
 
+# The refusals this CPU's flags alone decide, each written once: the commands' preflight says
+# them before torch is imported (machine_refusal); inference.int8, inference.precision and
+# inference.openvino_graphs say the same where a caller reaches them from Python.
+INT8_WITHOUT_VNNI = (
+    "--dtype int8: this CPU has no VNNI (AVX512-VNNI, AVX-VNNI or AMX); without it int8 needs "
+    "7-bit activations, which lose accuracy (docs/embeddings.md) (use --dtype float32, or "
+    "--runtime onnxruntime --dtype int8)"
+)
+BF16_FLAGS = ("avx512_bf16", "amx_tile")  # what torch.cpu's bf16 checks read
+BF16_WITHOUT_INSTRUCTIONS = (
+    "--dtype bfloat16: this CPU has no bf16 instructions (AVX512-BF16 or AMX); bf16 would be emulated, "
+    "slower than float32 (use --dtype float32)"
+)
+# Measured on an AVX2 EPYC (docs/embeddings.md, "The AVX2 kind"): NNCF's static int8 through
+# OpenVINO ran slower than OpenVINO's float32 and fell below the quality gate (min cosine 0.958
+# to sentence-transformers on 1,000 texts, where ONNX Runtime's dynamic int8 keeps 0.98).
+OPENVINO_INT8_WITHOUT_VNNI = (
+    "--runtime openvino --dtype int8: on a CPU without VNNI OpenVINO's int8 measured slower than its float32 "
+    "and below the quality gate (docs/embeddings.md); use --runtime onnxruntime --dtype int8"
+)
+
+
+def machine_refusal(
+    runtime: str, device: str, dtype: str, task: str = "embedding", flags=None, serving: bool = False
+) -> str | None:
+    """The one line for `--runtime/--device/--dtype` that this CPU cannot run as asked, decided
+    from its flags alone (no torch, no model), or None. auto: what it would choose (for the
+    server where `serving`). A GPU's questions (bf16 there, CUDA present) need torch and are
+    asked later."""
+    if device != "cpu":
+        return None
+    flags = cpu_flags() if flags is None else frozenset(flags)
+    chosen = (
+        resolved_runtime(runtime, task, device, dtype, serving=serving).runtime
+        if runtime == AUTO
+        else runtime
+    )
+    if dtype == "int8" and not has_vnni(flags):
+        return {"torch": INT8_WITHOUT_VNNI, "openvino": OPENVINO_INT8_WITHOUT_VNNI}.get(chosen)
+    if dtype == "bfloat16" and chosen == "torch" and not any(flag in flags for flag in BF16_FLAGS):
+        return BF16_WITHOUT_INSTRUCTIONS
+    return None
+
+
+def exit_on_machine_refusal(args, ray: bool = False) -> None:
+    """A command's preflight (embed, predict: parsed `args` with model, runtime, device and dtype):
+    machine_refusal's line on stderr and exit 2, before torch is imported. Not for --ray (its
+    replicas are other machines) nor an exported folder (its export settled runtime and dtype)."""
+    import sys
+
+    from packed_transformers.common.choices import EXPORTED
+
+    if ray or (Path(args.model) / EXPORTED).is_file():
+        return
+    refusal = machine_refusal(args.runtime, args.device, args.dtype)
+    if refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def this_cpu_kind(cpuinfo: Path = Path("/proc/cpuinfo")) -> CpuKind:
     """This machine's kind (its first processor's flags; OTHER where they cannot be read)."""
     return cpu_kind(cpu_flags(cpuinfo))

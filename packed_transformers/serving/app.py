@@ -46,61 +46,57 @@ ERROR_TYPES = {404: "validation", 408: "validation", 413: "validation", 422: "va
                499: "client", 503: "unhealthy", 504: "timeout"}  # fmt: skip
 
 
-def create_app(
-    engine,
-    policy: PolicySettings,
-    queue: QueueLimits,
-    limits: RequestLimits,
-    tokenizer_threads: int = 1,
-    access: AccessRules | None = None,
-):
-    """The app; with `access` (serving/access.py: API key, Host and Origin rules) wrapped in
-    the AccessGuard that refuses before any route runs."""
-    metrics = ServerMetrics()
-    scheduler = Scheduler(engine, policy, queue, metrics)
-    tokenizers = ThreadPoolExecutor(tokenizer_threads, thread_name_prefix="serving-tokenizer")
-    state = {"ready": False}
+class Service:
+    """What every route shares: the engine, its scheduler and metrics, the limits, the tokenizer
+    threads, whether requests are admitted (`ready`); `handle` is every POST route's lifecycle."""
+
+    def __init__(
+        self, engine, policy: PolicySettings, queue: QueueLimits, limits: RequestLimits, tokenizer_threads
+    ):
+        self.engine, self.policy, self.queue, self.limits = engine, policy, queue, limits
+        self.metrics = ServerMetrics()
+        self.scheduler = Scheduler(engine, policy, queue, self.metrics)
+        self.tokenizers = ThreadPoolExecutor(tokenizer_threads, thread_name_prefix="serving-tokenizer")
+        self.ready = False
 
     @asynccontextmanager
-    async def lifespan(app):
-        scheduler.start()
-        state["ready"] = True
+    async def lifespan(self, app):
+        self.scheduler.start()
+        self.ready = True
         try:
             yield
         finally:
-            state["ready"] = False
-            await asyncio.get_running_loop().run_in_executor(None, scheduler.stop, queue.timeout_s)
-            tokenizers.shutdown(wait=True)
+            self.ready = False
+            await asyncio.get_running_loop().run_in_executor(None, self.scheduler.stop, self.queue.timeout_s)
+            self.tokenizers.shutdown(wait=True)
 
-    app = FastAPI(title="packed BERT inference", lifespan=lifespan)
-    app.state.scheduler, app.state.metrics = scheduler, metrics
-
-    async def body_of(request: Request) -> bytes:
+    async def body_of(self, request: Request) -> bytes:
         """The body, refused (413) as soon as it is known to exceed the limit: from its
         Content-Length before a byte is read, else once the bytes read pass it. A body that
         has not arrived within limits.body_timeout_s is refused (408): a slow client holds a
         socket, never a worker or a queue slot."""
+        most = self.limits.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-            raise RequestError(
-                413, f"the body has {declared} bytes; at most {limits.max_body_bytes} are accepted"
-            )
+        if declared is not None and declared.isdigit() and int(declared) > most:
+            raise RequestError(413, f"the body has {declared} bytes; at most {most} are accepted")
 
         async def read() -> bytes:
             chunks, size = [], 0
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > limits.max_body_bytes:
-                    raise RequestError(413, f"the body exceeds {limits.max_body_bytes} bytes")
+                if size > most:
+                    raise RequestError(413, f"the body exceeds {most} bytes")
                 chunks.append(chunk)
             return b"".join(chunks)
 
         try:
-            return await asyncio.wait_for(read(), limits.body_timeout_s)
+            return await asyncio.wait_for(read(), self.limits.body_timeout_s)
         except TimeoutError:
-            raise RequestError(408, f"the body did not arrive within {limits.body_timeout_s:g} s") from None
+            raise RequestError(
+                408, f"the body did not arrive within {self.limits.body_timeout_s:g} s"
+            ) from None
 
-    async def answer_of(request: Request, ticket) -> list:
+    async def answer_of(self, request: Request, ticket) -> list:
         """The ticket's outputs; the ticket is withdrawn (its queued sequences dropped) if
         its deadline passes (504) or the client disconnects first (499)."""
         outputs = asyncio.ensure_future(asyncio.shield(ticket.future))
@@ -116,32 +112,33 @@ def create_app(
             left.cancel()
         if outputs not in done:
             if left in done:
-                scheduler.withdraw(ticket, 499, "the client disconnected")
+                self.scheduler.withdraw(ticket, 499, "the client disconnected")
             else:
-                scheduler.withdraw(ticket, 504, f"not answered within the {queue.timeout_s:g} s timeout")
+                self.scheduler.withdraw(
+                    ticket, 504, f"not answered within the {self.queue.timeout_s:g} s timeout"
+                )
         return await outputs  # the withdrawal (or a result that just won) decides
 
-    async def serve(request: Request, route: str, required="inputs", errors=None) -> Response:
+    async def handle(self, request: Request, route: str, required: str, errors) -> Response:
         """The lifecycle every POST route shares: read the body, parse it into the route's
         serving.api.Request, engine.prepare (tokenizer thread), queue, engine.run (worker),
-        engine.answer. `errors(status, message)` shapes error bodies (default: TEI's)."""
-        started = time.monotonic()
-        status = 200
-        errors = errors or _error
+        engine.answer. `errors(status, message)` shapes error bodies."""
+        started, status, engine = time.monotonic(), 200, self.engine
         try:
             if engine.task != ROUTE_TASKS[route]:
                 raise RequestError(
                     404, f"this server runs {TASK_NAMES[engine.task]} model; use {ROUTES[engine.task]}"
                 )
-            if not state["ready"]:
+            if not self.ready:
                 raise TicketFailed(503, "the server is not ready (starting or shutting down)")
-            data = read_json(await body_of(request), limits, required)
-            parsed = read_request(route, data, limits, getattr(engine, "dimension", None))
-            loop = asyncio.get_running_loop()
-            prepared = await loop.run_in_executor(tokenizers, engine.prepare, parsed)
-            ticket = scheduler.submit(prepared.token_ids, prepared.segment_ids)
+            data = read_json(await self.body_of(request), self.limits, required)
+            parsed = read_request(route, data, self.limits, getattr(engine, "dimension", None))
+            prepared = await asyncio.get_running_loop().run_in_executor(
+                self.tokenizers, engine.prepare, parsed
+            )
+            ticket = self.scheduler.submit(prepared.token_ids, prepared.segment_ids)
             ticket.future.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
-            outputs = await answer_of(request, ticket)
+            outputs = await self.answer_of(request, ticket)
             response = JSONResponse(engine.answer(prepared, outputs))
             response.headers["x-queue-time"] = f"{ticket.queue_seconds * 1000:.1f}"
             response.headers["x-total-time"] = f"{(time.monotonic() - started) * 1000:.1f}"
@@ -156,72 +153,63 @@ def create_app(
         except Exception as err:  # noqa: BLE001 - a bug must still answer, once, and be counted
             first = str(err).splitlines()[0] if str(err) else ""
             status, response = 500, errors(500, f"internal error: {type(err).__name__}: {first[:200]}")
-        metrics.requests.labels(status=str(status)).inc()
+        self.metrics.requests.labels(status=str(status)).inc()
         if status == 200:
-            metrics.latency.observe(time.monotonic() - started)
+            self.metrics.latency.observe(time.monotonic() - started)
         return response
 
-    @app.post("/predict")
-    async def predict(request: Request):
-        return await serve(request, "predict")
+    def endpoint(self, route: str, required: str, errors):
+        async def post(request: Request) -> Response:
+            return await self.handle(request, route, required, errors)
 
-    @app.post("/rerank")
-    async def rerank(request: Request):
-        return await serve(request, "rerank", required="query")
+        return post
 
-    @app.post("/embed")
-    async def embed(request: Request):
-        return await serve(request, "embed")
-
-    @app.post("/v1/embeddings")
-    async def openai_embeddings(request: Request):
-        return await serve(request, "openai", required="input", errors=_openai_error)
-
-    @app.post("/qa")
-    async def qa(request: Request):
-        return await serve(request, "qa")
-
-    @app.post("/tokens")
-    async def tokens(request: Request):
-        return await serve(request, "tokens")
-
-    @app.get("/health")
-    async def health():
-        alive = scheduler.alive
+    async def health(self) -> JSONResponse:
+        alive = self.scheduler.alive
         return JSONResponse(
             {"status": "ok" if alive else "worker stopped"}, status_code=200 if alive else 503
         )
 
-    @app.get("/ready")
-    async def ready():
-        ok = state["ready"] and scheduler.alive
-        return JSONResponse(
-            {"ready": ok, "queued": scheduler.queued, "queued_tokens": scheduler.queued_tokens},
-            status_code=200 if ok else 503,
-        )
+    async def readiness(self) -> JSONResponse:
+        ok, scheduler = self.ready and self.scheduler.alive, self.scheduler
+        body = {"ready": ok, "queued": scheduler.queued, "queued_tokens": scheduler.queued_tokens}
+        return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/metrics")
-    async def prometheus():
-        return Response(metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def prometheus(self) -> Response:
+        return Response(self.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/info")
-    async def info():
+    async def info(self) -> dict:
+        engine, policy = self.engine, self.policy
         return {
-            "task": engine.task,
-            "labels": getattr(engine, "labels", None),
-            "dimension": getattr(engine, "dimension", None),
-            "max_input_length": engine.max_length,
-            "policy": policy.policy,
-            "max_batch_tokens": policy.max_batch_tokens,
-            "widths": list(policy.widths),
-            "max_queue_sequences": queue.max_queue_sequences,
-            "timeout_s": queue.timeout_s,
-            "max_client_batch_size": limits.max_inputs,
-        }
+            "task": engine.task, "labels": getattr(engine, "labels", None),
+            "dimension": getattr(engine, "dimension", None), "max_input_length": engine.max_length,
+            "policy": policy.policy, "max_batch_tokens": policy.max_batch_tokens, "widths": list(policy.widths),
+            "max_queue_sequences": self.queue.max_queue_sequences, "timeout_s": self.queue.timeout_s,
+            "max_client_batch_size": self.limits.max_inputs,
+        }  # fmt: skip
 
+
+def create_app(
+    engine,
+    policy: PolicySettings,
+    queue: QueueLimits,
+    limits: RequestLimits,
+    tokenizer_threads: int = 1,
+    access: AccessRules | None = None,
+):
+    """The app; with `access` (serving/access.py: API key, Host and Origin rules) wrapped in
+    the AccessGuard that refuses before any route runs."""
+    service = Service(engine, policy, queue, limits, tokenizer_threads)
+    app = FastAPI(title="packed BERT inference", lifespan=service.lifespan)
+    app.state.scheduler, app.state.metrics = service.scheduler, service.metrics
+    for route, (path, required, errors) in POST_ROUTES.items():
+        app.add_api_route(path, service.endpoint(route, required, errors), methods=["POST"], name=route)
+    for path, answer in (("/health", service.health), ("/ready", service.readiness),
+                         ("/metrics", service.prometheus), ("/info", service.info)):  # fmt: skip
+        app.add_api_route(path, answer, methods=["GET"])
     if access is None:
         return app
-    return AccessGuard(app, access, lambda status: metrics.requests.labels(status=str(status)).inc())
+    return AccessGuard(app, access, lambda status: service.metrics.requests.labels(status=str(status)).inc())
 
 
 # The engine task each route is answered by.
@@ -249,3 +237,14 @@ def _openai_error(status: int, message: str) -> JSONResponse:
     return JSONResponse(
         {"error": {"message": message, "type": kind, "param": None, "code": status}}, status_code=status
     )
+
+
+# Each POST route: its path, the field its body must hold, the error body its clients read.
+POST_ROUTES = {
+    "predict": ("/predict", "inputs", _error),
+    "rerank": ("/rerank", "query", _error),
+    "embed": ("/embed", "inputs", _error),
+    "openai": ("/v1/embeddings", "input", _openai_error),
+    "qa": ("/qa", "inputs", _error),
+    "tokens": ("/tokens", "inputs", _error),
+}

@@ -21,6 +21,7 @@ and localhost (serving/access.py). The pieces live in serving/.
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import sys
@@ -37,7 +38,8 @@ def default_sequences_per_pack(task: str) -> int:
     return 16 if task == "embedding" else 6
 
 
-def main(argv=None) -> int:
+def serve_parser() -> argparse.ArgumentParser:
+    """`packed serve`'s options."""
     parser = command_parser("python -m packed_transformers.serving", __doc__)
     add_inference_options(parser, "finetune.train output model folder, or a sentence-transformers folder")
     parser.add_argument(
@@ -109,72 +111,74 @@ def main(argv=None) -> int:
         help="Host / Origin names served (default: the bind address and localhost; any for 0.0.0.0)",
     )
     parser.set_defaults(max_sequences_per_pack=None)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def argument_mistake(args) -> str | None:
+    """The one line for an option out of its range, or None: decided before anything loads."""
     wrong = below_one(args, ("port", "max_batch_tokens", "max_sequences_per_pack", "batch_size", "max_queue",
                              "max_client_batch_size", "max_body_bytes", "max_header_bytes",
                              "tokenizer_threads"))  # fmt: skip
     if wrong:
-        return refuse(wrong)
+        return wrong
     if args.timeout_s <= 0 or args.body_timeout_s <= 0 or args.header_timeout_s <= 0 or args.max_wait_ms < 0:
-        return refuse("--timeout-s, --body-timeout-s and --header-timeout-s must be > 0, --max-wait-ms >= 0")
+        return "--timeout-s, --body-timeout-s and --header-timeout-s must be > 0, --max-wait-ms >= 0"
+    from packed_transformers.common.choices import EXPORTED
+    from packed_transformers.inference.runtime_choice import machine_refusal
 
-    from packed_transformers.serving.access import AccessRules
+    exported = (args.model / EXPORTED).is_file()  # its graph decides runtime and dtype
+    return None if exported else machine_refusal(args.runtime, args.device, args.dtype, serving=True)
 
-    try:  # before the model loads: an empty key is refused at once
-        access = AccessRules.for_bind(args.host, args.api_key, args.allowed_hosts)
-    except ValueError as err:
-        return refuse(err)
 
-    import uvicorn
-
-    from packed_transformers.data.classification_data import ExampleError
+def runtime_mistake(args, argv) -> str | None:
+    """The one line for a runtime, device or dtype this folder cannot be served with, or None.
+    An exported folder's graph decides them: torch is then never imported."""
     from packed_transformers.door.exported_folder import is_exported, settle_exported_arguments
     from packed_transformers.inference.runner import runtime_problem
     from packed_transformers.model.hf_checkpoint import quiet_transformers
-    from packed_transformers.serving.api import RequestLimits
-    from packed_transformers.serving.app import create_app
-    from packed_transformers.serving.engines import load_engine
-    from packed_transformers.serving.headers import HeadLimits, bounded_protocol
-    from packed_transformers.serving.policies import PolicySettings
-    from packed_transformers.serving.scheduler import QueueLimits
 
-    if is_exported(args.model):  # its graph decides runtime and dtype: torch is never imported
+    if is_exported(args.model):
         wrong = settle_exported_arguments(args, sys.argv[1:] if argv is None else argv)
     else:
         quiet_transformers()
         wrong = runtime_problem(args.runtime, args.device, args.dtype)
     if not wrong and args.runtime == "openvino" and args.dtype == "int8":  # calibrated on a batch's input
         wrong = "--runtime openvino serves float32; int8 is served by --runtime onnxruntime --dtype int8"
-    if wrong:
-        return refuse(wrong)
-    try:
-        engine = load_engine(
-            args.model, args.device, args.attention_backend, args.dtype, args.pooling, args.runtime
-        )
-        policy = PolicySettings(
-            args.policy, args.max_batch_tokens, engine.max_length, tuple(args.widths), args.batch_size,
-            args.max_sequences_per_pack or default_sequences_per_pack(engine.task), args.algorithm,
-            pad_to=engine.max_sequence_length,
-        )  # fmt: skip
-    except (ExampleError, ValueError) as err:
-        return refuse(err)
-    except OSError as err:
-        return refuse(f"{args.model}: {err.strerror or err}")
+    return wrong
+
+
+def build_app(args, access):
+    """The engine (the model loaded) and the app serving it. ExampleError, ValueError or
+    OSError where the folder cannot be served."""
+    from packed_transformers.serving.api import RequestLimits
+    from packed_transformers.serving.app import create_app
+    from packed_transformers.serving.engines import load_engine
+    from packed_transformers.serving.policies import PolicySettings
+    from packed_transformers.serving.scheduler import QueueLimits
+
+    engine = load_engine(
+        args.model, args.device, args.attention_backend, args.dtype, args.pooling, args.runtime
+    )
+    policy = PolicySettings(
+        args.policy, args.max_batch_tokens, engine.max_length, tuple(args.widths), args.batch_size,
+        args.max_sequences_per_pack or default_sequences_per_pack(engine.task), args.algorithm,
+        pad_to=engine.max_sequence_length,
+    )  # fmt: skip
     queue = QueueLimits(args.max_queue, args.max_wait_ms, args.timeout_s)
     limits = RequestLimits(
         args.max_body_bytes, args.max_client_batch_size, body_timeout_s=args.body_timeout_s
     )
-    app = create_app(engine, policy, queue, limits, args.tokenizer_threads, access)
-    if engine.runtime_chosen:
-        print(engine.runtime_chosen, file=sys.stderr)
-    print(
-        f"serving {args.model} ({engine.task}, policy {args.policy}, runtime {engine.runner.runtime}) on "
-        f"http://{args.host}:{args.port}",
-        file=sys.stderr,
-        flush=True,
-    )
-    # uvicorn shuts down gracefully on SIGTERM / SIGINT, then raises the signal again for the
-    # handler that was there before it; this one makes that a normal exit (0), not a kill.
+    return engine, create_app(engine, policy, queue, limits, args.tokenizer_threads, access)
+
+
+def serve_until_stopped(app, args) -> str:
+    """uvicorn until SIGTERM or SIGINT -> the line that says how it stopped and what it answered.
+    uvicorn shuts down gracefully on either, then raises the signal again for the handler that
+    was there before it; the handlers set here make that a normal exit (0), not a kill."""
+    import uvicorn
+
+    from packed_transformers.serving.headers import HeadLimits, bounded_protocol
+
     stopped_by = []
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda received, frame: stopped_by.append(received))
@@ -182,14 +186,40 @@ def main(argv=None) -> int:
         app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout_s,
         http=bounded_protocol(HeadLimits(args.max_header_bytes, args.header_timeout_s)),
     )  # fmt: skip
-    metrics = app.state.metrics
-    answered = {
-        s.labels["status"]: int(s.value)
-        for s in metrics.requests.collect()[0].samples
-        if s.name.endswith("_total")
-    }
-    print(f"stopped{' by signal ' + str(stopped_by[0]) if stopped_by else ''}; requests by status: {answered}",
-          file=sys.stderr)  # fmt: skip
+    samples = app.state.metrics.requests.collect()[0].samples
+    answered = {s.labels["status"]: int(s.value) for s in samples if s.name.endswith("_total")}
+    return (
+        f"stopped{' by signal ' + str(stopped_by[0]) if stopped_by else ''}; requests by status: {answered}"
+    )
+
+
+def main(argv=None) -> int:
+    args = serve_parser().parse_args(argv)
+    wrong = argument_mistake(args)  # before torch is imported
+    if wrong:
+        return refuse(wrong)
+    from packed_transformers.serving.access import AccessRules
+
+    try:  # before the model loads: an empty key is refused at once
+        access = AccessRules.for_bind(args.host, args.api_key, args.allowed_hosts)
+    except ValueError as err:
+        return refuse(err)
+    wrong = runtime_mistake(args, argv)
+    if wrong:
+        return refuse(wrong)
+    from packed_transformers.data.classification_data import ExampleError
+
+    try:
+        engine, app = build_app(args, access)
+    except (ExampleError, ValueError) as err:
+        return refuse(err)
+    except OSError as err:
+        return refuse(f"{args.model}: {err.strerror or err}")
+    if engine.runtime_chosen:
+        print(engine.runtime_chosen, file=sys.stderr)
+    print(f"serving {args.model} ({engine.task}, policy {args.policy}, runtime {engine.runner.runtime}) on "
+          f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)  # fmt: skip
+    print(serve_until_stopped(app, args), file=sys.stderr)
     return 0
 
 

@@ -9,6 +9,7 @@ this project and embeds as the packed model does."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -133,7 +134,8 @@ def pairs_dataset(n: int = 24):
 
 
 def trained(folder, tmp_path, loss_name: str, packed: bool):
-    """Three steps of sentence-transformers' own trainer; (logged losses, weights, model, packing)."""
+    """Three steps of sentence-transformers' own trainer -> (model, packing, logged losses). SGD:
+    Adam would turn rounding-level differences of near-zero gradients into steps of lr's size."""
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.sentence_transformer import losses
@@ -147,7 +149,7 @@ def trained(folder, tmp_path, loss_name: str, packed: bool):
     )
     args = SentenceTransformerTrainingArguments(
         output_dir=str(tmp_path / f"{loss_name}-{packed}"), per_device_train_batch_size=8, max_steps=3,
-        learning_rate=1e-3, logging_steps=1, seed=0, report_to=[], save_strategy="no", use_cpu=True,
+        learning_rate=0.1, optim="sgd", logging_steps=1, seed=0, report_to=[], save_strategy="no", use_cpu=True,
         batch_sampler=BatchSamplers.NO_DUPLICATES, disable_tqdm=True,
     )  # fmt: skip
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=pairs_dataset(), loss=loss)
@@ -209,3 +211,59 @@ def test_remove_gives_back_the_padded_model(folders):
     packing.remove()
     model.encode(TEXTS[:3])
     assert packing.count.text_tokens == 0
+
+
+OVER_RANKS = """
+import json, sys
+import torch
+from datasets import Dataset
+from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+from sentence_transformers.base.sampler import BatchSamplers
+from sentence_transformers.sentence_transformer import losses, modules as models
+from packed_transformers.hf_integration.st_packing import pack_sentence_transformer
+folder, pairs_file, output, packed = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "packed"
+transformer = models.Transformer(folder, max_seq_length=60)
+model = SentenceTransformer(modules=[transformer, models.Pooling(transformer.get_embedding_dimension(), "mean")],
+                            device="cpu")
+packing = pack_sentence_transformer(model) if packed else None
+pairs = json.load(open(pairs_file))
+args = SentenceTransformerTrainingArguments(output_dir=output, per_device_train_batch_size=4, max_steps=3,
+    learning_rate=0.1, optim="sgd", logging_steps=1, seed=0, report_to=[], save_strategy="no", use_cpu=True,
+    batch_sampler=BatchSamplers.NO_DUPLICATES, disable_tqdm=True, ddp_backend="gloo")
+loss = losses.MultipleNegativesRankingLoss(model, gather_across_devices=True)
+trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=Dataset.from_dict(pairs), loss=loss)
+trainer.train()
+if trainer.is_world_process_zero():
+    torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, output + "/weights.pt")
+    json.dump({"losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
+               "packed_cells": packing.count.packed_cells if packing else 0,
+               "padded_cells": packing.count.padded_cells if packing else 0}, open(output + "/run.json", "w"))
+"""
+
+
+@pytest.mark.slow
+def test_over_ranks_their_gathered_negatives_train_the_packed_model_alike(folders, tmp_path):
+    """torchrun, 2 processes, MultipleNegativesRankingLoss(gather_across_devices=True): each
+    process packs its own texts; the embeddings sentence-transformers gathers are the same, so
+    the run ends on the padded run's weights."""
+    from ..processes import run_in_group
+
+    folder, _ = folders["bert"]
+    pairs = pairs_dataset()
+    (tmp_path / "pairs.json").write_text(json.dumps(pairs.to_dict()))
+    (tmp_path / "script.py").write_text(OVER_RANKS)
+    runs = {}
+    for how in ("padded", "packed"):
+        out = tmp_path / how
+        out.mkdir()
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   str(tmp_path / "script.py"), str(folder), str(tmp_path / "pairs.json"), str(out), how]  # fmt: skip
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        done = run_in_group(command, timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[how] = (json.loads((out / "run.json").read_text()), torch.load(out / "weights.pt"))
+    (ours, our_weights), (theirs, their_weights) = runs["packed"], runs["padded"]
+    assert 0 < ours["packed_cells"] < ours["padded_cells"]
+    np.testing.assert_allclose(ours["losses"], theirs["losses"], rtol=1e-5, atol=1e-5)
+    for name, weight in their_weights.items():
+        torch.testing.assert_close(our_weights[name], weight, rtol=1e-4, atol=1e-5, msg=name)

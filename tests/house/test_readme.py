@@ -79,23 +79,6 @@ def readme_blocks() -> dict[str, list[str]]:
 AS_WRITTEN = os.environ.get("README_AS_WRITTEN") == "1"
 
 
-def small_decoder_folder(folder: Path) -> None:
-    """What `hf download` would bring, made here (no network): a small random Llama, SmolLM2's
-    family, with a byte-level BPE tokenizer learned from the shipped text and a chat template."""
-    from transformers import AutoModelForCausalLM
-
-    from ..decoder_helpers import decoder_tokenizer, tiny_config
-
-    tokenizer = decoder_tokenizer()
-    tokenizer.chat_template = (
-        "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
-    )
-    AutoModelForCausalLM.from_config(
-        tiny_config("llama", vocab_size=len(tokenizer), max_position_embeddings=512)
-    ).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-
-
 def at_tiny_scale(command: str) -> str:
     if AS_WRITTEN:
         return command
@@ -153,9 +136,6 @@ def run_recipes(tmp_path, names) -> None:
         load_at_start = os.getloadavg()[0]  # the load each stated time ran at, recorded with it
         started = time.perf_counter()
         for command in blocks[name]:
-            if command.startswith("hf download"):  # no network here: a folder of the same kind instead
-                small_decoder_folder(tmp_path / command.split("--local-dir ")[1].split()[0])
-                continue
             if command.startswith("apt-get update") and not AS_WRITTEN:
                 continue  # the machine's apt lists as they are (a test does not refresh them)
             if command.startswith("python -m mlperf_logging.compliance_checker") and not AS_WRITTEN:

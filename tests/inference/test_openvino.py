@@ -17,10 +17,9 @@ from packed_transformers.commands import embed as embed_command
 from packed_transformers.data.assets import corpus_glob, model_dir
 from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 from packed_transformers.inference.embedding import encode, load_encoder
-from packed_transformers.inference.openvino_graphs import OPENVINO_INT8_WITHOUT_VNNI
 from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.runner import Runner, runner_of, runtime_problem
-from packed_transformers.inference.runtime_choice import cpu_flags, has_vnni
+from packed_transformers.inference.runtime_choice import OPENVINO_INT8_WITHOUT_VNNI, cpu_flags, has_vnni
 
 from ..family_helpers import save_family_folder
 from ..finetune_helpers import WORDS

@@ -46,13 +46,19 @@ from packed_transformers.components.run_folder import (
 )
 from packed_transformers.components.run_state import Diverged, StopSignal
 from packed_transformers.components.sharding import (
-    full_tensor,
     load_sharded,
     materialize_sharded,
     save_sharded,
     shard_model,
 )
-from packed_transformers.components.step import autocast_context, set_learning_rate, weights_finite
+from packed_transformers.components.step import (
+    NonFiniteStep,
+    autocast_context,
+    check_finite_step,
+    clip_to_norm_,
+    set_learning_rate,
+    weights_finite,
+)
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.lm_rows.store import RowStore
@@ -294,7 +300,7 @@ class DecoderRun:
         lr = self.schedule(state.samples)
         set_learning_rate(self.optimizer, lr)
         self.model.train()
-        loss_sum = torch.zeros((), dtype=torch.float64)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.replica.device)  # summed where computed
         precision = config["training"]["precision"]
         # compiled, the step's token count is a tensor: a Python float would be a constant of
         # the graph, compiled again for every count
@@ -308,7 +314,7 @@ class DecoderRun:
             loss, token_loss_sum = out["loss"], out["token_loss_sum"]
             del out
             loss.backward()
-            loss_sum += token_loss_sum.double().cpu()
+            loss_sum += token_loss_sum.detach().double()
         # each replica's gradient is its share of the step's mean: sum them (FSDP2 sums them
         # itself, reduce-scattered into each rank's shard)
         if self.world > 1 and not self.sharded:
@@ -319,11 +325,16 @@ class DecoderRun:
                     p.grad = torch.zeros_like(p)
                 dist.all_reduce(p.grad)
         parameters = [p for p in self.model.parameters() if p.grad is not None]
+        loss_sum = loss_sum.cpu()  # the step's one copy to the host
         all_reduce_(loss_sum)
-        norm = full_tensor(torch.nn.utils.clip_grad_norm_(parameters, config["optim"]["max_grad_norm"]))
+        # the divergence rule and the clipping of every training run (components.step)
+        try:
+            norm = check_finite_step(loss_sum, parameters, check_gradients=True)
+        except NonFiniteStep as err:
+            raise FloatingPointError(f"step {state.step + 1}: {err}") from None
+        if norm is not None:
+            clip_to_norm_(parameters, norm, config["optim"]["max_grad_norm"])
         loss = float(loss_sum) / predicted
-        if not (math.isfinite(loss) and math.isfinite(float(norm))):
-            raise FloatingPointError(f"step {state.step + 1}: loss {loss}, gradient norm {float(norm)}")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         state.step += 1
