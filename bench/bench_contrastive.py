@@ -126,7 +126,7 @@ def main() -> int:
                             str(REPO / "configs/finetune_embedding.yaml"), "--output-dir", str(out),
                             "--set", f"data.train_file={train_file}", "--set", f"data.validation_file={held_file}",
                             "--set", f"batching.batch_size={args.batch}", "--set", "training.progress=false",
-                            "--set", f"training.threads={args.threads}"]  # fmt: skip
+                            "--set", f"execution.threads={args.threads}"]  # fmt: skip
                     seconds, stdout = timed(argv, env)
                     summary = json.loads((out / "summary.json").read_text())
                     padding = summary["train_padding_fraction"]

@@ -270,7 +270,7 @@ def main(argv=None) -> int:
                 "twice (counts the lines, then embeds them): save it to a file first"
             )
         n = count_lines(args.input, args.text_field)
-        if not args.quiet:  # what the first seconds are spent on, before the bar moves
+        if not args.quiet and sys.stderr.isatty():  # at a terminal: what the first seconds are spent on
             print(f"{n:,} texts in {args.input}; loading {args.model}", file=sys.stderr, flush=True)
         encoder = open_folder(args.model, ForEmbedding(
             args.pooling, args.normalize, args.max_length, args.device, args.attention_backend

@@ -59,8 +59,20 @@ ALIASES = {
 }
 
 
+# Keys that moved, old -> new: one name for a setting in every config (fine-tuning's device,
+# threads and sharding took pretraining's names). The old name is refused in one line giving the new.
+MOVED = {
+    "training.device": "execution.device",
+    "training.threads": "execution.threads",
+    "training.sharding": "execution.sharding",
+}
+
+
 def _suggest(section: str, name: str, schema: dict) -> str:
-    """'; did you mean ...' for an unknown key: an alias, a near spelling in the section, or anywhere."""
+    """'; did you mean ...' for an unknown key: where it moved, an alias, a near spelling in the
+    section, or anywhere."""
+    if MOVED.get(f"{section}.{name}") in _all_keys(schema):
+        return f"; it is now '{MOVED[f'{section}.{name}']}' (the one name of this setting in every config)"
     keys = schema[section]
     if ALIASES.get(name) in keys:
         return f"; did you mean '{section}.{ALIASES[name]}'?"

@@ -97,9 +97,9 @@ ONE_PROCESS = Replicas(0, 1, torch.device("cpu"), "none")
 def join_replicas(device_kind: str, sharding: str, threads: int | None) -> Replicas:
     """This process's Replicas from torchrun's environment (world 1 without it); FSDP2 needs
     2 or more processes (RunError, one line)."""
-    replica = join_process_group(device_kind, threads, None, "training.device")
+    replica = join_process_group(device_kind, threads, None, "execution.device")
     if sharding == "fsdp" and replica.world < 2:
-        raise RunError("training.sharding fsdp: needs 2 or more processes (torchrun --nproc-per-node N)")
+        raise RunError("execution.sharding fsdp: needs 2 or more processes (torchrun --nproc-per-node N)")
     return Replicas(replica.rank, replica.world, replica.device, sharding)
 
 
@@ -113,7 +113,7 @@ def replicate(model: torch.nn.Module, replicas: Replicas, step_model: torch.nn.M
 
         from packed_transformers.components.sharding import block_modules, shard_model
 
-        blocks = block_modules(model, "training.sharding")
+        blocks = block_modules(model, "execution.sharding")
         shard_model(model, replicas.world, "fp32", replicas.device, blocks=blocks)
         for block in blocks:  # a block's other entry points (a packed encoder's last layer: forward_rows)
             for name in (n for n in dir(block) if n.startswith("forward_") and callable(getattr(block, n))):

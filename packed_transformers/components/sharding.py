@@ -1,5 +1,5 @@
 """FSDP2 for a training run (pretraining's `execution.sharding: fsdp`, fine-tuning's
-`training.sharding: fsdp` through components.replicas): the model's parameters, gradients
+`execution.sharding: fsdp` through components.replicas): the model's parameters, gradients
 and optimizer state split over the replicas instead of copied on each, and checkpoints through
 torch.distributed.checkpoint (DCP), which a run of another number of ranks reads (resharded).
 

@@ -62,10 +62,10 @@ def write_small_decoder(output: Path, seed: int = 0) -> int:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from packed_transformers.common.files import atomic_folder
-    from packed_transformers.data.embedding_texts import bbc_articles
+    from packed_transformers.data.create_pretraining_data import read_document
     from packed_transformers.data.train_tokenizer import EOS, train_tokenizer
 
-    texts = [article["body"] for article in bbc_articles(corpus_glob())]
+    texts = [read_document(path)[0] for path in corpus_files()]  # the 2,225 articles, whole
     tokenizer = train_tokenizer(texts, SMALL_DECODER_VOCAB)
     tokenizer.chat_template = CHAT_TEMPLATE
     end = tokenizer.convert_tokens_to_ids(EOS)

@@ -113,10 +113,6 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "epochs": Key(int, 3, "passes over the training set", minimum=1),
         "max_seconds": Key(float, None, "stop training after this many seconds", optional=True, minimum=0),
         "seed": Key(int, 42, "seed of the model init (classifier) and dropout", minimum=0),
-        "device": Key(str, "cpu", "where the model runs", ("cpu", "cuda")),
-        "threads": Key(
-            int, None, "torch CPU threads; null = torch's default", optional=True, minimum=1, maximum=1024
-        ),
         "progress": Key(bool, True, "tqdm progress bar"),
         "compile": Key(
             bool,
@@ -124,9 +120,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
             "torch.compile the training step (inductor) once for the run: packed or padded batching, "
             "the last batch padded; pays off after the steps docs/compile.md measures",
         ),
-        "sharding": Key(
-            str, "none", "under torchrun: replicate the model (DDP) or shard it (FSDP2)", ("none", "fsdp")
-        ),
+    },
+    "execution": {  # the names pretraining's configs give these settings
+        "device": Key(str, "cpu", "where the model runs", ("cpu", "cuda")),
+        "threads": Key(int, None, "torch CPU threads; null = torch's default", optional=True, minimum=1,
+                       maximum=1024),  # fmt: skip
+        "sharding": Key(str, "none", "under torchrun: replicate the model (DDP) or shard it (FSDP2)",
+                        ("none", "fsdp")),  # fmt: skip
     },
 }
 
@@ -167,10 +167,8 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
             f"{source}: training.compile: batching.mode {mode} changes the row width from batch to batch "
             f"(a new graph for each width); compile with {' or '.join(FIXED_WIDTH_MODES)} batching"
         )
-    if config["training"]["compile"] and config["training"]["sharding"] == "fsdp":
-        raise ConfigError(
-            f"{source}: training.compile: not with training.sharding fsdp (a compiled step is DDP's)"
-        )
+    if config["training"]["compile"] and config["execution"]["sharding"] == "fsdp":
+        raise ConfigError(f"{source}: training.compile: not with execution.sharding fsdp (a compiled step is DDP's)")
     return config
 
 

@@ -95,10 +95,10 @@ def clear_run(output: Path) -> None:
 # computes the same step). Everything else must equal the checkpoint's config.
 CHANGEABLE_ON_RESUME = {
     ("training", "max_seconds"),
-    ("training", "threads"),
+    ("execution", "threads"),
     ("training", "progress"),
     ("training", "compile"),
-    ("training", "sharding"),  # checkpoints hold whole weights: any engine resumes them
+    ("execution", "sharding"),  # checkpoints hold whole weights: any engine resumes them
 }
 
 
@@ -136,10 +136,11 @@ def resume_differences(config: dict, progress: dict | None) -> list[str]:
     CHANGEABLE_ON_RESUME; [] for a new run."""
     if progress is None:
         return []
+    saved = progress["config"]  # an earlier version's: device, threads, sharding under training
+    saved = {**saved, "execution": saved.get("execution") or {k: saved["training"].get(k) for k in config["execution"]}}
     return sorted(
         f"{section}.{key}" for section in config for key in config[section]
-        if (section, key) not in CHANGEABLE_ON_RESUME
-        and progress["config"].get(section, {}).get(key) != config[section][key]
+        if (section, key) not in CHANGEABLE_ON_RESUME and saved.get(section, {}).get(key) != config[section][key]
     )  # fmt: skip
 
 

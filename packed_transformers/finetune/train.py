@@ -3,7 +3,7 @@ question answering, a decoder's supervised fine-tuning.
 
     python -m packed_transformers.finetune.train --config configs/finetune_bbc.yaml --output-dir runs/bbc \
         [--set batching.mode=dynamic ...]
-    torchrun --nproc-per-node N -m packed_transformers.finetune.train ... [--set training.sharding=fsdp]
+    torchrun --nproc-per-node N -m packed_transformers.finetune.train ... [--set execution.sharding=fsdp]
 
 Classification: examples (jsonl or BBC News) -> labels checked -> token ids -> train /
 validation split -> batch tables (inference.batching: padded | dynamic | uniform | packed) ->
@@ -299,7 +299,7 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     checkpoint_config = check_positions(config)  # before anything is read, packed or (--overwrite) removed
     training = config["training"]
     try:
-        replicas = parallel.join_replicas(training["device"], training["sharding"], training["threads"])
+        replicas = parallel.join_replicas(*(config["execution"][k] for k in ("device", "sharding", "threads")))
     except RunError as err:
         raise FinetuneError(str(err)) from None
     if not replicas.writes:

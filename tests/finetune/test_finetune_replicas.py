@@ -1,5 +1,5 @@
 """Fine-tuning over torchrun's processes (issue 81: every job on the engines): 2 ranks share
-each step's rows, replicated (DDP) or sharded (`training.sharding: fsdp`, FSDP2), and end on one
+each step's rows, replicated (DDP) or sharded (`execution.sharding: fsdp`, FSDP2), and end on one
 process's metrics and weights at the same batches; a checkpoint one process wrote resumes on 2
 sharded ranks, whose checkpoints hold the weights one process's hold (one format)."""
 
@@ -69,7 +69,7 @@ def test_a_checkpoint_of_one_process_resumes_on_2_fsdp_ranks_to_the_same_run(
     config = load_finetune_config(str(config_path), [])
     with pytest.raises(finetune.Interrupted):
         finetune.run_finetune(config, tmp_path / "run", stop=StopAfter(4))
-    done = torchrun(config_path, tmp_path / "run", "--resume", "--set", "training.sharding=fsdp")
+    done = torchrun(config_path, tmp_path / "run", "--resume", "--set", "execution.sharding=fsdp")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2 processes share each step's rows (FSDP2)" in done.stderr and "resumed from" in done.stderr
     assert_same_run(one_process, tmp_path / "run")
@@ -82,13 +82,13 @@ def test_a_checkpoint_of_one_process_resumes_on_2_fsdp_ranks_to_the_same_run(
 
 def test_fsdp_without_torchrun_and_with_compile_is_refused_in_one_line(config_path, tmp_path, capsys):
     alone = finetune.main(["--config", str(config_path), "--output-dir", str(tmp_path / "alone"),
-                           "--set", "training.sharding=fsdp"])  # fmt: skip
+                           "--set", "execution.sharding=fsdp"])  # fmt: skip
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert alone == 2 and "training.sharding fsdp: needs 2 or more processes" in line
+    assert alone == 2 and "execution.sharding fsdp: needs 2 or more processes" in line
     assert not (tmp_path / "alone").exists()
     compiled = finetune.main(["--config", str(config_path), "--output-dir", str(tmp_path / "compiled"),
-                              "--set", "training.sharding=fsdp", "--set", "training.compile=true"])  # fmt: skip
-    assert compiled == 2 and "not with training.sharding fsdp" in capsys.readouterr().err
+                              "--set", "execution.sharding=fsdp", "--set", "training.compile=true"])  # fmt: skip
+    assert compiled == 2 and "not with execution.sharding fsdp" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +120,7 @@ def test_sft_of_a_tied_decoder_with_fsdp_at_2_ranks_equals_one_process(tied_star
     config = config_for(tmp_path, tied_start, epochs=2)
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
     finetune.run_finetune(config, tmp_path / "one")
-    done = torchrun(tmp_path / "config.yaml", tmp_path / "fsdp", "--set", "training.sharding=fsdp")
+    done = torchrun(tmp_path / "config.yaml", tmp_path / "fsdp", "--set", "execution.sharding=fsdp")
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_run(tmp_path / "one", tmp_path / "fsdp")
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "model")

@@ -68,7 +68,8 @@ def write_config(tmp_path, checkpoint, squad_files, **sections):
         "qa": {"doc_stride": 32},
         "batching": {"mode": "packed", "batch_size": 16, "max_sequences_per_pack": 3, "pack_length": 192},
         "optim": {"lr": 1e-3},
-        "training": {"epochs": 1, "progress": False, "threads": 2},
+        "training": {"epochs": 1, "progress": False},
+        "execution": {"threads": 2},
     }
     for section, values in sections.items():
         config[section].update(values)
