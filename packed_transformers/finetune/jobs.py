@@ -18,7 +18,6 @@ that builds it; the loop itself names no task.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -271,8 +270,6 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     from packed_transformers.door.st_folder import transformer_module_path
     from packed_transformers.model import embedding as contrastive
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each rank would score its own share of the step alone
-        raise FinetuneError("data.task embedding runs in one process: in-batch negatives are not gathered across ranks")
     data, model_cfg, batching = config["data"], config["model"], config["batching"]
     checkpoint, fields = Path(resolve_asset(model_cfg["init_checkpoint"])), {r: data[f"{r}_field"] for r in PAIR_ROLES}
     texts, where = read_pairs(resolve_asset(data["train_file"]), fields)
@@ -296,9 +293,9 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     width = max(batching["pack_length"] or reader.max_length, int(max(len(t) for role in train.roles for t in role)))
 
     def rows_of(pairs: TokenizedPairs, table) -> dict:  # the step's texts packed: rows and each text's slot
-        chosen = table[table >= 0]
-        rows = pair_rows(pairs.roles, chosen, width, batching["max_sequences_per_pack"], batching["algorithm"], int(chosen[0]))  # fmt: skip
-        return {name: torch.from_numpy(value) for name, value in rows.items()}
+        chosen = table[table >= 0]  # none: a process a step left without a pair packs one text, scored nowhere
+        rows = pair_rows(pairs.roles, chosen if chosen.size else np.zeros(1, np.int64), width, batching["max_sequences_per_pack"], batching["algorithm"], int(chosen[0]) if chosen.size else 0)  # fmt: skip
+        return {name: torch.from_numpy(value[:0] if name in PAIR_SLOTS and not chosen.size else value) for name, value in rows.items()}  # fmt: skip
 
     def padding(sequence_ids: list) -> float:  # of packed rows, from their sequence ids (0: padding)
         return 1.0 - sum(int((r > 0).sum()) for r in sequence_ids) / max(sum(r.numel() for r in sequence_ids), 1)
@@ -310,7 +307,7 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
                 batch = {k: v.to(next(model.parameters()).device) for k, v in rows_of(validation, table).items()}
                 seen.append(batch["sequence_ids"])
                 slots = [batch.pop(name) for name in PAIR_SLOTS if name in batch]
-                flat = model.eval().embedder(**batch)["embeddings"].reshape(-1, model.dimension).float()
+                flat = model.eval()(**batch)["embeddings"].reshape(-1, model.dimension).float()
                 loss_sum += float(contrastive.ranking_loss(flat[slots[0]], flat[torch.cat(slots[1:])], model.scale, model.symmetric)[0].sum())  # fmt: skip
                 for kept, slot in zip(found, slots):
                     kept.append(flat[slot].cpu().numpy())

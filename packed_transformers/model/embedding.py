@@ -135,17 +135,48 @@ def flat_slots(embeddings: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 
 def ranking_loss(
-    anchors: torch.Tensor, candidates: torch.Tensor, scale: float, symmetric: bool = False
+    anchors: torch.Tensor,
+    candidates: torch.Tensor,
+    scale: float,
+    symmetric: bool = False,
+    first: int = 0,
+    all_anchors: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """anchors [B, D], candidates [B + M, D] (the B positives first, then M hard negatives)
-    -> (per-anchor losses [B], hits [B]: the anchor's own positive scored highest)."""
-    scores = scale * F.normalize(anchors, dim=-1) @ F.normalize(candidates, dim=-1).T  # [B, B + M]
-    target = torch.arange(len(anchors), device=anchors.device)
+    """anchors [b, D]: the step's anchors first .. first + b - 1 (all of them where first is 0
+    and all_anchors None); candidates [B + M, D]: the step's B positives first (positive i
+    belongs to anchor i), then M hard negatives; all_anchors [B, D]: the step's every anchor
+    (symmetric, where `anchors` are a process's share) -> (per-anchor losses [b], hits [b]: the
+    anchor's own positive scored highest)."""
+    scores = scale * F.normalize(anchors, dim=-1) @ F.normalize(candidates, dim=-1).T  # [b, B + M]
+    target = torch.arange(first, first + len(anchors), device=anchors.device)
     losses = F.cross_entropy(scores, target, reduction="none")
-    if symmetric:  # each positive against every anchor
-        backward = F.cross_entropy(scores[:, : len(anchors)].T, target, reduction="none")
-        losses = (losses + backward) / 2
+    if symmetric:  # each of these anchors' positives against every anchor of the step
+        everyone = anchors if all_anchors is None else all_anchors
+        positives = candidates[first : first + len(anchors)]
+        reverse = scale * F.normalize(positives, dim=-1) @ F.normalize(everyone, dim=-1).T  # [b, B]
+        losses = (losses + F.cross_entropy(reverse, target, reduction="none")) / 2
     return losses, scores.argmax(-1) == target
+
+
+def gathered(local: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Every process's rows of a step, in process order, and where this process's begin:
+    local [n, D] -> ([sum of n, D], offset). The gradient of each row flows back to the
+    process that computed it (torch.distributed.nn's all_gather), as sentence-transformers'
+    `gather_across_devices` does. The rows themselves and 0 without a process group."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+        return local, 0
+    from torch.distributed.nn.functional import all_gather
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sizes = torch.zeros(world, dtype=torch.long, device=local.device)
+    sizes[rank] = len(local)
+    dist.all_reduce(sizes)  # processes may hold different numbers of texts: padded to the most
+    sizes = sizes.tolist()
+    padded = torch.cat([local, local.new_zeros((max(sizes) - len(local), local.shape[-1]))])
+    parts = all_gather(padded)
+    return torch.cat([part[:n] for part, n in zip(parts, sizes)]), sum(sizes[:rank])
 
 
 class PackedContrastive(nn.Module):
@@ -166,16 +197,27 @@ class PackedContrastive(nn.Module):
     def dimension(self) -> int:
         return self.embedder.dimension
 
-    def forward(self, anchor_slots, positive_slots, negative_slots=None, **rows) -> dict:
+    def forward(self, anchor_slots=None, positive_slots=None, negative_slots=None, **rows) -> dict:
+        """Under torchrun each process holds a share of the step's pairs: its anchors are
+        scored against every process's positives and negatives (`gathered`); its loss is the
+        mean over its own anchors (0 where it holds none), its count theirs. Without slots:
+        the embeddings alone (validation calls this module, not `embedder`, so that FSDP2's
+        hooks gather the weights)."""
         embeddings = self.embedder(**rows)["embeddings"]  # [rows, K, D] float32
+        if anchor_slots is None:
+            return {"embeddings": embeddings}
         anchors = flat_slots(embeddings, anchor_slots)
-        candidates = flat_slots(embeddings, positive_slots)
-        if negative_slots is not None and len(negative_slots):
-            candidates = torch.cat([candidates, flat_slots(embeddings, negative_slots)])
-        losses, hits = ranking_loss(anchors, candidates, self.scale, self.symmetric)
+        all_anchors, first = gathered(anchors)
+        candidates = [gathered(flat_slots(embeddings, positive_slots))[0]]
+        if negative_slots is not None:
+            negatives = gathered(flat_slots(embeddings, negative_slots))[0]
+            candidates += [negatives] if len(negatives) else []
+        losses, hits = ranking_loss(
+            anchors, torch.cat(candidates), self.scale, self.symmetric, first, all_anchors
+        )
         count = torch.tensor(len(anchors), device=anchors.device)
         return {
-            "loss": losses.mean(),
+            "loss": losses.sum() / max(len(anchors), 1),
             "loss_sum": losses.sum().detach(),
             "count": count,
             "correct": hits.sum(),
