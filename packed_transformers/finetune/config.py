@@ -172,13 +172,12 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
     return config
 
 
-def exit_on_config_mistakes(doc: str) -> None:
+def exit_on_config_mistakes(args) -> None:
     """finetune.train's preflight, before torch is imported: the config's keys and the folder
     model.init_checkpoint names, in one line and exit 2 (a decoder's names both ways to one)."""
     from packed_transformers.common.cli import refuse
     from packed_transformers.common.preflight import path_mistake
 
-    args = train_parser(doc).parse_args()
     try:
         config = load_finetune_config(args.config, args.set)
     except ConfigError as err:

@@ -33,9 +33,9 @@ if __name__ == "__main__":  # option and path mistakes answered before torch is 
     from packed_transformers.common.preflight import exit_on_path_mistakes
     from packed_transformers.finetune.config import exit_on_config_mistakes, train_parser
 
-    train_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
+    early = train_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
     exit_on_path_mistakes({"--config": "file"})
-    exit_on_config_mistakes(__doc__)  # its keys, model.init_checkpoint's folder
+    exit_on_config_mistakes(early)  # its keys, model.init_checkpoint's folder
 
 import json
 import logging

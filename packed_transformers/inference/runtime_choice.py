@@ -117,17 +117,23 @@ def machine_refusal(
     return None
 
 
-def exit_on_machine_refusal(args, ray: bool = False) -> None:
-    """A command's preflight (embed, predict: parsed `args` with model, runtime, device and dtype):
-    machine_refusal's line on stderr and exit 2, before torch is imported. Not for --ray (its
-    replicas are other machines) nor an exported folder (its export settled runtime and dtype)."""
-    import sys
-
+def arguments_refusal(args, ray: bool = False, serving: bool = False) -> str | None:
+    """machine_refusal for a command's parsed `args` (model, runtime, device, dtype), or None.
+    Not for --ray (its replicas are other machines) nor an exported folder (its export settled
+    runtime and dtype)."""
     from packed_transformers.common.choices import EXPORTED
 
     if ray or (Path(args.model) / EXPORTED).is_file():
-        return
-    refusal = machine_refusal(args.runtime, args.device, args.dtype)
+        return None
+    return machine_refusal(args.runtime, args.device, args.dtype, serving=serving)
+
+
+def exit_on_machine_refusal(args, ray: bool = False) -> None:
+    """A command's preflight (embed, predict): arguments_refusal's line on stderr and exit 2,
+    before torch is imported."""
+    import sys
+
+    refusal = arguments_refusal(args, ray)
     if refusal:
         print(f"error: {refusal}", file=sys.stderr)
         raise SystemExit(2)

@@ -123,11 +123,9 @@ def argument_mistake(args) -> str | None:
         return wrong
     if args.timeout_s <= 0 or args.body_timeout_s <= 0 or args.header_timeout_s <= 0 or args.max_wait_ms < 0:
         return "--timeout-s, --body-timeout-s and --header-timeout-s must be > 0, --max-wait-ms >= 0"
-    from packed_transformers.common.choices import EXPORTED
-    from packed_transformers.inference.runtime_choice import machine_refusal
+    from packed_transformers.inference.runtime_choice import arguments_refusal
 
-    exported = (args.model / EXPORTED).is_file()  # its graph decides runtime and dtype
-    return None if exported else machine_refusal(args.runtime, args.device, args.dtype, serving=True)
+    return arguments_refusal(args, serving=True)  # the CPU's flags against --dtype: before torch
 
 
 def runtime_mistake(args, argv) -> str | None:
