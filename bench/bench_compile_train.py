@@ -65,8 +65,8 @@ while len(seconds) < steps:
         batch = run.job.collate(run.job.train, table, run.batcher.width(table))
         shapes.add(tuple(batch["input_ids"].shape))
         started = time.perf_counter()
-        finetune.finetune_step(run.model, batch, run.optimizer, run.scheduler,
-                               config["optim"]["max_grad_norm"], run.job.step_sums, step_model)
+        finetune.finetune_step(run.model, batch, run.optimizer, run.schedule(len(seconds)), run.settings,
+                               run.job.loss, step_model)
         seconds.append(time.perf_counter() - started)
     epoch += 1
 graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]

@@ -35,6 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from packed_transformers.components.step import StepSettings  # noqa: E402
 from packed_transformers.data import assets  # noqa: E402
 from packed_transformers.data.qa_windows import QaWindows  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
@@ -84,11 +85,12 @@ def time_ours(model, windows, config, mode, train_windows) -> tuple[float, float
         windows.lengths[:train_windows], batching_spec(config, config["batching"]["batch_size"]), 0
     )
     batches = batcher.epoch(0)
-    optimizer, scheduler = build_adamw(model, config["optim"], 1000)
-    finetune_step(model, collate(windows, batches[0], batcher.width(batches[0])), optimizer, scheduler, 1.0)
+    optimizer, schedule = build_adamw(model, config["optim"], 1000)
+    settings = StepSettings(torch.device("cpu"), max_grad_norm=1.0)
+    finetune_step(model, collate(windows, batches[0], batcher.width(batches[0])), optimizer, schedule(0), settings)
     start = time.perf_counter()  # after one warm-up step
-    for table in batches[1:]:
-        finetune_step(model, collate(windows, table, batcher.width(table)), optimizer, scheduler, 1.0)
+    for step, table in enumerate(batches[1:], 1):
+        finetune_step(model, collate(windows, table, batcher.width(table)), optimizer, schedule(step), settings)
     train = sum(int((b >= 0).sum()) for b in batches[1:]) / (time.perf_counter() - start)
     eval_batcher = Batcher(windows.lengths, batching_spec(config, config["batching"]["eval_batch_size"]), 0)
     _, _, timing = predict_spans(model, windows, eval_batcher)

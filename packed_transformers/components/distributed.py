@@ -59,6 +59,13 @@ def join_process_group(kind: str, threads: int | None, backend: str | None, key:
     return Replica(rank, world, local_rank, device)
 
 
+def data_parallel(step_model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DDP around what a step calls (the model or its compiled forward): gradients averaged
+    over every process once, at a step's last micro-batch (take_step multiplies the loss back)."""
+    device_ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
+
+
 def all_reduce_(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum over the process group (all processes by default); a no-op without torch.distributed."""
     if dist.is_available() and dist.is_initialized():

@@ -26,7 +26,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from packed_transformers.components.distributed import all_reduce_host, any_process, join_process_group
+from packed_transformers.components.distributed import (
+    all_reduce_host,
+    any_process,
+    data_parallel,
+    join_process_group,
+)
 from packed_transformers.components.errors import RunError
 
 
@@ -119,8 +124,7 @@ def replicate(model: torch.nn.Module, replicas: Replicas, step_model: torch.nn.M
             for name in (n for n in dir(block) if n.startswith("forward_") and callable(getattr(block, n))):
                 register_fsdp_forward_method(block, name)
         return model
-    device_ids = [replicas.device.index] if replicas.device.type == "cuda" else None
-    return torch.nn.parallel.DistributedDataParallel(step_model, device_ids=device_ids)
+    return data_parallel(step_model, replicas.device)
 
 
 def host_skeleton(model: torch.nn.Module, replicas: Replicas) -> torch.nn.Module | None:

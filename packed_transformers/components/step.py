@@ -1,54 +1,72 @@
-"""The step's arithmetic, written once for every engine (torch, pipeline, the PopTorch graph).
+"""The step, written once for every job on the torch engine (BERT pretraining, decoder
+pretraining, every fine-tuning task), and its arithmetic shared with the pipeline and PopTorch
+engines.
 
-An optimizer step covers `gradient_accumulation` micro-batches on each of `replicas`
-replicas. Its loss is the mean MLM loss per masked token plus the mean NSP loss per
-sequence over the WHOLE step. No engine sees the whole step at once, so each micro-batch
-contributes
+`take_step` is the only place that turns micro-batches into an optimizer step:
+
+    units   each loss term's units (masked tokens, sequences, examples, predicted tokens)
+            counted on the host for every micro-batch before any compute, summed over
+            processes: one collective                                      (StepLoss.units)
+    loss    each micro-batch's  sum_k loss_sum_k / units_k(step, all processes)  x the DDP
+            factor (DDP averages gradients over its processes; FSDP2 and one process sum)
+    backward on every micro-batch; DDP reduces the gradients once, at the last one
+    check   the step's loss and global gradient norm finite, or NonFiniteStep with the
+            gradients dropped and the weights untouched (the run decides: skip or stop)
+    clip    by the norm the check computed (LAMB clips inside with it); the learning rate
+            written into every group; the optimizer (through the fp16 GradScaler) steps
+
+So 1 process x GA micro-batches and GA processes x 1 micro-batch are one computation up to
+float summation order, whatever the job. A job says only what differs (`StepLoss`).
+
+BERT's loss is the mean MLM loss per masked token plus the mean NSP loss per sequence over
+the WHOLE step:
 
     micro_batch_loss = mlm_loss_sum * mlm_scale + nsp_loss_sum * nsp_scale
     mlm_scale = 1 / (masked tokens in the step, all replicas)      (`loss_scales`)
     nsp_scale = 1 / (sequences in the step, all replicas)
 
-and the engine SUMS these over micro-batches and replicas (never averages). The counts
-come from the host batches before any compute (`step_counts`), so 1 replica x GA
-micro-batches and GA replicas x 1 micro-batch are the same computation up to float
-summation order. `observe.summarize` reports a window's loss with the same function.
-
-The batch arithmetic (packs and expected sequences per step, after the packing
-adjustment) is `BatchArithmetic`, shared by the torch engines and the IPU plan.
+which the pipeline and PopTorch engines compute with the same functions (`step_counts`);
+`observe.summarize` reports a window's loss with them. The batch arithmetic (packs and
+expected sequences per step, after the packing adjustment) is `BatchArithmetic`, shared by
+the torch engines and the IPU plan.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
 from packed_transformers.components.distributed import all_reduce_
 from packed_transformers.optim import AdjustedHyperparameters, adjust_for_packing
-from packed_transformers.optim.lamb import tensor_norms
+from packed_transformers.optim.lamb import Lamb, tensor_norms
 
 
 # --------------------------------------------------------------------------------------
 # Loss normalisation
 # --------------------------------------------------------------------------------------
-def step_counts(micro_batches: list[dict], mlm_loss_mode: str, device="cpu", group=None) -> torch.Tensor:
-    """float64 [2] on the host: [masked tokens, sequences] of this replica's micro-batches,
-    all-reduced over `group` (the data-parallel group; None = all processes).
+def batch_counts(batch: dict, mlm_loss_mode: str) -> tuple[int, int]:
+    """One micro-batch's [masked tokens, sequences] on the host. In `per_sequence` MLM mode the
+    first counts sequences with a masked token (each such sequence's mean loss is then
+    averaged over sequences)."""
+    weights = batch["masked_lm_weights"]
+    if mlm_loss_mode == "per_sequence":
+        k = batch["next_sentence_weights"].shape[1]
+        mlm = sum(int((weights == j).any(dim=1).sum()) for j in range(1, k + 1))
+    else:
+        mlm = int((weights > 0).sum())
+    return mlm, int(batch["next_sentence_weights"].sum())
 
-    In `per_sequence` MLM mode the first entry counts sequences with a masked token (each
-    such sequence's mean loss is then averaged over sequences)."""
-    mlm = 0
-    for batch in micro_batches:
-        weights = batch["masked_lm_weights"]
-        if mlm_loss_mode == "per_sequence":
-            k = batch["next_sentence_weights"].shape[1]
-            mlm += sum(int((weights == j).any(dim=1).sum()) for j in range(1, k + 1))
-        else:
-            mlm += int((weights > 0).sum())
-    nsp = sum(int(b["next_sentence_weights"].sum()) for b in micro_batches)
-    return all_reduce_(torch.tensor([mlm, nsp], dtype=torch.float64, device=device), group).cpu()
+
+def step_counts(micro_batches: list[dict], mlm_loss_mode: str, device="cpu", group=None) -> torch.Tensor:
+    """float64 [2] on the host: [masked tokens, sequences] of this replica's micro-batches
+    (batch_counts), all-reduced over `group` (the data-parallel group; None = all processes)."""
+    counts = [batch_counts(batch, mlm_loss_mode) for batch in micro_batches]
+    total = torch.tensor([sum(c[0] for c in counts), sum(c[1] for c in counts)], dtype=torch.float64)
+    return all_reduce_(total.to(device), group).cpu()
 
 
 def loss_scales(counts) -> tuple[float, float]:
@@ -122,6 +140,113 @@ def step_model_of(model: torch.nn.Module, compile_step: bool):
 # --------------------------------------------------------------------------------------
 # What every step does around the loss
 # --------------------------------------------------------------------------------------
+class StepLoss(Protocol):
+    """What a job tells the step about its loss; the step does the rest."""
+
+    def units(self, batch: dict) -> Sequence[float]:
+        """Each loss term's units in one micro-batch (host tensors), counted before compute."""
+
+    def loss_sums(self, out: dict) -> Sequence[torch.Tensor]:
+        """Each term's differentiable loss sum over the micro-batch's own units (0-d tensors)."""
+
+    def kept(self, out: dict, batch: dict):
+        """What the job keeps of a micro-batch's outputs (detached) once the step passed."""
+
+
+@dataclass(frozen=True)
+class MeanLoss:
+    """The StepLoss of a model whose outputs hold its mean loss over its own units ("loss")
+    and their count (`count`): every fine-tuning head, a causal LM. Its one term's sum is the
+    mean times that count."""
+
+    units: Callable[[dict], tuple]  # (host batch) -> (units,), counted before compute
+    count: str  # the output holding the model's own count of them
+    kept: Callable[[dict, dict], object]  # (outputs, host batch) -> what the job keeps
+
+    def loss_sums(self, out: dict):
+        return (out["loss"] * out[self.count],)
+
+
+def predicted_tokens(batch: dict) -> tuple[int]:
+    """A causal LM's units: the tokens with a next-token target (shift_labels >= 0; -100 none)."""
+    return (int((batch["shift_labels"] >= 0).sum()),)
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    """How this run's steps are taken (fixed for the run)."""
+
+    device: torch.device
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; weights stay fp32)
+    max_grad_norm: float = 0.0  # clip to this global norm (0: never); LAMB clips inside with its own
+    ddp_processes: int = 1  # DDP averages gradients over this many processes: the loss is multiplied back
+    group: object = None  # the data-parallel process group (None: every process)
+
+
+@dataclass
+class StepResult:
+    """A step that passed: its units over every process (float64 [terms], host), this
+    process's summed loss (0-d, on the device), the global gradient norm (None where not
+    computed: fp16's GradScaler checks its own) and what the job kept of each micro-batch."""
+
+    units: torch.Tensor
+    loss: torch.Tensor
+    grad_norm: torch.Tensor | None
+    kept: list = field(default_factory=list)
+
+
+def take_step(step_model, optimizer, micro_batches: list[dict], job: StepLoss, lr: float,
+              settings: StepSettings, scaler=None) -> StepResult:  # fmt: skip
+    """One optimizer step over this process's micro-batches (host tensors): see the module's
+    docstring. NonFiniteStep (gradients dropped, weights untouched) for a non-finite loss or
+    gradient norm. `step_model` is what runs the forward (the model, compiled, DDP or FSDP2);
+    `optimizer` holds the model's parameters."""
+    units = torch.tensor(
+        [[float(u) for u in job.units(batch)] for batch in micro_batches], dtype=torch.float64
+    )
+    totals = all_reduce_(units.sum(0).to(settings.device), settings.group).cpu()
+    scales = [settings.ddp_processes / max(float(total), 1.0) for total in totals]
+    step_loss = torch.zeros((), device=settings.device)
+    kept = []
+    for i, host_batch in enumerate(micro_batches):
+        batch = {k: v.to(settings.device, non_blocking=True) for k, v in host_batch.items()}
+        last = i == len(micro_batches) - 1
+        sync = (
+            contextlib.nullcontext() if last or not hasattr(step_model, "no_sync") else step_model.no_sync()
+        )
+        with sync:
+            with autocast_context(settings.precision, settings.device):
+                out = step_model(**batch)
+            loss = sum(loss_sum * scale for loss_sum, scale in zip(job.loss_sums(out), scales))
+            kept.append(job.kept(out, host_batch))
+            # only the loss is kept through the backward: the outputs may hold logits the
+            # backward does not need (a decoder's predicted tokens' [N, V] fp32)
+            del out
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        step_loss = step_loss + loss.detach().float()
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    fp16 = scaler is not None and scaler.is_enabled()
+    try:  # fp16: the GradScaler skips steps with inf/NaN gradients by design; the loss is checked
+        norm = check_finite_step(step_loss, parameters, check_gradients=not fp16)
+    except NonFiniteStep:
+        optimizer.zero_grad(set_to_none=True)
+        raise
+    set_learning_rate(optimizer, lr)
+    if isinstance(optimizer, Lamb):  # LAMB clips inside, by the norm the check computed
+        arguments = {"grad_norm": norm} if norm is not None else {}
+    else:
+        arguments = {}
+        if settings.max_grad_norm > 0 and norm is not None:
+            clip_to_norm_(parameters, norm, settings.max_grad_norm)
+    if scaler is not None:
+        scaler.step(optimizer, **arguments)
+        scaler.update()
+    else:
+        optimizer.step(**arguments)
+    optimizer.zero_grad(set_to_none=True)
+    return StepResult(totals, step_loss, norm, kept)
+
+
 def set_learning_rate(optimizer, lr: float) -> None:
     """The schedule's value for this step, written into every parameter group."""
     for group in optimizer.param_groups:

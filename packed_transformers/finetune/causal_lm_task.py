@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from packed_transformers.common.cli import first_line
+from packed_transformers.components.step import MeanLoss, predicted_tokens
 from packed_transformers.data.classification_data import ExampleError, read_jsonl, split_by_seed
 from packed_transformers.finetune.errors import Diverged, FinetuneError
 from packed_transformers.finetune.job_contract import Job, resolve_asset
@@ -332,5 +333,5 @@ def causal_lm_job(config: dict, checkpoint_config: dict | None = None):
         train, validation, opened, evaluate,
         lambda output, losses: write_losses(output / "validation_predictions.jsonl", *losses),
         save, f"{len(train)} / {len(validation)} prompt-completion examples ({train.predicted_tokens:,} trained tokens)",
-        collate_causal, token_sums,
+        collate_causal, MeanLoss(predicted_tokens, "token_count", token_sums),
     )  # fmt: skip

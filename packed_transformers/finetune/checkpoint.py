@@ -40,7 +40,7 @@ def write_weights(model, weights):
     return write
 
 
-def save_checkpoint(output: Path, model, optimizer, scheduler, progress: dict, replicas) -> Path:
+def save_checkpoint(output: Path, model, optimizer, progress: dict, replicas) -> Path:
     """Write the checkpoint of `progress` (RunState.progress()) and keep only it. -> its folder.
     Every process calls it: a sharded run's weights and optimizer state are gathered whole
     (the one format, whatever the number of ranks), every rank's RNG is kept, rank 0 writes.
@@ -51,7 +51,6 @@ def save_checkpoint(output: Path, model, optimizer, scheduler, progress: dict, r
     weights = gathered_weights(model, replicas)  # sharded: gathered whole; else None
     state = {
         "optimizer": gathered_optimizer_state(optimizer, replicas),
-        "scheduler": scheduler.state_dict(),
         "rng": gather_rng_states(),  # index = rank
         "state": json.dumps(progress),
     }
@@ -84,10 +83,11 @@ def read_progress(output: Path) -> dict | None:
     return json.loads(ckpt.load_training_state(newest)["state"])
 
 
-def load_checkpoint(output: Path, model, optimizer, scheduler, replicas) -> tuple[Path, dict]:
-    """Restore weights, optimizer, schedule and RNG (this rank's; rank 0's for a rank the
-    writer did not have) from the checkpoint resume_from picks, whatever number of ranks
-    wrote it. -> (its folder, its progress). ckpt.CheckpointError when none is left."""
+def load_checkpoint(output: Path, model, optimizer, replicas) -> tuple[Path, dict]:
+    """Restore weights, optimizer and RNG (this rank's; rank 0's for a rank the writer did not
+    have) from the checkpoint resume_from picks, whatever number of ranks wrote it. The
+    learning rate follows from the progress' step count (an older checkpoint's LambdaLR state
+    is read by nobody). -> (its folder, its progress). ckpt.CheckpointError when none is left."""
     from safetensors.torch import load_file
 
     from packed_transformers.components.replicas import load_optimizer_state, load_weights
@@ -95,7 +95,6 @@ def load_checkpoint(output: Path, model, optimizer, scheduler, replicas) -> tupl
     def load_into_run(path: Path, state: dict) -> None:
         load_weights(model, load_file(str(path / "model" / "model.safetensors")), replicas)  # strict
         load_optimizer_state(optimizer, state["optimizer"], replicas)
-        scheduler.load_state_dict(state["scheduler"])
 
     path, state = ckpt.resume_from(checkpoints_folder(output), load_into_run)
     rng = state["rng"]

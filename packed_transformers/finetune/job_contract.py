@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from packed_transformers.common.config_schema import ConfigError
+from packed_transformers.components.step import MeanLoss
 from packed_transformers.door.loaded import LoadedModel
 from packed_transformers.inference.batching import collate
 
@@ -20,6 +21,17 @@ def classification_sums(out: dict, batch: dict | None = None) -> dict:
     """A packed head's outputs -> the step's sums (STEP_SUMS): its loss over `count` examples
     and `correct` of `correct_count` predictions (the batch is not needed)."""
     return {key: float(out[key]) for key in STEP_SUMS}
+
+
+def present_examples(batch: dict) -> tuple[int]:
+    """A packed head's units: the examples in its slots (example_index >= 0)."""
+    return (int((batch["example_index"] >= 0).sum()),)
+
+
+# The step's loss (components.step.take_step) of a packed head (classification, QA, tokens) and
+# of contrastive training (the step's anchors, each scored against every process's candidates).
+SLOT_LOSS = MeanLoss(present_examples, "count", classification_sums)
+ANCHOR_LOSS = MeanLoss(lambda batch: (int(batch["anchor_slots"].numel()),), "count", classification_sums)
 
 
 @dataclass
@@ -38,7 +50,7 @@ class Job:
     save: Callable  # (model, model folder) -> None
     description: str  # "5 classes" / "1,203 questions"
     collate: Callable = collate  # (rows, batch table [B, K], width) -> model inputs
-    step_sums: Callable = classification_sums  # (model outputs, batch) -> STEP_SUMS
+    loss: MeanLoss = SLOT_LOSS  # the step's loss: its units, its sum, the STEP_SUMS kept
     # (config, batch size) -> BatchingSpec, and (an epoch's tables) -> the padding its steps compute
     # on; None: the config's batching and the batcher's figure (the contrastive job packs each step)
     batching: Callable | None = None

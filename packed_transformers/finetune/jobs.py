@@ -45,7 +45,7 @@ from packed_transformers.door.opener import ForTraining, open_folder
 from packed_transformers.finetune.causal_lm_task import causal_lm_job
 from packed_transformers.finetune.errors import Diverged, FinetuneError
 from packed_transformers.finetune.folder_writer import save_finetuned
-from packed_transformers.finetune.job_contract import Job, resolve_asset
+from packed_transformers.finetune.job_contract import ANCHOR_LOSS, Job, resolve_asset
 from packed_transformers.inference.batching import BatchingSpec
 from packed_transformers.inference.predictions import predict_logits, score, write_predictions
 from packed_transformers.inference.rows import PAIR_SLOTS, pair_rows
@@ -329,6 +329,7 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
         collate=lambda pairs, table, _width, with_labels=True: rows_of(pairs, table),
         batching=lambda config, batch_size: BatchingSpec("dynamic", batch_size, width),
         padding=lambda tables: padding([rows_of(train, table)["sequence_ids"] for table in tables]),
+        loss=ANCHOR_LOSS,
     )  # fmt: skip
 
 

@@ -56,16 +56,16 @@ from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJobDefaults, run_loop
 from packed_transformers.components.step import (
     NonFiniteStep,
-    check_finite_step,
-    clip_to_norm_,
+    StepSettings,
     step_model_of,
+    take_step,
     weights_finite,
 )
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.finetune.config import load_finetune_config, train_parser
 from packed_transformers.finetune.errors import Diverged, FinetuneError, Interrupted
-from packed_transformers.finetune.job_contract import Job, classification_sums, resolve_asset
+from packed_transformers.finetune.job_contract import SLOT_LOSS, Job, resolve_asset
 from packed_transformers.finetune.jobs import JOBS, prepare_task, read_examples
 from packed_transformers.finetune.run_folder import (
     RunState,
@@ -78,7 +78,6 @@ from packed_transformers.finetune.run_folder import (
     zero_sums,
 )
 from packed_transformers.inference.batching import Batcher, BatchingSpec
-from packed_transformers.inference.predictions import to_device
 from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.optim import build_adamw
 from packed_transformers.packs.errors import PackingInputError
@@ -99,32 +98,25 @@ def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
                         batching["pad_last_batch"] or compiled, batching["pack_length"])  # fmt: skip
 
 
-def finetune_step(model, batch, optimizer, scheduler, max_grad_norm: float, sums=classification_sums,
-                  step_model=None, replicas=parallel.ONE_PROCESS) -> dict:  # fmt: skip
-    """One optimizer step on one batch: the mean loss over the step's examples (or predicted
-    tokens) of every replica (components.replicas: this process's rows of it). -> the step's
-    `sums(outputs)` over every replica: STEP_SUMS. step_model: what runs the forward
-    (step_model_of, DDP; None: `model`)."""
+def finetune_step(model, batch, optimizer, lr: float, settings: StepSettings, loss=SLOT_LOSS, step_model=None,
+                  replicas=parallel.ONE_PROCESS) -> dict:  # fmt: skip
+    """One optimizer step on this process's rows of one batch (components.step.take_step): the
+    mean loss over the step's examples (or predicted tokens) of every process. -> the step's
+    sums over every process: STEP_SUMS. FinetuneError for a non-finite step (weights untouched).
+    step_model: what runs the forward (step_model_of, DDP; None: `model`)."""
     model.train()
-    step_model = model if step_model is None else step_model
-    out = step_model(**to_device(batch, next(model.parameters()).device))
-    local = sums(out, batch)
-    total = replicas.step_sums(local)  # one process: `local` itself
-    share = replicas.loss_share(local, total)  # one process: 1.0
-    (out["loss"] * share if share != 1.0 else out["loss"]).backward()
-    # the divergence rule of every training run (components.step): a non-finite loss or
-    # gradient norm stops the run before the optimizer moves the weights
-    try:  # this rank's loss; the gradients' norm is every rank's (summed gradients, whole tensors)
-        norm = check_finite_step(out["loss"], model.parameters(), check_gradients=True)
+    try:
+        result = take_step(model if step_model is None else step_model, optimizer, [batch], loss, lr, settings)
     except NonFiniteStep as err:
-        optimizer.zero_grad(set_to_none=True)
         raise FinetuneError(f"non-finite training step ({err}): the run diverged (lower optim.lr?)") from None
-    if max_grad_norm > 0 and norm is not None:  # clipped by the norm just checked
-        clip_to_norm_(model.parameters(), norm, max_grad_norm)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return total
+    return replicas.step_sums(result.kept[0])  # one process: its own sums
+
+
+def step_settings(config: dict, model, replicas) -> StepSettings:
+    """Fine-tuning's steps: fp32 on the model's device, clipped to optim.max_grad_norm; DDP's
+    average over processes multiplied back (FSDP2 sums)."""
+    ddp = replicas.world if replicas.world > 1 and not replicas.sharded else 1
+    return StepSettings(next(model.parameters()).device, "fp32", config["optim"]["max_grad_norm"], ddp)
 
 
 # ----- the run: a job of the one training loop (components.loop) ---------------------------
@@ -143,7 +135,8 @@ class Run(LoopJobDefaults):
     batcher: Batcher
     eval_batcher: Batcher
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    schedule: object  # optim.WarmupLinearDecay: the learning rate of each step
+    settings: StepSettings  # how the steps are taken (device, clipping, DDP's factor)
     state: RunState
     stop: object  # has is_set() and signum (the CLI's signal flag), or None
     step_model: torch.nn.Module  # what the training step calls: model, compiled (step_model_of), DDP
@@ -187,8 +180,8 @@ class Run(LoopJobDefaults):
         rows = self.replicas.rows(table, self.batcher.spec.pad_last_batch)  # this process's share of the step
         batch = self.job.collate(self.job.train, rows, self.batcher.width(table))
         try:
-            step = finetune_step(self.model, batch, self.optimizer, self.scheduler, self.config["optim"]["max_grad_norm"],
-                                 self.job.step_sums, self.step_model, self.replicas)  # fmt: skip
+            step = finetune_step(self.model, batch, self.optimizer, self.schedule(state.steps), self.settings,
+                                 self.job.loss, self.step_model, self.replicas)  # fmt: skip
         except FinetuneError as err:
             raise Diverged(f"epoch {epoch}, step {state.steps + 1}: {err}; nothing saved") from None
         state.train_seconds += time.perf_counter() - start
@@ -228,8 +221,7 @@ class Run(LoopJobDefaults):
 
         check_weights(self, self.state.epoch)
         self.state.finished = self.limit_reached() is not None
-        self.where = save_checkpoint(self.output, self.model, self.optimizer, self.scheduler, self.state.progress(),
-                                     self.replicas)  # fmt: skip
+        self.where = save_checkpoint(self.output, self.model, self.optimizer, self.state.progress(), self.replicas)
 
     def stop_agreed(self) -> bool:
         return self.replicas.agree(self.stop is not None and self.stop.is_set())
@@ -321,7 +313,7 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     spec_of = job.batching or batching_spec
     batcher = Batcher(job.train.lengths, spec_of(config, batching["batch_size"]), seed)
     step_model = parallel.replicate(model, replicas, step_model_of(model, training["compile"]))
-    optimizer, scheduler = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
+    optimizer, schedule = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
     eval_batcher = Batcher(job.validation.lengths, spec_of(config, batching["eval_batch_size"]), seed)
     log.info(
         "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s%s",
@@ -331,20 +323,20 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
     state = RunState(config, input_digest(config))
     if progress is not None:
-        state = restore_state(output, model, optimizer, scheduler, state, replicas)
+        state = restore_state(output, model, optimizer, state, replicas)
     saved_step = state.steps if progress is not None else None
-    return Run(config, output, job, model, batcher, eval_batcher, optimizer, scheduler, state, stop, step_model,
-               replicas, skeleton, saved_step)  # fmt: skip
+    return Run(config, output, job, model, batcher, eval_batcher, optimizer, schedule,
+               step_settings(config, model, replicas), state, stop, step_model, replicas, skeleton, saved_step)  # fmt: skip
 
 
-def restore_state(output: Path, model, optimizer, scheduler, fresh: RunState, replicas) -> RunState:
+def restore_state(output: Path, model, optimizer, fresh: RunState, replicas) -> RunState:
     """--resume: the checkpoint's weights, optimizer, schedule and RNG into place (the newest
     intact one whose weights load: components.checkpoint.resume_from). -> its state; refused
     (one line) where none is left or the data changed."""
     from packed_transformers.finetune.checkpoint import load_checkpoint
 
     try:
-        path, progress = load_checkpoint(output, model, optimizer, scheduler, replicas)
+        path, progress = load_checkpoint(output, model, optimizer, replicas)
     except CheckpointError as err:
         raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
     # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded

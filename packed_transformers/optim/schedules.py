@@ -80,8 +80,8 @@ class WarmupLinearDecay:
         fraction = max(0, (total - step) / max(1, total - warmup))   otherwise
         lr = peak_lr * fraction
 
-    The warmup counts the step's own count (+1), as WarmupCosineDecay does. `fraction` is
-    what torch's LambdaLR multiplies the optimizer's lr by (its state is the step count)."""
+    The warmup counts the step's own count (+1), as WarmupCosineDecay does; calling it with the
+    steps taken gives the next step's rate."""
 
     peak_lr: float
     warmup: int

@@ -234,6 +234,7 @@ def test_a_finite_loss_with_an_overflowing_backward_stops_before_the_weights_mov
     """The one divergence rule (components.step.check_finite_step) in fine-tuning's step: a
     finite loss whose gradient is not finite stops the step, the weights untouched (it used to
     be clipped into them: a finite loss was all the step checked)."""
+    from packed_transformers.components.step import StepSettings
     from packed_transformers.finetune.train import FinetuneError, build_adamw, finetune_step
 
     class Overflow(torch.autograd.Function):
@@ -252,13 +253,24 @@ def test_a_finite_loss_with_an_overflowing_backward_stops_before_the_weights_mov
             self.weight = torch.nn.Parameter(torch.ones(3))
 
         def forward(self, x):
-            return {"loss": Overflow.apply(self.weight) * x.sum()}
+            return {"loss": Overflow.apply(self.weight) * x.sum(), "count": torch.tensor(1)}
+
+    class OneExample:  # a StepLoss of one unit a step, keeping nothing
+        def units(self, batch):
+            return (1,)
+
+        def loss_sums(self, out):
+            return (out["loss"] * out["count"],)
+
+        def kept(self, out, batch):
+            return {}
 
     model = Model()
-    optimizer, scheduler = build_adamw(model, {"lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-8,
-                                               "weight_decay": 0.0, "warmup_fraction": 0.0}, 10)  # fmt: skip
+    optimizer, schedule = build_adamw(model, {"lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-8,
+                                              "weight_decay": 0.0, "warmup_fraction": 0.0}, 10)  # fmt: skip
+    settings = StepSettings(torch.device("cpu"), max_grad_norm=1.0)
     with pytest.raises(FinetuneError, match=r"non-finite training step \(loss 3.0, gradient norm inf\)"):
-        finetune_step(model, {"x": torch.ones(1)}, optimizer, scheduler, 1.0, sums=lambda out, batch: {})
+        finetune_step(model, {"x": torch.ones(1)}, optimizer, schedule(0), settings, loss=OneExample())
     assert torch.equal(model.weight.detach(), torch.ones(3)) and model.weight.grad is None
 
 

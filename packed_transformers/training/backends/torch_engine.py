@@ -1,79 +1,60 @@
 """The torch engine: one process = one data-parallel replica (CPU, CUDA; DDP under torchrun).
 
-A step: the host counts the step's masked tokens and sequences over all replicas
-(components.step.step_counts), then every micro-batch runs forward under autocast, its
-loss is components.step.micro_batch_loss with those counts, and backward accumulates;
-DDP all-reduces the gradients once, on the last micro-batch; LAMB steps.
+A step is components.step.take_step with BERT's loss (`PretrainingLoss`: masked tokens and
+sequences its units, counted on the host over all replicas before compute); DDP
+all-reduces the gradients once, on the last micro-batch; LAMB steps.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+from dataclasses import dataclass
 
 import torch
 
-from packed_transformers.components.distributed import max_over_processes, setup_replica
+from packed_transformers.components.distributed import data_parallel, max_over_processes, setup_replica
 from packed_transformers.components.observe import SUM_KEYS, MetricSums, summarize
 from packed_transformers.components.step import (
     BatchArithmetic,
-    NonFiniteStep,
+    StepSettings,
     autocast_context,
-    check_finite_step,
-    loss_scales,
-    micro_batch_loss,
-    set_learning_rate,
-    step_counts,
+    batch_counts,
+    take_step,
 )
-from packed_transformers.optim import Lamb
 from packed_transformers.training.backends.engine import Snapshot
 from packed_transformers.training.build import build_lamb
 
 log = logging.getLogger("training")
 
 
+@dataclass(frozen=True)
+class PretrainingLoss:
+    """BERT's MLM + NSP loss for components.step.take_step: masked tokens (or, per_sequence,
+    sequences with a masked token) and sequences as the two terms' units; each micro-batch's
+    metric sums and real tokens kept for the logging window."""
+
+    mlm_loss_mode: str  # model.mlm_loss_mode: per_token | per_sequence
+
+    def units(self, batch: dict) -> tuple[float, float]:
+        return batch_counts(batch, self.mlm_loss_mode)
+
+    def loss_sums(self, out: dict):
+        loss_key = "mlm_sequence_loss_sum" if self.mlm_loss_mode == "per_sequence" else "mlm_loss_sum"
+        return out[loss_key], out["nsp_loss_sum"]
+
+    def kept(self, out: dict, batch: dict):
+        return {k: out[k].detach() for k in SUM_KEYS[:-1]}, int((batch["sequence_ids"] > 0).sum())
+
+
 def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, world, mode, sums: MetricSums):
-    """One optimizer step over this replica's micro-batches. Returns the step's global counts."""
-    counts = step_counts(micro_batches, mode, device)
-    mlm_scale, nsp_scale = loss_scales(counts)
-    loss_key = "mlm_sequence_loss_sum" if mode == "per_sequence" else "mlm_loss_sum"
-    step_loss = torch.zeros((), device=device)
-    pending = []  # metric sums join `sums` only for a step that passes the finiteness check
-    for i, host_batch in enumerate(micro_batches):
-        batch = {k: v.to(device, non_blocking=True) for k, v in host_batch.items()}
-        last = i == len(micro_batches) - 1
-        sync = contextlib.nullcontext() if last or not hasattr(model, "no_sync") else model.no_sync()
-        with sync:
-            with autocast_context(precision, device):
-                out = model(**batch)
-            # DDP averages gradients over replicas; * world turns that into the global sum.
-            loss = micro_batch_loss(out[loss_key], out["nsp_loss_sum"], mlm_scale, nsp_scale) * world
-            scaler.scale(loss).backward()
-        step_loss = step_loss + loss.detach().float()
-        pending.append(
-            ({k: out[k].detach() for k in SUM_KEYS[:-1]}, int((host_batch["sequence_ids"] > 0).sum()))
-        )
-    try:
-        # fp16: the GradScaler skips steps with inf/NaN gradients by design; check the loss.
-        grad_norm = check_finite_step(
-            step_loss, optimizer_parameters(optimizer), check_gradients=not scaler.is_enabled()
-        )
-    except NonFiniteStep:
-        optimizer.zero_grad(set_to_none=True)
-        raise
-    for model_sums, tokens in pending:
+    """One optimizer step over this replica's micro-batches (components.step.take_step).
+    world: DDP's processes (1 alone and under FSDP2, which sums). Returns the step's global
+    counts [masked tokens, sequences]; adds the step's metric sums once it passed."""
+    settings = StepSettings(device, precision, ddp_processes=world)
+    result = take_step(model, optimizer, micro_batches, PretrainingLoss(mode), lr, settings, scaler)
+    for model_sums, tokens in result.kept:
         sums.add(model_sums, tokens)  # host token count: no device sync
-    set_learning_rate(optimizer, lr)
-    # LAMB's clipping reuses the norm the finiteness check computed (one pass, not two).
-    shared = {"grad_norm": grad_norm} if grad_norm is not None and isinstance(optimizer, Lamb) else {}
-    scaler.step(optimizer, **shared)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return counts
-
-
-def optimizer_parameters(optimizer):
-    return (p for group in optimizer.param_groups for p in group["params"])
+    return result.units
 
 
 @torch.no_grad()
@@ -141,10 +122,7 @@ class TorchEngine:
         self.optimizer = build_lamb(model, self.config, batch, self.config["optim"]["max_grad_norm"])
         self.step_model = torch.compile(model) if training["compile"] else model
         if self.replica.world > 1:
-            device_ids = [self.replica.device.index] if self.replica.device.type == "cuda" else None
-            self.step_model = torch.nn.parallel.DistributedDataParallel(
-                self.step_model, device_ids=device_ids
-            )
+            self.step_model = data_parallel(self.step_model, self.replica.device)
         return batch
 
     def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:

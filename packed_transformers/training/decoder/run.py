@@ -24,7 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components.decoder_data import evaluation_batches, global_batch_rows, micro_batches
@@ -32,6 +31,7 @@ from packed_transformers.components.distributed import (
     all_reduce_,
     any_process,
     barrier,
+    data_parallel,
     gather_rng_states,
     setup_replica,
 )
@@ -52,11 +52,12 @@ from packed_transformers.components.sharding import (
     shard_model,
 )
 from packed_transformers.components.step import (
+    MeanLoss,
     NonFiniteStep,
+    StepSettings,
     autocast_context,
-    check_finite_step,
-    clip_to_norm_,
-    set_learning_rate,
+    predicted_tokens,
+    take_step,
     weights_finite,
 )
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
@@ -70,6 +71,13 @@ log = logging.getLogger("training")
 # Keys that only split the global batch (rows a step): a resume may change them, onto another
 # number of processes, as long as the global batch stays (checked against the checkpoint).
 GLOBAL_BATCH_SPLIT = CHANGEABLE_ON_RESUME | {("data", "micro_batch_rows"), ("optim", "gradient_accumulation")}
+
+
+# The causal LM's loss: the mean next-token cross-entropy over every predicted token of the
+# step; each micro-batch's detached loss sum kept for the step's record.
+TOKEN_LOSS = MeanLoss(
+    predicted_tokens, "token_count", lambda out, batch: out["token_loss_sum"].detach().double()
+)
 
 
 @dataclass
@@ -159,6 +167,12 @@ class DecoderRun:
             torch.compile(self.model, backend=training["compile_backend"], dynamic=False)
             if training["compile"]
             else self.model
+        )
+        if self.world > 1 and not self.sharded:  # DDP averages gradients; FSDP2 sums them itself
+            self.step_model = data_parallel(self.step_model, self.replica.device)
+        ddp = self.world if self.world > 1 and not self.sharded else 1
+        self.step_settings = StepSettings(
+            self.replica.device, training["precision"], optim["max_grad_norm"], ddp
         )
         # the global batch may be split another way on resume (other ranks, other accumulation)
         prepare_output(output, config, resume, self.rank, changeable=GLOBAL_BATCH_SPLIT)
@@ -275,73 +289,35 @@ class DecoderRun:
 
     # ----- the step -----------------------------------------------------------------------
     def _step(self) -> dict:
+        """One optimizer step (components.step.take_step over this process's micro-batches);
+        FloatingPointError for a non-finite one."""
         config, state = self.config, self.state
         indices = global_batch_rows(
             self.train_rows.rows, config["data"]["shuffle_seed"], state.samples, self.rows_per_step
         )
-        batches = [
-            {k: v.to(self.replica.device) for k, v in b.items()}
-            for b in micro_batches(
-                self.train_rows, indices, self.rank, self.world, config["data"]["micro_batch_rows"]
-            )
-        ]
         from packed_transformers.model.families import next_token_targets
 
-        targets = [next_token_targets(b["input_ids"], b["sequence_ids"]) for b in batches]
-        counts = torch.tensor(
-            [
-                sum(int((t >= 0).sum()) for t in targets),
-                sum(int((b["sequence_ids"] > 0).sum()) for b in batches),
-            ],
-            dtype=torch.float64,
+        batches = list(
+            micro_batches(self.train_rows, indices, self.rank, self.world, config["data"]["micro_batch_rows"])
         )
-        all_reduce_(counts)
-        predicted, tokens = max(float(counts[0]), 1.0), int(counts[1])
+        for batch in batches:  # each token's next-token target inside its own document
+            batch["shift_labels"] = next_token_targets(batch["input_ids"], batch["sequence_ids"])
         lr = self.schedule(state.samples)
-        set_learning_rate(self.optimizer, lr)
         self.model.train()
-        loss_sum = torch.zeros((), dtype=torch.float64, device=self.replica.device)  # summed where computed
-        precision = config["training"]["precision"]
-        # compiled, the step's token count is a tensor: a Python float would be a constant of
-        # the graph, compiled again for every count
-        items = torch.tensor(predicted) if self.step_model is not self.model else predicted
-        for batch, target in zip(batches, targets):
-            with autocast_context(precision, self.replica.device):
-                out = self.step_model(**batch, shift_labels=target, num_items_in_batch=items)
-            # only the loss is kept through the backward: the outputs also hold the predicted
-            # tokens' logits [N, V] fp32, which the backward does not need (N x V x 4 bytes:
-            # 4 GiB at 8,192 tokens of Llama 3.1's vocabulary, found by the memory plan)
-            loss, token_loss_sum = out["loss"], out["token_loss_sum"]
-            del out
-            loss.backward()
-            loss_sum += token_loss_sum.detach().double()
-        # each replica's gradient is its share of the step's mean: sum them (FSDP2 sums them
-        # itself, reduce-scattered into each rank's shard)
-        if self.world > 1 and not self.sharded:
-            for p in self.model.parameters():
-                if (
-                    p.grad is None
-                ):  # unused on this replica's rows: its share is zero (every replica reduces every tensor)
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad)
-        parameters = [p for p in self.model.parameters() if p.grad is not None]
-        loss_sum = loss_sum.cpu()  # the step's one copy to the host
-        all_reduce_(loss_sum)
-        # the divergence rule and the clipping of every training run (components.step)
         try:
-            norm = check_finite_step(loss_sum, parameters, check_gradients=True)
+            result = take_step(self.step_model, self.optimizer, batches, TOKEN_LOSS, lr, self.step_settings)
         except NonFiniteStep as err:
             raise FloatingPointError(f"step {state.step + 1}: {err}") from None
-        if norm is not None:
-            clip_to_norm_(parameters, norm, config["optim"]["max_grad_norm"])
-        loss = float(loss_sum) / predicted
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # the step's loss sum and real tokens, every process's: one copy to the host, one collective
+        real = sum(int((b["sequence_ids"] > 0).sum()) for b in batches)
+        sums = all_reduce_(torch.stack([torch.stack(result.kept).sum().cpu(), torch.tensor(float(real))]))
+        loss_sum, tokens = float(sums[0]), int(sums[1])
         state.step += 1
         state.samples += self.rows_per_step
         state.tokens += tokens
-        return {"step": state.step, "samples": state.samples, "tokens": state.tokens, "loss": loss,
-                "lr": lr, "grad_norm": float(norm), "step_tokens": tokens}  # fmt: skip
+        return {"step": state.step, "samples": state.samples, "tokens": state.tokens,
+                "loss": loss_sum / max(float(result.units[0]), 1.0),
+                "lr": lr, "grad_norm": float(result.grad_norm), "step_tokens": tokens}  # fmt: skip
 
     def log_perplexity(self) -> float:
         """Log perplexity (nats per predicted token) over the first eval.rows rows."""
