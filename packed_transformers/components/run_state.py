@@ -4,6 +4,7 @@ signal, agreed by every replica; a non-finite step)."""
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -78,29 +79,66 @@ class Diverged(RuntimeError):
     names the step. No checkpoint is written for it."""
 
 
+def skip_or_stop(where: str, err: Exception, skipped: int, policy: str = "stop", allowed: int = 0) -> None:
+    """Every run's answer to a step the engine refused (components.step.NonFiniteStep: a
+    non-finite loss or gradient norm, the weights untouched): return (skip it: a warning)
+    while `policy` is "skip" and the run's `skipped` steps, this one counted, are at most
+    `allowed`; else Diverged with one line. Pretraining's budget is training.on_nonfinite and
+    max_skipped_steps; decoder pretraining and fine-tuning stop at the first."""
+    if policy == "skip" and skipped <= allowed:
+        logging.getLogger("training").warning("%s: non-finite %s: step skipped (%d of at most %d)", where, err,
+                                              skipped, allowed)  # fmt: skip
+        return
+    reason = f"more than {allowed} skipped steps" if policy == "skip" else "a non-finite step stops the run"
+    raise Diverged(
+        f"diverged: {where}: non-finite {err}; stopping ({reason}; a lower learning rate?); "
+        "no checkpoint written for it, the newest is the last good one"
+    )
+
+
 class StopSignal:
     """SIGTERM / SIGINT -> finish the current step, checkpoint, exit 128 + the signal's number
-    (143 for SIGTERM, 130 for SIGINT: `interrupted_exit_code`). The handlers act in this
-    process only: a library's child process forked later ends by the signal's default action
-    (common.cli.own_process_handler)."""
+    (143 for SIGTERM, 130 for SIGINT: `interrupted_exit_code`): every training command's. The
+    handlers act in this process only (a library's child process forked later ends by the
+    signal's default action: common.cli.own_process_handler), are installed from the main
+    thread only (a run started from another thread is stopped through `is_set`'s callers) and
+    `restore` puts back what was there."""
 
     received: list[int] = []  # the signals this process received, in order
 
     def __init__(self):
+        import threading
+
         from packed_transformers.common.cli import own_process_handler
 
         self.requested = False
         StopSignal.received = []
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, own_process_handler(self._handle))
+        self.previous = {}
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, own_process_handler(self._handle))
+                             for sig in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
 
     def _handle(self, signum, frame):
         self.requested = True
         StopSignal.received.append(signum)
 
+    def is_set(self) -> bool:
+        """Whether this process was asked to stop."""
+        return self.requested
+
+    @property
+    def signum(self) -> int:
+        """The first signal received (SIGTERM's number where another process was signalled)."""
+        return StopSignal.received[0] if StopSignal.received else signal.SIGTERM
+
     def agreed(self) -> bool:
         """Any replica's signal stops all of them at the same step."""
         return any_process(self.requested)
+
+    def restore(self) -> None:
+        """The handlers from before (a command called from a program hands them back)."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def interrupted_exit_code() -> int:

@@ -47,13 +47,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from packed_transformers.common.cli import first_line, own_process_handler, refuse
+from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
 from packed_transformers.components import replicas as parallel  # this process among the run's
 from packed_transformers.components.checkpoint import CheckpointError
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJobDefaults, run_loop
+from packed_transformers.components.run_state import skip_or_stop
 from packed_transformers.components.step import (
     NonFiniteStep,
     StepSettings,
@@ -102,13 +103,10 @@ def finetune_step(model, batch, optimizer, lr: float, settings: StepSettings, lo
                   replicas=parallel.ONE_PROCESS) -> dict:  # fmt: skip
     """One optimizer step on this process's rows of one batch (components.step.take_step): the
     mean loss over the step's examples (or predicted tokens) of every process. -> the step's
-    sums over every process: STEP_SUMS. FinetuneError for a non-finite step (weights untouched).
+    sums over every process: STEP_SUMS. NonFiniteStep for a non-finite one (weights untouched).
     step_model: what runs the forward (step_model_of, DDP; None: `model`)."""
     model.train()
-    try:
-        result = take_step(model if step_model is None else step_model, optimizer, [batch], loss, lr, settings)
-    except NonFiniteStep as err:
-        raise FinetuneError(f"non-finite training step ({err}): the run diverged (lower optim.lr?)") from None
+    result = take_step(model if step_model is None else step_model, optimizer, [batch], loss, lr, settings)
     return replicas.step_sums(result.kept[0])  # one process: its own sums
 
 
@@ -138,7 +136,7 @@ class Run(LoopJobDefaults):
     schedule: object  # optim.WarmupLinearDecay: the learning rate of each step
     settings: StepSettings  # how the steps are taken (device, clipping, DDP's factor)
     state: RunState
-    stop: object  # has is_set() and signum (the CLI's signal flag), or None
+    stop: object  # components.run_state.StopSignal (or anything with is_set() and signum), or None
     step_model: torch.nn.Module  # what the training step calls: model, compiled (step_model_of), DDP
     replicas: parallel.Replicas  # this process among the run's (components.replicas; world 1: alone)
     skeleton: torch.nn.Module | None = None  # sharded, rank 0: the model's copy for the final save
@@ -182,8 +180,8 @@ class Run(LoopJobDefaults):
         try:
             step = finetune_step(self.model, batch, self.optimizer, self.schedule(state.steps), self.settings,
                                  self.job.loss, self.step_model, self.replicas)  # fmt: skip
-        except FinetuneError as err:
-            raise Diverged(f"epoch {epoch}, step {state.steps + 1}: {err}; nothing saved") from None
+        except NonFiniteStep as err:
+            skip_or_stop(f"epoch {epoch}, step {state.steps + 1}", err, 1)  # raises Diverged
         state.train_seconds += time.perf_counter() - start
         state.steps += 1
         state.batches_done += 1
@@ -423,28 +421,14 @@ __all__ = ["Diverged", "FinetuneError", "Interrupted", "Job", "batching_spec", "
 
 
 def main(argv=None) -> int:
-    import signal
-    import threading
-
     from packed_transformers.components.distributed import shut_down_process_group
+    from packed_transformers.components.run_state import StopSignal
 
     parser = train_parser(__doc__)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     quiet_transformers()
-
-    # SIGINT / SIGTERM: the loop finishes its step, keeps a checkpoint and ends in one line.
-    stop = threading.Event()
-    stop.signum = 0
-
-    def request_stop(signum, frame):
-        stop.signum = signum
-        stop.set()
-
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, own_process_handler(request_stop))
-                    for sig in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
+    stop = StopSignal()  # SIGINT / SIGTERM: the loop finishes its step, keeps a checkpoint, one line
     try:
         config = load_finetune_config(args.config, args.set)
         if args.resume and args.overwrite:
@@ -465,8 +449,7 @@ def main(argv=None) -> int:
         print(f"interrupted: {err}", file=sys.stderr)
         return 128 + err.signum
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        stop.restore()
         shut_down_process_group()
     if summary is None:  # a torchrun rank but the first: rank 0 wrote and prints the run
         return 0

@@ -34,7 +34,7 @@ from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, run_loop
 from packed_transformers.components.observe import MetricSums, summarize
 from packed_transformers.components.run_folder import data_identity
-from packed_transformers.components.run_state import Diverged
+from packed_transformers.components.run_state import Diverged, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep, weights_finite
 from packed_transformers.training.backends.engine import Engine
 from packed_transformers.training.run_setup import RunSetup
@@ -137,19 +137,6 @@ class Run(RunSetup):
         self.stopped_by = end.stopped_by
         self._close(end.status)
 
-    def _nonfinite(self, what: str) -> None:
-        """A step the engine refused (non-finite loss or gradient norm; weights untouched):
-        skip it while training.on_nonfinite allows, else stop (Diverged)."""
-        # The budget is the run's, kept in checkpoints: a --resume does not reset it.
-        self.state.skipped_steps += 1
-        self.window_skipped += 1
-        policy, allowed = self.limits["on_nonfinite"], self.limits["max_skipped_steps"]
-        if policy == "skip" and self.state.skipped_steps <= allowed:
-            log.warning("%s: step skipped (%d of at most %d)", what, self.state.skipped_steps, allowed)
-            return
-        reason = "training.on_nonfinite is stop" if policy == "stop" else f"more than {allowed} skipped steps"
-        raise Diverged(f"{what}; stopping ({reason}); the newest checkpoint is the last good one")
-
     def _limit_reached(self) -> str | None:
         """The training.* limit the run has reached ("max_steps", "max_samples",
         "max_train_seconds", "max_seconds"), or None."""
@@ -191,8 +178,11 @@ class Run(RunSetup):
         lr = self.schedule(state.samples)
         try:
             counts = engine.train(micro_batches, lr, self.window)
-        except NonFiniteStep as err:
-            self._nonfinite(f"step {state.step + 1}: non-finite {err}")
+        except NonFiniteStep as err:  # the budget is the run's, kept in checkpoints: --resume keeps it
+            state.skipped_steps += 1
+            self.window_skipped += 1
+            skip_or_stop(f"step {state.step + 1}", err, state.skipped_steps, self.limits["on_nonfinite"],
+                         self.limits["max_skipped_steps"])  # fmt: skip
             counts = torch.zeros(2)  # a skipped step: its data is consumed, nothing learned
         sequences = int(counts[1].item())
         state.step += engine.steps_per_call

@@ -44,7 +44,7 @@ from packed_transformers.components.run_folder import (
     prepare_output,
     write_run_config,
 )
-from packed_transformers.components.run_state import Diverged, StopSignal
+from packed_transformers.components.run_state import Diverged, StopSignal, skip_or_stop
 from packed_transformers.components.sharding import (
     load_sharded,
     materialize_sharded,
@@ -290,7 +290,7 @@ class DecoderRun:
     # ----- the step -----------------------------------------------------------------------
     def _step(self) -> dict:
         """One optimizer step (components.step.take_step over this process's micro-batches);
-        FloatingPointError for a non-finite one."""
+        Diverged for a non-finite one."""
         config, state = self.config, self.state
         indices = global_batch_rows(
             self.train_rows.rows, config["data"]["shuffle_seed"], state.samples, self.rows_per_step
@@ -307,7 +307,7 @@ class DecoderRun:
         try:
             result = take_step(self.step_model, self.optimizer, batches, TOKEN_LOSS, lr, self.step_settings)
         except NonFiniteStep as err:
-            raise FloatingPointError(f"step {state.step + 1}: {err}") from None
+            skip_or_stop(f"step {state.step + 1}", err, 1)  # raises Diverged
         # the step's loss sum and real tokens, every process's: one copy to the host, one collective
         real = sum(int((b["sequence_ids"] > 0).sum()) for b in batches)
         sums = all_reduce_(torch.stack([torch.stack(result.kept).sum().cpu(), torch.tensor(float(real))]))
@@ -394,10 +394,7 @@ class DecoderRun:
         return None
 
     def train_call(self) -> None:
-        try:
-            self.record = self._step()
-        except FloatingPointError as err:  # a diverging run stops; its good checkpoints stay
-            raise Diverged(f"diverged: {err}; no checkpoint written for it") from None
+        self.record = self._step()
         self.window_tokens += self.record.pop("step_tokens")
 
     def log_due(self) -> bool:
