@@ -73,6 +73,25 @@ def step_folder(folder: Path, step: int) -> Path:
     return folder / f"{PREFIX}{step:08d}"
 
 
+def weights_writer(model, weights: dict | None):
+    """The checkpoint's model/ writer: config.json and every parameter and buffer under the
+    run's own names (a tied tensor once), from the model itself (safetensors' save_model) or
+    from `weights` gathered whole from a sharded run's ranks: no second model is built."""
+
+    def write(folder: Path) -> None:
+        from safetensors.torch import save_file, save_model
+
+        folder.mkdir(parents=True, exist_ok=True)
+        model.config.to_json_file(folder / "config.json")
+        if weights is None:
+            save_model(model, str(folder / "model.safetensors"))
+        else:
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"),
+                      metadata={"format": "pt"})  # fmt: skip
+
+    return write
+
+
 def save_checkpoint(
     folder: Path, step: int, model, training_state: dict, keep: int, write_model=None
 ) -> Path:

@@ -21,25 +21,6 @@ def checkpoints_folder(output: Path) -> Path:
     return Path(output) / "checkpoints"
 
 
-def write_weights(model, weights):
-    """The checkpoint's model/ writer: config.json and every parameter and buffer under the
-    run's own names (a tied tensor once): the model's own (safetensors' save_model), or the
-    weights gathered whole from a sharded run's ranks."""
-
-    def write(folder: Path) -> None:
-        from safetensors.torch import save_file, save_model
-
-        folder.mkdir(parents=True, exist_ok=True)
-        model.config.to_json_file(folder / "config.json")
-        if weights is None:
-            save_model(model, str(folder / "model.safetensors"))
-        else:
-            save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"),
-                      metadata={"format": "pt"})  # fmt: skip
-
-    return write
-
-
 def save_checkpoint(output: Path, model, optimizer, progress: dict, replicas) -> Path:
     """Write the checkpoint of `progress` (RunState.progress()) and keep only it. -> its folder.
     Every process calls it: a sharded run's weights and optimizer state are gathered whole
@@ -59,7 +40,7 @@ def save_checkpoint(output: Path, model, optimizer, progress: dict, replicas) ->
     if replicas.writes:
         try:
             ckpt.save_checkpoint(checkpoints_folder(output), progress["steps"], model, state, KEEP,
-                                 write_weights(model, weights))  # fmt: skip
+                                 ckpt.weights_writer(model, weights))  # fmt: skip
         except (OSError, ckpt.CheckpointError) as err:
             failure = err
     if replicas.agree(failure is not None):  # every rank raises where rank 0's write failed

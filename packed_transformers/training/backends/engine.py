@@ -24,6 +24,7 @@ class Snapshot:
 
     model: Any  # PackedBertForPreTraining holding the current weights of every stage
     engine_state: dict | None  # {"optimizer": ..., optionally "scaler": ...}
+    weights: dict | None = None  # a sharded model's weights gathered whole (`model` then gives its config)
 
 
 class Engine(Protocol):

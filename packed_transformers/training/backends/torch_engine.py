@@ -109,7 +109,7 @@ class TorchEngine:
             # are summed over ranks, not averaged: the step's loss scaling needs no `* world`.
             from packed_transformers.components.sharding import shard_model
 
-            self.model_class, self.model_config = type(model), model.config
+            model.config.architectures = [type(model).__name__]  # what save_pretrained writes unsharded
             blocks = shard_model(model, self.replica.world, training["precision"], self.replica.device,
                                  blocks=model.encoder_layers)  # fmt: skip
             if self.rank == 0:
@@ -155,19 +155,14 @@ class TorchEngine:
 
     def snapshot(self) -> Snapshot:
         if self.sharded:  # collective: the weights and the optimizer state gathered whole
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
+            from packed_transformers.components.replicas import Replicas, gathered_weights
             from packed_transformers.components.sharding import full_optimizer_state
 
-            weights = get_model_state_dict(
-                self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-            )
-            optimizer = full_optimizer_state(self.optimizer)
+            replicas = Replicas(self.rank, self.replica.world, self.replica.device, "fsdp")
+            weights, optimizer = gathered_weights(self.model, replicas), full_optimizer_state(self.optimizer)
             if self.rank != 0:
                 return Snapshot(None, None)
-            whole = self.model_class(self.model_config)
-            whole.load_state_dict(weights)
-            return Snapshot(whole, {"optimizer": optimizer, "scaler": self.scaler.state_dict()})
+            return Snapshot(self.model, {"optimizer": optimizer, "scaler": self.scaler.state_dict()}, weights)
         # Every replica holds the same weights; rank 0 writes.
         state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()}
         return Snapshot(self.model, state)
