@@ -87,10 +87,14 @@ def time_ours(model, windows, config, mode, train_windows) -> tuple[float, float
     batches = batcher.epoch(0)
     optimizer, schedule = build_adamw(model, config["optim"], 1000)
     settings = StepSettings(torch.device("cpu"), max_grad_norm=1.0)
-    finetune_step(model, collate(windows, batches[0], batcher.width(batches[0])), optimizer, schedule(0), settings)
+    finetune_step(
+        model, collate(windows, batches[0], batcher.width(batches[0])), optimizer, schedule(0), settings
+    )
     start = time.perf_counter()  # after one warm-up step
     for step, table in enumerate(batches[1:], 1):
-        finetune_step(model, collate(windows, table, batcher.width(table)), optimizer, schedule(step), settings)
+        finetune_step(
+            model, collate(windows, table, batcher.width(table)), optimizer, schedule(step), settings
+        )
     train = sum(int((b >= 0).sum()) for b in batches[1:]) / (time.perf_counter() - start)
     eval_batcher = Batcher(windows.lengths, batching_spec(config, config["batching"]["eval_batch_size"]), 0)
     _, _, timing = predict_spans(model, windows, eval_batcher)

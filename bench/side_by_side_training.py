@@ -156,10 +156,13 @@ def main() -> int:
             },
             **{f"{name}_rounds": [round(r["figure"], 2) for r in rounds] for name, rounds in by_tree.items()},
             "same_result": all(
-                abs(a["check"] - b["check"]) <= 1e-4 * max(abs(a["check"]), 1e-12) and a["steps"] == b["steps"]
+                abs(a["check"] - b["check"]) <= 1e-4 * max(abs(a["check"]), 1e-12)
+                and a["steps"] == b["steps"]
                 for a, b in zip(by_tree["old"], by_tree["new"])
             ),
-            "identical": all(a["check"] == b["check"] for a, b in zip(by_tree["old"], by_tree["new"])),  # fmt: skip
+            "identical": all(
+                a["check"] == b["check"] for a, b in zip(by_tree["old"], by_tree["new"])
+            ),  # fmt: skip
             "checks": {name: rounds[0]["check"] for name, rounds in by_tree.items()},
         }
     print(json.dumps(report, indent=1))
