@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packed_transformers/packing/histograms/wikipedia_512.json
 
-.PHONY: test-sdk-stack install install-tf install-ray install-light readme-timings test demo demo-data convergence bench lint clean finetune-demo qa-demo
+.PHONY: test-sdk-stack install install-bench install-tf install-ray install-light readme-timings test demo demo-data convergence bench lint clean finetune-demo qa-demo
 
 install: $(STAMP)
 
@@ -19,6 +19,14 @@ $(STAMP): requirements.txt requirements-assets.txt pyproject.toml
 	rm -f "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"/packed_bert.pth "$$($(PY) -c 'import site; print(site.getsitepackages()[0])')"/packed_transformers.pth
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
+
+# The benches' own peers (FastEmbed, onnxscript): make bench, and make test's smoke of every bench
+BENCH_STAMP := $(VENV)/.installed-bench
+install-bench: $(BENCH_STAMP)
+
+$(BENCH_STAMP): $(STAMP) requirements-bench.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
+	touch $(BENCH_STAMP)
 
 # Optional TensorFlow environment (reading TF1 checkpoints); the tests build it to run the
 # converter's test against real TensorFlow.
@@ -61,7 +69,7 @@ $(RAY_STAMP): requirements-ray.txt $(STAMP)
 # how it died printed (tests/conftest.py): pytest-xdist 3.8.0 replacing it under loadscope can
 # wait forever for work it will never send (pytest-xdist issues 1323, 1378).
 TEST_WORKERS ?= 2
-test: install install-tf install-ray install-light
+test: install install-bench install-tf install-ray install-light
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --max-worker-restart 0)
 
 # The README's recipes exactly as written (make test runs them at tiny scale), each one
@@ -167,8 +175,7 @@ qa-demo: install
 	done
 	$(PY) -m packed_transformers.finetune.report $(addprefix runs/qa_,$(QA_MODES))
 
-bench: install
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
+bench: install-bench
 	$(PY) bench/bench_packing.py
 	$(PY) bench/bench_pipeline.py --sizes 1000000 4000000 --workers 2
 	$(PY) bench/bench_lamb.py

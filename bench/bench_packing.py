@@ -52,6 +52,8 @@ def main() -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, description=__doc__.splitlines()[0]
     )
     parser.add_argument("--repeats", type=int, default=3)
+    algorithms = sorted({c[1] for c in CASES})
+    parser.add_argument("--algorithms", nargs="+", default=algorithms, choices=algorithms, help="the rows to run")
     args = parser.parse_args()
     histograms = {
         name: Histogram.from_json_file(HISTOGRAMS / f"{name}.json") for name in {c[0] for c in CASES}
@@ -60,6 +62,8 @@ def main() -> None:
     print("| histogram | algorithm | K | efficiency | published | LP bound | seconds | published s | goal |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, algorithm, k, published, published_s, goal in CASES:
+        if algorithm not in args.algorithms:
+            continue
         repeats = 1 if algorithm == "greedy" else args.repeats
         plans = [pack(histograms[name], algorithm, k) for _ in range(repeats)]
         plan = min(plans, key=lambda p: p.seconds)

@@ -119,6 +119,7 @@ def main() -> int:
         help="input: configs/finetune_bbc.yaml's validation split, labelled (for a folder it trained)",
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--texts", type=int, default=2000, help="without --input: this many mixed BBC texts")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--peer", nargs=2, metavar=("INPUT", "OUTPUT"), help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help="also write the JSON here")
@@ -135,7 +136,7 @@ def main() -> int:
         if args.bbc_heldout:
             args.input = bbc_heldout(Path(scratch))
         if args.model is None or args.input is None:
-            model, texts_path = default_inputs(Path(scratch), 2000)
+            model, texts_path = default_inputs(Path(scratch), args.texts)
             args.model, args.input = args.model or model, args.input or texts_path
         texts = sum(1 for line in args.input.open() if line.strip())
         ours_out, peer_out = Path(scratch) / "ours.jsonl", Path(scratch) / "peer.jsonl"

@@ -229,12 +229,14 @@ def _q(values, q):
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def fine_tuned_model(folder: Path) -> Path:
+def fine_tuned_model(folder: Path, train_seconds: float | None = None) -> Path:
+    """configs/finetune_bbc.yaml fine-tuned for one epoch (or `train_seconds` of it)."""
     from packed_transformers.finetune.train import run_finetune
 
     config = load_finetune_config(CONFIG, ["training.progress=false"])
     one = copy.deepcopy(config)
     one["training"]["epochs"] = 1
+    one["training"]["max_seconds"] = train_seconds
     run_finetune(one, folder / "run")
     return folder / "run" / "model"
 
@@ -282,6 +284,7 @@ def refused(runtime: str, dtype: str) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a finetune.train model folder (default: fine-tune one)")
+    parser.add_argument("--train-seconds", type=float, help="without --model: fine-tune for this long, not an epoch")
     parser.add_argument("--seconds", type=float, default=20, help="per measurement")
     parser.add_argument("--overload-seconds", type=float, default=30)
     parser.add_argument("--concurrency", type=int, default=128, help="closed-loop clients at saturation")
@@ -311,7 +314,7 @@ def main() -> int:
             from packed_transformers.data.assets import model_dir
 
             args.model = args.model or model_dir()
-        model = args.model or fine_tuned_model(Path(scratch))
+        model = args.model or fine_tuned_model(Path(scratch), args.train_seconds)
         # each policy in each dtype and runtime: a variant with its own server options, named
         # "policy", then " dtype" where several dtypes and " runtime" where several runtimes
         variants = {

@@ -1,0 +1,104 @@
+"""Every bench `make bench` runs, run here at a tiny size: a bench cannot rot unseen.
+
+`make bench` takes hours and nothing ran it between measurements, so a bench broken by a
+change in the product (bench_finetune.py after the door's LoadedModel; after the one step)
+stopped `make bench` at its line and every bench after it never ran (issue 96, item 7).
+`SMOKES` holds, for each bench line of the Makefile's `bench` target, the same script with
+arguments that make it seconds long; the first test holds the table to the Makefile, the
+second runs each smoke in its own process and asserts it completes and prints its figures.
+Sizes are tiny, so the figures mean nothing; only that the bench still runs end to end.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ..conftest import REPO
+
+# The Makefile's bench line (after `$(PY) `, as written) -> the smoke's arguments to the script.
+# `{tmp}` is the test's own folder; `{packed}` a small packed dataset (tests' shared fixture).
+SMOKES: dict[str, list[str]] = {
+    "bench/bench_packing.py": ["bench/bench_packing.py", "--repeats", "1", "--algorithms", "spfhp", "lpfhp", "lp"],
+    "bench/bench_pipeline.py --sizes 1000000 4000000 --workers 2": [
+        "bench/bench_pipeline.py", "--sizes", "20000", "--workers", "1", "--folder", "{tmp}/pipeline"],
+    "bench/bench_lamb.py": ["bench/bench_lamb.py", "--steps", "1"],
+    "bench/bench_model.py --preset bert-base --rows 2 --steps 3": [
+        "bench/bench_model.py", "--preset", "bert-mini", "--rows", "1", "--steps", "1"],
+    "bench/bench_loader.py --packed $(DEMO)/packed": [
+        "bench/bench_loader.py", "--packed", "{packed}", "--loader-batches", "4", "--train-steps", "1"],
+    "bench/bench_demo_speedup.py --profile": [
+        "bench/bench_demo_speedup.py", "--profile", "--steps", "2", "--warmup", "1"],
+    "bench/bench_stages.py": ["bench/bench_stages.py", "--seq", "64", "--ga", "2", "--steps", "2"],
+    "bench/bench_finetune.py": ["bench/bench_finetune.py", "--train-examples", "64", "--rounds", "1"],
+    "bench/bench_vs_transformers.py": ["bench/bench_vs_transformers.py", "--rounds", "1", "--articles", "40",
+                                       "--recipes", "trainer_grouped", "trainer_packed", "ours_packed"],
+    "bench/bench_padding_ceiling.py": ["bench/bench_padding_ceiling.py"],
+    "bench/bench_flattening.py": ["bench/bench_flattening.py", "--examples", "8", "--batch", "4"],
+    "bench/bench_qa.py": ["bench/bench_qa.py", "--train-windows", "24", "--infer-windows", "24", "--rounds", "1"],
+    "bench/bench_serve.py --workload pairs": [
+        "bench/bench_serve.py", "--workload", "pairs", "--seconds", "1", "--overload-seconds", "1", "--rounds", "1",
+        "--concurrency", "4", "--train-seconds", "5", "--policies", "packed"],
+    "bench/bench_serve.py --workload mixed": [
+        "bench/bench_serve.py", "--workload", "mixed", "--seconds", "1", "--overload-seconds", "1", "--rounds", "1",
+        "--concurrency", "4", "--train-seconds", "5", "--policies", "packed"],
+    "bench/bench_embed.py --texts 2000 --rounds 3": ["bench/bench_embed.py", "--texts", "40", "--rounds", "1"],
+    "bench/bench_embed.py --texts 3000 --rounds 2 --profile paragraphs": [
+        "bench/bench_embed.py", "--texts", "20", "--rounds", "1", "--profile", "paragraphs"],
+    "bench/bench_embed.py --texts 2000 --rounds 2 --peers --profile $$profile": [
+        "bench/bench_embed.py", "--texts", "40", "--rounds", "1", "--peers", "--profile", "mixed"],
+    "bench/bench_embed.py --texts 2000 --rounds 3 --int8-peers": [
+        "bench/bench_embed.py", "--texts", "40", "--rounds", "1", "--int8-peers"],
+    "bench/bench_startup.py --texts 10 --rounds 7": ["bench/bench_startup.py", "--texts", "2", "--rounds", "1"],
+    "bench/bench_onnx.py --texts 1000 --rounds 3": ["bench/bench_onnx.py", "--texts", "40", "--rounds", "1"],
+    "bench/bench_int8.py --texts 1000 --rounds 3": [
+        "bench/bench_int8.py", "--texts", "40", "--rounds", "1", "--queries", "20", "--calibration", "20",
+        "--output", "{tmp}/int8.json"],
+    "bench/bench_compile.py --texts 2000": ["bench/bench_compile.py", "--texts", "40", "--passes", "1"],
+    "bench/bench_compile_train.py --steps 40": ["bench/bench_compile_train.py", "--steps", "2", "--cases", "classify"],
+    "bench/bench_predict_process.py --rounds 5 --bf16": ["bench/bench_predict_process.py", "--rounds", "1", "--bf16",
+                                                         "--texts", "40"],
+    "bench/profile_policies.py --k 16": ["bench/profile_policies.py", "--k", "16", "--batches", "2", "--queue", "64"],
+    "bench/bench_families.py --texts 300 --rounds 2": [
+        "bench/bench_families.py", "--families", "roberta", "--texts", "20", "--train-texts", "32", "--rounds", "1"],
+    "bench/bench_families.py --families llama qwen3 gpt2 --compare sorted embed --texts 200 --rounds 2": [
+        "bench/bench_families.py", "--families", "llama", "--compare", "sorted", "embed", "--texts", "20",
+        "--rounds", "1"],
+    "bench/bench_sft.py": ["bench/bench_sft.py", "--shape", "small", "--steps", "1", "--examples", "40",
+                           "--rows-per-step", "1", "--parts", "packing", "sft"],
+    "bench/bench_sft.py --parts sft --spread --body-chars 2400": [
+        "bench/bench_sft.py", "--parts", "sft", "--spread", "--body-chars", "600", "--shape", "small", "--steps", "1",
+        "--examples", "40", "--rows-per-step", "1"],
+    "bench/bench_serve.py --workload embed --seconds 15 --rounds 3 --overload-seconds 20": [
+        "bench/bench_serve.py", "--workload", "embed", "--seconds", "1", "--rounds", "1", "--overload-seconds", "1",
+        "--concurrency", "4", "--train-seconds", "5", "--policies", "packed"],
+    "bench/bench_serve_light.py --rate 7.5 --seconds 60 --rounds 2": [
+        "bench/bench_serve_light.py", "--rate", "4", "--seconds", "2", "--rounds", "1"],
+}  # fmt: skip
+
+
+def bench_lines() -> list[str]:
+    """The Makefile's `bench` target: each `$(PY) bench/...` command, as written."""
+    text = (REPO / "Makefile").read_text()
+    target = re.search(r"^bench:.*?\n((?:\t.*\n)+)", text, re.MULTILINE).group(1)
+    return [m.group(1).strip() for m in re.finditer(r"\$\(PY\) (bench/[^;|]*?)(?:\s*\|\|.*)?(?:;.*)?$", target, re.M)]
+
+
+def test_every_bench_of_make_bench_has_its_smoke():
+    lines = bench_lines()
+    assert len(lines) >= 25, lines  # the parse found the target
+    assert sorted(set(lines)) == sorted(SMOKES), (sorted(set(lines) - set(SMOKES)), sorted(set(SMOKES) - set(lines)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("line", sorted(SMOKES), ids=lambda line: line.replace("bench/", "")[:60])
+def test_the_bench_runs_to_its_end_at_a_tiny_size(line, tmp_path, packed):
+    arguments = [a.format(tmp=tmp_path, packed=packed) for a in SMOKES[line]]
+    env = dict(os.environ, PACKED_BENCH_SCRATCH=str(tmp_path))
+    done = subprocess.run([sys.executable, *arguments], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, f"{' '.join(arguments)} exited {done.returncode}:\n{done.stderr[-3000:]}"
+    assert re.search(r"\d", done.stdout), f"{' '.join(arguments)} printed no figure:\n{done.stdout[-2000:]}"
