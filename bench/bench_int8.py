@@ -149,9 +149,9 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "figures" / "int8.json")
     args = parser.parse_args()
     problem = int8_problem("cpu")
-    if problem:
-        print(f"bench_int8: {problem}", file=sys.stderr)
-        return 2
+    if problem:  # a CPU kind this bench cannot measure: its row says so, and make bench goes on
+        print(f"bench_int8: not measured on this CPU ({line(description())}): {problem}")
+        return 0
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     machine = description()

@@ -229,7 +229,7 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
     """examples/s and labels of the three inference paths over `texts`, batch 64."""
     from transformers import BertForSequenceClassification, BertTokenizerFast, pipeline
 
-    from packed_transformers.data.classification_data import Examples, tokenize
+    from packed_transformers.data.classification_data import Examples
     from packed_transformers.door.folder import load_finetuned
 
     batch = config["batching"]["eval_batch_size"]
@@ -260,17 +260,11 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
     out["sorted_loop"] = (len(texts) / (time.perf_counter() - start), labels)
     # ours: commands.predict's path
     loaded = load_finetuned(folder)
-    model, described, tokenizer, vocab = loaded.model, loaded.spec, loaded.tokenizer, loaded.vocab
+    model, described = loaded.model, loaded.spec
     start = time.perf_counter()
     examples = Examples(texts, [None] * len(texts), [None] * len(texts), [str(i) for i in range(len(texts))])
-    data = tokenize(
-        examples,
-        tokenizer,
-        vocab,
-        np.zeros(len(texts), dtype=np.int64),
-        described.max_sequence_length,
-        "truncate",
-    )
+    # as the folder's own tokenizer makes them (a trained folder keeps tokenizer.json: no vocab.txt reading)
+    data = loaded.tokenize(examples, np.zeros(len(texts), dtype=np.int64), described.max_sequence_length, "truncate")
     batching = described.config["batching"]
     spec = BatchingSpec("packed", batch, described.max_sequence_length, batching["max_sequences_per_pack"],
                         batching["algorithm"], pack_length=described.pack_length)  # fmt: skip
