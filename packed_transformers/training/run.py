@@ -300,7 +300,9 @@ class Run(RunSetup):
                     snapshot.model,
                     training_state,
                     self.limits["keep_checkpoints"],
-                    None if snapshot.weights is None else ckpt.weights_writer(snapshot.model, snapshot.weights),
+                    None
+                    if snapshot.weights is None
+                    else ckpt.weights_writer(snapshot.model, snapshot.weights),
                 )
             except ckpt.CheckpointError as err:
                 raise RunError(str(err)) from None
