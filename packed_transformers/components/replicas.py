@@ -74,7 +74,7 @@ class Replicas:
             return local
         keys = sorted(local)
         total = all_reduce_host(torch.tensor([local[k] for k in keys], dtype=torch.float64))
-        return dict(zip(keys, total.tolist(), strict=True))
+        return dict(zip(keys, total.tolist()))  # one total per key (Python 3.8: no strict=)
 
     def loss_share(self, local: dict[str, float], total: dict[str, float]) -> float:
         """What this rank's mean loss is multiplied by before backward, so that the gradients
