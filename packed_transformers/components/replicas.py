@@ -5,9 +5,8 @@ each step's rows, and N processes take the step one process takes.
                            (one empty row where B < N: the batch shape a compiled run's padded
                            last batch has, which every model takes)
     the step's loss        sum over the step's loss units (examples, or predicted tokens) of
-                           every rank / their count over every rank: each rank's mean loss
-                           times its units' share (`loss_share`), gradients summed over ranks
-                           (DDP averages: times N; FSDP2 here sums)
+                           every rank / their count over every rank (components.step.take_step:
+                           units counted before compute, DDP's average multiplied back)
     the model              replicated (DDP) or sharded (`sharding: fsdp`: FSDP2 per block,
                            components.sharding); rank 0 writes every file
     checkpoints            the one unsharded format (weights and optimizer state gathered
@@ -75,16 +74,6 @@ class Replicas:
         keys = sorted(local)
         total = all_reduce_host(torch.tensor([local[k] for k in keys], dtype=torch.float64))
         return dict(zip(keys, total.tolist()))  # one total per key (Python 3.8: no strict=)
-
-    def loss_share(self, local: dict[str, float], total: dict[str, float]) -> float:
-        """What this rank's mean loss is multiplied by before backward, so that the gradients
-        summed over ranks are those of the step's mean loss over every rank's units (`count` of
-        this rank's step sums and of every rank's; a model's mean over no units is 0: its share
-        is 0). 1.0 for one process."""
-        if self.world == 1:
-            return 1.0
-        share = max(local["count"], 1.0) / max(total["count"], 1.0)
-        return share if self.sharded else share * self.world  # DDP averages the gradients
 
     def agree(self, flag: bool) -> bool:
         """True on every rank if it is on any (a limit a rank's clock reached, a signal)."""

@@ -179,18 +179,16 @@ class StepSettings:
     device: torch.device
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; weights stay fp32)
     max_grad_norm: float = 0.0  # clip to this global norm (0: never); LAMB clips inside with its own
-    ddp_processes: int = 1  # DDP averages gradients over this many processes: the loss is multiplied back
     group: object = None  # the data-parallel process group (None: every process)
 
 
 @dataclass
 class StepResult:
-    """A step that passed: its units over every process (float64 [terms], host), this
-    process's summed loss (0-d, on the device), the global gradient norm (None where not
-    computed: fp16's GradScaler checks its own) and what the job kept of each micro-batch."""
+    """A step that passed: its units over every process (float64 [terms], host), the global
+    gradient norm (None where not computed: fp16's GradScaler checks its own) and what the job
+    kept of each micro-batch."""
 
     units: torch.Tensor
-    loss: torch.Tensor
     grad_norm: torch.Tensor | None
     kept: list = field(default_factory=list)
 
@@ -199,13 +197,16 @@ def take_step(step_model, optimizer, micro_batches: list[dict], job: StepLoss, l
               settings: StepSettings, scaler=None) -> StepResult:  # fmt: skip
     """One optimizer step over this process's micro-batches (host tensors): see the module's
     docstring. NonFiniteStep (gradients dropped, weights untouched) for a non-finite loss or
-    gradient norm. `step_model` is what runs the forward (the model, compiled, DDP or FSDP2);
+    gradient norm. `step_model` is what runs the forward (the model, compiled, DDP or FSDP2:
+    DDP averages gradients over its processes, so the loss is multiplied by their number);
     `optimizer` holds the model's parameters."""
     units = torch.tensor(
         [[float(u) for u in job.units(batch)] for batch in micro_batches], dtype=torch.float64
     )
     totals = all_reduce_(units.sum(0).to(settings.device), settings.group).cpu()
-    scales = [settings.ddp_processes / max(float(total), 1.0) for total in totals]
+    averaged = isinstance(step_model, torch.nn.parallel.DistributedDataParallel)
+    processes = torch.distributed.get_world_size(step_model.process_group) if averaged else 1
+    scales = [processes / max(float(total), 1.0) for total in totals]
     step_loss = torch.zeros((), device=settings.device)
     kept = []
     for i, host_batch in enumerate(micro_batches):
@@ -244,7 +245,7 @@ def take_step(step_model, optimizer, micro_batches: list[dict], job: StepLoss, l
     else:
         optimizer.step(**arguments)
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(totals, step_loss, norm, kept)
+    return StepResult(totals, norm, kept)
 
 
 def set_learning_rate(optimizer, lr: float) -> None:

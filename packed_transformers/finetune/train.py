@@ -110,11 +110,9 @@ def finetune_step(model, batch, optimizer, lr: float, settings: StepSettings, lo
     return replicas.step_sums(result.kept[0])  # one process: its own sums
 
 
-def step_settings(config: dict, model, replicas) -> StepSettings:
-    """Fine-tuning's steps: fp32 on the model's device, clipped to optim.max_grad_norm; DDP's
-    average over processes multiplied back (FSDP2 sums)."""
-    ddp = replicas.world if replicas.world > 1 and not replicas.sharded else 1
-    return StepSettings(next(model.parameters()).device, "fp32", config["optim"]["max_grad_norm"], ddp)
+def step_settings(config: dict, model) -> StepSettings:
+    """Fine-tuning's steps: fp32 on the model's device, clipped to optim.max_grad_norm."""
+    return StepSettings(next(model.parameters()).device, "fp32", config["optim"]["max_grad_norm"])
 
 
 # ----- the run: a job of the one training loop (components.loop) ---------------------------
@@ -324,7 +322,7 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
         state = restore_state(output, model, optimizer, state, replicas)
     saved_step = state.steps if progress is not None else None
     return Run(config, output, job, model, batcher, eval_batcher, optimizer, schedule,
-               step_settings(config, model, replicas), state, stop, step_model, replicas, skeleton, saved_step)  # fmt: skip
+               step_settings(config, model), state, stop, step_model, replicas, skeleton, saved_step)  # fmt: skip
 
 
 def restore_state(output: Path, model, optimizer, fresh: RunState, replicas) -> RunState:

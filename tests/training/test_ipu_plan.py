@@ -234,7 +234,6 @@ def test_pretraining_step_trains_exactly_like_the_torch_step(packed):
             0.01,
             "fp32",
             torch.device("cpu"),
-            1,
             "per_token",
             torch_sums,
         )

@@ -46,11 +46,11 @@ class PretrainingLoss:
         return {k: out[k].detach() for k in SUM_KEYS[:-1]}, int((batch["sequence_ids"] > 0).sum())
 
 
-def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, world, mode, sums: MetricSums):
+def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, mode, sums: MetricSums):
     """One optimizer step over this replica's micro-batches (components.step.take_step).
     world: DDP's processes (1 alone and under FSDP2, which sums). Returns the step's global
     counts [masked tokens, sequences]; adds the step's metric sums once it passed."""
-    settings = StepSettings(device, precision, ddp_processes=world)
+    settings = StepSettings(device, precision)
     result = take_step(model, optimizer, micro_batches, PretrainingLoss(mode), lr, settings, scaler)
     for model_sums, tokens in result.kept:
         sums.add(model_sums, tokens)  # host token count: no device sync
@@ -134,7 +134,6 @@ class TorchEngine:
             lr,
             self.config["training"]["precision"],
             self.replica.device,
-            1 if self.sharded else self.replica.world,  # DDP averages gradients; FSDP2 here sums them
             self.config["model"]["mlm_loss_mode"],
             sums,
         )

@@ -170,10 +170,7 @@ class DecoderRun:
         )
         if self.world > 1 and not self.sharded:  # DDP averages gradients; FSDP2 sums them itself
             self.step_model = data_parallel(self.step_model, self.replica.device)
-        ddp = self.world if self.world > 1 and not self.sharded else 1
-        self.step_settings = StepSettings(
-            self.replica.device, training["precision"], optim["max_grad_norm"], ddp
-        )
+        self.step_settings = StepSettings(self.replica.device, training["precision"], optim["max_grad_norm"])
         # the global batch may be split another way on resume (other ranks, other accumulation)
         prepare_output(output, config, resume, self.rank, changeable=GLOBAL_BATCH_SPLIT)
         self.optimizer = torch.optim.AdamW(
