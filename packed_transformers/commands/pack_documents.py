@@ -65,7 +65,8 @@ def held_out(lengths, rows: int, length: int, seed: int):
     if taken >= len(fits):
         raise ValueError(
             f"--eval-rows {rows}: {rows} rows of {length} tokens need about {int(need)} held-out tokens (from "
-            f"documents of at most {length}) and leave some to train on; the input has {int(lengths.sum())} in all"
+            f"documents of at most {length}) and leave some to train on; the input has {int(lengths.sum())} in all "
+            f"(give more text, or fewer --eval-rows)"
         )
     held = np.sort(fits[:taken])
     return held, np.setdiff1d(np.arange(len(lengths)), held)

@@ -91,6 +91,9 @@ def main(argv=None) -> int:
     except OSError as err:
         return refuse(describe_os_error(err))
     print(f"{len(texts)} descriptions from {len(files)} list files -> {args.output}", file=sys.stderr)
+    if not any("_Translation-en" in path.name for path in files):  # apt has not fetched them yet
+        print("synopses only (one line each): `apt-get update -o Acquire::Languages=en` fetches the long "
+              "descriptions", file=sys.stderr)  # fmt: skip
     return 0
 
 

@@ -224,3 +224,30 @@ def test_outputs_that_are_folders_devices_or_negative_limits_are_named_for_what_
     assert debian_texts.main(["--output", str(tmp_path / "d.jsonl"), "--limit", "-1"]) == 2
     assert "--limit must be a positive number of documents, got -1" in capsys.readouterr().err
     assert not (tmp_path / "d.jsonl").exists()
+
+
+def test_debian_texts_says_when_apt_gave_synopses_only(tmp_path, capsys):
+    """Without `apt-get update -o Acquire::Languages=en` apt holds only *_Packages lists: the texts
+    are one-line synopses, too little for the decoder recipe's 1024 evaluation rows, and the
+    command says how to get the long descriptions (pack-documents' refusal later says why)."""
+    from packed_transformers.data import debian_texts
+
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    (lists / "deb_main_binary-amd64_Packages").write_text(
+        "Package: a\nDescription: first synopsis\n\nPackage: b\nDescription: second synopsis\n\n"
+    )
+    out = tmp_path / "d.jsonl"
+    assert debian_texts.main(["--output", str(out), "--lists", str(lists)]) == 0
+    assert [json.loads(line)["text"] for line in out.read_text().splitlines()] == [
+        "first synopsis",
+        "second synopsis",
+    ]
+    assert (
+        "synopses only (one line each): `apt-get update -o Acquire::Languages=en`" in capsys.readouterr().err
+    )
+    (lists / "deb_main_i18n_Translation-en").write_text(
+        "Package: a\nDescription-en: first synopsis\n long words\n\n"
+    )
+    assert debian_texts.main(["--output", str(out), "--lists", str(lists)]) == 0
+    assert "synopses only" not in capsys.readouterr().err
