@@ -25,13 +25,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from packed_transformers.components.batches import collate  # noqa: E402
 from packed_transformers.components.step import StepSettings  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 from packed_transformers.finetune.jobs import build_classifier, prepare_task  # noqa: E402
 from packed_transformers.finetune.train import batching_spec, build_adamw, finetune_step  # noqa: E402
-from packed_transformers.inference.batching import BATCHING_MODES, Batcher, collate  # noqa: E402
 from packed_transformers.inference.predictions import predict_logits  # noqa: E402
 from packed_transformers.model.hf_checkpoint import quiet_transformers  # noqa: E402
+from packed_transformers.packs.batching import BATCHING_MODES, Batcher  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
 

@@ -67,7 +67,7 @@ def grouped_order(lengths: np.ndarray, batch: int, seed: int) -> np.ndarray:
 def rows_of(token_lists, table, width):
     import torch
 
-    from packed_transformers.inference.rows import pack_rows
+    from packed_transformers.packs.rows import pack_rows
 
     fields = pack_rows(token_lists, table, width)
     batch = {k: torch.from_numpy(fields[k]) for k in ("input_ids", "position_ids", "sequence_ids")}

@@ -35,15 +35,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from packed_transformers.components.batches import collate  # noqa: E402
 from packed_transformers.components.step import StepSettings  # noqa: E402
 from packed_transformers.data import assets  # noqa: E402
 from packed_transformers.data.qa_windows import QaWindows  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 from packed_transformers.finetune.qa_task import build_qa_model  # noqa: E402
 from packed_transformers.finetune.train import batching_spec, build_adamw, finetune_step  # noqa: E402
-from packed_transformers.inference.batching import BATCHING_MODES, Batcher, collate  # noqa: E402
 from packed_transformers.inference.question_answering import predict_spans  # noqa: E402
 from packed_transformers.model.hf_checkpoint import quiet_transformers  # noqa: E402
+from packed_transformers.packs.batching import BATCHING_MODES, Batcher  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "finetune_qa_bbc.yaml"

@@ -51,9 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from packed_transformers.data.assets import model_dir  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 from packed_transformers.finetune.train import prepare_task, run_finetune  # noqa: E402
-from packed_transformers.inference.batching import Batcher, BatchingSpec  # noqa: E402
 from packed_transformers.inference.predictions import predict_logits  # noqa: E402
 from packed_transformers.model.hf_checkpoint import quiet_transformers  # noqa: E402
+from packed_transformers.packs.batching import Batcher, BatchingSpec  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parent.parent / "configs" / "finetune_bbc.yaml"
 TRAINER_RECIPES = ("trainer_padded", "trainer_dynamic", "trainer_grouped", "trainer_packed")

@@ -143,7 +143,7 @@ def profile_run(command: str, argv: list[str]) -> tuple[dict, float, list[dict],
     import packed_transformers.door.loaded as loaded
     import packed_transformers.inference.embedding as embedding
     import packed_transformers.inference.runner as runner
-    from packed_transformers.inference import batching
+    from packed_transformers.packs import batching
 
     clock = StageClock()
     recorded: list[dict] = []

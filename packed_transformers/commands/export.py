@@ -112,7 +112,7 @@ def export(args) -> dict:
 
     from packed_transformers.door.opener import AsTheFolderSays, ForEmbedding, open_folder
     from packed_transformers.inference.onnx_graphs import GRAPH_FILE, export_graph
-    from packed_transformers.inference.rows import pack_rows
+    from packed_transformers.packs.rows import pack_rows
 
     describe = (
         ForEmbedding(args.pooling, args.normalize, args.max_length) if args.pooling or args.embedding

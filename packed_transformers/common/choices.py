@@ -23,7 +23,7 @@ def check_pooling(pooling) -> tuple[str, ...]:
     return modes
 
 
-# how examples form batches (inference/batching.py): fixed rows, per-batch longest, length-sorted, packed
+# how examples form batches (packs/batching.py): fixed rows, per-batch longest, length-sorted, packed
 BATCHING_MODES = ("padded", "dynamic", "uniform", "packed")
 # the modes whose every batch has one width (packed: the pack length; padded: the maximum
 # length): the others follow each batch's longest example, so a compiled step sees a new shape

@@ -33,10 +33,10 @@ from packed_transformers.components.step import MeanLoss, predicted_tokens
 from packed_transformers.data.classification_data import ExampleError, read_jsonl, split_by_seed
 from packed_transformers.finetune.errors import Diverged, FinetuneError
 from packed_transformers.finetune.job_contract import Job, resolve_asset
-from packed_transformers.inference.batching import Batcher
-from packed_transformers.inference.rows import pack_rows
 from packed_transformers.inference.runner import Runner
 from packed_transformers.model.families import IGNORED, next_token_targets
+from packed_transformers.packs.batching import Batcher
+from packed_transformers.packs.rows import pack_rows
 
 log = logging.getLogger("finetune")
 
@@ -151,7 +151,7 @@ def encode_examples(examples: PromptCompletions, tokenizer, max_length: int, too
 
 
 def collate_causal(data: CausalExamples, table: np.ndarray, width: int, with_labels: bool = True) -> dict:
-    """Model inputs of one batch table: the packed rows (inference.rows.pack_rows) and
+    """Model inputs of one batch table: the packed rows (packs.rows.pack_rows) and
     shift_labels [rows, width]: each token's next-token target inside its own sequence."""
     rows = pack_rows(data.token_ids, table, width, data.segment_ids)
     batch = {name: torch.from_numpy(value) for name, value in rows.items()}

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from packed_transformers.common.config_schema import ConfigError
+from packed_transformers.components.batches import collate
 from packed_transformers.components.step import MeanLoss
 from packed_transformers.door.loaded import LoadedModel
-from packed_transformers.inference.batching import collate
 
 STEP_SUMS = ("loss_sum", "count", "correct", "correct_count")  # what a training step adds up
 

@@ -46,10 +46,10 @@ from packed_transformers.finetune.causal_lm_task import causal_lm_job
 from packed_transformers.finetune.errors import Diverged, FinetuneError
 from packed_transformers.finetune.folder_writer import save_finetuned
 from packed_transformers.finetune.job_contract import ANCHOR_LOSS, Job, resolve_asset
-from packed_transformers.inference.batching import BatchingSpec
 from packed_transformers.inference.predictions import predict_logits, score, write_predictions
-from packed_transformers.inference.rows import PAIR_SLOTS, pair_rows
 from packed_transformers.model.opening import ModelOptions, qa_fine_tuning_refusal
+from packed_transformers.packs.batching import BatchingSpec
+from packed_transformers.packs.rows import PAIR_SLOTS, pair_rows
 
 log = logging.getLogger("finetune")
 

@@ -3,8 +3,8 @@ batches in any mode -> packed QA model -> per-token logits -> answers -> SQuAD m
 
     questions (data.qa_data.read_squad)
       -> windows, labels and offsets (data.qa_windows.make_windows)
-      -> batch tables of windows (inference.batching.Batcher: padded | dynamic | uniform | packed)
-      -> rows (inference.batching.collate) -> PackedBertForQuestionAnswering
+      -> batch tables of windows (packs.batching.Batcher: padded | dynamic | uniform | packed)
+      -> rows (components.batches.collate) -> PackedBertForQuestionAnswering
       -> start/end logits per window (predict_spans) -> answers (inference.qa_answers)
       -> {question id: answer} and EM / F1 (data.squad_metrics)
 

@@ -6,7 +6,7 @@ question answering, a decoder's supervised fine-tuning.
     torchrun --nproc-per-node N -m packed_transformers.finetune.train ... [--set execution.sharding=fsdp]
 
 Classification: examples (jsonl or BBC News) -> labels checked -> token ids -> train /
-validation split -> batch tables (inference.batching: padded | dynamic | uniform | packed) ->
+validation split -> batch tables (packs.batching: padded | dynamic | uniform | packed) ->
 collate -> PackedBertForSequenceClassification -> per-example loss -> AdamW step. QA
 (finetune.qa_task): SQuAD questions -> overlapping context windows with span labels -> the same
 tables and step. Causal LM (finetune.causal_lm_task): prompt/completion JSON lines -> a
@@ -78,9 +78,9 @@ from packed_transformers.finetune.run_folder import (
     save_final,
     zero_sums,
 )
-from packed_transformers.inference.batching import Batcher, BatchingSpec
 from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.optim import build_adamw
+from packed_transformers.packs.batching import Batcher, BatchingSpec
 from packed_transformers.packs.errors import PackingInputError
 
 log = logging.getLogger("finetune")

@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from packed_transformers.inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.histogram import check_positive_int
+from packed_transformers.packs.rows import pack_rows, unpack_outputs, unpack_token_outputs
 from packed_transformers.packs.tokenized import pack_examples
 
 TASKS = (

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from packed_transformers.data.classification_data import ExampleError
-from packed_transformers.inference.batching import width_groups
 from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.predictions import predict_logits
 from packed_transformers.inference.runner import Runner
+from packed_transformers.packs.batching import width_groups
 
 
 def classify_examples(folder, runner: Runner, examples, labels, options: InferenceOptions):
@@ -72,7 +72,7 @@ def calibrate(runner, data, width: int, in_width_groups: bool, options: Inferenc
 
 def predict_in_width_groups(options: InferenceOptions, runner, data, longest: int):
     """Packed inference where the folder names no pack length (a transformers folder): the
-    texts are packed in groups of row widths (inference.batching.width_groups: each text in
+    texts are packed in groups of row widths (packs.batching.width_groups: each text in
     the narrowest of 64 / 128 / 256 / 512 that holds it, groups merged where that is less
     work), not all in rows as wide as the model's maximum. -> (logits [n, C], timing)."""
     from packed_transformers.data.classification_data import TokenizedExamples

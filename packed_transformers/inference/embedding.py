@@ -7,7 +7,7 @@ float32 [n, D] array out, row i for text i.
 
 A text goes: tokenizer (the folder's tokenizer.json, else vocab.txt; truncated to
 max_seq_length, as sentence-transformers does) -> token ids -> batch tables
-(inference.batching: packed, length-sorted or padded) -> rows (inference.rows.pack_rows) ->
+(packs.batching: packed, length-sorted or padded) -> rows (packs.rows.pack_rows) ->
 model.embedding.PackedBertForEmbedding (per-sequence pooling) -> back to input order.
 Texts are encoded in chunks (`chunk_texts`), so memory is bounded by a chunk, never by the
 input; `iter_encode` yields one chunk's array at a time for streaming writers.
@@ -24,10 +24,10 @@ import numpy as np
 from packed_transformers.common.choices import EMBED_BATCHING
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.door.loaded import LoadedModel
-from packed_transformers.inference.batching import Batcher, BatchingSpec, width_groups
 from packed_transformers.inference.options import InferenceOptions
-from packed_transformers.inference.rows import unpack_outputs
 from packed_transformers.inference.runner import runner_of
+from packed_transformers.packs.batching import Batcher, BatchingSpec, width_groups
+from packed_transformers.packs.rows import unpack_outputs
 
 
 def packed_encode(st_model, texts: list[str], **options) -> np.ndarray:
@@ -66,7 +66,7 @@ def run_tables(
 def embed_token_ids(encoder: LoadedModel, token_ids: list, options: InferenceOptions) -> np.ndarray:
     """Token id arrays -> float32 [n, D] in input order (normalized when the encoder says).
 
-    Packed: each text goes to the narrowest of inference.batching.PACK_WIDTHS (up to
+    Packed: each text goes to the narrowest of packs.batching.PACK_WIDTHS (up to
     max_length) that holds it,
     and each width is packed on its own. Attention over a packed row costs its width per
     token (SDPA with the block-diagonal mask), so short texts packed into 256-token rows

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from packed_transformers.door.exported_folder import exported_problem
-from packed_transformers.inference.rows import pack_rows
 from packed_transformers.inference.run_stats import RunBatch, RunsTables, RunStats
+from packed_transformers.packs.rows import pack_rows
 
 
 def default_threads() -> int:

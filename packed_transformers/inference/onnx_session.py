@@ -1,4 +1,4 @@
-"""A packed graph run by ONNX Runtime: packed rows (numpy, as inference.rows.pack_rows makes
+"""A packed graph run by ONNX Runtime: packed rows (numpy, as packs.rows.pack_rows makes
 them) in, the model's outputs (numpy float32, by name) out. No torch: the exported folder's
 torch-free process (door.exported_folder) and the `--runtime onnxruntime` Runner
 (inference.onnx_graphs) both run their graphs here.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from packed_transformers.inference.batching import Batcher, BatchingSpec
+from packed_transformers.packs.batching import Batcher, BatchingSpec
 
 # Texts per batch where nothing says otherwise: predict's, and sentence-transformers' encode's.
 PREDICT_BATCH_SIZE = 64
@@ -17,7 +17,7 @@ EMBEDDING_BATCH_SIZE = 32
 
 @dataclass(frozen=True)
 class InferenceOptions:
-    """batching: inference.batching.BATCHING_MODES (embeddings: common.choices.EMBED_BATCHING);
+    """batching: packs.batching.BATCHING_MODES (embeddings: common.choices.EMBED_BATCHING);
     batch_size: examples per batch (packed: per batch of packs, rows = batch_size / packing
     factor); max_sequences_per_pack: K (None: chosen from the lengths,
     packs.tokenized.fitting_depth); pack_length: tokens per pack, None = the folder's (or,

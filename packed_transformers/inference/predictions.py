@@ -12,8 +12,8 @@ import numpy as np
 
 from packed_transformers.common.files import atomic_path
 from packed_transformers.data.classification_data import ExampleError
-from packed_transformers.inference.batching import Batcher
 from packed_transformers.inference.runner import per_sequence
+from packed_transformers.packs.batching import Batcher
 
 # numpy only: an exported folder's predict (door.exported_folder) scores without torch
 

@@ -16,9 +16,9 @@ from packed_transformers.common.files import atomic_path
 from packed_transformers.data.qa_data import QaExamples
 from packed_transformers.data.qa_windows import QaWindows
 from packed_transformers.data.squad_metrics import squad_scores
-from packed_transformers.inference.batching import Batcher
 from packed_transformers.inference.qa_answers import Answers, AnswerSettings, best_answers
 from packed_transformers.inference.runner import Runner, per_token
+from packed_transformers.packs.batching import Batcher
 
 
 @dataclass

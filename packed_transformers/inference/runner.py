@@ -8,7 +8,7 @@ run their models through a `Runner`.
     logits = per_sequence(batches, "logits", n)             # [n, ...] in input order
     start = per_token(batches, "start_logits", lengths)     # [n, longest], -inf past each end
 
-A table is [rows, K] example indices (-1: an empty slot; inference.batching or a serving
+A table is [rows, K] example indices (-1: an empty slot; packs.batching or a serving
 policy makes it); `width_of(table)` its row width in tokens. The runner keeps the pass's
 figures in `stats` (batches, forward seconds, real and row tokens): the timing and
 padding a command reports come from here.
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packed_transformers.common.choices import GRAPH_RUNTIMES, RUNTIMES
-from packed_transformers.inference.rows import pack_rows, unpack_outputs, unpack_token_outputs
 from packed_transformers.inference.run_stats import RunBatch, RunsTables, RunStats  # noqa: F401 (read from here too)
+from packed_transformers.packs.rows import pack_rows, unpack_outputs, unpack_token_outputs
 
 # torch is imported where a torch Runner is built, never at import: an exported folder's
 # process (inference.graph_runner) reads this module's RunBatch, RunStats and per_* without it

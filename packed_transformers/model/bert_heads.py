@@ -4,7 +4,7 @@ and fine-tuning), each a head of model.task_heads over model.packed_head's base:
     m = PackedBertForSequenceClassification.from_pretrained(folder, num_labels=5)
     m = PackedBertForQuestionAnswering.from_pretrained(folder)
     m = PackedBertForTokenClassification.from_pretrained(folder, num_labels=9)
-    out = m(**rows)     # inference.rows.pack_rows fields, as tensors, + labels
+    out = m(**rows)     # packs.rows.pack_rows fields, as tensors, + labels
 
 Parameter names are Hugging Face's BertFor... classes' (`bert.*`, `classifier.*`, `qa_outputs.*`):
 checkpoints move both ways by name. Unpacked batches are the K = 1 case, so every batching

@@ -3,7 +3,7 @@ training (`PackedContrastive`: MultipleNegativesRankingLoss over a step's packed
 
 from packed_transformers.model.embedding import PackedBertForEmbedding
 m = PackedBertForEmbedding.from_pretrained(folder, pooling="mean", normalize=True)
-out = m(**rows)            # inference.rows.pack_rows fields, as tensors
+out = m(**rows)            # packs.rows.pack_rows fields, as tensors
 out["embeddings"]          # [B, K, D] float32; slots with example_index < 0 are zeros
 
 Pooling is sentence-transformers' (its `Pooling` module's modes, computed per packed
@@ -117,9 +117,9 @@ class PackedBertForEmbedding(InferenceHead):
 #     out = model(**rows, anchor_slots=a, positive_slots=p, negative_slots=n)
 #     out["loss"]      # mean over the step's anchors; out["loss_sum"], ["count"], ["correct"]
 #
-# rows: inference.rows.pack_rows' fields for the step's texts; anchor_slots, positive_slots,
+# rows: packs.rows.pack_rows' fields for the step's texts; anchor_slots, positive_slots,
 # negative_slots: int64 [B] (negatives [B] or absent), each text's place among the rows' slots
-# flattened ([rows x K]; inference.rows.pair_rows makes them). Packing changes only where a
+# flattened ([rows x K]; packs.rows.pair_rows makes them). Packing changes only where a
 # text sits, never which texts form the step: the loss is the padded computation's
 # (tests/finetune/test_contrastive.py holds them equal per parameter's gradient).
 #

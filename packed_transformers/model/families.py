@@ -3,7 +3,7 @@ CamemBERT, DistilBERT, ELECTRA, ModernBERT, NomicBERT, DeBERTa-v2/v3, MPNet (and
 packed decoders: Llama, Mistral, Qwen2, Qwen3, Gemma 3 (text), Phi-3, GPT-2 (docs/decoders.md).
 
     model = PackedFamilyModel.from_pretrained(folder, task="classification")
-    out = model(**rows)            # inference.rows.pack_rows' fields as tensors
+    out = model(**rows)            # packs.rows.pack_rows' fields as tensors
     out["logits"]                  # [B, K, C] | token tasks: [B, S, C] | QA: start/end [B, S]
     out["embeddings"]              # task "embedding": pooled per slot, [B, K, D]
     # causal_lm: out["logits"] [B, S, V]; in training with labels the head runs only on the

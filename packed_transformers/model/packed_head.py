@@ -14,7 +14,7 @@ and its `forward`; everything else is here:
         def read_out(self, hidden, rows: SlotRows, labels, num_items_in_batch) -> dict:
             ...                       # hidden [B, S, H] ([B, K, H] if reads_cls_only)
 
-Rows are inference.rows.pack_rows' fields: tokens [B, S], slots [B, K] (K sequences per
+Rows are packs.rows.pack_rows' fields: tokens [B, S], slots [B, K] (K sequences per
 row at most; `cls_positions` [B, K] are where each one starts, `example_index` [B, K] < 0
 in absent slots). Unpacked batches are the K = 1 case.
 """

@@ -91,7 +91,7 @@ class PackedRows:
         num_items_in_batch=None,
         **unused,
     ) -> dict:
-        """Rows [B, S] and slots [B, K] (inference.rows.pack_rows' fields, as tensors) ->
+        """Rows [B, S] and slots [B, K] (packs.rows.pack_rows' fields, as tensors) ->
         the head's outputs (`read_out`). Other fields are accepted and ignored."""
         rows = SlotRows(sequence_ids, cls_positions, example_index)
         # A head that reads only [CLS] has the last layer compute those rows alone (its

@@ -1,6 +1,7 @@
 """How sequences become packs: length histograms, the packing algorithms (NNLSHP, SPFHP, LPFHP,
 LP at the LP bound), plans and their exactly-once assignment, a pack's structure rules,
-tokenized examples packed for fine-tuning and inference, causal-LM rows (lm_rows/), the
+tokenized examples packed for fine-tuning and inference, the batch tables both run on
+(batching) and their rows (rows), causal-LM rows (lm_rows/), the
 unpacked HDF5 shard layout and the worker pool. Pure numpy/scipy (h5py inside the functions
 that write files): never imports torch, model/, packing/ (the MLPerf shard packer built on
 this room) or any room above it.

@@ -9,7 +9,7 @@ max_per_pack None chooses K from the lengths (fitting_depth); an integer is a li
 
 `table` [packs, K] holds example indices (-1 = empty slot), so every output of a pack can
 be sent back to the example it came from (fine-tuning's rows are built and read back from
-it in inference/rows.py). Every example is in exactly one slot (checked). Pure numpy.
+it in packs/rows.py). Every example is in exactly one slot (checked). Pure numpy.
 """
 
 from __future__ import annotations

@@ -160,8 +160,8 @@ def test_token_classification_equals_the_pipelines_tokens(folders, tmp_path):
 def test_question_answering_logits_equal_transformers_per_window(folders):
     from packed_transformers.data.qa_data import QaExamples
     from packed_transformers.data.qa_windows import make_windows
-    from packed_transformers.inference.batching import Batcher, BatchingSpec
     from packed_transformers.inference.question_answering import predict_spans
+    from packed_transformers.packs.batching import Batcher, BatchingSpec
 
     loaded = load_finetuned(folders["qa"])
     assert loaded.spec.qa["max_answer_length"] == 15 and loaded.spec.max_sequence_length == 96

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from packed_transformers.door.opener import ForEmbedding, ForTraining, open_folder
-from packed_transformers.inference.rows import pair_rows
 from packed_transformers.model.embedding import PackedContrastive
 from packed_transformers.model.opening import ModelOptions
+from packed_transformers.packs.rows import pair_rows
 
 from ..family_helpers import TEXTS, save_family_folder
 
@@ -26,7 +26,7 @@ NEGATIVES = TEXTS[12:18]
 
 
 def step_batch(roles: list, width: int, max_per_pack=None) -> dict:
-    """The contrastive job's rows of one step (inference.rows.pair_rows) as tensors."""
+    """The contrastive job's rows of one step (packs.rows.pair_rows) as tensors."""
     rows = pair_rows(roles, np.arange(len(roles[0])), width, max_per_pack, "lpfhp", 0)
     return {name: torch.from_numpy(value) for name, value in rows.items()}
 

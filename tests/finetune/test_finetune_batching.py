@@ -7,11 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packed_transformers.components.batches import collate
 from packed_transformers.data.classification_data import TokenizedExamples
-from packed_transformers.inference.batching import BATCHING_MODES, Batcher, BatchingSpec, collate
 from packed_transformers.inference.predictions import predict_logits
-from packed_transformers.inference.rows import pack_rows, pad_table
+from packed_transformers.packs.batching import BATCHING_MODES, Batcher, BatchingSpec
 from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.rows import pack_rows, pad_table
 from packed_transformers.packs.tokenized import pack_examples
 
 S = 48

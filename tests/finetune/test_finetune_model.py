@@ -6,10 +6,10 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from packed_transformers.data.classification_data import TokenizedExamples
-from packed_transformers.inference.batching import BATCHING_MODES, Batcher, BatchingSpec
 from packed_transformers.inference.predictions import predict_logits
-from packed_transformers.inference.rows import pack_rows, unpack_outputs
 from packed_transformers.model.bert_heads import PackedBertForSequenceClassification, classification_metrics
+from packed_transformers.packs.batching import BATCHING_MODES, Batcher, BatchingSpec
+from packed_transformers.packs.rows import pack_rows, unpack_outputs
 from packed_transformers.packs.tokenized import pack_examples
 
 VOCAB = 97

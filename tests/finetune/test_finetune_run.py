@@ -15,7 +15,7 @@ from packed_transformers.data.classification_data import (
     split_by_seed,
 )
 from packed_transformers.finetune import train as finetune
-from packed_transformers.inference.batching import BATCHING_MODES
+from packed_transformers.packs.batching import BATCHING_MODES
 
 from ..finetune_helpers import (  # noqa: F401
     CLASSES,

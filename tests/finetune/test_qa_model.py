@@ -7,14 +7,15 @@ import pytest
 import torch
 from transformers import BertForQuestionAnswering
 
+from packed_transformers.components.batches import collate
 from packed_transformers.data import assets
 from packed_transformers.data.qa_data import QaExamples
 from packed_transformers.data.qa_windows import fast_tokenizer, make_windows
 from packed_transformers.data.tokenizer import load_tokenizer
-from packed_transformers.inference.batching import BATCHING_MODES, Batcher, BatchingSpec, collate
 from packed_transformers.inference.question_answering import predict_spans
-from packed_transformers.inference.rows import pack_rows, unpack_token_outputs
 from packed_transformers.model.bert_heads import PackedBertForQuestionAnswering, span_metrics
+from packed_transformers.packs.batching import BATCHING_MODES, Batcher, BatchingSpec
+from packed_transformers.packs.rows import pack_rows, unpack_token_outputs
 from packed_transformers.packs.tokenized import pack_examples
 
 from ..conftest import fast_loop_keeps

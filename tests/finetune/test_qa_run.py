@@ -17,7 +17,7 @@ from packed_transformers.data import assets
 from packed_transformers.data.qa_cloze import build, official_layout
 from packed_transformers.data.qa_windows import fast_tokenizer
 from packed_transformers.finetune import train as finetune
-from packed_transformers.inference.batching import BATCHING_MODES
+from packed_transformers.packs.batching import BATCHING_MODES
 
 from ..finetune_helpers import assert_same_run, torchrun
 

@@ -30,12 +30,12 @@ from packed_transformers.hf_integration.trainer import (
     pack_dataset,
     unpack_predictions,
 )
-from packed_transformers.inference.rows import pack_rows
 from packed_transformers.model.bert_heads import (
     PackedBertForQuestionAnswering,
     PackedBertForSequenceClassification,
     PackedBertForTokenClassification,
 )
+from packed_transformers.packs.rows import pack_rows
 from packed_transformers.packs.tokenized import pack_examples
 
 from ..hf_helpers import (

@@ -16,9 +16,9 @@ import transformers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packed_transformers.inference.rows import pack_rows
 from packed_transformers.model.families import FAMILIES as PACKED
 from packed_transformers.model.family_model import PackedFamilyModel
+from packed_transformers.packs.rows import pack_rows
 from packed_transformers.packs.tokenized import pack_examples
 
 from ..conftest import REPO

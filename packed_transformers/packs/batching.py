@@ -1,9 +1,9 @@
 """Four ways to batch a classification dataset, one code path for the model.
 
 Every mode turns a dataset into a list of batch tables: int64 [rows, K] of example
-indices (-1 = empty slot). `collate` turns a table into the model's rows with
-inference.rows.pack_rows, so padded, dynamic, uniform and packed batches are the
-same fields through the same PackedBertForSequenceClassification:
+indices (-1 = empty slot). A table becomes the model's rows through packs.rows.pack_rows (fine-tuning's training batches:
+components.batches.collate, rows and labels), so padded, dynamic, uniform and packed batches
+are the same fields through the same PackedBertForSequenceClassification:
 
 | mode    | K | row width              | order in training                              |
 |---------|---|------------------------|------------------------------------------------|
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from packed_transformers.common.choices import BATCHING_MODES, FIXED_WIDTH_MODES
-from packed_transformers.inference.rows import pack_rows, pad_table, unpacked_table
 from packed_transformers.packs.errors import PackingInputError
+from packed_transformers.packs.rows import pad_table, unpacked_table
 from packed_transformers.packs.tokenized import check_table, pack_examples
 
 
@@ -176,20 +176,3 @@ def width_groups(
         if best_cost is None or cost < best_cost:
             best, best_cost = parts, cost
     return best
-
-
-def collate(data, table: np.ndarray, width: int, with_labels: bool = True) -> dict:
-    """Model inputs for one batch table: pack_rows' fields [rows, width] / [rows, K] and labels
-    [rows, K] (or [rows, K, C] multi-label, [rows, K, 2] span positions; zeros in empty slots)."""
-    import torch  # here alone: batching is torch-free for the exported process
-
-    rows = pack_rows(data.token_ids, table, width, data.segment_ids)
-    batch = {name: torch.from_numpy(value) for name, value in rows.items()}
-    if with_labels:
-        labels = data.labels[np.maximum(table, 0)]
-        labels[table < 0] = 0
-        # multi-hot labels (uint8) are BCE targets; class ids and span positions are int64
-        batch["labels"] = torch.from_numpy(
-            labels.astype(np.float32 if labels.dtype == np.uint8 else np.int64)
-        )
-    return batch
