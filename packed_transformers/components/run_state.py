@@ -55,18 +55,30 @@ class RunState:
 
 @dataclass(frozen=True)
 class EvalSchedule:
-    """Evaluate each time the samples trained pass the next multiple of `every_samples`
-    (an interval of eval.every_samples or MLPerf's rule); the next point is run state."""
+    """When every run evaluates. By samples (pretraining; BERT's interval is eval.every_samples
+    or MLPerf's rule, the decoder's eval.every_samples, 0 = never): each time the samples
+    trained pass the next multiple of `every_samples`, the next point kept in the run state
+    (`next_eval_samples`, resumed with it). By epoch (`per_epoch`, fine-tuning): when the epoch
+    in progress has trained its last batch."""
 
-    every_samples: int
+    every_samples: int = 0
+    per_epoch: bool = False
 
     def first(self) -> int:
         return self.every_samples
 
-    def due(self, state: RunState) -> bool:
-        return state.samples >= state.next_eval_samples
+    def claim(self, state, epoch_batches: int | None = None) -> bool:
+        """Whether an evaluation is due now; by samples the next point moves past now.
+        `state`: samples and next_eval_samples; per epoch, batches_done of `epoch_batches`
+        (None: no epoch in progress)."""
+        if self.per_epoch:
+            return epoch_batches is not None and state.batches_done == epoch_batches
+        if not self.every_samples or state.samples < state.next_eval_samples:
+            return False
+        state.next_eval_samples = self.following(state)
+        return True
 
-    def following(self, state: RunState) -> int:
+    def following(self, state) -> int:
         """The first evaluation point after `state.samples`."""
         next_at = state.next_eval_samples
         while next_at <= state.samples:

@@ -54,7 +54,7 @@ from packed_transformers.components import replicas as parallel  # this process 
 from packed_transformers.components.checkpoint import CheckpointError
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJobDefaults, run_loop
-from packed_transformers.components.run_state import skip_or_stop
+from packed_transformers.components.run_state import EvalSchedule, skip_or_stop
 from packed_transformers.components.step import (
     NonFiniteStep,
     StepSettings,
@@ -84,6 +84,7 @@ from packed_transformers.packs.batching import Batcher, BatchingSpec
 from packed_transformers.packs.errors import PackingInputError
 
 log = logging.getLogger("finetune")
+EPOCH_END = EvalSchedule(per_epoch=True)  # fine-tuning validates each epoch (components.run_state)
 
 # What the command answers in one line and exit 2: the input's fault, found before or while it runs.
 REFUSED = (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError, CheckpointError)
@@ -189,7 +190,7 @@ class Run(LoopJobDefaults):
         self.bar.update(1)
 
     def evaluation_due(self) -> bool:
-        return self.batches is not None and self.state.batches_done == len(self.batches)
+        return EPOCH_END.claim(self.state, None if self.batches is None else len(self.batches))
 
     def evaluate(self) -> bool:
         """The epoch in progress validated (also one a time budget cut short), its metrics line

@@ -105,10 +105,7 @@ class Run(RunSetup):
             self._log_window(self.lr)
 
     def evaluation_due(self) -> bool:
-        if not self.eval_schedule.due(self.state):
-            return False
-        self.state.next_eval_samples = self.eval_schedule.following(self.state)
-        return True
+        return self.eval_schedule.claim(self.state)
 
     def evaluate(self) -> bool:
         return self._evaluate()

@@ -44,7 +44,7 @@ from packed_transformers.components.run_folder import (
     prepare_output,
     write_run_config,
 )
-from packed_transformers.components.run_state import Diverged, StopSignal, skip_or_stop
+from packed_transformers.components.run_state import Diverged, EvalSchedule, StopSignal, skip_or_stop
 from packed_transformers.components.sharding import (
     load_sharded,
     materialize_sharded,
@@ -182,8 +182,9 @@ class DecoderRun:
         self.schedule = WarmupCosineDecay(
             optim["lr"], optim["warmup_samples"], optim["total_samples"], optim["end_lr"]
         )
+        self.eval_schedule = EvalSchedule(config["eval"]["every_samples"] or 0)
         self.state = DecoderState(
-            next_eval_samples=config["eval"]["every_samples"] or 0, rows_per_step=self.rows_per_step
+            next_eval_samples=self.eval_schedule.first(), rows_per_step=self.rows_per_step
         )
         if resume:
             self._restore()
@@ -412,11 +413,7 @@ class DecoderRun:
             self.log_window()
 
     def evaluation_due(self) -> bool:
-        state, every = self.state, self.config["eval"]["every_samples"]
-        if self.eval_rows is None or not every or state.samples < state.next_eval_samples:
-            return False
-        state.next_eval_samples += every * (1 + (state.samples - state.next_eval_samples) // every)
-        return True
+        return self.eval_rows is not None and self.eval_schedule.claim(self.state)
 
     def evaluate(self) -> bool:
         return self._evaluate_and_log()
