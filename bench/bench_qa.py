@@ -36,7 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packed_transformers.components.batches import collate  # noqa: E402
-from packed_transformers.components.step import StepSettings  # noqa: E402
+from packed_transformers.components.step import StepSettings, set_learning_rate  # noqa: E402
 from packed_transformers.data import assets  # noqa: E402
 from packed_transformers.data.qa_windows import QaWindows  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
@@ -129,8 +129,7 @@ def time_transformers(reference, windows, config, train_windows) -> tuple[float,
         out = reference(**inputs, start_positions=labels[:, 0], end_positions=labels[:, 1])
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0, foreach=True)
-        for group in optimizer.param_groups:  # the same schedule as ours (LambdaLR's values)
-            group["lr"] = schedule(steps[0])
+        set_learning_rate(optimizer, schedule(steps[0]))  # the same schedule as ours, written as ours is
         optimizer.step()
         steps[0] += 1
         optimizer.zero_grad(set_to_none=True)

@@ -1,9 +1,10 @@
 """Four ways to batch a classification dataset, one code path for the model.
 
 Every mode turns a dataset into a list of batch tables: int64 [rows, K] of example
-indices (-1 = empty slot). A table becomes the model's rows through packs.rows.pack_rows (fine-tuning's training batches:
-components.batches.collate, rows and labels), so padded, dynamic, uniform and packed batches
-are the same fields through the same PackedBertForSequenceClassification:
+indices (-1 = empty slot). A table becomes the model's rows through packs.rows.pack_rows
+(fine-tuning's training batches: components.batches.collate, rows and labels), so padded,
+dynamic, uniform and packed batches are the same fields through the same
+PackedBertForSequenceClassification:
 
 | mode    | K | row width              | order in training                              |
 |---------|---|------------------------|------------------------------------------------|
