@@ -2,8 +2,10 @@
 
 OUTPUT/checkpoints/step-00000123/
     model/               Hugging Face BertForPreTraining folder (config.json, model.safetensors)
-    training_state.pt    optimizer (+ loss scaler), step, samples, loader position, next
-                         evaluation point, best eval accuracy, every rank's RNG state, config
+    training_state.pt    the run state as JSON (components.run_state.RunState: step, samples,
+                         next evaluation point, the job's own progress), every rank's RNG
+                         state, the optimizer (+ loss scaler): `training_state`
+    dcp/                 a sharded run's shards of model and optimizer (components.sharding)
     manifest.json        sha256 and size of every file above; written last
 
 A checkpoint is written into a temporary folder and renamed into place, so a crash leaves
@@ -13,17 +15,20 @@ whose manifest matches its files is used; a corrupt or partial one is reported a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import random
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from packed_transformers.common.cli import first_line
-from packed_transformers.common.files import atomic_folder, sha256_file
+from packed_transformers.common.files import apply_umask, atomic_folder, replace_folder, sha256_file
 
 log = logging.getLogger(__name__)
 PREFIX = "step-"
@@ -92,30 +97,70 @@ def weights_writer(model, weights: dict | None):
     return write
 
 
-def save_checkpoint(
-    folder: Path, step: int, model, training_state: dict, keep: int, write_model=None
-) -> Path:
-    """Write OUTPUT/checkpoints/step-N atomically; drop all but the newest `keep`.
-    write_model(model_folder): writes model/ (config.json, model.safetensors); default
-    `model.save_pretrained` (pretraining's transformers folder)."""
+def training_state(run_state, rng: list, engine_state: dict | None = None) -> dict:
+    """The one shape of training_state.pt, every run's: "state", the run state as JSON
+    (components.run_state.RunState.to_json); "rng", every rank's RNG state (index = rank); and
+    the engine's own entries ("optimizer", absent where dcp/ holds it; "scaler";
+    "ipu_rng_states")."""
+    return {"state": run_state.to_json(), "rng": rng, **(engine_state or {})}
+
+
+def save_checkpoint(folder: Path, step: int, state: dict, keep: int, write_model, write_shards=None,
+                    rank: int = 0) -> Path:  # fmt: skip
+    """The one atomic writer of every run's checkpoint: OUTPUT/checkpoints/step-N written into a
+    temporary folder, its manifest last, renamed into place; all but the newest `keep` dropped.
+    write_model(model_folder) writes model/ (config.json, model.safetensors); `state` is
+    `training_state`'s. Unsharded, rank 0 alone calls it. Sharded (write_shards given), every
+    rank does: write_shards(folder) writes this rank's part (DCP's dcp/, a collective) into one
+    temporary folder rank 0 made, and rank 0 writes the rest. -> the checkpoint's folder.
+    OSError (the disk's answer) or CheckpointError (a writer's own error, one line)."""
     final = step_folder(folder, step)
-    with atomic_folder(final) as tmp:
-        try:
-            (write_model or model.save_pretrained)(tmp / "model")
-            torch.save(training_state, tmp / "training_state.pt")
-        except OSError:
-            raise
-        except Exception as err:
-            # safetensors (SafetensorError) and torch.save's zip writer (RuntimeError
-            # "unexpected pos") wrap a failed write in their own types: one line, the
-            # path and their reason. atomic_folder removes the half-written folder.
-            raise CheckpointError(
-                f"{final}: writing the checkpoint failed ({first_line(err)}; no space left on the device or a "
-                "file-size limit?); the older checkpoints are intact"
-            ) from None
-        write_manifest(tmp, step)
-    prune(folder, keep)
+    with _temporary(final, rank) if write_shards is not None else atomic_folder(final) as tmp:
+        if write_shards is not None:
+            write_shards(tmp)
+        if rank == 0:
+            try:
+                write_model(tmp / "model")
+                torch.save(state, tmp / "training_state.pt")
+            except OSError:
+                raise
+            except Exception as err:
+                # safetensors (SafetensorError) and torch.save's zip writer (RuntimeError
+                # "unexpected pos") wrap a failed write in their own types: one line, the
+                # path and their reason. The half-written folder is removed.
+                raise CheckpointError(
+                    f"{final}: writing the checkpoint failed ({first_line(err)}; no space left on the device or a "
+                    "file-size limit?); the older checkpoints are intact"
+                ) from None
+            write_manifest(tmp, step)
+    if rank == 0:
+        prune(folder, keep)
     return final
+
+
+@contextlib.contextmanager
+def _temporary(final: Path, rank: int):
+    """atomic_folder for every rank of a sharded run: rank 0 makes the temporary folder and
+    sends its path to every rank; once every rank has written, rank 0 renames it into place
+    (the user's umask, an older one of that name renamed aside first) or removes it."""
+    import torch.distributed as dist
+
+    box = [None]
+    if rank == 0:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        box[0] = tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent)
+    dist.broadcast_object_list(box, src=0)
+    tmp, written = Path(box[0]), False
+    try:
+        yield tmp
+        written = True
+    finally:
+        dist.barrier()
+        if rank == 0 and written:
+            apply_umask(tmp)
+            replace_folder(tmp, final)
+        if rank == 0 and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_manifest(folder: Path, step: int) -> None:

@@ -4,10 +4,12 @@ signal, agreed by every replica; a non-finite step)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from packed_transformers.components.data import LoaderPosition
 from packed_transformers.components.distributed import any_process
@@ -18,39 +20,61 @@ EXIT_DIVERGED = 3  # a non-finite loss, gradient norm or weight: no checkpoint w
 
 @dataclass
 class RunState:
-    """Everything besides weights and optimizer that a checkpoint restores."""
+    """Everything besides weights and optimizer that a checkpoint restores, one type for every
+    run: the clock every run keeps, and in `extra` what its job adds (a dataclass of plain
+    values per job: BertProgress, training.decoder.run.DecoderProgress,
+    finetune.run_folder.FinetuneProgress). Kept in training_state.pt as JSON (`to_json`)."""
 
-    step: int = 0
-    samples: int = 0  # real sequences trained on, all replicas
-    position: LoaderPosition = field(default_factory=LoaderPosition)
-    next_eval_samples: int = 0
-    best_eval_accuracy: float = 0.0
+    step: int = 0  # optimizer steps done
+    samples: int = 0  # what the job trains on, all processes: sequences, rows (decoder), examples
+    next_eval_samples: int = 0  # the evaluation schedule's next point (EvalSchedule)
     reached_target: bool = False
-    train_seconds: float = 0.0  # training time so far, all processes of the run (see Run.train_seconds)
+    train_seconds: float = 0.0  # training time so far, over resumes
     skipped_steps: int = 0  # non-finite steps skipped (training.on_nonfinite: skip), over resumes
+    extra: Any = None  # the job's own progress
 
-    def to_checkpoint(self) -> dict:
-        return {
-            "skipped_steps": self.skipped_steps,
-            "step": self.step,
-            "samples": self.samples,
-            "position": self.position.as_dict(),
-            "next_eval_samples": self.next_eval_samples,
-            "best_eval_accuracy": self.best_eval_accuracy,
-            "train_seconds": self.train_seconds,
-        }
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
 
     @classmethod
-    def from_checkpoint(cls, saved: dict) -> RunState:
-        return cls(
-            step=saved["step"],
-            samples=saved["samples"],
-            position=LoaderPosition(**saved["position"]),
-            next_eval_samples=saved["next_eval_samples"],
-            best_eval_accuracy=saved["best_eval_accuracy"],
-            train_seconds=saved.get("train_seconds", 0.0),  # absent in checkpoints before it was kept
-            skipped_steps=saved.get("skipped_steps", 0),
-        )
+    def from_saved(cls, saved: dict, extra_type) -> RunState:
+        """training_state.pt's run state (`saved["state"]`, JSON) with its job's `extra_type`.
+        Checkpoints from before the one run state are read too: BERT's kept its fields flat
+        beside the optimizer, the decoder's and fine-tuning's theirs in "state" without an
+        "extra" (fine-tuning named `step` "steps" and `samples` "train_examples")."""
+        values = json.loads(saved["state"]) if "state" in saved else dict(saved)
+        for old, new in (("steps", "step"), ("train_examples", "samples")):
+            if old in values:
+                values[new] = values.pop(old)
+        common = {f.name for f in fields(cls)} - {"extra"}
+        extra = values.get("extra")
+        if extra is None:
+            extra = {key: value for key, value in values.items() if key not in common}
+        return cls(**{key: values[key] for key in common if key in values}, extra=extra_type.from_dict(extra))
+
+
+def plain_values(cls, values: dict) -> dict:
+    """The entries of `values` that are fields of the dataclass `cls` (a checkpoint may hold
+    fewer, from before a field was kept, or more, from an engine)."""
+    return {f.name: values[f.name] for f in fields(cls) if f.name in values}
+
+
+@dataclass
+class BertProgress:
+    """BERT pretraining's part of the run state: the loader's position, the best evaluation and
+    what a resume must keep (the run's config, its data's identity, its packs a step)."""
+
+    position: LoaderPosition = field(default_factory=LoaderPosition)
+    best_eval_accuracy: float = 0.0
+    config: dict | None = None
+    data_identity: str | None = None
+    packs_per_step: int | None = None  # None: a checkpoint from before it was recorded
+
+    @classmethod
+    def from_dict(cls, values: dict) -> BertProgress:
+        kept = plain_values(cls, values)
+        kept["position"] = LoaderPosition(**kept.get("position", {}))
+        return cls(**kept)
 
 
 @dataclass(frozen=True)
@@ -67,12 +91,12 @@ class EvalSchedule:
     def first(self) -> int:
         return self.every_samples
 
-    def claim(self, state, epoch_batches: int | None = None) -> bool:
+    def claim(self, state, epoch: tuple[int, int] | None = None) -> bool:
         """Whether an evaluation is due now; by samples the next point moves past now.
-        `state`: samples and next_eval_samples; per epoch, batches_done of `epoch_batches`
-        (None: no epoch in progress)."""
+        `state`: samples and next_eval_samples (RunState); per epoch, `epoch` is the epoch in
+        progress's (batches done, batches in it) (None: no epoch in progress)."""
         if self.per_epoch:
-            return epoch_batches is not None and state.batches_done == epoch_batches
+            return epoch is not None and epoch[0] == epoch[1]
         if not self.every_samples or state.samples < state.next_eval_samples:
             return False
         state.next_eval_samples = self.following(state)

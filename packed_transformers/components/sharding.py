@@ -7,11 +7,10 @@ torch.distributed.checkpoint (DCP), which a run of another number of ranks reads
                        `_no_split_modules`: a decoder layer), then the whole model; gradients
                        summed over ranks (divide factor 1: the run's loss is already divided
                        by the step's predicted tokens of every rank, as the DDP path's is)
-    save_sharded       OUTPUT/checkpoints/step-N/ as components/checkpoint.py's format: model/
-                       (config.json, model.safetensors: the full weights, gathered to rank 0:
-                       what a user loads), training_state.pt (run state and RNG, no optimizer),
-                       dcp/ (every rank's shard of model and optimizer), manifest.json last;
-                       written into a temporary folder every rank writes, renamed in by rank 0
+    sharded_checkpoint what the one checkpoint writer (components.checkpoint) needs: the
+                       full weights gathered for model/ (what a user loads) and the writer of
+                       dcp/ (every rank's shard of model and optimizer); training_state.pt
+                       then holds no optimizer
     load_sharded       dcp/ into this run's shards, whatever number of ranks wrote it
     materialize_sharded  a model built on the meta device and sharded gets its weights: each
                        rank allocates its shards only, rank 0's whole model broadcast into them
@@ -25,15 +24,11 @@ Gloo runs every collective FSDP2 and DCP need, so all of this runs and is tested
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from packed_transformers.common.files import apply_umask, replace_folder
 from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components.errors import RunError
 
@@ -158,55 +153,19 @@ def full_tensor(value):
     return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
-def _shared_temporary(final: Path, rank: int) -> Path:
-    """A new temporary folder beside `final`, made by rank 0, its path sent to every rank."""
-    box = [None]
-    if rank == 0:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        box[0] = tempfile.mkdtemp(prefix=f".{final.name}.tmp-{os.getpid()}-", dir=final.parent)
-    dist.broadcast_object_list(box, src=0)
-    return Path(box[0])
-
-
-def save_sharded(folder: Path, step: int, hf_model, optimizer, training_state: dict, keep: int,
-                 rank: int) -> Path:  # fmt: skip
-    """Every rank calls it (collectives inside); see the module docstring."""
+def sharded_checkpoint(hf_model, optimizer) -> tuple[dict, object]:
+    """Collective: what the one checkpoint writer (components.checkpoint.save_checkpoint) needs
+    of a sharded model: its weights gathered whole (on the CPU, for rank 0's model/: what a
+    user loads) and the writer of every rank's DCP shards of model and optimizer (dcp/)."""
     import torch.distributed.checkpoint as dcp
-    from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
-    final = ckpt.step_folder(folder, step)
-    tmp = _shared_temporary(final, rank)
-    failure = None
-    try:
+    def write_shards(folder: Path) -> None:
         model_state, optimizer_state = get_state_dict(hf_model, optimizer)
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp / "dcp")
-        full = get_model_state_dict(
-            hf_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
-        if rank == 0:
-            (tmp / "model").mkdir()
-            hf_model.config.save_pretrained(tmp / "model")
-            save_file({k: v.contiguous() for k, v in full.items()}, tmp / "model" / "model.safetensors",
-                      metadata={"format": "pt"})  # fmt: skip
-            torch.save(training_state, tmp / "training_state.pt")
-            ckpt.write_manifest(tmp, step)
-            # as atomic_folder finishes a folder: the user's umask (mkdtemp made it 0700), and an
-            # older one of that name renamed aside first, so one complete folder exists throughout
-            apply_umask(tmp)
-            replace_folder(tmp, final)
-            ckpt.prune(folder, keep)
-    except OSError as err:
-        failure = err
-    finally:
-        dist.barrier()
-        if rank == 0 and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    if failure is not None:
-        raise ckpt.CheckpointError(
-            f"{final}: writing the checkpoint failed ({failure}); the older checkpoints are intact"
-        )
-    return final
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder / "dcp")
+
+    whole = get_model_state_dict(hf_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return whole, write_shards
 
 
 def load_sharded(path: Path, hf_model, optimizer) -> None:

@@ -6,7 +6,8 @@ validated through inference/.
     config         the YAML schema and the command line (train_parser, standard library and YAML only)
     jobs           data.task -> its Job (job_contract): classification and embedding (contrastive) here, QA
                    (qa_task), SFT (causal_lm_task)
-    run_folder, checkpoint   the output folder, resume's checks, the run's typed state (RunState), exact --resume
+    run_folder, checkpoint   the output folder, resume's checks, exact --resume, the run state's
+                   fine-tuning part (FinetuneProgress)
     folder_writer  the fine-tuned folder written (read back by door/)
     errors         FinetuneError, Diverged
 

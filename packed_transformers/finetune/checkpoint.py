@@ -1,28 +1,56 @@
-"""Fine-tuning checkpoints: every run's format and resume policy (components.checkpoint),
-the latest only, its model/ in the run's own names (safetensors, loaded strictly) and the
-progress (finetune.run_folder.RunState) as JSON in training_state.pt beside AdamW's, the
-schedule's and every RNG's state. Written after every epoch's validation and when a signal
-stops a run; an epoch's batch order is a pure function of seed and epoch, so the position in
+"""Fine-tuning checkpoints: every run's format, writer and resume policy
+(components.checkpoint), the latest only, its model/ in the run's own names (safetensors,
+loaded strictly) and the run state (components.run_state.RunState, its extra this module's
+FinetuneProgress) in training_state.pt beside AdamW's and every RNG's state. Written after
+every epoch's validation and when a signal stops a run; an epoch's batch order is a pure function of seed and epoch, so the position in
 it is a count of batches: a resumed run's weights equal the unstopped run's
 (tests/finetune/test_finetune_resume.py).
 """
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components.run_state import RunState, plain_values
+from packed_transformers.finetune.job_contract import STEP_SUMS
 
 KEEP = 1  # a fine-tuning run keeps its latest checkpoint only (as many copies of the model as before)
+
+
+def zero_sums() -> dict[str, float]:
+    return dict.fromkeys(STEP_SUMS, 0.0)
+
+
+@dataclass
+class FinetuneProgress:
+    """Fine-tuning's part of the run state (components.run_state.RunState.extra; its `samples`
+    are the examples trained, its `train_seconds` the optimizer steps' time). config: the run's
+    (resolved); data_sha256: input_digest's. epoch: the epoch in progress (the next to run once
+    one is validated); batches_done: batches of it trained; sums: its running STEP_SUMS.
+    padding: each epoch's padding fraction. finished: the last epoch (or a time budget's stop)
+    is validated and checkpointed."""
+
+    config: dict | None = None
+    data_sha256: dict = field(default_factory=dict)
+    epoch: int = 0
+    batches_done: int = 0
+    sums: dict = field(default_factory=zero_sums)
+    padding: list = field(default_factory=list)
+    finished: bool = False
+
+    @classmethod
+    def from_dict(cls, values: dict) -> FinetuneProgress:
+        return cls(**plain_values(cls, values))
 
 
 def checkpoints_folder(output: Path) -> Path:
     return Path(output) / "checkpoints"
 
 
-def save_checkpoint(output: Path, model, optimizer, progress: dict, replicas) -> Path:
-    """Write the checkpoint of `progress` (RunState.progress()) and keep only it. -> its folder.
+def save_checkpoint(output: Path, model, optimizer, state: RunState, replicas) -> Path:
+    """Write the checkpoint of `state` and keep only it. -> its folder.
     Every process calls it: a sharded run's weights and optimizer state are gathered whole
     (the one format, whatever the number of ranks), every rank's RNG is kept, rank 0 writes.
     OSError (the disk's answer) or ckpt.CheckpointError (a writer's own error, one line)."""
@@ -30,17 +58,14 @@ def save_checkpoint(output: Path, model, optimizer, progress: dict, replicas) ->
     from packed_transformers.components.replicas import gathered_optimizer_state, gathered_weights
 
     weights = gathered_weights(model, replicas)  # sharded: gathered whole; else None
-    state = {
-        "optimizer": gathered_optimizer_state(optimizer, replicas),
-        "rng": gather_rng_states(),  # index = rank
-        "state": json.dumps(progress),
-    }
-    final = ckpt.step_folder(checkpoints_folder(output), progress["steps"])
+    optimizer_state = gathered_optimizer_state(optimizer, replicas)
+    saved = ckpt.training_state(state, gather_rng_states(), {"optimizer": optimizer_state})
+    final = ckpt.step_folder(checkpoints_folder(output), state.step)
     failure = None
     if replicas.writes:
         try:
-            ckpt.save_checkpoint(checkpoints_folder(output), progress["steps"], model, state, KEEP,
-                                 ckpt.weights_writer(model, weights))  # fmt: skip
+            write_model = ckpt.weights_writer(model, weights)
+            ckpt.save_checkpoint(checkpoints_folder(output), state.step, saved, KEEP, write_model)
         except (OSError, ckpt.CheckpointError) as err:
             failure = err
     if replicas.agree(failure is not None):  # every rank raises where rank 0's write failed
@@ -53,22 +78,22 @@ def has_checkpoint(output: Path) -> bool:
     return bool(ckpt.list_checkpoints(checkpoints_folder(output)))
 
 
-def read_progress(output: Path) -> dict | None:
-    """The newest intact checkpoint's progress; None without one. ckpt.CheckpointError where
+def read_progress(output: Path) -> RunState | None:
+    """The newest intact checkpoint's run state; None without one. ckpt.CheckpointError where
     there are checkpoints and none intact, or its state is not plain values."""
     if not has_checkpoint(output):
         return None
     newest = ckpt.latest_valid_checkpoint(checkpoints_folder(output))
     if newest is None:
         raise ckpt.CheckpointError(f"{checkpoints_folder(output)} holds no intact checkpoint")
-    return json.loads(ckpt.load_training_state(newest)["state"])
+    return RunState.from_saved(ckpt.load_training_state(newest), FinetuneProgress)
 
 
-def load_checkpoint(output: Path, model, optimizer, replicas) -> tuple[Path, dict]:
+def load_checkpoint(output: Path, model, optimizer, replicas) -> tuple[Path, RunState]:
     """Restore weights, optimizer and RNG (this rank's; rank 0's for a rank the writer did not
     have) from the checkpoint resume_from picks, whatever number of ranks wrote it. The
-    learning rate follows from the progress' step count (an older checkpoint's LambdaLR state
-    is read by nobody). -> (its folder, its progress). ckpt.CheckpointError when none is left."""
+    learning rate follows from the state's step count (an older checkpoint's LambdaLR state
+    is read by nobody). -> (its folder, its run state). ckpt.CheckpointError when none is left."""
     from safetensors.torch import load_file
 
     from packed_transformers.components.replicas import load_optimizer_state, load_weights
@@ -80,4 +105,4 @@ def load_checkpoint(output: Path, model, optimizer, replicas) -> tuple[Path, dic
     path, state = ckpt.resume_from(checkpoints_folder(output), load_into_run)
     rng = state["rng"]
     ckpt.set_rng_state(rng[replicas.rank] if replicas.rank < len(rng) else rng[0])
-    return path, json.loads(state["state"])
+    return path, RunState.from_saved(state, FinetuneProgress)

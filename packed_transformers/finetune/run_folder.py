@@ -7,13 +7,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from packed_transformers.common.cli import first_line
 from packed_transformers.common.files import describe_os_error
 from packed_transformers.finetune.errors import FinetuneError
-from packed_transformers.finetune.job_contract import STEP_SUMS, resolve_asset
+from packed_transformers.finetune.job_contract import resolve_asset
 
 
 def input_digest(config: dict) -> dict:
@@ -102,9 +101,9 @@ CHANGEABLE_ON_RESUME = {
 }
 
 
-def check_output(output: Path, resume: bool) -> dict | None:
+def check_output(output: Path, resume: bool):
     """The output folder may hold nothing finished; --resume needs its checkpoint. -> the
-    checkpoint's progress (resume) or None."""
+    checkpoint's run state (resume: components.run_state.RunState) or None."""
     from packed_transformers.components.checkpoint import CheckpointError
     from packed_transformers.finetune.checkpoint import checkpoints_folder, has_checkpoint, read_progress
 
@@ -131,12 +130,12 @@ def check_output(output: Path, resume: bool) -> dict | None:
     return progress
 
 
-def resume_differences(config: dict, progress: dict | None) -> list[str]:
+def resume_differences(config: dict, progress) -> list[str]:
     """The settings (section.key) where `config` differs from the checkpoint's, apart from
     CHANGEABLE_ON_RESUME; [] for a new run."""
     if progress is None:
         return []
-    saved = progress["config"]  # an earlier version's: device, threads, sharding under training
+    saved = progress.extra.config  # an earlier version's: device, threads, sharding under training
     saved = {**saved, "execution": saved.get("execution") or {k: saved["training"].get(k) for k in config["execution"]}}
     return sorted(
         f"{section}.{key}" for section in config for key in config[section]
@@ -160,7 +159,7 @@ def save_final(job, model, output: Path) -> None:
         except Exception:  # noqa: BLE001 - the save's own error is the one to report
             progress = None
         what = (
-            f"the checkpoint of epoch {progress['epoch'] - 1} is kept in {kept}: free the space and run the "
+            f"the checkpoint of epoch {progress.extra.epoch - 1} is kept in {kept}: free the space and run the "
             "same command with --resume to save it"
             if progress is not None
             else "no checkpoint was written"
@@ -169,44 +168,3 @@ def save_final(job, model, output: Path) -> None:
         raise FinetuneError(
             f"{output / 'model'}: the final model could not be saved ({reason}); {what}"
         ) from None
-
-
-# ----- where a run stands: the progress a checkpoint holds (finetune.checkpoint) ----------------
-def zero_sums() -> dict[str, float]:
-    return dict.fromkeys(STEP_SUMS, 0.0)
-
-
-@dataclass
-class RunState:
-    """config: the run's config (resolved); data_sha256: {"train_file" | "validation_file": hex}
-    of the data it trains on (finetune.run_folder.input_digest).
-    epoch: the epoch in progress (the next to run once one is validated); batches_done: batches
-    of it trained; sums: its running STEP_SUMS. steps, train_seconds (optimizer steps only),
-    train_examples: the whole run's. padding: each epoch's padding fraction. finished: the
-    last epoch (or a time budget's stop) is validated and checkpointed."""
-
-    config: dict
-    data_sha256: dict
-    epoch: int = 0
-    batches_done: int = 0
-    sums: dict = field(default_factory=zero_sums)
-    steps: int = 0
-    train_seconds: float = 0.0
-    train_examples: int = 0
-    padding: list = field(default_factory=list)
-    finished: bool = False
-
-    def progress(self, **changes) -> dict:
-        """The JSON object a checkpoint keeps (its progress), with `changes` applied."""
-        return {**asdict(self), **changes}
-
-    @classmethod
-    def from_progress(cls, progress: dict, config: dict, data_sha256: dict) -> RunState:
-        """A checkpoint's progress -> the state, `config` replacing its config (the same but
-        for the settings a resume may change); a checkpoint written before data_sha256 was
-        kept takes today's digest."""
-        known = {f.name for f in fields(cls)}
-        kept = {key: value for key, value in progress.items() if key in known}
-        kept.setdefault("data_sha256", data_sha256)
-        kept["config"] = config
-        return cls(**kept)

@@ -54,7 +54,7 @@ from packed_transformers.components import replicas as parallel  # this process 
 from packed_transformers.components.checkpoint import CheckpointError
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJobDefaults, run_loop
-from packed_transformers.components.run_state import EvalSchedule, skip_or_stop
+from packed_transformers.components.run_state import EvalSchedule, RunState, skip_or_stop
 from packed_transformers.components.step import (
     NonFiniteStep,
     StepSettings,
@@ -64,19 +64,23 @@ from packed_transformers.components.step import (
 )
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
+from packed_transformers.finetune.checkpoint import (
+    FinetuneProgress,
+    load_checkpoint,
+    save_checkpoint,
+    zero_sums,
+)
 from packed_transformers.finetune.config import load_finetune_config, train_parser
 from packed_transformers.finetune.errors import Diverged, FinetuneError, Interrupted
 from packed_transformers.finetune.job_contract import SLOT_LOSS, Job, resolve_asset
 from packed_transformers.finetune.jobs import JOBS, prepare_task, read_examples
 from packed_transformers.finetune.run_folder import (
-    RunState,
     check_output,
     check_positions,
     clear_run,
     input_digest,
     resume_differences,
     save_final,
-    zero_sums,
 )
 from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.optim import build_adamw
@@ -149,11 +153,11 @@ class Run(LoopJobDefaults):
 
     @property
     def step(self) -> int:
-        return self.state.steps
+        return self.state.step
 
     def limit_reached(self) -> str | None:
         state, training = self.state, self.config["training"]
-        if state.finished or state.epoch >= training["epochs"]:
+        if state.extra.finished or state.extra.epoch >= training["epochs"]:
             return "epochs"
         # every rank stops at the same step: one whose clock reached the budget stops all
         if training["max_seconds"] is not None and self.replicas.agree(
@@ -165,60 +169,59 @@ class Run(LoopJobDefaults):
     def train_call(self) -> None:
         """One batch of the epoch in progress: its optimizer step, the run state advanced.
         Diverged (components.run_state) for a non-finite step."""
-        state, epoch = self.state, self.state.epoch
-        if self.batches is None:  # the epoch starts (or resumes at state.batches_done)
+        state, epoch = self.state, self.state.extra.epoch
+        if self.batches is None:  # the epoch starts (or resumes at state.extra.batches_done)
             self.batches = self.batcher.epoch(epoch)
-            if state.batches_done == 0:
-                state.padding.append((self.job.padding or self.batcher.padding_fraction)(self.batches))
+            if state.extra.batches_done == 0:
+                state.extra.padding.append((self.job.padding or self.batcher.padding_fraction)(self.batches))
             self.bar = tqdm(self.batches, desc=f"epoch {epoch}", disable=not self.config["training"]["progress"],
-                            leave=False, initial=state.batches_done)  # fmt: skip
-        table = self.batches[state.batches_done]
+                            leave=False, initial=state.extra.batches_done)  # fmt: skip
+        table = self.batches[state.extra.batches_done]
         start = time.perf_counter()
         rows = self.replicas.rows(table, self.batcher.spec.pad_last_batch)  # this process's share of the step
         batch = self.job.collate(self.job.train, rows, self.batcher.width(table))
         try:
-            step = finetune_step(self.model, batch, self.optimizer, self.schedule(state.steps), self.settings,
+            step = finetune_step(self.model, batch, self.optimizer, self.schedule(state.step), self.settings,
                                  self.job.loss, self.step_model, self.replicas)  # fmt: skip
         except NonFiniteStep as err:
-            skip_or_stop(f"epoch {epoch}, step {state.steps + 1}", err, 1)  # raises Diverged
+            skip_or_stop(f"epoch {epoch}, step {state.step + 1}", err, 1)  # raises Diverged
         state.train_seconds += time.perf_counter() - start
-        state.steps += 1
-        state.batches_done += 1
-        state.train_examples += int((table >= 0).sum())
-        for key in state.sums:
-            state.sums[key] += float(step[key])
+        state.step += 1
+        state.extra.batches_done += 1
+        state.samples += int((table >= 0).sum())
+        for key in state.extra.sums:
+            state.extra.sums[key] += float(step[key])
         self.bar.update(1)
 
     def evaluation_due(self) -> bool:
-        return EPOCH_END.claim(self.state, None if self.batches is None else len(self.batches))
+        epoch = None if self.batches is None else (self.state.extra.batches_done, len(self.batches))
+        return EPOCH_END.claim(self.state, epoch)
 
     def evaluate(self) -> bool:
         """The epoch in progress validated (also one a time budget cut short), its metrics line
         written, the next epoch begun. -> False: fine-tuning has no target to stop at."""
-        epoch = self.state.epoch
+        epoch = self.state.extra.epoch
         if self.bar is not None:
             self.bar.close()
         check_weights(self, epoch)  # every rank: a collective
         if self.replicas.writes or self.replicas.sharded:  # a sharded forward needs every rank
             self.validated = validate_epoch(self, epoch, self.metrics_file)
-        self.state.epoch, self.state.batches_done, self.state.sums = epoch + 1, 0, zero_sums()
+        self.state.extra.epoch, self.state.extra.batches_done, self.state.extra.sums = epoch + 1, 0, zero_sums()
         self.batches = self.bar = None
         return False
 
     def evaluates_at_end(self) -> bool:
-        return self.state.batches_done > 0  # an epoch a time budget stopped: validated as a whole one is
+        return self.state.extra.batches_done > 0  # an epoch a time budget stopped: validated as a whole one is
 
     def checkpoint_due(self) -> bool:
-        return self.batches is None and self.state.batches_done == 0  # after each epoch's validation
+        return self.batches is None and self.state.extra.batches_done == 0  # after each epoch's validation
 
     def save(self) -> None:
         """The checkpoint of this step, never of non-finite weights; a run whose limit is reached
         is marked finished (a --resume of it trains nothing more)."""
-        from packed_transformers.finetune.checkpoint import save_checkpoint
-
-        check_weights(self, self.state.epoch)
-        self.state.finished = self.limit_reached() is not None
-        self.where = save_checkpoint(self.output, self.model, self.optimizer, self.state.progress(), self.replicas)
+        check_weights(self, self.state.extra.epoch)
+        self.state.extra.finished = self.limit_reached() is not None
+        self.where = save_checkpoint(self.output, self.model, self.optimizer, self.state, self.replicas)
 
     def stop_agreed(self) -> bool:
         return self.replicas.agree(self.stop is not None and self.stop.is_set())
@@ -237,7 +240,7 @@ class Run(LoopJobDefaults):
             log.info("stopped after training.max_seconds=%s", self.config["training"]["max_seconds"])
         if end.exit_code:
             raise Interrupted(
-                f"stopped at epoch {self.state.epoch}, step {self.state.steps}; checkpoint kept at {self.where}: "
+                f"stopped at epoch {self.state.extra.epoch}, step {self.state.step}; checkpoint kept at {self.where}: "
                 "continue with the same command and --resume", self.stop.signum
             )  # fmt: skip
         if self.validated is None and (self.replicas.writes or self.replicas.sharded):
@@ -273,7 +276,7 @@ def run_finetune(
 def open_metrics(run: Run) -> None:
     """OUTPUT/metrics.jsonl opened for the loop, holding the lines of the epochs the
     checkpoint has validated (a resumed run's; none for a new one)."""
-    path, epoch = run.output / "metrics.jsonl", run.state.epoch
+    path, epoch = run.output / "metrics.jsonl", run.state.extra.epoch
     lines = path.read_text().splitlines() if epoch > 0 and path.is_file() else []
     kept = "".join(line + "\n" for line in lines if json.loads(line)["epoch"] < epoch)
     run.metrics_file = path.open("w")
@@ -318,10 +321,10 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
         batcher.packing_factor, batcher.packing_note(batching["max_sequences_per_pack"]), replicas.describe(),
     )  # fmt: skip
     torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
-    state = RunState(config, input_digest(config))
+    state = RunState(extra=FinetuneProgress(config, input_digest(config)))
     if progress is not None:
         state = restore_state(output, model, optimizer, state, replicas)
-    saved_step = state.steps if progress is not None else None
+    saved_step = state.step if progress is not None else None
     return Run(config, output, job, model, batcher, eval_batcher, optimizer, schedule,
                step_settings(config, model), state, stop, step_model, replicas, skeleton, saved_step)  # fmt: skip
 
@@ -330,30 +333,30 @@ def restore_state(output: Path, model, optimizer, fresh: RunState, replicas) -> 
     """--resume: the checkpoint's weights, optimizer, schedule and RNG into place (the newest
     intact one whose weights load: components.checkpoint.resume_from). -> its state; refused
     (one line) where none is left or the data changed."""
-    from packed_transformers.finetune.checkpoint import load_checkpoint
-
     try:
         path, progress = load_checkpoint(output, model, optimizer, replicas)
     except CheckpointError as err:
         raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
     # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
-    state = RunState.from_progress(progress, fresh.config, fresh.data_sha256)
-    kept_tokenizer = state.data_sha256.get("tokenizer")  # absent: a checkpoint from before it was kept
-    if kept_tokenizer is not None and kept_tokenizer != fresh.data_sha256["tokenizer"]:
+    state, kept = progress, progress.extra
+    kept.config = fresh.extra.config
+    kept.data_sha256 = kept.data_sha256 or fresh.extra.data_sha256  # a checkpoint from before it was kept
+    kept_tokenizer = state.extra.data_sha256.get("tokenizer")  # absent: a checkpoint from before it was kept
+    if kept_tokenizer is not None and kept_tokenizer != fresh.extra.data_sha256["tokenizer"]:
         raise FinetuneError(
             "--resume: the tokenizer's files changed since the checkpoint (model.init_checkpoint's tokenizer "
             "files or data.vocab_file: same paths, other contents); the planned batches came from the old "
             "tokenizer: restore it, or start over with --overwrite"
         )
-    data_keys = [k for k in fresh.data_sha256 if k != "tokenizer"]
-    if any(state.data_sha256.get(k) != fresh.data_sha256[k] for k in data_keys):
-        changed = ", ".join(k for k in data_keys if state.data_sha256.get(k) != fresh.data_sha256[k])
+    data_keys = [k for k in fresh.extra.data_sha256 if k != "tokenizer"]
+    if any(state.extra.data_sha256.get(k) != fresh.extra.data_sha256[k] for k in data_keys):
+        changed = ", ".join(k for k in data_keys if state.extra.data_sha256.get(k) != fresh.extra.data_sha256[k])
         raise FinetuneError(
             f"--resume: the training or validation data changed since the checkpoint (same paths, other "
             f"contents: {changed}); resume with the data it was trained on, or start over with --overwrite"
         )
-    log.info("resumed from %s: epoch %d, %d batches done in it", path, state.epoch,
-             state.batches_done)  # fmt: skip
+    log.info("resumed from %s: epoch %d, %d batches done in it", path, state.extra.epoch,
+             state.extra.batches_done)  # fmt: skip
     return state
 
 
@@ -368,10 +371,10 @@ def validate_epoch(run: Run, epoch: int, metrics_file):
     written. The last epoch's pass (the model does not change after it) is the run's
     inference figure and its predictions. -> (metrics, inference timing, outputs)."""
     validation, inference, outputs = run.job.evaluate(run.model, run.eval_batcher)
-    sums = run.state.sums
+    sums = run.state.extra.sums
     record = {
         "epoch": epoch,
-        "step": run.state.steps,
+        "step": run.state.step,
         "train_loss": sums["loss_sum"] / max(sums["count"], 1),
         "train_accuracy": sums["correct"] / max(sums["correct_count"], 1),
         **{f"validation_{k}": v for k, v in validation.items()},
@@ -392,11 +395,11 @@ def finish_run(run: Run, model, validation: dict, inference: dict, outputs) -> d
     summary = {
         "task": run.config["data"]["task"],
         "batching": run.batcher.spec.mode,
-        "train_examples": state.train_examples,
-        "train_steps": state.steps,
+        "train_examples": state.samples,
+        "train_steps": state.step,
         "train_seconds": state.train_seconds,
-        "train_examples_per_second": state.train_examples / max(state.train_seconds, 1e-9),
-        "train_padding_fraction": float(np.mean(state.padding)),
+        "train_examples_per_second": state.samples / max(state.train_seconds, 1e-9),
+        "train_padding_fraction": float(np.mean(state.extra.padding)),
         "examples_per_row": run.batcher.packing_factor,
         "inference_examples_per_second": inference["examples_per_second"],
         "inference_padding_fraction": inference["padding_fraction"],

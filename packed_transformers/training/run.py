@@ -185,8 +185,8 @@ class Run(RunSetup):
         state.step += engine.steps_per_call
         state.samples += sequences
         self.window_samples += sequences
-        state.position = advance(
-            state.position, engine.micro_batches_per_call * engine.data_world, self.sampler.per_epoch
+        state.extra.position = advance(
+            state.extra.position, engine.micro_batches_per_call * engine.data_world, self.sampler.per_epoch
         )
         self._show_progress(engine.steps_per_call)
         return lr
@@ -227,7 +227,7 @@ class Run(RunSetup):
             "step": self.state.step,
             "samples": self.state.samples,
             "train_seconds": now,
-            "epoch": self.state.position.epoch,
+            "epoch": self.state.extra.position.epoch,
             "lr": lr,
             **figures,
             "sequences_per_second": self.window_samples / seconds,
@@ -256,7 +256,7 @@ class Run(RunSetup):
         with self._paused():
             metrics = self.engine.evaluate(*self.eval_set)
         self.evaluated_step = state.step
-        state.best_eval_accuracy = max(state.best_eval_accuracy, metrics["mlm_accuracy"])
+        state.extra.best_eval_accuracy = max(state.extra.best_eval_accuracy, metrics["mlm_accuracy"])
         record = {"step": state.step, "samples": state.samples, "train_seconds": train_seconds, **metrics}
         self.reporter.log(record, "eval")
         self.reporter.mlperf.evaluation(state.samples, metrics["mlm_accuracy"])
@@ -282,24 +282,22 @@ class Run(RunSetup):
         snapshot = self.engine.snapshot()
         rng = gather_rng_states()
         if self.engine.rank == 0:
-            training_state = {
-                **snapshot.engine_state,
-                **self.state.to_checkpoint(),
-                "rng": rng,
-                "config": self.config,
-                "data_identity": data_identity(self.config),
-                "packs_per_step": self.arithmetic.packs_per_step,  # what a resume must keep
-            }
+            kept = self.state.extra  # what a resume must keep: the config, the data, the packs a step
+            kept.config, kept.data_identity = self.config, data_identity(self.config)
+            kept.packs_per_step = self.arithmetic.packs_per_step
+            model = snapshot.model
+            write_model = (
+                model.save_pretrained
+                if snapshot.weights is None
+                else ckpt.weights_writer(model, snapshot.weights)
+            )
             try:
                 path = ckpt.save_checkpoint(
                     self.checkpoints,
                     self.state.step,
-                    snapshot.model,
-                    training_state,
+                    ckpt.training_state(self.state, rng, snapshot.engine_state),
                     self.limits["keep_checkpoints"],
-                    None
-                    if snapshot.weights is None
-                    else ckpt.weights_writer(snapshot.model, snapshot.weights),
+                    write_model,
                 )
             except ckpt.CheckpointError as err:
                 raise RunError(str(err)) from None

@@ -24,7 +24,7 @@ from packed_transformers.components.run_folder import (
     prepare_output,
     write_run_config,
 )
-from packed_transformers.components.run_state import EvalSchedule, RunState, StopSignal
+from packed_transformers.components.run_state import BertProgress, EvalSchedule, RunState, StopSignal
 from packed_transformers.components.synthetic import SyntheticPacks
 from packed_transformers.model import PackedBertForPreTraining
 from packed_transformers.training.backends.engine import Engine
@@ -73,7 +73,7 @@ class RunSetup:
         # What the step is made of, after the packing adjustment (components.step.BatchArithmetic).
         self.arithmetic = self.engine.attach(self.model, packing_factor(train_data))
         self.schedule = build_schedule(config)
-        self.state = RunState()
+        self.state = RunState(extra=BertProgress())
         if saved is not None:
             self._restore_state(saved)
         self.shards = (
@@ -139,15 +139,17 @@ class RunSetup:
     def _restore_state(self, saved: dict) -> None:
         """The engine's state (optimizer), the run state and this replica's RNG state."""
         engine = self.engine
+        restored = RunState.from_saved(saved, BertProgress)
+        kept = restored.extra
         # The checkpoint's own record, not only config.yaml (which a user can delete or
         # edit): the same settings, and the same data at the data path.
-        if "config" in saved:
-            check_same_run(saved["config"], self.config, "the checkpoint", changeable=GLOBAL_BATCH_SPLIT)
+        if kept.config is not None:
+            check_same_run(kept.config, self.config, "the checkpoint", changeable=GLOBAL_BATCH_SPLIT)
             # the global batch may be split another way (other processes, other accumulation:
             # a sharded run resumed on another number of ranks), never changed: the checkpoint
             # records its packs a step (one from before that record: the same accumulation)
-            written = saved.get("packs_per_step")
-            accumulation = saved["config"]["optim"]["gradient_accumulation"]
+            written = kept.packs_per_step
+            accumulation = kept.config["optim"]["gradient_accumulation"]
             if written is None and accumulation != self.config["optim"]["gradient_accumulation"]:
                 raise RunError(
                     "--resume: optim.gradient_accumulation differs from the checkpoint's, which does not "
@@ -159,7 +161,7 @@ class RunSetup:
                     f"{self.arithmetic.packs_per_step} (processes x optim.gradient_accumulation x "
                     "data.micro_batch_packs): the global batch must stay"
                 )
-        before, now = saved.get("data_identity"), data_identity(self.config)
+        before, now = kept.data_identity, data_identity(self.config)
         if before is not None and before != now:
             raise RunError(
                 f"--resume: {self.config['data']['train_dir']}/metadata.json has sha256 {str(now)[:12]}..., "
@@ -167,7 +169,7 @@ class RunSetup:
                 "(re-packed or replaced) since; resume on the data it was trained on, or start a new run"
             )
         engine.load_state(saved)
-        self.state = RunState.from_checkpoint(saved)
+        self.state = restored
         # Lines logged after the checkpoint are trained again.
         if engine.rank == 0 and not self.compile_only:
             try:
@@ -187,7 +189,7 @@ class RunSetup:
                 data["shuffle_seed"],
                 self.engine.data_rank,
                 self.engine.data_world,
-                self.state.position,
+                self.state.extra.position,
             )
         except ValueError as err:
             raise RunError(f"data.micro_batch_packs {self.arithmetic.micro_batch_packs}: {err}") from None

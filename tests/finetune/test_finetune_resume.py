@@ -96,7 +96,7 @@ def test_sigterm_ends_in_one_line_and_resume_finishes(tmp_path, checkpoint):  # 
     assert last.startswith("interrupted: stopped at epoch") and "--resume" in last and "Traceback" not in err
     from packed_transformers.finetune.checkpoint import read_progress
 
-    assert read_progress(output)["steps"] > 0
+    assert read_progress(output).step > 0
     assert (output / "metrics.jsonl").read_text().strip()  # the finished epochs' lines are kept
 
 

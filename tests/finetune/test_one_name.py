@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from packed_transformers.common.config_schema import ConfigError
+from packed_transformers.components.run_state import RunState
+from packed_transformers.finetune.checkpoint import FinetuneProgress
 from packed_transformers.finetune.config import SCHEMA, load_finetune_config
 from packed_transformers.finetune.run_folder import resume_differences
 from packed_transformers.training.config import SCHEMA as PRETRAINING_SCHEMA
@@ -37,6 +39,6 @@ def test_a_checkpoint_written_under_the_old_names_resumes():
     config = load_finetune_config(CONFIG)
     old = {section: dict(values) for section, values in config.items() if section != "execution"}
     old["training"].update(device="cpu", threads=None, sharding="none")
-    assert resume_differences(config, {"config": old}) == []
+    assert resume_differences(config, RunState(extra=FinetuneProgress(old))) == []
     old["training"]["device"] = "cuda"  # what did change is still named, under its new name
-    assert resume_differences(config, {"config": old}) == ["execution.device"]
+    assert resume_differences(config, RunState(extra=FinetuneProgress(old))) == ["execution.device"]

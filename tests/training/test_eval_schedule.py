@@ -40,10 +40,7 @@ def test_interval_zero_never_evaluates(steps):
 
 def test_per_epoch_it_evaluates_at_the_epochs_last_batch_only():
     schedule = EvalSchedule(per_epoch=True)
-    state = SimpleNamespace(batches_done=0)
+    state = SimpleNamespace(samples=0, next_eval_samples=0)
     assert not schedule.claim(state, None)  # no epoch in progress
-    seen = []
-    for done in range(1, 6):
-        state.batches_done = done
-        seen.append(schedule.claim(state, 5))
+    seen = [schedule.claim(state, (done, 5)) for done in range(1, 6)]
     assert seen == [False, False, False, False, True]

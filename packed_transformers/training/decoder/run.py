@@ -15,12 +15,11 @@ Evaluation: the log perplexity (mean cross-entropy, nats) over the first eval.ro
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,12 +43,19 @@ from packed_transformers.components.run_folder import (
     prepare_output,
     write_run_config,
 )
-from packed_transformers.components.run_state import Diverged, EvalSchedule, StopSignal, skip_or_stop
+from packed_transformers.components.run_state import (
+    Diverged,
+    EvalSchedule,
+    RunState,
+    StopSignal,
+    plain_values,
+    skip_or_stop,
+)
 from packed_transformers.components.sharding import (
     load_sharded,
     materialize_sharded,
-    save_sharded,
     shard_model,
+    sharded_checkpoint,
 )
 from packed_transformers.components.step import (
     MeanLoss,
@@ -81,16 +87,17 @@ TOKEN_LOSS = MeanLoss(
 
 
 @dataclass
-class DecoderState:
-    """What a checkpoint restores besides weights and optimizer."""
+class DecoderProgress:
+    """The decoder's part of the run state (components.run_state.RunState.extra; its `samples`
+    are rows trained on, all replicas: the order's position)."""
 
-    step: int = 0
-    samples: int = 0  # rows trained on, all replicas (the order's position)
     tokens: int = 0  # real tokens trained on, all replicas
-    next_eval_samples: int = 0
     best_log_perplexity: float = math.inf
-    reached_target: bool = False
     rows_per_step: int = 0  # the global batch (0: a checkpoint from before it was recorded)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> DecoderProgress:
+        return cls(**plain_values(cls, values))
 
 
 def open_rows(folder, role: str, config: dict) -> RowStore:
@@ -183,8 +190,9 @@ class DecoderRun:
             optim["lr"], optim["warmup_samples"], optim["total_samples"], optim["end_lr"]
         )
         self.eval_schedule = EvalSchedule(config["eval"]["every_samples"] or 0)
-        self.state = DecoderState(
-            next_eval_samples=self.eval_schedule.first(), rows_per_step=self.rows_per_step
+        self.state = RunState(
+            next_eval_samples=self.eval_schedule.first(),
+            extra=DecoderProgress(rows_per_step=self.rows_per_step),
         )
         if resume:
             self._restore()
@@ -235,13 +243,14 @@ class DecoderRun:
             path, saved = ckpt.resume_from(folder, self._load_weights)
         except ckpt.CheckpointError as err:
             raise RunError(f"--resume: {err}") from None
-        restored = DecoderState(**json.loads(saved["state"]))
-        if restored.rows_per_step and restored.rows_per_step != self.rows_per_step:
+        restored = RunState.from_saved(saved, DecoderProgress)
+        written = restored.extra.rows_per_step
+        if written and written != self.rows_per_step:
             raise RunError(
-                f"--resume: {restored.rows_per_step} rows a step in {path}, {self.rows_per_step} now "
+                f"--resume: {written} rows a step in {path}, {self.rows_per_step} now "
                 "(data.micro_batch_rows x optim.gradient_accumulation x processes must stay the global batch)"
             )
-        restored.rows_per_step = self.rows_per_step
+        restored.extra.rows_per_step = self.rows_per_step
         self.state = restored
         ckpt.set_rng_state(saved["rng"][self.rank] if self.rank < len(saved["rng"]) else saved["rng"][0])
         log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
@@ -270,19 +279,15 @@ class DecoderRun:
 
     def _save(self) -> None:
         rng = gather_rng_states()
-        keep = self.config["training"]["keep_checkpoints"]
+        keep, folder = self.config["training"]["keep_checkpoints"], self.output / "checkpoints"
         if self.sharded:  # every rank writes its shard (optimizer state in dcp/)
-            state = {"state": json.dumps(asdict(self.state)), "rng": rng}
-            save_sharded(self.output / "checkpoints", self.state.step, self.model.hf_model, self.optimizer, state,
-                         keep, self.rank)  # fmt: skip
+            weights, write_shards = sharded_checkpoint(self.model.hf_model, self.optimizer)
+            ckpt.save_checkpoint(folder, self.state.step, ckpt.training_state(self.state, rng), keep,
+                                 ckpt.weights_writer(self.model.hf_model, weights), write_shards, self.rank)  # fmt: skip
             return
         if self.rank == 0:
-            state = {
-                "optimizer": self.optimizer.state_dict(),
-                "state": json.dumps(asdict(self.state)),
-                "rng": rng,
-            }
-            ckpt.save_checkpoint(self.output / "checkpoints", self.state.step, self.model, state, keep)
+            state = ckpt.training_state(self.state, rng, {"optimizer": self.optimizer.state_dict()})
+            ckpt.save_checkpoint(folder, self.state.step, state, keep, self.model.save_pretrained)
         barrier()
 
     # ----- the step -----------------------------------------------------------------------
@@ -312,8 +317,8 @@ class DecoderRun:
         loss_sum, tokens = float(sums[0]), int(sums[1])
         state.step += 1
         state.samples += self.rows_per_step
-        state.tokens += tokens
-        return {"step": state.step, "samples": state.samples, "tokens": state.tokens,
+        state.extra.tokens += tokens
+        return {"step": state.step, "samples": state.samples, "tokens": state.extra.tokens,
                 "loss": loss_sum / max(float(result.units[0]), 1.0),
                 "lr": lr, "grad_norm": float(result.grad_norm), "step_tokens": tokens}  # fmt: skip
 
@@ -351,8 +356,8 @@ class DecoderRun:
         """Evaluate, log; True when the target is reached."""
         value = self.log_perplexity()
         state = self.state
-        state.best_log_perplexity = min(state.best_log_perplexity, value)
-        self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.tokens,
+        state.extra.best_log_perplexity = min(state.extra.best_log_perplexity, value)
+        self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.extra.tokens,
                            "log_perplexity": value}, prefix="eval")  # fmt: skip
         self.reporter.mlperf.evaluation(state.samples, value, count_key="samples_count")
         if self.rank == 0:
@@ -447,7 +452,7 @@ class DecoderRun:
             log.info("the run was complete at step %d: nothing trained, nothing recorded", state.step)
             self.reporter.close()
             return
-        self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.tokens,
+        self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.extra.tokens,
                            "status": end.status, "stopped_by": end.stopped_by,
                            "seconds": time.perf_counter() - self.started}, "end")  # fmt: skip
         if self.step_model is not self.model and self.rank == 0:
