@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Protocol
 
+from packed_transformers.components.distributed import any_process
 from packed_transformers.components.run_state import EXIT_DIVERGED, Diverged, interrupted_exit_code
+from packed_transformers.components.step import weights_finite
 
 log = logging.getLogger("training")
 EXIT_ERROR = 1  # an exception ended the loop; it propagates (the command maps it to its exit code)
@@ -44,28 +45,90 @@ class LoopEnd:
 RESUMED_COMPLETE = "already complete"
 
 
-class LoopJob(Protocol):
-    """What a training job gives the loop. `step` counts optimizer steps done (run state);
-    `steps_per_call` how many one `train_call` makes (an IPU call makes several)."""
+class LoopJob:
+    """What a training job gives the loop: the base of every run (BERT's `Run`, the decoder's
+    `DecoderRun`, fine-tuning's `Run`). What every run answers alike is written here once, from
+    what the run holds:
 
-    step: int
-    steps_per_call: int
-    saved_step: int | None  # the step of the newest checkpoint (a resume's: not written again)
+        state          components.run_state.RunState (its step is the loop's)
+        eval_schedule  components.run_state.EvalSchedule
+        stop           components.run_state.StopSignal (None: no signal handler)
+        model          the weights a checkpoint keeps (checked finite first)
+        saved_step     the step of the newest checkpoint (a resume's: not written again)
+        steps_per_call optimizer steps one `train_call` makes (an IPU call makes several)
 
-    def limit_reached(self) -> str | None: ...  # the limit's name, or None
-    def train_call(self) -> None: ...  # one engine call; raises Diverged
-    def log_due(self) -> bool: ...
-    def log_window(self) -> None: ...  # raises Diverged (a window's non-finite loss)
-    def flush_window(self) -> None: ...  # log the steps since the last line, if any
-    def evaluation_due(self) -> bool: ...  # and moves the next evaluation point past now
-    def evaluate(self) -> bool: ...  # True: the target is reached
-    def after_evaluation(self) -> None: ...  # a block of training starts (MLPerf's block_start)
-    def evaluates_at_end(self) -> bool: ...
-    def stops_at_target(self) -> bool: ...
-    def checkpoint_due(self) -> bool: ...
-    def save(self) -> None: ...  # collective; raises Diverged for non-finite weights
-    def stop_agreed(self) -> bool: ...  # a signal, agreed by every process
-    def close(self, end: LoopEnd) -> None: ...  # always called; may raise, but not for "error"
+    A run writes what differs: limit_reached, train_call, evaluate, evaluates_at_end,
+    write_checkpoint and close; with log lines, MLPerf blocks, a target or checkpoints every N
+    steps also log_due, log_window, flush_window, after_evaluation, stops_at_target,
+    checkpoint_every; an epoch schedule, epoch_in_progress."""
+
+    steps_per_call = 1
+    saved_step = None
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    def limit_reached(self) -> str | None:  # the limit's name, or None
+        raise NotImplementedError
+
+    def train_call(self) -> None:  # one engine call; raises Diverged
+        raise NotImplementedError
+
+    def log_due(self) -> bool:
+        return False
+
+    def log_window(self) -> None:  # raises Diverged (a window's non-finite loss)
+        pass
+
+    def flush_window(self) -> None:  # log the steps since the last line, if any
+        pass
+
+    def epoch_in_progress(self) -> tuple[int, int] | None:
+        """(batches done, batches in it) of the epoch in progress, for an epoch schedule."""
+        return None
+
+    def evaluation_due(self) -> bool:
+        """Whether to evaluate now; the schedule's next point moves past now."""
+        return self.eval_schedule.claim(self.state, self.epoch_in_progress())
+
+    def evaluate(self) -> bool:  # True: the target is reached
+        raise NotImplementedError
+
+    def after_evaluation(self) -> None:  # a block of training starts (MLPerf's block_start)
+        pass
+
+    def evaluates_at_end(self) -> bool:
+        raise NotImplementedError
+
+    def stops_at_target(self) -> bool:
+        return False
+
+    def checkpoint_every(self) -> int:
+        """Checkpoint every this many steps (0: the run decides otherwise, checkpoint_due)."""
+        return 0
+
+    def checkpoint_due(self) -> bool:
+        every = self.checkpoint_every()
+        return bool(every) and self.state.step % every < self.steps_per_call
+
+    def save(self) -> None:
+        """Collective: never a checkpoint of non-finite weights (every run's rule: one
+        reduction, one host sync; under FSDP2 each rank's shards, the verdict agreed), then the
+        run's write_checkpoint."""
+        if any_process(not weights_finite(self.model.parameters())):
+            raise Diverged(f"step {self.state.step}: non-finite weights; refusing to checkpoint them")
+        self.write_checkpoint()
+
+    def write_checkpoint(self) -> None:  # collective
+        raise NotImplementedError
+
+    def stop_agreed(self) -> bool:
+        """A signal, agreed by every process: any process's stops all at the same step."""
+        return any_process(self.stop is not None and self.stop.is_set())
+
+    def close(self, end: LoopEnd) -> None:  # always called; may raise, but not for "error"
+        raise NotImplementedError
 
 
 def run_loop(job: LoopJob) -> LoopEnd:
@@ -121,23 +184,3 @@ def run_loop(job: LoopJob) -> LoopEnd:
     finally:
         job.close(end)
     return end
-
-
-class LoopJobDefaults:
-    """What a job without per-step log lines, MLPerf blocks or a target says (fine-tuning):
-    a base to inherit, so a job writes only the answers it has."""
-
-    def log_due(self) -> bool:
-        return False
-
-    def log_window(self) -> None:
-        pass
-
-    def flush_window(self) -> None:
-        pass
-
-    def after_evaluation(self) -> None:
-        pass
-
-    def stops_at_target(self) -> bool:
-        return False

@@ -53,7 +53,7 @@ from packed_transformers.common.files import describe_os_error, write_json_atomi
 from packed_transformers.components import replicas as parallel  # this process among the run's
 from packed_transformers.components.checkpoint import CheckpointError
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.loop import LoopEnd, LoopJobDefaults, run_loop
+from packed_transformers.components.loop import LoopEnd, LoopJob, run_loop
 from packed_transformers.components.run_state import EvalSchedule, RunState, skip_or_stop
 from packed_transformers.components.step import (
     NonFiniteStep,
@@ -88,7 +88,6 @@ from packed_transformers.packs.batching import Batcher, BatchingSpec
 from packed_transformers.packs.errors import PackingInputError
 
 log = logging.getLogger("finetune")
-EPOCH_END = EvalSchedule(per_epoch=True)  # fine-tuning validates each epoch (components.run_state)
 
 # What the command answers in one line and exit 2: the input's fault, found before or while it runs.
 REFUSED = (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError, CheckpointError)
@@ -122,13 +121,14 @@ def step_settings(config: dict, model) -> StepSettings:
 
 # ----- the run: a job of the one training loop (components.loop) ---------------------------
 @dataclass
-class Run(LoopJobDefaults):
+class Run(LoopJob):
     """What a run works with, built once by start_run; `state` changes as it trains. The
     loop (components.loop.run_loop) asks it when and does what its methods say: a step is a
     batch, an evaluation is an epoch's validation (its metrics line: no per-step lines, no
     target), a checkpoint follows each validation, the limits are the epochs and
     training.max_seconds."""
 
+    eval_schedule = EvalSchedule(per_epoch=True)  # not a field: every fine-tuning run validates each epoch
     config: dict
     output: Path
     job: Job
@@ -150,10 +150,6 @@ class Run(LoopJobDefaults):
     validated: tuple | None = None  # the last validation: (metrics, inference timing, outputs)
     summary: dict | None = None  # written by close at a complete end
     where: Path | None = None  # the newest checkpoint's folder
-
-    @property
-    def step(self) -> int:
-        return self.state.step
 
     def limit_reached(self) -> str | None:
         state, training = self.state, self.config["training"]
@@ -193,9 +189,8 @@ class Run(LoopJobDefaults):
             state.extra.sums[key] += float(step[key])
         self.bar.update(1)
 
-    def evaluation_due(self) -> bool:
-        epoch = None if self.batches is None else (self.state.extra.batches_done, len(self.batches))
-        return EPOCH_END.claim(self.state, epoch)
+    def epoch_in_progress(self) -> tuple[int, int] | None:
+        return None if self.batches is None else (self.state.extra.batches_done, len(self.batches))
 
     def evaluate(self) -> bool:
         """The epoch in progress validated (also one a time budget cut short), its metrics line
@@ -216,15 +211,11 @@ class Run(LoopJobDefaults):
     def checkpoint_due(self) -> bool:
         return self.batches is None and self.state.extra.batches_done == 0  # after each epoch's validation
 
-    def save(self) -> None:
-        """The checkpoint of this step, never of non-finite weights; a run whose limit is reached
-        is marked finished (a --resume of it trains nothing more)."""
-        check_weights(self, self.state.extra.epoch)
+    def write_checkpoint(self) -> None:
+        """The checkpoint of this step; a run whose limit is reached is marked finished (a
+        --resume of it trains nothing more)."""
         self.state.extra.finished = self.limit_reached() is not None
         self.where = save_checkpoint(self.output, self.model, self.optimizer, self.state, self.replicas)
-
-    def stop_agreed(self) -> bool:
-        return self.replicas.agree(self.stop is not None and self.stop.is_set())
 
     def close(self, end: LoopEnd) -> None:
         """Diverged and Interrupted raised with their line; a complete run's outputs written."""

@@ -26,23 +26,22 @@ from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components.batch_check import validate_batch
 from packed_transformers.components.data import advance, padded_groups
 from packed_transformers.components.distributed import (
-    any_process,
     barrier,
     gather_rng_states,
 )
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, run_loop
+from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, LoopJob, run_loop
 from packed_transformers.components.observe import MetricSums, summarize
 from packed_transformers.components.run_folder import data_identity
 from packed_transformers.components.run_state import Diverged, skip_or_stop
-from packed_transformers.components.step import NonFiniteStep, weights_finite
+from packed_transformers.components.step import NonFiniteStep
 from packed_transformers.training.backends.engine import Engine
 from packed_transformers.training.run_setup import RunSetup
 
 log = logging.getLogger("training")
 
 
-class Run(RunSetup):
+class Run(RunSetup, LoopJob):
     """One run on this process: built by RunSetup.__init__ (every user-input check first),
     driven by `train`, each piece a method."""
 
@@ -81,8 +80,8 @@ class Run(RunSetup):
         return end.exit_code
 
     @property
-    def step(self) -> int:
-        return self.state.step
+    def steps_per_call(self) -> int:
+        return self.engine.steps_per_call
 
     def limit_reached(self) -> str | None:
         return self._limit_reached()
@@ -104,9 +103,6 @@ class Run(RunSetup):
         if self.window_samples and self.lr is not None:
             self._log_window(self.lr)
 
-    def evaluation_due(self) -> bool:
-        return self.eval_schedule.claim(self.state)
-
     def evaluate(self) -> bool:
         return self._evaluate()
 
@@ -119,15 +115,8 @@ class Run(RunSetup):
     def stops_at_target(self) -> bool:
         return bool(self.config["eval"]["stop_at_target"])
 
-    def checkpoint_due(self) -> bool:
-        every = self.limits["checkpoint_every_steps"]
-        return bool(every) and self.state.step % every < self.engine.steps_per_call
-
-    def save(self) -> None:
-        self._save()
-
-    def stop_agreed(self) -> bool:
-        return self.stop.agreed()
+    def checkpoint_every(self) -> int:
+        return self.limits["checkpoint_every_steps"]
 
     def close(self, end: LoopEnd) -> None:
         self.state.reached_target = end.stopped_by == "target"
@@ -268,17 +257,13 @@ class Run(RunSetup):
         return metrics["mlm_accuracy"] >= self.config["eval"]["target_mlm_accuracy"]
 
     # ----- checkpoints and the end -----------------------------------------------------
-    def _save(self) -> None:
-        """Collective: a checkpoint of this step (rank 0 writes it). Never of non-finite weights."""
+    def write_checkpoint(self) -> None:
+        """Collective: a checkpoint of this step (rank 0 writes it), its time not training's."""
         self.state.train_seconds = self.train_seconds()
         with self._paused():
             self._write_checkpoint()
 
     def _write_checkpoint(self) -> None:
-        # One reduction on the device, one host sync (not one per parameter).
-        # each rank its own shard under FSDP2 (local_part), the verdict agreed by every rank
-        if any_process(not weights_finite(self.model.parameters())):
-            raise Diverged(f"step {self.state.step}: non-finite weights; refusing to checkpoint them")
         snapshot = self.engine.snapshot()
         rng = gather_rng_states()
         if self.engine.rank == 0:

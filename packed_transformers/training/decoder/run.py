@@ -35,7 +35,7 @@ from packed_transformers.components.distributed import (
     setup_replica,
 )
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, run_loop
+from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, LoopJob, run_loop
 from packed_transformers.components.observe import Reporter
 from packed_transformers.components.run_folder import (
     CHANGEABLE_ON_RESUME,
@@ -44,7 +44,6 @@ from packed_transformers.components.run_folder import (
     write_run_config,
 )
 from packed_transformers.components.run_state import (
-    Diverged,
     EvalSchedule,
     RunState,
     StopSignal,
@@ -64,7 +63,6 @@ from packed_transformers.components.step import (
     autocast_context,
     predicted_tokens,
     take_step,
-    weights_finite,
 )
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
@@ -113,7 +111,7 @@ def open_rows(folder, role: str, config: dict) -> RowStore:
     return store
 
 
-class DecoderRun:
+class DecoderRun(LoopJob):
     """One process's part of a run; `train` returns the exit code."""
 
     def __init__(self, config: dict, output: Path, resume: bool):
@@ -189,7 +187,8 @@ class DecoderRun:
         self.schedule = WarmupCosineDecay(
             optim["lr"], optim["warmup_samples"], optim["total_samples"], optim["end_lr"]
         )
-        self.eval_schedule = EvalSchedule(config["eval"]["every_samples"] or 0)
+        # no evaluation set: never due
+        self.eval_schedule = EvalSchedule((config["eval"]["every_samples"] or 0) if self.eval_rows else 0)
         self.state = RunState(
             next_eval_samples=self.eval_schedule.first(),
             extra=DecoderProgress(rows_per_step=self.rows_per_step),
@@ -277,7 +276,7 @@ class DecoderRun:
             hf_model.tie_weights()
         self.optimizer.load_state_dict(saved["optimizer"])
 
-    def _save(self) -> None:
+    def write_checkpoint(self) -> None:
         rng = gather_rng_states()
         keep, folder = self.config["training"]["keep_checkpoints"], self.output / "checkpoints"
         if self.sharded:  # every rank writes its shard (optimizer state in dcp/)
@@ -381,10 +380,6 @@ class DecoderRun:
             print(f"error: {end.diverged}", file=sys.stderr)
         return end.exit_code
 
-    @property
-    def step(self) -> int:
-        return self.state.step
-
     def limit_reached(self) -> str | None:
         limits = self.config["training"]
         if self.state.step >= limits["max_steps"]:
@@ -417,9 +412,6 @@ class DecoderRun:
         if self.record is not None:
             self.log_window()
 
-    def evaluation_due(self) -> bool:
-        return self.eval_rows is not None and self.eval_schedule.claim(self.state)
-
     def evaluate(self) -> bool:
         return self._evaluate_and_log()
 
@@ -432,18 +424,8 @@ class DecoderRun:
     def stops_at_target(self) -> bool:
         return bool(self.config["eval"]["stop_at_target"])
 
-    def checkpoint_due(self) -> bool:
-        every = self.config["training"]["checkpoint_every_steps"]
-        return bool(every) and self.state.step % every == 0
-
-    def save(self) -> None:
-        """Collective: never a checkpoint of non-finite weights (every run's rule)."""
-        if any_process(not weights_finite(self.model.parameters())):
-            raise Diverged(f"step {self.state.step}: non-finite weights; refusing to checkpoint them")
-        self._save()
-
-    def stop_agreed(self) -> bool:
-        return self.stop.agreed()
+    def checkpoint_every(self) -> int:
+        return self.config["training"]["checkpoint_every_steps"]
 
     def close(self, end: LoopEnd) -> None:
         state = self.state
