@@ -180,6 +180,7 @@ class StepSettings:
     precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; weights stay fp32)
     max_grad_norm: float = 0.0  # clip to this global norm (0: never); LAMB clips inside with its own
     group: object = None  # the data-parallel process group (None: every process)
+    check_finite: bool = True  # False: the memory plan's step on fake tensors (no values to check)
 
 
 @dataclass
@@ -200,10 +201,8 @@ def take_step(step_model, optimizer, micro_batches: list[dict], job: StepLoss, l
     gradient norm. `step_model` is what runs the forward (the model, compiled, DDP or FSDP2:
     DDP averages gradients over its processes, so the loss is multiplied by their number);
     `optimizer` holds the model's parameters."""
-    units = torch.tensor(
-        [[float(u) for u in job.units(batch)] for batch in micro_batches], dtype=torch.float64
-    )
-    totals = all_reduce_(units.sum(0).to(settings.device), settings.group).cpu()
+    per_batch = [[float(u) for u in job.units(batch)] for batch in micro_batches]
+    totals = units_over_processes([sum(column) for column in zip(*per_batch)], settings)
     averaged = isinstance(step_model, torch.nn.parallel.DistributedDataParallel)
     processes = torch.distributed.get_world_size(step_model.process_group) if averaged else 1
     scales = [processes / max(float(total), 1.0) for total in totals]
@@ -228,7 +227,7 @@ def take_step(step_model, optimizer, micro_batches: list[dict], job: StepLoss, l
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
     fp16 = scaler is not None and scaler.is_enabled()
     try:  # fp16: the GradScaler skips steps with inf/NaN gradients by design; the loss is checked
-        norm = check_finite_step(step_loss, parameters, check_gradients=not fp16)
+        norm = check_finite_step(step_loss, parameters, not fp16) if settings.check_finite else None
     except NonFiniteStep:
         optimizer.zero_grad(set_to_none=True)
         raise
@@ -245,7 +244,15 @@ def take_step(step_model, optimizer, micro_batches: list[dict], job: StepLoss, l
     else:
         optimizer.step(**arguments)
     optimizer.zero_grad(set_to_none=True)
-    return StepResult(totals, norm, kept)
+    return StepResult(torch.tensor(totals, dtype=torch.float64), norm, kept)
+
+
+def units_over_processes(local: list, settings: StepSettings) -> list:
+    """Each term's units summed over the data-parallel processes (one collective), as Python
+    floats; one process adds nothing, and makes no tensor (the plan's fake mode has no values)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return local
+    return all_reduce_(torch.tensor(local, dtype=torch.float64).to(settings.device), settings.group).tolist()
 
 
 def set_learning_rate(optimizer, lr: float) -> None:

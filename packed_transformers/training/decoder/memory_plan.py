@@ -9,10 +9,11 @@ a given memory the config needs.
                                        unsharded from forward to backward), two blocks (the one
                                        running and the one prefetched) in the compute dtype, and
                                        the fp32 copy of one block's gradient for the reduce-scatter
-    activations                        measured: one step of the config's micro-batch (rows x
-                                       S tokens) run on fake tensors (torch's FakeTensorMode: shapes
-                                       and dtypes, no memory) under the run's precision, the
-                                       live bytes tracked by torch.distributed's MemTracker, with
+    activations                        measured: the run's own step (components.step.take_step:
+                                       forward, backward, the optimizer) of the config's
+                                       micro-batch (rows x S tokens) run on fake tensors (torch's
+                                       FakeTensorMode: shapes and dtypes, no memory) under the
+                                       run's precision, the live bytes tracked (LiveBytes), with
                                        and without activation checkpointing; with fsdp the model
                                        in the compute dtype and each gradient dropped once made
                                        (FSDP2 reduce-scatters it into the rank's share)
@@ -146,9 +147,28 @@ class LiveBytes:
         return self.mode.__exit__(*exc)
 
 
+@dataclass(frozen=True)
+class ShapeLoss:
+    """The plan's StepLoss (components.step): transformers' mean next-token loss of a
+    micro-batch, its units the predicted tokens counted from the shape (rows x (S - 1): fake
+    tensors hold no values to count)."""
+
+    predicted: int
+
+    def units(self, batch: dict) -> tuple[int]:
+        return (self.predicted,)
+
+    def loss_sums(self, out) -> tuple:
+        return (out["loss"] * self.predicted,)
+
+    def kept(self, out, batch: dict) -> None:
+        return None
+
+
 def fake_step(config: dict, family_config, checkpointed: bool, sharded: bool) -> StepMemory:
-    """One training step of `family_config`'s causal LM at config's micro-batch, on fake
-    tensors (nothing is allocated), its live bytes tracked (LiveBytes). Replicated (sharded
+    """The run's own step (components.step.take_step: forward, backward, the optimizer) of
+    `family_config`'s causal LM at config's micro-batch, on fake tensors (nothing is allocated),
+    its live bytes tracked (LiveBytes). Replicated (sharded
     False): the fp32 model, AdamW's state made before tracking (as after the first step), the
     step's micro-batches (two where the run accumulates: gradients held between them).
     Sharded: what FSDP2 computes with, the parameters in the compute dtype (bf16 gathers them
@@ -158,6 +178,7 @@ def fake_step(config: dict, family_config, checkpointed: bool, sharded: bool) ->
     from transformers import AutoModelForCausalLM
 
     from packed_transformers.components.sharding import block_modules
+    from packed_transformers.components.step import StepSettings, take_step
 
     data = config["data"]
     length, rows = data["max_sequence_length"], data["micro_batch_rows"]
@@ -172,11 +193,11 @@ def fake_step(config: dict, family_config, checkpointed: bool, sharded: bool) ->
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         held = [*model.parameters(), *model.buffers()]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)  # sharded: never steps (no gradient kept)
         if sharded:
             for parameter in model.parameters():
                 parameter.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))
         else:
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
             for parameter in model.parameters():
                 parameter.grad = torch.zeros_like(parameter)
             optimizer.step()  # AdamW's two moments exist from the first step on
@@ -185,12 +206,10 @@ def fake_step(config: dict, family_config, checkpointed: bool, sharded: bool) ->
                 v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)
             ]
         ids = torch.zeros(rows, length, dtype=torch.long)
+        batches = [{"input_ids": ids, "labels": ids}] * micro_batches
+        settings = StepSettings(torch.device("cpu"), "bf16" if bf16 else "fp32", check_finite=False)
         with LiveBytes(held, () if sharded else list(model.parameters())) as tracker:
-            for _ in range(micro_batches):
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    loss = model(input_ids=ids, labels=ids).loss
-                loss.backward()
-                del loss
+            take_step(model, optimizer, batches, ShapeLoss(rows * (length - 1)), 1e-4, settings)
     blocks = block_modules(model)
     in_blocks = sum(p.numel() for block in blocks for p in block.parameters())
     parameters = sum(p.numel() for p in model.parameters())
