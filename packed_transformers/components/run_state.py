@@ -23,7 +23,7 @@ class RunState:
     """Everything besides weights and optimizer that a checkpoint restores, one type for every
     run: the clock every run keeps, and in `extra` what its job adds (a dataclass of plain
     values per job: BertProgress, training.decoder.run.DecoderProgress,
-    finetune.run_folder.FinetuneProgress). Kept in training_state.pt as JSON (`to_json`)."""
+    finetune.checkpoint.FinetuneProgress). Kept in training_state.pt as JSON (`to_json`)."""
 
     step: int = 0  # optimizer steps done
     samples: int = 0  # what the job trains on, all processes: sequences, rows (decoder), examples

@@ -2,9 +2,9 @@
 (components.checkpoint), the latest only, its model/ in the run's own names (safetensors,
 loaded strictly) and the run state (components.run_state.RunState, its extra this module's
 FinetuneProgress) in training_state.pt beside AdamW's and every RNG's state. Written after
-every epoch's validation and when a signal stops a run; an epoch's batch order is a pure function of seed and epoch, so the position in
-it is a count of batches: a resumed run's weights equal the unstopped run's
-(tests/finetune/test_finetune_resume.py).
+every epoch's validation and when a signal stops a run; an epoch's batch order is a pure
+function of seed and epoch, so the position in it is a count of batches: a resumed run's
+weights equal the unstopped run's (tests/finetune/test_finetune_resume.py).
 """
 
 from __future__ import annotations

@@ -325,29 +325,26 @@ def restore_state(output: Path, model, optimizer, fresh: RunState, replicas) -> 
     intact one whose weights load: components.checkpoint.resume_from). -> its state; refused
     (one line) where none is left or the data changed."""
     try:
-        path, progress = load_checkpoint(output, model, optimizer, replicas)
+        path, state = load_checkpoint(output, model, optimizer, replicas)
     except CheckpointError as err:
         raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
-    # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
-    state, kept = progress, progress.extra
-    kept.config = fresh.extra.config
-    kept.data_sha256 = kept.data_sha256 or fresh.extra.data_sha256  # a checkpoint from before it was kept
-    kept_tokenizer = state.extra.data_sha256.get("tokenizer")  # absent: a checkpoint from before it was kept
-    if kept_tokenizer is not None and kept_tokenizer != fresh.extra.data_sha256["tokenizer"]:
+    saved, digests = state.extra, fresh.extra.data_sha256
+    saved.config = fresh.extra.config  # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
+    saved.data_sha256 = saved.data_sha256 or digests  # a checkpoint from before it was kept
+    kept_tokenizer = saved.data_sha256.get("tokenizer")  # absent: a checkpoint from before it was kept
+    if kept_tokenizer is not None and kept_tokenizer != digests["tokenizer"]:
         raise FinetuneError(
             "--resume: the tokenizer's files changed since the checkpoint (model.init_checkpoint's tokenizer "
             "files or data.vocab_file: same paths, other contents); the planned batches came from the old "
             "tokenizer: restore it, or start over with --overwrite"
         )
-    data_keys = [k for k in fresh.extra.data_sha256 if k != "tokenizer"]
-    if any(state.extra.data_sha256.get(k) != fresh.extra.data_sha256[k] for k in data_keys):
-        changed = ", ".join(k for k in data_keys if state.extra.data_sha256.get(k) != fresh.extra.data_sha256[k])
+    changed = ", ".join(k for k in digests if k != "tokenizer" and saved.data_sha256.get(k) != digests[k])
+    if changed:
         raise FinetuneError(
             f"--resume: the training or validation data changed since the checkpoint (same paths, other "
             f"contents: {changed}); resume with the data it was trained on, or start over with --overwrite"
         )
-    log.info("resumed from %s: epoch %d, %d batches done in it", path, state.extra.epoch,
-             state.extra.batches_done)  # fmt: skip
+    log.info("resumed from %s: epoch %d, %d batches done in it", path, saved.epoch, saved.batches_done)
     return state
 
 

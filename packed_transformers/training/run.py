@@ -32,7 +32,6 @@ from packed_transformers.components.distributed import (
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, LoopJob, run_loop
 from packed_transformers.components.observe import MetricSums, summarize
-from packed_transformers.components.run_folder import data_identity
 from packed_transformers.components.run_state import Diverged, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep
 from packed_transformers.training.backends.engine import Engine
@@ -267,9 +266,6 @@ class Run(RunSetup, LoopJob):
         snapshot = self.engine.snapshot()
         rng = gather_rng_states()
         if self.engine.rank == 0:
-            kept = self.state.extra  # what a resume must keep: the config, the data, the packs a step
-            kept.config, kept.data_identity = self.config, data_identity(self.config)
-            kept.packs_per_step = self.arithmetic.packs_per_step
             model = snapshot.model
             write_model = (
                 model.save_pretrained

@@ -76,6 +76,10 @@ class RunSetup:
         self.state = RunState(extra=BertProgress())
         if saved is not None:
             self._restore_state(saved)
+        # what every checkpoint keeps for a resume to check: this run's config, data, packs a step
+        record = self.state.extra
+        record.config, record.data_identity = config, data_identity(config)
+        record.packs_per_step = self.arithmetic.packs_per_step
         self.shards = (
             train_data
             if config["data"]["synthetic"]
