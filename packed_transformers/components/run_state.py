@@ -37,12 +37,25 @@ class RunState:
         return json.dumps(asdict(self))
 
     @classmethod
-    def from_saved(cls, saved: dict, extra_type) -> RunState:
+    def from_saved(cls, saved: dict, extra_type, where="the checkpoint's training_state.pt") -> RunState:
         """training_state.pt's run state (`saved["state"]`, JSON) with its job's `extra_type`.
         Checkpoints from before the one run state are read too: BERT's kept its fields flat
         beside the optimizer, the decoder's and fine-tuning's theirs in "state" without an
-        "extra" (fine-tuning named `step` "steps" and `samples` "train_examples")."""
-        values = json.loads(saved["state"]) if "state" in saved else dict(saved)
+        "extra" (fine-tuning named `step` "steps" and `samples` "train_examples"). One that
+        holds no such state (written by something else): CheckpointError naming `where`."""
+        from packed_transformers.components.checkpoint import CheckpointError
+
+        try:
+            return cls._from_values(
+                json.loads(saved["state"]) if "state" in saved else dict(saved), extra_type
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            raise CheckpointError(
+                f"{where}: holds no run state this version reads ({type(err).__name__}: {str(err)[:200]})"
+            ) from None
+
+    @classmethod
+    def _from_values(cls, values: dict, extra_type) -> RunState:
         for old, new in (("steps", "step"), ("train_examples", "samples")):
             if old in values:
                 values[new] = values.pop(old)

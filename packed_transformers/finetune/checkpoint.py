@@ -86,7 +86,7 @@ def read_progress(output: Path) -> RunState | None:
     newest = ckpt.latest_valid_checkpoint(checkpoints_folder(output))
     if newest is None:
         raise ckpt.CheckpointError(f"{checkpoints_folder(output)} holds no intact checkpoint")
-    return RunState.from_saved(ckpt.load_training_state(newest), FinetuneProgress)
+    return RunState.from_saved(ckpt.load_training_state(newest), FinetuneProgress, newest / "training_state.pt")
 
 
 def load_checkpoint(output: Path, model, optimizer, replicas) -> tuple[Path, RunState]:
@@ -105,4 +105,4 @@ def load_checkpoint(output: Path, model, optimizer, replicas) -> tuple[Path, Run
     path, state = ckpt.resume_from(checkpoints_folder(output), load_into_run)
     rng = state["rng"]
     ckpt.set_rng_state(rng[replicas.rank] if replicas.rank < len(rng) else rng[0])
-    return path, RunState.from_saved(state, FinetuneProgress)
+    return path, RunState.from_saved(state, FinetuneProgress, path / "training_state.pt")

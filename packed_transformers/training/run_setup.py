@@ -135,15 +135,16 @@ class RunSetup:
             self.model.load_state_dict(PackedBertForPreTraining.from_pretrained(path / "model").state_dict())
 
         try:
-            _, saved = ckpt.resume_from(self.checkpoints, load_weights)
+            path, saved = ckpt.resume_from(self.checkpoints, load_weights)
         except ckpt.CheckpointError as err:
             raise RunError(f"--resume: {err}") from None
+        self.resumed_from = path
         return saved
 
     def _restore_state(self, saved: dict) -> None:
         """The engine's state (optimizer), the run state and this replica's RNG state."""
         engine = self.engine
-        restored = RunState.from_saved(saved, BertProgress)
+        restored = RunState.from_saved(saved, BertProgress, self.resumed_from / "training_state.pt")
         kept = restored.extra
         # The checkpoint's own record, not only config.yaml (which a user can delete or
         # edit): the same settings, and the same data at the data path.

@@ -46,3 +46,14 @@ def test_decoder_and_finetuning_checkpoints_before_it_resume_under_the_new_names
     state = RunState.from_saved({"state": json.dumps(finetune)}, FinetuneProgress)
     assert (state.step, state.samples, state.train_seconds) == (9, 72, 4.0)
     assert state.extra == FinetuneProgress({"d": 2}, {}, 1, 0, {}, [0.1], True)
+
+
+def test_a_training_state_without_a_run_state_is_refused_in_one_line_naming_the_file():
+    import pytest
+
+    from packed_transformers.components.checkpoint import CheckpointError
+
+    for saved in ({"state": "not json"}, {"state": "[1, 2]"}, {"state": json.dumps({"step": 1, "extra": 5})}):
+        with pytest.raises(CheckpointError, match=r"^step-3/training_state.pt: holds no run state") as caught:
+            RunState.from_saved(saved, DecoderProgress, "step-3/training_state.pt")
+        assert "\n" not in str(caught.value)

@@ -242,7 +242,7 @@ class DecoderRun(LoopJob):
             path, saved = ckpt.resume_from(folder, self._load_weights)
         except ckpt.CheckpointError as err:
             raise RunError(f"--resume: {err}") from None
-        restored = RunState.from_saved(saved, DecoderProgress)
+        restored = RunState.from_saved(saved, DecoderProgress, path / "training_state.pt")
         written = restored.extra.rows_per_step
         if written and written != self.rows_per_step:
             raise RunError(
