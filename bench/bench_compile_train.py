@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 WORKER = r"""
-import json, sys, time, tempfile
+import dataclasses, json, sys, time, tempfile
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 import torch
@@ -54,9 +54,9 @@ if way == "dynamic-compiled":
     sets.append("batching.mode=dynamic")
 config = load_finetune_config(config_path, sets)
 run = finetune.start_run(config, Path(tempfile.mkdtemp()) / "run", False, None, False)
-step_model = run.step_model
+engine = run.engine
 if way == "dynamic-compiled":
-    step_model = torch.compile(run.model)
+    engine = dataclasses.replace(engine, step_model=torch.compile(run.model))
 seconds, shapes, epoch = [], set(), 0
 while len(seconds) < steps:
     for table in run.batcher.epoch(epoch):
@@ -65,8 +65,7 @@ while len(seconds) < steps:
         batch = run.job.collate(run.job.train, table, run.batcher.width(table))
         shapes.add(tuple(batch["input_ids"].shape))
         started = time.perf_counter()
-        finetune.finetune_step(run.model, batch, run.optimizer, run.schedule(len(seconds)), run.settings,
-                               run.job.loss, step_model)
+        finetune.finetune_step(engine, batch, run.schedule(len(seconds)), run.job.loss)
         seconds.append(time.perf_counter() - started)
     epoch += 1
 graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]

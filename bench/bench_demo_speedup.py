@@ -7,7 +7,7 @@ sequences/s can drift by 10-20% between runs. Here both runs' engines (the demo 
 packed with its packing adjustment and over the unpacked baseline with none) live in one
 process and alternate step by step, each step timed from fetching its micro-batches
 (components.data.PackedShards, as the run's in-process loader does) through the LAMB
-update (training.backends.torch_engine.train_step: counts, forward, backward, checks,
+update (engines.torch_engine.train_step: counts, forward, backward, checks,
 optimizer). The ratio of total sequences per total seconds is the realized speed-up;
 the goal is >= 0.95 x the packing factor.
 
@@ -42,7 +42,7 @@ class Side:
     """One run's engine, data and pack order."""
 
     def __init__(self, config_path: Path, sets: list[str], seed: int):
-        from packed_transformers.training.backends.torch_engine import TorchEngine
+        from packed_transformers.engines.torch_engine import TorchEngine
 
         self.config = load_config(config_path, sets)
         dataset = PackedDataset.open(self.config["data"]["train_dir"])

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packed_transformers.components.batches import collate  # noqa: E402
 from packed_transformers.components.step import StepSettings  # noqa: E402
+from packed_transformers.engines.torch_engine import TorchStep  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 from packed_transformers.finetune.jobs import build_classifier, prepare_task  # noqa: E402
 from packed_transformers.finetune.train import batching_spec, build_adamw, finetune_step  # noqa: E402
@@ -54,14 +55,14 @@ def time_training(model, task, config, mode: str, examples: int) -> tuple[float,
         batches.append(table)
         seen += int((table >= 0).sum())
     optimizer, schedule = build_adamw(model, config["optim"], 1000)
-    settings = StepSettings(torch.device("cpu"), max_grad_norm=1.0)
+    engine = TorchStep(model, optimizer, model, StepSettings(torch.device("cpu"), max_grad_norm=1.0))
     finetune_step(
-        model, collate(task.train, batches[0], batcher.width(batches[0])), optimizer, schedule(0), settings
+        engine, collate(task.train, batches[0], batcher.width(batches[0])), schedule(0)
     )
     start = time.perf_counter()  # after one warm-up step
     for step, table in enumerate(batches[1:], 1):
         finetune_step(
-            model, collate(task.train, table, batcher.width(table)), optimizer, schedule(step), settings
+            engine, collate(task.train, table, batcher.width(table)), schedule(step)
         )
     seconds = time.perf_counter() - start
     timed = seen - int((batches[0] >= 0).sum())

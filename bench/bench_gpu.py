@@ -19,7 +19,7 @@ run cut short keeps what it measured:
 Data: synthetic shards' statistics: packs drawn from the Wikipedia-512 length histogram
 (LPFHP, K=3, M=76 slots per pack, 15% of each sequence masked), S=512. "padded" feeds the
 same number of rows with one sequence per row (the unpacked baseline, same model, same
-backend). Each step is the application's own step (training.backends.torch_engine.
+backend). Each step is the application's own step (engines.torch_engine.
 train_step: host batches copied to the GPU, bf16 autocast, backward, LAMB) on one
 micro-batch of `--rows` rows.
 
@@ -50,10 +50,11 @@ from bench_lamb import bert_large_shapes, time_steps  # noqa: E402
 from bench_model import HIST, sample_rows  # noqa: E402
 
 from packed_transformers.components.observe import MetricSums, summarize  # noqa: E402
+from packed_transformers.components.step import StepSettings  # noqa: E402
+from packed_transformers.engines.torch_engine import TorchStep, train_step  # noqa: E402
 from packed_transformers.model import PackedBertForPreTraining, bert_config  # noqa: E402
 from packed_transformers.optim import Lamb  # noqa: E402
 from packed_transformers.packing import Histogram, pack  # noqa: E402
-from packed_transformers.training.backends.torch_engine import train_step  # noqa: E402
 
 DEVICE = torch.device("cuda")  # --dry-run --all rehearses on the CPU with a tiny model
 PEAK_BF16_FLOPS = 989e12  # H100 / H200 SXM, dense bf16 tensor-core peak (the same chip)
@@ -178,9 +179,11 @@ def build(setup: Setup, preset: str):
         step_model = torch.compile(model, mode="reduce-overhead")
     scaler = torch.amp.GradScaler(DEVICE.type, enabled=False)
 
+    torch_step = TorchStep(model, optimizer, step_model, StepSettings(device, "bf16"), scaler=scaler)
+
     def one(batch) -> MetricSums:
         sums = MetricSums()
-        train_step(step_model, optimizer, scaler, [batch], 1e-4, "bf16", device, 1, "per_token", sums)
+        train_step(torch_step, [batch], "per_token", 1e-4, sums)
         return sums
 
     return config, one, optimizer

@@ -39,6 +39,7 @@ from packed_transformers.components.batches import collate  # noqa: E402
 from packed_transformers.components.step import StepSettings, set_learning_rate  # noqa: E402
 from packed_transformers.data import assets  # noqa: E402
 from packed_transformers.data.qa_windows import QaWindows  # noqa: E402
+from packed_transformers.engines.torch_engine import TorchStep  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 from packed_transformers.finetune.qa_task import build_qa_model  # noqa: E402
 from packed_transformers.finetune.train import batching_spec, build_adamw, finetune_step  # noqa: E402
@@ -87,14 +88,14 @@ def time_ours(model, windows, config, mode, train_windows) -> tuple[float, float
     )
     batches = batcher.epoch(0)
     optimizer, schedule = build_adamw(model, config["optim"], 1000)
-    settings = StepSettings(torch.device("cpu"), max_grad_norm=1.0)
+    engine = TorchStep(model, optimizer, model, StepSettings(torch.device("cpu"), max_grad_norm=1.0))
     finetune_step(
-        model, collate(windows, batches[0], batcher.width(batches[0])), optimizer, schedule(0), settings
+        engine, collate(windows, batches[0], batcher.width(batches[0])), schedule(0)
     )
     start = time.perf_counter()  # after one warm-up step
     for step, table in enumerate(batches[1:], 1):
         finetune_step(
-            model, collate(windows, table, batcher.width(table)), optimizer, schedule(step), settings
+            engine, collate(windows, table, batcher.width(table)), schedule(step)
         )
     train = sum(int((b >= 0).sum()) for b in batches[1:]) / (time.perf_counter() - start)
     eval_batcher = Batcher(windows.lengths, batching_spec(config, config["batching"]["eval_batch_size"]), 0)

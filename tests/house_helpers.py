@@ -17,6 +17,7 @@ PRODUCT_PACKAGES = (
     "model",
     "optim",
     "components",
+    "engines",
     "training",
     "door",
     "inference",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import poptorch
 
-from packed_transformers.training.backends.ipu import IpuEngine
+from packed_transformers.engines.ipu import IpuEngine
 from packed_transformers.training.run import run_training
 
 if __name__ == "__main__":

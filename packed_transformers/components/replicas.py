@@ -175,23 +175,3 @@ def whole_model(skeleton: torch.nn.Module, weights: dict[str, torch.Tensor]) -> 
     (its meta parameters replaced by the weights; a tied pair shares one tensor)."""
     load_weights(skeleton, dict(weights), ONE_PROCESS, assign=True)
     return skeleton
-
-
-def gathered_optimizer_state(optimizer: torch.optim.Optimizer, replicas: Replicas) -> dict:
-    """Collective under FSDP2: the optimizer's state dict with every shard gathered whole (the
-    unsharded format); unsharded: the state dict itself."""
-    if not replicas.sharded:
-        return optimizer.state_dict()
-    from packed_transformers.components.sharding import full_optimizer_state
-
-    return full_optimizer_state(optimizer)
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict, replicas: Replicas) -> None:
-    """An unsharded optimizer state (whoever wrote it) into this run's optimizer."""
-    if not replicas.sharded:
-        optimizer.load_state_dict(state)
-        return
-    from packed_transformers.components.sharding import load_full_optimizer_state
-
-    load_full_optimizer_state(optimizer, state)

@@ -49,17 +49,18 @@ def checkpoints_folder(output: Path) -> Path:
     return Path(output) / "checkpoints"
 
 
-def save_checkpoint(output: Path, model, optimizer, state: RunState, replicas) -> Path:
+def save_checkpoint(output: Path, engine, state: RunState, replicas) -> Path:
     """Write the checkpoint of `state` and keep only it. -> its folder.
-    Every process calls it: a sharded run's weights and optimizer state are gathered whole
-    (the one format, whatever the number of ranks), every rank's RNG is kept, rank 0 writes.
+    Every process calls it: a sharded run's weights and optimizer state (the engine's, a
+    engines.torch_engine.TorchStep) are gathered whole (the one format, whatever the
+    number of ranks), every rank's RNG is kept, rank 0 writes.
     OSError (the disk's answer) or ckpt.CheckpointError (a writer's own error, one line)."""
     from packed_transformers.components.distributed import gather_rng_states
-    from packed_transformers.components.replicas import gathered_optimizer_state, gathered_weights
+    from packed_transformers.components.replicas import gathered_weights
 
+    model = engine.model
     weights = gathered_weights(model, replicas)  # sharded: gathered whole; else None
-    optimizer_state = gathered_optimizer_state(optimizer, replicas)
-    saved = ckpt.training_state(state, gather_rng_states(), {"optimizer": optimizer_state})
+    saved = ckpt.training_state(state, gather_rng_states(), engine.engine_state())
     final = ckpt.step_folder(checkpoints_folder(output), state.step)
     failure = None
     if replicas.writes:
@@ -89,18 +90,19 @@ def read_progress(output: Path) -> RunState | None:
     return RunState.from_saved(ckpt.load_training_state(newest), FinetuneProgress, newest / "training_state.pt")
 
 
-def load_checkpoint(output: Path, model, optimizer, replicas) -> tuple[Path, RunState]:
-    """Restore weights, optimizer and RNG (this rank's; rank 0's for a rank the writer did not
-    have) from the checkpoint resume_from picks, whatever number of ranks wrote it. The
-    learning rate follows from the state's step count (an older checkpoint's LambdaLR state
-    is read by nobody). -> (its folder, its run state). ckpt.CheckpointError when none is left."""
+def load_checkpoint(output: Path, engine, replicas) -> tuple[Path, RunState]:
+    """Restore weights, optimizer (the engine's: a TorchStep) and RNG (this rank's; rank 0's
+    for a rank the writer did not have) from the checkpoint resume_from picks, whatever number
+    of ranks wrote it. The learning rate follows from the state's step count (an older
+    checkpoint's LambdaLR state is read by nobody). -> (its folder, its run state).
+    ckpt.CheckpointError when none is left."""
     from safetensors.torch import load_file
 
-    from packed_transformers.components.replicas import load_optimizer_state, load_weights
+    from packed_transformers.components.replicas import load_weights
 
     def load_into_run(path: Path, state: dict) -> None:
-        load_weights(model, load_file(str(path / "model" / "model.safetensors")), replicas)  # strict
-        load_optimizer_state(optimizer, state["optimizer"], replicas)
+        load_weights(engine.model, load_file(str(path / "model" / "model.safetensors")), replicas)  # strict
+        engine.load_state(state)
 
     path, state = ckpt.resume_from(checkpoints_folder(output), load_into_run)
     rng = state["rng"]

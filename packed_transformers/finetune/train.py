@@ -59,11 +59,11 @@ from packed_transformers.components.step import (
     NonFiniteStep,
     StepSettings,
     step_model_of,
-    take_step,
     weights_finite,
 )
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
+from packed_transformers.engines.torch_engine import TorchStep
 from packed_transformers.finetune.checkpoint import (
     FinetuneProgress,
     load_checkpoint,
@@ -103,20 +103,11 @@ def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
                         batching["pad_last_batch"] or compiled, batching["pack_length"])  # fmt: skip
 
 
-def finetune_step(model, batch, optimizer, lr: float, settings: StepSettings, loss=SLOT_LOSS, step_model=None,
-                  replicas=parallel.ONE_PROCESS) -> dict:  # fmt: skip
-    """One optimizer step on this process's rows of one batch (components.step.take_step): the
-    mean loss over the step's examples (or predicted tokens) of every process. -> the step's
-    sums over every process: STEP_SUMS. NonFiniteStep for a non-finite one (weights untouched).
-    step_model: what runs the forward (step_model_of, DDP; None: `model`)."""
-    model.train()
-    result = take_step(model if step_model is None else step_model, optimizer, [batch], loss, lr, settings)
-    return replicas.step_sums(result.kept[0])  # one process: its own sums
-
-
-def step_settings(config: dict, model) -> StepSettings:
-    """Fine-tuning's steps: fp32 on the model's device, clipped to optim.max_grad_norm."""
-    return StepSettings(next(model.parameters()).device, "fp32", config["optim"]["max_grad_norm"])
+def finetune_step(engine: TorchStep, batch: dict, lr: float, loss=SLOT_LOSS, replicas=parallel.ONE_PROCESS) -> dict:
+    """One optimizer step on this process's rows of one batch (the engine's step): the mean
+    loss over the step's examples (or predicted tokens) of every process. -> the step's sums
+    over every process: STEP_SUMS. NonFiniteStep for a non-finite one (weights untouched)."""
+    return replicas.step_sums(engine.step([batch], loss, lr).kept[0])  # one process: its own sums
 
 
 # ----- the run: a job of the one training loop (components.loop) ---------------------------
@@ -135,12 +126,10 @@ class Run(LoopJob):
     model: torch.nn.Module
     batcher: Batcher
     eval_batcher: Batcher
-    optimizer: torch.optim.Optimizer
+    engine: TorchStep  # the optimizer and the step: what runs the forward (model, compiled, DDP), fp32, clipped
     schedule: object  # optim.WarmupLinearDecay: the learning rate of each step
-    settings: StepSettings  # how the steps are taken (device, clipping, DDP's factor)
     state: RunState
     stop: object  # components.run_state.StopSignal (or anything with is_set() and signum), or None
-    step_model: torch.nn.Module  # what the training step calls: model, compiled (step_model_of), DDP
     replicas: parallel.Replicas  # this process among the run's (components.replicas; world 1: alone)
     skeleton: torch.nn.Module | None = None  # sharded, rank 0: the model's copy for the final save
     saved_step: int | None = None  # the newest checkpoint's step (a resume's: not written again)
@@ -177,8 +166,7 @@ class Run(LoopJob):
         rows = self.replicas.rows(table, self.batcher.spec.pad_last_batch)  # this process's share of the step
         batch = self.job.collate(self.job.train, rows, self.batcher.width(table))
         try:
-            step = finetune_step(self.model, batch, self.optimizer, self.schedule(state.step), self.settings,
-                                 self.job.loss, self.step_model, self.replicas)  # fmt: skip
+            step = finetune_step(self.engine, batch, self.schedule(state.step), self.job.loss, self.replicas)
         except NonFiniteStep as err:
             skip_or_stop(f"epoch {epoch}, step {state.step + 1}", err, 1)  # raises Diverged
         state.train_seconds += time.perf_counter() - start
@@ -215,7 +203,7 @@ class Run(LoopJob):
         """The checkpoint of this step; a run whose limit is reached is marked finished (a
         --resume of it trains nothing more)."""
         self.state.extra.finished = self.limit_reached() is not None
-        self.where = save_checkpoint(self.output, self.model, self.optimizer, self.state, self.replicas)
+        self.where = save_checkpoint(self.output, self.engine, self.state, self.replicas)
 
     def close(self, end: LoopEnd) -> None:
         """Diverged and Interrupted raised with their line; a complete run's outputs written."""
@@ -305,6 +293,8 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     batcher = Batcher(job.train.lengths, spec_of(config, batching["batch_size"]), seed)
     step_model = parallel.replicate(model, replicas, step_model_of(model, training["compile"]))
     optimizer, schedule = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
+    settings = StepSettings(replicas.device, "fp32", config["optim"]["max_grad_norm"])  # fine-tuning's steps: fp32
+    engine = TorchStep(model, optimizer, step_model, settings, replicas.sharded)
     eval_batcher = Batcher(job.validation.lengths, spec_of(config, batching["eval_batch_size"]), seed)
     log.info(
         "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s%s",
@@ -314,18 +304,18 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
     state = RunState(extra=FinetuneProgress(config, input_digest(config)))
     if progress is not None:
-        state = restore_state(output, model, optimizer, state, replicas)
+        state = restore_state(output, engine, state, replicas)
     saved_step = state.step if progress is not None else None
-    return Run(config, output, job, model, batcher, eval_batcher, optimizer, schedule,
-               step_settings(config, model), state, stop, step_model, replicas, skeleton, saved_step)  # fmt: skip
+    return Run(config, output, job, model, batcher, eval_batcher, engine, schedule, state, stop, replicas, skeleton,
+               saved_step)  # fmt: skip
 
 
-def restore_state(output: Path, model, optimizer, fresh: RunState, replicas) -> RunState:
+def restore_state(output: Path, engine: TorchStep, fresh: RunState, replicas) -> RunState:
     """--resume: the checkpoint's weights, optimizer, schedule and RNG into place (the newest
     intact one whose weights load: components.checkpoint.resume_from). -> its state; refused
     (one line) where none is left or the data changed."""
     try:
-        path, state = load_checkpoint(output, model, optimizer, replicas)
+        path, state = load_checkpoint(output, engine, replicas)
     except CheckpointError as err:
         raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
     saved, digests = state.extra, fresh.extra.data_sha256

@@ -9,7 +9,7 @@ from packed_transformers.optim.packing_adjustment import (
     adjust_for_packing,
     packing_factor_from_metadata,
 )
-from packed_transformers.optim.param_groups import build_adamw, weight_decay_groups
+from packed_transformers.optim.param_groups import build_adamw, build_lamb, weight_decay_groups
 from packed_transformers.optim.poptorch_mapping import poptorch_lamb_kwargs
 from packed_transformers.optim.schedules import WarmupCosineDecay, WarmupLinearDecay, WarmupPolyDecay
 
@@ -20,6 +20,7 @@ __all__ = [
     "adjust_for_packing",
     "packing_factor_from_metadata",
     "build_adamw",
+    "build_lamb",
     "weight_decay_groups",
     "poptorch_lamb_kwargs",
     "WarmupCosineDecay",

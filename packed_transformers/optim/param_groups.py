@@ -52,3 +52,20 @@ def build_adamw(model, optim: dict, total_steps: int):
         optim["lr"], max(1, math.ceil(optim["warmup_fraction"] * total_steps)), total_steps
     )
     return optimizer, schedule
+
+
+def build_lamb(model, optim: dict, betas: tuple[float, float], max_grad_norm: float | None):
+    """BERT's LAMB (optim.Lamb) with the run's packing-adjusted `betas`; lr 0 until the
+    schedule sets it. optim: pretraining's section (eps, weight_decay, bias_correction).
+    `max_grad_norm` is separate because the pipeline engine clips across stages itself."""
+    from packed_transformers.optim.lamb import Lamb
+
+    return Lamb(
+        weight_decay_groups(model.named_parameters(), optim["weight_decay"]),
+        lr=0.0,
+        betas=betas,
+        eps=optim["eps"],
+        weight_decay=optim["weight_decay"],
+        bias_correction=optim["bias_correction"],
+        max_grad_norm=max_grad_norm,
+    )

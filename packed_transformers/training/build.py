@@ -13,11 +13,10 @@ from pathlib import Path
 import torch
 
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.step import BatchArithmetic
 from packed_transformers.model import PackedBertForPreTraining, bert_config
 from packed_transformers.model.hf_checkpoint import SHAPE_FIELDS
 from packed_transformers.model.opening import check_finite_weights
-from packed_transformers.optim import Lamb, WarmupPolyDecay, packing_factor_from_metadata, weight_decay_groups
+from packed_transformers.optim import WarmupPolyDecay, packing_factor_from_metadata
 from packed_transformers.packing.shards import PackedDataset
 from packed_transformers.packs.errors import PackingInputError
 
@@ -117,21 +116,6 @@ def build_schedule(config: dict) -> WarmupPolyDecay:
         power=optim["poly_power"],
         end_lr=optim["end_lr"],
         start_offset_samples=optim["start_offset_samples"],
-    )
-
-
-def build_lamb(model, config: dict, batch: BatchArithmetic, max_grad_norm: float | None) -> Lamb:
-    """The torch LAMB with the run's (packing-adjusted) betas; lr 0 until the schedule sets it.
-    `max_grad_norm` is separate because the pipeline engine clips across stages itself."""
-    optim = config["optim"]
-    return Lamb(
-        weight_decay_groups(model.named_parameters(), optim["weight_decay"]),
-        lr=0.0,
-        betas=batch.betas,
-        eps=optim["eps"],
-        weight_decay=optim["weight_decay"],
-        bias_correction=optim["bias_correction"],
-        max_grad_norm=max_grad_norm,
     )
 
 

@@ -1,4 +1,4 @@
-"""The run: the same for every engine (training.backends: torch, pipeline, ipu).
+"""The run: the same for every engine (engines: torch, pipeline, ipu).
 
     checks (data, output folder, model)  ->  engine.attach  ->  restore a checkpoint
     loop:  micro-batches from the resumable loader  ->  engine.train (one place for the
@@ -34,7 +34,7 @@ from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, LoopJ
 from packed_transformers.components.observe import MetricSums, summarize
 from packed_transformers.components.run_state import Diverged, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep
-from packed_transformers.training.backends.engine import Engine
+from packed_transformers.engines.engine import Engine
 from packed_transformers.training.run_setup import RunSetup
 
 log = logging.getLogger("training")
@@ -311,7 +311,7 @@ def run(config: dict, output: Path, resume: bool) -> int:
     """The run with the engine the config selects, as a process exit code: user-input and
     environment errors become exit code 2 with one line (run_pretraining.py's contract)."""
     from packed_transformers.components.run_state import exit_code_of
-    from packed_transformers.training.backends import engine_class
+    from packed_transformers.engines import engine_class
 
     return exit_code_of(lambda: run_training(config, output, resume, engine_class(config)))
 
@@ -323,7 +323,7 @@ def run_training(
     The engine's config checks come first, before any data is opened or hashed.
     Returns the process exit code."""
     if engine_class is None:
-        from packed_transformers.training.backends.torch_engine import TorchEngine
+        from packed_transformers.engines.torch_engine import TorchEngine
 
         engine_class = TorchEngine
     engine_class.check_config(config)

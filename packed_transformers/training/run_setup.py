@@ -26,8 +26,8 @@ from packed_transformers.components.run_folder import (
 )
 from packed_transformers.components.run_state import BertProgress, EvalSchedule, RunState, StopSignal
 from packed_transformers.components.synthetic import SyntheticPacks
+from packed_transformers.engines.engine import Engine
 from packed_transformers.model import PackedBertForPreTraining
-from packed_transformers.training.backends.engine import Engine
 from packed_transformers.training.build import (
     build_model,
     build_schedule,

@@ -236,6 +236,7 @@ def test_a_finite_loss_with_an_overflowing_backward_stops_before_the_weights_mov
     finite loss whose gradient is not finite stops the step, the weights untouched (it used to
     be clipped into them: a finite loss was all the step checked)."""
     from packed_transformers.components.step import NonFiniteStep, StepSettings
+    from packed_transformers.engines.torch_engine import TorchStep
     from packed_transformers.finetune.train import build_adamw, finetune_step
 
     class Overflow(torch.autograd.Function):
@@ -271,7 +272,7 @@ def test_a_finite_loss_with_an_overflowing_backward_stops_before_the_weights_mov
                                               "weight_decay": 0.0, "warmup_fraction": 0.0}, 10)  # fmt: skip
     settings = StepSettings(torch.device("cpu"), max_grad_norm=1.0)
     with pytest.raises(NonFiniteStep, match=r"loss 3.0, gradient norm inf"):
-        finetune_step(model, {"x": torch.ones(1)}, optimizer, schedule(0), settings, loss=OneExample())
+        finetune_step(TorchStep(model, optimizer, model, settings), {"x": torch.ones(1)}, schedule(0), loss=OneExample())
     assert torch.equal(model.weight.detach(), torch.ones(3)) and model.weight.grad is None
 
 

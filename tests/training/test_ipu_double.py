@@ -47,7 +47,7 @@ def poptorch_double(monkeypatch):
 
     assert "doubles" in poptorch.__file__, "the double, never a real poptorch, in this test"
     poptorch._ATTACHED.clear()
-    from packed_transformers.training.backends.ipu import IpuEngine
+    from packed_transformers.engines.ipu import IpuEngine
 
     yield IpuEngine
     # Leave no double behind: other tests look for a real poptorch.
@@ -256,7 +256,7 @@ def test_popart_session_options_need_no_popart_module(packed, tmp_path, poptorch
     integers), so a Poplar-only environment without `popart` trains; the values are PopART's."""
     import popart
 
-    from packed_transformers.training.backends import ipu as ipu_module
+    from packed_transformers.engines import ipu as ipu_module
 
     assert (
         ipu_module.OVERLAP_MEMORY_OPTIMIZED == popart.AccumulateOuterFragmentSchedule.OverlapMemoryOptimized

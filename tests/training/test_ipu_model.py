@@ -10,7 +10,7 @@ import pytest
 
 poptorch = pytest.importorskip("poptorch", reason="poptorch not installed")
 
-from packed_transformers.training.backends.ipu import IpuEngine  # noqa: E402
+from packed_transformers.engines.ipu import IpuEngine  # noqa: E402
 from packed_transformers.training.config import validate  # noqa: E402
 from packed_transformers.training.run import run_training  # noqa: E402
 

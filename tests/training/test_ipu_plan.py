@@ -14,10 +14,9 @@ import torch
 
 from packed_transformers.components.data import PackedShards, pad_micro_batch
 from packed_transformers.components.observe import SUM_KEYS, MetricSums
-from packed_transformers.model import PackedBertForPreTraining, bert_config
-from packed_transformers.optim import Lamb, weight_decay_groups
-from packed_transformers.training.backends.ipu_plan import IpuPlanError, make_plan
-from packed_transformers.training.backends.ipu_step import (
+from packed_transformers.components.step import StepSettings
+from packed_transformers.engines.ipu_plan import IpuPlanError, make_plan
+from packed_transformers.engines.ipu_step import (
     GRAPH_FIELDS,
     OneHotGather,
     PretrainingStep,
@@ -26,7 +25,9 @@ from packed_transformers.training.backends.ipu_step import (
     split_matmul,
     step_inputs,
 )
-from packed_transformers.training.backends.torch_engine import train_step
+from packed_transformers.engines.torch_engine import TorchStep, train_step
+from packed_transformers.model import PackedBertForPreTraining, bert_config
+from packed_transformers.optim import Lamb, weight_decay_groups
 from packed_transformers.training.build import open_packed
 from packed_transformers.training.config import load_config, validate
 
@@ -222,21 +223,12 @@ def test_pretraining_step_trains_exactly_like_the_torch_step(packed):
     ipu_model = copy.deepcopy(torch_model)
     torch_opt, ipu_opt = _lamb(torch_model), _lamb(ipu_model)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
+    torch_step = TorchStep(torch_model, torch_opt, torch_model, StepSettings(torch.device("cpu")), scaler=scaler)
     step = PretrainingStep(ipu_model)
     torch_sums, ipu_sums = MetricSums(), MetricSums()
     for s in range(2):
         group = micro[s * 4 : (s + 1) * 4]
-        counts = train_step(
-            torch_model,
-            torch_opt,
-            scaler,
-            group,
-            0.01,
-            "fp32",
-            torch.device("cpu"),
-            "per_token",
-            torch_sums,
-        )
+        counts = train_step(torch_step, group, "per_token", 0.01, torch_sums)
         inputs = step_inputs(group, 1, [counts])
         rows = group[0]["input_ids"].shape[0]
         for i in range(4):  # the micro-batches PopTorch would feed one by one
@@ -365,7 +357,7 @@ def test_training_options_reduce_by_running_mean_with_the_scales_times_n(monkeyp
         monkeypatch.delitem(sys.modules, name)
     import poptorch
 
-    from packed_transformers.training.backends.ipu import build_options
+    from packed_transformers.engines.ipu import build_options
 
     plan = make_plan(pod16(), packing_factor=2.0)
     opts = build_options(poptorch, plan, training=True)

@@ -1,7 +1,7 @@
 """The IPU path must import on the Poplar SDK 3.4 stack: Python 3.8 (Ubuntu 20.04; 3.10 on
 Ubuntu 22.04) and torch 2.0.1 (requirements-ipu.txt). Neither runs here, so every module
 `run_pretraining.py` can load on that path (the project-internal import closure of
-`training.backends.ipu`, `training.run` and the command line, imports inside functions
+`engines.ipu`, `training.run` and the command line, imports inside functions
 included) is checked statically for what Python 3.8 cannot run:
 
 * grammar newer than 3.8: `ast.parse(..., feature_version=(3, 8))` (match statements,
@@ -40,8 +40,8 @@ PACKAGES = {
     "finetune",
     "run_pretraining",
 }
-ROOTS = ("packed_transformers.training.backends.ipu", "packed_transformers.training.run",
-         "packed_transformers.training.backends", "packed_transformers.run_pretraining", "run_pretraining")  # fmt: skip
+ROOTS = ("packed_transformers.engines.ipu", "packed_transformers.training.run",
+         "packed_transformers.engines", "packed_transformers.run_pretraining", "run_pretraining")  # fmt: skip
 
 
 def in_project(name: str) -> bool:
@@ -174,7 +174,7 @@ def problems(path: Path) -> list[str]:
 
 def test_the_closure_holds_the_ipu_engine_and_what_it_runs():
     modules = ipu_path_modules()
-    for name in ("packed_transformers.training.backends.ipu", "packed_transformers.training.backends.ipu_step", "packed_transformers.model.pretraining", "packed_transformers.optim.lamb",
+    for name in ("packed_transformers.engines.ipu", "packed_transformers.engines.ipu_step", "packed_transformers.model.pretraining", "packed_transformers.optim.lamb",
                  "packed_transformers.components.step", "packed_transformers.packing.shards", "packed_transformers.common.files"):  # fmt: skip
         assert name in modules, name
 

@@ -62,8 +62,8 @@ from packed_transformers.components.step import (
     StepSettings,
     autocast_context,
     predicted_tokens,
-    take_step,
 )
+from packed_transformers.engines.torch_engine import TorchStep
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.lm_rows.store import RowStore
@@ -168,22 +168,23 @@ class DecoderRun(LoopJob):
 
         # graphs the process compiled before this run (a process may run twice: tests)
         self.graphs_before = counters["stats"]["unique_graphs"]
-        self.step_model = (
+        step_model = (
             torch.compile(self.model, backend=training["compile_backend"], dynamic=False)
             if training["compile"]
             else self.model
         )
         if self.world > 1 and not self.sharded:  # DDP averages gradients; FSDP2 sums them itself
-            self.step_model = data_parallel(self.step_model, self.replica.device)
-        self.step_settings = StepSettings(self.replica.device, training["precision"], optim["max_grad_norm"])
+            step_model = data_parallel(step_model, self.replica.device)
         # the global batch may be split another way on resume (other ranks, other accumulation)
         prepare_output(output, config, resume, self.rank, changeable=GLOBAL_BATCH_SPLIT)
-        self.optimizer = torch.optim.AdamW(
+        optimizer = torch.optim.AdamW(
             weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),
             lr=0.0,
             betas=tuple(optim["betas"]),
             eps=optim["eps"],
         )
+        settings = StepSettings(self.replica.device, training["precision"], optim["max_grad_norm"])
+        self.engine = TorchStep(self.model, optimizer, step_model, settings, self.sharded)
         self.schedule = WarmupCosineDecay(
             optim["lr"], optim["warmup_samples"], optim["total_samples"], optim["end_lr"]
         )
@@ -259,7 +260,7 @@ class DecoderRun(LoopJob):
         DCP shards, or the model folder's weights (strict: every key but a tied one, which the
         folder stores once) and the optimizer."""
         if self.sharded:
-            load_sharded(path, self.model.hf_model, self.optimizer)
+            load_sharded(path, self.model.hf_model, self.engine.optimizer)
             return
         from safetensors.torch import load_file
 
@@ -274,18 +275,18 @@ class DecoderRun(LoopJob):
             )
         if tied:
             hf_model.tie_weights()
-        self.optimizer.load_state_dict(saved["optimizer"])
+        self.engine.load_state(saved)
 
     def write_checkpoint(self) -> None:
         rng = gather_rng_states()
         keep, folder = self.config["training"]["keep_checkpoints"], self.output / "checkpoints"
         if self.sharded:  # every rank writes its shard (optimizer state in dcp/)
-            weights, write_shards = sharded_checkpoint(self.model.hf_model, self.optimizer)
+            weights, write_shards = sharded_checkpoint(self.model.hf_model, self.engine.optimizer)
             ckpt.save_checkpoint(folder, self.state.step, ckpt.training_state(self.state, rng), keep,
                                  ckpt.weights_writer(self.model.hf_model, weights), write_shards, self.rank)  # fmt: skip
             return
         if self.rank == 0:
-            state = ckpt.training_state(self.state, rng, {"optimizer": self.optimizer.state_dict()})
+            state = ckpt.training_state(self.state, rng, self.engine.engine_state())
             ckpt.save_checkpoint(folder, self.state.step, state, keep, self.model.save_pretrained)
         barrier()
 
@@ -305,9 +306,8 @@ class DecoderRun(LoopJob):
         for batch in batches:  # each token's next-token target inside its own document
             batch["shift_labels"] = next_token_targets(batch["input_ids"], batch["sequence_ids"])
         lr = self.schedule(state.samples)
-        self.model.train()
         try:
-            result = take_step(self.step_model, self.optimizer, batches, TOKEN_LOSS, lr, self.step_settings)
+            result = self.engine.step(batches, TOKEN_LOSS, lr)
         except NonFiniteStep as err:
             skip_or_stop(f"step {state.step + 1}", err, 1)  # raises Diverged
         # the step's loss sum and real tokens, every process's: one copy to the host, one collective
@@ -437,7 +437,7 @@ class DecoderRun(LoopJob):
         self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.extra.tokens,
                            "status": end.status, "stopped_by": end.stopped_by,
                            "seconds": time.perf_counter() - self.started}, "end")  # fmt: skip
-        if self.step_model is not self.model and self.rank == 0:
+        if self.engine.step_model is not self.model and self.rank == 0:
             from torch._dynamo.utils import counters
 
             compiled = counters["stats"]["unique_graphs"] - self.graphs_before

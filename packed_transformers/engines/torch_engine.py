@@ -1,8 +1,13 @@
-"""The torch engine: one process = one data-parallel replica (CPU, CUDA; DDP under torchrun).
+"""The torch engine (CPU, CUDA; DDP or FSDP2 under torchrun): every job's step, and BERT's
+`Engine` over it.
 
-A step is components.step.take_step with BERT's loss (`PretrainingLoss`: masked tokens and
-sequences its units, counted on the host over all replicas before compute); DDP
-all-reduces the gradients once, on the last micro-batch; LAMB steps.
+`TorchStep` is what every job on torch runs its steps through (BERT pretraining here, the
+decoder's run, every fine-tuning task): the weights, the optimizer, what runs the forward (the
+model, compiled, DDP) and how steps are taken; its step is components.step.take_step, its
+optimizer state one format whoever wrote it (gathered whole under FSDP2). A job says only its
+loss (a components.step.StepLoss): BERT's is `PretrainingLoss` (masked tokens and sequences its
+units, counted on the host over all replicas before compute); DDP all-reduces the gradients
+once, on the last micro-batch; LAMB steps.
 """
 
 from __future__ import annotations
@@ -16,15 +21,56 @@ from packed_transformers.components.distributed import data_parallel, max_over_p
 from packed_transformers.components.observe import SUM_KEYS, MetricSums, summarize
 from packed_transformers.components.step import (
     BatchArithmetic,
+    StepLoss,
+    StepResult,
     StepSettings,
     autocast_context,
     batch_counts,
     take_step,
 )
-from packed_transformers.training.backends.engine import Snapshot
-from packed_transformers.training.build import build_lamb
+from packed_transformers.engines.engine import Snapshot
+from packed_transformers.optim import build_lamb
 
 log = logging.getLogger("training")
+
+
+@dataclass
+class TorchStep:
+    """One job's steps on torch: the only caller of components.step.take_step in a run."""
+
+    model: torch.nn.Module  # the weights (sharded in place under FSDP2)
+    optimizer: torch.optim.Optimizer  # holds the model's parameters
+    step_model: torch.nn.Module  # what runs the forward: the model, compiled, DDP
+    settings: StepSettings  # device, precision, clipping, the data-parallel group
+    sharded: bool = False  # FSDP2: the optimizer state is gathered whole to save, scattered to load
+    scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (None: no scaling)
+
+    def step(self, micro_batches: list[dict], loss: StepLoss, lr: float) -> StepResult:
+        """One optimizer step over this process's micro-batches (host tensors); NonFiniteStep
+        (gradients dropped, weights untouched) for a non-finite one."""
+        self.model.train()
+        return take_step(self.step_model, self.optimizer, micro_batches, loss, lr, self.settings, self.scaler)
+
+    def engine_state(self) -> dict:
+        """Collective under FSDP2: {"optimizer": its state whole, "scaler": fp16's scaler's}."""
+        if self.sharded:
+            from packed_transformers.components.sharding import full_optimizer_state
+
+            state = {"optimizer": full_optimizer_state(self.optimizer)}
+        else:
+            state = {"optimizer": self.optimizer.state_dict()}
+        return state if self.scaler is None else {**state, "scaler": self.scaler.state_dict()}
+
+    def load_state(self, engine_state: dict) -> None:
+        """What engine_state() held, whoever wrote it (one process, DDP or FSDP2 ranks)."""
+        if self.sharded:
+            from packed_transformers.components.sharding import load_full_optimizer_state
+
+            load_full_optimizer_state(self.optimizer, engine_state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(engine_state["optimizer"])
+        if self.scaler is not None and "scaler" in engine_state:
+            self.scaler.load_state_dict(engine_state["scaler"])
 
 
 @dataclass(frozen=True)
@@ -46,12 +92,11 @@ class PretrainingLoss:
         return {k: out[k].detach() for k in SUM_KEYS[:-1]}, int((batch["sequence_ids"] > 0).sum())
 
 
-def train_step(model, optimizer, scaler, micro_batches, lr, precision, device, mode, sums: MetricSums):
-    """One optimizer step over this replica's micro-batches (components.step.take_step).
-    world: DDP's processes (1 alone and under FSDP2, which sums). Returns the step's global
-    counts [masked tokens, sequences]; adds the step's metric sums once it passed."""
-    settings = StepSettings(device, precision)
-    result = take_step(model, optimizer, micro_batches, PretrainingLoss(mode), lr, settings, scaler)
+def train_step(torch_step: TorchStep, micro_batches: list[dict], mode: str, lr: float, sums: MetricSums):
+    """One optimizer step of BERT's loss (mode: model.mlm_loss_mode) over this replica's
+    micro-batches. Returns the step's global counts [masked tokens, sequences]; adds the
+    step's metric sums once it passed."""
+    result = torch_step.step(micro_batches, PretrainingLoss(mode), lr)
     for model_sums, tokens in result.kept:
         sums.add(model_sums, tokens)  # host token count: no device sync
     return result.units
@@ -80,7 +125,7 @@ def evaluate(model, shards, batches, device, precision, spare_forwards: int = 0)
 
 
 class TorchEngine:
-    """training.backends.engine.Engine for torch on CPU/CUDA, with DDP under torchrun."""
+    """engines.engine.Engine for torch on CPU/CUDA, with DDP under torchrun."""
 
     steps_per_call = 1
 
@@ -95,14 +140,14 @@ class TorchEngine:
         self.data_world = self.replica.world
 
     def attach(self, model, packing_factor: float) -> BatchArithmetic:
-        training = self.config["training"]
+        training, optim = self.config["training"], self.config["optim"]
         batch = BatchArithmetic.from_config(self.config, packing_factor, self.replica.world)
         self.model = model
         self.sharded = self.config["execution"]["sharding"] == "fsdp"
         self.micro_batches_per_call = batch.gradient_accumulation
         model.to(self.replica.device)
         model.train()
-        self.scaler = torch.amp.GradScaler(self.replica.device.type, enabled=training["precision"] == "fp16")
+        step_model = model
         if self.sharded:
             # FSDP2: each encoder layer, then the model (the embeddings, heads and the tied MLM
             # decoder together); LAMB over the shards (its norms over whole tensors). Gradients
@@ -116,27 +161,19 @@ class TorchEngine:
                 log.info(
                     "FSDP2: %d encoder layers and the model sharded over %d ranks", blocks, self.replica.world
                 )
-            self.optimizer = build_lamb(model, self.config, batch, self.config["optim"]["max_grad_norm"])
-            self.step_model = model
-            return batch
-        self.optimizer = build_lamb(model, self.config, batch, self.config["optim"]["max_grad_norm"])
-        self.step_model = torch.compile(model) if training["compile"] else model
-        if self.replica.world > 1:
-            self.step_model = data_parallel(self.step_model, self.replica.device)
+        else:
+            step_model = torch.compile(model) if training["compile"] else model
+            if self.replica.world > 1:
+                step_model = data_parallel(step_model, self.replica.device)
+        self.torch_step = TorchStep(
+            model, build_lamb(model, optim, batch.betas, optim["max_grad_norm"]), step_model,
+            StepSettings(self.replica.device, training["precision"]), self.sharded,
+            torch.amp.GradScaler(self.replica.device.type, enabled=training["precision"] == "fp16"),
+        )  # fmt: skip
         return batch
 
     def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
-        return train_step(
-            self.step_model,
-            self.optimizer,
-            self.scaler,
-            micro_batches,
-            lr,
-            self.config["training"]["precision"],
-            self.replica.device,
-            self.config["model"]["mlm_loss_mode"],
-            sums,
-        )
+        return train_step(self.torch_step, micro_batches, self.config["model"]["mlm_loss_mode"], lr, sums)
 
     def evaluate(self, shards, batches) -> dict:
         if self.sharded:
@@ -153,25 +190,17 @@ class TorchEngine:
         return sums.reduce()
 
     def snapshot(self) -> Snapshot:
-        if self.sharded:  # collective: the weights and the optimizer state gathered whole
+        """Collective under FSDP2: the weights and the optimizer state gathered whole; every
+        replica of an unsharded run holds the same weights. Rank 0 writes."""
+        weights = None
+        if self.sharded:
             from packed_transformers.components.replicas import Replicas, gathered_weights
-            from packed_transformers.components.sharding import full_optimizer_state
 
-            replicas = Replicas(self.rank, self.replica.world, self.replica.device, "fsdp")
-            weights, optimizer = gathered_weights(self.model, replicas), full_optimizer_state(self.optimizer)
-            if self.rank != 0:
-                return Snapshot(None, None)
-            return Snapshot(self.model, {"optimizer": optimizer, "scaler": self.scaler.state_dict()}, weights)
-        # Every replica holds the same weights; rank 0 writes.
-        state = {"optimizer": self.optimizer.state_dict(), "scaler": self.scaler.state_dict()}
-        return Snapshot(self.model, state)
+            weights = gathered_weights(
+                self.model, Replicas(self.rank, self.replica.world, self.replica.device, "fsdp")
+            )
+        engine_state = self.torch_step.engine_state()
+        return Snapshot(self.model, engine_state, weights) if self.rank == 0 else Snapshot(None, None)
 
     def load_state(self, engine_state: dict) -> None:
-        if self.sharded:  # the checkpoint holds the unsharded format, whoever wrote it
-            from packed_transformers.components.sharding import load_full_optimizer_state
-
-            load_full_optimizer_state(self.optimizer, engine_state["optimizer"])
-            return
-        self.optimizer.load_state_dict(engine_state["optimizer"])
-        if "scaler" in engine_state:
-            self.scaler.load_state_dict(engine_state["scaler"])
+        self.torch_step.load_state(engine_state)

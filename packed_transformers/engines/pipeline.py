@@ -40,10 +40,10 @@ from packed_transformers.components.step import (
     set_learning_rate,
     step_counts,
 )
+from packed_transformers.engines.engine import Snapshot
 from packed_transformers.model.config import bert_config, nonempty_stage_ranges
 from packed_transformers.model.pretraining import HEAD_INPUTS
-from packed_transformers.training.backends.engine import Snapshot
-from packed_transformers.training.build import build_lamb
+from packed_transformers.optim import build_lamb
 
 log = logging.getLogger("training.pipeline")
 
@@ -160,7 +160,7 @@ class HeadLoss:
 
 
 class PipelineEngine:
-    """training.backends.engine.Engine for pipelined (x replicated) torch training."""
+    """engines.engine.Engine for pipelined (x replicated) torch training."""
 
     steps_per_call = 1
 
@@ -203,7 +203,7 @@ class PipelineEngine:
         # stage's parameters ever get gradients, so only they take steps and hold state.
         # It does not clip: the global norm spans stages (_clip).
         self.max_grad_norm = cfg["optim"]["max_grad_norm"]
-        self.optimizer = build_lamb(model, cfg, batch, max_grad_norm=None)
+        self.optimizer = build_lamb(model, cfg["optim"], batch.betas, max_grad_norm=None)
         self.micro_batches_per_call = batch.gradient_accumulation
         schedule_name = cfg["execution"]["pipeline_schedule"]
         if schedule_name == "1f1b" and batch.gradient_accumulation < topo.stages:

@@ -1,7 +1,7 @@
 """IPU planning: a validated config -> `IpuPlan`, every PopTorch option value in one dataclass.
 
 Pure Python (no poptorch import), so the plan, its batch arithmetic and its errors are
-tested on any machine; `training.backends.ipu` applies a plan with the real PopTorch API.
+tested on any machine; `engines.ipu` applies a plan with the real PopTorch API.
 
 Placement follows Graphcore's pipelined BERT: the embeddings and the first encoder layers
 on IPU 0, the other layers as `execution.layers_per_stage` lists them (one stage per IPU),
@@ -31,7 +31,7 @@ class IpuPlanError(RunError):
 class Placement:
     """A module (dotted name in PackedBertForPreTraining) that starts a pipeline block."""
 
-    module: str  # dotted path in training.backends.ipu_step.PretrainingStep
+    module: str  # dotted path in engines.ipu_step.PretrainingStep
     ipu: int
     block: str  # PopTorch user_id of the block (names the stage in reports)
 
@@ -61,7 +61,7 @@ class IpuPlan:
     replicated_tensor_sharding: bool
     optimizer_state_offchip: bool
     embedding_serialization_factor: int  # MLM decoder matmul split over the vocabulary
-    onehot_gather: bool  # gathers as one-hot matmuls (training.backends.ipu_step.OneHotGather)
+    onehot_gather: bool  # gathers as one-hot matmuls (engines.ipu_step.OneHotGather)
     popart_performance_options: bool  # Graphcore BERT's PopART session options and patterns
     synthetic_data: bool  # random packs made on the host (streamed like real data)
     available_memory_proportion: dict[str, float] = field(default_factory=dict)

@@ -2,9 +2,9 @@
 horovod, and only when execution.device is ipu or ipu-model.
 
 The run itself (data order, eval schedule, checkpoints, logging, stopping) is
-training.run; this module supplies its engine (training.backends.engine.Engine):
+training.run; this module supplies its engine (engines.engine.Engine):
 
-    IpuPlan (training.backends.ipu_plan, pure)  ->  poptorch.Options
+    IpuPlan (engines.ipu_plan, pure)  ->  poptorch.Options
     PackedBertForPreTraining  ->  PretrainingStep with poptorch.BeginBlock per stage and
                                   recomputation checkpoints  ->  poptorch.trainingModel
     optim LAMB settings (beta^p)  ->  poptorch.optim.LAMB(**poptorch_lamb_kwargs(...))
@@ -32,16 +32,16 @@ import time
 
 import torch
 
-import packed_transformers.training.backends.ipu_plan as ipu_plan
+import packed_transformers.engines.ipu_plan as ipu_plan
 from packed_transformers.components.data import padded_groups
 from packed_transformers.components.distributed import use_host_sum
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.observe import MetricSums, summarize
 from packed_transformers.components.step import BatchArithmetic, set_learning_rate, step_counts
+from packed_transformers.engines.engine import Snapshot
+from packed_transformers.engines.ipu_plan import IpuPlan, make_plan
+from packed_transformers.engines.ipu_step import PretrainingStep, adapt_for_ipu, step_inputs
 from packed_transformers.optim import poptorch_lamb_kwargs, weight_decay_groups
-from packed_transformers.training.backends.engine import Snapshot
-from packed_transformers.training.backends.ipu_plan import IpuPlan, make_plan
-from packed_transformers.training.backends.ipu_step import PretrainingStep, adapt_for_ipu, step_inputs
 
 log = logging.getLogger("training.ipu")
 
