@@ -36,6 +36,7 @@ PACKAGES = {
     "model",
     "optim",
     "components",
+    "engines",
     "training",
     "finetune",
     "run_pretraining",
