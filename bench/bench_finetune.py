@@ -26,8 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packed_transformers.components.batches import collate  # noqa: E402
-from packed_transformers.components.step import StepSettings  # noqa: E402
-from packed_transformers.engines.torch_engine import TorchStep  # noqa: E402
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 from packed_transformers.finetune.jobs import build_classifier, prepare_task  # noqa: E402
 from packed_transformers.finetune.train import batching_spec, build_adamw, finetune_step  # noqa: E402

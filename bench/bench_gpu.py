@@ -50,8 +50,7 @@ from bench_lamb import bert_large_shapes, time_steps  # noqa: E402
 from bench_model import HIST, sample_rows  # noqa: E402
 
 from packed_transformers.components.observe import MetricSums, summarize  # noqa: E402
-from packed_transformers.components.step import StepSettings  # noqa: E402
-from packed_transformers.engines.torch_engine import TorchStep, train_step  # noqa: E402
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep, train_step  # noqa: E402
 from packed_transformers.model import PackedBertForPreTraining, bert_config  # noqa: E402
 from packed_transformers.optim import Lamb  # noqa: E402
 from packed_transformers.packing import Histogram, pack  # noqa: E402

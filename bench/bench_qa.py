@@ -36,10 +36,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packed_transformers.components.batches import collate  # noqa: E402
-from packed_transformers.components.step import StepSettings, set_learning_rate  # noqa: E402
+from packed_transformers.components.step import set_learning_rate  # noqa: E402
 from packed_transformers.data import assets  # noqa: E402
 from packed_transformers.data.qa_windows import QaWindows  # noqa: E402
-from packed_transformers.engines.torch_engine import TorchStep  # noqa: E402
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 from packed_transformers.finetune.qa_task import build_qa_model  # noqa: E402
 from packed_transformers.finetune.train import batching_spec, build_adamw, finetune_step  # noqa: E402

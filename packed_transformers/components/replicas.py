@@ -5,7 +5,7 @@ each step's rows, and N processes take the step one process takes.
                            (one empty row where B < N: the batch shape a compiled run's padded
                            last batch has, which every model takes)
     the step's loss        sum over the step's loss units (examples, or predicted tokens) of
-                           every rank / their count over every rank (components.step.take_step:
+                           every rank / their count over every rank (engines.torch_engine.take_step:
                            units counted before compute, DDP's average multiplied back)
     the model              replicated (DDP) or sharded (`sharding: fsdp`: FSDP2 per block,
                            components.sharding); rank 0 writes every file

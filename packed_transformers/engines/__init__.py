@@ -2,7 +2,7 @@
 trains (BERT pretraining, the decoder's run, every fine-tuning task), so that each imports them:
 
     torch_engine   CPU, CUDA; DDP or FSDP2 under torchrun. `TorchStep`: every job's step on
-                   torch (components.step.take_step with the job's loss), its optimizer state
+                   torch (engines.torch_engine.take_step with the job's loss), its optimizer state
                    saved and restored in one format; `TorchEngine`: BERT's engine over it
     pipeline       BERT over execution.layers_per_stage with more than one stage (x replicas)
     ipu            BERT on Graphcore IPUs through PopTorch (ipu_plan: the plan; ipu_step: the

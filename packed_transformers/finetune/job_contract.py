@@ -28,7 +28,7 @@ def present_examples(batch: dict) -> tuple[int]:
     return (int((batch["example_index"] >= 0).sum()),)
 
 
-# The step's loss (components.step.take_step) of a packed head (classification, QA, tokens) and
+# The step's loss (engines.torch_engine.take_step) of a packed head (classification, QA, tokens) and
 # of contrastive training (the step's anchors, each scored against every process's candidates).
 SLOT_LOSS = MeanLoss(present_examples, "count", classification_sums)
 ANCHOR_LOSS = MeanLoss(lambda batch: (int(batch["anchor_slots"].numel()),), "count", classification_sums)

@@ -55,15 +55,10 @@ from packed_transformers.components.checkpoint import CheckpointError
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJob, run_loop
 from packed_transformers.components.run_state import EvalSchedule, RunState, skip_or_stop
-from packed_transformers.components.step import (
-    NonFiniteStep,
-    StepSettings,
-    step_model_of,
-    weights_finite,
-)
+from packed_transformers.components.step import NonFiniteStep, weights_finite
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
-from packed_transformers.engines.torch_engine import TorchStep
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep, step_model_of
 from packed_transformers.finetune.checkpoint import (
     FinetuneProgress,
     load_checkpoint,

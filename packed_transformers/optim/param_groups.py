@@ -33,7 +33,7 @@ def weight_decay_groups(named_parameters, weight_decay: float) -> list[dict]:
 def build_adamw(model, optim: dict, total_steps: int):
     """AdamW without decay on biases and LayerNorm (weight_decay_groups, the rule pretraining
     uses); optim.WarmupLinearDecay in optimizer steps. -> (optimizer, schedule: step -> lr, which
-    components.step.take_step writes into the groups). The fused
+    engines.torch_engine.take_step writes into the groups). The fused
     kernel (one pass over all parameters, on CPU and CUDA; what transformers' Trainer picks by
     default): torch's default for-loop AdamW was ~13% of a MiniLM step on 2 CPU cores.
     optim: fine-tuning's section (lr, betas, eps, weight_decay, warmup_fraction)."""

@@ -272,16 +272,16 @@ def test_folders_that_cannot_run_are_refused_in_one_line(folders, tmp_path):
 
 def test_only_the_runner_calls_the_model_in_inference():
     """The packed inference forward is written once (inference/runner.py); training's one step
-    (components/step.py's take_step, every job's) is the one other call, and the ONNX exporter's trace of the model (inference/onnx_graphs.py:
+    (engines/torch_engine.py's take_step, every job's, beside BERT's evaluation) is the one other call, and the ONNX exporter's trace of the model (inference/onnx_graphs.py:
     tracing is a call, as openvino.convert_model's is inside OpenVINO) the other one."""
     callers = []
-    rooms = ("inference", "finetune", "serving", "door", "ray_jobs", "hf_integration", "commands", "components")
+    rooms = ("inference", "finetune", "serving", "door", "ray_jobs", "hf_integration", "commands", "components", "engines")
     for path in [p for room in rooms for p in sorted((PACKAGE / room).glob("*.py"))]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"model\(\*\*", line) and not line.lstrip().startswith(("#", "logits =")):
                 callers.append(f"{path.relative_to(PACKAGE)}:{number}")
     assert sorted({c.split(":")[0] for c in callers}) == [
-        "components/step.py", "inference/onnx_graphs.py", "inference/runner.py"
+        "engines/torch_engine.py", "inference/onnx_graphs.py", "inference/runner.py"
     ], callers  # fmt: skip
     assert sum(c.startswith("inference/onnx_graphs.py") for c in callers) == 2  # its output names, its trace
 

@@ -232,11 +232,11 @@ def test_diverging_finetune_stops_at_the_step_with_one_line(tmp_path, checkpoint
 
 
 def test_a_finite_loss_with_an_overflowing_backward_stops_before_the_weights_move():
-    """The one divergence rule (components.step.check_finite_step) in fine-tuning's step: a
+    """The one divergence rule (engines.torch_engine.check_finite_step) in fine-tuning's step: a
     finite loss whose gradient is not finite stops the step, the weights untouched (it used to
     be clipped into them: a finite loss was all the step checked)."""
-    from packed_transformers.components.step import NonFiniteStep, StepSettings
-    from packed_transformers.engines.torch_engine import TorchStep
+    from packed_transformers.components.step import NonFiniteStep
+    from packed_transformers.engines.torch_engine import StepSettings, TorchStep
     from packed_transformers.finetune.train import build_adamw, finetune_step
 
     class Overflow(torch.autograd.Function):

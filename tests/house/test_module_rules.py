@@ -127,3 +127,16 @@ def test_engines_do_not_import_the_runs():
         and any(line.strip() == "import poptorch" for line in p.read_text().splitlines())
     ]
     assert importers == ["engines/ipu.py"]
+
+
+def test_only_an_engine_writes_the_backward():
+    """The step is the engine's (issue 95): `.backward(` is written in engines/ alone, once for
+    every job on torch (the pipeline's schedule and PopTorch run their own backward)."""
+    writers = sorted(
+        p.relative_to(PACKAGE).as_posix()
+        for p in PACKAGE.rglob("*.py")
+        if any(
+            ".backward(" in line and not line.lstrip().startswith("#") for line in p.read_text().splitlines()
+        )
+    )
+    assert writers == ["engines/torch_engine.py"], writers

@@ -5,7 +5,7 @@ Fixed-shape batches (packed, padded) give every step the same rows x width, so t
 compiled forward and backward are built at the first step and never again. Counted here
 through torch._dynamo's CompileCounterWithBackend over "aot_eager" (the same capture and
 AOTAutograd split as inductor, without its C++ build; the product's backend is
-components.step.COMPILE_BACKEND, inductor): one graph for the run, no graph break, no
+engines.torch_engine.COMPILE_BACKEND, inductor): one graph for the run, no graph break, no
 recompilation, and the run's losses and weights equal the eager run's. docs/compile.md
 measures inductor's time against eager's.
 """
@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from packed_transformers.common.config_schema import ConfigError
-from packed_transformers.components import step
+from packed_transformers.engines import torch_engine as step
 from packed_transformers.finetune import train as finetune
 from packed_transformers.finetune.config import load_finetune_config
 

@@ -14,7 +14,6 @@ import torch
 
 from packed_transformers.components.data import PackedShards, pad_micro_batch
 from packed_transformers.components.observe import SUM_KEYS, MetricSums
-from packed_transformers.components.step import StepSettings
 from packed_transformers.engines.ipu_plan import IpuPlanError, make_plan
 from packed_transformers.engines.ipu_step import (
     GRAPH_FIELDS,
@@ -25,7 +24,7 @@ from packed_transformers.engines.ipu_step import (
     split_matmul,
     step_inputs,
 )
-from packed_transformers.engines.torch_engine import TorchStep, train_step
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep, train_step
 from packed_transformers.model import PackedBertForPreTraining, bert_config
 from packed_transformers.optim import Lamb, weight_decay_groups
 from packed_transformers.training.build import open_packed

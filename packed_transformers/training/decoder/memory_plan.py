@@ -9,7 +9,7 @@ a given memory the config needs.
                                        unsharded from forward to backward), two blocks (the one
                                        running and the one prefetched) in the compute dtype, and
                                        the fp32 copy of one block's gradient for the reduce-scatter
-    activations                        measured: the run's own step (components.step.take_step:
+    activations                        measured: the run's own step (engines.torch_engine.take_step:
                                        forward, backward, the optimizer) of the config's
                                        micro-batch (rows x S tokens) run on fake tensors (torch's
                                        FakeTensorMode: shapes and dtypes, no memory) under the
@@ -166,7 +166,7 @@ class ShapeLoss:
 
 
 def fake_step(config: dict, family_config, checkpointed: bool, sharded: bool) -> StepMemory:
-    """The run's own step (components.step.take_step: forward, backward, the optimizer) of
+    """The run's own step (engines.torch_engine.take_step: forward, backward, the optimizer) of
     `family_config`'s causal LM at config's micro-batch, on fake tensors (nothing is allocated),
     its live bytes tracked (LiveBytes). Replicated (sharded
     False): the fp32 model, AdamW's state made before tracking (as after the first step), the
@@ -178,7 +178,7 @@ def fake_step(config: dict, family_config, checkpointed: bool, sharded: bool) ->
     from transformers import AutoModelForCausalLM
 
     from packed_transformers.components.sharding import block_modules
-    from packed_transformers.components.step import StepSettings, take_step
+    from packed_transformers.engines.torch_engine import StepSettings, take_step
 
     data = config["data"]
     length, rows = data["max_sequence_length"], data["micro_batch_rows"]

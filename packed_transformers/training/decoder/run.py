@@ -56,14 +56,8 @@ from packed_transformers.components.sharding import (
     shard_model,
     sharded_checkpoint,
 )
-from packed_transformers.components.step import (
-    MeanLoss,
-    NonFiniteStep,
-    StepSettings,
-    autocast_context,
-    predicted_tokens,
-)
-from packed_transformers.engines.torch_engine import TorchStep
+from packed_transformers.components.step import MeanLoss, NonFiniteStep, predicted_tokens
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep, autocast_context
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.lm_rows.store import RowStore
@@ -292,7 +286,7 @@ class DecoderRun(LoopJob):
 
     # ----- the step -----------------------------------------------------------------------
     def _step(self) -> dict:
-        """One optimizer step (components.step.take_step over this process's micro-batches);
+        """One optimizer step (engines.torch_engine.take_step over this process's micro-batches);
         Diverged for a non-finite one."""
         config, state = self.config, self.state
         indices = global_batch_rows(
