@@ -62,7 +62,10 @@ def rng_state() -> dict:
     return state
 
 
-def set_rng_state(state: dict) -> None:
+def set_rng_state(states: list[dict], rank: int) -> None:
+    """This rank's RNG states from a checkpoint's every-rank list (gather_rng_states'); a rank
+    the writer did not have (a run resumed on more processes) takes rank 0's."""
+    state = states[rank] if rank < len(states) else states[0]
     random.setstate(state["python"])
     name, keys, position, has_gauss, cached = state["numpy"]
     np.random.set_state(

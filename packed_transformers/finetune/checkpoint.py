@@ -105,6 +105,5 @@ def load_checkpoint(output: Path, engine, replicas) -> tuple[Path, RunState]:
         engine.load_state(state)
 
     path, state = ckpt.resume_from(checkpoints_folder(output), load_into_run)
-    rng = state["rng"]
-    ckpt.set_rng_state(rng[replicas.rank] if replicas.rank < len(rng) else rng[0])
+    ckpt.set_rng_state(state["rng"], replicas.rank)
     return path, RunState.from_saved(state, FinetuneProgress, path / "training_state.pt")

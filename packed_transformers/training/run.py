@@ -82,12 +82,6 @@ class Run(RunSetup, LoopJob):
     def steps_per_call(self) -> int:
         return self.engine.steps_per_call
 
-    def limit_reached(self) -> str | None:
-        return self._limit_reached()
-
-    def train_call(self) -> None:
-        self.lr = self._train_call()
-
     def log_due(self) -> bool:
         step = self.state.step
         return (
@@ -95,15 +89,9 @@ class Run(RunSetup, LoopJob):
             or step >= self.limits["max_steps"]
         )
 
-    def log_window(self) -> None:
-        self._log_window(self.lr)
-
     def flush_window(self) -> None:
         if self.window_samples and self.lr is not None:
-            self._log_window(self.lr)
-
-    def evaluate(self) -> bool:
-        return self._evaluate()
+            self.log_window()
 
     def after_evaluation(self) -> None:
         self.reporter.mlperf.block_start(self.state.samples)
@@ -117,12 +105,7 @@ class Run(RunSetup, LoopJob):
     def checkpoint_every(self) -> int:
         return self.limits["checkpoint_every_steps"]
 
-    def close(self, end: LoopEnd) -> None:
-        self.state.reached_target = end.stopped_by == "target"
-        self.stopped_by = end.stopped_by
-        self._close(end.status)
-
-    def _limit_reached(self) -> str | None:
+    def limit_reached(self) -> str | None:
         """The training.* limit the run has reached ("max_steps", "max_samples",
         "max_train_seconds", "max_seconds"), or None."""
         state, limits = self.state, self.limits
@@ -152,17 +135,17 @@ class Run(RunSetup, LoopJob):
         finally:
             self.paused_seconds += time.perf_counter() - start
 
-    def _train_call(self) -> float:
-        """One engine call: its micro-batches, the lr for the samples so far, the steps it
-        makes; advances the run state. Returns the lr used."""
+    def train_call(self) -> None:
+        """One engine call: its micro-batches, the lr for the samples so far (self.lr), the
+        steps it makes; advances the run state."""
         state, engine = self.state, self.engine
         micro_batches = [next(self.loader) for _ in range(engine.micro_batches_per_call)]
         if self.config["data"]["validate_batches"]:
             for batch in micro_batches:
                 validate_batch(batch, self.model.config.vocab_size, self.model.config.max_position_embeddings)
-        lr = self.schedule(state.samples)
+        self.lr = self.schedule(state.samples)
         try:
-            counts = engine.train(micro_batches, lr, self.window)
+            counts = engine.train(micro_batches, self.lr, self.window)
         except NonFiniteStep as err:  # the budget is the run's, kept in checkpoints: --resume keeps it
             state.skipped_steps += 1
             self.window_skipped += 1
@@ -177,7 +160,6 @@ class Run(RunSetup, LoopJob):
             state.extra.position, engine.micro_batches_per_call * engine.data_world, self.sampler.per_epoch
         )
         self._show_progress(engine.steps_per_call)
-        return lr
 
     def _show_progress(self, steps: int) -> None:
         """Advance the bar: by steps, or to the fraction of the nearest limit (run_setup)."""
@@ -200,7 +182,7 @@ class Run(RunSetup, LoopJob):
         self.window, self.window_start, self.window_samples = MetricSums(), self.train_seconds(), 0
         self.window_skipped = 0
 
-    def _log_window(self, lr: float) -> None:
+    def log_window(self) -> None:
         totals = self.engine.reduce(self.window)
         figures = summarize(totals)
         if not math.isfinite(figures["loss"]):  # engines that cannot check per step
@@ -216,7 +198,7 @@ class Run(RunSetup, LoopJob):
             "samples": self.state.samples,
             "train_seconds": now,
             "epoch": self.state.extra.position.epoch,
-            "lr": lr,
+            "lr": self.lr,
             **figures,
             "sequences_per_second": self.window_samples / seconds,
             "tokens_per_second": totals["tokens"] / seconds,
@@ -235,7 +217,7 @@ class Run(RunSetup, LoopJob):
         )
         self._new_window()
 
-    def _evaluate(self) -> bool:
+    def evaluate(self) -> bool:
         """Evaluate, log; True when the target MLM accuracy is reached."""
         if self.eval_set is None:
             return False
@@ -260,36 +242,26 @@ class Run(RunSetup, LoopJob):
         """Collective: a checkpoint of this step (rank 0 writes it), its time not training's."""
         self.state.train_seconds = self.train_seconds()
         with self._paused():
-            self._write_checkpoint()
+            snapshot, rng = self.engine.snapshot(), gather_rng_states()
+            if self.engine.rank == 0:
+                writer = snapshot.model.save_pretrained
+                if snapshot.weights is not None:
+                    writer = ckpt.weights_writer(snapshot.model, snapshot.weights)
+                state = ckpt.training_state(self.state, rng, snapshot.engine_state)
+                try:
+                    path = ckpt.save_checkpoint(self.checkpoints, self.state.step, state,
+                                                self.limits["keep_checkpoints"], writer)  # fmt: skip
+                except ckpt.CheckpointError as err:
+                    raise RunError(str(err)) from None
+                log.info("checkpoint %s", path)
+            self.saved_step = self.state.step
+            barrier()
 
-    def _write_checkpoint(self) -> None:
-        snapshot = self.engine.snapshot()
-        rng = gather_rng_states()
-        if self.engine.rank == 0:
-            model = snapshot.model
-            write_model = (
-                model.save_pretrained
-                if snapshot.weights is None
-                else ckpt.weights_writer(model, snapshot.weights)
-            )
-            try:
-                path = ckpt.save_checkpoint(
-                    self.checkpoints,
-                    self.state.step,
-                    ckpt.training_state(self.state, rng, snapshot.engine_state),
-                    self.limits["keep_checkpoints"],
-                    write_model,
-                )
-            except ckpt.CheckpointError as err:
-                raise RunError(str(err)) from None
-            log.info("checkpoint %s", path)
-        self.saved_step = self.state.step
-        barrier()
-
-    def _close(self, status: str) -> None:
+    def close(self, end: LoopEnd) -> None:
+        self.state.reached_target = end.stopped_by == "target"
         self.progress.close()
-        self.reporter.mlperf.run_stop(self.state.samples, status)  # the process's MLPerf block closed
-        if self.stopped_by == RESUMED_COMPLETE:  # its metrics records were written when it finished
+        self.reporter.mlperf.run_stop(self.state.samples, end.status)  # the process's MLPerf block closed
+        if end.stopped_by == RESUMED_COMPLETE:  # its metrics records were written when it finished
             log.info("the run was complete at step %d: nothing trained, nothing recorded", self.state.step)
             self.reporter.close()
             return
@@ -297,8 +269,8 @@ class Run(RunSetup, LoopJob):
             {
                 "step": self.state.step,
                 "samples": self.state.samples,
-                "status": status,
-                "stopped_by": self.stopped_by,  # target | max_steps | max_samples | max_*seconds | signal | diverged
+                "status": end.status,
+                "stopped_by": end.stopped_by,  # target | max_steps | max_samples | max_*seconds | signal | diverged
                 "seconds": time.perf_counter() - self.started,
                 "train_seconds": self.train_seconds(),
             },

@@ -181,8 +181,7 @@ class RunSetup:
                 forget_metrics_after(self.output / "metrics.jsonl", self.state.step)
             except MetricsFileError as err:
                 raise RunError(f"--resume: {err}") from None
-        rng = saved["rng"]
-        ckpt.set_rng_state(rng[engine.rank] if engine.rank < len(rng) else rng[0])
+        ckpt.set_rng_state(saved["rng"], engine.rank)
 
     def _make_loader(self):
         """This replica's resumable iterator of micro-batches, from the restored position."""

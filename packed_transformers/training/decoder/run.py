@@ -246,7 +246,7 @@ class DecoderRun(LoopJob):
             )
         restored.extra.rows_per_step = self.rows_per_step
         self.state = restored
-        ckpt.set_rng_state(saved["rng"][self.rank] if self.rank < len(saved["rng"]) else saved["rng"][0])
+        ckpt.set_rng_state(saved["rng"], self.rank)
         log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
 
     def _load_weights(self, path: Path, saved: dict) -> None:
