@@ -52,24 +52,23 @@ class ProofJob:
     processes: int = 1
 
 
-def _bert(**execution):
-    return {"execution": {"device": "cpu", "threads": 1, **execution}}
-
-
-def _decoder(**execution):
-    return {"execution": {"device": "cpu", "threads": 1, **execution}}
+def _pretraining(accumulation: int, **execution) -> dict:
+    """A pretraining job's sections: CPU, one thread a process, `accumulation` micro-batches a step."""
+    return {
+        "execution": {"device": "cpu", "threads": 1, **execution},
+        "optim": {"gradient_accumulation": accumulation},
+    }
 
 
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
 JOBS = (
-    ProofJob("bert_torch", "bert", "packed", {**_bert(), "optim": {"gradient_accumulation": 2}}),
-    ProofJob("bert_ddp", "bert", "packed", {**_bert(), "optim": {"gradient_accumulation": 1}}, 2),
-    ProofJob("bert_fsdp2", "bert", "packed", {**_bert(sharding="fsdp"), "optim": {"gradient_accumulation": 1}}, 2),
-    ProofJob("bert_pipeline", "bert", "packed",
-             {**_bert(layers_per_stage=[1, 1], pipeline_schedule="1f1b"), "optim": {"gradient_accumulation": 2}}, 2),
-    ProofJob("decoder_torch", "decoder", "rows", {**_decoder(), "optim": {"gradient_accumulation": 2}}),
-    ProofJob("decoder_ddp", "decoder", "rows", {**_decoder(), "optim": {"gradient_accumulation": 1}}, 2),
-    ProofJob("decoder_fsdp2", "decoder", "rows", {**_decoder(sharding="fsdp"), "optim": {"gradient_accumulation": 1}}, 2),
+    ProofJob("bert_torch", "bert", "packed", _pretraining(2)),
+    ProofJob("bert_ddp", "bert", "packed", _pretraining(1), 2),
+    ProofJob("bert_fsdp2", "bert", "packed", _pretraining(1, sharding="fsdp"), 2),
+    ProofJob("bert_pipeline", "bert", "packed", _pretraining(2, layers_per_stage=[1, 1], pipeline_schedule="1f1b"), 2),
+    ProofJob("decoder_torch", "decoder", "rows", _pretraining(2)),
+    ProofJob("decoder_ddp", "decoder", "rows", _pretraining(1), 2),
+    ProofJob("decoder_fsdp2", "decoder", "rows", _pretraining(1, sharding="fsdp"), 2),
     ProofJob("classification_torch", "finetune", "classification", {}),
     ProofJob("classification_ddp", "finetune", "classification", {}, 2),
     ProofJob("classification_fsdp2", "finetune", "classification", {"sharding": "fsdp"}, 2),
