@@ -118,10 +118,9 @@ class Run(LoopJob):
     config: dict
     output: Path
     job: Job
-    model: torch.nn.Module
     batcher: Batcher
     eval_batcher: Batcher
-    engine: TorchStep  # the optimizer and the step: what runs the forward (model, compiled, DDP), fp32, clipped
+    engine: TorchStep  # the model, its optimizer, what runs the forward (the model, compiled, DDP); fp32, clipped
     schedule: object  # optim.WarmupLinearDecay: the learning rate of each step
     state: RunState
     stop: object  # components.run_state.StopSignal (or anything with is_set() and signum), or None
@@ -134,6 +133,11 @@ class Run(LoopJob):
     validated: tuple | None = None  # the last validation: (metrics, inference timing, outputs)
     summary: dict | None = None  # written by close at a complete end
     where: Path | None = None  # the newest checkpoint's folder
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The weights (sharded in place under FSDP2): the engine's."""
+        return self.engine.model
 
     def limit_reached(self) -> str | None:
         state, training = self.state, self.config["training"]
@@ -301,8 +305,7 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     if progress is not None:
         state = restore_state(output, engine, state, replicas)
     saved_step = state.step if progress is not None else None
-    return Run(config, output, job, model, batcher, eval_batcher, engine, schedule, state, stop, replicas, skeleton,
-               saved_step)  # fmt: skip
+    return Run(config, output, job, batcher, eval_batcher, engine, schedule, state, stop, replicas, skeleton, saved_step)
 
 
 def restore_state(output: Path, engine: TorchStep, fresh: RunState, replicas) -> RunState:
