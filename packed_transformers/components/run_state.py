@@ -12,9 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from packed_transformers.components.data import LoaderPosition
-from packed_transformers.components.distributed import any_process
 
-EXIT_INTERRUPTED = 143
 EXIT_DIVERGED = 3  # a non-finite loss, gradient norm or weight: no checkpoint written
 
 
@@ -179,10 +177,6 @@ class StopSignal:
     def signum(self) -> int:
         """The first signal received (SIGTERM's number where another process was signalled)."""
         return StopSignal.received[0] if StopSignal.received else signal.SIGTERM
-
-    def agreed(self) -> bool:
-        """Any replica's signal stops all of them at the same step."""
-        return any_process(self.requested)
 
     def restore(self) -> None:
         """The handlers from before (a command called from a program hands them back)."""

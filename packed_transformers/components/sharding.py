@@ -32,8 +32,6 @@ import torch.distributed as dist
 from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components.errors import RunError
 
-SHARDINGS = ("none", "fsdp")
-
 
 def block_modules(model, key: str = "execution.sharding") -> list[torch.nn.Module]:
     """The model's repeated blocks, what FSDP2 shards one by one: modules whose class transformers
@@ -140,17 +138,6 @@ def load_full_optimizer_state(optimizer, state: dict) -> None:
                     value.to(parameter.to_local().device), parameter.device_mesh, parameter.placements
                 )
     optimizer.load_state_dict(state)
-
-
-def is_sharded(model) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
-def full_tensor(value):
-    """A DTensor gathered whole (a plain tensor as it is)."""
-    return value.full_tensor() if hasattr(value, "full_tensor") else value
 
 
 def sharded_checkpoint(hf_model, optimizer) -> tuple[dict, object]:

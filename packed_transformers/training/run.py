@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from packed_transformers.components.distributed import (
     gather_rng_states,
 )
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, LoopJob, run_loop
+from packed_transformers.components.loop import LoopEnd, PretrainingJob
 from packed_transformers.components.observe import MetricSums, summarize
 from packed_transformers.components.run_state import Diverged, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep
@@ -40,7 +39,7 @@ from packed_transformers.training.run_setup import RunSetup
 log = logging.getLogger("training")
 
 
-class Run(RunSetup, LoopJob):
+class Run(RunSetup, PretrainingJob):
     """One run on this process: built by RunSetup.__init__ (every user-input check first),
     driven by `train`, each piece a method."""
 
@@ -61,22 +60,15 @@ class Run(RunSetup, LoopJob):
         return 0
 
     # ----- the loop (components.loop.run_loop decides when; these methods say what) ------
-    def train(self) -> int:
-        """Train until a limit, the target or a signal. Returns the process exit code."""
-        state, engine = self.state, self.engine
-        if engine.rank == 0:
+    def begin(self) -> None:
+        if self.engine.rank == 0:
             log.info(self.arithmetic.adjusted.describe())
             log.info(
                 "%s; eval every %d sequences", self.arithmetic.describe(), self.eval_schedule.every_samples
             )
-        self.reporter.mlperf.run_start(state.samples)
-        self.started, self.lr = time.perf_counter(), None
-        self.resumed_train_seconds, self.paused_seconds = state.train_seconds, 0.0
+        self.lr = None
+        self.resumed_train_seconds, self.paused_seconds = self.state.train_seconds, 0.0
         self._new_window()
-        end = run_loop(self)
-        if end.diverged:
-            print(f"error: {end.diverged}", file=sys.stderr)
-        return end.exit_code
 
     @property
     def steps_per_call(self) -> int:
@@ -93,31 +85,8 @@ class Run(RunSetup, LoopJob):
         if self.window_samples and self.lr is not None:
             self.log_window()
 
-    def after_evaluation(self) -> None:
-        self.reporter.mlperf.block_start(self.state.samples)
-
     def evaluates_at_end(self) -> bool:
         return bool(self.config["eval"]["at_end"]) and self.eval_set is not None
-
-    def stops_at_target(self) -> bool:
-        return bool(self.config["eval"]["stop_at_target"])
-
-    def checkpoint_every(self) -> int:
-        return self.limits["checkpoint_every_steps"]
-
-    def limit_reached(self) -> str | None:
-        """The training.* limit the run has reached ("max_steps", "max_samples",
-        "max_train_seconds", "max_seconds"), or None."""
-        state, limits = self.state, self.limits
-        if state.step >= limits["max_steps"]:
-            return "max_steps"
-        if limits["max_samples"] is not None and state.samples >= limits["max_samples"]:
-            return "max_samples"
-        if limits["max_train_seconds"] is not None and self.train_seconds() >= limits["max_train_seconds"]:
-            return "max_train_seconds"
-        if limits["max_seconds"] is not None and time.perf_counter() - self.started >= limits["max_seconds"]:
-            return "max_seconds"
-        return None
 
     def train_seconds(self) -> float:
         """Seconds spent training: wall time since the start (plus the resumed run's) less
@@ -257,26 +226,13 @@ class Run(RunSetup, LoopJob):
             self.saved_step = self.state.step
             barrier()
 
+    def end_figures(self) -> dict:
+        return {"train_seconds": self.train_seconds()}
+
     def close(self, end: LoopEnd) -> None:
         self.state.reached_target = end.stopped_by == "target"
         self.progress.close()
-        self.reporter.mlperf.run_stop(self.state.samples, end.status)  # the process's MLPerf block closed
-        if end.stopped_by == RESUMED_COMPLETE:  # its metrics records were written when it finished
-            log.info("the run was complete at step %d: nothing trained, nothing recorded", self.state.step)
-            self.reporter.close()
-            return
-        self.reporter.log(
-            {
-                "step": self.state.step,
-                "samples": self.state.samples,
-                "status": end.status,
-                "stopped_by": end.stopped_by,  # target | max_steps | max_samples | max_*seconds | signal | diverged
-                "seconds": time.perf_counter() - self.started,
-                "train_seconds": self.train_seconds(),
-            },
-            "end",
-        )
-        self.reporter.close()
+        super().close(end)
 
 
 def run(config: dict, output: Path, resume: bool) -> int:

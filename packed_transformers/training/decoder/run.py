@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +27,13 @@ from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components.decoder_data import evaluation_batches, global_batch_rows, micro_batches
 from packed_transformers.components.distributed import (
     all_reduce_,
-    any_process,
     barrier,
     data_parallel,
     gather_rng_states,
     setup_replica,
 )
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, LoopJob, run_loop
+from packed_transformers.components.loop import LoopEnd, PretrainingJob
 from packed_transformers.components.observe import Reporter
 from packed_transformers.components.run_folder import (
     CHANGEABLE_ON_RESUME,
@@ -105,7 +103,7 @@ def open_rows(folder, role: str, config: dict) -> RowStore:
     return store
 
 
-class DecoderRun(LoopJob):
+class DecoderRun(PretrainingJob):
     """One process's part of a run; `train` returns the exit code."""
 
     def __init__(self, config: dict, output: Path, resume: bool):
@@ -251,24 +249,16 @@ class DecoderRun(LoopJob):
 
     def _load_weights(self, path: Path, saved: dict) -> None:
         """A checkpoint's weights and optimizer state into the run (ckpt.resume_from's loader):
-        DCP shards, or the model folder's weights (strict: every key but a tied one, which the
-        folder stores once) and the optimizer."""
+        DCP shards, or the model folder's weights (strict: every key but a tied alias, which the
+        folder stores once: components.replicas.load_weights) and the optimizer."""
         if self.sharded:
             load_sharded(path, self.model.hf_model, self.engine.optimizer)
             return
         from safetensors.torch import load_file
 
-        hf_model = self.model.hf_model
-        result = hf_model.load_state_dict(load_file(path / "model" / "model.safetensors"), strict=False)
-        tied = getattr(hf_model, "_tied_weights_keys", None) or ()
-        missing = set(result.missing_keys) - set(tied)
-        if missing or result.unexpected_keys:
-            raise ValueError(
-                f"model.safetensors is not this model's: missing {sorted(missing)[:3]}, "
-                f"unexpected {sorted(result.unexpected_keys)[:3]}"
-            )
-        if tied:
-            hf_model.tie_weights()
+        from packed_transformers.components.replicas import ONE_PROCESS, load_weights
+
+        load_weights(self.model.hf_model, load_file(path / "model" / "model.safetensors"), ONE_PROCESS)
         self.engine.load_state(saved)
 
     def write_checkpoint(self) -> None:
@@ -360,30 +350,13 @@ class DecoderRun(LoopJob):
         return reached
 
     # ----- the loop (components.loop.run_loop decides when; these methods say what) ------
-    def train(self) -> int:
-        config, state = self.config, self.state
-        mlperf = self.reporter.mlperf
+    def begin(self) -> None:
+        config = self.config
         platform = f"{self.world}x{self.replica.device.type}"
-        mlperf.init_benchmark("llama31_8b", config["logging"], platform, self.started_ms, self._mlperf_settings(),
-                              self.train_rows.rows, config["eval"]["rows"] if self.eval_rows else 0)  # fmt: skip
-        mlperf.run_start(state.samples)
-        self.started = time.perf_counter()
+        self.reporter.mlperf.init_benchmark("llama31_8b", config["logging"], platform, self.started_ms,
+                                            self._mlperf_settings(), self.train_rows.rows,
+                                            config["eval"]["rows"] if self.eval_rows else 0)  # fmt: skip
         self.window_tokens, self.window_start, self.record = 0, time.perf_counter(), None
-        end = run_loop(self)
-        if end.diverged:
-            print(f"error: {end.diverged}", file=sys.stderr)
-        return end.exit_code
-
-    def limit_reached(self) -> str | None:
-        limits = self.config["training"]
-        if self.state.step >= limits["max_steps"]:
-            return "max_steps"
-        # every process's clock asked: all of them stop at the same step
-        if limits["max_seconds"] is not None and any_process(
-            time.perf_counter() - self.started >= limits["max_seconds"]
-        ):
-            return "max_seconds"
-        return None
 
     def train_call(self) -> None:
         self.record = self._step()
@@ -409,34 +382,19 @@ class DecoderRun(LoopJob):
     def evaluate(self) -> bool:
         return self._evaluate_and_log()
 
-    def after_evaluation(self) -> None:
-        self.reporter.mlperf.block_start(self.state.samples)
-
     def evaluates_at_end(self) -> bool:
         return self.eval_rows is not None
 
-    def stops_at_target(self) -> bool:
-        return bool(self.config["eval"]["stop_at_target"])
-
-    def checkpoint_every(self) -> int:
-        return self.config["training"]["checkpoint_every_steps"]
+    def end_figures(self) -> dict:
+        return {"tokens": self.state.extra.tokens}
 
     def close(self, end: LoopEnd) -> None:
-        state = self.state
-        self.reporter.mlperf.run_stop(state.samples, end.status)  # the process's MLPerf block closed
-        if end.stopped_by == RESUMED_COMPLETE:  # its metrics records were written when it finished
-            log.info("the run was complete at step %d: nothing trained, nothing recorded", state.step)
-            self.reporter.close()
-            return
-        self.reporter.log({"step": state.step, "samples": state.samples, "tokens": state.extra.tokens,
-                           "status": end.status, "stopped_by": end.stopped_by,
-                           "seconds": time.perf_counter() - self.started}, "end")  # fmt: skip
+        super().close(end)
         if self.engine.step_model is not self.model and self.rank == 0:
             from torch._dynamo.utils import counters
 
             compiled = counters["stats"]["unique_graphs"] - self.graphs_before
             log.info("torch.compile: %d graph(s) compiled for the run", compiled)
-        self.reporter.close()
 
 
 def run_decoder(config: dict, output: Path, resume: bool) -> int:
