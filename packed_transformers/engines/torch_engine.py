@@ -295,13 +295,12 @@ class TorchEngine:
     def attach(self, model, packing_factor: float) -> BatchArithmetic:
         training, optim = self.config["training"], self.config["optim"]
         batch = BatchArithmetic.from_config(self.config, packing_factor, self.replica.world)
-        self.model = model
-        self.sharded = self.config["execution"]["sharding"] == "fsdp"
+        sharded = self.config["execution"]["sharding"] == "fsdp"
         self.micro_batches_per_call = batch.gradient_accumulation
         model.to(self.replica.device)
         model.train()
         step_model = model
-        if self.sharded:
+        if sharded:
             # FSDP2: each encoder layer, then the model (the embeddings, heads and the tied MLM
             # decoder together); LAMB over the shards (its norms over whole tensors). Gradients
             # are summed over ranks, not averaged: the step's loss scaling needs no `* world`.
@@ -320,7 +319,7 @@ class TorchEngine:
                 step_model = data_parallel(step_model, self.replica.device)
         self.torch_step = TorchStep(
             model, build_lamb(model, optim, batch.betas, optim["max_grad_norm"]), step_model,
-            StepSettings(self.replica.device, training["precision"]), self.sharded,
+            StepSettings(self.replica.device, training["precision"]), sharded,
             torch.amp.GradScaler(self.replica.device.type, enabled=training["precision"] == "fp16"),
         )  # fmt: skip
         return batch
@@ -329,15 +328,11 @@ class TorchEngine:
         return train_step(self.torch_step, micro_batches, self.config["model"]["mlm_loss_mode"], lr, sums)
 
     def evaluate(self, shards, batches) -> dict:
-        if self.sharded:
-            # every forward gathers parameters collectively: every rank runs as many as the
-            # rank with the most batches, a shorter one repeating its first without counting it
-            most = max_over_processes(len(batches))
-            return evaluate(self.model, shards, batches, self.replica.device, self.config["training"]["precision"],
-                            spare_forwards=most - len(batches))  # fmt: skip
-        return evaluate(
-            self.model, shards, batches, self.replica.device, self.config["training"]["precision"]
-        )
+        # sharded, every forward gathers parameters collectively: every rank runs as many as the
+        # rank with the most batches, a shorter one repeating its first without counting it
+        spare = max_over_processes(len(batches)) - len(batches) if self.torch_step.sharded else 0
+        return evaluate(self.torch_step.model, shards, batches, self.replica.device,
+                        self.config["training"]["precision"], spare_forwards=spare)  # fmt: skip
 
     def reduce(self, sums: MetricSums) -> dict:
         return sums.reduce()
@@ -345,15 +340,15 @@ class TorchEngine:
     def snapshot(self) -> Snapshot:
         """Collective under FSDP2: the weights and the optimizer state gathered whole; every
         replica of an unsharded run holds the same weights. Rank 0 writes."""
-        weights = None
-        if self.sharded:
+        model, weights = self.torch_step.model, None
+        if self.torch_step.sharded:
             from packed_transformers.components.replicas import Replicas, gathered_weights
 
             weights = gathered_weights(
-                self.model, Replicas(self.rank, self.replica.world, self.replica.device, "fsdp")
+                model, Replicas(self.rank, self.replica.world, self.replica.device, "fsdp")
             )
         engine_state = self.torch_step.engine_state()
-        return Snapshot(self.model, engine_state, weights) if self.rank == 0 else Snapshot(None, None)
+        return Snapshot(model, engine_state, weights) if self.rank == 0 else Snapshot(None, None)
 
     def load_state(self, engine_state: dict) -> None:
         self.torch_step.load_state(engine_state)
