@@ -111,7 +111,11 @@ def main() -> int:
         HF_HUB_OFFLINE="1",
         ORT_DISABLE_TELEMETRY="1",
     )
-    results: dict[str, list] = {"sentence-transformers": [], "sentence-transformers + packing": [], "packed": []}
+    results: dict[str, list] = {
+        "sentence-transformers": [],
+        "sentence-transformers + packing": [],
+        "packed": [],
+    }
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         train_file = scratch / "train.jsonl"
@@ -151,7 +155,9 @@ def main() -> int:
         print(f"| {name} | {med['seconds']:.1f} | {med['pairs_per_second']:.2f} | {med['padding_fraction']:.1%} | "
               f"{med['ndcg@10']:.4f} | {med['recall@1']:.4f} |")  # fmt: skip
     for name in ("packed", "sentence-transformers + packing"):
-        ratios = [s["seconds"] / p["seconds"] for s, p in zip(results["sentence-transformers"], results[name])]
+        ratios = [
+            s["seconds"] / p["seconds"] for s, p in zip(results["sentence-transformers"], results[name])
+        ]
         print(f"{name} / sentence-transformers, whole process: {np.median(ratios):.2f}x (goal >= 1.5x)")
     if args.json:
         from bench.machine import description

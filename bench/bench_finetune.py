@@ -55,14 +55,10 @@ def time_training(model, task, config, mode: str, examples: int) -> tuple[float,
         seen += int((table >= 0).sum())
     optimizer, schedule = build_adamw(model, config["optim"], 1000)
     engine = TorchStep(model, optimizer, model, StepSettings(torch.device("cpu"), max_grad_norm=1.0))
-    finetune_step(
-        engine, collate(task.train, batches[0], batcher.width(batches[0])), schedule(0)
-    )
+    finetune_step(engine, collate(task.train, batches[0], batcher.width(batches[0])), schedule(0))
     start = time.perf_counter()  # after one warm-up step
     for step, table in enumerate(batches[1:], 1):
-        finetune_step(
-            engine, collate(task.train, table, batcher.width(table)), schedule(step)
-        )
+        finetune_step(engine, collate(task.train, table, batcher.width(table)), schedule(step))
     seconds = time.perf_counter() - start
     timed = seen - int((batches[0] >= 0).sum())
     return timed / seconds, batcher.padding_fraction(batches)

@@ -53,7 +53,9 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3)
     algorithms = sorted({c[1] for c in CASES})
-    parser.add_argument("--algorithms", nargs="+", default=algorithms, choices=algorithms, help="the rows to run")
+    parser.add_argument(
+        "--algorithms", nargs="+", default=algorithms, choices=algorithms, help="the rows to run"
+    )
     args = parser.parse_args()
     histograms = {
         name: Histogram.from_json_file(HISTOGRAMS / f"{name}.json") for name in {c[0] for c in CASES}

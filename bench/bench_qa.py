@@ -89,14 +89,10 @@ def time_ours(model, windows, config, mode, train_windows) -> tuple[float, float
     batches = batcher.epoch(0)
     optimizer, schedule = build_adamw(model, config["optim"], 1000)
     engine = TorchStep(model, optimizer, model, StepSettings(torch.device("cpu"), max_grad_norm=1.0))
-    finetune_step(
-        engine, collate(windows, batches[0], batcher.width(batches[0])), schedule(0)
-    )
+    finetune_step(engine, collate(windows, batches[0], batcher.width(batches[0])), schedule(0))
     start = time.perf_counter()  # after one warm-up step
     for step, table in enumerate(batches[1:], 1):
-        finetune_step(
-            engine, collate(windows, table, batcher.width(table)), schedule(step)
-        )
+        finetune_step(engine, collate(windows, table, batcher.width(table)), schedule(step))
     train = sum(int((b >= 0).sum()) for b in batches[1:]) / (time.perf_counter() - start)
     eval_batcher = Batcher(windows.lengths, batching_spec(config, config["batching"]["eval_batch_size"]), 0)
     _, _, timing = predict_spans(model, windows, eval_batcher)

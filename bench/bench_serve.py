@@ -284,7 +284,9 @@ def refused(runtime: str, dtype: str) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a finetune.train model folder (default: fine-tune one)")
-    parser.add_argument("--train-seconds", type=float, help="without --model: fine-tune for this long, not an epoch")
+    parser.add_argument(
+        "--train-seconds", type=float, help="without --model: fine-tune for this long, not an epoch"
+    )
     parser.add_argument("--seconds", type=float, default=20, help="per measurement")
     parser.add_argument("--overload-seconds", type=float, default=30)
     parser.add_argument("--concurrency", type=int, default=128, help="closed-loop clients at saturation")

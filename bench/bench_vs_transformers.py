@@ -264,7 +264,9 @@ def inference_round(config: dict, task, folder: Path, texts: list[str]) -> dict:
     start = time.perf_counter()
     examples = Examples(texts, [None] * len(texts), [None] * len(texts), [str(i) for i in range(len(texts))])
     # as the folder's own tokenizer makes them (a trained folder keeps tokenizer.json: no vocab.txt reading)
-    data = loaded.tokenize(examples, np.zeros(len(texts), dtype=np.int64), described.max_sequence_length, "truncate")
+    data = loaded.tokenize(
+        examples, np.zeros(len(texts), dtype=np.int64), described.max_sequence_length, "truncate"
+    )
     batching = described.config["batching"]
     spec = BatchingSpec("packed", batch, described.max_sequence_length, batching["max_sequences_per_pack"],
                         batching["algorithm"], pack_length=described.pack_length)  # fmt: skip

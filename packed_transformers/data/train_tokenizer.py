@@ -54,7 +54,9 @@ def main(argv=None) -> int:
         return refuse(mistake)
     try:
         texts = read_documents([Path(p) for p in args.input], args.text_field).texts
-        print(f"{len(texts):,} documents read; learning {args.vocab_size:,} tokens", file=sys.stderr, flush=True)
+        print(
+            f"{len(texts):,} documents read; learning {args.vocab_size:,} tokens", file=sys.stderr, flush=True
+        )
         tokenizer = interruptible(train_tokenizer, texts, args.vocab_size)  # Ctrl-C within 0.1 s
         with atomic_folder(args.output) as tmp:
             tokenizer.save_pretrained(tmp)

@@ -87,7 +87,9 @@ def read_progress(output: Path) -> RunState | None:
     newest = ckpt.latest_valid_checkpoint(checkpoints_folder(output))
     if newest is None:
         raise ckpt.CheckpointError(f"{checkpoints_folder(output)} holds no intact checkpoint")
-    return RunState.from_saved(ckpt.load_training_state(newest), FinetuneProgress, newest / "training_state.pt")
+    return RunState.from_saved(
+        ckpt.load_training_state(newest), FinetuneProgress, newest / "training_state.pt"
+    )
 
 
 def load_checkpoint(output: Path, engine, replicas) -> tuple[Path, RunState]:

@@ -96,7 +96,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
     },
     "contrastive": {
-        "scale": Key(float, 20.0, "embedding: cosine similarities times this (in-batch negatives)", minimum=0),
+        "scale": Key(
+            float, 20.0, "embedding: cosine similarities times this (in-batch negatives)", minimum=0
+        ),
         "symmetric": Key(bool, False, "embedding: also each positive against the anchors"),
     },
     "optim": {
@@ -123,10 +125,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
     },
     "execution": {  # the names pretraining's configs give these settings
         "device": Key(str, "cpu", "where the model runs", ("cpu", "cuda")),
-        "threads": Key(int, None, "torch CPU threads; null = torch's default", optional=True, minimum=1,
-                       maximum=1024),  # fmt: skip
-        "sharding": Key(str, "none", "under torchrun: replicate the model (DDP) or shard it (FSDP2)",
-                        ("none", "fsdp")),  # fmt: skip
+        "threads": Key(
+            int, None, "torch CPU threads; null = torch's default", optional=True, minimum=1, maximum=1024
+        ),  # fmt: skip
+        "sharding": Key(
+            str, "none", "under torchrun: replicate the model (DDP) or shard it (FSDP2)", ("none", "fsdp")
+        ),  # fmt: skip
     },
 }
 
@@ -168,7 +172,9 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
             f"(a new graph for each width); compile with {' or '.join(FIXED_WIDTH_MODES)} batching"
         )
     if config["training"]["compile"] and config["execution"]["sharding"] == "fsdp":
-        raise ConfigError(f"{source}: training.compile: not with execution.sharding fsdp (a compiled step is DDP's)")
+        raise ConfigError(
+            f"{source}: training.compile: not with execution.sharding fsdp (a compiled step is DDP's)"
+        )
     return config
 
 

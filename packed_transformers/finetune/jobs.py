@@ -271,13 +271,22 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     from packed_transformers.model import embedding as contrastive
 
     data, model_cfg, batching = config["data"], config["model"], config["batching"]
-    checkpoint, fields = Path(resolve_asset(model_cfg["init_checkpoint"])), {r: data[f"{r}_field"] for r in PAIR_ROLES}
+    checkpoint, fields = (
+        Path(resolve_asset(model_cfg["init_checkpoint"])),
+        {r: data[f"{r}_field"] for r in PAIR_ROLES},
+    )
     texts, where = read_pairs(resolve_asset(data["train_file"]), fields)
-    held, held_where = read_pairs(data["validation_file"], fields) if data["validation_file"] else (texts, where)
+    held, held_where = (
+        read_pairs(data["validation_file"], fields) if data["validation_file"] else (texts, where)
+    )
     split = split_by_seed(len(where), data["validation_fraction"], data["split_seed"])
-    train_rows, val_rows = split if data["validation_file"] is None else (range(len(where)), range(len(held_where)))
+    train_rows, val_rows = (
+        split if data["validation_file"] is None else (range(len(where)), range(len(held_where)))
+    )
     # the folder's tokenizer and cut (sentence-transformers' max_seq_length), as embed reads texts
-    reader = open_folder(checkpoint, ForEmbedding(model_cfg["pooling"], max_length=data["max_sequence_length"]))
+    reader = open_folder(
+        checkpoint, ForEmbedding(model_cfg["pooling"], max_length=data["max_sequence_length"])
+    )
 
     def tokenized(source, place, rows) -> TokenizedPairs:
         cut = [reader.tokenize_texts([source[r][i] for i in rows], [f"{place[i]}: {r}" for i in rows])
@@ -285,33 +294,46 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
         return TokenizedPairs([ids for ids, _ in cut], sum(n for _, n in cut))
 
     if min(len(train := tokenized(texts, where, train_rows)) - 1, len(validation := tokenized(held, held_where, val_rows))) < 1:  # fmt: skip
-        raise FinetuneError(f"{len(train)} training, {len(validation)} validation pairs: in-batch negatives need 2")
+        raise FinetuneError(
+            f"{len(train)} training, {len(validation)} validation pairs: in-batch negatives need 2"
+        )
     torch.manual_seed(config["training"]["seed"])
     options = ModelOptions(attention_backend=model_cfg["attention_backend"], pooling=model_cfg["pooling"], dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]})  # fmt: skip
     opened = open_folder(checkpoint, ForTraining("embedding", options, checkpoint_config, f"model.init_checkpoint {checkpoint}"))  # fmt: skip
     opened.model = contrastive.PackedContrastive(opened.model, **config["contrastive"])
-    width = max(batching["pack_length"] or reader.max_length, int(max(len(t) for role in train.roles for t in role)))
+    width = max(
+        batching["pack_length"] or reader.max_length, int(max(len(t) for role in train.roles for t in role))
+    )
 
     def rows_of(pairs: TokenizedPairs, table) -> dict:  # the step's texts packed: rows and each text's slot
-        chosen = table[table >= 0]  # none: a process a step left without a pair packs one text, scored nowhere
+        chosen = table[
+            table >= 0
+        ]  # none: a process a step left without a pair packs one text, scored nowhere
         rows = pair_rows(pairs.roles, chosen if chosen.size else np.zeros(1, np.int64), width, batching["max_sequences_per_pack"], batching["algorithm"], int(chosen[0]) if chosen.size else 0)  # fmt: skip
         return {name: torch.from_numpy(value[:0] if name in PAIR_SLOTS and not chosen.size else value) for name, value in rows.items()}  # fmt: skip
 
     def padding(sequence_ids: list) -> float:  # of packed rows, from their sequence ids (0: padding)
-        return 1.0 - sum(int((r > 0).sum()) for r in sequence_ids) / max(sum(r.numel() for r in sequence_ids), 1)
+        return 1.0 - sum(int((r > 0).sum()) for r in sequence_ids) / max(
+            sum(r.numel() for r in sequence_ids), 1
+        )
 
     def evaluate(model, batcher):  # the held-out pairs as retrieval, and their in-batch loss
         started, found, loss_sum, seen = time.perf_counter(), ([], []), 0.0, []
         with torch.inference_mode():
             for table in batcher.epoch(0, shuffle=False):
-                batch = {k: v.to(next(model.parameters()).device) for k, v in rows_of(validation, table).items()}
+                batch = {
+                    k: v.to(next(model.parameters()).device) for k, v in rows_of(validation, table).items()
+                }
                 seen.append(batch["sequence_ids"])
                 slots = [batch.pop(name) for name in PAIR_SLOTS if name in batch]
                 flat = model.eval()(**batch)["embeddings"].reshape(-1, model.dimension).float()
                 loss_sum += float(contrastive.ranking_loss(flat[slots[0]], flat[torch.cat(slots[1:])], model.scale, model.symmetric)[0].sum())  # fmt: skip
                 for kept, slot in zip(found, slots):
                     kept.append(flat[slot].cpu().numpy())
-        seconds, scores = time.perf_counter() - started, contrastive.retrieval_scores(*map(np.concatenate, found))
+        seconds, scores = (
+            time.perf_counter() - started,
+            contrastive.retrieval_scores(*map(np.concatenate, found)),
+        )
         return {"loss": loss_sum / len(validation), **scores}, {"examples": len(validation), "seconds": seconds,
                 "padding_fraction": padding(seen), "examples_per_second": len(validation) / seconds}, None  # fmt: skip
 
@@ -319,7 +341,12 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
         from safetensors.torch import save_file
 
         with atomic_folder(folder) as written:
-            shutil.copytree(checkpoint, written, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))
+            shutil.copytree(
+                checkpoint,
+                written,
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns("*.safetensors", "*.bin"),
+            )
             target = written / transformer_module_path(checkpoint) / "model.safetensors"
             save_file(contrastive.encoder_weights(model.embedder), str(target), metadata={"format": "pt"})
 

@@ -136,7 +136,10 @@ def resume_differences(config: dict, progress) -> list[str]:
     if progress is None:
         return []
     saved = progress.extra.config  # an earlier version's: device, threads, sharding under training
-    saved = {**saved, "execution": saved.get("execution") or {k: saved["training"].get(k) for k in config["execution"]}}
+    saved = {
+        **saved,
+        "execution": saved.get("execution") or {k: saved["training"].get(k) for k in config["execution"]},
+    }
     return sorted(
         f"{section}.{key}" for section in config for key in config[section]
         if (section, key) not in CHANGEABLE_ON_RESUME and saved.get(section, {}).get(key) != config[section][key]

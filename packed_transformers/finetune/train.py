@@ -98,7 +98,9 @@ def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
                         batching["pad_last_batch"] or compiled, batching["pack_length"])  # fmt: skip
 
 
-def finetune_step(engine: TorchStep, batch: dict, lr: float, loss=SLOT_LOSS, replicas=parallel.ONE_PROCESS) -> dict:
+def finetune_step(
+    engine: TorchStep, batch: dict, lr: float, loss=SLOT_LOSS, replicas=parallel.ONE_PROCESS
+) -> dict:
     """One optimizer step on this process's rows of one batch (the engine's step): the mean
     loss over the step's examples (or predicted tokens) of every process. -> the step's sums
     over every process: STEP_SUMS. NonFiniteStep for a non-finite one (weights untouched)."""
@@ -120,7 +122,9 @@ class Run(LoopJob):
     job: Job
     batcher: Batcher
     eval_batcher: Batcher
-    engine: TorchStep  # the model, its optimizer, what runs the forward (the model, compiled, DDP); fp32, clipped
+    engine: (
+        TorchStep  # the model, its optimizer, what runs the forward (the model, compiled, DDP); fp32, clipped
+    )
     schedule: object  # optim.WarmupLinearDecay: the learning rate of each step
     state: RunState
     stop: object  # components.run_state.StopSignal (or anything with is_set() and signum), or None
@@ -188,12 +192,18 @@ class Run(LoopJob):
         check_weights(self, epoch)  # every rank: a collective
         if self.replicas.writes or self.replicas.sharded:  # a sharded forward needs every rank
             self.validated = validate_epoch(self, epoch, self.metrics_file)
-        self.state.extra.epoch, self.state.extra.batches_done, self.state.extra.sums = epoch + 1, 0, zero_sums()
+        self.state.extra.epoch, self.state.extra.batches_done, self.state.extra.sums = (
+            epoch + 1,
+            0,
+            zero_sums(),
+        )
         self.batches = self.bar = None
         return False
 
     def evaluates_at_end(self) -> bool:
-        return self.state.extra.batches_done > 0  # an epoch a time budget stopped: validated as a whole one is
+        return (
+            self.state.extra.batches_done > 0
+        )  # an epoch a time budget stopped: validated as a whole one is
 
     def checkpoint_due(self) -> bool:
         return self.batches is None and self.state.extra.batches_done == 0  # after each epoch's validation
@@ -269,7 +279,9 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     checkpoint_config = check_positions(config)  # before anything is read, packed or (--overwrite) removed
     training = config["training"]
     try:
-        replicas = parallel.join_replicas(*(config["execution"][k] for k in ("device", "sharding", "threads")))
+        replicas = parallel.join_replicas(
+            *(config["execution"][k] for k in ("device", "sharding", "threads"))
+        )
     except RunError as err:
         raise FinetuneError(str(err)) from None
     if not replicas.writes:
@@ -292,7 +304,9 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     batcher = Batcher(job.train.lengths, spec_of(config, batching["batch_size"]), seed)
     step_model = parallel.replicate(model, replicas, step_model_of(model, training["compile"]))
     optimizer, schedule = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
-    settings = StepSettings(replicas.device, "fp32", config["optim"]["max_grad_norm"])  # fine-tuning's steps: fp32
+    settings = StepSettings(
+        replicas.device, "fp32", config["optim"]["max_grad_norm"]
+    )  # fine-tuning's steps: fp32
     engine = TorchStep(model, optimizer, step_model, settings, replicas.sharded)
     eval_batcher = Batcher(job.validation.lengths, spec_of(config, batching["eval_batch_size"]), seed)
     log.info(
@@ -305,7 +319,20 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     if progress is not None:
         state = restore_state(output, engine, state, replicas)
     saved_step = state.step if progress is not None else None
-    return Run(config, output, job, batcher, eval_batcher, engine, schedule, state, stop, replicas, skeleton, saved_step)
+    return Run(
+        config,
+        output,
+        job,
+        batcher,
+        eval_batcher,
+        engine,
+        schedule,
+        state,
+        stop,
+        replicas,
+        skeleton,
+        saved_step,
+    )
 
 
 def restore_state(output: Path, engine: TorchStep, fresh: RunState, replicas) -> RunState:
@@ -317,7 +344,9 @@ def restore_state(output: Path, engine: TorchStep, fresh: RunState, replicas) ->
     except CheckpointError as err:
         raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
     saved, digests = state.extra, fresh.extra.data_sha256
-    saved.config = fresh.extra.config  # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
+    saved.config = (
+        fresh.extra.config
+    )  # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
     saved.data_sha256 = saved.data_sha256 or digests  # a checkpoint from before it was kept
     kept_tokenizer = saved.data_sha256.get("tokenizer")  # absent: a checkpoint from before it was kept
     if kept_tokenizer is not None and kept_tokenizer != digests["tokenizer"]:

@@ -275,7 +275,17 @@ def test_only_the_runner_calls_the_model_in_inference():
     (engines/torch_engine.py's take_step, every job's, beside BERT's evaluation) is the one other call, and the ONNX exporter's trace of the model (inference/onnx_graphs.py:
     tracing is a call, as openvino.convert_model's is inside OpenVINO) the other one."""
     callers = []
-    rooms = ("inference", "finetune", "serving", "door", "ray_jobs", "hf_integration", "commands", "components", "engines")
+    rooms = (
+        "inference",
+        "finetune",
+        "serving",
+        "door",
+        "ray_jobs",
+        "hf_integration",
+        "commands",
+        "components",
+        "engines",
+    )
     for path in [p for room in rooms for p in sorted((PACKAGE / room).glob("*.py"))]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if re.search(r"model\(\*\*", line) and not line.lstrip().startswith(("#", "logits =")):

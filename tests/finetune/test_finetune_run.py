@@ -272,7 +272,9 @@ def test_a_finite_loss_with_an_overflowing_backward_stops_before_the_weights_mov
                                               "weight_decay": 0.0, "warmup_fraction": 0.0}, 10)  # fmt: skip
     settings = StepSettings(torch.device("cpu"), max_grad_norm=1.0)
     with pytest.raises(NonFiniteStep, match=r"loss 3.0, gradient norm inf"):
-        finetune_step(TorchStep(model, optimizer, model, settings), {"x": torch.ones(1)}, schedule(0), loss=OneExample())
+        finetune_step(
+            TorchStep(model, optimizer, model, settings), {"x": torch.ones(1)}, schedule(0), loss=OneExample()
+        )
     assert torch.equal(model.weight.detach(), torch.ones(3)) and model.weight.grad is None
 
 

@@ -85,13 +85,19 @@ def bench_lines() -> list[str]:
     """The Makefile's `bench` target: each `$(PY) bench/...` command, as written."""
     text = (REPO / "Makefile").read_text()
     target = re.search(r"^bench:.*?\n((?:\t.*\n)+)", text, re.MULTILINE).group(1)
-    return [m.group(1).strip() for m in re.finditer(r"\$\(PY\) (bench/[^;|]*?)(?:\s*\|\|.*)?(?:;.*)?$", target, re.M)]
+    return [
+        m.group(1).strip()
+        for m in re.finditer(r"\$\(PY\) (bench/[^;|]*?)(?:\s*\|\|.*)?(?:;.*)?$", target, re.M)
+    ]
 
 
 def test_every_bench_of_make_bench_has_its_smoke():
     lines = bench_lines()
     assert len(lines) >= 25, lines  # the parse found the target
-    assert sorted(set(lines)) == sorted(SMOKES), (sorted(set(lines) - set(SMOKES)), sorted(set(SMOKES) - set(lines)))
+    assert sorted(set(lines)) == sorted(SMOKES), (
+        sorted(set(lines) - set(SMOKES)),
+        sorted(set(SMOKES) - set(lines)),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -122,11 +128,15 @@ HALF = ON_DEMO + REST[1::2], REST[::2]
 class TestBenchesRunToTheirEnd:
     @pytest.mark.parametrize("line", HALF[0], ids=lambda line: line.replace("bench/", "")[:60])
     def test_at_a_tiny_size(self, line, tmp_path, request):
-        run_smoke(line, tmp_path, request.getfixturevalue("demo") if "{demo}" in " ".join(SMOKES[line]) else None)
+        run_smoke(
+            line, tmp_path, request.getfixturevalue("demo") if "{demo}" in " ".join(SMOKES[line]) else None
+        )
 
 
 @pytest.mark.slow
 class TestTheOtherBenchesRunToTheirEnd:
     @pytest.mark.parametrize("line", HALF[1], ids=lambda line: line.replace("bench/", "")[:60])
     def test_at_a_tiny_size(self, line, tmp_path, request):
-        run_smoke(line, tmp_path, request.getfixturevalue("demo") if "{demo}" in " ".join(SMOKES[line]) else None)
+        run_smoke(
+            line, tmp_path, request.getfixturevalue("demo") if "{demo}" in " ".join(SMOKES[line]) else None
+        )

@@ -222,7 +222,9 @@ def test_pretraining_step_trains_exactly_like_the_torch_step(packed):
     ipu_model = copy.deepcopy(torch_model)
     torch_opt, ipu_opt = _lamb(torch_model), _lamb(ipu_model)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    torch_step = TorchStep(torch_model, torch_opt, torch_model, StepSettings(torch.device("cpu")), scaler=scaler)
+    torch_step = TorchStep(
+        torch_model, torch_opt, torch_model, StepSettings(torch.device("cpu")), scaler=scaler
+    )
     step = PretrainingStep(ipu_model)
     torch_sums, ipu_sums = MetricSums(), MetricSums()
     for s in range(2):

@@ -19,7 +19,9 @@ def test_every_jobs_state_round_trips_through_training_state():
     states = [
         RunState(7, 90, 100, False, 1.5, 2, BertProgress(LoaderPosition(1, 12), 0.4, {"a": [1]}, "ab", 64)),
         RunState(3, 24, 32, True, 0.0, 0, DecoderProgress(4000, math.inf, 8)),
-        RunState(5, 50, 0, False, 2.0, 0, FinetuneProgress({"b": 1}, {"train_file": "00"}, 1, 2, padding=[0.5])),
+        RunState(
+            5, 50, 0, False, 2.0, 0, FinetuneProgress({"b": 1}, {"train_file": "00"}, 1, 2, padding=[0.5])
+        ),
     ]
     for state in states:
         saved = training_state(state, rng=[], engine_state={"optimizer": {"state": {}}})
