@@ -127,10 +127,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "device": Key(str, "cpu", "where the model runs", ("cpu", "cuda")),
         "threads": Key(
             int, None, "torch CPU threads; null = torch's default", optional=True, minimum=1, maximum=1024
-        ),  # fmt: skip
+        ),
         "sharding": Key(
             str, "none", "under torchrun: replicate the model (DDP) or shard it (FSDP2)", ("none", "fsdp")
-        ),  # fmt: skip
+        ),
     },
 }
 
