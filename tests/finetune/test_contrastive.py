@@ -115,7 +115,7 @@ def test_the_packed_step_equals_sentence_transformers_loss_and_every_gradient(
     # Each gradient is a float32 sum over the step's ~200 tokens, in another order on each side:
     # its rounding scales with the step's largest gradient entries (up to about 6 here), not with
     # the entry compared (a near-zero one sums terms of that size too). A fixed atol of 1e-5 failed
-    # a make test and 1 of 14 DistilBERT steps tried (1.16e-5 at a layer norm's bias: the helper's
+    # a make test and 1 of 17 DistilBERT steps probed (1.16e-5 at a layer norm's bias: the helper's
     # tokenizer is learned anew in each process); the bound stays 1e-5 of the largest gradient.
     atol = 1e-5 * max(1.0, max(float(grad.abs().max()) for grad in their_grads.values()))
     for name, grad in their_grads.items():
