@@ -306,9 +306,8 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     )
 
     def rows_of(pairs: TokenizedPairs, table) -> dict:  # the step's texts packed: rows and each text's slot
-        chosen = table[
-            table >= 0
-        ]  # none: a process a step left without a pair packs one text, scored nowhere
+        # none: a process a step left without a pair packs one text, scored nowhere
+        chosen = table[table >= 0]
         rows = pair_rows(pairs.roles, chosen if chosen.size else np.zeros(1, np.int64), width, batching["max_sequences_per_pack"], batching["algorithm"], int(chosen[0]) if chosen.size else 0)  # fmt: skip
         return {name: torch.from_numpy(value[:0] if name in PAIR_SLOTS and not chosen.size else value) for name, value in rows.items()}  # fmt: skip
 

@@ -122,9 +122,8 @@ class Run(LoopJob):
     job: Job
     batcher: Batcher
     eval_batcher: Batcher
-    engine: (
-        TorchStep  # the model, its optimizer, what runs the forward (the model, compiled, DDP); fp32, clipped
-    )
+    # the model, its optimizer, what runs the forward (the model, compiled, DDP); fp32, clipped
+    engine: TorchStep
     schedule: object  # optim.WarmupLinearDecay: the learning rate of each step
     state: RunState
     stop: object  # components.run_state.StopSignal (or anything with is_set() and signum), or None
@@ -201,9 +200,8 @@ class Run(LoopJob):
         return False
 
     def evaluates_at_end(self) -> bool:
-        return (
-            self.state.extra.batches_done > 0
-        )  # an epoch a time budget stopped: validated as a whole one is
+        # an epoch a time budget stopped: validated as a whole one is
+        return self.state.extra.batches_done > 0
 
     def checkpoint_due(self) -> bool:
         return self.batches is None and self.state.extra.batches_done == 0  # after each epoch's validation
@@ -304,9 +302,8 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     batcher = Batcher(job.train.lengths, spec_of(config, batching["batch_size"]), seed)
     step_model = parallel.replicate(model, replicas, step_model_of(model, training["compile"]))
     optimizer, schedule = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
-    settings = StepSettings(
-        replicas.device, "fp32", config["optim"]["max_grad_norm"]
-    )  # fine-tuning's steps: fp32
+    # fine-tuning's steps: fp32
+    settings = StepSettings(replicas.device, "fp32", config["optim"]["max_grad_norm"])
     engine = TorchStep(model, optimizer, step_model, settings, replicas.sharded)
     eval_batcher = Batcher(job.validation.lengths, spec_of(config, batching["eval_batch_size"]), seed)
     log.info(
@@ -344,9 +341,8 @@ def restore_state(output: Path, engine: TorchStep, fresh: RunState, replicas) ->
     except CheckpointError as err:
         raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
     saved, digests = state.extra, fresh.extra.data_sha256
-    saved.config = (
-        fresh.extra.config
-    )  # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
+    # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
+    saved.config = fresh.extra.config
     saved.data_sha256 = saved.data_sha256 or digests  # a checkpoint from before it was kept
     kept_tokenizer = saved.data_sha256.get("tokenizer")  # absent: a checkpoint from before it was kept
     if kept_tokenizer is not None and kept_tokenizer != digests["tokenizer"]:
