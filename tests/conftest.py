@@ -179,24 +179,48 @@ def decoder_train_rows(tmp_path_factory):
     yield from shared(decoder_rows(tmp_path_factory.mktemp("rows") / "train"))
 
 
-@pytest.fixture(scope="session")
-def checkpoint(tmp_path_factory):
-    """A tiny random BERT encoder (bare BertModel, like MiniLM) with its vocab.txt over
-    finetune_helpers.WORDS: what the fine-tuning tests start from (a module may define its own
-    `checkpoint`, which then shadows this one)."""
+def tiny_bert_checkpoint(folder: Path) -> Path:
+    """A tiny random BERT encoder (bare BertModel, like MiniLM, seed 0) with its vocab.txt over
+    finetune_helpers.WORDS, saved into `folder`."""
     import torch
     from transformers import BertConfig, BertModel
 
     from .finetune_helpers import WORDS
 
-    folder = tmp_path_factory.mktemp("tiny_bert")
+    folder.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
     torch.manual_seed(0)
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=64)  # fmt: skip
     BertModel(config).save_pretrained(folder)
-    yield from shared(folder)
+    return folder
+
+
+def sft_start_folder(folder: Path) -> Path:
+    """A tiny random Qwen2 causal LM (seed 0) with decoder_helpers' byte-level tokenizer, saved into `folder`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .decoder_helpers import decoder_tokenizer, tiny_config
+
+    tokenizer = decoder_tokenizer()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        # transformers' Qwen2 tokenizer class adds <|endoftext|> to a folder's tokens: room for it,
+        # as real Qwen2 folders pad their embedding table
+        tiny_config("qwen2", vocab_size=len(tokenizer) + 8, max_position_embeddings=128)
+    )
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def checkpoint(tmp_path_factory):
+    """tiny_bert_checkpoint: what the fine-tuning tests start from (a module may define its own
+    `checkpoint`, which then shadows this one)."""
+    yield from shared(tiny_bert_checkpoint(tmp_path_factory.mktemp("tiny_bert")))
 
 
 @pytest.fixture(scope="session")
@@ -215,20 +239,5 @@ def trained(tmp_path_factory, checkpoint):
 
 @pytest.fixture(scope="session")
 def start_folder(tmp_path_factory):
-    """A tiny random Qwen2 causal LM with decoder_helpers' byte-level tokenizer: what SFT starts from."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from .decoder_helpers import decoder_tokenizer, tiny_config
-
-    root = tmp_path_factory.mktemp("sft")
-    tokenizer = decoder_tokenizer()
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(
-        # transformers' Qwen2 tokenizer class adds <|endoftext|> to a folder's tokens: room for it,
-        # as real Qwen2 folders pad their embedding table
-        tiny_config("qwen2", vocab_size=len(tokenizer) + 8, max_position_embeddings=128)
-    )
-    model.save_pretrained(root / "start")
-    tokenizer.save_pretrained(root / "start")
-    yield from shared(root / "start")
+    """sft_start_folder: what SFT starts from."""
+    yield from shared(sft_start_folder(tmp_path_factory.mktemp("sft") / "start"))

@@ -77,22 +77,14 @@ def packed_rows(seed: int = 0, layout=None):
 # ----- the commands users already have, on decoder folders -----------------------------------------
 def decoder_tokenizer():
     """A byte-level BPE tokenizer of a decoder's kind (BOS first, EOS appended as embedding
-    models' tokenizers do), learned from the shipped BBC sentences."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    models' tokenizers do), learned once from the shipped BBC sentences (VOCAB + 200 tokens;
+    tests/fixtures/tokenizers/decoder-bpe.json)."""
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["<pad>", "<s>", "</s>"]
-    tokenizer = Tokenizer(models.BPE(unk_token=None))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB + 200, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tokenizer.train_from_iterator(SENTENCES, trainer)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", special_tokens=[("<s>", tokenizer.token_to_id("<s>")), ("</s>", tokenizer.token_to_id("</s>"))]
-    )  # fmt: skip
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   model_max_length=64)  # fmt: skip
+    from .fixture_tokenizers import stored_tokenizer
+
+    return PreTrainedTokenizerFast(tokenizer_object=stored_tokenizer("decoder-bpe.json"), bos_token="<s>",
+                                   eos_token="</s>", pad_token="<pad>", model_max_length=64)  # fmt: skip
 
 
 def config_for(tmp_path, start, **training):

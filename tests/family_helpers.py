@@ -1,6 +1,7 @@
 """Tiny random models of every packed encoder family, with a real tokenizer of the family's
-kind (WordPiece, byte-level BPE or Unigram) trained here on the shipped BBC text, saved as
-transformers' save_pretrained writes them (no finetune.json, no vocab.txt)."""
+kind (WordPiece, byte-level BPE or Unigram) learned once from the shipped BBC text and stored
+(tests/fixtures/tokenizers/), saved as transformers' save_pretrained writes them (no
+finetune.json, no vocab.txt)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from pathlib import Path
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoConfig, PreTrainedTokenizerFast
 
 from packed_transformers.data.assets import corpus_glob
 from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+
+from .fixture_tokenizers import encoder_tokenizer
 
 SENTENCES = texts_of(bbc_articles(corpus_glob())[:5], "sentences")
 TEXTS = [s for s in SENTENCES if 3 < len(s.split()) < 30][:18]
@@ -29,7 +31,8 @@ AUTO = {"classification": "AutoModelForSequenceClassification", "token_classific
 
 
 def family_tokenizer(model_type: str) -> PreTrainedTokenizerFast:
-    """A fast tokenizer of the family's kind and template, learned from the BBC sentences."""
+    """A fast tokenizer of the family's kind and template, learned once from the BBC sentences
+    (tests/fixtures/learn_tokenizers.py; the same bytes in every process)."""
     roberta = model_type in ROBERTA_STYLE
     specials = (
         ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
@@ -39,34 +42,7 @@ def family_tokenizer(model_type: str) -> PreTrainedTokenizerFast:
     bos, pad, eos, unk, mask = (
         specials if roberta else (specials[2], specials[0], specials[3], specials[1], specials[4])
     )
-    kind = KIND[model_type]
-    if kind == "wordpiece":
-        tokenizer = Tokenizer(models.WordPiece(unk_token=unk))
-        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)
-        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tokenizer.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=600, special_tokens=specials)
-    elif kind == "bpe":
-        tokenizer = Tokenizer(models.BPE(unk_token=None))
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    else:
-        tokenizer = Tokenizer(models.Unigram())
-        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-        tokenizer.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(vocab_size=600, special_tokens=specials, unk_token=unk)
-    tokenizer.train_from_iterator(SENTENCES, trainer)
-    ids = {t: tokenizer.token_to_id(t) for t in specials}
-    if roberta:
-        tokenizer.post_processor = processors.RobertaProcessing(
-            (eos, ids[eos]), (bos, ids[bos]), trim_offsets=False
-        )
-    else:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A {eos}", pair=f"{bos} $A {eos} $B:1 {eos}:1", special_tokens=[(bos, ids[bos]), (eos, ids[eos])]
-        )  # fmt: skip
+    tokenizer = encoder_tokenizer(KIND[model_type], "roberta" if roberta else "bert")
     names = (
         {"model_input_names": ["input_ids", "token_type_ids", "attention_mask"]}
         if model_type in TYPED

@@ -49,14 +49,12 @@ def tiny_config(tokenizer, **extra) -> BertConfig:
 
 
 def tiny_hub_classifier(folder):
-    """A 2-label tiny BERT classifier folder as transformers saves it (tokenizer.json only)."""
-    from tokenizers import BertWordPieceTokenizer
+    """A 2-label tiny BERT classifier folder as transformers saves it (tokenizer.json only), its
+    lowercase vocabulary learned once from TEXTS (tests/fixtures/tokenizers/wordpiece-uncased-400.txt)."""
+    from .fixture_tokenizers import bert_vocabulary
+    from .folder_helpers import save_hub_folder, tiny_config
 
-    from .folder_helpers import TEXTS, save_hub_folder, tiny_config
-
-    trainer = BertWordPieceTokenizer(lowercase=True)
-    trainer.train_from_iterator(TEXTS, vocab_size=400, min_frequency=1)
-    tokenizer = BertTokenizerFast(vocab=trainer.get_vocab(), model_max_length=64)
+    tokenizer = BertTokenizerFast(vocab=bert_vocabulary("wordpiece-uncased-400.txt"), model_max_length=64)
     torch.manual_seed(0)
     return save_hub_folder(
         folder, BertForSequenceClassification(tiny_config(tokenizer, num_labels=2)), tokenizer

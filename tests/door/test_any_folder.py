@@ -30,7 +30,6 @@ from packed_transformers.door.folder import load_finetuned
 
 from ..conftest import PACKAGE
 from ..folder_helpers import (  # noqa: F401
-    SENTENCES,  # noqa: F401
     TEXTS,
     save_hub_folder,
     tiny_config,
@@ -42,12 +41,13 @@ TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC"}
 
 @pytest.fixture(scope="module")
 def cased_tokenizer():
-    """A cased WordPiece tokenizer learned from the shipped BBC text (tokenizers' trainer)."""
-    from tokenizers import BertWordPieceTokenizer
+    """A cased WordPiece tokenizer learned once from the shipped BBC text (tokenizers' trainer;
+    tests/fixtures/tokenizers/wordpiece-cased-1200.txt)."""
+    from ..fixture_tokenizers import bert_vocabulary
 
-    trainer = BertWordPieceTokenizer(lowercase=False, strip_accents=False)
-    trainer.train_from_iterator(SENTENCES * 2, vocab_size=1200, min_frequency=1)
-    return BertTokenizerFast(vocab=trainer.get_vocab(), do_lower_case=False, model_max_length=96)
+    return BertTokenizerFast(
+        vocab=bert_vocabulary("wordpiece-cased-1200.txt"), do_lower_case=False, model_max_length=96
+    )
 
 
 @pytest.fixture(scope="module")
