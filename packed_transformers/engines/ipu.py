@@ -18,7 +18,7 @@ Horovod, which the Poplar SDK ships for this purpose.
 
 STATUS: written against the PopTorch 3.4 API; never executed on an IPU or the IPUModel
 (no Poplar SDK here). The planning layer, PretrainingStep and the IPU kernels are tested on
-CPU (tests/training/test_ipu_plan.py); this engine runs through the real run loop against doubles
+CPU (tests/engines/test_ipu_plan.py); this engine runs through the real run loop against doubles
 of PopTorch, popart, PopDist and Horovod that encode their documented rules
 (tests/training/test_ipu_double.py: replicas, two poprun instances, resume, --compile-only,
 synthetic data), also under the SDK stack's torch 2.0.1 (tests/training/test_ipu_sdk_stack.py,

@@ -506,6 +506,10 @@ def test_tests_live_in_the_rooms_they_test():
     modules = sorted(tests.rglob("test_*.py"))
     assert [p.name for p in modules if p.parent == tests] == []
     assert {p.parent.name for p in modules} <= rooms, {p.parent.name for p in modules} - rooms
+    # and the other way: every room has its folder of tests (issue 105: components/, engines/
+    # and packs/, the rooms every job stands on, had none; their tests lived in training/ and packing/)
+    untested = sorted(room for room in rooms if not any(p.parent.name == room for p in modules))
+    assert untested == [], f"these rooms have no tests/<room>/test_*.py: {untested}"
     review_round = re.compile(
         r"_(second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth)$|first_hour|_round"
     )

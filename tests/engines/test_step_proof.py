@@ -2,9 +2,9 @@
 runs on (BERT: torch, DDP, FSDP2, pipeline stages; the decoder: torch, DDP, FSDP2; fine-tuning's
 classification: torch, DDP, FSDP2; multi-label, QA and a decoder's SFT: torch), run by its command,
 writes the metrics lines and final weights the code before the change (5b4a0cd: three step
-implementations) wrote, within 1e-5 (tests/training/step_proof.py; the figures of 5b4a0cd in
-tests/training/data/, made by that file in that checkout). The IPU engine's step is held to the
-torch step's by tests/training/test_ipu_plan.py and the PopTorch double (test_ipu_double.py)."""
+implementations) wrote, within 1e-5 (tests/engines/step_proof.py; the figures of 5b4a0cd in
+tests/engines/data/, made by that file in that checkout). The IPU engine's step is held to the
+torch step's by tests/engines/test_ipu_plan.py and the PopTorch double (test_ipu_double.py)."""
 
 from __future__ import annotations
 

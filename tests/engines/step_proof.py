@@ -4,18 +4,18 @@ and what it wrote read back: each logged line's numbers (the loss of every step;
 lines per epoch) and a digest of the final weights (each tensor's sum, L2 norm and first 8
 values).
 
-    python tests/training/step_proof.py OUT.json [JOB ...]
+    python tests/engines/step_proof.py OUT.json [JOB ...]
 
-writes this checkout's figures. tests/training/data/step_proof_5b4a0cd.json holds the figures of
+writes this checkout's figures. tests/engines/data/step_proof_5b4a0cd.json holds the figures of
 the code before issue 95's change (5b4a0cd: three step implementations), made by this file
 copied into that checkout (it imports only packed_transformers and the libraries, and writes the
 config keys that code knows):
 
     git worktree add /tmp/before 5b4a0cd
-    cp tests/training/step_proof.py /tmp/before/tests/training/
-    cd /tmp/before && python tests/training/step_proof.py step_proof_5b4a0cd.json
+    cp tests/engines/step_proof.py /tmp/before/tests/training/
+    cd /tmp/before && python tests/engines/step_proof.py step_proof_5b4a0cd.json
 
-tests/training/test_step_proof.py runs the jobs again with this code and compares (1e-5).
+tests/engines/test_step_proof.py runs the jobs again with this code and compares (1e-5).
 """
 
 from __future__ import annotations
