@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packed_transformers/packing/histograms/wikipedia_512.json
 
-.PHONY: test-sdk-stack install install-bench install-tf install-ray install-light readme-timings test demo demo-data convergence bench lint clean finetune-demo qa-demo
+.PHONY: test-fast test-shuffled test-sdk-stack install install-bench install-tf install-ray install-light readme-timings test demo demo-data convergence bench lint clean finetune-demo qa-demo
 
 install: $(STAMP)
 
@@ -69,8 +69,21 @@ $(RAY_STAMP): requirements-ray.txt $(STAMP)
 # how it died printed (tests/conftest.py): pytest-xdist 3.8.0 replacing it under loadscope can
 # wait forever for work it will never send (pytest-xdist issues 1323, 1378).
 TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --max-worker-restart 0)
 test: install install-bench install-tf install-ray install-light
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --max-worker-restart 0)
+	$(PY) -m pytest -q $(XDIST) --durations=15
+
+# The fast loop: every test but those marked slow (end-to-end runs, processes, the bench smokes;
+# of a family of costly cases one or two stay: tests/conftest.py fast_loop_keeps). Under 3 min.
+test-fast: install install-light
+	$(PY) -m pytest -q -m "not slow" $(XDIST)
+
+# The whole suite in a random order (pytest-random-order: modules and the tests inside each
+# shuffled; the seed printed at the top, RANDOM_ORDER_SEED=N repeats one): no test may depend
+# on another's leftovers.
+RANDOM_ORDER_SEED ?=
+test-shuffled: install install-bench install-tf install-ray install-light
+	$(PY) -m pytest -q $(XDIST) --random-order $(if $(RANDOM_ORDER_SEED),--random-order-seed=$(RANDOM_ORDER_SEED))
 
 # The README's recipes exactly as written (make test runs them at tiny scale), each one
 # timed: the times the README gives next to its recipes (work/readme_timings.json).
@@ -89,10 +102,13 @@ test-sdk-stack: install
 # corpus (data/train_vocab.py says why: a 64-wide model on 2 cores learns with it in minutes).
 DEMO ?= demo_out
 DEMO_VOCAB_SIZE ?= 4096
+# A vocab.txt to use instead of learning one (the bench smokes: tokenizers' trainer orders tied
+# pieces differently in each process, so a learned vocabulary is other ids on every run)
+DEMO_VOCAB ?=
 demo-data: install
 	rm -rf $(DEMO)
-	$(PY) -m packed_transformers.data.train_vocab --input "$$($(PY) -m packed_transformers.data.assets corpus)" --vocab-size $(DEMO_VOCAB_SIZE) \
-		--output $(DEMO)/vocab.txt
+	$(if $(DEMO_VOCAB),mkdir -p $(DEMO) && cp $(DEMO_VOCAB) $(DEMO)/vocab.txt,$(PY) -m packed_transformers.data.train_vocab --input "$$($(PY) -m packed_transformers.data.assets corpus)" --vocab-size $(DEMO_VOCAB_SIZE) \
+		--output $(DEMO)/vocab.txt)
 	$(PY) -m packed_transformers.data.create_pretraining_data --input "$$($(PY) -m packed_transformers.data.assets corpus)" \
 		--input-format one-document-per-file --vocab $(DEMO)/vocab.txt --output $(DEMO)/unpacked \
 		--max-seq-length 512 --max-predictions-per-seq 76 --dupe-factor 1 --eval-documents 100

@@ -18,6 +18,7 @@ import sys
 import pytest
 
 from ..conftest import REPO
+from ..fixture_tokenizers import FOLDER as FIXTURES
 
 # The Makefile's bench line (after `$(PY) `, as written) -> the smoke's arguments to the script.
 # `{tmp}` is the test's own folder; `{demo}` the demo's data (`make demo-data`, built once).
@@ -104,8 +105,9 @@ def test_every_bench_of_make_bench_has_its_smoke():
 def demo(tmp_path_factory):
     """The demo's packed data as `make demo-data` writes it (the loader and demo benches read it)."""
     folder = tmp_path_factory.mktemp("demo") / "demo_out"
-    done = subprocess.run(["make", "-s", "demo-data", f"DEMO={folder}"], cwd=REPO, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    vocab = FIXTURES / "demo-vocab-4096.txt"  # learned once: the same ids on every run
+    done = subprocess.run(["make", "-s", "demo-data", f"DEMO={folder}", f"DEMO_VOCAB={vocab}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return folder
 
