@@ -100,6 +100,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=60, help="timed steps per side")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile-steps", type=int, default=10, help="steps per side under the profiler")
     parser.add_argument("--set", action="append", default=[], help="override a key of both runs")
     args = parser.parse_args()
     common = [*args.set, "logging.progress=false"]
@@ -128,7 +129,7 @@ def main() -> int:
     print(f"realized speed-up {speedup:.3f} = {speedup / factor:.3f} x packing factor {factor:.3f}")
     if args.profile:
         by_side = {
-            name: profile_per_sequence(side, 10)
+            name: profile_per_sequence(side, args.profile_steps)
             for name, side in (("unpacked", unpacked), ("packed", packed))
         }
         print("\n| ms per sequence | unpacked | packed | unpacked / packed |")

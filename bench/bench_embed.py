@@ -135,11 +135,13 @@ def fastembed_folder(folder: Path, exported: Path, scratch: Path) -> Path:
     return target
 
 
-def int8_peer_models(folder: Path, scratch: Path, texts: list[str], picks) -> dict[str, Path]:
+def int8_peer_models(
+    folder: Path, scratch: Path, texts: list[str], picks, calibration_texts: int = 300
+) -> dict[str, Path]:
     """--int8-peers: the peers' int8 models, made once as their users make them: ONNX Runtime's
     quantize_dynamic of the optimized graph (bench_int8.onnx_int8_graphs) and NNCF's static
-    quantization of the exported encoder for OpenVINO, calibrated on 300 BBC texts not among
-    the measured ones (bench_int8's way), saved as OpenVINO IR."""
+    quantization of the exported encoder for OpenVINO, calibrated on `calibration_texts` (300)
+    BBC texts not among the measured ones (bench_int8's way), saved as OpenVINO IR."""
     import nncf
     import openvino
     import transformers
@@ -156,7 +158,9 @@ def int8_peer_models(folder: Path, scratch: Path, texts: list[str], picks) -> di
     pool = texts_of(bbc_articles(corpus_glob()), "mixed")
     measured = set(texts)
     apart = [t for t in pool if t not in measured]
-    drawn = np.random.default_rng(2).choice(len(apart), size=min(300, len(apart)), replace=False)
+    drawn = np.random.default_rng(2).choice(
+        len(apart), size=min(calibration_texts, len(apart)), replace=False
+    )
     calibration = sorted((apart[i] for i in drawn), key=len)
     feed = transformers_batches(transformers.AutoTokenizer.from_pretrained(folder))
     feeds = [feed(calibration[i : i + 32]) for i in range(0, len(calibration), 32)]
@@ -197,6 +201,9 @@ def main() -> int:
     parser.add_argument("--peers", action="store_true", help="also ONNX Runtime and OpenVINO (fp32)")
     parser.add_argument(
         "--int8-peers", action="store_true", help="int8: ours against ONNX Runtime's and OpenVINO's"
+    )
+    parser.add_argument(
+        "--calibration", type=int, default=300, help="--int8-peers: texts OpenVINO's int8 is calibrated on"
     )
     args = parser.parse_args()
     if args.peers and args.dtype != "float32":
@@ -243,7 +250,7 @@ def main() -> int:
             if "fastembed" in results:
                 fastembed_model = fastembed_folder(Path(model), exported, Path(scratch))
         if args.int8_peers:
-            quantized = int8_peer_models(Path(model), Path(scratch), texts, picks)
+            quantized = int8_peer_models(Path(model), Path(scratch), texts, picks, args.calibration)
         source = Path(scratch) / "texts.jsonl"
         source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
         outputs = {name: Path(scratch) / f"{name}.npy" for name in results}

@@ -69,19 +69,20 @@ DECODERS = {
 }
 
 
-def base_config(model_type: str):
+def base_config(model_type: str, layers: int = 12):
+    """The family's base-sized random config (12 layers; `layers` fewer for a smoke)."""
     from transformers import AutoConfig
 
     if model_type == "gpt2":
-        return AutoConfig.for_model("gpt2", n_embd=768, n_layer=12, n_head=12, vocab_size=30522, num_labels=5,
+        return AutoConfig.for_model("gpt2", n_embd=768, n_layer=layers, n_head=12, vocab_size=30522, num_labels=5,
                                     pad_token_id=0, n_positions=1024)  # fmt: skip
     if model_type in DECODERS:
-        return AutoConfig.for_model(model_type, **BASE, vocab_size=30522, num_labels=5, pad_token_id=0,
-                                    max_position_embeddings=1024, tie_word_embeddings=False,
+        return AutoConfig.for_model(model_type, **{**BASE, "num_hidden_layers": layers}, vocab_size=30522,
+                                    num_labels=5, pad_token_id=0, max_position_embeddings=1024, tie_word_embeddings=False,
                                     **DECODERS[model_type])  # fmt: skip
-    size = dict(BASE)
+    size = {**BASE, "num_hidden_layers": layers}
     if model_type == "distilbert":
-        size = {"dim": 768, "n_layers": 6, "n_heads": 12, "hidden_dim": 3072}
+        size = {"dim": 768, "n_layers": min(6, layers), "n_heads": 12, "hidden_dim": 3072}
     extra = {"vocab_size": 30522, "num_labels": 5, "pad_token_id": 0, "max_position_embeddings": 514}
     if model_type == "modernbert":
         extra.update(global_attn_every_n_layers=3, local_attention=128, cls_token_id=101, sep_token_id=102,
@@ -315,6 +316,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--compare", nargs="+", choices=list(COMPARISONS), default=list(COMPARISONS))
+    parser.add_argument("--layers", type=int, default=12, help="layers of every random model (base: 12)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -326,15 +328,15 @@ def main() -> int:
     train_texts = [texts[i] for i in picks[args.texts :]]
     lengths = [len(t) for t in tokenizer(chosen, truncation=True, max_length=256)["input_ids"]]
     print(f"# {len(chosen)} BBC texts ({sum(lengths)} tokens, median {int(np.median(lengths))}); "
-          f"{len(train_texts)} training texts; base-sized random classifiers; {args.threads} threads, "
+          f"{len(train_texts)} training texts; base-width random classifiers of {args.layers} layers; {args.threads} threads, "
           f"float32, {args.rounds} rounds", flush=True)  # fmt: skip
     tables = {name: [] for name in args.compare}
     for family in args.families:
         with tempfile.TemporaryDirectory() as scratch:
             torch.manual_seed(0)
-            transformers.AutoModelForSequenceClassification.from_config(base_config(family)).save_pretrained(
-                scratch
-            )
+            transformers.AutoModelForSequenceClassification.from_config(
+                base_config(family, args.layers)
+            ).save_pretrained(scratch)
             # a decoder's tokenizer hands no token_type_ids (GPT-2 would add wte(0) to every
             # token if one did, which its own tokenizer never asks for)
             decoder = family in DECODERS or family == "gpt2"

@@ -57,6 +57,7 @@ def main():
     parser = argparse.ArgumentParser(formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--layers", type=int, default=24, help="encoder layers' parameters (BERT-Large: 24)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print(
@@ -67,7 +68,10 @@ def main():
         raise SystemExit(2)
     torch.manual_seed(0)
     device = torch.device(args.device)
-    params = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in bert_large_shapes()]
+    params = [
+        torch.nn.Parameter(torch.randn(s, device=device) * 0.02)
+        for s in bert_large_shapes(layers=args.layers)
+    ]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
     count = sum(p.numel() for p in params)

@@ -188,6 +188,12 @@ def main() -> int:
     parser.add_argument("--texts", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--profiles",
+        nargs="+",
+        choices=("sentences", "paragraphs", "mixed"),
+        default=["sentences", "paragraphs", "mixed"],
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
@@ -209,7 +215,7 @@ def main() -> int:
             ways["openvino"] = SortedBatchEncoder(openvino, transformers_batches(tokenizer)).encode
         ways["packed"] = lambda texts: packed_encode(st_model, texts)
         peers = [name for name in ways if name != "packed"]
-        for profile in ("sentences", "paragraphs", "mixed"):
+        for profile in args.profiles:
             pool = texts_of(articles, profile)
             picks = np.random.default_rng(0).choice(len(pool), size=min(args.texts, len(pool)), replace=False)
             texts = [pool[i] for i in picks]

@@ -52,15 +52,15 @@ SHAPES = {"base": BASE, "small": {"hidden_size": 512, "num_hidden_layers": 4, "n
                                   "num_key_value_heads": 4, "intermediate_size": 1536}}  # fmt: skip
 
 
-def headline_pairs(body_chars: int, spread: bool = False) -> list[dict]:
-    """{"prompt", "completion"} per BBC article: its body (cut at body_chars, or with spread at
-    a random 5-100% of it, seeded), its headline."""
+def headline_pairs(body_chars: int, spread: bool = False, articles: int | None = None) -> list[dict]:
+    """{"prompt", "completion"} per BBC article (the first `articles`, all by default): its body
+    (cut at body_chars, or with spread at a random 5-100% of it, seeded), its headline."""
     rng = np.random.default_rng(0)
     from packed_transformers.data.assets import corpus_files
     from packed_transformers.data.create_pretraining_data import read_document
 
     pairs = []
-    for path in corpus_files():
+    for path in corpus_files()[:articles]:
         text, _ = read_document(path)
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         if len(lines) < 2:
@@ -371,14 +371,20 @@ def main() -> int:
         "--bf16", action="store_true", help="bf16 autocast in both (TRL's default; fp32 otherwise)"
     )
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument(
+        "--articles",
+        type=int,
+        default=None,
+        help="read the first N BBC articles only (all by default; a smoke: 60)",
+    )
     parser.add_argument("--batch", type=int, default=8, help="examples per optimizer step")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
-    long_pairs = headline_pairs(10**6)  # whole articles: the packing profile
-    pairs = headline_pairs(args.body_chars, spread=args.spread)
+    long_pairs = headline_pairs(10**6, articles=args.articles)  # whole articles: the packing profile
+    pairs = headline_pairs(args.body_chars, spread=args.spread, articles=args.articles)
     tokenizer = bpe_tokenizer([p["prompt"] + p["completion"] for p in long_pairs])
     results = {"tokenizer_vocabulary": len(tokenizer), "articles": len(long_pairs)}
     if "packing" in args.parts:

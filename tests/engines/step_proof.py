@@ -6,14 +6,14 @@ values).
 
     python tests/engines/step_proof.py OUT.json [JOB ...]
 
-writes this checkout's figures. tests/engines/data/step_proof_5b4a0cd.json holds the figures of
-the code before issue 95's change (5b4a0cd: three step implementations), made by this file
-copied into that checkout (it imports only packed_transformers and the libraries, and writes the
-config keys that code knows):
+writes this checkout's figures. tests/engines/data/step_proof_5b4a0cd_KIND.json holds the figures
+of the code before issue 95's change (5b4a0cd: three step implementations) on a CPU kind (avx2,
+avx512, amx: test_step_proof.cpu_kind), made by this file copied into that checkout (it imports
+only packed_transformers and the libraries, and writes the config keys that code knows):
 
     git worktree add /tmp/before 5b4a0cd
     cp tests/engines/step_proof.py /tmp/before/tests/training/
-    cd /tmp/before && python tests/engines/step_proof.py step_proof_5b4a0cd.json
+    cd /tmp/before && PYTHONPATH=. python tests/training/step_proof.py step_proof_5b4a0cd_KIND.json
 
 tests/engines/test_step_proof.py runs the jobs again with this code and compares (1e-5).
 """
