@@ -48,9 +48,11 @@ DIFFERS = {("amx", "qa_torch"): "qa_outputs.bias: sum 2.776e-4, 3.017e-4 before 
 
 @pytest.fixture(scope="module")
 def figures(tmp_path_factory) -> dict:
-    if not BEFORE.is_file():
-        pytest.skip(f"5b4a0cd's figures were made on {MEASURED_KINDS} CPUs; this one is {KIND}: not measured here")
     """Every job's figures with this checkout's code (step_proof.py as users run it: a process)."""
+    if not BEFORE.is_file():
+        pytest.skip(
+            f"5b4a0cd's figures were made on {MEASURED_KINDS} CPUs; this one is {KIND}: not measured here"
+        )
     out = tmp_path_factory.mktemp("proof") / "figures.json"
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, str(Path(__file__).parent / "step_proof.py"), str(out)], cwd=REPO,
