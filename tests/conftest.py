@@ -47,13 +47,28 @@ def runs_tests(config) -> bool:
     return hasattr(config, "workerinput") or not config.getoption("numprocesses", default=None)
 
 
+# The caches every process of one run shares, made anew by each run and removed at its end:
+# the graph cache (inference/graph_cache.py; by default ~/.cache/packed-transformers, where
+# the suite left 625 MB of OpenVINO graphs that the next run then read) and inductor's
+# compiled kernels (by default /tmp/torchinductor_<user>, warm from any earlier run). A run
+# never reads what another run left, and leaves nothing there; a cache variable the caller
+# set is kept (a warm cache on purpose).
+RUN_CACHES = {"PACKED_TRANSFORMERS_CACHE": "graphs", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+RUN_CACHE_ROOT = "PACKED_TESTS_RUN_CACHES"
+
+
 def pytest_configure(config):
     """The warm launcher (tests/warm_launch.py) in each process that runs tests; the controller
-    (or the run without workers) names the folder where each one leaves its launch counts."""
+    (or the run without workers) names the folder where each one leaves its launch counts, and
+    the run's caches (RUN_CACHES)."""
     if not hasattr(config, "workerinput"):
         import tempfile
 
         os.environ[LAUNCH_COUNTS] = tempfile.mkdtemp(prefix="packed-tests-launches-")
+        root = Path(tempfile.mkdtemp(prefix="packed-tests-caches-"))
+        os.environ[RUN_CACHE_ROOT] = str(root)
+        for variable, name in RUN_CACHES.items():
+            os.environ.setdefault(variable, str(root / name))
     if runs_tests(config):
         from . import warm_launch
 
@@ -116,6 +131,14 @@ def pytest_runtest_logreport(report):
     node = getattr(report, "node", None)  # set on the reports a controller receives from its workers
     if node is not None:
         LAST_REPORTED[node.gateway.id] = f"{report.nodeid} ({report.when}: {report.outcome})"
+
+
+def pytest_unconfigure(config):
+    """The controller (or the run without workers) removes the run's caches."""
+    import shutil
+
+    if not hasattr(config, "workerinput") and os.environ.get(RUN_CACHE_ROOT):
+        shutil.rmtree(os.environ.pop(RUN_CACHE_ROOT), ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter, config):
