@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -88,8 +89,9 @@ def packed(lengths: np.ndarray, pack_length: int, seed: int) -> tuple[Batching, 
     return batching, table.shape[1]
 
 
-def profiles(tokenizer) -> dict[str, tuple[np.ndarray, int]]:
-    """name -> (token counts, maximum length) of each BBC News length profile."""
+def profiles(tokenizer) -> dict[str, Callable[[], tuple[np.ndarray, int]]]:
+    """name -> a call giving (token counts, maximum length) of each BBC News length profile
+    (tokenized when called: --profiles N tokenizes the first N only)."""
     from packed_transformers.data.assets import corpus_glob
     from packed_transformers.data.classification_data import read_bbc_news
     from packed_transformers.data.embedding_texts import bbc_articles, texts_of
@@ -98,20 +100,30 @@ def profiles(tokenizer) -> dict[str, tuple[np.ndarray, int]]:
         encoded = tokenizer.encode_batch(list(zip(texts, pairs)) if pairs else texts)
         return np.array([min(len(e.ids), cap) for e in encoded], dtype=np.int64)
 
-    topics = read_bbc_news(corpus_glob())
     articles = bbc_articles(corpus_glob())
-    rng = np.random.default_rng(0)
     sentences, mixed = texts_of(articles, "sentences"), texts_of(articles, "mixed")
+    rng = np.random.default_rng(0)  # the sentences' draw, then the mixed texts' (the figures' draws)
+    picked = {
+        "sentences": rng.choice(len(sentences), 4000, False),
+        "mixed": rng.choice(len(mixed), 4000, False),
+    }
+
+    def drawn(kind: str) -> list[str]:
+        texts = sentences if kind == "sentences" else mixed
+        return [texts[i] for i in picked[kind]]
+
+    def titles_and_first_sentences():
+        topics = read_bbc_news(corpus_glob())
+        return counts(topics.texts, 128, topics.pairs), 128
+
     return {
-        "title + first sentence (configs/finetune_bbc.yaml)": (counts(topics.texts, 128, topics.pairs), 128),
-        "sentences (4,000)": (counts([sentences[i] for i in rng.choice(len(sentences), 4000, False)], 128), 128),
-        "paragraphs": (counts(texts_of(articles, "paragraphs"), 512), 512),
-        "mixed (4,000 titles, sentences, paragraphs)": (
-            counts([mixed[i] for i in rng.choice(len(mixed), 4000, False)], 512), 512
-        ),
-        "articles, cut at 512": (counts(texts_of(articles, "articles"), 512), 512),
-        "articles, cut at 256": (counts(texts_of(articles, "articles"), 256), 256),
-    }  # fmt: skip
+        "title + first sentence (configs/finetune_bbc.yaml)": titles_and_first_sentences,
+        "sentences (4,000)": lambda: (counts(drawn("sentences"), 128), 128),
+        "paragraphs": lambda: (counts(texts_of(articles, "paragraphs"), 512), 512),
+        "mixed (4,000 titles, sentences, paragraphs)": lambda: (counts(drawn("mixed"), 512), 512),
+        "articles, cut at 512": lambda: (counts(texts_of(articles, "articles"), 512), 512),
+        "articles, cut at 256": lambda: (counts(texts_of(articles, "articles"), 256), 256),
+    }
 
 
 def main() -> int:
@@ -124,6 +136,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32, help="examples per grouped batch (Trainer's)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--profiles", type=int, default=None, help="the first N profiles only (all by default)"
+    )
     args = parser.parse_args()
     folder = model_dir()
     config = json.loads((folder / "config.json").read_text())
@@ -137,7 +152,8 @@ def main() -> int:
           "| ceiling packed / grouped | ceiling packed 2x / grouped |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     rows = []
-    for name, (lengths, longest) in profiles(tokenizer).items():
+    for name, measure in list(profiles(tokenizer).items())[: args.profiles]:
+        lengths, longest = measure()
         group = grouped(lengths, args.batch, args.seed)
         pack, depth = packed(lengths, longest, args.seed)
         pack2, depth2 = packed(lengths, 2 * longest, args.seed)

@@ -21,11 +21,13 @@ from ..conftest import REPO
 from ..fixture_tokenizers import FOLDER as FIXTURES
 
 # The Makefile's bench line (after `$(PY) `, as written) -> the smoke's arguments to the script.
-# `{tmp}` is the test's own folder; `{demo}` the demo's data (`make demo-data`, built once).
+# `{tmp}` is the test's own folder; `{demo}` the demo's data (`make demo-data`, built once);
+# `{trained}` the session's fine-tuned classifier (conftest.py `trained`).
 # bench_int8's --calibration stays at OpenVINO int8's least (inference.openvino_graphs
 # MIN_CALIBRATION_TEXTS, 24): at 20 it was refused on every CPU with VNNI.
 SMOKES: dict[str, list[str]] = {
-    "bench/bench_packing.py": ["bench/bench_packing.py", "--repeats", "1", "--algorithms", "spfhp", "lpfhp", "lp"],
+    # LP on the published histograms: tests/packing/test_packing_published.py solves the same cases
+    "bench/bench_packing.py": ["bench/bench_packing.py", "--repeats", "1", "--algorithms", "spfhp", "lpfhp"],
     "bench/bench_pipeline.py --sizes 1000000 4000000 --workers 2": [
         "bench/bench_pipeline.py", "--sizes", "20000", "--workers", "1", "--folder", "{tmp}/pipeline"],
     "bench/bench_lamb.py": ["bench/bench_lamb.py", "--steps", "1", "--layers", "1"],
@@ -39,19 +41,20 @@ SMOKES: dict[str, list[str]] = {
         "--set", "data.train_dir={demo}/packed",
         "--set", "data.eval_dir={demo}/eval"],
     "bench/bench_stages.py": ["bench/bench_stages.py", "--seq", "64", "--ga", "2", "--steps", "2"],
-    "bench/bench_finetune.py": ["bench/bench_finetune.py", "--train-examples", "64", "--rounds", "1"],
+    "bench/bench_finetune.py": ["bench/bench_finetune.py", "--train-examples", "32", "--rounds", "1"],
     "bench/bench_vs_transformers.py": ["bench/bench_vs_transformers.py", "--rounds", "1", "--articles", "16",
                                        "--recipes", "trainer_grouped", "trainer_packed", "ours_packed"],
-    "bench/bench_padding_ceiling.py": ["bench/bench_padding_ceiling.py"],
+    "bench/bench_padding_ceiling.py": ["bench/bench_padding_ceiling.py", "--profiles", "1"],
     "bench/bench_flattening.py": ["bench/bench_flattening.py", "--examples", "8", "--batch", "4"],
     "bench/bench_qa.py": ["bench/bench_qa.py", "--train-windows", "16", "--infer-windows", "16", "--rounds", "1",
                           "--set", "batching.batch_size=8", "--set", "batching.eval_batch_size=8"],
     "bench/bench_serve.py --workload pairs": [
         "bench/bench_serve.py", "--workload", "pairs", "--seconds", "1", "--overload-seconds", "1", "--rounds", "1",
         "--concurrency", "4", "--train-seconds", "5", "--policies", "packed"],
+    # the pairs smoke fine-tunes its model as the bench does; the mixed one serves the session's
     "bench/bench_serve.py --workload mixed": [
         "bench/bench_serve.py", "--workload", "mixed", "--seconds", "1", "--overload-seconds", "1", "--rounds", "1",
-        "--concurrency", "4", "--train-seconds", "5", "--policies", "packed"],
+        "--concurrency", "4", "--model", "{trained}/run/model", "--policies", "packed"],
     "bench/bench_embed.py --texts 2000 --rounds 3": ["bench/bench_embed.py", "--texts", "40", "--rounds", "1"],
     "bench/bench_embed.py --texts 3000 --rounds 2 --profile paragraphs": [
         "bench/bench_embed.py", "--texts", "20", "--rounds", "1", "--profile", "paragraphs"],
@@ -65,7 +68,7 @@ SMOKES: dict[str, list[str]] = {
     "bench/bench_int8.py --texts 1000 --rounds 3": [
         "bench/bench_int8.py", "--texts", "40", "--rounds", "1", "--queries", "20", "--calibration", "24",
         "--output", "{tmp}/int8.json"],
-    "bench/bench_compile.py --texts 2000": ["bench/bench_compile.py", "--texts", "40", "--passes", "1"],
+    "bench/bench_compile.py --texts 2000": ["bench/bench_compile.py", "--texts", "8", "--passes", "1"],
     "bench/bench_compile_train.py --steps 40": ["bench/bench_compile_train.py", "--steps", "3", "--cases", "classify",
                                                 "--ways", "eager", "compiled", "--set", "batching.batch_size=4"],
     "bench/bench_predict_process.py --rounds 5 --bf16": ["bench/bench_predict_process.py", "--rounds", "1", "--bf16",
@@ -120,8 +123,12 @@ def demo(tmp_path_factory):
     return folder
 
 
-def run_smoke(line: str, tmp_path, demo_folder) -> None:
-    arguments = [a.format(tmp=tmp_path, demo=demo_folder) for a in SMOKES[line]]
+def run_smoke(line: str, tmp_path, request) -> None:
+    """The smoke of `line`, its shared folders ({demo}, {trained}) built on first use."""
+    wanted = " ".join(SMOKES[line])
+    shared = {name: request.getfixturevalue(name) if "{" + name + "}" in wanted else None
+              for name in ("demo", "trained")}  # fmt: skip
+    arguments = [a.format(tmp=tmp_path, **shared) for a in SMOKES[line]]
     done = subprocess.run([sys.executable, *arguments], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{' '.join(arguments)} exited {done.returncode}:\n{done.stderr[-3000:]}"
     assert re.search(r"\d", done.stdout), f"{' '.join(arguments)} printed no figure:\n{done.stdout[-2000:]}"
@@ -138,15 +145,11 @@ HALF = ON_DEMO + REST[1::2], REST[::2]
 class TestBenchesRunToTheirEnd:
     @pytest.mark.parametrize("line", HALF[0], ids=lambda line: line.replace("bench/", "")[:60])
     def test_at_a_tiny_size(self, line, tmp_path, request):
-        run_smoke(
-            line, tmp_path, request.getfixturevalue("demo") if "{demo}" in " ".join(SMOKES[line]) else None
-        )
+        run_smoke(line, tmp_path, request)
 
 
 @pytest.mark.slow
 class TestTheOtherBenchesRunToTheirEnd:
     @pytest.mark.parametrize("line", HALF[1], ids=lambda line: line.replace("bench/", "")[:60])
     def test_at_a_tiny_size(self, line, tmp_path, request):
-        run_smoke(
-            line, tmp_path, request.getfixturevalue("demo") if "{demo}" in " ".join(SMOKES[line]) else None
-        )
+        run_smoke(line, tmp_path, request)
