@@ -79,11 +79,11 @@ test-fast: install install-light
 	$(PY) -m pytest -q -m "not slow" $(XDIST)
 
 # The whole suite in a random order (pytest-random-order: modules and the tests inside each
-# shuffled; the seed printed at the top, RANDOM_ORDER_SEED=N repeats one): no test may depend
-# on another's leftovers.
-RANDOM_ORDER_SEED ?=
+# shuffled): no test may depend on another's leftovers. The seed is printed first;
+# RANDOM_ORDER_SEED=N make test-shuffled repeats that order.
 test-shuffled: install install-bench install-tf install-ray install-light
-	$(PY) -m pytest -q $(XDIST) --random-order $(if $(RANDOM_ORDER_SEED),--random-order-seed=$(RANDOM_ORDER_SEED))
+	@seed=$${RANDOM_ORDER_SEED:-$$(date +%s)}; echo "random order seed $$seed"; \
+	$(PY) -m pytest -q $(XDIST) --random-order-seed=$$seed
 
 # The README's recipes exactly as written (make test runs them at tiny scale), each one
 # timed: the times the README gives next to its recipes (work/readme_timings.json).
