@@ -41,7 +41,7 @@ SMOKES: dict[str, list[str]] = {
         "--set", "data.train_dir={demo}/packed",
         "--set", "data.eval_dir={demo}/eval"],
     "bench/bench_stages.py": ["bench/bench_stages.py", "--seq", "64", "--ga", "2", "--steps", "2"],
-    "bench/bench_finetune.py": ["bench/bench_finetune.py", "--train-examples", "32", "--rounds", "1"],
+    "bench/bench_finetune.py": ["bench/bench_finetune.py", "--train-examples", "64", "--rounds", "1"],
     "bench/bench_vs_transformers.py": ["bench/bench_vs_transformers.py", "--rounds", "1", "--articles", "16",
                                        "--recipes", "trainer_grouped", "trainer_packed", "ours_packed"],
     "bench/bench_padding_ceiling.py": ["bench/bench_padding_ceiling.py", "--profiles", "1"],
