@@ -239,7 +239,7 @@ def main(argv=None) -> int:
                              "threads_per_worker", "chunk_rows"))  # fmt: skip
     exported = is_exported(args.model)
     if exported:  # its graph decides runtime and dtype: torch is never imported
-        wrong = wrong or settle_exported_arguments(args, sys.argv[1:] if argv is None else argv)
+        wrong = wrong or settle_exported_arguments(args, sys.argv[1:] if argv is None else argv, "embed")
     else:
         wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
     if not wrong and not exported:

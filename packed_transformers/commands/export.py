@@ -41,7 +41,7 @@ from packed_transformers.common.files import (
     output_over_inputs,
 )
 from packed_transformers.data.classification_data import ExampleError
-from packed_transformers.door.exported_folder import EXPORT_FORMAT, ExportInfo, spec_fields
+from packed_transformers.door.exported_folder import EXPORT_FORMAT, ExportInfo, is_exported, spec_fields
 from packed_transformers.inference.onnx_session import RUNTIME, onnxruntime_problem
 
 FP32_MIN_COSINE = 0.99999  # the exported float32 graph against torch, per text
@@ -158,6 +158,9 @@ def export(args) -> dict:
 def main(argv=None) -> int:
     args = export_parser(__doc__).parse_args(argv)
     wrong = onnxruntime_problem("cpu", args.dtype)
+    if not wrong and is_exported(args.model):  # its graph is made: there is no model to export again
+        wrong = (f"--model {args.model}: is an exported folder ({EXPORTED}); export the model folder it was "
+                 "made from (its packed_export.json names it under source.folder)")  # fmt: skip
     wrong = wrong or output_over_inputs(args.output, [], [args.model])
     if not wrong and Path(args.output).resolve() == Path(args.model).resolve():
         wrong = f"--output {args.output}: is the model folder; give a new folder"

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     )
     exported = is_exported(args.model)
     if exported:  # its graph decides runtime and dtype: torch is never imported
-        wrong = wrong or settle_exported_arguments(args, sys.argv[1:] if argv is None else argv)
+        wrong = wrong or settle_exported_arguments(args, sys.argv[1:] if argv is None else argv, "predict")
     else:
         from packed_transformers.model.hf_checkpoint import quiet_transformers
 

@@ -165,15 +165,35 @@ SETTLED_OPTIONS = ("--pooling", "--normalize", "--no-normalize", "--max-length",
                    "--ray")  # fmt: skip
 
 
-def exported_arguments_problem(args, argv: list[str]) -> str | None:
-    """The one line refusing what a command was asked that an exported folder cannot do (a
-    device, runtime or dtype its graph was not made for; options its export settled), or
-    None. Given options only: the parser's defaults mean "as the folder says"."""
+# the command that runs a graph of each output kind (a command given the other kind refuses it)
+COMMAND_OF_OUTPUT = {"embeddings": "embed", "logits": "predict"}
+
+
+def wrong_command_problem(info: ExportInfo, model, command: str | None) -> str | None:
+    """The one line refusing `command` (embed | predict; None: either) on an exported folder
+    whose graph gives the other kind of output, or None."""
+    if command is None or any(COMMAND_OF_OUTPUT.get(output) == command for output in info.outputs):
+        return None
+    runs = sorted({COMMAND_OF_OUTPUT[o] for o in info.outputs if o in COMMAND_OF_OUTPUT})
+    what = "an embedding model" if "embeddings" in info.outputs else "a classifier"
+    return (f"--model {model} is an exported folder of {what} (its graph gives {', '.join(info.outputs)}): "
+            f"`packed {' or '.join(runs)}` runs it; `packed {command}` needs "
+            f"{'a classifier' if command == 'predict' else 'an embedding model'}")  # fmt: skip
+
+
+def exported_arguments_problem(args, argv: list[str], command: str | None = None) -> str | None:
+    """The one line refusing what a command was asked that an exported folder cannot do (the
+    other command's kind of graph; a device, runtime or dtype its graph was not made for;
+    options its export settled), or None. Given options only: the parser's defaults mean "as
+    the folder says"."""
     given = {word.split("=")[0] for word in argv if word.startswith("--")}
     try:
         info = read_export(args.model)
     except ExampleError as err:
         return str(err)
+    wrong = wrong_command_problem(info, args.model, command)
+    if wrong:
+        return wrong
     settled = [name for name in SETTLED_OPTIONS if name in given]
     if settled:
         return (f"--model {args.model} is an exported folder: {settled[0]} was settled when it was exported "
@@ -184,10 +204,11 @@ def exported_arguments_problem(args, argv: list[str]) -> str | None:
     )  # fmt: skip
 
 
-def settle_exported_arguments(args, argv: list[str]) -> str | None:
+def settle_exported_arguments(args, argv: list[str], command: str | None = None) -> str | None:
     """A command's arguments for an exported folder: the one line refusing what it cannot do
-    (exported_arguments_problem), else None with args.runtime and args.dtype set to its graph's."""
-    problem = exported_arguments_problem(args, argv)
+    (exported_arguments_problem; `command`: embed or predict, None for the server, which runs
+    either), else None with args.runtime and args.dtype set to its graph's."""
+    problem = exported_arguments_problem(args, argv, command)
     if problem is None:
         info = read_export(args.model)
         args.runtime, args.dtype = info.runtime, info.dtype

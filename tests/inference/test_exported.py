@@ -116,6 +116,32 @@ def test_a_damaged_export_is_one_line(exported, tmp_path, capsys):
     assert "format 99; this version reads format 1" in capsys.readouterr().err
 
 
+def test_an_exported_folder_given_to_the_other_command_is_one_line(exported, trained, tmp_path, capsys):
+    """Issue 108 item 2: predict on an embedding export ended in KeyError 'logits', embed on a
+    classifier export in an AttributeError, export of an export in another: one line each,
+    exit 2, nothing written."""
+    classifier = tmp_path / "classifier"
+    assert export_command.main(["--model", str(trained / "run" / "model"), "--output", str(classifier)]) == 0
+    capsys.readouterr()
+    source = tmp_path / "texts.jsonl"
+    source.write_text(json.dumps({"text": "a text"}) + "\n")
+    cases = (
+        (predict_command, exported / "float32", tmp_path / "p.jsonl", "`packed embed` runs it"),
+        (embed_command, classifier, tmp_path / "e.npy", "`packed predict` runs it"),
+    )
+    for command, model, out, said in cases:
+        assert command.main(["--model", str(model), "--input", str(source), "--output", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1 and str(model) in err, err
+        assert list(tmp_path.glob(out.name + "*")) == [] and not out.with_suffix(".summary.json").exists()
+    again = tmp_path / "again"
+    for model in (exported / "int8", classifier):
+        assert export_command.main(["--model", str(model), "--output", str(again)]) == 2
+        err = capsys.readouterr().err
+        assert "is an exported folder" in err and err.count("\n") == 1, err
+        assert not again.exists()
+
+
 def test_a_classifier_exports_with_the_same_labels(trained, tmp_path):
     """finetune.train's classifier (WordPiece vocab.txt, labels) exported: predict on the
     folder gives torch's labels and scores."""
