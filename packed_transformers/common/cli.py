@@ -212,13 +212,29 @@ def interruptible(work, *args):
     return outcome["value"]
 
 
+STOPPED_BY: list[int] = []  # the signal sigterm_as_interrupt's handler received
+
+
+def sigterm_as_interrupt() -> None:
+    """SIGTERM ends this command as Ctrl-C does: KeyboardInterrupt raised in the main thread,
+    so every `finally` runs (an atomic folder's temporary is removed) and run_main prints its
+    one line; run_main then exits 143. This process's handler only (own_process_handler)."""
+
+    def stop(signum, frame):
+        STOPPED_BY.append(signum)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, own_process_handler(stop))
+
+
 def run_main(main, on_interrupt: str) -> int:
-    """main()'s exit code; Ctrl-C ends in one line saying what was kept (exit 130), never a
-    traceback. Outputs are written by atomic rename, so an interrupted command leaves none."""
+    """main()'s exit code; Ctrl-C ends in one line saying what was kept (exit 130; 143 for a
+    SIGTERM that sigterm_as_interrupt turned into one), never a traceback. Outputs are written
+    by atomic rename, so an interrupted command leaves none."""
     import sys
 
     try:
         return main()
     except KeyboardInterrupt:
         print(f"interrupted: {on_interrupt}", file=sys.stderr)
-        return 130
+        return 128 + (STOPPED_BY[0] if STOPPED_BY else signal.SIGINT)

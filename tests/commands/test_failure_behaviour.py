@@ -494,3 +494,32 @@ def test_verify_reports_a_shard_record_without_sha256(packed, tmp_path):
     checked = _verify(data)
     assert checked.returncode == 1 and "Traceback" not in checked.stderr, checked
     assert "part-00000.h5: sha256 differs from (or is missing in)" in checked.stdout + checked.stderr
+
+
+def test_sigterm_during_export_exits_143_in_one_line_and_leaves_nothing(tmp_path):
+    """Issue 108 item 5: SIGTERM during `packed export` ended the process by the signal's default
+    action (exit -15, no word) and left the temporary folder (87 MB for MiniLM) for good."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from packed_transformers.data.assets import model_dir
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "packed_transformers.commands.export", "--model", str(model_dir()),
+         "--output", str(tmp_path / "exported")],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while not list(tmp_path.glob(".exported.tmp-*")):  # the export is writing its folder
+        assert process.poll() is None, f"the export ended first: {process.communicate()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=240)
+    assert process.returncode == 143, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted: stopped; nothing was written"), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert list(tmp_path.iterdir()) == []
