@@ -51,7 +51,7 @@ from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
 from packed_transformers.components import replicas as parallel  # this process among the run's
-from packed_transformers.components.checkpoint import CheckpointError
+from packed_transformers.components.checkpoint import CheckpointError, remove_leftovers
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJob, run_loop
 from packed_transformers.components.run_state import EvalSchedule, RunState, skip_or_stop
@@ -61,6 +61,7 @@ from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.engines.torch_engine import StepSettings, TorchStep, step_model_of
 from packed_transformers.finetune.checkpoint import (
     FinetuneProgress,
+    checkpoints_folder,
     load_checkpoint,
     save_checkpoint,
     zero_sums,
@@ -286,6 +287,9 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
         log.setLevel(logging.WARNING)  # rank 0 tells the run; the others say what goes wrong
     if overwrite and not resume and replicas.writes:
         clear_run(output)
+    if replicas.writes:  # what a crash mid-write (kill -9) left; BERT's and the decoder's runs do the same
+        for leftover in remove_leftovers(checkpoints_folder(output)):
+            log.warning("removed %s, a checkpoint a crash left half-written", leftover)
     replicas.barrier()
     progress = check_output(output, resume)
     changed = resume_differences(config, progress)

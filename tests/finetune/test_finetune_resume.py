@@ -202,3 +202,24 @@ def test_resume_takes_a_new_time_budget(tmp_path, checkpoint):  # noqa: F811
     a, b = weights(tmp_path / "straight"), weights(tmp_path / "run")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert resumed["train_steps"] == straight["train_steps"]
+
+
+def test_resume_removes_a_checkpoint_a_kill_left_half_written(tmp_path, checkpoint, caplog):  # noqa: F811
+    """Issue 108 item 5: kill -9 during a checkpoint write left checkpoints/.step-N.tmp-PID-*
+    (147 MB for MiniLM) for good: fine-tuning never called remove_leftovers, as BERT's and the
+    decoder's runs do. A resume removes it, says so, and ends on the uninterrupted weights."""
+    path = write_config(tmp_path, checkpoint, training={"epochs": 1, "progress": False})
+    config = load_finetune_config(str(path), [])
+    straight = finetune.run_finetune(config, tmp_path / "straight")
+    with pytest.raises(finetune.Interrupted):
+        finetune.run_finetune(config, tmp_path / "stopped", stop=StopAfter(3))
+    half = tmp_path / "stopped" / "checkpoints" / ".step-00000002.tmp-999999999-abcd1234"
+    (half / "model").mkdir(parents=True)
+    (half / "model" / "model.safetensors").write_bytes(b"half-written")
+    with caplog.at_level("WARNING", logger="finetune"):
+        resumed = finetune.run_finetune(config, tmp_path / "stopped", resume=True)
+    assert not half.exists()
+    assert any("half-written" in r.getMessage() and str(half) in r.getMessage() for r in caplog.records)
+    for name, tensor in weights(tmp_path / "straight").items():
+        assert torch.equal(tensor, weights(tmp_path / "stopped")[name]), name
+    assert resumed["validation_accuracy"] == straight["validation_accuracy"]
