@@ -373,8 +373,10 @@ class FolderInUse(RuntimeError):
 def lock_folder(folder, what: str):
     """Take the exclusive lock of `folder` for this process's lifetime (released by the OS
     when the process ends, even on kill -9). The lock file sits beside the folder
-    (`.NAME.lock`), so the folder itself holds only what the job writes. Returns the open
-    lock file (keep a reference); FolderInUse if another process holds it."""
+    (`.NAME.lock`), so the folder itself holds only what the job writes, and is removed when
+    the process exits (while still held: a process that opened it in that instant finds it
+    gone after its lock and takes a new one; after kill -9 an empty one stays and is taken
+    again). Returns the open lock file (keep a reference); FolderInUse if another process holds it."""
     import fcntl
 
     # The resolved folder: runs/A -> runs/B and runs/B are one folder with one lock.
@@ -383,14 +385,42 @@ def lock_folder(folder, what: str):
     path = folder.parent / f".{folder.name}.lock"
     if str(path) in _HELD:  # this process holds it already (a job run twice in one process)
         return _HELD[str(path)]
-    handle = open(path, "a+")  # noqa: SIM115 - held open on purpose
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise FolderInUse(f"{folder} is in use by another {what} (lock {path}); wait for it to end") from None
+    while True:
+        handle = open(path, "a+")  # noqa: SIM115 - held open on purpose
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise FolderInUse(
+                f"{folder} is in use by another {what} (lock {path}); wait for it to end"
+            ) from None
+        if _same_file(handle, path):
+            break
+        handle.close()  # its holder removed it as we opened it: take the new one
+    if not _HELD:
+        import atexit
+
+        atexit.register(_remove_held_locks)
     _HELD[str(path)] = handle
     return handle
+
+
+def _same_file(handle, path: Path) -> bool:
+    """Whether `path` still names the file `handle` has open."""
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except OSError:
+        return False
+
+
+def _remove_held_locks() -> None:
+    """At exit: each lock file this process holds, removed while held, then closed."""
+    for path, handle in list(_HELD.items()):
+        if _same_file(handle, Path(path)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        handle.close()
+        del _HELD[path]
 
 
 _HELD: dict = {}  # lock file path -> open file, for this process's lifetime
