@@ -129,7 +129,19 @@ def run(argv: list[str] | None = None) -> int:
     except SystemExit as done:  # the job's own exit code
         code = done.code
         return code if isinstance(code, int) else (0 if code is None else 1)
+    except ModuleNotFoundError as err:  # a job the light install cannot run (it has no torch, transformers)
+        from packed_transformers.common.preflight import missing_packages
+
+        missing = missing_packages() if err.name in FULL_INSTALL_ONLY else None
+        if missing is None:
+            raise
+        print(f"error: packed {name}: {missing}", file=sys.stderr)
+        return 2
     return 0
+
+
+# what the light install (requirements-runtime.txt) leaves out that a job may import
+FULL_INSTALL_ONLY = ("torch", "transformers")
 
 
 if __name__ == "__main__":

@@ -77,8 +77,9 @@ def missing_packages(names=("torch", "transformers")) -> str | None:
             "with the light install: pip install -r requirements-runtime.txt"
         )
     return (
-        f"{', '.join(missing)} not installed in this Python ({sys.executable}): run `make install` in the "
-        "project folder, then use .venv/bin/python (or `source .venv/bin/activate`)"
+        f"{', '.join(missing)} not installed in this Python ({sys.executable}): this command needs the full "
+        "install (pip install packed-transformers with its dependencies; in a clone: make install, then "
+        ".venv/bin/python)"
     )
 
 

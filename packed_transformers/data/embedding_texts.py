@@ -67,7 +67,7 @@ def pairs_of(articles: list[dict]) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    from packed_transformers.data.assets import corpus_glob
+    from packed_transformers.data.assets import MissingAsset, corpus_glob
 
     parser = command_parser("python -m packed_transformers.data.embedding_texts", __doc__)
     parser.add_argument("--output", required=True, type=Path)
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(args.output) as tmp, tmp.open("w") as f:
             f.writelines(json.dumps(record) + "\n" for record in records)
-    except (ExampleError, OSError) as err:
+    except (ExampleError, OSError, MissingAsset) as err:  # MissingAsset: no corpus (the light install)
         return refuse(err)
     print(f"{len(records)} {'pairs' if args.kind == 'pairs' else 'texts'} -> {args.output}", file=sys.stderr)
     return 0

@@ -104,8 +104,9 @@ def test_a_python_without_the_projects_packages_is_told_what_to_run(tmp_path):
                            "--output", "o"], cwd=REPO, capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"error: torch, transformers not installed in this Python ({bare / 'bin' / 'python'}): run `make install` "
-        "in the project folder, then use .venv/bin/python (or `source .venv/bin/activate`)"
+        f"error: torch, transformers not installed in this Python ({bare / 'bin' / 'python'}): this command needs "
+        "the full install (pip install packed-transformers with its dependencies; in a clone: make install, then "
+        ".venv/bin/python)"
     ]
 
 

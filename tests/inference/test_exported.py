@@ -225,6 +225,27 @@ def test_the_light_install_runs_an_exported_folder(exported, tmp_path):
     )
 
 
+@pytest.mark.parametrize("command", ["pretrain", "embedding-texts", "serve"])
+def test_the_light_install_answers_a_job_it_cannot_run_in_one_line(command, exported, tmp_path):
+    """Issue 108 item 6: in the light install `packed pretrain` ended in ModuleNotFoundError
+    (transformers), `packed embedding-texts` in MissingAsset after 24 lines, `packed serve` on an
+    exported folder in the same ModuleNotFoundError: one line each, exit 2, nothing written, and
+    advice a pip user can follow (not `make install` in a project folder they lack)."""
+    if not LIGHT_PYTHON.exists():
+        pytest.skip("no .venv-light (make install-light)")
+    argv = {
+        "pretrain": ["--config", str(REPO / "configs" / "demo.yaml"), "--output-dir", str(tmp_path / "run")],
+        "embedding-texts": ["--output", str(tmp_path / "texts.jsonl")],
+        "serve": ["--model", str(exported / "float32"), "--port", "18777"],
+    }[command]
+    done = subprocess.run([str(LIGHT_PYTHON.parent / "packed"), command, *argv], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
+    assert "pip install" in lines[0] and "project folder" not in lines[0], lines[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_server_runs_onnxruntime_and_exported_folders_as_torch(checkpoint, exported):
     """The server's engine through ONNX Runtime (`packed serve --runtime onnxruntime`) and on an
     exported folder gives torch's vectors for the same texts and table."""
