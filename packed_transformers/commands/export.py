@@ -35,10 +35,12 @@ from packed_transformers.commands.parsers import export_parser
 from packed_transformers.common.choices import EXPORTED, GRAPH_TASKS
 from packed_transformers.common.cli import refuse
 from packed_transformers.common.files import (
+    FolderInUse,
     atomic_folder,
     describe_os_error,
+    lock_folder,
     model_fingerprint,
-    output_over_inputs,
+    output_folder_mistake,
 )
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.door.exported_folder import EXPORT_FORMAT, ExportInfo, is_exported, spec_fields
@@ -161,11 +163,17 @@ def main(argv=None) -> int:
     if not wrong and is_exported(args.model):  # its graph is made: there is no model to export again
         wrong = (f"--model {args.model}: is an exported folder ({EXPORTED}); export the model folder it was "
                  "made from (its packed_export.json names it under source.folder)")  # fmt: skip
-    wrong = wrong or output_over_inputs(args.output, [], [args.model])
     if not wrong and Path(args.output).resolve() == Path(args.model).resolve():
         wrong = f"--output {args.output}: is the model folder; give a new folder"
+    # a folder output: an earlier export (its packed_export.json) is replaced, nothing else is
+    wrong = wrong or output_folder_mistake(Path(args.output), [Path(args.model)], EXPORTED)
     if not wrong and Path(args.output).exists() and not args.overwrite:
         wrong = f"--output {args.output}: exists; give --overwrite to replace it, or another path"
+    if not wrong:
+        try:  # two exports into one folder: the second is refused, not both renamed in
+            lock_folder(args.output, "packed export writing this folder")
+        except FolderInUse as err:
+            wrong = str(err)
     if wrong:
         return refuse(wrong)
     from packed_transformers.model.hf_checkpoint import quiet_transformers

@@ -7,6 +7,7 @@ sys.modules in a fresh process)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -140,6 +141,37 @@ def test_an_exported_folder_given_to_the_other_command_is_one_line(exported, tra
         err = capsys.readouterr().err
         assert "is an exported folder" in err and err.count("\n") == 1, err
         assert not again.exists()
+
+
+def test_export_replaces_an_earlier_export_with_overwrite_and_nothing_else(checkpoint, tmp_path, capsys):
+    """Issue 108 item 4: `--overwrite` over an earlier export said "is a directory; give the
+    output file's path"; it replaces it now. A folder holding other files is refused, and a
+    second export into a folder another export is writing is refused (its lock), not renamed in
+    over the first."""
+    from packed_transformers.common.files import lock_folder
+
+    out = tmp_path / "out"
+    argv = ["--model", str(checkpoint), "--output", str(out), "--pooling", "mean"]
+    assert export_command.main(argv) == 0
+    first = (out / "packed_export.json").read_text()
+    assert export_command.main(argv) == 2 and "give --overwrite" in capsys.readouterr().err
+    assert export_command.main([*argv, "--pooling", "cls", "--overwrite"]) == 0
+    replaced = (out / "packed_export.json").read_text()
+    assert replaced != first and '"cls"' in replaced
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert export_command.main(["--model", str(checkpoint), "--output", str(other), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holding other files" in err and err.count("\n") == 1
+    assert sorted(os.listdir(other)) == ["notes.txt"]
+    busy = tmp_path / "busy"
+    lock_folder(busy, "test holding the lock")  # as another export writing it would
+    done = subprocess.run([sys.executable, "-m", "packed_transformers.commands.export", "--model", str(checkpoint),
+                           "--output", str(busy)], cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2 and "is in use by another packed export" in done.stderr, done.stderr[-2000:]
+    assert not busy.exists()
 
 
 def test_a_classifier_exports_with_the_same_labels(trained, tmp_path):
