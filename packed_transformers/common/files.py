@@ -234,6 +234,8 @@ def output_over_inputs(output, inputs=(), folders=()) -> str | None:
     (a directory, device, FIFO, socket) is refused too: the output is a file, written by
     rename (output_file). An output folder has its own rule: output_folder_mistake.
     """
+    if str(output) == "-":  # a shell's "standard output": here it would be a file named "-"
+        return "- (standard output) is not an output here: give the output file's path"
     target = Path(output).resolve()
     if target.is_dir():
         return f"{output} is a directory; give the output file's path"

@@ -103,6 +103,22 @@ def test_commands_refuse_a_device_or_fifo_output_in_one_line(tmp_path, command):
     assert fifo.is_fifo()
 
 
+@pytest.mark.parametrize("command", ["predict", "embed"])
+def test_an_output_of_dash_is_refused_not_written_as_a_file_named_dash(command, hub_classifier, tmp_path,
+                                                                      monkeypatch, capsys):  # fmt: skip
+    """Issue 108 item 8: `--output -` (a shell's standard output) wrote a file named `-`."""
+    import importlib
+
+    main = importlib.import_module(f"packed_transformers.commands.{command}").main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"text": "some words here"}\n')
+    assert main(["--model", str(hub_classifier), "--input", "in.jsonl", "--output", "-"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "standard output" in err, err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+    assert "standard output" in output_over_inputs("-") and output_over_inputs("./-") is None
+
+
 def test_an_output_never_resolves_to_an_input_or_into_a_folder_read(tmp_path):
     """#3: the shared check, symlinks followed."""
     source = tmp_path / "corpus.txt"
