@@ -208,6 +208,20 @@ def _execute_child(self, args, executable, preexec_fn, close_fds, pass_fds, cwd,
     )  # fmt: skip
 
 
+def ignored_signals() -> list[int]:
+    """The signals this process ignores (SIG_IGN): exec keeps them ignored in a child."""
+    import signal
+
+    found = []
+    for number in range(1, signal.NSIG):
+        try:
+            if signal.getsignal(number) is signal.SIG_IGN:
+                found.append(number)
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def command_request(plan, cwd, env, pass_fds, p2cread, c2pwrite, errwrite, start_new_session, process_group):
     """What the server (or a local fork) needs to become the command, and the descriptors
     [stdin, stdout, stderr, *pass_fds] it gets (this process's own 0, 1, 2 where not redirected)."""
@@ -216,6 +230,9 @@ def command_request(plan, cwd, env, pass_fds, p2cread, c2pwrite, errwrite, start
         "argv": argv, "unbuffered": unbuffered, "cwd": os.fspath(cwd) if cwd is not None else os.getcwd(),
         "env": dict(os.environ if env is None else env), "new_session": bool(start_new_session),
         "process_group": process_group, "pass_fds": [int(fd) for fd in pass_fds],
+        # what a cold child inherits through exec: the signals this process ignores (a run started
+        # in the background by a shell without job control ignores SIGINT and SIGQUIT)
+        "ignored_signals": ignored_signals(),
     }  # fmt: skip
     std = [
         p2cread if p2cread != -1 else 0,

@@ -206,12 +206,14 @@ def place_descriptors(fds: list[int], pass_fds: list[int]) -> None:
 
 def reset_interpreter(request: dict) -> None:
     env = request["env"]
+    ignored = set(request.get("ignored_signals", ()))  # what exec would have kept ignored
     for number in range(1, signal.NSIG):
         try:
-            signal.signal(number, signal.SIG_DFL)
+            signal.signal(number, signal.SIG_IGN if number in ignored else signal.SIG_DFL)
         except (OSError, ValueError):  # SIGKILL, SIGSTOP and the real-time range
             continue
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.SIGINT not in ignored:  # CPython's start-up leaves an inherited SIG_IGN alone
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as CPython's start-up sets them
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     unbuffered = request["unbuffered"] or bool(env.get("PYTHONUNBUFFERED"))
