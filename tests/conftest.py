@@ -60,7 +60,14 @@ RUN_CACHE_ROOT = "PACKED_TESTS_RUN_CACHES"
 def pytest_configure(config):
     """The warm launcher (tests/warm_launch.py) in each process that runs tests; the controller
     (or the run without workers) names the folder where each one leaves its launch counts, and
-    the run's caches (RUN_CACHES)."""
+    the run's caches (RUN_CACHES). SIGINT is handled as in a terminal's foreground run: a run
+    started in the background by a shell without job control inherits SIGINT ignored, and every
+    command a test starts would inherit that too (exec keeps an ignored signal), so the tests
+    that stop a command with SIGINT (Ctrl-C) would see it run on."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if not hasattr(config, "workerinput"):
         import tempfile
 

@@ -78,16 +78,6 @@ def test_a_warm_command_ends_as_a_cold_one_does(action, code):
     assert warm.stdout.count("\n") == cold.stdout.count("\n") == 1
 
 
-@pytest.fixture
-def sigint_as_in_a_terminal():
-    """SIGINT handled as in a terminal's foreground run, for this test: a run started in the
-    background by a shell without job control ignores SIGINT, and its children (cold or warm)
-    then ignore it too and do not die of it."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, previous)
-
-
 def test_an_ignored_signal_is_ignored_in_a_warm_command_as_in_a_cold_one(tmp_path):
     """What exec keeps: a signal the launching process ignores stays ignored in its child (a
     background run's SIGINT), and CPython then leaves SIGINT alone; the warm child gets the same."""
@@ -102,7 +92,6 @@ def test_an_ignored_signal_is_ignored_in_a_warm_command_as_in_a_cold_one(tmp_pat
     ]
 
 
-@pytest.mark.usefixtures("sigint_as_in_a_terminal")
 @pytest.mark.parametrize("sent, code", [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, -signal.SIGINT)])
 def test_a_warm_command_dies_of_a_signal_as_a_cold_one_does(sent, code):
     for way, env in (("warm", os.environ), ("cold", dict(os.environ, PACKED_TESTS_COLD="1"))):
