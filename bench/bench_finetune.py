@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from packed_transformers.components.batches import collate  # noqa: E402
+from packed_transformers.data.assets import model_label  # noqa: E402
 from packed_transformers.engines.torch_engine import StepSettings, TorchStep  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 from packed_transformers.finetune.jobs import build_classifier, prepare_task  # noqa: E402
@@ -88,7 +89,7 @@ def main() -> None:
     model = build_classifier(config, task).model  # the door's LoadedModel carries the packed classifier
     print(
         f"# BBC News, {len(task.train)} train / {len(task.validation)} validation examples, "
-        f"MiniLM-L6 (H=384), padded width {config['data']['max_sequence_length']}, "
+        f"{model_label()}, padded width {config['data']['max_sequence_length']}, "
         f"pack length {config['batching']['pack_length'] or config['data']['max_sequence_length']}, "
         f"K={config['batching']['max_sequences_per_pack']} ({config['batching']['algorithm']}), "
         f"batch {config['batching']['batch_size']} examples, torch threads {torch.get_num_threads()}"

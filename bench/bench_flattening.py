@@ -31,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from packed_transformers.data.assets import model_dir  # noqa: E402
+from packed_transformers.data.assets import model_dir, model_label  # noqa: E402
 from packed_transformers.finetune.config import load_finetune_config  # noqa: E402
 from packed_transformers.finetune.train import prepare_task  # noqa: E402
 from packed_transformers.model.hf_checkpoint import quiet_transformers  # noqa: E402
@@ -113,7 +113,7 @@ def main() -> int:
 
     cls_moves = np.array(cls_moves)
     returned = sum(r for r, _ in logit_rows)
-    print(f"# {n} BBC validation examples, {args.batch} per flattened row, MiniLM-L6, SDPA, CPU\n")
+    print(f"# {n} BBC validation examples, {args.batch} per flattened row, {model_label()}, SDPA, CPU\n")
     print("| what | measured |")
     print("|---|---|")
     print(f"| DataCollatorWithFlattening, integer class labels | {labels_result} |")

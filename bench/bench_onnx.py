@@ -80,7 +80,7 @@ def export_onnx(folder: Path, path: Path) -> None:
 
 
 def onnx_runtime(path: Path, threads: int):
-    """feeds -> last hidden states [B, T, 384], through an ONNX Runtime session (fp32)."""
+    """feeds -> last hidden states [B, T, H], through an ONNX Runtime session (fp32)."""
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
@@ -158,13 +158,14 @@ class SortedBatchEncoder:
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
         order = np.argsort([-len(t) for t in texts], kind="stable")  # sentence-transformers: longest first
-        out = np.empty((len(texts), 384), dtype=np.float32)
+        out = None  # [texts, hidden]: the model's width, known at the first batch
         for first in range(0, len(texts), batch_size):
             chosen = order[first : first + batch_size]
             feeds = self.tokenize([texts[i] for i in chosen])
             hidden = self.run(feeds)
             mask = feeds["attention_mask"][..., None].astype(np.float32)
             pooled = (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+            out = np.empty((len(texts), pooled.shape[1]), dtype=np.float32) if out is None else out
             out[chosen] = pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
         return out
 

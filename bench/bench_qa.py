@@ -169,7 +169,7 @@ def main() -> None:
     factor = Batcher(windows.lengths, batching_spec(with_mode(config, "packed"), 32), 0).packing_factor
     print(
         f"# {len(windows)} windows from SQuAD-384's histogram (mean {windows.lengths.mean():.0f} tokens), "
-        f"MiniLM-L6 QA, backend {config['model']['attention_backend']}, packing factor {factor:.2f} "
+        f"{assets.model_label()} QA, backend {config['model']['attention_backend']}, packing factor {factor:.2f} "
         f"(lp, K={config['batching']['max_sequences_per_pack']}), torch threads {torch.get_num_threads()}"
     )
     results = {row: {"train": [], "infer": []} for row in args.rows}

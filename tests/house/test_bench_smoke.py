@@ -6,11 +6,15 @@ stopped `make bench` at its line and every bench after it never ran (issue 96, i
 `SMOKES` holds, for each bench line of the Makefile's `bench` target, the same script with
 arguments that make it seconds long; the first test holds the table to the Makefile, the
 second runs each smoke in its own process and asserts it completes and prints its figures.
-Sizes are tiny, so the figures mean nothing; only that the bench still runs end to end.
+Sizes are tiny, so the figures mean nothing; only that the bench still runs end to end. Each
+smoke runs on `small_minilm` (PACKED_ASSET_MODEL, data/assets.py): the MiniLM asset's layout at 2
+layers of width 64, so a bench's every line runs in seconds (bench_int8's smoke: 49 s on MiniLM,
+13 s on it, 2026-12-04, AMX Xeon).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -123,13 +127,23 @@ def demo(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="session")
+def small_minilm(tmp_path_factory):
+    """conftest.small_minilm_folder: the model every smoke runs on in place of MiniLM."""
+    from ..conftest import shared, small_minilm_folder
+
+    yield from shared(small_minilm_folder(tmp_path_factory.mktemp("small-minilm") / "model"))
+
+
 def run_smoke(line: str, tmp_path, request) -> None:
-    """The smoke of `line`, its shared folders ({demo}, {trained}) built on first use."""
+    """The smoke of `line` on `small_minilm`, its shared folders ({demo}, {trained}) built on first use."""
     wanted = " ".join(SMOKES[line])
     shared = {name: request.getfixturevalue(name) if "{" + name + "}" in wanted else None
               for name in ("demo", "trained")}  # fmt: skip
     arguments = [a.format(tmp=tmp_path, **shared) for a in SMOKES[line]]
-    done = subprocess.run([sys.executable, *arguments], cwd=REPO, capture_output=True, text=True, timeout=900)
+    env = dict(os.environ, PACKED_ASSET_MODEL=str(request.getfixturevalue("small_minilm")))
+    done = subprocess.run([sys.executable, *arguments], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
     assert done.returncode == 0, f"{' '.join(arguments)} exited {done.returncode}:\n{done.stderr[-3000:]}"
     assert re.search(r"\d", done.stdout), f"{' '.join(arguments)} printed no figure:\n{done.stdout[-2000:]}"
 

@@ -23,7 +23,7 @@ from ..fixture_tokenizers import FOLDER
 BUILD_ALL = r"""
 import json, sys
 from pathlib import Path
-from tests.conftest import folder_digest, sft_start_folder, tiny_bert_checkpoint
+from tests.conftest import folder_digest, sft_start_folder, small_minilm_folder, tiny_bert_checkpoint
 from tests.family_helpers import FAMILIES, save_family_folder
 from tests.folder_helpers import tiny_hub_classifier
 from tests.fixture_tokenizers import bert_vocabulary
@@ -33,6 +33,7 @@ root = Path(sys.argv[1])
 built = {f"family-{name}": save_family_folder(root / name, name, "classification") for name in FAMILIES}
 built["checkpoint"] = tiny_bert_checkpoint(root / "checkpoint")
 built["sft-start"] = sft_start_folder(root / "sft-start")
+built["small-minilm"] = small_minilm_folder(root / "small-minilm")
 built["hub-classifier"] = tiny_hub_classifier(root / "hub")
 cased = BertTokenizerFast(vocab=bert_vocabulary("wordpiece-cased-1200.txt"), do_lower_case=False)
 cased.save_pretrained(root / "cased")
