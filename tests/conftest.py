@@ -299,6 +299,13 @@ def trained(tmp_path_factory, checkpoint):
 
 
 @pytest.fixture(scope="session")
+def small_minilm(tmp_path_factory):
+    """small_minilm_folder: what the bench smokes and the README's recipes at tiny scale run on in
+    place of MiniLM (PACKED_ASSET_MODEL)."""
+    yield from shared(small_minilm_folder(tmp_path_factory.mktemp("small-minilm") / "model"))
+
+
+@pytest.fixture(scope="session")
 def start_folder(tmp_path_factory):
     """sft_start_folder: what SFT starts from."""
     yield from shared(sft_start_folder(tmp_path_factory.mktemp("sft") / "start"))

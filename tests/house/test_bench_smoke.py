@@ -127,14 +127,6 @@ def demo(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="session")
-def small_minilm(tmp_path_factory):
-    """conftest.small_minilm_folder: the model every smoke runs on in place of MiniLM."""
-    from ..conftest import shared, small_minilm_folder
-
-    yield from shared(small_minilm_folder(tmp_path_factory.mktemp("small-minilm") / "model"))
-
-
 def run_smoke(line: str, tmp_path, request) -> None:
     """The smoke of `line` on `small_minilm`, its shared folders ({demo}, {trained}) built on first use."""
     wanted = " ".join(SMOKES[line])

@@ -4,7 +4,9 @@ Every ```bash block preceded by `<!-- readme-test: NAME -->` is run command by c
 (continuation lines joined, comments dropped) in a scratch folder that holds the
 repository's configs/, examples/, packed_transformers/ and run_pretraining.py, with .venv's python and
 `packed` first on PATH, as a user who followed "Install" would. The only changes are scale: fewer
-passes over the text, a few training steps, one fine-tuning epoch (TINY below). The
+passes over the text, a few training steps, one fine-tuning epoch (TINY below), and the
+MiniLM asset's layout at 2 layers of width 64 in its place (conftest.small_minilm through
+PACKED_ASSET_MODEL, which `packed assets model` and `asset:model` follow). The
 user's own text ("my_text/*.txt") is BBC News written in the documented input format.
 """
 
@@ -112,11 +114,13 @@ def test_groups_cover_every_recipe():
     assert sorted(r for group in GROUPS.values() for r in group) == sorted(TESTED)
 
 
-def run_recipes(tmp_path, names) -> None:
+def run_recipes(tmp_path, names, small_model: Path | None) -> None:
     for name in ("configs", "examples", "packed_transformers", "run_pretraining.py"):
         (tmp_path / name).symlink_to(REPO / name)
     write_my_text(tmp_path / "my_text")
     env = dict(os.environ, PYTHONPATH=str(REPO), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    if not AS_WRITTEN:
+        env["PACKED_ASSET_MODEL"] = str(small_model)
     blocks = readme_blocks()
     for name in names:
         load_at_start = os.getloadavg()[0]  # the load each stated time ran at, recorded with it
@@ -158,8 +162,9 @@ def record_time(recipe: str, seconds: float, load_at_start: float) -> None:
 
 
 @pytest.mark.parametrize("group", sorted(GROUPS))
-def test_readme_recipes_run_as_written(tmp_path, group):
-    run_recipes(tmp_path, GROUPS[group])
+def test_readme_recipes_run_as_written(tmp_path, group, request):
+    small_model = None if AS_WRITTEN else request.getfixturevalue("small_minilm")
+    run_recipes(tmp_path, GROUPS[group], small_model)
     # What the recipes promise to leave behind.
     if group == "pretraining":
         assert (tmp_path / "runs/own_text/metrics.jsonl").is_file()
@@ -188,8 +193,9 @@ def test_readme_recipes_run_as_written(tmp_path, group):
         import numpy as np
 
         lines = len((tmp_path / "work/texts.jsonl").read_text().splitlines())
-        assert np.load(tmp_path / "work/embeddings.npy").shape == (lines, 384)
-        assert np.load(tmp_path / "work/embeddings-int8.npy").shape == (lines, 384)
+        width = 384 if AS_WRITTEN else json.loads((small_model / "config.json").read_text())["hidden_size"]
+        assert np.load(tmp_path / "work/embeddings.npy").shape == (lines, width)
+        assert np.load(tmp_path / "work/embeddings-int8.npy").shape == (lines, width)
         summary = json.loads((tmp_path / "runs/my_embedder/summary.json").read_text())
         assert summary["task"] == "embedding" and (tmp_path / "runs/my_embedder/model/modules.json").is_file()
         assert lines == (5000 if AS_WRITTEN else 64)
