@@ -69,7 +69,7 @@ from packed_transformers.door.exported_folder import is_exported, settle_exporte
 from packed_transformers.door.opener import ForEmbedding, open_folder
 from packed_transformers.inference.embedding import iter_encode
 from packed_transformers.inference.options import InferenceOptions
-from packed_transformers.inference.runner import runtime_problem
+from packed_transformers.inference.runner import runner_of, runtime_problem
 from packed_transformers.inference.runtime_choice import resolved_runtime
 
 
@@ -178,6 +178,10 @@ def write_embeddings(args, encoder, options: InferenceOptions, n: int) -> float:
     again continues after its rows. -> seconds spent."""
     from tqdm import tqdm
 
+    if is_exported(
+        args.model
+    ):  # its graph opened and checked (graph_runner) before anything is written or shown
+        runner_of(encoder, options.device, options.dtype, options.compile, options.runtime)
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
               "shape": (n, encoder.dimension)}  # fmt: skip
     buffer = io.BytesIO()

@@ -112,6 +112,7 @@ def export(args) -> dict:
     """Write the export folder; -> the summary."""
     import torch
 
+    from packed_transformers.door.export_checks import recorded_files
     from packed_transformers.door.opener import AsTheFolderSays, ForEmbedding, open_folder
     from packed_transformers.inference.onnx_graphs import GRAPH_FILE, export_graph
     from packed_transformers.packs.rows import pack_rows
@@ -150,6 +151,8 @@ def export(args) -> dict:
             spec=spec_fields(loaded.spec),
             source={"folder": str(Path(args.model).resolve()), "fingerprint": model_fingerprint(args.model),
                     "torch": torch.__version__},
+            # each file's size and sha256: a copy cut short or a swapped file is refused at load
+            files=recorded_files(folder, [GRAPH_FILE, "tokenizer.json", *(["vocab.txt"] * (loaded.vocab is not None))]),
         )  # fmt: skip
         (folder / EXPORTED).write_text(json.dumps(info.to_json(), indent=1) + "\n", encoding="utf-8")
     size = sum(p.stat().st_size for p in Path(args.output).iterdir())

@@ -9,6 +9,11 @@ the tokenizer and what the read-out needs, into the LoadedModel every command ru
     info = read_export(folder)              # ExampleError (one line) for anything else
     loaded = load_exported(folder)          # LoadedModel; loaded.model is an ExportedGraph
 
+Both check the folder as untrusted input first (door.export_checks: every key's type and range,
+the graph confined to the folder, each file a plain file of its recorded size; load_exported
+also its recorded sha256 and the tokenizer parsed; inference.graph_runner.opened_graph the
+graph as ONNX Runtime loads it).
+
 Everything the torch door decides once when it opens a folder (the task, labels, the length
 limit, pooling, normalisation, prompts, lower-casing, token types) was decided by it when the
 folder was exported, and is read back here as it was: the exported process cuts, packs and
@@ -19,12 +24,11 @@ is run (inference.onnx_session); never torch or transformers (tests assert it on
 
 from __future__ import annotations
 
-import json
 import types
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from packed_transformers.common.choices import EXPORTED, GRAPH_TASKS
+from packed_transformers.common.choices import EXPORTED
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.door.folder_spec import EmbeddingSpec, FolderSpec, TextFields
 from packed_transformers.door.loaded import LoadedModel
@@ -41,7 +45,9 @@ class ExportInfo:
     dimension: D (embedding) or C (classification); hidden_size: the model's H (the packing's
     cost model reads it); parameters: the model's count (the server's cold speed estimate); max_input_length: tokens per text, specials included; token_types:
     whether the tokenizer's token types reach the model; spec: the source FolderSpec's fields
-    (path left out); source: the folder exported and its fingerprint (common.files)."""
+    (path left out); source: the folder exported and its fingerprint (common.files); files:
+    {name: {bytes, sha256}} of the graph, tokenizer.json and vocab.txt as exported ({} in a
+    folder exported before they were recorded: checked by its keys alone)."""
 
     format: int
     runtime: str
@@ -55,6 +61,7 @@ class ExportInfo:
     token_types: bool
     spec: dict
     source: dict
+    files: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -96,52 +103,54 @@ def spec_of(folder: Path, fields: dict) -> FolderSpec:
 
 
 def read_export(folder) -> ExportInfo:
-    """packed_export.json of `folder`, checked; ExampleError naming the file and key."""
+    """packed_export.json of `folder`, checked with the files it names (door.export_checks, sizes
+    but not digests); ExampleError naming the file and key."""
+    from packed_transformers.door.export_checks import check_export_fields, check_file_sizes, read_export_json
+
     folder = Path(folder)
     path = folder / EXPORTED
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
-        raise ExampleError(f"{path}: not a readable JSON file ({err})") from None
-    if not isinstance(data, dict):
-        raise ExampleError(f"{path}: expected a JSON object")
+    data = read_export_json(path)
     if data.get("format") != EXPORT_FORMAT:
         raise ExampleError(
             f"{path}: format {data.get('format')!r}; this version reads format {EXPORT_FORMAT} (export the model again)"
         )
-    expected = {name for name in ExportInfo.__dataclass_fields__}
-    missing = sorted(expected - set(data))
+    required = [name for name, f in ExportInfo.__dataclass_fields__.items() if name != "files"]
+    missing = [name for name in required if name not in data]
     if missing:
         raise ExampleError(f"{path}: missing key {missing[0]!r}")
-    info = ExportInfo(**{name: data[name] for name in expected})
-    info = ExportInfo(**{**asdict(info), "outputs": tuple(info.outputs)})
-    if info.spec.get("task") not in GRAPH_TASKS:
-        raise ExampleError(
-            f"{path}: spec.task {info.spec.get('task')!r}; an export holds one of {GRAPH_TASKS}"
-        )
-    for name in (info.graph, "tokenizer.json"):
-        if not (folder / name).is_file():
-            raise ExampleError(f"{folder / name}: missing (the export is incomplete; export the model again)")
-    return info
+    check_export_fields(path, data)
+    check_file_sizes(folder, data)
+    info = ExportInfo(**{name: data[name] for name in required}, files=data.get("files", {}))
+    return ExportInfo(**{**asdict(info), "outputs": tuple(info.outputs)})
 
 
 def load_exported(folder) -> LoadedModel:
     """The LoadedModel of an exported folder: its tokenizer (truncation and padding off, as
     the torch door leaves them), its vocabulary where it has one, the graph (run by
-    inference.graph_runner)."""
+    inference.graph_runner, which checks it when it opens it)."""
     from tokenizers import Tokenizer
+
+    from packed_transformers.door.export_checks import check_file_digests
 
     folder = Path(folder)
     info = read_export(folder)
+    check_file_digests(folder, info.to_json())
     vocab = None
-    if (folder / "vocab.txt").is_file():  # finetune.train's WordPiece, as the torch door builds it
-        from packed_transformers.data.tokenizer import load_tokenizer
+    try:
+        if (folder / "vocab.txt").is_file():  # finetune.train's WordPiece, as the torch door builds it
+            from packed_transformers.data.tokenizer import load_tokenizer
 
-        tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
-    else:
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        tokenizer.no_truncation()
-        tokenizer.no_padding()
+            tokenizer, vocab = load_tokenizer(folder / "vocab.txt")
+        else:
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            tokenizer.no_truncation()
+            tokenizer.no_padding()
+    except ExampleError:
+        raise
+    except Exception as err:  # the tokenizers library's parse errors carry no type of their own
+        name = "vocab.txt" if vocab is not None or (folder / "vocab.txt").is_file() else "tokenizer.json"
+        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        raise ExampleError(f"{folder / name}: not a tokenizer this folder can use ({reason})") from None
     return LoadedModel(
         spec_of(folder, info.spec), ExportedGraph(folder, info), tokenizer, vocab,
         token_types=info.token_types, max_input_length=info.max_input_length,

@@ -21,7 +21,7 @@ import numpy as np
 
 from packed_transformers.door.exported_folder import exported_problem
 from packed_transformers.inference.run_stats import RunBatch, RunsTables, RunStats
-from packed_transformers.packs.rows import pack_rows
+from packed_transformers.packs.rows import ROW_FIELDS, pack_rows
 
 
 def default_threads() -> int:
@@ -40,11 +40,9 @@ class GraphRunner(RunsTables):
     needs_calibration = False
 
     def __init__(self, model, threads: int | None = None):
-        from packed_transformers.inference.onnx_session import OnnxSession
-
         self.model = model  # door.exported_folder.ExportedGraph
         self.runtime, self.dtype = model.info.runtime, model.info.dtype
-        self.session = OnnxSession(model.path, threads or default_threads())
+        self.session = opened_graph(model, threads or default_threads())
         self.stats = RunStats()
 
     def forward(
@@ -61,6 +59,36 @@ class GraphRunner(RunsTables):
         arrays = {name: answer[name] for name in outputs}
         self.stats.count(table, width, token_ids, time.perf_counter() - started)
         return RunBatch(rows, arrays)
+
+
+def opened_graph(model, threads: int):
+    """The exported folder's graph in an ONNX Runtime session, checked to be the packed graph
+    its packed_export.json describes (packed rows in, its outputs of their width out); ExampleError naming the file
+    for a graph ONNX Runtime cannot load (empty, cut short, not ONNX) or another model's."""
+    from packed_transformers.data.classification_data import ExampleError
+    from packed_transformers.inference.onnx_session import OnnxSession
+
+    info = model.info
+    try:
+        session = OnnxSession(model.path, threads)
+    except Exception as err:  # onnxruntime's load errors (InvalidProtobuf, Fail, ...) share no base
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:200]
+        raise ExampleError(
+            f"{model.path}: ONNX Runtime cannot load this graph ({reason}); export the model again"
+        ) from None
+    widths = {node.name: node.shape[-1] if node.shape else None for node in session.session.get_outputs()}
+    reads_rows = "input_ids" in session.input_names and set(session.input_names) <= set(ROW_FIELDS)
+    if not set(info.outputs) <= set(widths) or not reads_rows:
+        raise ExampleError(
+            f"{model.path}: a graph of inputs {session.input_names} and outputs {sorted(widths)}, not the packed "
+            f"graph its packed_export.json describes (outputs {list(info.outputs)}); export the model again"
+        )
+    for name in info.outputs:
+        if isinstance(widths[name], int) and widths[name] != info.dimension:
+            raise ExampleError(
+                f"{model.path}: its {name} are {widths[name]} wide; packed_export.json says dimension={info.dimension}"
+            )
+    return session
 
 
 def graph_runner_of(
