@@ -103,6 +103,8 @@ def main(argv=None) -> int:
         clash = output_over_inputs(output, [args.input], [args.model])
         if clash:
             return refuse(clash)
+        if output.exists() and not args.overwrite:  # one rule with embed and export: nothing replaced unasked
+            return refuse(f"--output {output}: exists; give --overwrite to replace it, or another path")
     try:
         # Before any compute: an unwritable output would otherwise lose a finished inference.
         for output in outputs:

@@ -148,7 +148,9 @@ def add_ray_options(parser: argparse.ArgumentParser) -> None:
     ray.add_argument("--threads-per-worker", type=int, default=1, help="CPUs (torch threads) per replica")
     ray.add_argument("--chunk-rows", type=int, default=4096, help="rows per shard (packed together)")
     ray.add_argument(
-        "--overwrite", action="store_true", help="replace a finished --output (--ray's folder; embed's .npy)"
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output (--ray's folder; embed's .npy; predict's files)",
     )
 
 

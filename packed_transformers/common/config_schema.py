@@ -35,6 +35,29 @@ class Key:
     optional: bool = False  # None allowed
 
 
+def differences_from_saved(config: dict, saved: dict, schema: dict, changeable=()) -> list[str]:
+    """The keys (section.key) where `config` differs from a saved run's config `saved`, apart
+    from those in `changeable` ((section, key) pairs). A key `saved` lacks (added to `schema`
+    since it was written, as fine-tuning's contrastive.* after 5b4a0cd) ran at its default then
+    and compares by it: an old checkpoint resumes where the user set nothing new."""
+
+    def saved_value(section: str, key: str):
+        held = saved.get(section)
+        if isinstance(held, dict) and key in held:
+            return held[key]
+        known = schema.get(section, {}).get(key)
+        return known.default if known is not None else _NOT_SAVED
+
+    return sorted(
+        f"{section}.{key}" for section in config for key in config[section]
+        if (section, key) not in changeable and saved_value(section, key) != config[section][key]
+    )  # fmt: skip
+
+
+# a key neither a saved config nor its schema knows: equal to no value
+_NOT_SAVED = object()
+
+
 def defaults(schema: dict) -> dict:
     return {
         section: {k: copy.deepcopy(v.default) for k, v in keys.items()} for section, keys in schema.items()

@@ -165,7 +165,13 @@ def exported_problem(info, device: str, dtype: str | None, runtime: str | None) 
     if runtime not in (None, "auto", info.runtime):
         return f"this folder's graph is for {info.runtime}: --runtime {runtime} needs the model folder it was exported from"
     if dtype not in (None, info.dtype):
-        return f"this folder's graph is {info.dtype}: --dtype {dtype} needs `packed export --dtype {dtype}` of the model"
+        from packed_transformers.door.export_checks import EXPORT_DTYPES
+
+        if dtype in EXPORT_DTYPES:
+            return f"this folder's graph is {info.dtype}: --dtype {dtype} needs `packed export --dtype {dtype}` of the model"
+        # advice a user can follow: export writes only EXPORT_DTYPES; torch runs the others
+        return (f"this folder's graph is {info.dtype}; exports are {' or '.join(EXPORT_DTYPES)}: --dtype {dtype} "
+                f"runs on the model folder it was exported from ({info.source.get('folder', 'its source.folder')})")  # fmt: skip
     return None
 
 

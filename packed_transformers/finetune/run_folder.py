@@ -132,34 +132,15 @@ def check_output(output: Path, resume: bool):
 
 def resume_differences(config: dict, progress) -> list[str]:
     """The settings (section.key) where `config` differs from the checkpoint's, apart from
-    CHANGEABLE_ON_RESUME; [] for a new run. A key the checkpoint's config lacks (added to the
-    schema since it was written, as contrastive.* after 5b4a0cd) ran at its default then: it
-    compares by that default, so an old checkpoint resumes where the user set nothing new."""
+    CHANGEABLE_ON_RESUME, keys it lacks by their defaults (common.config_schema); [] for a new run."""
+    from packed_transformers.common.config_schema import differences_from_saved
     from packed_transformers.finetune.config import SCHEMA
 
     if progress is None:
         return []
     saved = progress.extra.config  # an earlier version's: device, threads, sharding under training
-    saved = {
-        **saved,
-        "execution": saved.get("execution") or {k: saved["training"].get(k) for k in config["execution"]},
-    }
-
-    def saved_value(section: str, key: str):
-        held = saved.get(section)
-        if isinstance(held, dict) and key in held:
-            return held[key]
-        known = SCHEMA.get(section, {}).get(key)
-        return known.default if known is not None else _NOT_SAVED
-
-    return sorted(
-        f"{section}.{key}" for section in config for key in config[section]
-        if (section, key) not in CHANGEABLE_ON_RESUME and saved_value(section, key) != config[section][key]
-    )  # fmt: skip
-
-
-# a key neither the checkpoint's config nor the schema knows: never equal to a value
-_NOT_SAVED = object()
+    execution = saved.get("execution") or {k: saved["training"].get(k) for k in config["execution"]}
+    return differences_from_saved(config, {**saved, "execution": execution}, SCHEMA, CHANGEABLE_ON_RESUME)
 
 
 def save_final(job, model, output: Path) -> None:

@@ -119,6 +119,29 @@ def test_an_output_of_dash_is_refused_not_written_as_a_file_named_dash(command, 
     assert "standard output" in output_over_inputs("-") and output_over_inputs("./-") is None
 
 
+@pytest.mark.parametrize("command", ["predict", "embed"])
+def test_an_existing_output_is_replaced_only_with_overwrite_by_every_command(command, hub_classifier, tmp_path,
+                                                                              capsys):  # fmt: skip
+    """Issue 108 item 8: predict replaced an existing output silently where embed refused it."""
+    import importlib
+
+    main = importlib.import_module(f"packed_transformers.commands.{command}").main
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "some words here"}\n')
+    out = tmp_path / ("out.jsonl" if command == "predict" else "out.npy")
+    argv = ["--model", str(hub_classifier), "--input", str(source), "--output", str(out)]
+    assert main(argv) == 0
+    first = out.read_bytes()
+    out.write_bytes(b"the user's own file")
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "give --overwrite" in err and str(out) in err, err
+    assert out.read_bytes() == b"the user's own file"
+    assert main([*argv, "--overwrite"]) == 0
+    assert out.read_bytes() == first
+
+
 def test_an_output_never_resolves_to_an_input_or_into_a_folder_read(tmp_path):
     """#3: the shared check, symlinks followed."""
     source = tmp_path / "corpus.txt"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -95,12 +96,22 @@ def test_an_exported_folder_refuses_what_its_export_settled(exported, tmp_path, 
     out = tmp_path / "e.npy"
     for extra, said in ((["--dtype", "float32"], "graph is int8"), (["--pooling", "cls"], "--pooling was settled"),
                         (["--runtime", "openvino"], "graph is for onnxruntime"),
-                        (["--device", "cuda"], "runs on the CPU")):  # fmt: skip
+                        (["--device", "cuda"], "runs on the CPU"),
+                        # issue 110 item 4: the advice was `packed export --dtype bfloat16`, which export refuses
+                        (["--dtype", "bfloat16"], "runs on the model folder it was exported from")):  # fmt: skip
         argv = ["--model", str(exported / "int8"), "--input", str(source), "--output", str(out), *extra]
         assert embed_command.main(argv) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1, err
         assert not out.exists()
+        for advised in re.findall(r"packed export --dtype (\w+)", err):  # advice export itself takes
+            assert advised in export_dtypes(), err
+
+
+def export_dtypes() -> list[str]:
+    from packed_transformers.commands.parsers import export_parser
+
+    return next(a.choices for a in export_parser("")._actions if "--dtype" in a.option_strings)
 
 
 def test_a_damaged_export_is_one_line(exported, tmp_path, capsys):
