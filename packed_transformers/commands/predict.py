@@ -70,6 +70,18 @@ from packed_transformers.inference.runtime_choice import resolved_runtime
 from packed_transformers.packs.errors import PackingInputError
 
 
+def undertrained_note(model) -> str | None:
+    """What the fine-tuning run that wrote `model` says of an early end (its summary.json, beside
+    the model folder finetune.train wrote: "stopped by training.max_seconds ..."), or None."""
+    summary = Path(model).parent / "summary.json"
+    if not (Path(model) / "finetune.json").is_file() or not summary.is_file():
+        return None
+    try:
+        return json.loads(summary.read_text(encoding="utf-8")).get("undertrained")
+    except (OSError, ValueError, AttributeError):  # not ours to judge: predict runs on
+        return None
+
+
 def main(argv=None) -> int:
     parser = predict_parser(__doc__)
     args = parser.parse_args(argv)
@@ -94,6 +106,9 @@ def main(argv=None) -> int:
         wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
     if wrong:
         return refuse(wrong)
+    note = undertrained_note(args.model)
+    if note:  # the run's own word, before predictions a user might trust
+        print(f"warning: --model {args.model}: {note}", file=sys.stderr)
     if args.ray:
         args.runtime = "torch"  # the Ray replicas run torch (auto's choice there; openvino is refused above)
         return run_on_ray(args)

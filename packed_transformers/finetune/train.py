@@ -137,6 +137,7 @@ class Run(LoopJob):
     validated: tuple | None = None  # the last validation: (metrics, inference timing, outputs)
     summary: dict | None = None  # written by close at a complete end
     where: Path | None = None  # the newest checkpoint's folder
+    undertrained: str | None = None  # why it ended before its epochs' steps (its summary says it)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -223,13 +224,16 @@ class Run(LoopJob):
             return
         if end.diverged:
             raise Diverged(end.diverged)
-        if end.stopped_by == "max_seconds":
-            log.info("stopped after training.max_seconds=%s", self.config["training"]["max_seconds"])
         if end.exit_code:
             raise Interrupted(
                 f"stopped at epoch {self.state.extra.epoch}, step {self.state.step}; checkpoint kept at {self.where}: "
                 "continue with the same command and --resume", self.stop.signum
             )  # fmt: skip
+        # a time limit ends a run short (this one, or the one --resume found finished)
+        training = self.config["training"]
+        if self.state.step < (planned := training["epochs"] * self.batcher.batches_per_epoch):
+            self.undertrained = (f"stopped by training.max_seconds={training['max_seconds']} after {self.state.step:,} of "
+                                 f"{planned:,} steps: the model is undertrained (give more seconds, or fewer examples)")  # fmt: skip
         if self.validated is None and (self.replicas.writes or self.replicas.sharded):
             self.validated = self.job.evaluate(self.model, self.eval_batcher)  # a resumed finished run
         weights, failure = parallel.gathered_weights(self.model, self.replicas), None  # sharded: collective
@@ -412,6 +416,7 @@ def finish_run(run: Run, model, validation: dict, inference: dict, outputs) -> d
         "truncated": job.train.truncated + job.validation.truncated,
         "validation_examples": len(job.validation.lengths),
         **{f"validation_{k}": v for k, v in validation.items()},
+        **({"undertrained": run.undertrained} if run.undertrained else {}),
     }
     if len(job.validation.lengths) < FEW_VALIDATION_EXAMPLES:  # say it, rather than a bare 0.0 or 1.0
         log.info(
@@ -463,6 +468,8 @@ def main(argv=None) -> int:
     if stop.is_set():  # a signal after the last step: the run finished and is complete
         log.info("a stop was asked for after the last step; the run is complete")
     print(json.dumps(summary, indent=1))
+    if summary.get("undertrained"):  # the last line a user reads, not the first of many
+        print(f"warning: {summary['undertrained']}", file=sys.stderr)
     return 0
 
 

@@ -312,3 +312,34 @@ def test_predict_takes_texts_longer_than_training_up_to_the_models_maximum(tmp_p
         assert json.loads(out.with_suffix(".summary.json").read_text())["truncated"] == 1
     for mode in BATCHING_MODES:
         np.testing.assert_allclose(scores[mode], scores["padded"], atol=1e-4)
+
+
+def test_a_run_a_time_limit_cut_short_says_so_and_predict_warns(tmp_path, checkpoint, capsys):
+    """Issue 110 item 2: `training.max_seconds` allowed 10 of 55 steps and nothing said so (the
+    model predicted "sports" for everything). Now the last line, summary.json and predict say it;
+    a run that took all its steps says nothing."""
+    config = write_config(
+        tmp_path, checkpoint, training={"epochs": 2, "progress": False, "max_seconds": 1e-6}
+    )
+    out = tmp_path / "run"
+    assert finetune.main(["--config", str(config), "--output-dir", str(out)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    note = json.loads((out / "summary.json").read_text())["undertrained"]
+    assert re.fullmatch(
+        r"stopped by training.max_seconds=1e-06 after 1 of \d+ steps: the model is undertrained.*", note
+    )
+    assert err[-1] == f"warning: {note}"
+    source = tmp_path / "new.jsonl"
+    source.write_text(json.dumps({"text": "some words"}) + "\n")
+    assert (
+        predict.main(
+            ["--model", str(out / "model"), "--input", str(source), "--output", str(tmp_path / "p.jsonl")]
+        )
+        == 0
+    )
+    assert f"warning: --model {out / 'model'}: {note}" in capsys.readouterr().err
+    whole = tmp_path / "whole"
+    full = write_config(tmp_path, checkpoint, training={"epochs": 1, "progress": False})
+    assert finetune.main(["--config", str(full), "--output-dir", str(whole)]) == 0
+    assert "undertrained" not in json.loads((whole / "summary.json").read_text())
+    assert "warning" not in capsys.readouterr().err
