@@ -28,6 +28,14 @@ Ways, each fed the same texts with the same threads, after one warm-up call:
                `export_static_quantized_openvino_model` does through optimum-intel (which
                calibrates on 300 GLUE SST-2 sentences)
 
+On a CPU that computes bf16 (AVX512_BF16 or AMX; issue 106 item 4), also:
+
+  openvino_default  OpenVINO on the exported encoder with only the threads set: its own
+               precision choice (bf16 on such CPUs by its documentation), fed as above
+  packed_bf16  packed_encode(dtype="bfloat16"): torch's bf16 autocast
+  packed_openvino_bf16  packed_encode(runtime="openvino", dtype="bfloat16"): the packed graph
+               asked for bf16 (INFERENCE_PRECISION_HINT)
+
 Quality gates, each int8 way against the fp32 of the same system (packed fp32 for packed int8,
 ONNX Runtime fp32 for its int8, OpenVINO fp32 for its): per-text cosine (min, 1st percentile, median), and retrieval on a set built from BBC
 News: an article's title is the query, the bodies of --queries articles the documents
@@ -65,10 +73,30 @@ FP32_OF = {
     "packed_openvino_int8": "packed",
     "onnx_int8": "onnx",
     "openvino_int8": "openvino",
-}  # each int8 way's own fp32 (packed through OpenVINO: against packed torch fp32)
+    "packed_bf16": "packed",
+    "packed_openvino_bf16": "packed",
+    "openvino_default": "openvino",
+}  # each int8 (or bf16) way's own fp32 (packed through OpenVINO: against packed torch fp32)
+# bf16 CPUs (AVX512_BF16, AMX): the project's bf16 ways and OpenVINO's default precision (bf16 there)
+PACKED_BF16 = ("packed_bf16", "packed_openvino_bf16")
 PACKED_INT8 = ("packed_int8", "packed_openvino_int8")
 PACKED_FP32 = ("packed", "packed_openvino")
 INT8_PEERS = ("onnx_int8", "openvino_int8")
+
+
+def machine_flags() -> list[str]:
+    return description()["cpu"]["flags"]
+
+
+def openvino_default_runtime(exported: Path, threads: int):
+    """feeds -> last hidden states through OpenVINO's CPU plugin with its default precision
+    (bf16 on a CPU with AVX512_BF16 or AMX), only the threads set."""
+    import openvino
+
+    compiled = openvino.Core().compile_model(str(exported), "CPU", {"INFERENCE_NUM_THREADS": threads})
+    request = compiled.create_infer_request()
+    output = compiled.output("last_hidden_state")
+    return lambda feeds: request.infer(feeds)[output]
 
 
 def openvino_int8_runtime(exported: Path, threads: int, calibration_feeds: list[dict]):
@@ -149,6 +177,7 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=REPO / "docs" / "figures" / "int8.json")
     args = parser.parse_args()
     problem = int8_problem("cpu")
+    bf16_cpu = bool({"avx512_bf16", "amx_bf16"} & set(machine_flags()))
     if problem:  # a CPU kind this bench cannot measure: its row says so, and make bench goes on
         print(f"bench_int8: not measured on this CPU ({line(description())}): {problem}")
         return 0
@@ -195,6 +224,15 @@ def main() -> int:
             openvino_int8 = openvino_int8_runtime(exported, args.threads, feeds)
             if openvino_int8 is not None:
                 ways["openvino_int8"] = SortedBatchEncoder(openvino_int8, feed).encode
+            if bf16_cpu:  # OpenVINO as its users run it (threads set, its own precision: bf16 here)
+                ways["openvino_default"] = SortedBatchEncoder(
+                    openvino_default_runtime(exported, args.threads), feed
+                ).encode
+                ways["packed_openvino_bf16"] = lambda t: packed_encode(
+                    st_model, t, runtime="openvino", dtype="bfloat16"
+                )
+        if bf16_cpu:
+            ways["packed_bf16"] = lambda t: packed_encode(st_model, t, dtype="bfloat16")
         first_call = {}  # warm-up over the measured texts: every graph built and compiled, weights packed
         for name, call in ways.items():
             started = time.perf_counter()
@@ -211,7 +249,7 @@ def main() -> int:
                    if name in vectors and fp32 in vectors}  # fmt: skip
         search = {name: retrieval(ways[name](titles), ways[name](bodies))
                   for name in ("packed", "packed_int8", "packed_openvino", "packed_openvino_int8", "onnx", "onnx_int8",
-                               "openvino", "openvino_int8")
+                               "openvino", "openvino_int8", *PACKED_BF16, "openvino_default")
                   if name in ways}  # fmt: skip
     best = {name: min(s) for name, s in seconds.items()}
     fastest_int8_peer = min((n for n in INT8_PEERS if n in best), key=best.get)
@@ -234,6 +272,14 @@ def main() -> int:
         print(f"| {name} | {value:.2f} | {len(texts) / value:.1f} | {first_call[name]:.1f} |")
     print(f"\n{packed_int8} / {fastest_int8_peer}: {result['packed_int8_over_fastest_int8_peer']:.2f}x; "
           f"{packed_fp32} / {fastest_fp32_peer}: {result['packed_over_fastest_fp32_peer']:.2f}x")  # fmt: skip
+    bf16 = [n for n in PACKED_BF16 if n in best]
+    if bf16 and "openvino_default" in best:
+        fastest_bf16 = min(bf16, key=best.get)
+        result["bf16"] = {"fastest_packed_bf16": fastest_bf16,
+                          "over_openvino_default": best["openvino_default"] / best[fastest_bf16],
+                          "min_cosine": quality[fastest_bf16]["min"]}  # fmt: skip
+        print(f"{fastest_bf16} / openvino_default (OpenVINO's own precision): {result['bf16']['over_openvino_default']:.2f}x, "
+              f"min cosine to fp32 {result['bf16']['min_cosine']:.6f}")  # fmt: skip
     print("cosine to own fp32:", json.dumps(quality))
     print("retrieval:", json.dumps(search))
     args.output.parent.mkdir(parents=True, exist_ok=True)

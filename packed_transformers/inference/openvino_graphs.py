@@ -10,6 +10,8 @@ length each time never gets).
     out = graphs(**batch)                 # {"embeddings": tensor [rows, K, D], ...}
 
 float32: the converted model, asked for f32 (no bf16 or f16 the CPU plugin might pick).
+bfloat16: the same converted model asked for bf16, only on a CPU that computes it (AVX512_BF16
+or AMX): OpenVINO's default there, its quality measured beside int8's (docs/embeddings.md).
 int8: NNCF's post-training static quantization (model_type TRANSFORMER: matrix products with
 int8 weights per channel and int8 activations at scales fixed by calibration, SmoothQuant and
 bias correction; attention scores and softmax stay float) over packed rows of calibration
@@ -25,7 +27,7 @@ versions, and for int8 the calibration rows' bytes; compiled shapes go to OpenVI
 CACHE_DIR beside it. An entry appears by atomic rename; one that cannot be read is rebuilt.
 
 Refused in one line (`openvino_problem`) where openvino (or, for int8, nncf) is not installed,
-on a device other than the CPU, or for bfloat16.
+on a device other than the CPU, or for bfloat16 on a CPU without bf16 arithmetic.
 
 Signals: OpenVINO's CPU plugin (2026.4.1, measured) gives the thread that compiles an
 alternate signal stack of its own, and when a plugin instance is unloaded puts back the stack
@@ -77,12 +79,25 @@ def calibration_picks(n: int) -> np.ndarray:
     return np.sort(np.random.default_rng(0).choice(n, min(CALIBRATION_TEXTS, n), replace=False))
 
 
+# float32: the graph asked for f32; bfloat16: the same graph asked for bf16 (matrix products in
+# bf16 on AVX512_BF16 / AMX, as OpenVINO's CPU plugin picks by default there); int8: NNCF's
+OPENVINO_DTYPES = ("float32", "bfloat16", "int8")
+# the CPU plugin's INFERENCE_PRECISION_HINT for each float dtype (int8's graph: f32 around its int8 ops)
+PRECISION_HINT = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
+
+
 def openvino_problem(device: str, dtype: str) -> str | None:
     """The one-line reason `runtime="openvino"` cannot run `dtype` on `device` here, or None."""
     if device != "cpu":
         return f"--runtime openvino runs on a CPU, not on {device}"
-    if dtype not in ("float32", "int8"):
-        return f"--runtime openvino runs float32 or int8, not {dtype}"
+    if dtype not in OPENVINO_DTYPES:
+        return f"--runtime openvino runs {', '.join(OPENVINO_DTYPES)}, not {dtype}"
+    if dtype == "bfloat16":
+        from packed_transformers.inference.runtime_choice import cpu_flags
+
+        if not {"avx512_bf16", "amx_bf16"} & cpu_flags():
+            return ("--runtime openvino --dtype bfloat16 needs a CPU that computes bf16 (AVX512_BF16 or AMX); "
+                    "this one would emulate it, slower than float32 (use --dtype float32 or int8)")  # fmt: skip
     if dtype == "int8":
         from packed_transformers.inference.runtime_choice import (
             OPENVINO_INT8_WITHOUT_VNNI,
@@ -303,7 +318,10 @@ class OpenVinoGraphs:
         started = time.perf_counter()
         model = self.converted.clone()
         model.reshape({port: openvino.PartialShape(list(dims)) for port, dims in zip(model.inputs, shape)})
-        settings = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": self.threads}
+        settings = {
+            "INFERENCE_PRECISION_HINT": PRECISION_HINT[self.dtype],
+            "INFERENCE_NUM_THREADS": self.threads,
+        }
         # compiled shapes kept by OpenVINO itself, beside the graphs, only where it can write
         # there: its compile fails on a CACHE_DIR it cannot create
         compiled_cache = graph_cache.cache_root(RUNTIME)

@@ -153,7 +153,9 @@ class Runner(RunsTables):
         started = time.perf_counter()
         if inputs is not None:
             batch.update(inputs(batch))
-        with torch.inference_mode(), precision(self.device.type, self.dtype):
+        # OpenVINO's precision is its own (openvino_graphs.PRECISION_HINT): its graph converted from f32
+        autocast = self.dtype if self.runtime != "openvino" else "float32"
+        with torch.inference_mode(), precision(self.device.type, autocast):
             out = self._forward_model(**batch)
             if read is not None:
                 arrays = read(batch, out)  # numpy: waits for the device too

@@ -130,6 +130,7 @@ def test_an_existing_output_is_replaced_only_with_overwrite_by_every_command(com
     source.write_text('{"text": "some words here"}\n')
     out = tmp_path / ("out.jsonl" if command == "predict" else "out.npy")
     argv = ["--model", str(hub_classifier), "--input", str(source), "--output", str(out)]
+    argv += ["--pooling", "cls"] if command == "embed" else []  # the classifier's encoder, pooled
     assert main(argv) == 0
     first = out.read_bytes()
     out.write_bytes(b"the user's own file")
