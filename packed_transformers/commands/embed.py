@@ -171,11 +171,11 @@ def rows_kept(data_path: Path, state_path: Path, job: dict, header_bytes: int) -
     return rows
 
 
-def write_embeddings(args, encoder, options: InferenceOptions, n: int) -> float:
+def write_embeddings(args, encoder, options: InferenceOptions, n: int) -> tuple[float, int]:
     """Embed the input into a partial .npy (header first, rows appended chunk by chunk, the
     count kept beside it after every chunk), renamed to --output when complete. A run
     stopped by Ctrl-C, SIGTERM or a kill leaves the partial file: the same command run
-    again continues after its rows. -> seconds spent."""
+    again continues after its rows. -> (seconds spent, rows an earlier run kept)."""
     from tqdm import tqdm
 
     if is_exported(
@@ -234,7 +234,7 @@ def write_embeddings(args, encoder, options: InferenceOptions, n: int) -> float:
         raise ExampleError(f"{args.input}: {written} lines read, {n} counted; the file changed while read")
     os.replace(data_path, output_file(args.output))
     state_path.unlink(missing_ok=True)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, start
 
 
 def main(argv=None) -> int:
@@ -282,7 +282,7 @@ def main(argv=None) -> int:
         encoder.prompt(args.prompt_name)  # an unknown prompt name: refused before any compute
         options = InferenceOptions.from_args(args)
         args.output.parent.mkdir(parents=True, exist_ok=True)
-        seconds = write_embeddings(args, encoder, options, n)
+        seconds, kept = write_embeddings(args, encoder, options, n)
     except Interrupted as err:
         print(f"interrupted: {err}", file=sys.stderr)
         return 128 + int(err.signum)
@@ -293,9 +293,11 @@ def main(argv=None) -> int:
     stats = encoder.stats
     summary = {
         "texts": n,
+        # a continued run: the rows it embedded, and those the interrupted one kept (not timed here)
+        **({"embedded_now": n - kept, "kept_from_earlier_run": kept} if kept else {}),
         "dimension": encoder.dimension,
         "seconds": round(seconds, 3),
-        "texts_per_second": round(n / seconds, 1),
+        "texts_per_second": round((n - kept) / seconds, 1),
         "real_token_fraction": round(stats["tokens"] / max(stats["slots"], 1), 4),
         "truncated": stats["truncated"],
         "batching": args.batching,

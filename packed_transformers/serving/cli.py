@@ -169,10 +169,26 @@ def build_app(args, access):
     return engine, create_app(engine, policy, queue, limits, args.tokenizer_threads, access)
 
 
-def serve_until_stopped(app, args) -> str:
-    """uvicorn until SIGTERM or SIGINT -> the line that says how it stopped and what it answered.
-    uvicorn shuts down gracefully on either, then raises the signal again for the handler that
-    was there before it; the handlers set here make that a normal exit (0), not a kill."""
+def listening_socket(host: str, port: int):
+    """A TCP socket bound to host:port, taken before the model loads (OSError: the port is busy,
+    or not ours to take), so a second server on a port says so at once, not after loading."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve_until_stopped(app, args, sock) -> str:
+    """uvicorn on `sock` until SIGTERM or SIGINT -> the line that says how it stopped and what
+    it answered. uvicorn shuts down gracefully on either, then raises the signal again for the
+    handler that was there before it; the handlers set here make that a normal exit (0), not a kill."""
     import uvicorn
 
     from packed_transformers.serving.headers import HeadLimits, bounded_protocol
@@ -180,10 +196,11 @@ def serve_until_stopped(app, args) -> str:
     stopped_by = []
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda received, frame: stopped_by.append(received))
-    uvicorn.run(
+    config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=args.timeout_s,
         http=bounded_protocol(HeadLimits(args.max_header_bytes, args.header_timeout_s)),
     )  # fmt: skip
+    uvicorn.Server(config).run(sockets=[sock])
     samples = app.state.metrics.requests.collect()[0].samples
     answered = {s.labels["status"]: int(s.value) for s in samples if s.name.endswith("_total")}
     return (
@@ -208,16 +225,23 @@ def main(argv=None) -> int:
     from packed_transformers.data.classification_data import ExampleError
 
     try:
+        sock = listening_socket(args.host, args.port)
+    except OSError as err:  # a second server on the port: said before the model loads
+        return refuse(f"--port {args.port}: cannot listen on {args.host}:{args.port} ({err.strerror or err}); "
+                      "is another server there? give another --port")  # fmt: skip
+    try:
         engine, app = build_app(args, access)
     except (ExampleError, ValueError) as err:
+        sock.close()
         return refuse(err)
     except OSError as err:
+        sock.close()
         return refuse(f"{args.model}: {err.strerror or err}")
     if engine.runtime_chosen:
         print(engine.runtime_chosen, file=sys.stderr)
     print(f"serving {args.model} ({engine.task}, policy {args.policy}, runtime {engine.runner.runtime}) on "
-          f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)  # fmt: skip
-    print(serve_until_stopped(app, args), file=sys.stderr)
+          f"http://{args.host}:{sock.getsockname()[1]}", file=sys.stderr, flush=True)  # fmt: skip
+    print(serve_until_stopped(app, args, sock), file=sys.stderr)
     return 0
 
 

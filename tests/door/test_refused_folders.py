@@ -48,7 +48,7 @@ def test_pickled_weights_are_refused_in_one_line_everywhere(tmp_path):
             "--output",
             tmp_path / "e.npy",
         ],
-        ["serving", "--model", folder, "--pooling", "mean", "--port", "1"],
+        ["serving", "--model", folder, "--pooling", "mean", "--port", str(free_port())],
     ):
         assert "pytorch_model.bin (a pickle, which is never loaded here)" in one_line_error(run_module(*argv))
 

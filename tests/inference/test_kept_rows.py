@@ -163,6 +163,16 @@ def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_t
         [*argv, "--output", str(tmp_path / "e.npy")], cwd=REPO, capture_output=True, text=True
     )
     assert done.returncode == 0 and "continuing after the" in done.stderr, done.stderr[-2000:]
+    # its summary counts what it embedded itself, and what it kept (issue 108 item 8: 2,000 texts
+    # and their rate, for 1,500 embedded)
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    again = json.loads(state.read_text())["rows_written"] if state.exists() else None
+    assert again is None and summary["texts"] == 600
+    assert (
+        summary["embedded_now"] + summary["kept_from_earlier_run"] == 600
+        and summary["kept_from_earlier_run"] >= kept
+    )
+    assert summary["texts_per_second"] == round(summary["embedded_now"] / summary["seconds"], 1)
     whole = subprocess.run(
         [*argv, "--output", str(tmp_path / "whole.npy")], cwd=REPO, capture_output=True, text=True
     )

@@ -230,3 +230,22 @@ def test_int8_predictions_agree_with_float32(trained, tmp_path):
     piped = {d: [p["label"] for p in packed_pipeline("text-classification", model=folder, dtype=d)(texts)]
              for d in ("float32", "int8")}  # fmt: skip
     assert np.mean([a == b for a, b in zip(piped["float32"], piped["int8"])]) >= 0.99
+
+
+def test_a_busy_port_is_said_before_the_model_loads(trained, tmp_path, capsys):
+    """Issue 108 item 8: a second `packed serve` on a busy port printed `serving ... on :8080`
+    after loading its model, then `[Errno 98]`. The port is taken first: one line, exit 2, no
+    serving line; a folder that is not there is not even read (the port's line comes first)."""
+    import socket
+
+    from packed_transformers.serving import cli as serve_cli
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        for model in (trained / "run" / "model", tmp_path / "no-such-model"):
+            assert serve_cli.main(["--model", str(model), "--port", str(port)]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"--port {port}: cannot listen on 127.0.0.1:{port}" in err, err
+            assert "serving" not in err
