@@ -241,6 +241,8 @@ def main(argv=None) -> int:
     args = embed_parser(__doc__).parse_args(argv)
     wrong = below_one(args, ("batch_size", "max_sequences_per_pack", "chunk_texts", "max_length", "workers",
                              "threads_per_worker", "chunk_rows"))  # fmt: skip
+    if not wrong and not args.chunk_seconds >= 0:  # NaN too
+        wrong = f"--chunk-seconds must be 0 (chunks of --chunk-texts) or more, got {args.chunk_seconds}"
     exported = is_exported(args.model)
     if exported:  # its graph decides runtime and dtype: torch is never imported
         wrong = wrong or settle_exported_arguments(args, sys.argv[1:] if argv is None else argv, "embed")

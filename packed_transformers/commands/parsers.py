@@ -71,7 +71,14 @@ def embed_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--attention-backend", choices=ATTENTION_BACKENDS, help="default: sdpa (measured fastest)"
     )
-    parser.add_argument("--chunk-texts", type=int, default=8192, help="texts tokenized and packed at once")
+    parser.add_argument(
+        "--chunk-texts", type=int, default=8192, help="at most this many texts tokenized and packed at once"
+    )
+    parser.add_argument(
+        "--chunk-seconds", type=float, default=10.0,
+        help="rows are kept chunk by chunk, each about this many seconds of work (Ctrl-C keeps all but the last "
+        "ones); 0: chunks of --chunk-texts",
+    )  # fmt: skip
     parser.add_argument(
         "--prompt-name",
         help="a prompt of the folder's config_sentence_transformers.json put before every text (default: its "

@@ -9,15 +9,17 @@ A text goes: tokenizer (the folder's tokenizer.json, else vocab.txt; truncated t
 max_seq_length, as sentence-transformers does) -> token ids -> batch tables
 (packs.batching: packed, length-sorted or padded) -> rows (packs.rows.pack_rows) ->
 model.embedding.PackedBertForEmbedding (per-sequence pooling) -> back to input order.
-Texts are encoded in chunks (`chunk_texts`), so memory is bounded by a chunk, never by the
-input; `iter_encode` yields one chunk's array at a time for streaming writers.
+Texts are encoded in chunks (`chunk_texts`, or about `chunk_seconds` of work each: ChunkSizes),
+so memory is bounded by a chunk, never by the input; `iter_encode` yields one chunk's array at a
+time for streaming writers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -155,17 +157,45 @@ def l2_normalize(vectors: np.ndarray) -> np.ndarray:
     return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
+# chunk_seconds: the first chunk's texts (no rate measured yet), and the fewest a chunk holds (a batch)
+FIRST_CHUNK_TEXTS = 256
+FEWEST_CHUNK_TEXTS = 32
+
+
+@dataclass
+class ChunkSizes:
+    """Texts per chunk: `most` each, or with `seconds` what about `seconds` of the model's work
+    holds at the last chunk's rate (FIRST_CHUNK_TEXTS first, never above `most`). A writer keeps
+    rows chunk by chunk: Ctrl-C then keeps all but the last seconds' work, at any input size."""
+
+    most: int
+    seconds: float | None = None
+    texts_per_second: float | None = None  # the last chunk's rate through the model
+
+    def next_size(self) -> int:
+        if not self.seconds:
+            return self.most
+        if self.texts_per_second is None:
+            return min(self.most, FIRST_CHUNK_TEXTS)
+        return min(self.most, max(FEWEST_CHUNK_TEXTS, int(self.texts_per_second * self.seconds)))
+
+    def observe(self, texts: int, seconds: float) -> None:
+        self.texts_per_second = texts / max(seconds, 1e-6)
+
+
 def iter_encode(
     texts: Iterable[str], encoder: LoadedModel, options: InferenceOptions, where=None
 ) -> Iterator[np.ndarray]:
-    """Embeddings of `texts` chunk by chunk (options.chunk_texts texts each), in input order.
-    `where(i)` names text i in errors (default "texts[i]").
+    """Embeddings of `texts` chunk by chunk (ChunkSizes: options.chunk_texts texts each, or about
+    options.chunk_seconds of work), in input order. `where(i)` names text i in errors (default
+    "texts[i]").
 
     The next chunk is read and tokenized in a second thread while the model runs the current
     one (the tokenizer releases the GIL); a mistake in the next chunk is raised only after the
     current chunk's array is yielded, so a writer keeps every row before it (as it did
-    unprefetched)."""
-    chunks = iter(_text_chunks(texts, options.chunk_texts))
+    unprefetched). The next chunk's size is the rate measured when its reading starts."""
+    sizes = ChunkSizes(options.chunk_texts, options.chunk_seconds)
+    chunks = iter(_text_chunks(texts, sizes.next_size))
     with ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
 
         def tokenize_next() -> list | None:  # None: the input is done
@@ -175,19 +205,22 @@ def iter_encode(
         pending = pool.submit(tokenize_next)
         while (token_ids := pending.result()) is not None:
             pending = pool.submit(tokenize_next)
-            yield embed_token_ids(encoder, token_ids, options)
+            started = time.perf_counter()
+            vectors = embed_token_ids(encoder, token_ids, options)
+            sizes.observe(len(token_ids), time.perf_counter() - started)
+            yield vectors
 
 
-def _text_chunks(texts: Iterable[str], size: int) -> Iterator[tuple[int, list[str]]]:
-    """(index of the first text, up to `size` texts) in input order."""
+def _text_chunks(texts: Iterable[str], size_of: Callable[[], int]) -> Iterator[tuple[int, list[str]]]:
+    """(index of the first text, up to size_of() texts, asked as each chunk starts) in input order."""
     chunk: list[str] = []
-    start = 0
+    start, size = 0, size_of()
     for text in texts:
         chunk.append(text)
-        if len(chunk) == size:
+        if len(chunk) >= size:
             yield start, chunk
             start += len(chunk)
-            chunk = []
+            chunk, size = [], size_of()
     if chunk:
         yield start, chunk
 

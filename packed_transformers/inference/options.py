@@ -22,7 +22,10 @@ class InferenceOptions:
     factor); max_sequences_per_pack: K (None: chosen from the lengths,
     packs.tokenized.fitting_depth); pack_length: tokens per pack, None = the folder's (or,
     where it names none, packs grouped by row width); device; dtype: float32 | bfloat16 | int8
-    (autocast); chunk_texts: texts embedded per chunk (memory bounded by a chunk);
+    (autocast); chunk_texts: texts embedded per chunk (memory bounded by a chunk); chunk_seconds:
+    None (every chunk chunk_texts), or chunks sized to about this many seconds of the model's
+    work at the rate measured so far, at most chunk_texts (inference.embedding.ChunkSizes: the
+    embed command's, so that Ctrl-C keeps all but the last seconds and its bar moves);
     prompt_name: an embedding model's prompt (None: its default prompt, if any); runtime:
     torch, openvino (float32 or int8, a compiled graph per row shape), or auto (the one measured
     faster on this CPU's kind: inference.runtime_choice)."""
@@ -35,6 +38,7 @@ class InferenceOptions:
     device: str = "cpu"
     dtype: str = "float32"
     chunk_texts: int = 8192
+    chunk_seconds: float | None = None
     prompt_name: str | None = None
     compile: bool = False  # torch.compile the forward once per row width (inference.runner.compiled_forward)
     runtime: str = "torch"  # "openvino": a graph per row shape (inference.openvino_graphs); "auto"

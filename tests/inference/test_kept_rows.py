@@ -195,3 +195,49 @@ def test_embed_stopped_by_a_signal_or_a_kill_keeps_its_rows_and_continues_from_t
         f"error: --output {tmp_path / 'e.npy'}: holds a finished output; give --overwrite to replace it, or another path"
     ]
     assert (tmp_path / "e.npy").stat().st_mtime_ns == before
+
+
+def test_chunks_follow_the_seconds_of_work_they_hold():
+    """Issue 110 item 3: rows are kept chunk by chunk, and a chunk was 8,192 texts whatever the
+    model's speed, so Ctrl-C kept nothing below 8,192 (the README's 5,000-text example). Chunks
+    are now about --chunk-seconds of work at the measured rate, never above --chunk-texts."""
+    from packed_transformers.inference.embedding import FEWEST_CHUNK_TEXTS, FIRST_CHUNK_TEXTS, ChunkSizes
+
+    sizes = ChunkSizes(8192, 10.0)
+    assert sizes.next_size() == FIRST_CHUNK_TEXTS  # no rate yet
+    sizes.observe(256, 1.0)
+    assert sizes.next_size() == 2560  # 256 texts/s for 10 s
+    sizes.observe(256, 0.01)
+    assert sizes.next_size() == 8192  # never above --chunk-texts
+    sizes.observe(10, 100.0)
+    assert sizes.next_size() == FEWEST_CHUNK_TEXTS  # a batch at least
+    assert ChunkSizes(8192, None).next_size() == ChunkSizes(8192, 0.0).next_size() == 8192
+    assert ChunkSizes(50, 10.0).next_size() == 50
+
+
+@pytest.mark.slow  # MiniLM on 3,000 texts, stopped after its first chunk
+def test_ctrl_c_keeps_rows_below_the_largest_chunk_with_the_defaults(tmp_path):
+    """The command as the README runs it (no chunk option): Ctrl-C after the first chunk keeps
+    its rows, on an input far below --chunk-texts."""
+    from packed_transformers.data.assets import model_dir
+
+    texts = tmp_path / "t.jsonl"
+    texts.write_text(
+        "".join(json.dumps({"text": f"text number {i} " + "word " * (i % 60)}) + "\n" for i in range(3000))
+    )
+    state = tmp_path / ".e.npy.partial.json"
+    process = subprocess.Popen([sys.executable, "-m", "packed_transformers", "embed", "--model", str(model_dir()), "--input",
+                                str(texts), "--output", str(tmp_path / "e.npy"), "--quiet"], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline, kept = time.monotonic() + 300, 0
+    while time.monotonic() < deadline and process.poll() is None and not kept:
+        try:
+            kept = json.loads(state.read_text())["rows_written"]
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-2000:]
+    assert 0 < kept < 3000 and json.loads(state.read_text())["rows_written"] >= kept, err[-2000:]
+    assert f"rows are kept in {tmp_path / '.e.npy.partial'}" in err.strip().splitlines()[-1]
