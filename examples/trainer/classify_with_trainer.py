@@ -33,7 +33,17 @@ def main() -> None:
     parser.add_argument("--train", type=int, default=400, help="training examples (another 20%% held out)")
     parser.add_argument("--epochs", type=float, default=1)
     parser.add_argument("--output", default="work/trainer_model")
+    parser.add_argument(
+        "--verbose", action="store_true", help="the libraries' load reports and progress bars too"
+    )
     args = parser.parse_args()
+    if not args.verbose:  # the libraries' load report and bars: only Trainer's own progress and results shown
+        import datasets
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+        datasets.disable_progress_bars()
 
     news = read_bbc_news(corpus_glob())  # examples: text (the headline), text pair, label name
     names = sorted(set(news.labels))

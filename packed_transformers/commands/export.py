@@ -187,7 +187,14 @@ def main(argv=None) -> int:
     except ExampleError as err:
         return refuse(err)
     except OSError as err:
-        return refuse(describe_os_error(err))
+        # a write failed in the temporary folder, whose name means nothing to the user: the
+        # output is named; a model file that could not be read is named itself
+        read = err.filename is not None and Path(str(err.filename)).resolve().is_relative_to(
+            Path(args.model).resolve()
+        )
+        return refuse(
+            describe_os_error(err, None if read else f"--output {args.output} (nothing was written)")
+        )
     print(json.dumps(summary))
     return 0
 

@@ -45,6 +45,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         "commands.predict", "a fine-tuned or transformers folder's predictions, input order"
     ),
     "embed": Subcommand("commands.embed", "texts -> an .npy of embeddings (sentence-transformers' folders)"),
+    "rerank": Subcommand(
+        "commands.rerank", "a cross-encoder's scores and ranking of each query's texts, packed"
+    ),
     "export": Subcommand(
         "commands.export", "a model folder -> a torch-free folder (ONNX Runtime graph, tokenizer)"
     ),

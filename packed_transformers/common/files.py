@@ -212,10 +212,11 @@ def files_digest(paths, name_of) -> str:
     return digest.hexdigest()
 
 
-def describe_os_error(err: OSError) -> str:
+def describe_os_error(err: OSError, where: str | None = None) -> str:
     """One line for an error of the operating system (no space left, permission denied, not
-    a directory, file too large): the path and the reason, never a traceback."""
-    where = err.filename if err.filename is not None else "a file"
+    a directory, file too large): the path and the reason, never a traceback. `where`: what to
+    name instead of the error's own path (an output written through a temporary: the output)."""
+    where = where or (err.filename if err.filename is not None else "a file")
     reason = err.strerror or str(err)
     # numpy's short write has no errno: "N requested and M written" (not our own "is a
     # directory; an output is written only to a regular file", which is no space problem)

@@ -100,7 +100,9 @@ def one_at_a_time(model_class, folder, texts, pairs=None):
 def run_predict(folder, records, tmp_path, *extra) -> list[dict]:
     source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert predict.main(["--model", str(folder), "--input", str(source), "--output", str(out), *extra]) == 0
+    # a test runs it more than once on one folder: each run replaces the last (predict refuses otherwise)
+    argv = ["--model", str(folder), "--input", str(source), "--output", str(out), "--overwrite", *extra]
+    assert predict.main(argv) == 0
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 

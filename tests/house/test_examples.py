@@ -24,3 +24,6 @@ def test_the_trainer_example_trains_saves_and_classifies(tmp_path):
     assert (out / "tokenizer.json").is_file() and json.loads((out / "config.json").read_text())["id2label"]
     labels = json.loads(lines[-1])
     assert len(labels) == 2 and all(set(r) == {"label", "score"} for r in labels)
+    # issue 110 item 5: the libraries' own load report and loading bars are off unless --verbose
+    for noise in ("LOAD REPORT", "Loading weights", "Map:", "Writing model shards"):
+        assert noise not in done.stderr, done.stderr[-3000:]

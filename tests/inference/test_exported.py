@@ -185,6 +185,30 @@ def test_export_replaces_an_earlier_export_with_overwrite_and_nothing_else(check
     assert not busy.exists()
 
 
+@pytest.mark.slow  # a whole export in a fresh process under a file-size limit
+def test_a_write_that_fails_names_the_output_not_its_temporary(checkpoint, tmp_path):
+    """Issue 108 item 4: `error: a file: No space left` named no path, and a failed write named
+    the export's temporary folder. A file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored: EFBIG, the
+    way a full disk fails a write) now gives one line naming --output, and nothing is left."""
+    import resource
+    import signal
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    out = tmp_path / "out" / "export"
+    out.parent.mkdir()
+    done = subprocess.run([sys.executable, "-m", "packed_transformers", "export", "--model", str(checkpoint),
+                           "--output", str(out), "--pooling", "mean"], cwd=REPO, capture_output=True, text=True,
+                          preexec_fn=limit, timeout=300)  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert lines[-1].startswith(f"error: --output {out} (nothing was written): "), lines[-1]
+    assert "file-size limit" in lines[-1] and ".tmp" not in lines[-1], lines[-1]
+    assert list(out.parent.iterdir()) == []
+
+
 def test_a_classifier_exports_with_the_same_labels(trained, tmp_path):
     """finetune.train's classifier (WordPiece vocab.txt, labels) exported: predict on the
     folder gives torch's labels and scores."""
