@@ -313,6 +313,18 @@ def test_the_light_install_answers_a_job_it_cannot_run_in_one_line(command, expo
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_light_install_answers_the_servers_module_in_one_line(exported, tmp_path):
+    """Issue 108 item 6: `python -m packed_transformers.serving` (the module, not `packed serve`)
+    in the light install ended in a ModuleNotFoundError traceback."""
+    if not LIGHT_PYTHON.exists():
+        pytest.skip("no .venv-light (make install-light)")
+    done = subprocess.run([str(LIGHT_PYTHON), "-m", "packed_transformers.serving", "--model", str(exported / "float32"),
+                           "--port", "18778"], cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-2000:]
+    assert "not installed in this Python" in lines[0] and "pip install" in lines[0], lines[0]
+
+
 def test_the_server_runs_onnxruntime_and_exported_folders_as_torch(checkpoint, exported):
     """The server's engine through ONNX Runtime (`packed serve --runtime onnxruntime`) and on an
     exported folder gives torch's vectors for the same texts and table."""
