@@ -166,6 +166,8 @@ class StopSignal:
                              for sig in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
 
     def _handle(self, signum, frame):
+        if not self.requested:
+            said_at_once(signum)
         self.requested = True
         StopSignal.received.append(signum)
 
@@ -182,6 +184,22 @@ class StopSignal:
         """The handlers from before (a command called from a program hands them back)."""
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+
+
+def said_at_once(signum: int) -> None:
+    """One stderr line as the first stop signal arrives (rank 0's, under torchrun): a step may
+    take long under load (30 s of silence after Ctrl-C in contrastive training looked ignored),
+    so the run says at once what it will do, and the usual line follows when it has."""
+    import os
+    import sys
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    try:
+        print(f"\n{signal.Signals(signum).name}: stopping after this step, then keeping a checkpoint",
+              file=sys.stderr, flush=True)  # fmt: skip
+    except (OSError, ValueError):  # stderr closed or gone: the stop itself still happens
+        pass
 
 
 def interrupted_exit_code() -> int:

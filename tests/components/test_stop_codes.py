@@ -24,3 +24,20 @@ def test_a_run_stopped_by_a_signal_exits_128_plus_it(signum, code):
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def test_the_first_stop_signal_is_answered_at_once(capsys):
+    """Issue 108 item 8: Ctrl-C during a long contrastive step under load went unanswered for
+    30 s; the run now says at once that it stops after this step (once, however many signals)."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        StopSignal()
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        err = capsys.readouterr().err
+        assert err.strip().splitlines() == ["SIGINT: stopping after this step, then keeping a checkpoint"], (
+            err
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
