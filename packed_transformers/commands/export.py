@@ -182,8 +182,13 @@ def main(argv=None) -> int:
     from packed_transformers.model.hf_checkpoint import quiet_transformers
 
     quiet_transformers()
+    from packed_transformers.door.folder_spec import NoHead
+
     try:
         summary = export(args)
+    except NoHead as err:  # predict's own words would send an exporting user to predict
+        return refuse(f"{err.config_path}: key 'architectures' is {err.architectures}; packed export writes a "
+                      "*ForSequenceClassification folder, or a bare encoder as an embedding model with --pooling MODE")  # fmt: skip
     except ExampleError as err:
         return refuse(err)
     except OSError as err:

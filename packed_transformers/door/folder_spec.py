@@ -262,12 +262,22 @@ def task_of_architectures(config: dict, config_path: Path) -> str:
         (t for a in architectures for suffix, t in ARCHITECTURE_TASKS.items() if a.endswith(suffix)), None
     )
     if task is None:
-        raise ExampleError(
+        raise NoHead(
             f"{config_path}: key 'architectures' is {architectures}; predict runs a "
             "*ForSequenceClassification, *ForTokenClassification or *ForQuestionAnswering folder "
-            "(for embeddings of a bare encoder use `packed embed --pooling mean`)"
-        )
+            "(for embeddings of a bare encoder use `packed embed --pooling mean`)",
+            config_path, architectures,
+        )  # fmt: skip
     return task
+
+
+class NoHead(ExampleError):
+    """A transformers folder whose config.json names no head a command runs: predict's line
+    as the message; `config_path` and `architectures` for a command that words its own."""
+
+    def __init__(self, message: str, config_path, architectures):
+        super().__init__(message)
+        self.config_path, self.architectures = config_path, architectures
 
 
 def predict_folder_mistake(folder: Path) -> str | None:

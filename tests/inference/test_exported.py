@@ -209,6 +209,14 @@ def test_a_write_that_fails_names_the_output_not_its_temporary(checkpoint, tmp_p
     assert list(out.parent.iterdir()) == []
 
 
+def test_a_bare_encoder_without_pooling_is_told_what_export_takes_not_predict(checkpoint, tmp_path, capsys):
+    """Issue 108 item 4: export's refusal of a folder with no head it writes named predict."""
+    assert export_command.main(["--model", str(checkpoint), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "packed export writes a *ForSequenceClassification folder" in err, err
+    assert "predict" not in err and "--pooling" in err and not (tmp_path / "out").exists()
+
+
 def test_a_classifier_exports_with_the_same_labels(trained, tmp_path):
     """finetune.train's classifier (WordPiece vocab.txt, labels) exported: predict on the
     folder gives torch's labels and scores."""
