@@ -61,6 +61,7 @@ from packed_transformers.common.files import describe_os_error, output_over_inpu
 from packed_transformers.data.classification_data import ExampleError, encode_labels, read_jsonl
 from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.door.exported_folder import is_exported, settle_exported_arguments
+from packed_transformers.door.folder_spec import classification_fields
 from packed_transformers.door.opener import open_folder
 from packed_transformers.inference.classify import classify_examples
 from packed_transformers.inference.options import InferenceOptions
@@ -129,6 +130,11 @@ def main(argv=None) -> int:
     except OSError as err:
         return refuse(describe_os_error(err))
     try:
+        # the input's mistakes before the model loads, where the folder says its fields without loading
+        known = classification_fields(args.model)
+        early = (
+            read_jsonl(args.input, known.text, known.pair, known.label, need_labels=False) if known else None
+        )
         folder = open_folder(args.model)
         model, spec = folder.model, folder.spec
         if not exported:
@@ -144,7 +150,11 @@ def main(argv=None) -> int:
         if spec.task == "token_classification":
             return predict_tags(args, folder, summary_path)
         fields = spec.fields
-        examples = read_jsonl(args.input, fields.text, fields.pair, fields.label, need_labels=False)
+        examples = (
+            early
+            if early is not None and known == fields
+            else read_jsonl(args.input, fields.text, fields.pair, fields.label, need_labels=False)
+        )
         has_labels = all(label is not None for label in examples.labels)
         labels = (
             encode_labels(examples, list(spec.labels), spec.multi_label)

@@ -343,3 +343,22 @@ def test_a_run_a_time_limit_cut_short_says_so_and_predict_warns(tmp_path, checkp
     assert finetune.main(["--config", str(full), "--output-dir", str(whole)]) == 0
     assert "undertrained" not in json.loads((whole / "summary.json").read_text())
     assert "warning" not in capsys.readouterr().err
+
+
+def test_predict_says_a_missing_field_before_the_model_loads(trained, tmp_path, capsys):
+    """Issue 108 item 8: a missing field was reported only after the model loaded. A copy of a
+    fine-tuned folder without its weights shows the order: the input's line is the one said."""
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(trained / "run" / "model", model, ignore=shutil.ignore_patterns("*.safetensors"))
+    source = tmp_path / "in.jsonl"
+    source.write_text(json.dumps({"text": "fine"}) + "\n" + json.dumps({"body": "no text here"}) + "\n")
+    out = tmp_path / "p.jsonl"
+    assert predict.main(["--model", str(model), "--input", str(source), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{source}:2: field 'text' is missing" in err, err
+    assert not out.exists()
+    (source).write_text(json.dumps({"text": "fine"}) + "\n")  # the input right: now the weights are missed
+    assert predict.main(["--model", str(model), "--input", str(source), "--output", str(out)]) == 2
+    assert "field" not in capsys.readouterr().err
