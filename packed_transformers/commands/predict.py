@@ -61,8 +61,7 @@ from packed_transformers.common.files import describe_os_error, output_over_inpu
 from packed_transformers.data.classification_data import ExampleError, encode_labels, read_jsonl
 from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.door.exported_folder import is_exported, settle_exported_arguments
-from packed_transformers.door.folder_spec import classification_fields
-from packed_transformers.door.opener import open_folder
+from packed_transformers.door.opener import classification_fields, open_folder
 from packed_transformers.inference.classify import classify_examples
 from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.predictions import score, write_predictions

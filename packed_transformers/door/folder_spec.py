@@ -280,31 +280,6 @@ class NoHead(ExampleError):
         self.config_path, self.architectures = config_path, architectures
 
 
-def classification_fields(folder) -> TextFields | None:
-    """The JSON-lines fields a classification folder reads, known without loading it: from
-    finetune.json or an export's packed_export.json (each read here; config.json is not, so that
-    a process parses it once); None for any other folder or task (its fields are known once it
-    is opened). Lets predict read its input before the model loads."""
-    from packed_transformers.common.choices import EXPORTED
-
-    folder = Path(folder)
-    if (folder / EXPORTED).is_file():
-        from packed_transformers.door.exported_folder import read_export
-
-        spec = read_export(folder).spec
-        task, fields = spec["task"], spec["fields"]
-    elif (folder / FINETUNE_INFO).is_file():
-        info = read_finetune_info(folder / FINETUNE_INFO)
-        task, fields = info.get("task", "classification"), info.get("fields") or JSONL_FIELDS
-    else:
-        return None
-    return (
-        TextFields(fields["text"], fields.get("pair"), fields.get("label"))
-        if task == "classification"
-        else None
-    )
-
-
 def predict_folder_mistake(folder: Path) -> str | None:
     """What predict would refuse in a folder before loading it, or None: a transformers folder
     (no finetune.json) whose config.json names no head predict runs."""

@@ -142,3 +142,34 @@ def open_checkpoint(
         spec, opened.model, tokenizer.tokenizer, tokenizer.vocab, tokenizer.token_types,
         max_input_length=opened.max_tokens, transformers_tokenizer=tokenizer.transformers_tokenizer,
     )  # fmt: skip
+
+
+def classification_fields(folder):
+    """The JSON-lines fields (folder_spec.TextFields) a classification folder reads, known without loading it: from
+    finetune.json or an export's packed_export.json (each read here; config.json is not, so that
+    a process parses it once); None for any other folder or task (its fields are known once it
+    is opened). Lets predict read its input before the model loads."""
+    from packed_transformers.common.choices import EXPORTED
+    from packed_transformers.door.folder_spec import (
+        FINETUNE_INFO,
+        JSONL_FIELDS,
+        TextFields,
+        read_finetune_info,
+    )
+
+    folder = Path(folder)
+    if (folder / EXPORTED).is_file():
+        from packed_transformers.door.exported_folder import read_export
+
+        spec = read_export(folder).spec
+        task, fields = spec["task"], spec["fields"]
+    elif (folder / FINETUNE_INFO).is_file():
+        info = read_finetune_info(folder / FINETUNE_INFO)
+        task, fields = info.get("task", "classification"), info.get("fields") or JSONL_FIELDS
+    else:
+        return None
+    return (
+        TextFields(fields["text"], fields.get("pair"), fields.get("label"))
+        if task == "classification"
+        else None
+    )
