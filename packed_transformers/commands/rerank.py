@@ -30,8 +30,13 @@ import numpy as np
 
 from packed_transformers.common.cli import add_inference_options, command_parser, refuse
 from packed_transformers.common.files import atomic_path, describe_os_error, output_over_inputs
-from packed_transformers.data.classification_data import ExampleError, Examples, bounded_lines, check_readable
-from packed_transformers.data.classification_data import json_object as json_line_object
+from packed_transformers.data.classification_data import (
+    ExampleError,
+    Examples,
+    bounded_lines,
+    check_readable,
+    record_of_line,
+)
 
 # a query's candidates: TEI's /rerank takes a list; one line holds at most this many
 MAX_TEXTS_PER_QUERY = 10_000
@@ -63,10 +68,7 @@ def read_queries(path: Path) -> list[tuple[str, list[str]]]:
             if not raw.strip():
                 continue
             where = f"{path}:{number}"
-            try:
-                record = json_line_object(raw.decode("utf-8"), where)
-            except UnicodeDecodeError as err:
-                raise ExampleError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
+            record = record_of_line(raw, where)
             for name in ("query", "texts"):
                 if name not in record:
                     raise ExampleError(
@@ -124,6 +126,7 @@ def main(argv=None) -> int:
         return refuse(err)
     except OSError as err:
         return refuse(describe_os_error(err))
+    from packed_transformers.door.exported_folder import is_exported
     from packed_transformers.door.opener import open_folder
     from packed_transformers.inference.classify import classify_examples
     from packed_transformers.inference.options import InferenceOptions
@@ -139,7 +142,7 @@ def main(argv=None) -> int:
                 "runs a one-label sequence-classification folder (a cross-encoder)"
             )
         problem = runtime_problem(args.runtime, args.device, args.dtype, False, False)
-        if problem and not hasattr(folder.model, "info"):  # an exported folder's graph settles its own
+        if problem and not is_exported(args.model):  # an exported folder's graph settles its own
             raise ExampleError(problem)
         runner = runner_of(folder, args.device, args.dtype, False, args.runtime)
         examples = pairs_of(queries, args.input)

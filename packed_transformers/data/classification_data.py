@@ -131,16 +131,22 @@ def json_object(line: str, where: str) -> dict:
     return record
 
 
+def record_of_line(raw: bytes, where: str) -> dict:
+    """One JSON line (bytes) -> its object, checked: UTF-8 and a JSON object (json_object's
+    rules); ExampleError naming `where` (file:line)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ExampleError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
+    return json_object(line, where)
+
+
 def example_of_line(raw: bytes, where: str, text_field: str, pair_field: str | None, empty_ok: bool = True):
     """One JSON line (bytes) -> (text, pair or None, the whole record), checked: UTF-8, a
     JSON object, a text and an optional pair under data.text_rule (`empty_ok`: a blank text
     is kept, as predict labels it; embed refuses it). ExampleError names `where`
     (file:line) and the field."""
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ExampleError(f"{where}: not UTF-8 ({err.reason} at byte {err.start})") from None
-    record = json_object(line, where)
+    record = record_of_line(raw, where)
     if text_field not in record:  # absent, not None: say so, and what the line holds instead
         present = ", ".join(repr(k[:40]) for k in list(record)[:6]) or "none"
         raise ExampleError(f"{where}: field '{text_field}' is missing (the line's fields: {present})")

@@ -148,7 +148,7 @@ def load_exported(folder) -> LoadedModel:
     except ExampleError:
         raise
     except Exception as err:  # the tokenizers library's parse errors carry no type of their own
-        name = "vocab.txt" if vocab is not None or (folder / "vocab.txt").is_file() else "tokenizer.json"
+        name = "vocab.txt" if (folder / "vocab.txt").is_file() else "tokenizer.json"
         reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
         raise ExampleError(f"{folder / name}: not a tokenizer this folder can use ({reason})") from None
     return LoadedModel(
@@ -196,16 +196,14 @@ def wrong_command_problem(info: ExportInfo, model, command: str | None) -> str |
             f"{'a classifier' if command == 'predict' else 'an embedding model'}")  # fmt: skip
 
 
-def exported_arguments_problem(args, argv: list[str], command: str | None = None) -> str | None:
-    """The one line refusing what a command was asked that an exported folder cannot do (the
-    other command's kind of graph; a device, runtime or dtype its graph was not made for;
-    options its export settled), or None. Given options only: the parser's defaults mean "as
-    the folder says"."""
+def exported_arguments_problem(
+    info: ExportInfo, args, argv: list[str], command: str | None = None
+) -> str | None:
+    """The one line refusing what a command was asked that an exported folder (`info`, its
+    packed_export.json) cannot do (the other command's kind of graph; a device, runtime or
+    dtype its graph was not made for; options its export settled), or None. Given options
+    only: the parser's defaults mean "as the folder says"."""
     given = {word.split("=")[0] for word in argv if word.startswith("--")}
-    try:
-        info = read_export(args.model)
-    except ExampleError as err:
-        return str(err)
     wrong = wrong_command_problem(info, args.model, command)
     if wrong:
         return wrong
@@ -223,8 +221,11 @@ def settle_exported_arguments(args, argv: list[str], command: str | None = None)
     """A command's arguments for an exported folder: the one line refusing what it cannot do
     (exported_arguments_problem; `command`: embed or predict, None for the server, which runs
     either), else None with args.runtime and args.dtype set to its graph's."""
-    problem = exported_arguments_problem(args, argv, command)
+    try:
+        info = read_export(args.model)  # once: it checks the folder's files too
+    except ExampleError as err:
+        return str(err)
+    problem = exported_arguments_problem(info, args, argv, command)
     if problem is None:
-        info = read_export(args.model)
         args.runtime, args.dtype = info.runtime, info.dtype
     return problem
