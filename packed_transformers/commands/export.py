@@ -4,14 +4,17 @@ run with neither torch nor transformers imported (door.exported_folder).
 
     packed export --model DIR --output OUT [--runtime onnxruntime] [--dtype float32 | int8]
         [--pooling mean] [--normalize | --no-normalize] [--max-length N]
+    packed export --model DIR --output OUT --runtime openvino [--dtype float32 | bfloat16]
 
 DIR: a sentence-transformers folder (or any encoder folder with --pooling): an embedding
 export; a classification folder (finetune.train's, or a transformers folder with a
 sequence-classification head): a classification export. The graph is exported with rows,
-width and slots open (inference.onnx_graphs), float32 or ONNX Runtime's dynamic int8, then
-checked before the folder appears: the exported graph run by ONNX Runtime on packed rows of
-varied widths and slot counts against the torch model on the same rows (float32: cosine
->= 0.99999 per text, the same labels; int8: reported). OUT appears complete or not at all
+width and slots open: for ONNX Runtime (inference.onnx_graphs) float32 or its dynamic int8;
+for OpenVINO (inference.openvino_graphs' conversion, saved as an IR) float32, or the same IR
+run in bf16 where the CPU computes it (AVX512_BF16, AMX; the folder's dtype says so and a CPU
+without bf16 refuses it at load). Then checked before the folder appears: the exported graph
+run by its runtime on packed rows of varied widths and slot counts against the torch model on
+the same rows (float32: cosine >= 0.99999 per text, the same labels; int8 and bfloat16: reported). OUT appears complete or not at all
 (atomic rename); it never replaces the model folder. A one-line JSON summary goes to stdout.
 """
 
@@ -43,8 +46,9 @@ from packed_transformers.common.files import (
     output_folder_mistake,
 )
 from packed_transformers.data.classification_data import ExampleError
+from packed_transformers.door.export_checks import EXPORT_DTYPES_OF
 from packed_transformers.door.exported_folder import EXPORT_FORMAT, ExportInfo, is_exported, spec_fields
-from packed_transformers.inference.onnx_session import RUNTIME, onnxruntime_problem
+from packed_transformers.inference.onnx_session import onnxruntime_problem
 
 FP32_MIN_COSINE = 0.99999  # the exported float32 graph against torch, per text
 
@@ -71,16 +75,26 @@ def tables_for_check(lengths: list[int]) -> list[tuple[np.ndarray, int]]:
     return out
 
 
-def compare(model, loaded, graph_path: Path, dtype: str, task: str) -> dict:
+def graph_session(runtime: str, graph_path: Path, dtype: str, threads: int):
+    """A session of the exported graph in its runtime (rows in, outputs by name out)."""
+    if runtime == "openvino":
+        from packed_transformers.inference.openvino_session import OpenVinoSession
+
+        return OpenVinoSession(graph_path, dtype, threads)
+    from packed_transformers.inference.onnx_session import OnnxSession
+
+    return OnnxSession(graph_path, threads)
+
+
+def compare(model, loaded, graph_path: Path, runtime: str, dtype: str, task: str) -> dict:
     """The exported graph against the torch model on the same packed rows -> figures
     (min cosine per text, label agreement for classification); ExampleError where float32
     differs beyond FP32_MIN_COSINE."""
     import torch
 
-    from packed_transformers.inference.onnx_session import OnnxSession
     from packed_transformers.inference.runner import Runner
 
-    session = OnnxSession(graph_path, torch.get_num_threads())
+    session = graph_session(runtime, graph_path, dtype, torch.get_num_threads())
     runner = Runner(model, "cpu", "float32")  # the packed forward, as predict and embed run it
     name = "embeddings" if task == "embedding" else "logits"
     texts = check_rows(model.config.vocab_size, loaded.max_length)
@@ -106,6 +120,23 @@ def compare(model, loaded, graph_path: Path, dtype: str, task: str) -> dict:
             "nothing was written"
         )
     return figures
+
+
+def save_openvino_graph(model, trace_rows: dict, dtype: str, folder: Path) -> tuple[str, list[str]]:
+    """The packed model converted for OpenVINO (inference.openvino_graphs, rows and width open;
+    its conversion cache used) and saved as an IR in `folder` -> (graph file, files written).
+    Weights stay f32 in the IR (bfloat16 is the precision the CPU plugin is asked for)."""
+    import openvino
+    import torch
+
+    from packed_transformers.inference.openvino_graphs import OpenVinoGraphs
+    from packed_transformers.inference.openvino_session import signal_stack_kept
+
+    graphs = OpenVinoGraphs(model, dtype, torch.get_num_threads())
+    graphs.convert({name: torch.from_numpy(value) for name, value in trace_rows.items()})
+    with signal_stack_kept():
+        openvino.save_model(graphs.converted, str(folder / "model.xml"), compress_to_fp16=False)
+    return "model.xml", ["model.xml", "model.bin"]
 
 
 def export(args) -> dict:
@@ -135,8 +166,13 @@ def export(args) -> dict:
         loaded.dimension if task == "embedding" else len(loaded.spec.labels) or model.config.num_labels
     )
     with atomic_folder(args.output) as folder:
-        outputs = export_graph(model, trace_rows, args.dtype, folder / GRAPH_FILE)
-        figures = compare(model, loaded, folder / GRAPH_FILE, args.dtype, task)
+        if args.runtime == "openvino":
+            graph_file, written = save_openvino_graph(model, trace_rows, args.dtype, folder)
+            outputs = ["embeddings" if task == "embedding" else "logits"]
+        else:
+            outputs = export_graph(model, trace_rows, args.dtype, folder / GRAPH_FILE)
+            graph_file, written = GRAPH_FILE, [GRAPH_FILE]
+        figures = compare(model, loaded, folder / graph_file, args.runtime, args.dtype, task)
         tokenizer = loaded.tokenizer
         text = tokenizer.to_str() if hasattr(tokenizer, "to_str") else tokenizer._tokenizer.to_str()
         (folder / "tokenizer.json").write_text(text, encoding="utf-8")
@@ -144,7 +180,7 @@ def export(args) -> dict:
             words = sorted(loaded.vocab, key=loaded.vocab.get)
             (folder / "vocab.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
         info = ExportInfo(
-            format=EXPORT_FORMAT, runtime=RUNTIME, dtype=args.dtype, graph=GRAPH_FILE, outputs=tuple(outputs),
+            format=EXPORT_FORMAT, runtime=args.runtime, dtype=args.dtype, graph=graph_file, outputs=tuple(outputs),
             dimension=int(dimension), hidden_size=int(model.config.hidden_size),
             parameters=sum(p.numel() for p in model.parameters()),
             max_input_length=int(loaded.max_length), token_types=bool(loaded.token_types),
@@ -152,17 +188,30 @@ def export(args) -> dict:
             source={"folder": str(Path(args.model).resolve()), "fingerprint": model_fingerprint(args.model),
                     "torch": torch.__version__},
             # each file's size and sha256: a copy cut short or a swapped file is refused at load
-            files=recorded_files(folder, [GRAPH_FILE, "tokenizer.json", *(["vocab.txt"] * (loaded.vocab is not None))]),
+            files=recorded_files(folder, [*written, "tokenizer.json", *(["vocab.txt"] * (loaded.vocab is not None))]),
         )  # fmt: skip
         (folder / EXPORTED).write_text(json.dumps(info.to_json(), indent=1) + "\n", encoding="utf-8")
     size = sum(p.stat().st_size for p in Path(args.output).iterdir())
-    return {"output": str(args.output), "task": task, "runtime": RUNTIME, "dtype": args.dtype,
+    return {"output": str(args.output), "task": task, "runtime": args.runtime, "dtype": args.dtype,
             "dimension": int(dimension), "megabytes": round(size / 2**20, 1), **figures}  # fmt: skip
+
+
+def runtime_problem(runtime: str, dtype: str) -> str | None:
+    """The one line refusing an export this install or CPU cannot make (and check), or None."""
+    if dtype not in EXPORT_DTYPES_OF[runtime]:
+        return (f"--runtime {runtime} exports {' or '.join(EXPORT_DTYPES_OF[runtime])}, not {dtype}"
+                + {"bfloat16": " (--runtime openvino --dtype bfloat16 does)", "int8": " (--runtime onnxruntime "
+                   "--dtype int8 does)"}.get(dtype, ""))  # fmt: skip
+    if runtime == "openvino":
+        from packed_transformers.inference.openvino_graphs import openvino_problem
+
+        return openvino_problem("cpu", dtype)
+    return onnxruntime_problem("cpu", dtype)
 
 
 def main(argv=None) -> int:
     args = export_parser(__doc__).parse_args(argv)
-    wrong = onnxruntime_problem("cpu", args.dtype)
+    wrong = runtime_problem(args.runtime, args.dtype)
     if not wrong and is_exported(args.model):  # its graph is made: there is no model to export again
         wrong = (f"--model {args.model}: is an exported folder ({EXPORTED}); export the model folder it was "
                  "made from (its packed_export.json names it under source.folder)")  # fmt: skip

@@ -110,10 +110,11 @@ def export_parser(doc: str) -> argparse.ArgumentParser:
     parser = command_parser("packed export", doc)
     parser.add_argument("--model", required=True, type=Path, help="the model folder to export")
     parser.add_argument("--output", required=True, type=Path, help="the export folder (new, or --overwrite)")
-    parser.add_argument("--runtime", default="onnxruntime", choices=("onnxruntime",),
-                        help="the runtime the graph is for")  # fmt: skip
-    parser.add_argument("--dtype", default="float32", choices=("float32", "int8"),
-                        help="int8: ONNX Runtime's dynamic quantization (weights per channel)")  # fmt: skip
+    parser.add_argument("--runtime", default="onnxruntime", choices=("onnxruntime", "openvino"),
+                        help="the runtime the graph is for (openvino: an IR run by openvino + tokenizers)")  # fmt: skip
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int8"),
+                        help="int8: ONNX Runtime's dynamic quantization (weights per channel); bfloat16: "
+                        "--runtime openvino on a CPU that computes bf16 (AVX512_BF16 or AMX)")  # fmt: skip
     parser.add_argument(
         "--pooling", nargs="+", choices=POOLING_MODES,
         help="export as an embedding model pooled so (default: the folder's Pooling module's mode)",

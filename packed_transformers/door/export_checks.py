@@ -30,13 +30,15 @@ from packed_transformers.data.classification_data import ExampleError
 
 # packed_export.json is a few kB (a classifier's label table: a few MB at most)
 MAX_EXPORT_JSON_BYTES = 16 * 2**20
-# what an export's graph is run by, and in which precision (inference.onnx_session)
-EXPORT_RUNTIMES = ("onnxruntime",)
-EXPORT_DTYPES = ("float32", "int8")
+# what an export's graph is run by, and in which precisions (inference.onnx_session,
+# inference.openvino_session)
+EXPORT_DTYPES_OF = {"onnxruntime": ("float32", "int8"), "openvino": ("float32", "bfloat16")}
+EXPORT_RUNTIMES = tuple(EXPORT_DTYPES_OF)
+EXPORT_DTYPES = tuple(dict.fromkeys(d for dtypes in EXPORT_DTYPES_OF.values() for d in dtypes))
 # the graph's outputs and the task each belongs to (door.exported_folder.COMMAND_OF_OUTPUT)
 TASK_OF_OUTPUT = {"embeddings": "embedding", "logits": "classification"}
 # the files an export may record a digest of
-RECORDED_FILES = ("model.onnx", "tokenizer.json", "vocab.txt")
+RECORDED_FILES = ("model.onnx", "model.xml", "model.bin", "tokenizer.json", "vocab.txt")
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,14 @@ def check_export_fields(path: Path, data: dict) -> None:
         f"one of {list(EXPORT_RUNTIMES)}",
         data["runtime"],
     )
-    _check(path, "dtype", data["dtype"] in EXPORT_DTYPES, f"one of {list(EXPORT_DTYPES)}", data["dtype"])
+    dtypes = EXPORT_DTYPES_OF[data["runtime"]]
+    _check(
+        path,
+        "dtype",
+        data["dtype"] in dtypes,
+        f"one of {list(dtypes)} (runtime {data['runtime']})",
+        data["dtype"],
+    )
     graph = data["graph"]
     confined = (isinstance(graph, str) and graph not in ("", ".", "..") and "/" not in graph and "\\" not in graph
                 and "\0" not in graph)  # fmt: skip

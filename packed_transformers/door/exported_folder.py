@@ -2,7 +2,8 @@
 the tokenizer and what the read-out needs, into the LoadedModel every command runs.
 
     DIR/packed_export.json   what the folder holds (ExportInfo; format EXPORT_FORMAT)
-    DIR/model.onnx           the packed model: rows in, per-slot vectors or scores out
+    DIR/model.onnx           the packed model: rows in, per-slot vectors or scores out (ONNX Runtime)
+    DIR/model.xml, model.bin the same as an OpenVINO IR (`packed export --runtime openvino`)
     DIR/tokenizer.json       the source folder's tokenizer (`tokenizers`), as it cut and templated texts
     DIR/vocab.txt            only for a finetune.train WordPiece folder (its pairs' rule)
 
@@ -12,14 +13,15 @@ the tokenizer and what the read-out needs, into the LoadedModel every command ru
 Both check the folder as untrusted input first (door.export_checks: every key's type and range,
 the graph confined to the folder, each file a plain file of its recorded size; load_exported
 also its recorded sha256 and the tokenizer parsed; inference.graph_runner.opened_graph the
-graph as ONNX Runtime loads it).
+graph as its runtime loads it).
 
 Everything the torch door decides once when it opens a folder (the task, labels, the length
 limit, pooling, normalisation, prompts, lower-casing, token types) was decided by it when the
 folder was exported, and is read back here as it was: the exported process cuts, packs and
 reads out texts exactly as the torch process does (tests/inference/test_exported.py holds the
-two equal). Imports: the standard library, numpy, `tokenizers`, and onnxruntime when the graph
-is run (inference.onnx_session); never torch or transformers (tests assert it on sys.modules).
+two equal). Imports: the standard library, numpy, `tokenizers`, and onnxruntime or openvino when
+the graph is run (inference.onnx_session, inference.openvino_session); never torch or
+transformers (tests assert it on sys.modules).
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ EXPORT_FORMAT = 1
 class ExportInfo:
     """packed_export.json: the graph and how texts reach it.
 
-    runtime, dtype: what the graph is for ("onnxruntime"; "float32" | "int8"); graph: its file;
+    runtime, dtype: what the graph is for ("onnxruntime": "float32" | "int8"; "openvino":
+    "float32" | "bfloat16"); graph: its file (model.onnx; model.xml, its weights in model.bin);
     outputs: the graph's outputs ("embeddings" [rows, K, D] | "logits" [rows, K, C]);
     dimension: D (embedding) or C (classification); hidden_size: the model's H (the packing's
     cost model reads it); parameters: the model's count (the server's cold speed estimate); max_input_length: tokens per text, specials included; token_types:
@@ -165,10 +168,14 @@ def exported_problem(info, device: str, dtype: str | None, runtime: str | None) 
     if runtime not in (None, "auto", info.runtime):
         return f"this folder's graph is for {info.runtime}: --runtime {runtime} needs the model folder it was exported from"
     if dtype not in (None, info.dtype):
-        from packed_transformers.door.export_checks import EXPORT_DTYPES
+        from packed_transformers.door.export_checks import EXPORT_DTYPES, EXPORT_DTYPES_OF
 
         if dtype in EXPORT_DTYPES:
-            return f"this folder's graph is {info.dtype}: --dtype {dtype} needs `packed export --dtype {dtype}` of the model"
+            runtime = info.runtime if dtype in EXPORT_DTYPES_OF[info.runtime] else next(
+                name for name, dtypes in EXPORT_DTYPES_OF.items() if dtype in dtypes
+            )  # fmt: skip
+            return (f"this folder's graph is {info.dtype}: --dtype {dtype} needs `packed export --runtime {runtime} "
+                    f"--dtype {dtype}` of the model")  # fmt: skip
         # advice a user can follow: export writes only EXPORT_DTYPES; torch runs the others
         return (f"this folder's graph is {info.dtype}; exports are {' or '.join(EXPORT_DTYPES)}: --dtype {dtype} "
                 f"runs on the model folder it was exported from ({info.source.get('folder', 'its source.folder')})")  # fmt: skip

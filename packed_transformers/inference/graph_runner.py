@@ -1,5 +1,5 @@
 """The packed forward of an exported folder, without torch: tables -> rows (numpy) -> the
-graph (ONNX Runtime) -> numpy outputs, with the Runner's interface and figures, so that
+graph (ONNX Runtime or OpenVINO, as the folder was exported for) -> numpy outputs, with the Runner's interface and figures, so that
 embed, predict and the server run an exported folder through the code they run a torch model
 through (inference.embedding, inference.classify, serving/).
 
@@ -7,7 +7,7 @@ through (inference.embedding, inference.classify, serving/).
     for batch in runner.run(token_ids, tables, width_of, segment_ids, ("embeddings",)): ...
 
 The folder fixes the runtime and dtype (its graph was made for them): asking for others is a
-one-line ValueError. Threads: ONNX Runtime's intra-op threads, $OMP_NUM_THREADS where set,
+one-line ValueError. Threads: the runtime's (intra-op) threads, $OMP_NUM_THREADS where set,
 else the CPUs this process may run on.
 """
 
@@ -62,21 +62,25 @@ class GraphRunner(RunsTables):
 
 
 def opened_graph(model, threads: int):
-    """The exported folder's graph in an ONNX Runtime session, checked to be the packed graph
-    its packed_export.json describes (packed rows in, its outputs of their width out); ExampleError naming the file
-    for a graph ONNX Runtime cannot load (empty, cut short, not ONNX) or another model's."""
+    """The exported folder's graph in a session of its runtime (ONNX Runtime, OpenVINO), checked
+    to be the packed graph its packed_export.json describes (packed rows in, its outputs of
+    their width out); ExampleError naming the file for a graph the runtime cannot load (empty,
+    cut short, not a graph), another model's, a runtime not installed, or bf16 on a CPU
+    without it."""
     from packed_transformers.data.classification_data import ExampleError
-    from packed_transformers.inference.onnx_session import OnnxSession
 
     info = model.info
     try:
-        session = OnnxSession(model.path, threads)
-    except Exception as err:  # onnxruntime's load errors (InvalidProtobuf, Fail, ...) share no base
+        session, widths = _session_of(model, threads)
+    except ExampleError:
+        raise
+    except (
+        Exception
+    ) as err:  # the runtimes' load errors (InvalidProtobuf, Fail, RuntimeError, ...) share no base
         reason = (str(err).splitlines() or [type(err).__name__])[0][:200]
         raise ExampleError(
-            f"{model.path}: ONNX Runtime cannot load this graph ({reason}); export the model again"
+            f"{model.path}: {RUNTIME_NAMES[info.runtime]} cannot load this graph ({reason}); export the model again"
         ) from None
-    widths = {node.name: node.shape[-1] if node.shape else None for node in session.session.get_outputs()}
     reads_rows = "input_ids" in session.input_names and set(session.input_names) <= set(ROW_FIELDS)
     if not set(info.outputs) <= set(widths) or not reads_rows:
         raise ExampleError(
@@ -89,6 +93,40 @@ def opened_graph(model, threads: int):
                 f"{model.path}: its {name} are {widths[name]} wide; packed_export.json says dimension={info.dimension}"
             )
     return session
+
+
+RUNTIME_NAMES = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO"}
+
+
+def _session_of(model, threads: int) -> tuple:
+    """(session, {output: its last dimension or None}) of the folder's graph in its runtime."""
+    from packed_transformers.data.classification_data import ExampleError
+
+    info = model.info
+    if info.runtime == "openvino":
+        import importlib.util
+
+        from packed_transformers.inference.openvino_session import OpenVinoSession, bfloat16_problem
+        from packed_transformers.inference.runtime_choice import cpu_flags
+
+        if importlib.util.find_spec("openvino") is None:
+            raise ExampleError(f"{model.path}: an OpenVINO graph; the openvino package is not installed "
+                               "(pip install openvino==2026.4.1)")  # fmt: skip
+        problem = bfloat16_problem(cpu_flags()) if info.dtype == "bfloat16" else None
+        if problem:
+            raise ExampleError(f"{model.path}: a bfloat16 graph; {problem.split('; ', 1)[-1]}")
+        session = OpenVinoSession(model.path, info.dtype, threads)
+        widths = {}
+        for port, name in zip(session.graph.outputs, session.output_names):
+            last = port.get_partial_shape()[-1] if port.get_partial_shape().rank.is_static else None
+            widths[name] = last.get_length() if last is not None and last.is_static else None
+        return session, widths
+    from packed_transformers.inference.onnx_session import OnnxSession
+
+    session = OnnxSession(model.path, threads)
+    return session, {
+        node.name: node.shape[-1] if node.shape else None for node in session.session.get_outputs()
+    }
 
 
 def graph_runner_of(

@@ -29,21 +29,12 @@ CACHE_DIR beside it. An entry appears by atomic rename; one that cannot be read 
 Refused in one line (`openvino_problem`) where openvino (or, for int8, nncf) is not installed,
 on a device other than the CPU, or for bfloat16 on a CPU without bf16 arithmetic.
 
-Signals: OpenVINO's CPU plugin (2026.4.1, measured) gives the thread that compiles an
-alternate signal stack of its own, and when a plugin instance is unloaded puts back the stack
-it found. With a Core per compiled shape released in the order they were made, the thread
-ended on a stack already unmapped, and the next signal a Python handler ran for (SIGCHLD,
-SIGINT, SIGTERM: CPython runs its handlers on the alternate stack) killed the process with
-SIGSEGV. So one Core serves the process (`openvino_core`: its plugin never unloaded before
-exit), and the thread's own stack is put back after each OpenVINO call that may change it
-(`signal_stack_kept`).
+The graph runs in inference.openvino_session (torch-free: an exported folder's process runs
+the same session), which also holds the process's one Core and why it keeps signal stacks.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -54,16 +45,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from packed_transformers.common.telemetry import decline_openvino_telemetry
 from packed_transformers.inference import graph_cache
-
-# before openvino is first imported: its conversion and NNCF send usage telemetry by default
-# (common.telemetry says why and how a user turns it back on)
-decline_openvino_telemetry()
+from packed_transformers.inference.openvino_session import (
+    OPENVINO_DTYPES,
+    RUNTIME,
+    OpenVinoSession,
+    bfloat16_problem,
+    openvino_core,
+    signal_stack_kept,
+)
 
 log = logging.getLogger(__name__)
 
-RUNTIME = "openvino"  # its folder in the graph cache
 CALIBRATION_TEXTS = 300  # texts an int8 graph is calibrated on where the caller gives none
 # The fewest it is calibrated on: `packed_encode(model, eight_texts, runtime="openvino",
 # dtype="int8")` calibrated on 2 packed rows, cached that graph, and every later call and
@@ -79,13 +72,6 @@ def calibration_picks(n: int) -> np.ndarray:
     return np.sort(np.random.default_rng(0).choice(n, min(CALIBRATION_TEXTS, n), replace=False))
 
 
-# float32: the graph asked for f32; bfloat16: the same graph asked for bf16 (matrix products in
-# bf16 on AVX512_BF16 / AMX, as OpenVINO's CPU plugin picks by default there); int8: NNCF's
-OPENVINO_DTYPES = ("float32", "bfloat16", "int8")
-# the CPU plugin's INFERENCE_PRECISION_HINT for each float dtype (int8's graph: f32 around its int8 ops)
-PRECISION_HINT = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
-
-
 def openvino_problem(device: str, dtype: str) -> str | None:
     """The one-line reason `runtime="openvino"` cannot run `dtype` on `device` here, or None."""
     if device != "cpu":
@@ -95,9 +81,9 @@ def openvino_problem(device: str, dtype: str) -> str | None:
     if dtype == "bfloat16":
         from packed_transformers.inference.runtime_choice import cpu_flags
 
-        if not {"avx512_bf16", "amx_bf16"} & cpu_flags():
-            return ("--runtime openvino --dtype bfloat16 needs a CPU that computes bf16 (AVX512_BF16 or AMX); "
-                    "this one would emulate it, slower than float32 (use --dtype float32 or int8)")  # fmt: skip
+        problem = bfloat16_problem(cpu_flags())
+        if problem:
+            return problem
     if dtype == "int8":
         from packed_transformers.inference.runtime_choice import (
             OPENVINO_INT8_WITHOUT_VNNI,
@@ -127,73 +113,6 @@ def model_digest(model: torch.nn.Module, dtype: str) -> hashlib._Hash:
     return graph_cache.model_digest(model, header)
 
 
-class _SignalStack(ctypes.Structure):
-    """POSIX stack_t (sigaltstack's argument) on Linux x86-64."""
-
-    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
-
-
-_SS_DISABLE = 2  # Linux: the thread has no alternate signal stack
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _signal_stack() -> _SignalStack | None:
-    """The calling thread's alternate signal stack (None where sigaltstack is not there)."""
-    libc = _libc()
-    current = _SignalStack()
-    if not hasattr(libc, "sigaltstack") or libc.sigaltstack(None, ctypes.byref(current)) != 0:
-        return None
-    return current
-
-
-@contextlib.contextmanager
-def signal_stack_kept():
-    """Run the block, then give the calling thread back the alternate signal stack it had
-    before, where OpenVINO replaced it (the module docstring says why)."""
-    before = _signal_stack()
-    try:
-        yield
-    finally:
-        now = _signal_stack()
-        if (
-            before is not None
-            and now is not None
-            and (now.ss_sp, now.ss_size) != (before.ss_sp, before.ss_size)
-        ):
-            if before.ss_flags & _SS_DISABLE:
-                before = _SignalStack(None, _SS_DISABLE, 0)
-            else:
-                before.ss_flags = 0
-            _libc().sigaltstack(ctypes.byref(before), None)
-
-
-def signal_stack_mapped() -> bool:
-    """Whether the calling thread's alternate signal stack, if it has one, lies in mapped
-    memory (/proc/self/maps): a signal delivered onto an unmapped one kills the process."""
-    current = _signal_stack()
-    if current is None or current.ss_flags & _SS_DISABLE or not current.ss_sp:
-        return True
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            start, end = (int(bound, 16) for bound in line.split()[0].split("-"))
-            if start <= current.ss_sp and current.ss_sp + current.ss_size <= end:
-                return True
-    return False
-
-
-@functools.cache
-def openvino_core():
-    """The process's one openvino.Core (its CPU plugin loaded once, unloaded at exit only)."""
-    import openvino
-
-    with signal_stack_kept():
-        return openvino.Core()
-
-
 def read_cached(key: str):
     """The cached openvino.Model of `key`, or None (absent, off, or unreadable: then removed)."""
     path = graph_cache.cached_file(RUNTIME, key, "model.xml")
@@ -221,6 +140,17 @@ def write_cached(key: str, model) -> None:
     graph_cache.keep(RUNTIME, key, save)
 
 
+def name_inputs(model, names: list[str]):
+    """`model` (an openvino.Model converted from the packed forward, its inputs in the order of
+    the batch it was traced with) with its inputs named by the rows' fields `names`: the
+    conversion names them after traced values ("input.1"), and a session (inference.
+    openvino_session) and a saved IR feed them by name."""
+    for port, name in zip(model.inputs, names):
+        if name not in port.get_names():
+            port.get_tensor().set_names({name})
+    return model
+
+
 class OpenVinoGraphs:
     """`model`'s packed forward through OpenVINO: called as the model is (keyword tensors of
     one batch of rows), answering its outputs as float32 tensors by name."""
@@ -228,7 +158,7 @@ class OpenVinoGraphs:
     def __init__(self, model: torch.nn.Module, dtype: str, threads: int):
         self.model, self.dtype, self.threads = model.eval(), dtype, threads
         self.converted = None  # the openvino.Model, rows and width open (quantized once for int8)
-        self.compiled: dict[tuple, tuple] = {}  # row shape -> (infer request, its output names)
+        self.session: OpenVinoSession | None = None  # the converted model, compiled per row shape
         self.calibrated = dtype != "int8"
         self.from_cache = False  # whether the (quantized) graph was read back from the cache
         self.setup_seconds = 0.0  # conversion, quantization and compilation, all shapes
@@ -248,16 +178,23 @@ class OpenVinoGraphs:
                 self.model, example_input=batch, input=[openvino.PartialShape([-1, -1])] * len(batch)
             )
 
-    def _float32(self, batch: dict) -> None:
+    def convert(self, batch: dict) -> None:
+        """The model converted (rows and width open), or read back from the cache: once."""
         started = time.perf_counter()
         self._key(batch)
         key = "fp32-" + self.digest.hexdigest()[:32]
         self.converted = read_cached(key)
         self.from_cache = self.converted is not None
         if self.converted is None:
-            self.converted = self._convert(batch)
+            self.converted = name_inputs(self._convert(batch), self.input_names)
             write_cached(key, self.converted)
+        name_inputs(self.converted, self.input_names)  # an entry cached before inputs were named
         self.setup_seconds += time.perf_counter() - started
+
+    @property
+    def compiled(self) -> dict:
+        """The row shapes compiled so far (the session's)."""
+        return {} if self.session is None else self.session.compiled
 
     def calibrate(self, batches: list[dict]) -> None:
         """int8: quantize the converted model on `batches` (rows as pack_rows makes them, numpy
@@ -294,7 +231,8 @@ class OpenVinoGraphs:
                     self._convert(first), nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
                     subset_size=len(feeds),
                 )  # fmt: skip
-            write_cached(key, self.converted)
+            write_cached(key, name_inputs(self.converted, self.input_names))
+        name_inputs(self.converted, self.input_names)
         self.calibrated = True
         self.setup_seconds += time.perf_counter() - started
 
@@ -304,36 +242,10 @@ class OpenVinoGraphs:
                 "OpenVinoGraphs: int8 graphs are calibrated (calibrate) before their first batch"
             )
         if self.converted is None:
-            self._float32(batch)
-        shape = tuple(tuple(batch[name].shape) for name in self.input_names)
-        if shape not in self.compiled:
-            self._compile(shape)
-        request, outputs = self.compiled[shape]
-        answer = request.infer([batch[name].numpy() for name in self.input_names])
-        return {name: torch.from_numpy(np.array(answer[port])) for name, port in outputs.items()}
-
-    def _compile(self, shape: tuple) -> None:
-        import openvino
-
-        started = time.perf_counter()
-        model = self.converted.clone()
-        model.reshape({port: openvino.PartialShape(list(dims)) for port, dims in zip(model.inputs, shape)})
-        settings = {
-            "INFERENCE_PRECISION_HINT": PRECISION_HINT[self.dtype],
-            "INFERENCE_NUM_THREADS": self.threads,
-        }
-        # compiled shapes kept by OpenVINO itself, beside the graphs, only where it can write
-        # there: its compile fails on a CACHE_DIR it cannot create
-        compiled_cache = graph_cache.cache_root(RUNTIME)
-        if compiled_cache is not None and graph_cache.writable_folder(compiled_cache / "compiled"):
-            settings["CACHE_DIR"] = str(compiled_cache / "compiled")
-        with signal_stack_kept():
-            compiled = openvino_core().compile_model(model, "CPU", settings)
-        # the model's outputs by the names its forward gives them (the dict keys)
-        outputs = {}
-        for port in compiled.outputs:
-            names = port.get_names()
-            named = sorted(n for n in names if not n.isdigit())
-            outputs[named[0] if named else port.get_any_name()] = port
-        self.compiled[shape] = (compiled.create_infer_request(), outputs)
-        self.setup_seconds += time.perf_counter() - started
+            self.convert(batch)
+        if self.session is None:
+            self.session = OpenVinoSession(self.converted, self.dtype, self.threads)
+        before = self.session.setup_seconds
+        answer = self.session({name: value.numpy() for name, value in batch.items()})
+        self.setup_seconds += self.session.setup_seconds - before  # a shape's first batch compiles it
+        return {name: torch.from_numpy(value) for name, value in answer.items()}

@@ -24,7 +24,7 @@ from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.runner import runner_of
 
 from ..conftest import REPO
-from ..finetune_helpers import WORDS
+from ..exported_helpers import NO_TORCH, tiny_texts
 from ..model_helpers import cosines
 
 pytest.importorskip("onnxruntime")
@@ -36,11 +36,6 @@ def graph_cache(tmp_path_factory, monkeypatch):
     folder = tmp_path_factory.getbasetemp() / "onnx-cache"
     monkeypatch.setenv("PACKED_TRANSFORMERS_CACHE", str(folder))
     return folder / "onnxruntime"
-
-
-def tiny_texts(n: int, seed: int = 0) -> list[str]:
-    rng = np.random.default_rng(seed)
-    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 40)))) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -97,21 +92,28 @@ def test_an_exported_folder_refuses_what_its_export_settled(exported, tmp_path, 
     for extra, said in ((["--dtype", "float32"], "graph is int8"), (["--pooling", "cls"], "--pooling was settled"),
                         (["--runtime", "openvino"], "graph is for onnxruntime"),
                         (["--device", "cuda"], "runs on the CPU"),
-                        # issue 110 item 4: the advice was `packed export --dtype bfloat16`, which export refuses
-                        (["--dtype", "bfloat16"], "runs on the model folder it was exported from")):  # fmt: skip
+                        # issue 110 item 4: the advice was `packed export --dtype bfloat16`, which export
+                        # refused; now the runtime that exports bf16 is named (issue 106)
+                        (["--dtype", "bfloat16"], "needs `packed export --runtime openvino --dtype bfloat16`")):  # fmt: skip
         argv = ["--model", str(exported / "int8"), "--input", str(source), "--output", str(out), *extra]
         assert embed_command.main(argv) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1, err
         assert not out.exists()
-        for advised in re.findall(r"packed export --dtype (\w+)", err):  # advice export itself takes
-            assert advised in export_dtypes(), err
+        for advised in re.findall(r"`(packed export [^`]*)`", err):  # advice export itself takes
+            assert export_takes(advised.split()[2:]), err
 
 
-def export_dtypes() -> list[str]:
+def export_takes(options: list[str]) -> bool:
+    """Whether `packed export` accepts `options` (with a model and an output) and would export
+    them here: its parser and its runtime/dtype rule, not a model run."""
+    from packed_transformers.commands.export import runtime_problem
     from packed_transformers.commands.parsers import export_parser
 
-    return next(a.choices for a in export_parser("")._actions if "--dtype" in a.option_strings)
+    args = export_parser("").parse_args(["--model", "m", "--output", "o", *options])
+    return runtime_problem(args.runtime, args.dtype) is None or "needs a CPU" in runtime_problem(
+        args.runtime, args.dtype
+    )
 
 
 def test_a_damaged_export_is_one_line(exported, tmp_path, capsys):
@@ -237,20 +239,6 @@ def test_a_classifier_exports_with_the_same_labels(trained, tmp_path):
     summary = json.loads((tmp_path / "exported.summary.json").read_text())
     assert summary["runtime"] == "onnxruntime" and summary["dtype"] == "float32"
     assert summary["accuracy"] == json.loads((tmp_path / "torch.summary.json").read_text())["accuracy"]
-
-
-# A fresh interpreter runs a command on the exported folder, then says which of the heavy
-# packages it imported: the test judges the process, not our import lists.
-NO_TORCH = """
-import runpy, sys, json
-sys.argv = ["packed", *json.loads(sys.argv[1])]
-try:
-    runpy.run_module(sys.argv.pop(1), run_name="__main__", alter_sys=True)
-except SystemExit as done:
-    code = done.code
-print(json.dumps({"code": code, "imported": sorted(m for m in ("torch", "transformers", "openvino")
-                                                   if m in sys.modules)}), file=sys.stderr)
-"""
 
 
 @pytest.mark.parametrize("command", ["embed", "predict"])

@@ -198,7 +198,8 @@ def test_int8_through_openvino_holds_the_quality_gate_and_runs_in_int8():
 SIGNAL_AFTER_OPENVINO = """
 import ctypes, gc, os, signal, sys
 import torch
-from packed_transformers.inference.openvino_graphs import OpenVinoGraphs, signal_stack_mapped
+from packed_transformers.inference.openvino_graphs import OpenVinoGraphs
+from packed_transformers.inference.openvino_session import signal_stack_mapped
 
 class Summed(torch.nn.Module):
     def __init__(self):

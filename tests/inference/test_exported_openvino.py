@@ -1,0 +1,175 @@
+"""`packed export --runtime openvino` (issue 106 item 3): an OpenVINO IR folder run by openvino
+and tokenizers alone (inference/openvino_session.py through inference/graph_runner.py): float32
+equal to torch's packed forward per text, bfloat16 close to it and not float32 where the CPU
+computes bf16 (refused in one line where it does not), a classifier's labels and scores as
+torch's, the process importing neither torch nor transformers, a damaged IR one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from packed_transformers.commands import embed as embed_command
+from packed_transformers.commands import export as export_command
+from packed_transformers.commands import predict as predict_command
+from packed_transformers.door.exported_folder import load_exported, read_export
+from packed_transformers.inference.embedding import encode, load_encoder
+from packed_transformers.inference.runtime_choice import cpu_flags
+
+from ..conftest import REPO
+from ..exported_helpers import NO_TORCH, tiny_texts
+from ..model_helpers import cosines
+
+pytest.importorskip("openvino")
+
+COMPUTES_BF16 = bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+@pytest.fixture(autouse=True)
+def graph_cache(tmp_path_factory, monkeypatch):
+    """Converted graphs kept in this session's temporary folder, never the user's cache."""
+    monkeypatch.setenv("PACKED_TRANSFORMERS_CACHE", str(tmp_path_factory.getbasetemp() / "graph-cache"))
+
+
+def export(checkpoint, output, *extra) -> int:
+    return export_command.main(["--model", str(checkpoint), "--output", str(output), "--pooling", "mean",
+                                "--normalize", "--runtime", "openvino", *extra])  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def exported(checkpoint, tmp_path_factory):
+    """`checkpoint` exported for OpenVINO as a mean-pooled, normalised embedding model, float32
+    (and bfloat16 where the CPU computes it)."""
+    root = tmp_path_factory.mktemp("openvino-export")
+    for dtype in ("float32", "bfloat16") if COMPUTES_BF16 else ("float32",):
+        assert export(checkpoint, root / dtype, "--dtype", dtype) == 0
+    return root
+
+
+def test_the_openvino_folder_embeds_as_torch_does(checkpoint, exported, tmp_path):
+    info = read_export(exported / "float32")
+    assert (info.runtime, info.dtype, info.graph) == ("openvino", "float32", "model.xml")
+    assert set(info.files) == {"model.xml", "model.bin", "tokenizer.json"}
+    texts = tiny_texts(40, seed=1)
+    reference = encode(texts, load_encoder(checkpoint, pooling=["mean"], normalize=True))
+    vectors = encode(texts, load_exported(exported / "float32"))
+    assert cosines(vectors, reference).min() >= 0.99999
+    np.testing.assert_allclose(vectors, reference, rtol=0, atol=2e-5)
+    # the command gives the API's vectors, and says which graph ran
+    source = tmp_path / "texts.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "e.npy"
+    assert embed_command.main(["--model", str(exported / "float32"), "--input", str(source), "--output",
+                               str(out), "--quiet"]) == 0  # fmt: skip
+    np.testing.assert_allclose(np.load(out), vectors, rtol=0, atol=1e-6)
+
+
+@pytest.mark.skipif(not COMPUTES_BF16, reason="this CPU has neither AVX512_BF16 nor AMX")
+def test_the_bfloat16_folder_is_close_to_torch_and_not_float32(checkpoint, exported):
+    texts = tiny_texts(40, seed=2)
+    reference = encode(texts, load_encoder(checkpoint, pooling=["mean"], normalize=True))
+    bf16 = encode(texts, load_exported(exported / "bfloat16"))
+    float32 = encode(texts, load_exported(exported / "float32"))
+    assert cosines(bf16, reference).min() >= 0.999
+    assert np.abs(bf16 - float32).max() > 1e-4  # the plugin did compute in bf16
+    assert read_export(exported / "bfloat16").dtype == "bfloat16"
+
+
+def test_bfloat16_where_the_cpu_lacks_it_is_one_line(checkpoint, exported, tmp_path, monkeypatch, capsys):
+    """Export refuses it, and a bf16 folder carried to such a CPU is refused at load."""
+    from packed_transformers.inference import runtime_choice
+
+    monkeypatch.setattr(runtime_choice, "cpu_flags", lambda *a: frozenset({"avx2", "avx512f", "avx512_vnni"}))
+    assert export(checkpoint, tmp_path / "bf16", "--dtype", "bfloat16") == 2
+    err = capsys.readouterr().err
+    assert "needs a CPU that computes bf16" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "bf16").exists()
+    if COMPUTES_BF16:
+        source = tmp_path / "texts.jsonl"
+        source.write_text(json.dumps({"text": "a text"}) + "\n")
+        out = tmp_path / "e.npy"
+        assert embed_command.main(["--model", str(exported / "bfloat16"), "--input", str(source),
+                                   "--output", str(out)]) == 2  # fmt: skip
+        err = capsys.readouterr().err
+        assert "model.xml: a bfloat16 graph; this one would emulate it" in err and err.count("\n") == 1, err
+        assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("runtime", "dtype", "said"),
+    [("openvino", "int8", "--runtime openvino exports float32 or bfloat16, not int8 (--runtime onnxruntime"),
+     ("onnxruntime", "bfloat16", "--runtime onnxruntime exports float32 or int8, not bfloat16 (--runtime openvino")],
+)  # fmt: skip
+def test_a_precision_the_runtime_does_not_export_is_one_line(
+    checkpoint, tmp_path, capsys, runtime, dtype, said
+):
+    argv = ["--model", str(checkpoint), "--output", str(tmp_path / "out"), "--pooling", "mean",
+            "--runtime", runtime, "--dtype", dtype]  # fmt: skip
+    assert export_command.main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_classifier_exported_for_openvino_predicts_as_torch(trained, tmp_path):
+    model = trained / "run" / "model"
+    folder = tmp_path / "exported"
+    assert export_command.main(["--model", str(model), "--output", str(folder), "--runtime", "openvino"]) == 0
+    outputs = {}
+    for name, source in (("torch", model), ("exported", folder)):
+        out = tmp_path / f"{name}.jsonl"
+        assert predict_command.main(["--model", str(source), "--input", str(trained / "val.jsonl"),
+                                     "--output", str(out)]) == 0  # fmt: skip
+        outputs[name] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["label"] for r in outputs["exported"]] == [r["label"] for r in outputs["torch"]]
+    for ours, theirs in zip(outputs["exported"], outputs["torch"]):
+        for label, value in theirs["scores"].items():
+            assert abs(ours["scores"][label] - value) <= 2e-6
+    summary = json.loads((tmp_path / "exported.summary.json").read_text())
+    assert summary["runtime"] == "openvino" and summary["dtype"] == "float32"
+
+
+def test_the_openvino_folder_runs_without_torch_or_transformers(exported, tmp_path):
+    source = tmp_path / "texts.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in tiny_texts(5)))
+    args = ["packed_transformers.commands.embed", "--model", str(exported / "float32"), "--input", str(source),
+            "--output", str(tmp_path / "e.npy"), "--quiet"]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", NO_TORCH, json.dumps(args)], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)  # fmt: skip
+    report = json.loads(done.stderr.strip().splitlines()[-1])
+    assert report == {"code": 0, "imported": ["openvino"]}, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("damage", ["weights cut short", "weights swapped", "not an IR"])
+def test_a_damaged_openvino_folder_is_one_line(exported, tmp_path, capsys, damage):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(exported / "float32", broken)
+    weights = broken / "model.bin"
+    if damage == "weights cut short":
+        weights.write_bytes(weights.read_bytes()[:100])
+        said = "model.bin: 100 bytes"
+    elif damage == "weights swapped":
+        data = bytearray(weights.read_bytes())
+        data[-8:] = bytes(8)
+        weights.write_bytes(bytes(data))
+        said = "model.bin: not the file this folder was exported with"
+    else:  # a graph file that is not an IR, its recorded size and digest made to match
+        (broken / "model.xml").write_text("<net>" + " " * 20 + "</not>")
+        from packed_transformers.door.export_checks import recorded_files
+
+        info = json.loads((broken / "packed_export.json").read_text())
+        info["files"].update(recorded_files(broken, ["model.xml"]))
+        (broken / "packed_export.json").write_text(json.dumps(info))
+        said = "model.xml: OpenVINO cannot load this graph"
+    source = tmp_path / "texts.jsonl"
+    source.write_text(json.dumps({"text": "a text"}) + "\n")
+    assert embed_command.main(["--model", str(broken), "--input", str(source), "--output",
+                               str(tmp_path / "e.npy")]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
