@@ -45,8 +45,12 @@ once), st-encode kept as the vectors' reference:
   exported-int8        `packed embed` on a folder `packed export --dtype int8` wrote before the rounds
                        (not timed, as the peers quantize once): the torch-free process
 
+  exported-openvino-bf16  `packed embed` on a folder `packed export --runtime openvino --dtype bfloat16`
+                       wrote (OpenVINO + tokenizers, no torch), on a CPU that computes bf16 only
+
 embed-int8 and embed-openvino-int8 are left out on a CPU without VNNI, where both are refused.
-With --peers, also exported-fp32 (the same, float32) and embed-onnxruntime (--runtime onnxruntime).
+With --peers, also exported-fp32 (the same, float32), exported-openvino-fp32 (`packed export
+--runtime openvino`) and embed-onnxruntime (--runtime onnxruntime).
 
 Each is timed twice: the whole process (interpreter start, imports, model load, reading,
 writing: what a user waits for) and its own encode loop. The vectors of every run are
@@ -228,6 +232,8 @@ def main() -> int:
         ours = ("embed-int8", "embed-openvino-int8") if has_vnni(cpu_flags()) else ()
         results = {name: [] for name in ("st-encode", *ours, "embed-onnxruntime-int8", "exported-int8",
                                          "onnxruntime-int8", "openvino-int8")}  # fmt: skip
+        if {"avx512_bf16", "amx_bf16"} & cpu_flags():
+            results["exported-openvino-bf16"] = []
         os.environ["PACKED_TRANSFORMERS_CACHE"] = tempfile.mkdtemp(prefix="bench-embed-graphs-")
     if args.peers:
         import importlib.util
@@ -239,6 +245,7 @@ def main() -> int:
         if importlib.util.find_spec("openvino") is not None:
             results["openvino"] = []
             results["embed-openvino"] = []
+            results["exported-openvino-fp32"] = []
         if importlib.util.find_spec("fastembed") is not None:
             results["fastembed"] = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -257,10 +264,11 @@ def main() -> int:
         exports = {}
         for name in [name for name in results if name.startswith("exported-")]:
             exports[name] = Path(scratch) / name
-            dtype = "int8" if name.endswith("int8") else "float32"
+            dtype = {"int8": "int8", "bf16": "bfloat16"}.get(name.rsplit("-", 1)[1], "float32")
+            runtime = "openvino" if name.startswith("exported-openvino") else "onnxruntime"
             subprocess.run([sys.executable, "-m", "packed_transformers.commands.export", "--model", model,
-                            "--output", str(exports[name]), "--dtype", dtype], cwd=REPO, check=True,
-                           capture_output=True)  # fmt: skip
+                            "--output", str(exports[name]), "--dtype", dtype, "--runtime", runtime], cwd=REPO,
+                           check=True, capture_output=True)  # fmt: skip
 
         def argv_of(name):
             if name == "st-encode":
@@ -319,7 +327,8 @@ def main() -> int:
         print(f"\n{name} / st-encode, paired per round: whole process {np.median(whole):.2f}x "
               f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
     for ours in [name for name in ("embed-packed", "embed-openvino", "embed-onnxruntime", "exported-fp32",
-                                   "embed-int8", "embed-openvino-int8", "embed-onnxruntime-int8", "exported-int8")
+                                   "exported-openvino-fp32", "embed-int8", "embed-openvino-int8",
+                                   "embed-onnxruntime-int8", "exported-int8", "exported-openvino-bf16")
                  if name in results]:  # fmt: skip
         for peer in [name for name in ("onnxruntime", "openvino", "fastembed", "onnxruntime-int8", "openvino-int8")
                      if name in results]:  # fmt: skip
