@@ -77,6 +77,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "debian-texts": Subcommand("data.debian_texts", "Debian's package descriptions as JSON lines (LM text)"),
     "embedding-texts": Subcommand("data.embedding_texts", "texts of several length profiles to embed"),
     "assets": Subcommand("data.assets", "where the offline assets are (the MiniLM model, the BBC corpus)"),
+    "recipes": Subcommand(
+        "commands.recipes", "the README's configs/ and examples/ written here (a pip install's)"
+    ),
 }
 
 

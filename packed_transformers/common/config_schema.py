@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import difflib
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,8 +218,19 @@ def read_yaml(path) -> dict:
     """A config file: a mapping of sections (ConfigError naming the file otherwise), parsed
     by load_yaml_text's rules (no key twice, aliases bounded)."""
     path = Path(path)
+    if not path.is_file() and not path.exists():
+        from packed_transformers.common.recipes import shipped_config, shipped_config_names
+
+        shipped = shipped_config(path)
+        if shipped is None:
+            names = ", ".join(shipped_config_names())
+            raise ConfigError(f"--config {path}: file not found (the shipped configs, by name: {names})")
+        # a pip user's README command in an empty folder: the installed copy, said once
+        print(f"--config {path}: no such file here; reading the installed {shipped.name} "
+              "(`packed recipes` writes configs/ and examples/ here to edit)", file=sys.stderr)  # fmt: skip
+        path = shipped
     if not path.is_file():
-        raise ConfigError(f"--config {path}: file not found")
+        raise ConfigError(f"--config {path}: not a file")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:

@@ -35,7 +35,8 @@ def value_of(argv: list[str], option: str) -> str | None:
 
 def path_mistake(option: str, value: str, kind: str) -> str | None:
     """The one line for `value` given to `option` when it cannot be what `kind` needs
-    ("folder" | "file" | "inputs": a file, folder or glob), else None."""
+    ("folder" | "file" | "config": a file or a shipped config's name | "inputs": a file, folder
+    or glob), else None."""
     path = Path(value)
     if kind == "folder":
         if path.is_dir():
@@ -56,6 +57,12 @@ def path_mistake(option: str, value: str, kind: str) -> str | None:
         return None if path.exists() else f"{option} {value}: no such file or folder"
     if path.exists():
         return f"{option} {value}: is a directory; give a file" if path.is_dir() else None
+    if kind == "config":  # a shipped config's name or README path (common.recipes) is read from the package
+        from packed_transformers.common.recipes import shipped_config, shipped_config_names
+
+        if shipped_config(path) is not None:
+            return None
+        return f"{option} {value}: file not found (the shipped configs, by name: {', '.join(shipped_config_names())})"
     return f"{option} {value}: file not found"
 
 

@@ -34,7 +34,7 @@ if __name__ == "__main__":  # option and path mistakes answered before torch is 
     from packed_transformers.finetune.config import exit_on_config_mistakes, train_parser
 
     early = train_parser(__doc__).parse_args()  # --help, a mistyped or missing option: exits here
-    exit_on_path_mistakes({"--config": "file"})
+    exit_on_path_mistakes({"--config": "config"})
     exit_on_config_mistakes(early)  # its keys, model.init_checkpoint's folder
 
 import json

@@ -199,3 +199,45 @@ def test_readme_recipes_run_as_written(tmp_path, group, request):
         summary = json.loads((tmp_path / "runs/my_embedder/summary.json").read_text())
         assert summary["task"] == "embedding" and (tmp_path / "runs/my_embedder/model/modules.json").is_file()
         assert lines == (5000 if AS_WRITTEN else 64)
+
+
+def test_a_pip_user_runs_the_recipes_from_an_empty_folder(tmp_path, request):
+    """Issue 110 item 1: the package built as a wheel and installed outside the repository
+    (`pip install --target`, its dependencies those of .venv), then in an empty folder
+    `packed recipes` and recipe 2's and the embedding recipe's commands as the README gives
+    them (at tiny scale): no config, input or script comes from the repository."""
+    import shutil
+
+    source = tmp_path / "source"  # a copy: setuptools stages its build/ beside the sources
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".venv*", ".git", "runs", "demo_out", "demo_qa", "work", "build", "*.egg-info", "__pycache__", "tests",
+        "docs", "bench"))  # fmt: skip
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(tmp_path)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    site = tmp_path / "site"
+    wheel = next(tmp_path.glob("packed_transformers-*.whl"))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    user = tmp_path / "user"
+    user.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site), PATH=f"{site / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+               PACKED_ASSET_MODEL=str(request.getfixturevalue("small_minilm")))  # fmt: skip
+    where = subprocess.run([sys.executable, "-c", "import packed_transformers; print(packed_transformers.__file__)"],
+                           cwd=user, env=env, capture_output=True, text=True, check=True)  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(site), (
+        where.stdout
+    )  # the installed copy, not the repository's
+    blocks = readme_blocks()
+    commands = ["packed recipes", *blocks["finetune"][:3], *blocks["embed-train"]]
+    for command in commands:
+        done = subprocess.run(["bash", "-c", at_tiny_scale(command)], cwd=user, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    assert (user / "configs/finetune_own.yaml").read_bytes() == (
+        REPO / "configs/finetune_own.yaml"
+    ).read_bytes()
+    assert (user / "runs/my_classifier/model/config.json").is_file()
+    assert len((user / "work/predictions.jsonl").read_text().splitlines()) == len(
+        (REPO / "examples/classify/new_texts.jsonl").read_text().splitlines()
+    )
+    assert (user / "runs/my_embedder/model/modules.json").is_file()
