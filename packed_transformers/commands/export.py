@@ -4,7 +4,8 @@ run with neither torch nor transformers imported (door.exported_folder).
 
     packed export --model DIR --output OUT [--runtime onnxruntime] [--dtype float32 | int8]
         [--pooling mean] [--normalize | --no-normalize] [--max-length N]
-    packed export --model DIR --output OUT --runtime openvino [--dtype float32 | bfloat16]
+    packed export --model DIR --output OUT --runtime openvino [--dtype float32 | bfloat16 | int8]
+        [--calibration texts.jsonl]
 
 DIR: a sentence-transformers folder (or any encoder folder with --pooling): an embedding
 export; a classification folder (finetune.train's, or a transformers folder with a
@@ -12,7 +13,9 @@ sequence-classification head): a classification export. The graph is exported wi
 width and slots open: for ONNX Runtime (inference.onnx_graphs) float32 or its dynamic int8;
 for OpenVINO (inference.openvino_graphs' conversion, saved as an IR) float32, or the same IR
 run in bf16 where the CPU computes it (AVX512_BF16, AMX; the folder's dtype says so and a CPU
-without bf16 refuses it at load). Then checked before the folder appears: the exported graph
+without bf16 refuses it at load), or NNCF's static int8 (embedding models; a CPU with VNNI),
+calibrated here on --calibration's texts (JSON lines; default: 300 of the installed BBC
+corpus's), never at a user's first call. Then checked before the folder appears: the exported graph
 run by its runtime on packed rows of varied widths and slot counts against the torch model on
 the same rows (float32: cosine >= 0.99999 per text, the same labels; int8 and bfloat16: reported). OUT appears complete or not at all
 (atomic rename); it never replaces the model folder. A one-line JSON summary goes to stdout.
@@ -122,21 +125,80 @@ def compare(model, loaded, graph_path: Path, runtime: str, dtype: str, task: str
     return figures
 
 
-def save_openvino_graph(model, trace_rows: dict, dtype: str, folder: Path) -> tuple[str, list[str]]:
+def save_openvino_graph(
+    model, loaded, trace_rows: dict, dtype: str, folder: Path, calibration
+) -> tuple[str, list[str]]:
     """The packed model converted for OpenVINO (inference.openvino_graphs, rows and width open;
     its conversion cache used) and saved as an IR in `folder` -> (graph file, files written).
-    Weights stay f32 in the IR (bfloat16 is the precision the CPU plugin is asked for)."""
+    Weights stay f32 in the IR (bfloat16 is the precision the CPU plugin is asked for); int8:
+    NNCF's static quantization calibrated here, once, on the packed rows of `calibration`'s
+    texts batched as `packed embed` batches them (inference.embedding.calibrate), never on a
+    user's first call."""
     import openvino
     import torch
 
     from packed_transformers.inference.openvino_graphs import OpenVinoGraphs
     from packed_transformers.inference.openvino_session import signal_stack_kept
 
-    graphs = OpenVinoGraphs(model, dtype, torch.get_num_threads())
-    graphs.convert({name: torch.from_numpy(value) for name, value in trace_rows.items()})
+    if dtype == "int8":
+        from packed_transformers.inference.embedding import calibrate
+        from packed_transformers.inference.options import InferenceOptions
+        from packed_transformers.inference.runner import Runner
+
+        runner = Runner(model, "cpu", "int8", runtime="openvino")
+        calibrate(runner, loaded, [], InferenceOptions.for_embedding(runtime="openvino", dtype="int8",
+                                                                      calibration_texts=tuple(calibration)))  # fmt: skip
+        converted = runner._forward_model.converted
+    else:
+        graphs = OpenVinoGraphs(model, dtype, torch.get_num_threads())
+        graphs.convert({name: torch.from_numpy(value) for name, value in trace_rows.items()})
+        converted = graphs.converted
     with signal_stack_kept():
-        openvino.save_model(graphs.converted, str(folder / "model.xml"), compress_to_fp16=False)
+        openvino.save_model(converted, str(folder / "model.xml"), compress_to_fp16=False)
     return "model.xml", ["model.xml", "model.bin"]
+
+
+CALIBRATION_TEXTS = 300  # texts an int8 export is calibrated on (optimum-intel's default sample)
+
+
+def calibration_texts(path: Path | None) -> tuple[list[str], str]:
+    """The texts an OpenVINO int8 export is calibrated on, and where they came from: the
+    JSON lines of `path` (`{"text": ...}`; every line, at most CALIBRATION_TEXTS of them by a
+    fixed sample), else a fixed sample of CALIBRATION_TEXTS of the installed BBC corpus's mixed
+    texts (`packed assets install`). ExampleError (one line) for a file that is not such
+    lines, or no file and no corpus."""
+    from packed_transformers.inference.openvino_graphs import calibration_picks
+
+    if path is not None:
+        from packed_transformers.data.classification_data import record_of_line
+
+        texts = []
+        with open(path, "rb") as lines:
+            for number, line in enumerate(lines, 1):
+                if line.strip():
+                    text = record_of_line(line, f"{path}:{number}").get("text")
+                    if not isinstance(text, str) or not text.strip():
+                        raise ExampleError(f"{path}:{number}: field 'text': expected a non-empty string")
+                    texts.append(text)
+        source = str(path)
+    else:
+        try:
+            from packed_transformers.data.assets import corpus_glob
+            from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+
+            texts = texts_of(bbc_articles(corpus_glob()), "mixed")
+        except (ImportError, OSError, ExampleError) as err:
+            raise ExampleError(
+                f'--dtype int8 calibrates on texts like yours: give --calibration FILE (JSON lines with "text"), '
+                f"or install the BBC corpus it uses otherwise (packed assets install; {str(err)[:80]})"
+            ) from None
+        source = "the installed BBC corpus (mixed texts)"
+    from packed_transformers.inference.openvino_graphs import MIN_CALIBRATION_TEXTS
+
+    if len(texts) < MIN_CALIBRATION_TEXTS:
+        raise ExampleError(f"--calibration {path}: {len(texts)} texts; int8 calibrates on at least "
+                           f"{MIN_CALIBRATION_TEXTS} (best: {CALIBRATION_TEXTS} like the ones to come)")  # fmt: skip
+    return [texts[i] for i in calibration_picks(len(texts))], source
 
 
 def export(args) -> dict:
@@ -159,6 +221,12 @@ def export(args) -> dict:
             f"--model {args.model}: a {task} folder; packed export writes {' and '.join(GRAPH_TASKS)} folders"
         )
     model = loaded.model.eval()
+    calibration, calibrated_on = [], None
+    if args.runtime == "openvino" and args.dtype == "int8":
+        if task != "embedding":
+            raise ExampleError(f"--model {args.model}: a {task} folder; --runtime openvino --dtype int8 exports "
+                               "embedding models (a classifier: --runtime onnxruntime --dtype int8)")  # fmt: skip
+        calibration, calibrated_on = calibration_texts(args.calibration)
     texts = check_rows(model.config.vocab_size, loaded.max_length)
     table, width = tables_for_check([len(t) for t in texts])[1]
     trace_rows = pack_rows(texts, table, width)
@@ -167,7 +235,9 @@ def export(args) -> dict:
     )
     with atomic_folder(args.output) as folder:
         if args.runtime == "openvino":
-            graph_file, written = save_openvino_graph(model, trace_rows, args.dtype, folder)
+            graph_file, written = save_openvino_graph(
+                model, loaded, trace_rows, args.dtype, folder, calibration
+            )
             outputs = ["embeddings" if task == "embedding" else "logits"]
         else:
             outputs = export_graph(model, trace_rows, args.dtype, folder / GRAPH_FILE)
@@ -193,15 +263,16 @@ def export(args) -> dict:
         (folder / EXPORTED).write_text(json.dumps(info.to_json(), indent=1) + "\n", encoding="utf-8")
     size = sum(p.stat().st_size for p in Path(args.output).iterdir())
     return {"output": str(args.output), "task": task, "runtime": args.runtime, "dtype": args.dtype,
-            "dimension": int(dimension), "megabytes": round(size / 2**20, 1), **figures}  # fmt: skip
+            "dimension": int(dimension), "megabytes": round(size / 2**20, 1), **figures,
+            **({"calibrated_on": f"{len(calibration)} texts of {calibrated_on}"} if calibration else {})}  # fmt: skip
 
 
 def runtime_problem(runtime: str, dtype: str) -> str | None:
     """The one line refusing an export this install or CPU cannot make (and check), or None."""
     if dtype not in EXPORT_DTYPES_OF[runtime]:
+        others = [name for name, dtypes in EXPORT_DTYPES_OF.items() if dtype in dtypes]
         return (f"--runtime {runtime} exports {' or '.join(EXPORT_DTYPES_OF[runtime])}, not {dtype}"
-                + {"bfloat16": " (--runtime openvino --dtype bfloat16 does)", "int8": " (--runtime onnxruntime "
-                   "--dtype int8 does)"}.get(dtype, ""))  # fmt: skip
+                + (f" (--runtime {others[0]} --dtype {dtype} does)" if others else ""))  # fmt: skip
     if runtime == "openvino":
         from packed_transformers.inference.openvino_graphs import openvino_problem
 
@@ -212,6 +283,10 @@ def runtime_problem(runtime: str, dtype: str) -> str | None:
 def main(argv=None) -> int:
     args = export_parser(__doc__).parse_args(argv)
     wrong = runtime_problem(args.runtime, args.dtype)
+    if not wrong and args.calibration is not None and (args.runtime, args.dtype) != ("openvino", "int8"):
+        wrong = "--calibration: only --runtime openvino --dtype int8 is calibrated (ONNX Runtime's int8 is dynamic)"
+    if not wrong and args.calibration is not None and not Path(args.calibration).is_file():
+        wrong = f"--calibration {args.calibration}: file not found"
     if not wrong and is_exported(args.model):  # its graph is made: there is no model to export again
         wrong = (f"--model {args.model}: is an exported folder ({EXPORTED}); export the model folder it was "
                  "made from (its packed_export.json names it under source.folder)")  # fmt: skip

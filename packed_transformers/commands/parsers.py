@@ -113,8 +113,12 @@ def export_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--runtime", default="onnxruntime", choices=("onnxruntime", "openvino"),
                         help="the runtime the graph is for (openvino: an IR run by openvino + tokenizers)")  # fmt: skip
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "int8"),
-                        help="int8: ONNX Runtime's dynamic quantization (weights per channel); bfloat16: "
-                        "--runtime openvino on a CPU that computes bf16 (AVX512_BF16 or AMX)")  # fmt: skip
+                        help="int8: ONNX Runtime's dynamic quantization (weights per channel), or with --runtime "
+                        "openvino NNCF's static int8 calibrated at export; bfloat16: --runtime openvino on a CPU that "
+                        "computes bf16 (AVX512_BF16 or AMX)")  # fmt: skip
+    parser.add_argument("--calibration", type=Path,
+                        help="--runtime openvino --dtype int8: JSON lines {\"text\"} like the texts to come (300 sampled; "
+                        "default: the installed BBC corpus's)")  # fmt: skip
     parser.add_argument(
         "--pooling", nargs="+", choices=POOLING_MODES,
         help="export as an embedding model pooled so (default: the folder's Pooling module's mode)",

@@ -32,7 +32,7 @@ from packed_transformers.data.classification_data import ExampleError
 MAX_EXPORT_JSON_BYTES = 16 * 2**20
 # what an export's graph is run by, and in which precisions (inference.onnx_session,
 # inference.openvino_session)
-EXPORT_DTYPES_OF = {"onnxruntime": ("float32", "int8"), "openvino": ("float32", "bfloat16")}
+EXPORT_DTYPES_OF = {"onnxruntime": ("float32", "int8"), "openvino": ("float32", "bfloat16", "int8")}
 EXPORT_RUNTIMES = tuple(EXPORT_DTYPES_OF)
 EXPORT_DTYPES = tuple(dict.fromkeys(d for dtypes in EXPORT_DTYPES_OF.values() for d in dtypes))
 # the graph's outputs and the task each belongs to (door.exported_folder.COMMAND_OF_OUTPUT)

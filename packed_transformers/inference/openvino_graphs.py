@@ -35,6 +35,7 @@ the same session), which also holds the process's one Core and why it keeps sign
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -140,6 +141,30 @@ def write_cached(key: str, model) -> None:
     graph_cache.keep(RUNTIME, key, save)
 
 
+@contextlib.contextmanager
+def nncf_quiet():
+    """NNCF's quantization without its noise on stdout, where a command's own answer goes (a
+    JSON summary): its progress bars (rich, written to sys.stdout) dropped, its log lines
+    (a handler on stdout, INFO and up) sent to stderr from WARNING up."""
+    import io
+    import sys
+
+    from nncf.common.logging.logger import nncf_logger
+
+    handlers = [h for h in nncf_logger.handlers if isinstance(h, logging.StreamHandler)]
+    before = [(h.stream, h.level) for h in handlers]
+    for handler in handlers:  # the attribute, not setStream: that flushes the old stream, which a
+        handler.stream = sys.stderr  # test's captured stdout may have closed since nncf's import
+        handler.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        for handler, (stream, level) in zip(handlers, before):
+            handler.stream = stream
+            handler.setLevel(level)
+
+
 def name_inputs(model, names: list[str]):
     """`model` (an openvino.Model converted from the packed forward, its inputs in the order of
     the batch it was traced with) with its inputs named by the rows' fields `names`: the
@@ -226,7 +251,10 @@ class OpenVinoGraphs:
         if self.converted is None:
             import nncf
 
-            with signal_stack_kept():  # NNCF compiles the model on Cores of its own to calibrate
+            with (
+                signal_stack_kept(),
+                nncf_quiet(),
+            ):  # NNCF compiles the model on Cores of its own to calibrate
                 self.converted = nncf.quantize(
                     self._convert(first), nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
                     subset_size=len(feeds),

@@ -101,8 +101,7 @@ def test_bfloat16_where_the_cpu_lacks_it_is_one_line(checkpoint, exported, tmp_p
 
 @pytest.mark.parametrize(
     ("runtime", "dtype", "said"),
-    [("openvino", "int8", "--runtime openvino exports float32 or bfloat16, not int8 (--runtime onnxruntime"),
-     ("onnxruntime", "bfloat16", "--runtime onnxruntime exports float32 or int8, not bfloat16 (--runtime openvino")],
+    [("onnxruntime", "bfloat16", "--runtime onnxruntime exports float32 or int8, not bfloat16 (--runtime openvino")],
 )  # fmt: skip
 def test_a_precision_the_runtime_does_not_export_is_one_line(
     checkpoint, tmp_path, capsys, runtime, dtype, said
@@ -173,3 +172,57 @@ def test_a_damaged_openvino_folder_is_one_line(exported, tmp_path, capsys, damag
                                str(tmp_path / "e.npy")]) == 2  # fmt: skip
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1, err
+
+
+HAS_VNNI = __import__("packed_transformers.inference.runtime_choice", fromlist=["has_vnni"]).has_vnni(
+    cpu_flags()
+)
+
+
+@pytest.mark.skipif(not HAS_VNNI, reason="OpenVINO's int8 needs VNNI (refused without it)")
+def test_a_static_int8_export_is_calibrated_once_at_export_on_the_given_texts(checkpoint, tmp_path, capsys):
+    texts = tiny_texts(60, seed=5)
+    calibration = tmp_path / "calibration.jsonl"
+    calibration.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    assert export(checkpoint, tmp_path / "int8", "--dtype", "int8", "--calibration", str(calibration)) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["calibrated_on"] == f"60 texts of {calibration}" and summary["min_cosine_to_torch"] >= 0.95
+    info = read_export(tmp_path / "int8")
+    assert (info.runtime, info.dtype) == ("openvino", "int8")
+    reference = encode(texts, load_encoder(checkpoint, pooling=["mean"], normalize=True))
+    exported = load_exported(tmp_path / "int8")
+    vectors = encode(texts[:5], exported)  # five texts: nothing is calibrated at a first call
+    assert cosines(vectors, reference[:5]).min() >= 0.95
+    assert not np.allclose(vectors, reference[:5], atol=1e-4)  # int8 did run
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [(["--dtype", "float32", "--calibration", "{cal}"], "--calibration: only --runtime openvino --dtype int8"),
+     (["--dtype", "int8", "--calibration", "{tmp}/none.jsonl"], "none.jsonl: file not found"),
+     (["--dtype", "int8", "--calibration", "{bad}"], "bad.jsonl:2: field 'text': expected a non-empty string"),
+     (["--dtype", "int8", "--calibration", "{few}"], "3 texts; int8 calibrates on at least 24")],
+)  # fmt: skip
+def test_calibration_mistakes_are_one_line(checkpoint, tmp_path, capsys, extra, said):
+    (tmp_path / "cal.jsonl").write_text(json.dumps({"text": "a text"}) + "\n")
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "a"}) + "\n" + json.dumps({"txt": "b"}) + "\n")
+    (tmp_path / "few.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in ("a", "b", "c")))
+    values = {"cal": tmp_path / "cal.jsonl", "bad": tmp_path / "bad.jsonl", "few": tmp_path / "few.jsonl",
+              "tmp": tmp_path}  # fmt: skip
+    if not HAS_VNNI and "int8" in extra and "{cal}" not in extra:
+        pytest.skip("OpenVINO's int8 is refused before its calibration here (no VNNI)")
+    assert export(checkpoint, tmp_path / "out", *[e.format(**values) for e in extra]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_classifier_is_not_exported_as_openvino_int8(trained, tmp_path, capsys):
+    if not HAS_VNNI:
+        pytest.skip("OpenVINO's int8 is refused here before the folder is read (no VNNI)")
+    assert export_command.main(["--model", str(trained / "run" / "model"), "--output", str(tmp_path / "o"),
+                                "--runtime", "openvino", "--dtype", "int8"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert (
+        "--runtime openvino --dtype int8 exports embedding models (a classifier: --runtime onnxruntime" in err
+    )
