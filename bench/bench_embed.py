@@ -45,8 +45,10 @@ once), st-encode kept as the vectors' reference:
   exported-int8        `packed embed` on a folder `packed export --dtype int8` wrote before the rounds
                        (not timed, as the peers quantize once): the torch-free process
 
-  exported-openvino-bf16  `packed embed` on a folder `packed export --runtime openvino --dtype bfloat16`
-                       wrote (OpenVINO + tokenizers, no torch), on a CPU that computes bf16 only
+  exported-openvino-int8  `packed embed` on a folder `packed export --runtime openvino --dtype int8
+                       --calibration F` wrote (NNCF's static int8 on openvino-int8's 300 calibration
+                       texts; OpenVINO + tokenizers, no torch), on a CPU with VNNI only
+  exported-openvino-bf16  the same, `--dtype bfloat16`, on a CPU that computes bf16 only
 
 embed-int8 and embed-openvino-int8 are left out on a CPU without VNNI, where both are refused.
 With --peers, also exported-fp32 (the same, float32), exported-openvino-fp32 (`packed export
@@ -171,7 +173,11 @@ def int8_peer_models(
     quantized = nncf.quantize(openvino.Core().read_model(str(exported)), nncf.Dataset(feeds),
                               model_type=nncf.ModelType.TRANSFORMER, subset_size=len(feeds))  # fmt: skip
     openvino.save_model(quantized, str(scratch / "int8" / "minilm_int8.xml"))
-    return {"onnxruntime-int8": onnx_int8, "openvino-int8": scratch / "int8" / "minilm_int8.xml"}
+    # the same texts calibrate our OpenVINO int8 export (exported-openvino-int8)
+    texts_file = scratch / "int8" / "calibration.jsonl"
+    texts_file.write_text("".join(json.dumps({"text": t}) + "\n" for t in calibration))
+    return {"onnxruntime-int8": onnx_int8, "openvino-int8": scratch / "int8" / "minilm_int8.xml",
+            "calibration": texts_file}  # fmt: skip
 
 
 def run(argv: list[str], threads: int) -> tuple[float, dict]:
@@ -232,6 +238,8 @@ def main() -> int:
         ours = ("embed-int8", "embed-openvino-int8") if has_vnni(cpu_flags()) else ()
         results = {name: [] for name in ("st-encode", *ours, "embed-onnxruntime-int8", "exported-int8",
                                          "onnxruntime-int8", "openvino-int8")}  # fmt: skip
+        if has_vnni(cpu_flags()):
+            results["exported-openvino-int8"] = []
         if {"avx512_bf16", "amx_bf16"} & cpu_flags():
             results["exported-openvino-bf16"] = []
         os.environ["PACKED_TRANSFORMERS_CACHE"] = tempfile.mkdtemp(prefix="bench-embed-graphs-")
@@ -266,9 +274,12 @@ def main() -> int:
             exports[name] = Path(scratch) / name
             dtype = {"int8": "int8", "bf16": "bfloat16"}.get(name.rsplit("-", 1)[1], "float32")
             runtime = "openvino" if name.startswith("exported-openvino") else "onnxruntime"
+            calibration = (
+                ["--calibration", str(quantized["calibration"])] if name == "exported-openvino-int8" else []
+            )
             subprocess.run([sys.executable, "-m", "packed_transformers.commands.export", "--model", model,
-                            "--output", str(exports[name]), "--dtype", dtype, "--runtime", runtime], cwd=REPO,
-                           check=True, capture_output=True)  # fmt: skip
+                            "--output", str(exports[name]), "--dtype", dtype, "--runtime", runtime, *calibration],
+                           cwd=REPO, check=True, capture_output=True)  # fmt: skip
 
         def argv_of(name):
             if name == "st-encode":
@@ -328,7 +339,8 @@ def main() -> int:
               f"({min(whole):.2f}-{max(whole):.2f}), encode loop {np.median(loop):.2f}x ({min(loop):.2f}-{max(loop):.2f})")  # fmt: skip
     for ours in [name for name in ("embed-packed", "embed-openvino", "embed-onnxruntime", "exported-fp32",
                                    "exported-openvino-fp32", "embed-int8", "embed-openvino-int8",
-                                   "embed-onnxruntime-int8", "exported-int8", "exported-openvino-bf16")
+                                   "embed-onnxruntime-int8", "exported-int8", "exported-openvino-int8",
+                                   "exported-openvino-bf16")
                  if name in results]:  # fmt: skip
         for peer in [name for name in ("onnxruntime", "openvino", "fastembed", "onnxruntime-int8", "openvino-int8")
                      if name in results]:  # fmt: skip

@@ -27,7 +27,7 @@ from ..fixture_tokenizers import FOLDER as FIXTURES
 # The Makefile's bench line (after `$(PY) `, as written) -> the smoke's arguments to the script.
 # `{tmp}` is the test's own folder; `{demo}` the demo's data (`make demo-data`, built once);
 # `{trained}` the session's fine-tuned classifier (conftest.py `trained`).
-# bench_int8's --calibration stays at OpenVINO int8's least (inference.openvino_graphs
+# bench_int8's and bench_embed --int8-peers' --calibration stay at OpenVINO int8's least (inference.openvino_graphs
 # MIN_CALIBRATION_TEXTS, 24): at 20 it was refused on every CPU with VNNI.
 SMOKES: dict[str, list[str]] = {
     # LP on the published histograms: tests/packing/test_packing_published.py solves the same cases
@@ -65,7 +65,7 @@ SMOKES: dict[str, list[str]] = {
     "bench/bench_embed.py --texts 2000 --rounds 2 --peers --profile $$profile": [
         "bench/bench_embed.py", "--texts", "40", "--rounds", "1", "--peers", "--profile", "mixed"],
     "bench/bench_embed.py --texts 2000 --rounds 3 --int8-peers": [
-        "bench/bench_embed.py", "--texts", "40", "--rounds", "1", "--int8-peers", "--calibration", "20"],
+        "bench/bench_embed.py", "--texts", "40", "--rounds", "1", "--int8-peers", "--calibration", "24"],
     "bench/bench_startup.py --texts 10 --rounds 7": ["bench/bench_startup.py", "--texts", "2", "--rounds", "1"],
     "bench/bench_onnx.py --texts 1000 --rounds 3": ["bench/bench_onnx.py", "--texts", "20", "--rounds", "1",
                                                     "--profiles", "mixed"],
