@@ -1,5 +1,6 @@
-"""Packing inside sentence-transformers: a loaded `SentenceTransformer` whose transformer runs on
-packed rows, for its own trainer, its losses and its samplers, and for its `encode`.
+"""Packing inside sentence-transformers: a loaded `SentenceTransformer` (or `CrossEncoder`) whose
+transformer runs on packed rows, for its own trainer, its losses and its samplers, and for its
+`encode` (`predict`).
 
     from packed_transformers.hf_integration.st_packing import pack_sentence_transformer
     model = SentenceTransformer(folder)
@@ -8,6 +9,9 @@ packed rows, for its own trainer, its losses and its samplers, and for its `enco
                                          loss=losses.MultipleNegativesRankingLoss(model))
     trainer.train()
     packing.padding                                     # the fractions each layout would pad
+
+    reranker = CrossEncoder(folder, num_labels=1)       # the same for a cross-encoder:
+    pack_cross_encoder(reranker)                        # CrossEncoderTrainer, its losses, predict
 
 How: a packed forward on the transformers model inside the first module (sentence-transformers'
 `Transformer`), wrapping its own. Before the model runs, the padded batch it is handed (input_ids, attention_mask
@@ -18,11 +22,14 @@ states are put back where the padded batch had them ([N, L, H], zeros at padding
 sentence-transformers' Pooling, Normalize, every loss and the saved folder are its own,
 unchanged. Which texts form a call (the batch, the negatives) is the caller's: packing changes
 only where a text sits. tests/hf_integration/test_st_packing.py holds the loss and every
-gradient equal to the padded computation, and runs the real trainer.
+gradient equal to the padded computation, and runs the real trainer; test_ce_packing.py the
+same for a CrossEncoder (its classifier's encoder packed, the pooler run again on the states
+put back, the head its own).
 
 What it never does: change a module's class, parameter names or files (the folder the trainer
 saves loads in a plain sentence-transformers install), or pack a call it cannot lay out
-exactly (a positional call, explicit position ids, an empty text: those run padded).
+exactly (positional arguments its forward cannot name, explicit position ids or embeddings, an
+empty text: those run padded).
 Families whose encoder computes relative positions itself (DeBERTa-v2, MPNet) are refused in
 one line: `packed train` with `data.task: embedding` packs them.
 
@@ -32,6 +39,7 @@ Uses model/ and packs/; imports sentence-transformers nowhere (it reads the modu
 from __future__ import annotations
 
 import functools
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,6 +138,26 @@ class PaddingCount:
         return {"padded": fraction(self.padded_cells), "packed": fraction(self.packed_cells)}
 
 
+def by_keyword(signature: inspect.Signature, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A call's positional arguments named by the forward's `signature` -> ((), keywords), or
+    the call as it was where they cannot be named (it then runs padded)."""
+    try:
+        bound = signature.bind_partial(*args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    named = {}
+    for name, value in bound.arguments.items():
+        kind = signature.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            if value:
+                return args, kwargs
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[name] = value
+    return (), named
+
+
 # the keywords a packed call replaces; a call that brings its own positions is left padded
 LAID_OUT = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -152,6 +180,10 @@ class SentenceTransformerPacking:
             )
         transformer = modules[0]
         encoder = getattr(transformer, "model", None) or transformer.auto_model
+        # a CrossEncoder's Transformer holds a *ForSequenceClassification: its encoder (base_model)
+        # is packed, and its head reads the states put back per pair, as it reads padded ones
+        if getattr(encoder, "base_model", encoder) is not encoder:
+            encoder = encoder.base_model
         model_type = encoder.config.model_type
         if family_of(model_type).pair_mask is not None:
             raise ValueError(
@@ -175,8 +207,12 @@ class SentenceTransformerPacking:
         self.count = PaddingCount()
         self._encoder, padded_forward = encoder, encoder.forward
 
+        signature = inspect.signature(padded_forward)
+
         @functools.wraps(padded_forward)  # its signature stays the one callers inspect
         def packed_forward(*args, **kwargs):
+            if args:  # a classifier hands its encoder input_ids by position
+                args, kwargs = by_keyword(signature, args, kwargs)
             laid_out = None if args else self._lay_out(kwargs)
             if laid_out is None:
                 return padded_forward(*args, **kwargs)
@@ -196,7 +232,8 @@ class SentenceTransformerPacking:
         """The packed call's keywords, or None where the call runs padded."""
         mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
         if (
-            "position_ids" in kwargs
+            kwargs.get("position_ids") is not None  # a classifier hands its encoder position_ids=None
+            or kwargs.get("inputs_embeds") is not None
             or mask is None
             or ids is None
             or mask.dim() != 2
@@ -208,27 +245,41 @@ class SentenceTransformerPacking:
             return None
         segments = kwargs.get("token_type_ids")
         segments = layout.pack(segments, 0) if segments is not None else torch.zeros_like(layout.sequence_ids)
-        packed = {k: v for k, v in kwargs.items() if k not in LAID_OUT}
+        packed = {k: v for k, v in kwargs.items() if k not in LAID_OUT and k != "position_ids"}
         packed.update(
             self._arguments(layout.pack(ids, self._pad_id), segments, layout.positions, layout.sequence_ids)
         )
         self.count.add(layout)
         return layout, packed
 
-    @staticmethod
-    def _put_back(layout: TextLayout, output):
+    def _put_back(self, layout: TextLayout, output):
+        """The encoder's output with every text's states where the padded batch had them; its
+        pooler (BERT's: the first token, dense, tanh) run again on them where it has one (what
+        a classifier's head reads), else left out: pooled over packed rows, never handed on."""
+        pooler = getattr(self._encoder, "pooler", None)
         if isinstance(output, tuple):
-            return (layout.unpack(output[0]),) + tuple(output[1:])
+            hidden = layout.unpack(output[0])
+            rest = tuple(output[1:])
+            if pooler is not None and rest:
+                rest = (pooler(hidden),) + rest[1:]
+            return (hidden,) + rest
         fields = dict(output)
         fields["last_hidden_state"] = layout.unpack(output["last_hidden_state"])
-        fields.pop("pooler_output", None)  # pooled over packed rows, not texts: never handed on
+        fields.pop("pooler_output", None)
+        if pooler is not None and output.get("pooler_output") is not None:
+            fields["pooler_output"] = pooler(fields["last_hidden_state"])
         if fields.get("hidden_states") is not None:
             fields["hidden_states"] = tuple(layout.unpack(h) for h in fields["hidden_states"])
         return type(output)(**fields)
 
 
 def pack_sentence_transformer(st_model, algorithm: str = "lpfhp") -> SentenceTransformerPacking:
-    """Make `st_model` (a loaded SentenceTransformer: Transformer first) run its transformer on
-    packed rows from now on, for training and encoding; returns the packing's handle (its
-    `padding`, its `remove()`)."""
+    """Make `st_model` (a loaded SentenceTransformer, or a CrossEncoder: Transformer first) run its
+    transformer on packed rows from now on, for training, encoding and predicting; returns the
+    packing's handle (its `padding`, its `remove()`)."""
     return SentenceTransformerPacking(st_model, algorithm)
+
+
+# a CrossEncoder (sentence-transformers 4+: a Transformer over a *ForSequenceClassification) packs
+# the same way: each (query, passage) pair a text of the packed rows, the head on its own states
+pack_cross_encoder = pack_sentence_transformer
