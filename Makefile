@@ -218,6 +218,7 @@ bench: install-bench
 	$(PY) bench/bench_compile_train.py --steps 40
 	$(PY) bench/bench_predict_process.py --rounds 5 --bf16
 	$(PY) bench/bench_rerank.py --queries 50 --candidates 20 --rounds 3
+	$(PY) bench/bench_rerank_train.py --pairs 1000 --rounds 3
 	$(PY) bench/profile_policies.py --k 16
 	$(PY) bench/bench_families.py --texts 300 --rounds 2
 	$(PY) bench/bench_families.py --families llama qwen3 gpt2 --compare sorted embed --texts 200 --rounds 2

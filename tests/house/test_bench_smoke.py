@@ -77,6 +77,8 @@ SMOKES: dict[str, list[str]] = {
                                                 "--ways", "eager", "compiled", "--set", "batching.batch_size=4"],
     "bench/bench_predict_process.py --rounds 5 --bf16": ["bench/bench_predict_process.py", "--rounds", "1", "--bf16",
                                                          "--texts", "40"],
+    "bench/bench_rerank_train.py --pairs 1000 --rounds 3": ["bench/bench_rerank_train.py", "--pairs", "16",
+                                                           "--eval-queries", "12", "--rounds", "1", "--batch-size", "8"],
     "bench/bench_rerank.py --queries 50 --candidates 20 --rounds 3": ["bench/bench_rerank.py", "--queries", "3",
                                                                       "--candidates", "4", "--rounds", "1"],
     "bench/profile_policies.py --k 16": ["bench/profile_policies.py", "--k", "16", "--batches", "2", "--queue", "64"],
