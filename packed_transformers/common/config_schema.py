@@ -214,6 +214,9 @@ def apply_overrides(raw: dict, assignments: list[str], schema: dict) -> dict:
     return raw
 
 
+_SAID_SHIPPED: set[str] = set()  # config paths read from the installed recipes, said once
+
+
 def read_yaml(path) -> dict:
     """A config file: a mapping of sections (ConfigError naming the file otherwise), parsed
     by load_yaml_text's rules (no key twice, aliases bounded)."""
@@ -225,9 +228,11 @@ def read_yaml(path) -> dict:
         if shipped is None:
             names = ", ".join(shipped_config_names())
             raise ConfigError(f"--config {path}: file not found (the shipped configs, by name: {names})")
-        # a pip user's README command in an empty folder: the installed copy, said once
-        print(f"--config {path}: no such file here; reading the installed {shipped.name} "
-              "(`packed recipes` writes configs/ and examples/ here to edit)", file=sys.stderr)  # fmt: skip
+        # a pip user's README command in an empty folder: the installed copy, said once a process
+        if str(path) not in _SAID_SHIPPED:
+            _SAID_SHIPPED.add(str(path))
+            print(f"--config {path}: no such file here; reading the installed {shipped.name} "
+                  "(`packed recipes` writes configs/ and examples/ here to edit)", file=sys.stderr)  # fmt: skip
         path = shipped
     if not path.is_file():
         raise ConfigError(f"--config {path}: not a file")
