@@ -241,6 +241,16 @@ if trainer.is_world_process_zero():
     json.dump({"losses": [e["loss"] for e in trainer.state.log_history if "loss" in e],
                "packed_cells": packing.count.packed_cells if packing else 0,
                "padded_cells": packing.count.padded_cells if packing else 0}, open(output + "/run.json", "w"))
+# Ended without the interpreter's teardown, after every rank is done: gloo's group destroyed
+# there aborted a rank once (SIGABRT at exit, both runs' results written; fresh clone 2026-12-05),
+# as tests/ddp_decoder_train.py saw and explains (torch issues 56297, 190489).
+import os
+import torch.distributed as dist
+if dist.is_initialized():
+    dist.barrier()
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 """
 
 
