@@ -158,29 +158,22 @@ def save_openvino_graph(
     return "model.xml", ["model.xml", "model.bin"]
 
 
-CALIBRATION_TEXTS = 300  # texts an int8 export is calibrated on (optimum-intel's default sample)
-
-
 def calibration_texts(path: Path | None) -> tuple[list[str], str]:
     """The texts an OpenVINO int8 export is calibrated on, and where they came from: the
-    JSON lines of `path` (`{"text": ...}`; every line, at most CALIBRATION_TEXTS of them by a
-    fixed sample), else a fixed sample of CALIBRATION_TEXTS of the installed BBC corpus's mixed
-    texts (`packed assets install`). ExampleError (one line) for a file that is not such
-    lines, or no file and no corpus."""
-    from packed_transformers.inference.openvino_graphs import calibration_picks
+    texts of `path` (JSON lines `{"text": ...}`, read as `packed embed` reads its input; at most
+    CALIBRATION_TEXTS of them by a fixed sample), else a fixed sample of CALIBRATION_TEXTS of
+    the installed BBC corpus's mixed texts (`packed assets install`). ExampleError (one line)
+    for a file that is not such lines, or no file and no corpus."""
+    from packed_transformers.inference.openvino_graphs import (
+        CALIBRATION_TEXTS,
+        MIN_CALIBRATION_TEXTS,
+        calibration_picks,
+    )
 
     if path is not None:
-        from packed_transformers.data.classification_data import record_of_line
+        from packed_transformers.commands.embed import read_texts
 
-        texts = []
-        with open(path, "rb") as lines:
-            for number, line in enumerate(lines, 1):
-                if line.strip():
-                    text = record_of_line(line, f"{path}:{number}").get("text")
-                    if not isinstance(text, str) or not text.strip():
-                        raise ExampleError(f"{path}:{number}: field 'text': expected a non-empty string")
-                    texts.append(text)
-        source = str(path)
+        texts, source = list(read_texts(Path(path), "text")), str(path)
     else:
         try:
             from packed_transformers.data.assets import corpus_glob
@@ -193,8 +186,6 @@ def calibration_texts(path: Path | None) -> tuple[list[str], str]:
                 f"or install the BBC corpus it uses otherwise (packed assets install; {str(err)[:80]})"
             ) from None
         source = "the installed BBC corpus (mixed texts)"
-    from packed_transformers.inference.openvino_graphs import MIN_CALIBRATION_TEXTS
-
     if len(texts) < MIN_CALIBRATION_TEXTS:
         raise ExampleError(f"--calibration {path}: {len(texts)} texts; int8 calibrates on at least "
                            f"{MIN_CALIBRATION_TEXTS} (best: {CALIBRATION_TEXTS} like the ones to come)")  # fmt: skip

@@ -221,7 +221,7 @@ def read_yaml(path) -> dict:
     """A config file: a mapping of sections (ConfigError naming the file otherwise), parsed
     by load_yaml_text's rules (no key twice, aliases bounded)."""
     path = Path(path)
-    if not path.is_file() and not path.exists():
+    if not path.exists():
         from packed_transformers.common.recipes import shipped_config, shipped_config_names
 
         shipped = shipped_config(path)

@@ -43,7 +43,7 @@ class ExportInfo:
     """packed_export.json: the graph and how texts reach it.
 
     runtime, dtype: what the graph is for ("onnxruntime": "float32" | "int8"; "openvino":
-    "float32" | "bfloat16"); graph: its file (model.onnx; model.xml, its weights in model.bin);
+    "float32" | "bfloat16" | "int8"); graph: its file (model.onnx; model.xml, its weights in model.bin);
     outputs: the graph's outputs ("embeddings" [rows, K, D] | "logits" [rows, K, C]);
     dimension: D (embedding) or C (classification); hidden_size: the model's H (the packing's
     cost model reads it); parameters: the model's count (the server's cold speed estimate); max_input_length: tokens per text, specials included; token_types:

@@ -74,9 +74,8 @@ def opened_graph(model, threads: int):
         session, widths = _session_of(model, threads)
     except ExampleError:
         raise
-    except (
-        Exception
-    ) as err:  # the runtimes' load errors (InvalidProtobuf, Fail, RuntimeError, ...) share no base
+    # the runtimes' load errors (InvalidProtobuf, Fail, RuntimeError, ...) share no base
+    except Exception as err:
         reason = (str(err).splitlines() or [type(err).__name__])[0][:200]
         raise ExampleError(
             f"{model.path}: {RUNTIME_NAMES[info.runtime]} cannot load this graph ({reason}); export the model again"
@@ -106,15 +105,15 @@ def _session_of(model, threads: int) -> tuple:
     if info.runtime == "openvino":
         import importlib.util
 
-        from packed_transformers.inference.openvino_session import OpenVinoSession, bfloat16_problem
-        from packed_transformers.inference.runtime_choice import cpu_flags
+        from packed_transformers.inference.openvino_session import OpenVinoSession
+        from packed_transformers.inference.runtime_choice import cpu_flags, openvino_computes_bf16
 
         if importlib.util.find_spec("openvino") is None:
             raise ExampleError(f"{model.path}: an OpenVINO graph; the openvino package is not installed "
                                "(pip install openvino==2026.4.1)")  # fmt: skip
-        problem = bfloat16_problem(cpu_flags()) if info.dtype == "bfloat16" else None
-        if problem:
-            raise ExampleError(f"{model.path}: a bfloat16 graph; {problem.split('; ', 1)[-1]}")
+        if info.dtype == "bfloat16" and not openvino_computes_bf16(cpu_flags()):
+            raise ExampleError(f"{model.path}: a bfloat16 graph, and this CPU computes no bf16 (AVX512_BF16 or "
+                               "AMX): export the model again with --runtime openvino --dtype float32")  # fmt: skip
         session = OpenVinoSession(model.path, info.dtype, threads)
         widths = {}
         for port, name in zip(session.graph.outputs, session.output_names):

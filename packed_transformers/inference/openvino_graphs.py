@@ -51,7 +51,6 @@ from packed_transformers.inference.openvino_session import (
     OPENVINO_DTYPES,
     RUNTIME,
     OpenVinoSession,
-    bfloat16_problem,
     openvino_core,
     signal_stack_kept,
 )
@@ -80,11 +79,14 @@ def openvino_problem(device: str, dtype: str) -> str | None:
     if dtype not in OPENVINO_DTYPES:
         return f"--runtime openvino runs {', '.join(OPENVINO_DTYPES)}, not {dtype}"
     if dtype == "bfloat16":
-        from packed_transformers.inference.runtime_choice import cpu_flags
+        from packed_transformers.inference.runtime_choice import (
+            OPENVINO_BF16_WITHOUT_INSTRUCTIONS,
+            cpu_flags,
+            openvino_computes_bf16,
+        )
 
-        problem = bfloat16_problem(cpu_flags())
-        if problem:
-            return problem
+        if not openvino_computes_bf16(cpu_flags()):
+            return OPENVINO_BF16_WITHOUT_INSTRUCTIONS
     if dtype == "int8":
         from packed_transformers.inference.runtime_choice import (
             OPENVINO_INT8_WITHOUT_VNNI,
@@ -213,7 +215,8 @@ class OpenVinoGraphs:
         if self.converted is None:
             self.converted = name_inputs(self._convert(batch), self.input_names)
             write_cached(key, self.converted)
-        name_inputs(self.converted, self.input_names)  # an entry cached before inputs were named
+        else:
+            name_inputs(self.converted, self.input_names)  # an entry cached before inputs were named
         self.setup_seconds += time.perf_counter() - started
 
     @property
@@ -251,16 +254,15 @@ class OpenVinoGraphs:
         if self.converted is None:
             import nncf
 
-            with (
-                signal_stack_kept(),
-                nncf_quiet(),
-            ):  # NNCF compiles the model on Cores of its own to calibrate
+            # NNCF compiles the model on Cores of its own to calibrate
+            with signal_stack_kept(), nncf_quiet():
                 self.converted = nncf.quantize(
                     self._convert(first), nncf.Dataset(feeds), model_type=nncf.ModelType.TRANSFORMER,
                     subset_size=len(feeds),
                 )  # fmt: skip
             write_cached(key, name_inputs(self.converted, self.input_names))
-        name_inputs(self.converted, self.input_names)
+        else:
+            name_inputs(self.converted, self.input_names)  # an entry cached before inputs were named
         self.calibrated = True
         self.setup_seconds += time.perf_counter() - started
 

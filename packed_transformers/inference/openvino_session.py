@@ -51,14 +51,6 @@ OPENVINO_DTYPES = ("float32", "bfloat16", "int8")
 PRECISION_HINT = {"float32": "f32", "bfloat16": "bf16", "int8": "f32"}
 
 
-def bfloat16_problem(flags: frozenset[str]) -> str | None:
-    """The one line refusing bf16 on a CPU (its /proc/cpuinfo `flags`) that would emulate it."""
-    if {"avx512_bf16", "amx_bf16"} & flags:
-        return None
-    return ("--runtime openvino --dtype bfloat16 needs a CPU that computes bf16 (AVX512_BF16 or AMX); "
-            "this one would emulate it, slower than float32 (use --dtype float32 or int8)")  # fmt: skip
-
-
 class _SignalStack(ctypes.Structure):
     """POSIX stack_t (sigaltstack's argument) on Linux x86-64."""
 

@@ -86,6 +86,17 @@ BF16_WITHOUT_INSTRUCTIONS = (
     "--dtype bfloat16: this CPU has no bf16 instructions (AVX512-BF16 or AMX); bf16 would be emulated, "
     "slower than float32 (use --dtype float32)"
 )
+OPENVINO_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # what OpenVINO's CPU plugin computes bf16 with
+OPENVINO_BF16_WITHOUT_INSTRUCTIONS = (
+    "--runtime openvino --dtype bfloat16 needs a CPU that computes bf16 (AVX512_BF16 or AMX); "
+    "this one would emulate it, slower than float32 (use --dtype float32 or int8)"
+)
+
+
+def openvino_computes_bf16(flags: frozenset[str]) -> bool:
+    return any(flag in flags for flag in OPENVINO_BF16_FLAGS)
+
+
 # Measured on an AVX2 EPYC (docs/embeddings.md, "The AVX2 kind"): NNCF's static int8 through
 # OpenVINO ran slower than OpenVINO's float32 and fell below the quality gate (min cosine 0.958
 # to sentence-transformers on 1,000 texts, where ONNX Runtime's dynamic int8 keeps 0.98).

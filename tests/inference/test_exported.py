@@ -24,7 +24,7 @@ from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.runner import runner_of
 
 from ..conftest import REPO
-from ..exported_helpers import NO_TORCH, tiny_texts
+from ..exported_helpers import NO_TORCH, assert_predicts_as_torch, tiny_texts
 from ..model_helpers import cosines
 
 pytest.importorskip("onnxruntime")
@@ -226,17 +226,7 @@ def test_a_classifier_exports_with_the_same_labels(trained, tmp_path):
     folder = tmp_path / "exported"
     assert export_command.main(["--model", str(model), "--output", str(folder)]) == 0
     assert (folder / "vocab.txt").is_file()
-    outputs = {}
-    for name, source in (("torch", model), ("exported", folder)):
-        out = tmp_path / f"{name}.jsonl"
-        assert predict_command.main(["--model", str(source), "--input", str(trained / "val.jsonl"),
-                                     "--output", str(out)]) == 0  # fmt: skip
-        outputs[name] = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["label"] for r in outputs["exported"]] == [r["label"] for r in outputs["torch"]]
-    for ours, theirs in zip(outputs["exported"], outputs["torch"]):
-        for label, value in theirs["scores"].items():
-            assert abs(ours["scores"][label] - value) <= 2e-6
-    summary = json.loads((tmp_path / "exported.summary.json").read_text())
+    summary = assert_predicts_as_torch(trained, folder, tmp_path)
     assert summary["runtime"] == "onnxruntime" and summary["dtype"] == "float32"
     assert summary["accuracy"] == json.loads((tmp_path / "torch.summary.json").read_text())["accuracy"]
 
