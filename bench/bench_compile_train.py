@@ -53,7 +53,8 @@ if way == "compiled":
 if way == "dynamic-compiled":
     sets.append("batching.mode=dynamic")
 config = load_finetune_config(config_path, sets)
-run = finetune.start_run(config, Path(tempfile.mkdtemp()) / "run", False, None, False)
+scratch = tempfile.TemporaryDirectory()  # the run folder, removed when this process ends
+run = finetune.start_run(config, Path(scratch.name) / "run", False, None, False)
 engine = run.engine
 if way == "dynamic-compiled":
     engine = dataclasses.replace(engine, step_model=torch.compile(run.model))
