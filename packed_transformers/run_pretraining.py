@@ -65,8 +65,9 @@ def main(argv=None) -> int:
     from packed_transformers.training.decoder.config import is_decoder_config, load_decoder_config
 
     try:
-        raw = read_yaml(args.config)  # read once; model.family chooses decoder pretraining
-        if is_decoder_config(raw):
+        raw = read_yaml(args.config)  # read once; model.family chooses decoder pretraining, asked once
+        decoder = is_decoder_config(raw)
+        if decoder:
             if args.compile_only:
                 raise ConfigError(
                     "--compile-only: only PopTorch compiles ahead of time; a decoder runs on cpu or cuda"
@@ -78,7 +79,7 @@ def main(argv=None) -> int:
     except ConfigError as err:
         return refuse(err)
     if args.plan:
-        if not is_decoder_config(raw):
+        if not decoder:
             return refuse(
                 f"--plan: {args.config} is a BERT config; the memory plan is for decoder configs (model.family)"
             )
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
         quiet_transformers()
         return print_plan(config, args.config, args.gpus, args.gpu_memory_gib)
     output = Path(args.output_dir or Path("runs") / Path(args.config).stem)
-    if is_decoder_config(raw):
+    if decoder:
         from packed_transformers.model.hf_checkpoint import quiet_transformers
         from packed_transformers.training.decoder.run import run_decoder
 

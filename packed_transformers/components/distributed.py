@@ -12,6 +12,7 @@ import gc
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -20,14 +21,61 @@ from packed_transformers.components.errors import RunError
 
 
 @dataclass(frozen=True)
-class Replica:
+class Replicas:
+    """This process's place among the run's processes (world 1: a run of one process): every
+    job's one replica type (BERT's engines, the decoder, fine-tuning)."""
+
     rank: int
     world: int
-    local_rank: int
     device: torch.device
+    sharding: str  # "none" (replicated: DDP) | "fsdp"
+
+    @property
+    def writes(self) -> bool:
+        """Rank 0 writes the run's files; the others compute alongside."""
+        return self.rank == 0
+
+    @property
+    def sharded(self) -> bool:
+        return self.sharding == "fsdp"
+
+    def rows(self, table: np.ndarray, fixed_rows: bool) -> np.ndarray:
+        """This rank's rows of a step's batch table [B, K] (-1: no example). fixed_rows (a
+        compiled step keeps one shape): every rank gets ceil(B / N) rows, empty ones added."""
+        mine = table[self.rank :: self.world]
+        rows = -(-len(table) // self.world) if fixed_rows else max(len(mine), 1)
+        if len(mine) < rows:
+            mine = np.concatenate([mine, np.full((rows - len(mine), table.shape[1]), -1, table.dtype)])
+        return mine
+
+    def describe(self) -> str:
+        """ "; 2 processes share each step's rows (FSDP2)" under torchrun; "" alone."""
+        if self.world == 1:
+            return ""
+        return f"; {self.world} processes share each step's rows ({'FSDP2' if self.sharded else 'DDP'})"
+
+    def step_sums(self, local: dict[str, float]) -> dict[str, float]:
+        """A step's sums (loss_sum, count, ...) over every rank: one collective, float64."""
+        if self.world == 1:
+            return local
+        keys = sorted(local)
+        total = all_reduce_host(torch.tensor([local[k] for k in keys], dtype=torch.float64))
+        return dict(zip(keys, total.tolist()))  # one total per key (Python 3.8: no strict=)
+
+    def agree(self, flag: bool) -> bool:
+        """True on every rank if it is on any (a limit a rank's clock reached, a signal)."""
+        return any_process(flag) if self.world > 1 else flag
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
 
 
-def setup_replica(config: dict) -> Replica:
+# A run of one process: every method is the plain single-process step.
+ONE_PROCESS = Replicas(0, 1, torch.device("cpu"), "none")
+
+
+def setup_replica(config: dict) -> Replicas:
     """Rank and device from torchrun's environment (rank 0 of 1 without it); joins the
     process group when there is more than one process."""
     execution = config["execution"]
@@ -36,7 +84,7 @@ def setup_replica(config: dict) -> Replica:
     )
 
 
-def join_process_group(kind: str, threads: int | None, backend: str | None, key: str) -> Replica:
+def join_process_group(kind: str, threads: int | None, backend: str | None, key: str) -> Replicas:
     """setup_replica for any run: `kind` cpu | cuda (this rank's GPU: LOCAL_RANK), torch's
     CPU threads (None: its default), the backend (None: nccl on CUDA, gloo on CPUs); `key`: the
     config key a refusal names."""
@@ -56,7 +104,7 @@ def join_process_group(kind: str, threads: int | None, backend: str | None, key:
         torch.set_num_threads(threads)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend=backend or ("nccl" if kind == "cuda" else "gloo"))
-    return Replica(rank, world, local_rank, device)
+    return Replicas(rank, world, device, "none")
 
 
 def data_parallel(step_model: torch.nn.Module, device: torch.device) -> torch.nn.Module:

@@ -19,82 +19,26 @@ step, bit for bit. Never imports the runs (training/, finetune/).
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import dataclasses
 
-import numpy as np
 import torch
-import torch.distributed as dist
 
 from packed_transformers.components.distributed import (
-    all_reduce_host,
-    any_process,
+    ONE_PROCESS,
+    Replicas,
     data_parallel,
     join_process_group,
 )
 from packed_transformers.components.errors import RunError
 
 
-@dataclass(frozen=True)
-class Replicas:
-    """This process's place among the run's processes (world 1: a run of one process)."""
-
-    rank: int
-    world: int
-    device: torch.device
-    sharding: str  # "none" (replicated: DDP) | "fsdp"
-
-    @property
-    def writes(self) -> bool:
-        """Rank 0 writes the run's files; the others compute alongside."""
-        return self.rank == 0
-
-    @property
-    def sharded(self) -> bool:
-        return self.sharding == "fsdp"
-
-    def rows(self, table: np.ndarray, fixed_rows: bool) -> np.ndarray:
-        """This rank's rows of a step's batch table [B, K] (-1: no example). fixed_rows (a
-        compiled step keeps one shape): every rank gets ceil(B / N) rows, empty ones added."""
-        mine = table[self.rank :: self.world]
-        rows = -(-len(table) // self.world) if fixed_rows else max(len(mine), 1)
-        if len(mine) < rows:
-            mine = np.concatenate([mine, np.full((rows - len(mine), table.shape[1]), -1, table.dtype)])
-        return mine
-
-    def describe(self) -> str:
-        """ "; 2 processes share each step's rows (FSDP2)" under torchrun; "" alone."""
-        if self.world == 1:
-            return ""
-        return f"; {self.world} processes share each step's rows ({'FSDP2' if self.sharded else 'DDP'})"
-
-    def step_sums(self, local: dict[str, float]) -> dict[str, float]:
-        """A step's sums (loss_sum, count, ...) over every rank: one collective, float64."""
-        if self.world == 1:
-            return local
-        keys = sorted(local)
-        total = all_reduce_host(torch.tensor([local[k] for k in keys], dtype=torch.float64))
-        return dict(zip(keys, total.tolist()))  # one total per key (Python 3.8: no strict=)
-
-    def agree(self, flag: bool) -> bool:
-        """True on every rank if it is on any (a limit a rank's clock reached, a signal)."""
-        return any_process(flag) if self.world > 1 else flag
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-
-# A run of one process: every method is the plain single-process step.
-ONE_PROCESS = Replicas(0, 1, torch.device("cpu"), "none")
-
-
 def join_replicas(device_kind: str, sharding: str, threads: int | None) -> Replicas:
     """This process's Replicas from torchrun's environment (world 1 without it); FSDP2 needs
     2 or more processes (RunError, one line)."""
-    replica = join_process_group(device_kind, threads, None, "execution.device")
-    if sharding == "fsdp" and replica.world < 2:
+    replicas = join_process_group(device_kind, threads, None, "execution.device")
+    if sharding == "fsdp" and replicas.world < 2:
         raise RunError("execution.sharding fsdp: needs 2 or more processes (torchrun --nproc-per-node N)")
-    return Replicas(replica.rank, replica.world, replica.device, sharding)
+    return dataclasses.replace(replicas, sharding=sharding)
 
 
 def replicate(model: torch.nn.Module, replicas: Replicas, step_model: torch.nn.Module) -> torch.nn.Module:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -342,11 +342,9 @@ class TorchEngine:
         replica of an unsharded run holds the same weights. Rank 0 writes."""
         model, weights = self.torch_step.model, None
         if self.torch_step.sharded:
-            from packed_transformers.components.replicas import Replicas, gathered_weights
+            from packed_transformers.components.replicas import gathered_weights
 
-            weights = gathered_weights(
-                model, Replicas(self.rank, self.replica.world, self.replica.device, "fsdp")
-            )
+            weights = gathered_weights(model, replace(self.replica, sharding="fsdp"))
         engine_state = self.torch_step.engine_state()
         return Snapshot(model, engine_state, weights) if self.rank == 0 else Snapshot(None, None)
 

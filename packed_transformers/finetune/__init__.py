@@ -9,7 +9,7 @@ validated through inference/.
     run_folder, checkpoint   the output folder, resume's checks, exact --resume, the run state's
                    fine-tuning part (FinetuneProgress)
     folder_writer  the fine-tuned folder written (read back by door/)
-    errors         FinetuneError, Diverged
+    errors         FinetuneError, Interrupted (a diverged run: components.run_state.Diverged, every job's)
 
     predict, embed, ray_job, serve   `python -m finetune.X` kept for scripts that name it: each
                    runs its command (commands/, ray_jobs/, serving/) as the main module, no logic

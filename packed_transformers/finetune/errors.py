@@ -1,19 +1,12 @@
 """How a fine-tuning run ends when it does not succeed; each maps to one line and an exit code
-in `finetune.train.main`: FinetuneError 2 (the user's input), Diverged 3 (as pretraining's),
-Interrupted 128 + the signal."""
+in `finetune.train.main`: FinetuneError 2 (the user's input), Diverged 3 (every job's one class,
+components.run_state.Diverged), Interrupted 128 + the signal."""
 
 from __future__ import annotations
-
-from packed_transformers.components.run_state import Diverged as RunDiverged
 
 
 class FinetuneError(ValueError):
     """A run that cannot start (vocabulary mismatch, existing output); CLI exit code 2."""
-
-
-class Diverged(RunDiverged):
-    """The weights or outputs stopped being finite; CLI exit code 3 (as pretraining's). The
-    one loop (components.loop) ends a run on it as on pretraining's."""
 
 
 class Interrupted(RuntimeError):

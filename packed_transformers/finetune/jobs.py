@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from packed_transformers.common.files import atomic_folder
+from packed_transformers.components.run_state import Diverged
 from packed_transformers.data.classification_data import (
     Examples,
     TokenizedExamples,
@@ -43,7 +44,7 @@ from packed_transformers.door.folder_spec import read_json_object
 from packed_transformers.door.loaded import tokenize_examples
 from packed_transformers.door.opener import ForTraining, open_folder
 from packed_transformers.finetune.causal_lm_task import causal_lm_job
-from packed_transformers.finetune.errors import Diverged, FinetuneError
+from packed_transformers.finetune.errors import FinetuneError
 from packed_transformers.finetune.folder_writer import save_finetuned
 from packed_transformers.finetune.job_contract import ANCHOR_LOSS, Job, resolve_asset
 from packed_transformers.inference.predictions import predict_logits, score, write_predictions

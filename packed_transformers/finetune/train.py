@@ -54,7 +54,7 @@ from packed_transformers.components import replicas as parallel  # this process 
 from packed_transformers.components.checkpoint import CheckpointError, remove_leftovers
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJob, run_loop
-from packed_transformers.components.run_state import EvalSchedule, RunState, skip_or_stop
+from packed_transformers.components.run_state import Diverged, EvalSchedule, RunState, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep, weights_finite
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
@@ -67,7 +67,7 @@ from packed_transformers.finetune.checkpoint import (
     zero_sums,
 )
 from packed_transformers.finetune.config import load_finetune_config, train_parser
-from packed_transformers.finetune.errors import Diverged, FinetuneError, Interrupted
+from packed_transformers.finetune.errors import FinetuneError, Interrupted
 from packed_transformers.finetune.job_contract import SLOT_LOSS, Job, resolve_asset
 from packed_transformers.finetune.jobs import JOBS, prepare_task, read_examples
 from packed_transformers.finetune.run_folder import (

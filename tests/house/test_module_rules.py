@@ -140,3 +140,22 @@ def test_only_an_engine_writes_the_backward():
         )
     )
     assert writers == ["engines/torch_engine.py"], writers
+
+
+def test_every_job_shares_one_diverged_and_one_replica_type():
+    """Issue 107: one `Diverged` (a run that stopped being finite, exit 3) and one replica type
+    (this process among the run's: BERT's engines, the decoder and fine-tuning) are defined in
+    the whole package, and pretraining's command asks once which job a config is."""
+    import re
+
+    def definers(pattern: str) -> list[str]:
+        return sorted(
+            f"{p.relative_to(PACKAGE).as_posix()}:{name}"
+            for p in PACKAGE.rglob("*.py")
+            for name in re.findall(rf"^class ({pattern})\b", p.read_text(), flags=re.MULTILINE)
+        )
+
+    assert definers(r"\w*Diverged\w*") == ["components/run_state.py:Diverged"]
+    assert definers(r"Replicas?|\w*ReplicaInfo") == ["components/distributed.py:Replicas"]
+    asks = (PACKAGE / "run_pretraining.py").read_text().count("is_decoder_config(")
+    assert asks == 1, f"run_pretraining.py asks is_decoder_config {asks} times"
