@@ -27,7 +27,6 @@ from packed_transformers.components.run_folder import (
 from packed_transformers.components.run_state import BertProgress, EvalSchedule, RunState, StopSignal
 from packed_transformers.components.synthetic import SyntheticPacks
 from packed_transformers.engines.engine import Engine
-from packed_transformers.model import PackedBertForPreTraining
 from packed_transformers.training.build import (
     build_model,
     build_schedule,
@@ -131,11 +130,16 @@ class RunSetup:
         if not resume:
             return None
 
-        def load_weights(path, _state):
-            self.model.load_state_dict(PackedBertForPreTraining.from_pretrained(path / "model").state_dict())
+        def load_checkpoint_weights(path, _state):
+            # every job's one weight loader (strict; a tied alias the folder stores once)
+            from safetensors.torch import load_file
+
+            from packed_transformers.components.replicas import ONE_PROCESS, load_weights
+
+            load_weights(self.model, load_file(path / "model" / "model.safetensors"), ONE_PROCESS)
 
         try:
-            path, saved = ckpt.resume_from(self.checkpoints, load_weights)
+            path, saved = ckpt.resume_from(self.checkpoints, load_checkpoint_weights)
         except ckpt.CheckpointError as err:
             raise RunError(f"--resume: {err}") from None
         self.resumed_from = path

@@ -159,3 +159,23 @@ def test_every_job_shares_one_diverged_and_one_replica_type():
     assert definers(r"Replicas?|\w*ReplicaInfo") == ["components/distributed.py:Replicas"]
     asks = (PACKAGE / "run_pretraining.py").read_text().count("is_decoder_config(")
     assert asks == 1, f"run_pretraining.py asks is_decoder_config {asks} times"
+
+
+def test_every_job_loads_checkpoint_weights_one_way():
+    """Issue 107: a checkpoint's weights reach a model through components.replicas.load_weights
+    alone (strict; a tied alias filled; FSDP2's shards each rank's), whichever job wrote them: no
+    training room loads a model's state dict its own way (an optimizer's, a scaler's are their
+    own; model/ opens Hugging Face folders, which are not checkpoints)."""
+    rooms = ("training", "finetune", "components", "engines", "optim")
+    loaders = sorted(
+        {
+            p.relative_to(PACKAGE).as_posix()
+            for room in rooms
+            for p in (PACKAGE / room).rglob("*.py")
+            for line in p.read_text().splitlines()
+            if ".load_state_dict(" in line
+            and not line.lstrip().startswith("#")
+            and not any(other in line for other in ("optimizer", "scaler", "super()"))
+        }
+    )
+    assert loaders == ["components/replicas.py"], loaders
