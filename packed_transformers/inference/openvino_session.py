@@ -12,7 +12,7 @@ and weight layouts chosen for that shape; the Runner pads each width's tables to
 count, so a run meets a few shapes), each at its first batch, with the precision asked
 (INFERENCE_PRECISION_HINT: f32, or bf16 where the CPU computes it) and `threads` threads.
 Compiled shapes are kept by OpenVINO in its CACHE_DIR (inference.graph_cache's openvino
-folder, `compiled/`) where that can be written.
+folder, `compiled/<dtype>/`: a folder per precision) where that can be written.
 
 Signals: OpenVINO's CPU plugin (2026.4.1, measured) gives the thread that compiles an
 alternate signal stack of its own, and when a plugin instance is unloaded puts back the stack
@@ -166,8 +166,13 @@ class OpenVinoSession:
         # compiled shapes kept by OpenVINO itself, beside the converted graphs, only where it can
         # write there: its compile fails on a CACHE_DIR it cannot create
         compiled_cache = graph_cache.cache_root(RUNTIME)
-        if compiled_cache is not None and graph_cache.writable_folder(compiled_cache / "compiled"):
-            settings["CACHE_DIR"] = str(compiled_cache / "compiled")
+        # a folder per precision: one process that compiled a graph in f32 and then the same graph
+        # in bf16 through one CACHE_DIR died in its next inference (SIGSEGV, OpenVINO 2026.4.1 on an
+        # AMX Xeon: `packed export` of float32 then bfloat16 in one process; across processes, and
+        # with no cache, it did not); tests/inference/test_exported_openvino.py repeats it
+        compiled_here = None if compiled_cache is None else compiled_cache / "compiled" / self.dtype
+        if compiled_here is not None and graph_cache.writable_folder(compiled_here):
+            settings["CACHE_DIR"] = str(compiled_here)
         with signal_stack_kept():
             compiled = openvino_core().compile_model(model, "CPU", settings)
         outputs = {output_name(port): port for port in compiled.outputs}
