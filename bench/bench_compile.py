@@ -5,7 +5,7 @@
 The MiniLM folder opened as commands.embed opens it (inference.embedding.load_encoder), then
 `inference.embedding.encode` over the same texts `--passes` times in each of two fresh
 processes: eager, and compiled as `embed --compile` compiles (InferenceOptions.compile:
-inference.runner.compiled_forward, inductor with `freezing`, weights folded and pre-packed
+inference.torch_backend.compiled_forward, inductor with `freezing`, weights folded and pre-packed
 for oneDNN; static shapes, one graph per row width, each width's tables padded to its
 rows). The first compiled pass pays the compiling. Vectors compared.
 Default texts: BBC News, the mixed profile (data/embedding_texts.py).

@@ -180,7 +180,7 @@ def write_embeddings(args, encoder, options: InferenceOptions, n: int) -> tuple[
 
     if is_exported(
         args.model
-    ):  # its graph opened and checked (graph_runner) before anything is written or shown
+    ):  # its graph opened and checked (exported_backend) before anything is written or shown
         runner_of(encoder, options.device, options.dtype, options.compile, options.runtime)
     header = {"descr": np.lib.format.dtype_to_descr(np.dtype("<f4")), "fortran_order": False,
               "shape": (n, encoder.dimension)}  # fmt: skip

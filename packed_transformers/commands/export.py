@@ -148,10 +148,10 @@ def save_openvino_graph(
         runner = Runner(model, "cpu", "int8", runtime="openvino")
         calibrate(runner, loaded, [], InferenceOptions.for_embedding(runtime="openvino", dtype="int8",
                                                                       calibration_texts=tuple(calibration)))  # fmt: skip
-        converted = runner._forward_model.converted
+        converted = runner.backend.converted
     else:
         graphs = OpenVinoGraphs(model, dtype, torch.get_num_threads())
-        graphs.convert({name: torch.from_numpy(value) for name, value in trace_rows.items()})
+        graphs.convert(trace_rows)
         converted = graphs.converted
     with signal_stack_kept():
         openvino.save_model(converted, str(folder / "model.xml"), compress_to_fp16=False)

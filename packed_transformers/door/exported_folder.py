@@ -12,7 +12,7 @@ the tokenizer and what the read-out needs, into the LoadedModel every command ru
 
 Both check the folder as untrusted input first (door.export_checks: every key's type and range,
 the graph confined to the folder, each file a plain file of its recorded size; load_exported
-also its recorded sha256 and the tokenizer parsed; inference.graph_runner.opened_graph the
+also its recorded sha256 and the tokenizer parsed; inference.exported_backend.opened_graph the
 graph as its runtime loads it).
 
 Everything the torch door decides once when it opens a folder (the task, labels, the length
@@ -130,7 +130,7 @@ def read_export(folder) -> ExportInfo:
 def load_exported(folder) -> LoadedModel:
     """The LoadedModel of an exported folder: its tokenizer (truncation and padding off, as
     the torch door leaves them), its vocabulary where it has one, the graph (run by
-    inference.graph_runner, which checks it when it opens it)."""
+    inference.exported_backend, which checks it when it opens it)."""
     from tokenizers import Tokenizer
 
     from packed_transformers.door.export_checks import check_file_digests

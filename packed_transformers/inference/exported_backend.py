@@ -1,9 +1,9 @@
-"""The packed forward of an exported folder, without torch: tables -> rows (numpy) -> the
-graph (ONNX Runtime or OpenVINO, as the folder was exported for) -> numpy outputs, with the Runner's interface and figures, so that
-embed, predict and the server run an exported folder through the code they run a torch model
-through (inference.embedding, inference.classify, serving/).
+"""An exported folder's graph as the Runner's Backend, without torch: its session (ONNX
+Runtime or OpenVINO, as the folder was exported for) behind inference.backend.SessionBackend,
+so that embed, predict and the server run an exported folder through the Runner they run a
+torch model through (inference.embedding, inference.classify, serving/).
 
-    runner = runner_of(loaded, "cpu", "float32")     # inference.runner: a GraphRunner here
+    runner = runner_of(loaded, "cpu", "float32")     # inference.runner: over exported_backend_of's backend
     for batch in runner.run(token_ids, tables, width_of, segment_ids, ("embeddings",)): ...
 
 The folder fixes the runtime and dtype (its graph was made for them): asking for others is a
@@ -14,14 +14,10 @@ else the CPUs this process may run on.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterable
-
-import numpy as np
 
 from packed_transformers.door.exported_folder import exported_problem
-from packed_transformers.inference.run_stats import RunBatch, RunsTables, RunStats
-from packed_transformers.packs.rows import ROW_FIELDS, pack_rows
+from packed_transformers.inference.backend import SessionBackend
+from packed_transformers.packs.rows import ROW_FIELDS
 
 
 def default_threads() -> int:
@@ -30,35 +26,6 @@ def default_threads() -> int:
     if chosen.isdigit() and int(chosen) > 0:
         return int(chosen)
     return len(os.sched_getaffinity(0))
-
-
-class GraphRunner(RunsTables):
-    """An exported graph as a Runner: `run`, `forward`, `stats`, `model`, `needs_calibration`."""
-
-    device = "cpu"
-    compiled = False
-    needs_calibration = False
-
-    def __init__(self, model, threads: int | None = None):
-        self.model = model  # door.exported_folder.ExportedGraph
-        self.runtime, self.dtype = model.info.runtime, model.info.dtype
-        self.session = opened_graph(model, threads or default_threads())
-        self.stats = RunStats()
-
-    def forward(
-        self, token_ids: list, table: np.ndarray, width: int, segment_ids: list | None = None,
-        outputs: Iterable[str] = ("logits",), read: Callable | None = None, inputs: Callable | None = None,
-    ) -> RunBatch:  # fmt: skip
-        """One table's rows through the graph -> RunBatch (Runner.forward's contract; `read`
-        and `inputs` serve a causal LM's logits, which no exported graph holds)."""
-        if read is not None or inputs is not None:
-            raise ValueError("an exported graph answers its outputs whole (no read / inputs)")
-        rows = pack_rows(token_ids, table, width, segment_ids)
-        started = time.perf_counter()
-        answer = self.session(rows)
-        arrays = {name: answer[name] for name in outputs}
-        self.stats.count(table, width, token_ids, time.perf_counter() - started)
-        return RunBatch(rows, arrays)
 
 
 def opened_graph(model, threads: int):
@@ -128,11 +95,12 @@ def _session_of(model, threads: int) -> tuple:
     }
 
 
-def graph_runner_of(
-    loaded, device: str, dtype: str | None, compiled: bool, runtime: str | None
-) -> GraphRunner:
-    """The exported LoadedModel's GraphRunner, built once and kept on it; ValueError (one
-    line) for a device, dtype or runtime its graph was not made for, or --compile."""
+def exported_backend_of(
+    loaded, device: str, dtype: str | None, compiled: bool, runtime: str | None, check_only: bool = False
+) -> SessionBackend | None:
+    """The exported LoadedModel's backend: its graph's session (opened and checked here), or
+    with check_only the asking checked alone; ValueError (one line) for a device, dtype or
+    runtime its graph was not made for, or --compile."""
     if compiled:
         raise ValueError("an exported folder runs its graph: --compile compiles torch's forward")
     # the options' defaults (torch, float32) mean "as the folder says" here
@@ -141,7 +109,6 @@ def graph_runner_of(
                                None if runtime == "torch" else runtime)  # fmt: skip
     if problem:
         raise ValueError(problem)
-    key = ("exported",)
-    if key not in loaded._runners:
-        loaded._runners[key] = GraphRunner(loaded.model)
-    return loaded._runners[key]
+    if check_only:
+        return None
+    return SessionBackend(opened_graph(loaded.model, default_threads()), info.runtime, info.dtype)

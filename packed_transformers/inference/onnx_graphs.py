@@ -3,7 +3,7 @@ block-diagonal attention and per-sequence read-out inside, exported once to ONNX
 width and slots open, run by inference.onnx_session.
 
     graphs = OnnxGraphs(model, "int8", threads=2)
-    out = graphs(**batch)                  # {"embeddings": tensor [rows, K, D], ...}
+    out = graphs(rows, ("embeddings",))    # numpy rows in: {"embeddings": float32 [rows, K, D]}
     export_graph(model, rows, "int8", path)   # the file `packed export` writes
 
 float32: torch.onnx.export's TorchScript exporter (opset 17), ONNX Runtime's graph
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from packed_transformers.inference import graph_cache
+from packed_transformers.inference.backend import graph_reads_whole
 from packed_transformers.inference.onnx_session import RUNTIME, OnnxSession
 from packed_transformers.model.attention import PackedSelfAttention
 
@@ -133,11 +134,13 @@ def graph_key(model: torch.nn.Module, dtype: str, names: list[str]) -> str:
 
 
 class OnnxGraphs:
-    """`model`'s packed forward through ONNX Runtime: called as the model is (keyword tensors
-    of one batch of rows), answering its outputs as float32 tensors by name. The graph is
-    exported (or read from the cache) at the first batch."""
+    """`model`'s packed forward through ONNX Runtime, a Backend (inference.backend): numpy rows
+    in, float32 numpy outputs by name. The graph, rows and width open, is exported (or read
+    from the cache) at the first batch."""
 
+    runtime = "onnxruntime"
     calibrated = True  # dynamic int8: nothing to calibrate
+    fixed_shapes = False  # one graph with rows and width open
 
     def __init__(self, model: torch.nn.Module, dtype: str, threads: int):
         self.model, self.dtype, self.threads = model.eval(), dtype, threads
@@ -145,9 +148,9 @@ class OnnxGraphs:
         self.from_cache = False
         self.setup_seconds = 0.0  # export (and quantization) or the cache read, and the session
 
-    def _build(self, batch: dict) -> None:
+    def _build(self, rows: dict) -> None:
         started = time.perf_counter()
-        names = list(batch)
+        names = list(rows)
         key = graph_key(self.model, self.dtype, names)
         cached = graph_cache.cached_file(RUNTIME, key, GRAPH_FILE)
         self.from_cache = cached is not None
@@ -158,7 +161,6 @@ class OnnxGraphs:
                 graph_cache.discard(RUNTIME, key)
                 self.from_cache = False
         if self.session is None:
-            rows = {name: value.cpu().numpy() for name, value in batch.items()}
             with tempfile.TemporaryDirectory(prefix="packed-onnx-") as scratch:
                 path = Path(scratch) / GRAPH_FILE
                 export_graph(self.model, rows, self.dtype, path)
@@ -167,8 +169,13 @@ class OnnxGraphs:
             self.session = OnnxSession(graph, self.threads)
         self.setup_seconds += time.perf_counter() - started
 
-    def __call__(self, **batch) -> dict:
+    def calibrate(self, rows: list[dict]) -> None:
+        return None
+
+    def __call__(self, rows: dict, outputs: tuple[str, ...], read=None, inputs=None) -> dict:
+        """Backend's call: numpy rows in, numpy outputs out (the graph exported at the first)."""
+        graph_reads_whole(read, inputs)
         if self.session is None:
-            self._build(batch)
-        out = self.session({name: value.cpu().numpy() for name, value in batch.items()})
-        return {name: torch.from_numpy(value) for name, value in out.items()}
+            self._build(rows)
+        answer = self.session(rows)
+        return {name: answer[name] for name in outputs}

@@ -7,7 +7,7 @@ length each time never gets).
 
     graphs = OpenVinoGraphs(model, "int8", threads=2)
     graphs.calibrate([rows, ...])         # int8: packed rows of texts like the ones to come
-    out = graphs(**batch)                 # {"embeddings": tensor [rows, K, D], ...}
+    out = graphs(rows, ("embeddings",))   # numpy rows in: {"embeddings": float32 [rows, K, D]}
 
 float32: the converted model, asked for f32 (no bf16 or f16 the CPU plugin might pick).
 bfloat16: the same converted model asked for bf16, only on a CPU that computes it (AVX512_BF16
@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from packed_transformers.inference import graph_cache
+from packed_transformers.inference.backend import graph_reads_whole
 from packed_transformers.inference.openvino_session import (
     OPENVINO_DTYPES,
     RUNTIME,
@@ -179,8 +180,11 @@ def name_inputs(model, names: list[str]):
 
 
 class OpenVinoGraphs:
-    """`model`'s packed forward through OpenVINO: called as the model is (keyword tensors of
-    one batch of rows), answering its outputs as float32 tensors by name."""
+    """`model`'s packed forward through OpenVINO, a Backend (inference.backend): numpy rows in,
+    float32 numpy outputs by name."""
+
+    runtime = "openvino"
+    fixed_shapes = True  # a graph compiled per row shape: the Runner pads a width's tables to one
 
     def __init__(self, model: torch.nn.Module, dtype: str, threads: int):
         self.model, self.dtype, self.threads = model.eval(), dtype, threads
@@ -190,30 +194,33 @@ class OpenVinoGraphs:
         self.from_cache = False  # whether the (quantized) graph was read back from the cache
         self.setup_seconds = 0.0  # conversion, quantization and compilation, all shapes
 
-    def _key(self, batch: dict) -> None:
+    def _key(self, rows: dict) -> None:
         """The inputs' names and the running digest of what the graph is made of."""
-        self.input_names = list(batch)
+        self.input_names = list(rows)
         self.digest = model_digest(self.model, self.dtype)
         self.digest.update("|".join(self.input_names).encode())
 
-    def _convert(self, batch: dict):
-        """The model converted with rows and width open (an openvino.Model)."""
+    def _convert(self, rows: dict):
+        """The model converted with rows and width open (an openvino.Model); `rows` (numpy) its
+        example input."""
         import openvino
 
+        example = {name: torch.from_numpy(value) for name, value in rows.items()}
         with torch.inference_mode(), signal_stack_kept():
             return openvino.convert_model(
-                self.model, example_input=batch, input=[openvino.PartialShape([-1, -1])] * len(batch)
+                self.model, example_input=example, input=[openvino.PartialShape([-1, -1])] * len(rows)
             )
 
-    def convert(self, batch: dict) -> None:
-        """The model converted (rows and width open), or read back from the cache: once."""
+    def convert(self, rows: dict) -> None:
+        """The model converted (rows and width open; `rows` numpy, its example), or read back
+        from the cache: once."""
         started = time.perf_counter()
-        self._key(batch)
+        self._key(rows)
         key = "fp32-" + self.digest.hexdigest()[:32]
         self.converted = read_cached(key)
         self.from_cache = self.converted is not None
         if self.converted is None:
-            self.converted = name_inputs(self._convert(batch), self.input_names)
+            self.converted = name_inputs(self._convert(rows), self.input_names)
             write_cached(key, self.converted)
         else:
             name_inputs(self.converted, self.input_names)  # an entry cached before inputs were named
@@ -240,7 +247,7 @@ class OpenVinoGraphs:
                 "or use --runtime onnxruntime --dtype int8, which needs no calibration"
             )
         started = time.perf_counter()
-        first = {name: torch.from_numpy(value) for name, value in batches[0].items()}
+        first = batches[0]
         self._key(first)
         feeds = [[batch[name] for name in self.input_names] for batch in batches]
         digest = self.digest.copy()
@@ -266,16 +273,19 @@ class OpenVinoGraphs:
         self.calibrated = True
         self.setup_seconds += time.perf_counter() - started
 
-    def __call__(self, **batch) -> dict:
+    def __call__(self, rows: dict, outputs: tuple[str, ...], read=None, inputs=None) -> dict:
+        """Backend's call: numpy rows in, numpy outputs out (converted at the first batch, a
+        row shape compiled at its first)."""
+        graph_reads_whole(read, inputs)
         if not self.calibrated:
             raise RuntimeError(
                 "OpenVinoGraphs: int8 graphs are calibrated (calibrate) before their first batch"
             )
         if self.converted is None:
-            self.convert(batch)
+            self.convert(rows)
         if self.session is None:
             self.session = OpenVinoSession(self.converted, self.dtype, self.threads)
         before = self.session.setup_seconds
-        answer = self.session({name: value.numpy() for name, value in batch.items()})
+        answer = self.session(rows)
         self.setup_seconds += self.session.setup_seconds - before  # a shape's first batch compiles it
-        return {name: torch.from_numpy(value) for name, value in answer.items()}
+        return {name: answer[name] for name in outputs}

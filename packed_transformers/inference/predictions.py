@@ -22,7 +22,7 @@ def predict_logits(
     model, data, batcher: Batcher, device=None, dtype: str = "float32"
 ) -> tuple[np.ndarray, dict]:
     """Logits float32 [n, C] in input order, and timing/padding figures of the pass.
-    `model` is a module (run on its own device) or a Runner (inference.runner or .graph_runner)."""
+    `model` is a module (run on its own device) or a Runner (inference.runner, over any backend)."""
     if hasattr(model, "run") and hasattr(model, "stats"):
         runner = model
     else:

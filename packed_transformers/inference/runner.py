@@ -18,32 +18,31 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from packed_transformers.common.choices import GRAPH_RUNTIMES, RUNTIMES
-from packed_transformers.inference.run_stats import RunBatch, RunsTables, RunStats  # noqa: F401 (read from here too)
+from packed_transformers.inference.backend import Backend, RunBatch, RunStats  # noqa: F401 (read from here too)
 from packed_transformers.packs.rows import pack_rows, unpack_outputs, unpack_token_outputs
 
-# torch is imported where a torch Runner is built, never at import: an exported folder's
-# process (inference.graph_runner) reads this module's RunBatch, RunStats and per_* without it
+# torch is imported where a torch model's backend is built, never at import: an exported
+# folder's process (inference.exported_backend) runs this module's Runner without it
 
 log = logging.getLogger(__name__)
 
-# What a compiled Runner hands torch.compile (tests count graphs through another backend).
-COMPILE_BACKEND = "inductor"
-
 
 @dataclass
-class Runner(RunsTables):
-    """A model in eval mode on `device`, run in `dtype` (inference.precision: float32,
-    bfloat16 under autocast where the device computes it natively, or int8 on a CPU with
-    VNNI: a copy of the model with int8 layers, inference.int8). ValueError (one line) if
-    this machine cannot run that device or dtype."""
+class Runner:
+    """A model's packed forward over a `Backend` (inference.backend), with the pass's figures.
 
-    model: object  # torch.nn.Module
+    Runner(model, device, dtype, compiled=, runtime=): a torch model, its backend built here
+    (`backend_of`: the one place a runtime is chosen; ValueError, one line, where this machine
+    cannot run that runtime, device or dtype). An exported folder's Runner is given its backend
+    (inference.exported_backend: `backend=`, the model its ExportedGraph)."""
+
+    model: object  # torch.nn.Module (int8: its quantized copy), or an exported folder's ExportedGraph
     device: str | None = None  # None: where the model's parameters are
     dtype: str = "float32"
     stats: RunStats = field(default_factory=RunStats)
@@ -55,56 +54,21 @@ class Runner(RunsTables):
     # through ONNX Runtime (inference.onnx_graphs), one graph with rows and width open;
     # float32 or int8 on either
     runtime: str = "torch"
+    backend: Backend | None = None  # given: used as it is; None: backend_of builds it
 
     def __post_init__(self):
-        import torch
-
-        from packed_transformers.inference.precision import device_problem
-
-        parameter = next(self.model.parameters(), None)
-        device = (
-            torch.device(self.device)
-            if self.device
-            else (parameter.device if parameter is not None else torch.device("cpu"))
-        )
-        if self.runtime not in (
-            "torch",
-            *GRAPH_RUNTIMES,
-        ):  # "auto" is resolved by the caller, who knows the task
-            raise ValueError(
-                f"Runner runs torch, {' or '.join(GRAPH_RUNTIMES)}, not {self.runtime!r} (resolve auto first)"
+        if self.backend is None:
+            self.backend, self.device = backend_of(
+                self.model, self.device, self.dtype, self.compiled, self.runtime
             )
-        problem = (
-            device_problem(device.type, self.dtype)
-            if self.runtime == "torch"
-            else runtime_problem(self.runtime, device.type, self.dtype, compiled=self.compiled)
-        )
-        if problem:
-            raise ValueError(problem)
-        self.device = device
-        self.model = self.model.to(device).eval()
-        if self.runtime == "openvino":
-            from packed_transformers.inference.openvino_graphs import OpenVinoGraphs
-
-            self._forward_model = OpenVinoGraphs(self.model, self.dtype, torch.get_num_threads())
-            self._rows_of_width: dict[int, tuple[int, int]] = {}  # (rows, slots) of a width's tables
-            return
-        if self.runtime == "onnxruntime":
-            from packed_transformers.inference.onnx_graphs import OnnxGraphs
-
-            self._forward_model = OnnxGraphs(self.model, self.dtype, torch.get_num_threads())
-            return
-        if self.dtype == "int8":  # a quantized copy: the loaded float32 model serves other runners
-            from packed_transformers.inference.int8 import quantize_encoder
-
-            self.model = quantize_encoder(self.model)
-        self._forward_model = compiled_forward(self.model) if self.compiled else self.model
-        self._rows_of_width: dict[int, tuple[int, int]] = {}  # compiled: (rows, slots) of a width's tables
+            self.model = getattr(self.backend, "model", self.model)  # int8: the quantized copy
+        # fixed_shapes: (rows, slots) of each width's tables so far
+        self._rows_of_width: dict[int, tuple[int, int]] = {}
 
     def _static_rows(self, table: np.ndarray, width: int) -> np.ndarray:
-        """compiled or openvino: `table` padded with empty rows and slots (-1) to the most rows
-        and slots seen at `width`, so that every forward at a width has one shape (more than
-        before: one new graph)."""
+        """A fixed-shape backend's `table` padded with empty rows and slots (-1) to the most
+        rows and slots seen at `width`, so that every forward at a width has one shape (more
+        than before: one new graph)."""
         seen_rows, seen_depth = self._rows_of_width.get(width, (0, 0))
         rows, depth = max(seen_rows, len(table)), max(seen_depth, table.shape[1])
         self._rows_of_width[width] = (rows, depth)
@@ -112,8 +76,8 @@ class Runner(RunsTables):
 
     @property
     def needs_calibration(self) -> bool:
-        """An OpenVINO int8 runner not yet calibrated (`calibrate` before its first forward)."""
-        return self.runtime == "openvino" and not self._forward_model.calibrated
+        """A static int8 graph not yet calibrated (`calibrate` before its first forward)."""
+        return not self.backend.calibrated
 
     @staticmethod
     def calibration_rows(
@@ -124,47 +88,71 @@ class Runner(RunsTables):
         return [pack_rows(token_ids, table, width_of(table), segment_ids) for table in tables]
 
     def calibrate(self, rows: list[dict]) -> None:
-        """OpenVINO int8: quantize on packed `rows` (calibration_rows of texts like those to
-        come, every row width among them; never counted in `stats`). Once: a later call
-        changes nothing."""
-        self._forward_model.calibrate(rows)
+        """Static int8 (OpenVINO): quantize on packed `rows` (calibration_rows of texts like
+        those to come, every row width among them; never counted in `stats`). Once: a later
+        call changes nothing."""
+        self.backend.calibrate(rows)
+
+    def run(
+        self, token_ids: list, tables: Iterable[np.ndarray], width_of: Callable[[np.ndarray], int],
+        segment_ids: list | None = None, outputs: Iterable[str] = ("logits",),
+    ) -> Iterator[RunBatch]:  # fmt: skip
+        """Each of a pass's tables through `forward` in turn (a generator: the caller may
+        consume batch by batch)."""
+        outputs = tuple(outputs)
+        for table in tables:
+            yield self.forward(token_ids, table, width_of(table), segment_ids, outputs)
 
     def forward(
         self, token_ids: list, table: np.ndarray, width: int, segment_ids: list | None = None,
         outputs: Iterable[str] = ("logits",), read: Callable[[dict, dict], dict] | None = None,
         inputs: Callable[[dict], dict] | None = None,
     ) -> RunBatch:  # fmt: skip
-        """One table's rows through the model -> RunBatch. read: where an output is too large
-        to bring back whole (a causal LM's [rows, width, vocabulary] logits), a reduction
-        on the device, (batch tensors, model outputs) -> {name: numpy array}, in place of
-        `outputs`. inputs: the model's inputs beyond the rows, from the batch's tensors (a
-        causal LM's next-token targets, so that its head runs only where one is); `read`
-        sees them in its batch."""
-        import torch
-
-        from packed_transformers.inference.precision import precision
-
-        if self.compiled or self.runtime == "openvino":
+        """One table's rows through the backend -> RunBatch. read: where an output is too
+        large to bring back whole (a causal LM's [rows, width, vocabulary] logits), a
+        reduction on the device, (batch tensors, model outputs) -> {name: numpy array}, in
+        place of `outputs`. inputs: the model's inputs beyond the rows, from the batch's
+        tensors (a causal LM's next-token targets, so that its head runs only where one is);
+        `read` sees them in its batch. Both torch's alone."""
+        if self.backend.fixed_shapes:
             table = self._static_rows(table, width)
         rows = pack_rows(token_ids, table, width, segment_ids)
-        batch = {
-            name: torch.from_numpy(value).to(self.device, non_blocking=True) for name, value in rows.items()
-        }
         started = time.perf_counter()
-        if inputs is not None:
-            batch.update(inputs(batch))
-        # OpenVINO's precision is its own (openvino_graphs.PRECISION_HINT): its graph converted from f32
-        autocast = self.dtype if self.runtime != "openvino" else "float32"
-        with torch.inference_mode(), precision(self.device.type, autocast):
-            out = self._forward_model(**batch)
-            if read is not None:
-                arrays = read(batch, out)  # numpy: waits for the device too
-            else:
-                arrays = {
-                    name: out[name].float().cpu().numpy() for name in outputs
-                }  # .cpu() waits for the device
+        arrays = self.backend(rows, tuple(outputs), read, inputs)
         self.stats.count(table, width, token_ids, time.perf_counter() - started)
         return RunBatch(rows, arrays)
+
+
+def backend_of(model, device: str | None, dtype: str, compiled: bool, runtime: str) -> tuple[Backend, object]:
+    """A torch model's Backend for `runtime` (torch, onnxruntime or openvino; "auto" is
+    resolved by the caller, who knows the task) on `device` (None: where its parameters are)
+    in `dtype`, and that device: the one place a runtime is chosen. ValueError (one line)
+    where this machine cannot run it."""
+    import torch
+
+    parameter = next(model.parameters(), None)
+    if device:
+        device = torch.device(device)
+    else:
+        device = parameter.device if parameter is not None else torch.device("cpu")
+    if runtime not in ("torch", *GRAPH_RUNTIMES):
+        raise ValueError(
+            f"Runner runs torch, {' or '.join(GRAPH_RUNTIMES)}, not {runtime!r} (resolve auto first)"
+        )
+    problem = runtime_problem(runtime, device.type, dtype, compiled=compiled)
+    if problem:
+        raise ValueError(problem)
+    if runtime == "openvino":
+        from packed_transformers.inference.openvino_graphs import OpenVinoGraphs
+
+        return OpenVinoGraphs(model.to(device), dtype, torch.get_num_threads()), device
+    if runtime == "onnxruntime":
+        from packed_transformers.inference.onnx_graphs import OnnxGraphs
+
+        return OnnxGraphs(model.to(device), dtype, torch.get_num_threads()), device
+    from packed_transformers.inference.torch_backend import TorchBackend
+
+    return TorchBackend(model, device, dtype, compiled), device
 
 
 def per_sequence(batches: list[RunBatch], name: str, n: int) -> np.ndarray:
@@ -241,17 +229,6 @@ def runtime_problem(
     return device_problem(device, dtype)
 
 
-def compiled_forward(model):
-    """`model` under torch.compile for inference: static shapes (dynamic=False) and, with
-    inductor, its weights frozen into the graph (constant-folded, pre-packed for oneDNN on a
-    CPU). Built at the first forward of each shape; bench/bench_compile.py times it."""
-    import torch
-
-    if COMPILE_BACKEND == "inductor":
-        return torch.compile(model, dynamic=False, options={"freezing": True})
-    return torch.compile(model, dynamic=False, backend=COMPILE_BACKEND)
-
-
 def runner_of(loaded, device: str, dtype: str, compiled: bool = False, runtime: str = "torch") -> Runner:
     """A LoadedModel's Runner on `device` in `dtype` (compiled or not, through `runtime`;
     "auto": this CPU's choice for the folder's task, inference.runtime_choice), built (and so
@@ -260,9 +237,17 @@ def runner_of(loaded, device: str, dtype: str, compiled: bool = False, runtime: 
     from packed_transformers.inference.runtime_choice import resolved_runtime
 
     if isinstance(loaded.model, ExportedGraph):  # an exported folder: its own graph, no torch
-        from packed_transformers.inference.graph_runner import graph_runner_of
+        from packed_transformers.inference.exported_backend import exported_backend_of
 
-        return graph_runner_of(loaded, device, dtype, compiled, runtime)
+        key = ("exported",)
+        if key not in loaded._runners:  # the folder fixes runtime and dtype; others refused first
+            backend = exported_backend_of(loaded, device, dtype, compiled, runtime)
+            loaded._runners[key] = Runner(
+                loaded.model, "cpu", backend.dtype, runtime=backend.runtime, backend=backend
+            )
+        else:
+            exported_backend_of(loaded, device, dtype, compiled, runtime, check_only=True)
+        return loaded._runners[key]
     chosen = resolved_runtime(runtime, loaded.spec.task, str(device), dtype, compiled=compiled)
     key = (str(device), dtype, compiled, chosen.runtime)
     if key not in loaded._runners:

@@ -273,7 +273,8 @@ def test_folders_that_cannot_run_are_refused_in_one_line(folders, tmp_path):
 
 
 def test_only_the_runner_calls_the_model_in_inference():
-    """The packed inference forward is written once (inference/runner.py); training's one step
+    """The packed inference forward is written once (inference/torch_backend.py, the Runner's
+    torch backend; the graph runtimes' backends call their sessions); training's one step
     (engines/torch_engine.py's take_step, every job's, beside BERT's evaluation) is the one other call, and the ONNX exporter's trace of the model (inference/onnx_graphs.py:
     tracing is a call, as openvino.convert_model's is inside OpenVINO) the other one."""
     callers = []
@@ -293,7 +294,7 @@ def test_only_the_runner_calls_the_model_in_inference():
             if re.search(r"model\(\*\*", line) and not line.lstrip().startswith(("#", "logits =")):
                 callers.append(f"{path.relative_to(PACKAGE)}:{number}")
     assert sorted({c.split(":")[0] for c in callers}) == [
-        "engines/torch_engine.py", "inference/onnx_graphs.py", "inference/runner.py"
+        "engines/torch_engine.py", "inference/onnx_graphs.py", "inference/torch_backend.py"
     ], callers  # fmt: skip
     assert sum(c.startswith("inference/onnx_graphs.py") for c in callers) == 2  # its output names, its trace
 

@@ -129,12 +129,12 @@ def texts_far_apart_in_length(count: int = 150) -> list[str]:
 @pytest.fixture
 def counted_inference(monkeypatch):
     """The Runner's compile backend replaced by a counter of the graphs it is handed."""
-    from packed_transformers.inference import runner
+    from packed_transformers.inference import torch_backend
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     counter = CompileCounterWithBackend("aot_eager")
-    monkeypatch.setattr(runner, "COMPILE_BACKEND", counter)
+    monkeypatch.setattr(torch_backend, "COMPILE_BACKEND", counter)
     yield counter
     torch._dynamo.reset()
 

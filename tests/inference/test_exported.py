@@ -1,5 +1,5 @@
 """ONNX Runtime on packed rows (inference/onnx_graphs.py, onnx_session.py) and the torch-free
-process (`packed export`, door/exported_folder.py, inference/graph_runner.py): float32 equal to
+process (`packed export`, door/exported_folder.py, inference/exported_backend.py): float32 equal to
 torch's packed forward per text, int8 within its gate, the same labels for a classifier, and
 the exported folder's commands importing neither torch nor transformers (judged on
 sys.modules in a fresh process)."""
@@ -60,10 +60,10 @@ def test_onnxruntime_runner_equals_torch_per_text(checkpoint):
     np.testing.assert_allclose(vectors, torch_vectors, rtol=0, atol=2e-5)
     # one graph for every row shape: another width and slot count run in the same session
     runner = runner_of(encoder, "cpu", "float32", False, "onnxruntime")
-    session = runner._forward_model.session
+    session = runner.backend.session
     ids, _ = encoder.tokenize_texts(["the market", "a film", "team win"], ["a", "b", "c"])
     one = runner.forward(ids, np.array([[0, 1, 2]]), 40, outputs=("embeddings",))
-    assert runner._forward_model.session is session
+    assert runner.backend.session is session
     expected = encode(["the market", "a film", "team win"], encoder)
     np.testing.assert_allclose(one.outputs["embeddings"][0], expected, rtol=0, atol=2e-5)
 

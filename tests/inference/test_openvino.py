@@ -52,13 +52,13 @@ def test_float32_through_openvino_equals_torch_with_one_graph_per_row_shape(chec
     np.testing.assert_allclose(vectors, torch_vectors, rtol=0, atol=2e-5)
     # one graph per width: a later table of fewer rows or slots at a width runs in its graph
     runner = runner_of(encoder, "cpu", "float32", False, "openvino")  # converted above; 96: a width not met
-    before = len(runner._forward_model.compiled)
+    before = len(runner.backend.compiled)
     short = ["the market", "a film", "team win", "the vote", "music award star", "bank profit"]
     ids, _ = encoder.tokenize_texts(short, short)
     expected = encode(short, encoder)
     first = runner.forward(ids, np.array([[0, 1, 2], [3, 4, -1]]), 96, outputs=("embeddings",))
     second = runner.forward(ids, np.array([[5]]), 96, outputs=("embeddings",))
-    assert len(runner._forward_model.compiled) == before + 1  # one graph for both tables
+    assert len(runner.backend.compiled) == before + 1  # one graph for both tables
     assert second.rows["example_index"].tolist() == [[5, -1, -1], [-1, -1, -1]]  # padded to 2 x 3
     np.testing.assert_allclose(first.outputs["embeddings"][1, 1], expected[4], rtol=0, atol=2e-5)
     np.testing.assert_allclose(second.outputs["embeddings"][0, 0], expected[5], rtol=0, atol=2e-5)
@@ -82,7 +82,7 @@ def test_a_later_process_reads_the_converted_graph_back_and_a_damaged_one_is_reb
     def fresh_run(folder=checkpoint):
         encoder = load_encoder(folder, pooling=["mean"])
         vectors = encode(texts, encoder, options)
-        return vectors, runner_of(encoder, "cpu", "float32", False, "openvino")._forward_model
+        return vectors, runner_of(encoder, "cpu", "float32", False, "openvino").backend
 
     first, graphs = fresh_run()
     entry = graph_cache / f"fp32-{graphs.digest.hexdigest()[:32]}"
@@ -100,7 +100,7 @@ def test_a_later_process_reads_the_converted_graph_back_and_a_damaged_one_is_reb
     with torch.no_grad():
         next(encoder.model.parameters()).add_(0.01)  # other weights: another key
     encode(texts, encoder, options)
-    assert not runner_of(encoder, "cpu", "float32", False, "openvino")._forward_model.from_cache
+    assert not runner_of(encoder, "cpu", "float32", False, "openvino").backend.from_cache
     assert len({p.name for p in graph_cache.glob("fp32-*")} - entries) == 1
 
 
@@ -185,7 +185,7 @@ def test_int8_through_openvino_holds_the_quality_gate_and_runs_in_int8():
     similar = cosines(eight, fp32)
     assert similar.min() >= 0.965 and np.median(similar) >= 0.99, (similar.min(), np.median(similar))
     assert not np.allclose(eight, fp32, atol=1e-4)
-    graphs = runner_of(encoder, "cpu", "int8", False, "openvino")._forward_model
+    graphs = runner_of(encoder, "cpu", "int8", False, "openvino").backend
     request, _ = next(iter(graphs.compiled.values()))
     precisions = {
         op.get_rt_info()["runtimePrecision"].astype(str)
@@ -197,6 +197,7 @@ def test_int8_through_openvino_holds_the_quality_gate_and_runs_in_int8():
 
 SIGNAL_AFTER_OPENVINO = """
 import ctypes, gc, os, signal, sys
+import numpy as np
 import torch
 from packed_transformers.inference.openvino_graphs import OpenVinoGraphs
 from packed_transformers.inference.openvino_session import signal_stack_mapped
@@ -211,7 +212,7 @@ class Summed(torch.nn.Module):
 
 graphs = OpenVinoGraphs(Summed(), "float32", threads=1)
 for rows in (2, 3):  # two row shapes: two compiled graphs
-    graphs(input_ids=torch.zeros(rows, 8, dtype=torch.int64))
+    graphs({"input_ids": np.zeros((rows, 8), dtype=np.int64)}, ("summed",))
 del graphs
 gc.collect()
 print("stack mapped:", signal_stack_mapped(), flush=True)
@@ -304,7 +305,7 @@ def test_the_server_through_openvino_answers_as_torch(checkpoint):
     assert [a.status_code for a in answers] == [200] * 4
     vectors = np.concatenate([np.array(a.json(), dtype=np.float32) for a in answers])
     np.testing.assert_allclose(vectors, expected, rtol=0, atol=2e-5)
-    assert len(engine.runner._forward_model.compiled) >= 2  # the widths met: a graph each
+    assert len(engine.runner.backend.compiled) >= 2  # the widths met: a graph each
 
 
 @pytest.mark.slow  # a family folder converted and compiled
