@@ -17,6 +17,8 @@ torch.distributed.checkpoint (DCP), which a run of another number of ranks reads
     full_optimizer_state, load_full_optimizer_state
                        BERT's engine: the optimizer state gathered whole into the unsharded
                        format (one checkpoint format, any number of ranks), and back into shards
+    with_spare_forwards  an evaluation's batches, then uncounted ones, to as many forwards as the
+                       busiest rank runs (every job's evaluation under FSDP2)
 
 Gloo runs every collective FSDP2 and DCP need, so all of this runs and is tested on CPUs
 (tests/training/test_decoder_fsdp.py). Never imports the run or the engines.
@@ -31,6 +33,14 @@ import torch.distributed as dist
 
 from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components.errors import RunError
+
+
+def with_spare_forwards(batches: list, most: int, spare) -> list[tuple[object, bool]]:
+    """(batch, counted) for each of this rank's evaluation `batches`, counted, then `spare`
+    uncounted up to `most` forwards: FSDP2 gathers each block's parameters in every forward,
+    so every rank runs as many forwards as the rank with the most batches (`most`), and a rank
+    short of batches repeats one whose outputs count for nothing."""
+    return [(batch, True) for batch in batches] + [(spare, False)] * max(most - len(batches), 0)
 
 
 def block_modules(model, key: str = "execution.sharding") -> list[torch.nn.Module]:

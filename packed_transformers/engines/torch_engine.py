@@ -39,6 +39,7 @@ from packed_transformers.components.distributed import (
     setup_replica,
 )
 from packed_transformers.components.observe import SUM_KEYS, MetricSums, summarize
+from packed_transformers.components.sharding import with_spare_forwards
 from packed_transformers.components.step import (
     BatchArithmetic,
     NonFiniteStep,
@@ -263,16 +264,14 @@ def evaluate(model, shards, batches, device, precision, spare_forwards: int = 0)
     was_training = model.training
     model.eval()
     sums = MetricSums()
-    for packs in batches:
+    spare = batches[0] if batches else [0]
+    for packs, counted in with_spare_forwards(list(batches), len(batches) + spare_forwards, spare):
         host_batch = shards[packs]
         batch = {k: v.to(device) for k, v in host_batch.items()}
         with autocast_context(precision, device):
             out = model(**batch)
-        sums.add(out, int((host_batch["sequence_ids"] > 0).sum()))
-    for _ in range(spare_forwards):
-        spare = {k: v.to(device) for k, v in shards[batches[0] if batches else [0]].items()}
-        with autocast_context(precision, device):
-            model(**spare)
+        if counted:
+            sums.add(out, int((host_batch["sequence_ids"] > 0).sum()))
     model.train(was_training)
     return summarize(sums.reduce())
 

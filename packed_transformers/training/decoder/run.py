@@ -53,6 +53,7 @@ from packed_transformers.components.sharding import (
     materialize_sharded,
     shard_model,
     sharded_checkpoint,
+    with_spare_forwards,
 )
 from packed_transformers.components.step import MeanLoss, NonFiniteStep, predicted_tokens
 from packed_transformers.engines.torch_engine import StepSettings, TorchStep, autocast_context
@@ -316,14 +317,10 @@ class DecoderRun(PretrainingJob):
         # FSDP2 gathers each block's parameters in every forward: every rank runs as many
         # forwards as rank 0 (which holds the most rows); a rank short of rows repeats the
         # first evaluation row and counts nothing of it
-        most = -(-len(range(0, rows, self.world)) // per)
-        counted = [True] * len(batches)
-        if self.sharded and len(batches) < most:
-            spare = next(evaluation_batches(self.eval_rows, 1, 0, 1, 1))
-            counted += [False] * (most - len(batches))
-            batches += [spare] * (most - len(batches))
+        most = -(-len(range(0, rows, self.world)) // per) if self.sharded else len(batches)
+        spare = next(evaluation_batches(self.eval_rows, 1, 0, 1, 1)) if len(batches) < most else None
         with torch.no_grad():
-            for batch, count in zip(batches, counted):
+            for batch, count in with_spare_forwards(batches, most, spare):
                 batch = {k: v.to(self.replica.device) for k, v in batch.items()}
                 target = next_token_targets(batch["input_ids"], batch["sequence_ids"])
                 with autocast_context(self.config["training"]["precision"], self.replica.device):
