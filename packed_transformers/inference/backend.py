@@ -65,17 +65,20 @@ ExtraInputs = Callable[[dict], dict]
 
 
 class Backend(Protocol):
-    """A model's packed forward in one runtime."""
+    """A model's packed forward in one runtime. Implementations subclass it: nothing to
+    calibrate unless they say so (`calibrated` True, `calibrate` a no-op)."""
 
     runtime: str  # "torch" | "onnxruntime" | "openvino"
     dtype: str  # "float32" | "bfloat16" | "int8"
     # True: every forward at a row width has one shape (the Runner pads that width's tables to
     # its most rows and slots): a graph compiled per shape (torch.compile, OpenVINO)
     fixed_shapes: bool
-    calibrated: bool  # False: a static int8 graph that `calibrate` must see before its first rows
+    calibrated: bool = True  # False: a static int8 graph that `calibrate` must see before its first rows
 
     def calibrate(self, rows: list[dict]) -> None:
-        """Static int8: quantize on packed `rows` of texts like those to come (once)."""
+        """Static int8: quantize on packed `rows` of texts like those to come (once); by
+        default there is nothing to calibrate."""
+        return None
 
     def __call__(
         self,
@@ -95,7 +98,7 @@ def graph_reads_whole(read: Read | None, inputs: ExtraInputs | None) -> None:
 
 
 @dataclass
-class SessionBackend:
+class SessionBackend(Backend):
     """An exported folder's graph in its runtime's session (inference.onnx_session or
     .openvino_session, numpy in and out): as exported, nothing to calibrate, each row shape
     as it comes (an exported OpenVINO graph compiles each shape it meets)."""
@@ -104,10 +107,6 @@ class SessionBackend:
     runtime: str
     dtype: str
     fixed_shapes = False
-    calibrated = True
-
-    def calibrate(self, rows: list[dict]) -> None:
-        return None
 
     def __call__(self, rows: dict, outputs: tuple[str, ...], read=None, inputs=None) -> dict:
         graph_reads_whole(read, inputs)

@@ -3,7 +3,7 @@ Runtime or OpenVINO, as the folder was exported for) behind inference.backend.Se
 so that embed, predict and the server run an exported folder through the Runner they run a
 torch model through (inference.embedding, inference.classify, serving/).
 
-    runner = runner_of(loaded, "cpu", "float32")     # inference.runner: over exported_backend_of's backend
+    runner = runner_of(loaded, "cpu", "float32")     # inference.runner: over exported_backend(loaded)
     for batch in runner.run(token_ids, tables, width_of, segment_ids, ("embeddings",)): ...
 
 The folder fixes the runtime and dtype (its graph was made for them): asking for others is a
@@ -95,12 +95,11 @@ def _session_of(model, threads: int) -> tuple:
     }
 
 
-def exported_backend_of(
-    loaded, device: str, dtype: str | None, compiled: bool, runtime: str | None, check_only: bool = False
-) -> SessionBackend | None:
-    """The exported LoadedModel's backend: its graph's session (opened and checked here), or
-    with check_only the asking checked alone; ValueError (one line) for a device, dtype or
-    runtime its graph was not made for, or --compile."""
+def check_exported_asking(
+    loaded, device: str, dtype: str | None, compiled: bool, runtime: str | None
+) -> None:
+    """ValueError (one line) for a device, dtype or runtime the exported LoadedModel's graph
+    was not made for, or --compile."""
     if compiled:
         raise ValueError("an exported folder runs its graph: --compile compiles torch's forward")
     # the options' defaults (torch, float32) mean "as the folder says" here
@@ -109,6 +108,9 @@ def exported_backend_of(
                                None if runtime == "torch" else runtime)  # fmt: skip
     if problem:
         raise ValueError(problem)
-    if check_only:
-        return None
+
+
+def exported_backend(loaded) -> SessionBackend:
+    """The exported LoadedModel's backend: its graph's session, opened and checked here."""
+    info = loaded.model.info
     return SessionBackend(opened_graph(loaded.model, default_threads()), info.runtime, info.dtype)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from packed_transformers.inference import graph_cache
-from packed_transformers.inference.backend import graph_reads_whole
+from packed_transformers.inference.backend import Backend, graph_reads_whole
 from packed_transformers.inference.onnx_session import RUNTIME, OnnxSession
 from packed_transformers.model.attention import PackedSelfAttention
 
@@ -133,13 +133,13 @@ def graph_key(model: torch.nn.Module, dtype: str, names: list[str]) -> str:
     return f"{dtype}-{digest.hexdigest()[:32]}"
 
 
-class OnnxGraphs:
+class OnnxGraphs(Backend):
     """`model`'s packed forward through ONNX Runtime, a Backend (inference.backend): numpy rows
     in, float32 numpy outputs by name. The graph, rows and width open, is exported (or read
     from the cache) at the first batch."""
 
     runtime = "onnxruntime"
-    calibrated = True  # dynamic int8: nothing to calibrate
+    # dynamic int8: nothing to calibrate (Backend's default)
     fixed_shapes = False  # one graph with rows and width open
 
     def __init__(self, model: torch.nn.Module, dtype: str, threads: int):
@@ -168,9 +168,6 @@ class OnnxGraphs:
             graph_cache.keep(RUNTIME, key, lambda folder: (folder / GRAPH_FILE).write_bytes(graph))
             self.session = OnnxSession(graph, self.threads)
         self.setup_seconds += time.perf_counter() - started
-
-    def calibrate(self, rows: list[dict]) -> None:
-        return None
 
     def __call__(self, rows: dict, outputs: tuple[str, ...], read=None, inputs=None) -> dict:
         """Backend's call: numpy rows in, numpy outputs out (the graph exported at the first)."""

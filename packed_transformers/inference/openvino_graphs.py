@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 from packed_transformers.inference import graph_cache
-from packed_transformers.inference.backend import graph_reads_whole
+from packed_transformers.inference.backend import Backend, graph_reads_whole
 from packed_transformers.inference.openvino_session import (
     OPENVINO_DTYPES,
     RUNTIME,
@@ -179,7 +179,7 @@ def name_inputs(model, names: list[str]):
     return model
 
 
-class OpenVinoGraphs:
+class OpenVinoGraphs(Backend):
     """`model`'s packed forward through OpenVINO, a Backend (inference.backend): numpy rows in,
     float32 numpy outputs by name."""
 

@@ -40,9 +40,8 @@ class InferenceOptions:
     chunk_texts: int = 8192
     chunk_seconds: float | None = None
     prompt_name: str | None = None
-    compile: bool = (
-        False  # torch.compile the forward once per row width (inference.torch_backend.compiled_forward)
-    )
+    # torch.compile the forward once per row width (inference.torch_backend.compiled_forward)
+    compile: bool = False
     runtime: str = "torch"  # "openvino": a graph per row shape (inference.openvino_graphs); "auto"
     # openvino int8's calibration texts (None: a sample of the first texts embedded)
     calibration_texts: tuple[str, ...] | None = None

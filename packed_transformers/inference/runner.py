@@ -237,16 +237,15 @@ def runner_of(loaded, device: str, dtype: str, compiled: bool = False, runtime: 
     from packed_transformers.inference.runtime_choice import resolved_runtime
 
     if isinstance(loaded.model, ExportedGraph):  # an exported folder: its own graph, no torch
-        from packed_transformers.inference.exported_backend import exported_backend_of
+        from packed_transformers.inference.exported_backend import check_exported_asking, exported_backend
 
+        check_exported_asking(loaded, device, dtype, compiled, runtime)  # the folder fixes runtime and dtype
         key = ("exported",)
-        if key not in loaded._runners:  # the folder fixes runtime and dtype; others refused first
-            backend = exported_backend_of(loaded, device, dtype, compiled, runtime)
+        if key not in loaded._runners:
+            backend = exported_backend(loaded)
             loaded._runners[key] = Runner(
                 loaded.model, "cpu", backend.dtype, runtime=backend.runtime, backend=backend
             )
-        else:
-            exported_backend_of(loaded, device, dtype, compiled, runtime, check_only=True)
         return loaded._runners[key]
     chosen = resolved_runtime(runtime, loaded.spec.task, str(device), dtype, compiled=compiled)
     key = (str(device), dtype, compiled, chosen.runtime)

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from packed_transformers.inference.backend import ExtraInputs, Read
+from packed_transformers.inference.backend import Backend, ExtraInputs, Read
 
 # What a compiled backend hands torch.compile (tests count graphs through another backend).
 COMPILE_BACKEND = "inductor"
 
 
-class TorchBackend:
-    runtime = "torch"
-    calibrated = True  # torch's int8 is dynamic: nothing to calibrate
+class TorchBackend(Backend):
+    runtime = "torch"  # its int8 is dynamic: nothing to calibrate (Backend's default)
 
     def __init__(self, model: torch.nn.Module, device: torch.device, dtype: str, compiled: bool):
         self.device, self.dtype, self.fixed_shapes = device, dtype, compiled
@@ -32,9 +31,6 @@ class TorchBackend:
 
             self.model = quantize_encoder(self.model)
         self.forward_model = compiled_forward(self.model) if compiled else self.model
-
-    def calibrate(self, rows: list[dict]) -> None:
-        return None
 
     def __call__(
         self,
