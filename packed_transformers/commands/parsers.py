@@ -38,11 +38,25 @@ def predict_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--nbest-output", type=Path, default=None, help="question answering: also write the n-best file"
     )
-    parser.add_argument("--quiet", action="store_true", help="--ray: no progress bars")
+    add_chunk_options(parser)
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_compile_option(parser)
     add_runtime_option(parser)
     add_ray_options(parser)
     return parser
+
+
+def add_chunk_options(parser: argparse.ArgumentParser) -> None:
+    """embed's and predict's chunks: the work kept at a time (Ctrl-C keeps every chunk before the one
+    it stops), each about --chunk-seconds of it."""
+    parser.add_argument(
+        "--chunk-texts", type=int, default=8192, help="at most this many texts tokenized and packed at once"
+    )
+    parser.add_argument(
+        "--chunk-seconds", type=float, default=10.0,
+        help="rows are kept chunk by chunk, each about this many seconds of work (Ctrl-C keeps all but the last "
+        "ones); 0: chunks of --chunk-texts",
+    )  # fmt: skip
 
 
 def embed_parser(doc: str) -> argparse.ArgumentParser:
@@ -71,14 +85,7 @@ def embed_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--attention-backend", choices=ATTENTION_BACKENDS, help="default: sdpa (measured fastest)"
     )
-    parser.add_argument(
-        "--chunk-texts", type=int, default=8192, help="at most this many texts tokenized and packed at once"
-    )
-    parser.add_argument(
-        "--chunk-seconds", type=float, default=10.0,
-        help="rows are kept chunk by chunk, each about this many seconds of work (Ctrl-C keeps all but the last "
-        "ones); 0: chunks of --chunk-texts",
-    )  # fmt: skip
+    add_chunk_options(parser)
     parser.add_argument(
         "--prompt-name",
         help="a prompt of the folder's config_sentence_transformers.json put before every text (default: its "

@@ -55,16 +55,22 @@ from pathlib import Path
 
 import numpy as np
 
+from packed_transformers.commands.kept_predictions import write_kept_predictions
 from packed_transformers.commands.parsers import predict_parser
 from packed_transformers.common.cli import below_one, refuse
-from packed_transformers.common.files import describe_os_error, output_over_inputs, write_json_atomic
+from packed_transformers.common.files import (
+    FolderInUse,
+    describe_os_error,
+    output_over_inputs,
+    write_json_atomic,
+)
 from packed_transformers.data.classification_data import ExampleError, encode_labels, read_jsonl
 from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.door.exported_folder import is_exported, settle_exported_arguments
 from packed_transformers.door.opener import classification_fields, open_folder
-from packed_transformers.inference.classify import classify_examples
+from packed_transformers.inference.classify import plan_classification
 from packed_transformers.inference.options import InferenceOptions
-from packed_transformers.inference.predictions import score, write_predictions
+from packed_transformers.inference.predictions import score
 from packed_transformers.inference.runner import Runner, runner_of, runtime_problem
 from packed_transformers.inference.runtime_choice import resolved_runtime
 from packed_transformers.packs.errors import PackingInputError
@@ -94,8 +100,11 @@ def main(argv=None) -> int:
             "workers",
             "threads_per_worker",
             "chunk_rows",
+            "chunk_texts",
         ),
     )
+    if not wrong and not args.chunk_seconds >= 0:  # NaN too
+        wrong = f"--chunk-seconds must be 0 (chunks of --chunk-texts) or more, got {args.chunk_seconds}"
     exported = is_exported(args.model)
     if exported:  # its graph decides runtime and dtype: torch is never imported
         wrong = wrong or settle_exported_arguments(args, sys.argv[1:] if argv is None else argv, "predict")
@@ -164,22 +173,21 @@ def main(argv=None) -> int:
             runner_of(folder, args.device, args.dtype, args.compile, args.runtime) if exported
             else Runner(model, args.device, args.dtype, compiled=args.compile, runtime=args.runtime)
         )  # fmt: skip
-        logits, timing, data = classify_examples(
-            folder, runner, examples, labels, InferenceOptions.from_args(args)
-        )
-    except (ExampleError, DataInputError, PackingInputError) as err:
+        options = InferenceOptions.from_args(args)
+        plan = plan_classification(folder, runner, examples, labels, options)
+        logits, timing, kept = write_kept_predictions(args, runner, plan, options, list(spec.labels),
+                                                      spec.multi_label)  # fmt: skip
+    except (ExampleError, DataInputError, PackingInputError, FolderInUse) as err:
         return refuse(err)
     except OSError as err:
         return refuse(describe_os_error(err))
     report = {"batching": args.batching, "dtype": args.dtype, "runtime": args.runtime, **timing,
-              "truncated": data.truncated}  # fmt: skip
+              "padding_fraction": runner.stats.padding_fraction, "truncated": plan.data.truncated,
+              # a continued run: the rows an interrupted one kept (not timed here)
+              **({"kept_from_earlier_run": kept} if kept else {})}  # fmt: skip
     if has_labels:
         report.update(score(logits, labels, spec.multi_label))
-    return write_outputs(
-        lambda: write_predictions(args.output, logits, list(spec.labels), spec.multi_label),
-        summary_path,
-        report,
-    )
+    return write_outputs(lambda: None, summary_path, report)  # the predictions are in place already
 
 
 def run_on_ray(args) -> int:
@@ -303,8 +311,7 @@ def write_outputs(write, summary_path: Path, report: dict) -> int:
 
 
 if __name__ == "__main__":
-    from packed_transformers.common.cli import run_main
+    from packed_transformers.common.cli import run_main, sigterm_as_interrupt
 
-    sys.exit(
-        run_main(main, "no predictions were written (they appear only when complete); run the command again")
-    )
+    sigterm_as_interrupt()  # SIGTERM ends as Ctrl-C does: the predictions written are kept
+    sys.exit(run_main(main, "stopped before any prediction was kept; nothing was written"))

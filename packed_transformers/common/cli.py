@@ -137,7 +137,7 @@ def add_inference_options(parser: argparse.ArgumentParser, model_help: str) -> N
 def add_ray_options(parser: argparse.ArgumentParser) -> None:
     """--ray and what goes with it (ray_jobs/job.py): the whole input on a Ray cluster,
     Parquet shards and a manifest in the --output folder."""
-    ray = parser.add_argument_group("on a Ray cluster (make install-ray; docs/ray.md)")
+    ray = parser.add_argument_group("on a Ray cluster (pip install 'ray[data]==2.60.0'; docs/ray.md)")
     ray.add_argument(
         "--ray",
         metavar="ADDRESS",
@@ -237,6 +237,6 @@ def run_main(main, on_interrupt: str) -> int:
 
     try:
         return main()
-    except KeyboardInterrupt:
-        print(f"interrupted: {on_interrupt}", file=sys.stderr)
+    except KeyboardInterrupt as err:  # a command that kept work raises it with what it kept
+        print(f"interrupted: {err.args[0] if err.args else on_interrupt}", file=sys.stderr)
         return 128 + (STOPPED_BY[0] if STOPPED_BY else signal.SIGINT)

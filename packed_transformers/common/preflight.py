@@ -79,9 +79,11 @@ def missing_packages(names=("torch", "transformers")) -> str | None:
     if not missing:
         return None
     if tuple(names) == EXPORTED_NEEDS:
+        from packed_transformers.common.install_advice import pip_install
+
         return (
             f"{', '.join(missing)} not installed in this Python ({sys.executable}); an exported folder runs "
-            "with the light install: pip install -r requirements-runtime.txt"
+            f"with the light install: {pip_install(*EXPORTED_NEEDS)}"
         )
     return (
         f"{', '.join(missing)} not installed in this Python ({sys.executable}): this command needs the full "

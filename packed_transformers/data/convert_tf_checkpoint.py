@@ -25,6 +25,7 @@ import numpy as np
 
 from packed_transformers.common.cli import command_parser, refuse
 from packed_transformers.common.files import atomic_folder, describe_os_error
+from packed_transformers.common.install_advice import pip_install
 
 SKIPPED = re.compile(
     r"(/adam_[mv]|/lamb_[mv]|/Momentum)$|^(global_step|good_steps|current_loss_scale|loss_scale)$"
@@ -169,7 +170,8 @@ def read_tf_checkpoint(prefix: str) -> dict[str, np.ndarray]:
         import tensorflow as tf
     except ImportError as err:
         raise ConversionError(
-            f"reading a TF checkpoint needs TensorFlow: pip install -r requirements-tf.txt ({err})"
+            f"reading a TF checkpoint needs TensorFlow: {pip_install('tensorflow')}, best in an environment of "
+            f"its own (it pins its own h5py; in a clone: make install-tf) ({err})"
         ) from None
     try:
         reader = tf.train.load_checkpoint(prefix)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from packed_transformers.common.install_advice import pip_install
 from packed_transformers.door.exported_folder import exported_problem
 from packed_transformers.inference.backend import SessionBackend
 from packed_transformers.packs.rows import ROW_FIELDS
@@ -77,7 +78,7 @@ def _session_of(model, threads: int) -> tuple:
 
         if importlib.util.find_spec("openvino") is None:
             raise ExampleError(f"{model.path}: an OpenVINO graph; the openvino package is not installed "
-                               "(pip install openvino==2026.4.1)")  # fmt: skip
+                               f"({pip_install('openvino')})")  # fmt: skip
         if info.dtype == "bfloat16" and not openvino_computes_bf16(cpu_flags()):
             raise ExampleError(f"{model.path}: a bfloat16 graph, and this CPU computes no bf16 (AVX512_BF16 or "
                                "AMX): export the model again with --runtime openvino --dtype float32")  # fmt: skip

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from packed_transformers.common.install_advice import pip_install
 from packed_transformers.common.telemetry import decline_onnxruntime_telemetry
 
 # before onnxruntime is first imported: its wheel sends usage telemetry by default (common.telemetry)
@@ -36,7 +37,9 @@ def onnxruntime_problem(device: str, dtype: str) -> str | None:
     if dtype not in GRAPH_DTYPES:
         return f"--runtime onnxruntime runs float32 or int8, not {dtype}"
     if importlib.util.find_spec("onnxruntime") is None:
-        return "--runtime onnxruntime: the onnxruntime package is not installed (pip install onnxruntime==1.32.0)"
+        return (
+            f"--runtime onnxruntime: the onnxruntime package is not installed ({pip_install('onnxruntime')})"
+        )
     return None
 
 

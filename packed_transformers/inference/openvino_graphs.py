@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from packed_transformers.common.install_advice import pip_install
 from packed_transformers.inference import graph_cache
 from packed_transformers.inference.backend import Backend, graph_reads_whole
 from packed_transformers.inference.openvino_session import (
@@ -100,10 +101,10 @@ def openvino_problem(device: str, dtype: str) -> str | None:
     try:
         import openvino  # noqa: F401
     except ImportError:
-        return "--runtime openvino: the openvino package is not installed (pip install packed-transformers[openvino])"
+        return f"--runtime openvino: the openvino package is not installed ({pip_install('openvino')})"
     # nncf is found, not imported (0.3 s): a process whose int8 graph is cached never quantizes
     if dtype == "int8" and importlib.util.find_spec("nncf") is None:
-        return "--runtime openvino --dtype int8: the nncf package is not installed (pip install packed-transformers[openvino])"
+        return f"--runtime openvino --dtype int8: the nncf package is not installed ({pip_install('nncf')})"
     return None
 
 

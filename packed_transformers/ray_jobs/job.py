@@ -29,6 +29,7 @@ into one .npy (embeddings) or JSON lines file (predictions) in input order.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
@@ -47,6 +48,7 @@ from packed_transformers.common.files import (
     replace_folder,
     write_json_atomic,
 )
+from packed_transformers.common.install_advice import pip_install
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.ray_jobs.shards import (
     JobIncomplete,
@@ -217,6 +219,8 @@ def run_job(
     check_model: run after the inputs and output are checked and before any cluster starts
     (ExampleError: one line), so that cheap mistakes are answered first."""
     started = time.perf_counter()
+    if importlib.util.find_spec("ray") is None:  # before any input is read or model loaded
+        return refuse(f"--ray {args.ray}: Ray is not installed in this Python ({pip_install('ray')})")
     try:
         plan = plan_job(args, kind, options, text_field, pair_field, check_model)
     except (ExampleError, FolderInUse) as err:

@@ -173,7 +173,8 @@ def comparison(packed: dict, unpacked: dict, baseline: float | None) -> list[str
             f"did not pass the unigram baseline ({baseline:.4f})")  # fmt: skip
         lines.append(
             f"inconclusive: the {' and '.join(weak)} run {why}, so these runs show nothing about packing's effect "
-            f"on learning; train longer (make demo DEMO_SEQUENCES={2 * max(unpacked['sequences'], 1):,})"
+            f"on learning; train longer (raise training.max_train_seconds; the demo in a clone: make demo "
+            f"DEMO_SEQUENCES={2 * max(unpacked['sequences'], 1):,})"
         )
         return lines
     speedup = unpacked["train_seconds"] / max(packed["train_seconds"], 1e-9)

@@ -271,6 +271,7 @@ def test_predict_through_openvino_equals_torch_and_int8_keeps_the_labels(trained
             len(int8) == len(float32)
             and np.mean([a["label"] == b["label"] for a, b in zip(float32, int8)]) >= 0.99
         )
+    capsys.readouterr()  # the runs' progress bars
     argv = ["--model", str(folder), "--input", str(source), "--output", str(tmp_path / "r.jsonl")]
     assert predict.main([*argv, "--runtime", "openvino", "--ray", "local"]) == 2
     assert capsys.readouterr().err.strip() == (
