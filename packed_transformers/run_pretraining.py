@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from packed_transformers.common.cli import command_parser, refuse
+from packed_transformers.common.cli import add_verbose_option, command_parser, refuse
 from packed_transformers.common.input_limits import MAX_GPU_MEMORY_GIB, MAX_PLAN_GPUS
 
 
@@ -27,6 +27,7 @@ def parse_args(argv=None):
     )
     parser.add_argument("--output-dir", help="run folder (default: runs/<config name>)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest valid checkpoint")
+    add_verbose_option(parser)
     parser.add_argument(
         "--compile-only",
         action="store_true",
@@ -86,18 +87,20 @@ def main(argv=None) -> int:
         from packed_transformers.model.hf_checkpoint import quiet_transformers
         from packed_transformers.training.decoder.memory_plan import print_plan
 
-        quiet_transformers()
+        quiet_transformers(args.verbose)
         return print_plan(config, args.config, args.gpus, args.gpu_memory_gib)
     output = Path(args.output_dir or Path("runs") / Path(args.config).stem)
     if decoder:
         from packed_transformers.model.hf_checkpoint import quiet_transformers
         from packed_transformers.training.decoder.run import run_decoder
 
-        quiet_transformers()
+        quiet_transformers(args.verbose)
         return run_decoder(config, output, args.resume)
     from packed_transformers.model.hf_checkpoint import quiet_transformers
 
-    quiet_transformers()  # its "Writing model shards" bar at every checkpoint repeats our log line
+    quiet_transformers(
+        args.verbose
+    )  # its "Writing model shards" bar at every checkpoint repeats our log line
     from packed_transformers.training.prerequisites import missing_prerequisites, prerequisites_line
 
     # Two or more things missing: all named in one line before any data is opened (one

@@ -264,7 +264,7 @@ def main(argv=None) -> int:
     if not exported:
         from packed_transformers.model.hf_checkpoint import quiet_transformers
 
-        quiet_transformers()
+        quiet_transformers(args.verbose)
     if args.ray:
         return run_on_ray(args)
     try:

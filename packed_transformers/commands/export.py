@@ -296,7 +296,7 @@ def main(argv=None) -> int:
         return refuse(wrong)
     from packed_transformers.model.hf_checkpoint import quiet_transformers
 
-    quiet_transformers()
+    quiet_transformers(args.verbose)
     from packed_transformers.door.folder_spec import NoHead
 
     try:

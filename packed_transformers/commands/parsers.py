@@ -21,7 +21,12 @@ from packed_transformers.common.choices import (
     POOLING_MODES,
     RUNTIMES,
 )
-from packed_transformers.common.cli import add_inference_options, add_ray_options, command_parser
+from packed_transformers.common.cli import (
+    add_inference_options,
+    add_ray_options,
+    add_verbose_option,
+    command_parser,
+)
 
 
 def predict_parser(doc: str) -> argparse.ArgumentParser:
@@ -138,6 +143,7 @@ def export_parser(doc: str) -> argparse.ArgumentParser:
         "--max-length", type=int, help="tokens per text (default: the folder's max_seq_length)"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing export folder")
+    add_verbose_option(parser)
     return parser
 
 

@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     else:
         from packed_transformers.model.hf_checkpoint import quiet_transformers
 
-        quiet_transformers()  # runtime_problem holds torch's device and dtype rules too
+        quiet_transformers(args.verbose)  # runtime_problem holds torch's device and dtype rules too
         wrong = wrong or runtime_problem(args.runtime, args.device, args.dtype, bool(args.ray), args.compile)
     if wrong:
         return refuse(wrong)

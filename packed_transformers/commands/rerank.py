@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     from packed_transformers.inference.runner import runner_of, runtime_problem
     from packed_transformers.model.hf_checkpoint import quiet_transformers
 
-    quiet_transformers()
+    quiet_transformers(args.verbose)
     try:
         folder = open_folder(args.model)
         if folder.spec.task != "classification" or len(folder.spec.labels) != 1:

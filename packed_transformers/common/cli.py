@@ -132,6 +132,15 @@ def add_inference_options(parser: argparse.ArgumentParser, model_help: str) -> N
         help="K (default: chosen from the lengths for least padding; the server: per task)",
     )
     parser.add_argument("--algorithm", default="lpfhp", choices=PACKING_ALGORITHMS)
+    add_verbose_option(parser)
+
+
+def add_verbose_option(parser: argparse.ArgumentParser) -> None:
+    """--verbose: the libraries' own load reports and progress bars (transformers'), which a
+    command keeps off by default (model.hf_checkpoint.quiet_transformers): its own lines say it."""
+    parser.add_argument(
+        "--verbose", action="store_true", help="the libraries' own load reports and progress bars too"
+    )
 
 
 def add_ray_options(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from packed_transformers.common.choices import ATTENTION_BACKENDS, BATCHING_MODES, FIXED_WIDTH_MODES
-from packed_transformers.common.cli import command_parser
+from packed_transformers.common.cli import add_verbose_option, command_parser
 from packed_transformers.common.config_schema import (
     ConfigError,
     Key,
@@ -210,6 +210,7 @@ def train_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, help="fine-tuning YAML (see configs/README.md)")
     parser.add_argument("--output-dir", required=True, type=Path)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_verbose_option(parser)
     parser.add_argument(
         "--resume", action="store_true", help="continue the run in --output-dir from its checkpoint (exactly)"
     )

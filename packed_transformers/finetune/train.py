@@ -439,7 +439,7 @@ def main(argv=None) -> int:
     parser = train_parser(__doc__)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    quiet_transformers()
+    quiet_transformers(args.verbose)
     stop = StopSignal()  # SIGINT / SIGTERM: the loop finishes its step, keeps a checkpoint, one line
     try:
         config = load_finetune_config(args.config, args.set)

@@ -309,8 +309,11 @@ def save_folder(reference, folder) -> None:
             os.replace(item, folder / item.name)
 
 
-def quiet_transformers() -> None:
-    """transformers' load report and progress bars repeat what our log says in one line."""
+def quiet_transformers(verbose: bool = False) -> None:
+    """transformers' load report and progress bars repeat what our log says in one line: off,
+    unless the command was given --verbose (common.cli.add_verbose_option)."""
+    if verbose:
+        return
     import transformers
 
     transformers.utils.logging.set_verbosity_error()

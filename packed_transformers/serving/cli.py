@@ -138,7 +138,7 @@ def runtime_mistake(args, argv) -> str | None:
     if is_exported(args.model):
         wrong = settle_exported_arguments(args, sys.argv[1:] if argv is None else argv)
     else:
-        quiet_transformers()
+        quiet_transformers(args.verbose)
         wrong = runtime_problem(args.runtime, args.device, args.dtype)
     if not wrong and args.runtime == "openvino" and args.dtype == "int8":  # calibrated on a batch's input
         wrong = "--runtime openvino serves float32; int8 is served by --runtime onnxruntime --dtype int8"
