@@ -76,6 +76,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "qa-cloze": Subcommand("data.qa_cloze", "cloze questions in SQuAD's layout from BBC News"),
     "debian-texts": Subcommand("data.debian_texts", "Debian's package descriptions as JSON lines (LM text)"),
     "embedding-texts": Subcommand("data.embedding_texts", "texts of several length profiles to embed"),
+    "mine-negatives": Subcommand(
+        "commands.mine_negatives",
+        "hard negatives for each (query, positive) pair, mined with an embedding model",
+    ),
     "assets": Subcommand("data.assets", "where the offline assets are (the MiniLM model, the BBC corpus)"),
     "recipes": Subcommand(
         "commands.recipes", "the README's configs/ and examples/ written here (a pip install's)"

@@ -155,3 +155,37 @@ def add_compile_option(parser: argparse.ArgumentParser) -> None:
         help="torch.compile the forward once per row width (inductor, frozen weights): pays off on long inputs "
         "only, after the compile time docs/compile.md measures",
     )
+
+
+def mine_negatives_parser(doc: str) -> argparse.ArgumentParser:
+    """commands.mine_negatives' options."""
+    parser = command_parser("packed mine-negatives", doc)
+    parser.add_argument(
+        "--model", required=True, type=Path, help="the embedding model (a sentence-transformers folder)"
+    )
+    parser.add_argument("--input", required=True, type=Path, help="JSON lines of (query, positive) pairs")
+    parser.add_argument(
+        "--output", required=True, type=Path, help="JSON lines, each input line with its negatives"
+    )
+    parser.add_argument(
+        "--query-field", default="query", help="the input's query field (the embedding pairs': anchor)"
+    )
+    parser.add_argument("--positive-field", default="positive")
+    parser.add_argument("--corpus", type=Path, help='JSON lines {"text"}: candidates besides the positives')
+    parser.add_argument("--negatives", type=int, default=5, help="negatives per line, nearest first")
+    parser.add_argument(
+        "--range-min", type=int, default=0, help="skip this many nearest candidates (likely positives)"
+    )
+    parser.add_argument(
+        "--range-max", type=int, help="look no further than this rank (default: as sentence-transformers)"
+    )
+    parser.add_argument(
+        "--relative-margin",
+        type=float,
+        help="drop candidates scoring above the positive's score less |score| x this (false negatives)",
+    )
+    parser.add_argument("--batch-size", type=int, default=32, help="texts per embedding batch")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    add_verbose_option(parser)
+    return parser

@@ -1,6 +1,7 @@
 """Packed fine-tuning: classification, question answering, decoders' supervised fine-tuning
 and contrastive training of embedding models, from a checkpoint opened through the door,
-validated through inference/.
+validated through inference/; rerankers (data.task rerank) through sentence-transformers' own
+trainer, packed (hf_integration/rerank_train.py: `train` hands the config over).
 
     train          `python -m packed_transformers.finetune.train` / `packed train`: the run as named steps over a typed state
     config         the YAML schema and the command line (train_parser, standard library and YAML only)
@@ -14,6 +15,6 @@ validated through inference/.
     predict, embed, ray_job, serve   `python -m finetune.X` kept for scripts that name it: each
                    runs its command (commands/, ray_jobs/, serving/) as the main module, no logic
 
-Uses door/, inference/, model/, optim/, data/, packing/ and common/. Never imports
-training/ (pretraining), serving/, ray_jobs/, hf_integration/ or commands/ (tests/house/test_house.py).
+Uses door/, inference/, model/, optim/, data/, packing/, common/ and hf_integration/'s rerank job.
+Never imports training/ (pretraining), serving/, ray_jobs/ or commands/ (tests/house/test_house.py).
 """

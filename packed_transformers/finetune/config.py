@@ -22,8 +22,9 @@ from packed_transformers.common.config_schema import (
     read_yaml,
     resolve,
 )
+from packed_transformers.hf_integration.rerank_train import RERANK_KEYS
 
-TASKS = ("classification", "question_answering", "causal_lm", "embedding")
+TASKS = ("classification", "question_answering", "causal_lm", "embedding", "rerank")
 SOURCES = ("jsonl", "bbc_news", "squad")
 
 SCHEMA: dict[str, dict[str, Key]] = {
@@ -101,6 +102,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         ),
         "symmetric": Key(bool, False, "embedding: also each positive against the anchors"),
     },
+    "rerank": RERANK_KEYS,  # data.task rerank (hf_integration/rerank_train.py)
     "optim": {
         "lr": Key(float, 5e-5, "peak learning rate (AdamW)", minimum=0),
         "weight_decay": Key(float, 0.01, "decoupled weight decay (not on biases and LayerNorm)", minimum=0),
@@ -156,7 +158,7 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
             f"{source}: data.source: {data['source']} does not go with data.task {data['task']} "
             f"(question_answering reads source squad; classification reads jsonl or bbc_news)"
         )
-    if data["task"] in ("causal_lm", "embedding") and data["source"] != "jsonl":
+    if data["task"] in ("causal_lm", "embedding", "rerank") and data["source"] != "jsonl":
         raise ConfigError(f"{source}: data.source: {data['task']} reads jsonl, not {data['source']}")
     if qa_task and config["qa"]["doc_stride"] >= data["max_sequence_length"] - 4:
         raise ConfigError(

@@ -78,6 +78,7 @@ from packed_transformers.finetune.run_folder import (
     resume_differences,
     save_final,
 )
+from packed_transformers.hf_integration.rerank_train import RerankStopped, run_rerank  # the ST trainer's job
 from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.optim import build_adamw
 from packed_transformers.packs.batching import Batcher, BatchingSpec
@@ -447,9 +448,8 @@ def main(argv=None) -> int:
             raise FinetuneError(
                 "--resume continues the run in --output-dir, --overwrite replaces it: give one"
             )
-        summary = run_finetune(
-            config, args.output_dir, resume=args.resume, stop=stop, overwrite=args.overwrite
-        )
+        run = run_rerank if config["data"]["task"] == "rerank" else run_finetune
+        summary = run(config, args.output_dir, resume=args.resume, stop=stop, overwrite=args.overwrite)
     except REFUSED as err:
         return refuse(err)
     except OSError as err:
@@ -457,7 +457,7 @@ def main(argv=None) -> int:
     except Diverged as err:
         print(f"error: {err}", file=sys.stderr)
         return 3
-    except Interrupted as err:
+    except (Interrupted, RerankStopped) as err:
         print(f"interrupted: {err}", file=sys.stderr)
         return 128 + err.signum
     finally:

@@ -2,8 +2,8 @@
 `pack_cross_encoder`; issue 109 item 2), judged by sentence-transformers itself: for the same
 (query, passage) pairs the packed reranker's loss and the gradient of every parameter equal its
 padded computation (BERT, whose head reads the pooler run again on the states put back; RoBERTa,
-whose head reads the first token), under BinaryCrossEntropyLoss and the grouped
-MultipleNegativesRankingLoss; `predict` gives the padded scores; its own CrossEncoderTrainer
+whose head reads the first token), under BinaryCrossEntropyLoss, the grouped
+MultipleNegativesRankingLoss and the listwise LambdaLoss; `predict` gives the padded scores; its own CrossEncoderTrainer
 ends on the same weights packed or not; the folder it saves scores alike in transformers'
 AutoModelForSequenceClassification."""
 
@@ -47,17 +47,24 @@ def step(folder, loss_name: str, packed: bool):
     torch.manual_seed(0)  # the grouped loss draws its in-batch negatives at random
     if loss_name == "bce":
         loss = losses.BinaryCrossEntropyLoss(model)([QUERIES, PASSAGES], LABELS.double())
-    else:  # one positive against the negatives of the group, in one softmax
+    elif loss_name == "grouped":  # one positive against the negatives of the group, in one softmax
         loss = losses.MultipleNegativesRankingLoss(model, num_negatives=2)(
             [QUERIES, PASSAGES, NEGATIVES], None
         )
+    else:  # listwise: each query's candidates ranked together (the lists of unequal lengths)
+        docs = [
+            [p, n] if i % 2 else [p, n, NEGATIVES[(i + 1) % 6]]
+            for i, (p, n) in enumerate(zip(PASSAGES, NEGATIVES))
+        ]
+        graded = [torch.tensor([2.0, 0.0] if i % 2 else [1.0, 0.0, 0.5]) for i in range(6)]
+        loss = losses.LambdaLoss(model)([QUERIES, docs], graded)
     loss.backward()
     grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
     return loss.item(), grads, packing
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta"])
-@pytest.mark.parametrize("loss_name", ["bce", "grouped"])
+@pytest.mark.parametrize("loss_name", ["bce", "grouped", "listwise"])
 def test_packed_loss_and_every_gradient_equal_the_padded_ones(folders, family, loss_name):
     theirs, their_grads, _ = step(folders[family], loss_name, packed=False)
     ours, our_grads, packing = step(folders[family], loss_name, packed=True)

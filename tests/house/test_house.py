@@ -37,7 +37,8 @@ FLOOR_OF = {room: level for level, rooms in enumerate(FLOORS) for room in rooms}
 NEVERS = {
     "door": ("inference", "finetune", "ray_jobs", "hf_integration", "serving", "commands", "training"),
     "inference": ("finetune", "ray_jobs", "hf_integration", "serving", "commands", "training"),
-    "finetune": ("training", "serving", "ray_jobs", "hf_integration", "commands"),
+    # finetune runs data.task rerank as sentence-transformers' trainer (hf_integration/rerank_train.py)
+    "finetune": ("training", "serving", "ray_jobs", "commands"),
     "ray_jobs": ("finetune", "serving", "commands", "training", "hf_integration"),
     "hf_integration": ("finetune", "ray_jobs", "serving", "commands", "training"),
     "serving": ("finetune", "training", "ray_jobs", "hf_integration", "commands"),

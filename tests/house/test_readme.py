@@ -28,7 +28,7 @@ from ..conftest import REPO
 
 pytestmark = pytest.mark.slow
 
-TESTED = ("own-text", "finetune", "sft", "qa", "pack", "embed", "embed-train", "decoder-pretrain")
+TESTED = ("own-text", "finetune", "sft", "qa", "pack", "embed", "embed-train", "rerank", "decoder-pretrain")
 
 # (command prefix, what is appended or replaced) -> the same command at tiny scale
 TINY = {
@@ -43,7 +43,9 @@ TINY = {
     "packed train": [("", " --set training.epochs=1 --set training.progress=false")],
     "packed train --config configs/finetune_own.yaml": [("", " --set training.max_seconds=2")],
     "packed embedding-texts --output work/texts.jsonl": [("--limit 5000", "--limit 64")],
-    "packed embedding-texts --kind pairs": [("", " --limit 40")],
+    "packed embedding-texts --kind pairs --output work/pairs.jsonl": [("", " --limit 40")],
+    "packed embedding-texts --kind pairs --output work/rerank_pairs.jsonl": [("--limit 600", "--limit 40")],
+    "packed train --config configs/finetune_rerank.yaml": [("", " --set data.max_sequence_length=64")],
     "packed train --config configs/finetune_embedding.yaml": [
         ("", " --set data.max_sequence_length=64 --set batching.batch_size=8")
     ],
@@ -105,7 +107,7 @@ GROUPS = {
     "pretraining": ("own-text", "pack"),
     "finetune": ("finetune", "sft"),
     "qa": ("qa",),
-    "embed": ("embed", "embed-train"),
+    "embed": ("embed", "embed-train", "rerank"),
     "decoder-pretrain": ("decoder-pretrain",),
 }
 
@@ -198,6 +200,9 @@ def test_readme_recipes_run_as_written(tmp_path, group, request):
         assert np.load(tmp_path / "work/embeddings-int8.npy").shape == (lines, width)
         summary = json.loads((tmp_path / "runs/my_embedder/summary.json").read_text())
         assert summary["task"] == "embedding" and (tmp_path / "runs/my_embedder/model/modules.json").is_file()
+        summary = json.loads((tmp_path / "runs/my_reranker/summary.json").read_text())
+        assert summary["task"] == "rerank" and summary["validation_queries"] == (60 if AS_WRITTEN else 4)
+        assert (tmp_path / "runs/my_reranker/model/config.json").is_file()
         assert lines == (5000 if AS_WRITTEN else 64)
 
 
