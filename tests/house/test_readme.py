@@ -44,7 +44,7 @@ TINY = {
     "packed train --config configs/finetune_own.yaml": [("", " --set training.max_seconds=2")],
     "packed embedding-texts --output work/texts.jsonl": [("--limit 5000", "--limit 64")],
     "packed embedding-texts --kind pairs --output work/pairs.jsonl": [("", " --limit 40")],
-    "packed embedding-texts --kind pairs --output work/rerank_pairs.jsonl": [("--limit 600", "--limit 40")],
+    "packed embedding-texts --kind pairs --output work/rerank_pairs.jsonl": [("--limit 300", "--limit 40")],
     "packed train --config configs/finetune_rerank.yaml": [("", " --set data.max_sequence_length=64")],
     "packed train --config configs/finetune_embedding.yaml": [
         ("", " --set data.max_sequence_length=64 --set batching.batch_size=8")
@@ -201,7 +201,7 @@ def test_readme_recipes_run_as_written(tmp_path, group, request):
         summary = json.loads((tmp_path / "runs/my_embedder/summary.json").read_text())
         assert summary["task"] == "embedding" and (tmp_path / "runs/my_embedder/model/modules.json").is_file()
         summary = json.loads((tmp_path / "runs/my_reranker/summary.json").read_text())
-        assert summary["task"] == "rerank" and summary["validation_queries"] == (60 if AS_WRITTEN else 4)
+        assert summary["task"] == "rerank" and summary["validation_queries"] == (60 if AS_WRITTEN else 8)
         assert (tmp_path / "runs/my_reranker/model/config.json").is_file()
         assert lines == (5000 if AS_WRITTEN else 64)
 
