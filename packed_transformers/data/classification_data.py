@@ -141,16 +141,22 @@ def record_of_line(raw: bytes, where: str) -> dict:
     return json_object(line, where)
 
 
+def required_text(record: dict, name: str, where: str, empty_ok: bool = True) -> str:
+    """record[name], a text under data.text_rule; ExampleError naming `where` and the field, and
+    for an absent field (not None) what the line holds instead."""
+    if name not in record:
+        present = ", ".join(repr(k[:40]) for k in list(record)[:6]) or "none"
+        raise ExampleError(f"{where}: field '{name}' is missing (the line's fields: {present})")
+    return check_text(record[name], f"{where}: field '{name}'", empty_ok=empty_ok)
+
+
 def example_of_line(raw: bytes, where: str, text_field: str, pair_field: str | None, empty_ok: bool = True):
     """One JSON line (bytes) -> (text, pair or None, the whole record), checked: UTF-8, a
     JSON object, a text and an optional pair under data.text_rule (`empty_ok`: a blank text
     is kept, as predict labels it; embed refuses it). ExampleError names `where`
     (file:line) and the field."""
     record = record_of_line(raw, where)
-    if text_field not in record:  # absent, not None: say so, and what the line holds instead
-        present = ", ".join(repr(k[:40]) for k in list(record)[:6]) or "none"
-        raise ExampleError(f"{where}: field '{text_field}' is missing (the line's fields: {present})")
-    text = check_text(record[text_field], f"{where}: field '{text_field}'", empty_ok=empty_ok)
+    text = required_text(record, text_field, where, empty_ok=empty_ok)
     pair = record.get(pair_field) if pair_field else None
     check_text(pair, f"{where}: field '{pair_field}'", empty_ok=True, none_ok=True)
     return text, pair, record

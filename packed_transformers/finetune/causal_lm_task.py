@@ -31,9 +31,10 @@ import torch.nn.functional as F
 from packed_transformers.common.cli import first_line
 from packed_transformers.components.run_state import Diverged
 from packed_transformers.components.step import MeanLoss, predicted_tokens
+from packed_transformers.data.assets import resolve_asset
 from packed_transformers.data.classification_data import ExampleError, read_jsonl, split_by_seed
 from packed_transformers.finetune.errors import FinetuneError
-from packed_transformers.finetune.job_contract import Job, resolve_asset
+from packed_transformers.finetune.job_contract import Job
 from packed_transformers.inference.runner import Runner
 from packed_transformers.model.families import IGNORED, next_token_targets
 from packed_transformers.packs.batching import Batcher

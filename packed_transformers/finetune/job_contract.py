@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 
-from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.components.batches import collate
 from packed_transformers.components.step import MeanLoss
 from packed_transformers.door.loaded import LoadedModel
@@ -59,15 +58,3 @@ class Job:
     @property
     def model(self) -> torch.nn.Module:
         return self.opened.model
-
-
-def resolve_asset(value: str | None) -> str | None:
-    """'asset:model' / 'asset:corpus' -> the installed demo asset's path; anything else as is."""
-    if value is None or not value.startswith("asset:"):
-        return value
-    from packed_transformers.data import assets
-
-    paths = {"asset:model": assets.model_dir, "asset:corpus": assets.corpus_glob}
-    if value not in paths:
-        raise ConfigError(f"{value!r}: unknown asset; expected one of {', '.join(paths)}")
-    return str(paths[value]())

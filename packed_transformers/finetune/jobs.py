@@ -29,6 +29,7 @@ import torch
 
 from packed_transformers.common.files import atomic_folder
 from packed_transformers.components.run_state import Diverged
+from packed_transformers.data.assets import resolve_asset
 from packed_transformers.data.classification_data import (
     Examples,
     TokenizedExamples,
@@ -46,7 +47,7 @@ from packed_transformers.door.opener import ForTraining, open_folder
 from packed_transformers.finetune.causal_lm_task import causal_lm_job
 from packed_transformers.finetune.errors import FinetuneError
 from packed_transformers.finetune.folder_writer import save_finetuned
-from packed_transformers.finetune.job_contract import ANCHOR_LOSS, Job, resolve_asset
+from packed_transformers.finetune.job_contract import ANCHOR_LOSS, Job
 from packed_transformers.inference.predictions import predict_logits, score, write_predictions
 from packed_transformers.model.opening import ModelOptions, qa_fine_tuning_refusal
 from packed_transformers.packs.batching import BatchingSpec

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from packed_transformers.common.cli import first_line
 from packed_transformers.common.files import describe_os_error
+from packed_transformers.data.assets import resolve_asset
 from packed_transformers.finetune.errors import FinetuneError
-from packed_transformers.finetune.job_contract import resolve_asset
 
 
 def input_digest(config: dict) -> dict:

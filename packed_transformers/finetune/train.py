@@ -56,6 +56,7 @@ from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJob, run_loop
 from packed_transformers.components.run_state import Diverged, EvalSchedule, RunState, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep, weights_finite
+from packed_transformers.data.assets import resolve_asset
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.engines.torch_engine import StepSettings, TorchStep, step_model_of
@@ -68,7 +69,7 @@ from packed_transformers.finetune.checkpoint import (
 )
 from packed_transformers.finetune.config import load_finetune_config, train_parser
 from packed_transformers.finetune.errors import FinetuneError, Interrupted
-from packed_transformers.finetune.job_contract import SLOT_LOSS, Job, resolve_asset
+from packed_transformers.finetune.job_contract import SLOT_LOSS, Job
 from packed_transformers.finetune.jobs import JOBS, prepare_task, read_examples
 from packed_transformers.finetune.run_folder import (
     check_output,

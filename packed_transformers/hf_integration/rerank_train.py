@@ -38,6 +38,7 @@ from packed_transformers.data.classification_data import (
     bounded_lines,
     check_text,
     record_of_line,
+    required_text,
 )
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ def read_rerank_lines(path, config: dict) -> RerankData:
                     else f"pointwise ('{passage_field}', '{label_field}')"
                 )
                 raise ExampleError(f"{where}: a line of the other form; this file's first line is {form}")
-            query = text_field(record, query_field, where)
+            query = required_text(record, query_field, where, empty_ok=False)
             if grouped:
                 negatives = record.get(negative_field, [])
                 negatives = [negatives] if isinstance(negatives, str) else negatives
@@ -134,7 +135,7 @@ def read_rerank_lines(path, config: dict) -> RerankData:
                     raise ExampleError(
                         f"{where}: field '{negative_field}' must be a text or a non-empty list of texts"
                     )
-                texts = [text_field(record, positive_field, where)]
+                texts = [required_text(record, positive_field, where, empty_ok=False)]
                 texts += [
                     check_text(n, f"{where}: field '{negative_field}'", empty_ok=False) for n in negatives
                 ]
@@ -147,18 +148,11 @@ def read_rerank_lines(path, config: dict) -> RerankData:
             if query not in groups:
                 groups[query] = Group(query, where=where)
                 ordered.append(groups[query])
-            groups[query].texts.append(text_field(record, passage_field, where))
+            groups[query].texts.append(required_text(record, passage_field, where, empty_ok=False))
             groups[query].labels.append(float(label))
     if not ordered:
         raise ExampleError(f"{path}: no lines (empty file)")
     return RerankData(ordered, bool(grouped))
-
-
-def text_field(record: dict, name: str, where: str) -> str:
-    if name not in record:
-        present = ", ".join(repr(k[:40]) for k in list(record)[:6]) or "none"
-        raise ExampleError(f"{where}: field '{name}' is missing (the line's fields: {present})")
-    return check_text(record[name], f"{where}: field '{name}'", empty_ok=False)
 
 
 def split_groups(data: RerankData, config: dict) -> tuple[RerankData, list[Group]]:
@@ -237,6 +231,7 @@ def run_rerank(config: dict, output: Path, resume: bool = False, stop=None, over
     from transformers import TrainerCallback
 
     from packed_transformers.common.files import atomic_folder, write_json_atomic
+    from packed_transformers.data.assets import resolve_asset
     from packed_transformers.hf_integration.st_packing import pack_cross_encoder
 
     if resume:
@@ -339,16 +334,6 @@ def clear_or_refuse(output: Path, overwrite: bool) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
-
-
-def resolve_asset(value: str) -> str:
-    """'asset:model' / 'asset:corpus' -> the installed asset's path (as fine-tuning's configs name them)."""
-    from packed_transformers.data import assets
-
-    paths = {"asset:model": assets.model_dir, "asset:corpus": assets.corpus_glob}
-    if value.startswith("asset:") and value not in paths:
-        raise ConfigError(f"{value!r}: unknown asset; expected one of {', '.join(paths)}")
-    return str(paths[value]()) if value in paths else value
 
 
 class EndedBy:
