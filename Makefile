@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 HIST := packed_transformers/packing/histograms/wikipedia_512.json
 
-.PHONY: test-fast test-shuffled test-sdk-stack install install-bench install-tf install-ray install-light readme-timings test demo demo-data convergence bench lint clean finetune-demo qa-demo
+.PHONY: test-fast test-shuffled test-sdk-stack install install-bench install-tf install-ray install-light install-peers readme-timings test demo demo-data convergence bench lint clean finetune-demo qa-demo
 
 install: $(STAMP)
 
@@ -27,6 +27,20 @@ install-bench: $(BENCH_STAMP)
 $(BENCH_STAMP): $(STAMP) requirements-bench.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-bench.txt
 	touch $(BENCH_STAMP)
+
+# make bench's peer environment (.venv-peers): sentence-transformers' OpenVINO backend through
+# optimum-intel, which wants an older transformers than the project's (requirements-peers.txt);
+# bench/bench_rerank.py --peers openvino runs its CrossEncoder there, and make test's smoke of it.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+install-peers: $(PEERS_STAMP)
+
+$(PEERS_STAMP): requirements-peers.txt requirements-peers-nodeps.txt
+	@echo "installing $(PEERS_VENV): sentence-transformers with optimum-intel (~1 GB), only for bench_rerank's OpenVINO peer"
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --disable-pip-version-check -r requirements-peers.txt
+	$(PEERS_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps -r requirements-peers-nodeps.txt
+	touch $(PEERS_STAMP)
 
 # Optional TensorFlow environment (reading TF1 checkpoints); the tests build it to run the
 # converter's test against real TensorFlow.
@@ -70,7 +84,7 @@ $(RAY_STAMP): requirements-ray.txt $(STAMP)
 # wait forever for work it will never send (pytest-xdist issues 1323, 1378).
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --max-worker-restart 0)
-test: install install-bench install-tf install-ray install-light
+test: install install-bench install-tf install-ray install-light install-peers
 	$(PY) -m pytest -q $(XDIST) --durations=15
 
 # The fast loop: every test but those marked slow (end-to-end runs, processes, the bench smokes;
@@ -81,7 +95,7 @@ test-fast: install install-light
 # The whole suite in a random order (pytest-random-order: modules and the tests inside each
 # shuffled): no test may depend on another's leftovers. The seed is printed first;
 # RANDOM_ORDER_SEED=N make test-shuffled repeats that order.
-test-shuffled: install install-bench install-tf install-ray install-light
+test-shuffled: install install-bench install-tf install-ray install-light install-peers
 	@seed=$${RANDOM_ORDER_SEED:-$$(date +%s)}; echo "random order seed $$seed"; \
 	$(PY) -m pytest -q $(XDIST) --random-order-seed=$$seed
 
@@ -191,7 +205,7 @@ qa-demo: install
 	done
 	$(PY) -m packed_transformers.finetune.report $(addprefix runs/qa_,$(QA_MODES))
 
-bench: install-bench
+bench: install-bench install-peers
 	$(PY) bench/bench_packing.py
 	$(PY) bench/bench_pipeline.py --sizes 1000000 4000000 --workers 2
 	$(PY) bench/bench_lamb.py
@@ -218,6 +232,7 @@ bench: install-bench
 	$(PY) bench/bench_compile_train.py --steps 40
 	$(PY) bench/bench_predict_process.py --rounds 5 --bf16
 	$(PY) bench/bench_rerank.py --queries 50 --candidates 20 --rounds 3
+	$(PY) bench/bench_rerank.py --queries 50 --candidates 20 --rounds 3 --peers openvino
 	$(PY) bench/bench_rerank_train.py --pairs 1000 --rounds 3
 	$(PY) bench/profile_policies.py --k 16
 	$(PY) bench/bench_families.py --texts 300 --rounds 2

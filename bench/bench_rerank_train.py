@@ -3,7 +3,7 @@
 process (imports, loading, training, saving), the same pairs, threads and seed, fp32 (issue
 109's training goal: >= 1.5x, quality equal).
 
-    python bench/bench_rerank_train.py [--pairs 1000] [--rounds 3] [--threads 2] [--batch-size 16]
+    python bench/bench_rerank_train.py [--pairs 1000] [--rounds 3] [--threads 2] [--batch-size 16] [--lr 2e-5]
 
 The reranker: MiniLM-L6's encoder as a CrossEncoder with a new one-logit head (seed 0). Pairs:
 BBC News titles as queries, each with its own article's first two paragraphs (label 1) and
@@ -12,10 +12,13 @@ joined to a passage of mixed length. One epoch of BinaryCrossEntropyLoss, AdamW 
 the trainer's defaults otherwise (its batch sampler, its collator's padding to the longest
 pair), then `model.save_pretrained`. Both scripts are this file (`--worker plain|packed`).
 
-Quality: each saved reranker orders the candidates of --eval-queries held-out titles (its own
-article's passage among 9 others'): MRR@10 and nDCG@10 (one relevant passage), and the two
-models' scores compared (max absolute difference: packing changes where a pair sits, not the
-arithmetic). Reported: wall seconds per process, medians, the paired ratio.
+Round r trains both ways from seed r (the head's initial weights and the trainer's shuffling), so
+the rounds are also three draws of the training's own randomness. Quality: each saved reranker
+orders the candidates of --eval-queries held-out titles (its own article's passage among 9
+others'): MRR@10 and nDCG@10 (one relevant passage), per round and their mean over the rounds
+(one run's nDCG@10 moves by points with the seed after a few dozen steps: the mean is what is
+compared), and round 0's two models' scores compared (max absolute difference: packing changes
+where a pair sits, not the arithmetic). Reported: wall seconds per process, medians, the paired ratio.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ def make_pairs(pairs: int, eval_queries: int, scratch: Path) -> tuple[Path, Path
     return train_file, eval_file
 
 
-def worker(way: str, train_file: str, output: str, batch_size: int) -> None:
+def worker(way: str, train_file: str, output: str, batch_size: int, lr: float, seed: int) -> None:
     """One whole training process, as a CrossEncoderTrainer user writes it (+1 line packed)."""
     import torch
     from datasets import Dataset
@@ -76,7 +79,7 @@ def worker(way: str, train_file: str, output: str, batch_size: int) -> None:
     from packed_transformers.data.assets import model_dir
 
     started = time.perf_counter()
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = CrossEncoder(str(model_dir()), num_labels=1, max_length=256, device="cpu")
     if way == "packed":
         from packed_transformers.hf_integration.st_packing import pack_cross_encoder
@@ -86,7 +89,7 @@ def worker(way: str, train_file: str, output: str, batch_size: int) -> None:
     dataset = Dataset.from_dict({key: [r[key] for r in rows] for key in ("query", "passage", "label")})
     args = CrossEncoderTrainingArguments(
         output_dir=output + ".trainer", num_train_epochs=1, per_device_train_batch_size=batch_size,
-        learning_rate=2e-5, seed=0, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+        learning_rate=lr, seed=seed, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
         logging_steps=10**9,
     )  # fmt: skip
     CrossEncoderTrainer(
@@ -123,13 +126,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=2e-5, help="AdamW's learning rate (the recipe's: 5e-5)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--worker", choices=("plain", "packed"), help=argparse.SUPPRESS)
     parser.add_argument("--train-file", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.train_file, args.output, args.batch_size)
+        worker(args.worker, args.train_file, args.output, args.batch_size, args.lr, args.seed)
         return 0
     from packed_transformers.data.assets import model_label
 
@@ -143,33 +148,39 @@ def main() -> int:
                 output = str(Path(scratch) / f"{way}-{round_}")
                 started = time.perf_counter()
                 done = subprocess.run([sys.executable, __file__, "--worker", way, "--train-file", str(train_file),
-                                       "--output", output, "--batch-size", str(args.batch_size)], env=env, cwd=REPO,
+                                       "--output", output, "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--seed", str(round_)], env=env, cwd=REPO,
                                       capture_output=True, text=True)  # fmt: skip
                 if done.returncode != 0:
                     raise RuntimeError(f"{way} exited {done.returncode}: {done.stderr[-3000:]}")
                 walls[way].append(time.perf_counter() - started)
                 padding = json.loads(done.stdout.strip().splitlines()[-1]).get("padding", padding)
                 print(f"round {round_} {way}: {walls[way][-1]:.1f} s", file=sys.stderr, flush=True)
-        found = {way: quality(str(Path(scratch) / f"{way}-0"), eval_file) for way in walls}
+        found = {way: [quality(str(Path(scratch) / f"{way}-{r}"), eval_file) for r in range(args.rounds)]
+                 for way in walls}  # fmt: skip
     ratios = [p / q for p, q in zip(walls["plain"], walls["packed"])]
-    difference = max(abs(a - b) for a, b in zip(found["plain"][1], found["packed"][1]))
-    print(f"# CrossEncoderTrainer, {args.pairs} pairs, batch {args.batch_size}, 1 epoch, {args.threads} threads, "
-          f"{model_label()}; whole processes (load, train, save), {args.rounds} rounds")  # fmt: skip
-    print("| way | wall s (rounds) | median | MRR@10 | nDCG@10 |")
-    print("|---|---|---|---|---|")
+    difference = max(abs(a - b) for a, b in zip(found["plain"][0][1], found["packed"][0][1]))
+    mean = {way: {k: round(statistics.mean(f[0][k] for f in found[way]), 4) for k in ("mrr@10", "ndcg@10")}
+            for way in walls}  # fmt: skip
+    print(f"# CrossEncoderTrainer, {args.pairs} pairs, batch {args.batch_size}, lr {args.lr}, 1 epoch, {args.threads} threads, "
+          f"{model_label()}; whole processes (load, train, save), {args.rounds} rounds (seed = round)")  # fmt: skip
+    print("| way | wall s (rounds) | median | nDCG@10 (rounds) | mean MRR@10 | mean nDCG@10 |")
+    print("|---|---|---|---|---|---|")
     for way, times in walls.items():
-        figures = found[way][0]
         print(f"| {way} | {', '.join(f'{t:.1f}' for t in times)} | {statistics.median(times):.1f} | "
-              f"{figures['mrr@10']} | {figures['ndcg@10']} |")  # fmt: skip
+              f"{', '.join(str(f[0]['ndcg@10']) for f in found[way])} | {mean[way]['mrr@10']} | "
+              f"{mean[way]['ndcg@10']} |")  # fmt: skip
     print(f"\npacked / plain, paired per round: {statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}); "
           f"padding of the plain batches {padding and round(padding['padded'], 3)}, of the packed rows "
-          f"{padding and round(padding['packed'], 3)}; held-out scores' max difference {difference:.2e}")  # fmt: skip
+          f"{padding and round(padding['packed'], 3)}; mean nDCG@10 packed - plain "
+          f"{mean['packed']['ndcg@10'] - mean['plain']['ndcg@10']:+.4f}; round 0's held-out scores' max "
+          f"difference {difference:.2e}")  # fmt: skip
     if args.json:
         from bench.machine import description
 
         args.json.write_text(json.dumps({
             "command": "python bench/bench_rerank_train.py " + " ".join(sys.argv[1:]), "machine": description(),
-            "walls": walls, "quality": {w: f[0] for w, f in found.items()}, "max_score_difference": difference,
+            "walls": walls, "quality": {w: [q[0] for q in f] for w, f in found.items()}, "mean_quality": mean,
+            "round0_max_score_difference": difference,
             "padding": padding}, indent=1))  # fmt: skip
     return 0
 

@@ -27,8 +27,8 @@ def requirement_pins() -> dict[str, str]:
     """{package name, lower case, extras dropped: version} of every requirements*.txt."""
     pins = {}
     for path in REPO.glob("requirements*.txt"):
-        if path.name == "requirements-ipu.txt":
-            continue  # PopTorch 3.4's stack (torch 2.0.1), an environment of its own
+        if path.name in ("requirements-ipu.txt", "requirements-peers.txt", "requirements-peers-nodeps.txt"):
+            continue  # PopTorch 3.4's stack (torch 2.0.1); the bench's OpenVINO peer: environments of their own
         for line in path.read_text().splitlines():
             match = re.match(r"\s*([A-Za-z0-9_.-]+)(\[[^\]]*\])?==([^\s#;]+)", line)
             if match:
