@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -251,7 +252,17 @@ def latest_valid_checkpoint(folder: Path) -> Path | None:
     return next(intact_checkpoints(folder), None)
 
 
-def resume_from(folder: Path, load_weights) -> tuple[Path, dict]:
+def resume_points(folder: Path) -> Iterator[tuple[Path, dict]]:
+    """(checkpoint, its training state) of each intact checkpoint, newest first, as the caller
+    asks: each one's files hashed and its state loaded once (a run that reads the newest's
+    state to check its config, then resumes, hands this same iterator to resume_from)."""
+    for path in intact_checkpoints(folder):
+        yield path, load_training_state(path)
+
+
+def resume_from(
+    folder: Path, load_weights, points: Iterator[tuple[Path, dict]] | None = None
+) -> tuple[Path, dict]:
     """The one resume policy of every training run (BERT's, the decoder's, fine-tuning's), as
     (checkpoint, its training state):
 
@@ -264,11 +275,11 @@ def resume_from(folder: Path, load_weights) -> tuple[Path, dict]:
       was written, or replaced with it, or of another model) make it a damaged checkpoint, as
       a sha256 mismatch does: reported, the previous one tried;
     - none left: CheckpointError. A --resume with nothing to resume from is refused, never a
-      silent start from step 0 (the user asked to continue a run)."""
+      silent start from step 0 (the user asked to continue a run).
+    `points`: resume_points(folder) already begun (its newest read once, by the caller)."""
     from safetensors import SafetensorError
 
-    for path in intact_checkpoints(folder):
-        state = load_training_state(path)
+    for path, state in resume_points(folder) if points is None else points:
         try:
             load_weights(path, state)
         except CheckpointError:

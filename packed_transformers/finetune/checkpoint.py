@@ -9,6 +9,8 @@ weights equal the unstopped run's (tests/finetune/test_finetune_resume.py).
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,24 +81,44 @@ def has_checkpoint(output: Path) -> bool:
     return bool(ckpt.list_checkpoints(checkpoints_folder(output)))
 
 
-def read_progress(output: Path) -> RunState | None:
-    """The newest intact checkpoint's run state; None without one. ckpt.CheckpointError where
-    there are checkpoints and none intact, or its state is not plain values."""
+@dataclass
+class Resumable:
+    """The checkpoint a --resume continues from, read once: its run state (for the config's
+    comparison before anything is built) and the checkpoints to restore from in order, it
+    first (components.checkpoint.resume_points: each one's files hashed and state loaded once)."""
+
+    progress: RunState
+    points: Iterator[tuple[Path, dict]]
+
+
+def resume_point(output: Path) -> Resumable | None:
+    """The newest intact checkpoint, read; None without one. ckpt.CheckpointError where there
+    are checkpoints and none intact, or its state is not plain values."""
     if not has_checkpoint(output):
         return None
-    newest = ckpt.latest_valid_checkpoint(checkpoints_folder(output))
+    points = ckpt.resume_points(checkpoints_folder(output))
+    newest = next(points, None)
     if newest is None:
         raise ckpt.CheckpointError(f"{checkpoints_folder(output)} holds no intact checkpoint")
-    return RunState.from_saved(
-        ckpt.load_training_state(newest), FinetuneProgress, newest / "training_state.pt"
-    )
+    path, state = newest
+    progress = RunState.from_saved(state, FinetuneProgress, path / "training_state.pt")
+    return Resumable(progress, itertools.chain([newest], points))
 
 
-def load_checkpoint(output: Path, engine, replicas) -> tuple[Path, RunState]:
+def read_progress(output: Path) -> RunState | None:
+    """The newest intact checkpoint's run state (resume_point's); None without one."""
+    found = resume_point(output)
+    return None if found is None else found.progress
+
+
+def load_checkpoint(
+    output: Path, engine, replicas, points: Iterator[tuple[Path, dict]] | None = None
+) -> tuple[Path, RunState]:
     """Restore weights, optimizer (the engine's: a TorchStep) and RNG (this rank's; rank 0's
     for a rank the writer did not have) from the checkpoint resume_from picks, whatever number
     of ranks wrote it. The learning rate follows from the state's step count (an older
-    checkpoint's LambdaLR state is read by nobody). -> (its folder, its run state).
+    checkpoint's LambdaLR state is read by nobody). `points`: a Resumable's, the checkpoints
+    already read (else read here). -> (its folder, its run state).
     ckpt.CheckpointError when none is left."""
     from safetensors.torch import load_file
 
@@ -106,6 +128,6 @@ def load_checkpoint(output: Path, engine, replicas) -> tuple[Path, RunState]:
         load_weights(engine.model, load_file(str(path / "model" / "model.safetensors")), replicas)  # strict
         engine.load_state(state)
 
-    path, state = ckpt.resume_from(checkpoints_folder(output), load_into_run)
+    path, state = ckpt.resume_from(checkpoints_folder(output), load_into_run, points)
     ckpt.set_rng_state(state["rng"], replicas.rank)
     return path, RunState.from_saved(state, FinetuneProgress, path / "training_state.pt")

@@ -103,9 +103,9 @@ CHANGEABLE_ON_RESUME = {
 
 def check_output(output: Path, resume: bool):
     """The output folder may hold nothing finished; --resume needs its checkpoint. -> the
-    checkpoint's run state (resume: components.run_state.RunState) or None."""
+    checkpoint read once (resume: finetune.checkpoint.Resumable) or None."""
     from packed_transformers.components.checkpoint import CheckpointError
-    from packed_transformers.finetune.checkpoint import checkpoints_folder, has_checkpoint, read_progress
+    from packed_transformers.finetune.checkpoint import checkpoints_folder, has_checkpoint, resume_point
 
     if (output / "summary.json").exists() or (output / "model").exists():
         raise FinetuneError(
@@ -122,12 +122,12 @@ def check_output(output: Path, resume: bool):
         raise FinetuneError(f"--resume: {output / 'checkpoint'} is a checkpoint of the layout before the one "
                             "training loop (CHANGELOG) and cannot be resumed: start again with --overwrite")  # fmt: skip
     try:
-        progress = read_progress(output)
+        found = resume_point(output)
     except CheckpointError as err:
         raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
-    if progress is None:
+    if found is None:
         raise FinetuneError(f"--resume: {checkpoints_folder(output)} holds no checkpoint to resume from")
-    return progress
+    return found
 
 
 def resume_differences(config: dict, progress) -> list[str]:

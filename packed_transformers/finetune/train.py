@@ -297,8 +297,8 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
         for leftover in remove_leftovers(checkpoints_folder(output)):
             log.warning("removed %s, a checkpoint a crash left half-written", leftover)
     replicas.barrier()
-    progress = check_output(output, resume)
-    changed = resume_differences(config, progress)
+    found = check_output(output, resume)  # the checkpoint --resume continues from, read once
+    changed = resume_differences(config, found and found.progress)
     if changed:
         raise FinetuneError(
             f"--resume: the config differs from the checkpoint's in {', '.join(changed)}; resume with the same config"
@@ -323,9 +323,9 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     )  # fmt: skip
     torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
     state = RunState(extra=FinetuneProgress(config, input_digest(config)))
-    if progress is not None:
-        state = restore_state(output, engine, state, replicas)
-    saved_step = state.step if progress is not None else None
+    if found is not None:
+        state = restore_state(output, engine, state, replicas, found.points)
+    saved_step = state.step if found is not None else None
     return Run(
         config,
         output,
@@ -342,12 +342,12 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     )
 
 
-def restore_state(output: Path, engine: TorchStep, fresh: RunState, replicas) -> RunState:
+def restore_state(output: Path, engine: TorchStep, fresh: RunState, replicas, points=None) -> RunState:
     """--resume: the checkpoint's weights, optimizer, schedule and RNG into place (the newest
-    intact one whose weights load: components.checkpoint.resume_from). -> its state; refused
-    (one line) where none is left or the data changed."""
+    intact one whose weights load: components.checkpoint.resume_from, over `points`: those
+    check_output read). -> its state; refused (one line) where none is left or the data changed."""
     try:
-        path, state = load_checkpoint(output, engine, replicas)
+        path, state = load_checkpoint(output, engine, replicas, points)
     except CheckpointError as err:
         raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
     saved, digests = state.extra, fresh.extra.data_sha256

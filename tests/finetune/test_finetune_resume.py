@@ -223,3 +223,25 @@ def test_resume_removes_a_checkpoint_a_kill_left_half_written(tmp_path, checkpoi
     for name, tensor in weights(tmp_path / "straight").items():
         assert torch.equal(tensor, weights(tmp_path / "stopped")[name]), name
     assert resumed["validation_accuracy"] == straight["validation_accuracy"]
+
+
+def test_resume_reads_its_checkpoint_once(tmp_path, checkpoint, monkeypatch):  # noqa: F811
+    """Issue 107: the config is compared with the checkpoint's, and the run restored from it, on
+    one reading: its files hashed once, its training state loaded once (it was twice each)."""
+    from packed_transformers.components import checkpoint as ckpt
+
+    config = load_finetune_config(
+        str(write_config(tmp_path, checkpoint, training={"epochs": 2, "progress": False})), []
+    )
+    with pytest.raises(finetune.Interrupted):
+        finetune.run_finetune(config, tmp_path / "run", stop=StopAfter(3))
+    (kept,) = ckpt.list_checkpoints(tmp_path / "run" / "checkpoints")
+    reads = []
+    for name in ("check_checkpoint", "load_training_state"):
+        real = getattr(ckpt, name)
+        monkeypatch.setattr(
+            ckpt, name, lambda path, real=real, name=name: reads.append((name, path)) or real(path)
+        )
+    resumed = finetune.run_finetune(config, tmp_path / "run", resume=True)
+    assert sorted(name for name, path in reads if path == kept) == ["check_checkpoint", "load_training_state"]
+    assert resumed["train_steps"] > 3

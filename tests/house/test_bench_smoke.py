@@ -81,6 +81,8 @@ SMOKES: dict[str, list[str]] = {
                                                            "--eval-queries", "12", "--rounds", "1", "--batch-size", "8"],
     "bench/bench_rerank.py --queries 50 --candidates 20 --rounds 3": ["bench/bench_rerank.py", "--queries", "3",
                                                                       "--candidates", "4", "--rounds", "1"],
+    "bench/bench_onnx_static.py --texts 1000 --calibration 300 --rounds 3": [
+        "bench/bench_onnx_static.py", "--texts", "40", "--calibration", "24", "--rounds", "1"],
     "bench/bench_rerank.py --queries 50 --candidates 20 --rounds 3 --peers openvino": [
         "bench/bench_rerank.py", "--queries", "3", "--candidates", "4", "--rounds", "1", "--peers", "openvino"],
     "bench/profile_policies.py --k 16": ["bench/profile_policies.py", "--k", "16", "--batches", "2", "--queue", "64"],
