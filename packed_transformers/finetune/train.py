@@ -291,19 +291,20 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
         raise FinetuneError(str(err)) from None
     if not replicas.writes:
         log.setLevel(logging.WARNING)  # rank 0 tells the run; the others say what goes wrong
-    if overwrite and not resume and replicas.writes:
-        clear_run(output)
-    if replicas.writes:  # what a crash mid-write (kill -9) left; BERT's and the decoder's runs do the same
-        for leftover in remove_leftovers(checkpoints_folder(output)):
-            log.warning("removed %s, a checkpoint a crash left half-written", leftover)
-    replicas.barrier()
-    found = check_output(output, resume)  # the checkpoint --resume continues from, read once
-    changed = resume_differences(config, found and found.progress)
-    if changed:
-        raise FinetuneError(
-            f"--resume: the config differs from the checkpoint's in {', '.join(changed)}; resume with the same config"
-        )
+    replacing = overwrite and not resume  # the old run goes below, once this one's input is read and checked
+    found = None
+    if not replacing:
+        remove_half_written(output, replicas)
+        found = check_output(output, resume)  # the checkpoint --resume continues from, read once
+        changed = resume_differences(config, found and found.progress)
+        if changed:
+            raise FinetuneError(f"--resume: the config differs from the checkpoint's in {', '.join(changed)}; "
+                                "resume with the same config")  # fmt: skip
     job = JOBS[config["data"]["task"]](config, checkpoint_config)  # config.json read once, handed on
+    if replacing:  # a bad input line above keeps the run it would have replaced
+        if replicas.writes:
+            clear_run(output)
+        remove_half_written(output, replicas)
     output.mkdir(parents=True, exist_ok=True)
     skeleton = parallel.host_skeleton(job.model, replicas)  # before the model moves or is sharded
     model = job.model.to(replicas.device)
@@ -340,6 +341,15 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
         skeleton,
         saved_step,
     )
+
+
+def remove_half_written(output: Path, replicas) -> None:
+    """Rank 0 removes what a crash mid-write (kill -9) left of a checkpoint (BERT's and the
+    decoder's runs do the same); every rank waits for it."""
+    if replicas.writes:
+        for leftover in remove_leftovers(checkpoints_folder(output)):
+            log.warning("removed %s, a checkpoint a crash left half-written", leftover)
+    replicas.barrier()
 
 
 def restore_state(output: Path, engine: TorchStep, fresh: RunState, replicas, points=None) -> RunState:

@@ -244,13 +244,14 @@ def run_rerank(config: dict, output: Path, resume: bool = False, stop=None, over
         config["training"],
     )
     rerank = config["rerank"]
-    clear_or_refuse(output, overwrite)
+    clear_or_refuse(output, overwrite, remove=False)
     train_data, validation = split_groups(
         read_rerank_lines(resolve_asset(data_settings["train_file"]), config), config
     )
     columns, mistake = training_rows(train_data, rerank["loss"], rerank["negatives"])
     if mistake:
         raise ConfigError(mistake)
+    clear_or_refuse(output, overwrite)  # the old run goes once this one's input is read and checked
     start = resolve_asset(config["model"]["init_checkpoint"])
     device = config["execution"]["device"]
     if config["execution"]["threads"]:
@@ -319,8 +320,9 @@ class RerankStopped(RuntimeError):
 RUN_FILES = ("model", "summary.json", ".trainer")  # what a rerank run writes in its folder
 
 
-def clear_or_refuse(output: Path, overwrite: bool) -> None:
-    """--overwrite removes a previous run's files (RUN_FILES only); without it a finished run is refused."""
+def clear_or_refuse(output: Path, overwrite: bool, remove: bool = True) -> None:
+    """--overwrite removes a previous run's files (RUN_FILES only; `remove` False: only the
+    refusal, asked before the input is read); without it a finished run is refused."""
     import shutil
 
     for name in RUN_FILES:
@@ -330,6 +332,8 @@ def clear_or_refuse(output: Path, overwrite: bool) -> None:
         if not overwrite and name != ".trainer":
             raise ConfigError(f"--output-dir {output}: holds a finished run; choose another folder, or --overwrite "
                               "to replace it")  # fmt: skip
+        if not remove:
+            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:

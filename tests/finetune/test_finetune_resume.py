@@ -245,3 +245,20 @@ def test_resume_reads_its_checkpoint_once(tmp_path, checkpoint, monkeypatch):  #
     resumed = finetune.run_finetune(config, tmp_path / "run", resume=True)
     assert sorted(name for name, path in reads if path == kept) == ["check_checkpoint", "load_training_state"]
     assert resumed["train_steps"] > 3
+
+
+def test_overwrite_with_a_bad_input_line_keeps_the_run_it_would_replace(tmp_path, checkpoint, capsys):  # noqa: F811
+    """--overwrite replaces a finished run only once the new run's input is read and checked: a bad
+    line is one line and exit 2, and the old model and summary stay (the old run was removed first)."""
+    path = write_config(tmp_path, checkpoint, training={"epochs": 1, "progress": False})
+    out = tmp_path / "run"
+    assert finetune.main(["--config", str(path), "--output-dir", str(out)]) == 0
+    kept = {p.name: p.read_bytes() for p in [out / "summary.json", out / "model" / "model.safetensors"]}
+    train_file = tmp_path / "train.jsonl"  # write_config's, 120 lines
+    train_file.write_text(train_file.read_text() + "{not json\n")
+    capsys.readouterr()
+    assert finetune.main(["--config", str(path), "--output-dir", str(out), "--overwrite"]) == 2
+    assert f"{train_file}:121" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert {
+        p.name: p.read_bytes() for p in [out / "summary.json", out / "model" / "model.safetensors"]
+    } == kept

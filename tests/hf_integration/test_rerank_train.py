@@ -132,3 +132,18 @@ def test_the_reranker_learns_well_above_its_untrained_head(tmp_path, capsys):
     before, after = summary["validation_untrained"]["ndcg@10"], summary["validation"]["ndcg@10"]
     # measured on the AMX Xeon: 0.632 -> 0.829 (the untrained head ranks near chance: 4 candidates a query)
     assert after >= before + 0.12 and after >= 0.75, summary
+
+
+def test_overwrite_with_a_bad_input_line_keeps_the_run_it_would_replace(start, tmp_path, capsys):
+    from packed_transformers.finetune import train
+
+    groups = grouped_lines(tmp_path / "g.jsonl")
+    config = write_config(tmp_path / "c.yaml", start, groups, "bce")
+    out = tmp_path / "run"
+    assert train.main(["--config", str(config), "--output-dir", str(out)]) == 0
+    kept = (out / "summary.json").read_bytes()
+    groups.write_text(groups.read_text() + '{"query": "q"}\n')  # line 13: no positive, no passage
+    capsys.readouterr()
+    assert train.main(["--config", str(config), "--output-dir", str(out), "--overwrite"]) == 2
+    assert f"{groups}:13" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert (out / "summary.json").read_bytes() == kept and (out / "model").is_dir()
