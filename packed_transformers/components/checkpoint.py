@@ -188,7 +188,8 @@ def prune(folder: Path, keep: int) -> None:
 def remove_leftovers(folder: Path) -> list[Path]:
     """Clean up after a crash mid-save: a checkpoint renamed aside (`.step-N.old-*`, see
     common.files.atomic_folder) whose replacement never arrived is renamed back; every
-    other `.step-*` folder is a half-written temporary and is removed. Returns those."""
+    other `.step-*` folder is a half-written temporary and is removed, with a warning line
+    (every run's: BERT's, the decoder's, fine-tuning's). Returns those."""
     if not folder.is_dir():
         return []
     removed = []
@@ -198,6 +199,7 @@ def remove_leftovers(folder: Path) -> list[Path]:
             path.rename(folder / name)
             continue
         shutil.rmtree(path, ignore_errors=True)
+        log.warning("removed %s, a checkpoint a crash left half-written", path)
         removed.append(path)
     return removed
 

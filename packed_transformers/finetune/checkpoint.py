@@ -83,9 +83,9 @@ def has_checkpoint(output: Path) -> bool:
 
 @dataclass
 class Resumable:
-    """The checkpoint a --resume continues from, read once: its run state (for the config's
-    comparison before anything is built) and the checkpoints to restore from in order, it
-    first (components.checkpoint.resume_points: each one's files hashed and state loaded once)."""
+    """The checkpoint a --resume continues from, read once (components.checkpoint.resume_points):
+    its run state, compared with the config before anything is built, and the checkpoints to
+    restore from in order, it first."""
 
     progress: RunState
     points: Iterator[tuple[Path, dict]]
@@ -107,8 +107,7 @@ def resume_point(output: Path) -> Resumable | None:
 
 def read_progress(output: Path) -> RunState | None:
     """The newest intact checkpoint's run state (resume_point's); None without one."""
-    found = resume_point(output)
-    return None if found is None else found.progress
+    return getattr(resume_point(output), "progress", None)
 
 
 def load_checkpoint(

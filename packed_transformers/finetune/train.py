@@ -195,11 +195,8 @@ class Run(LoopJob):
         check_weights(self, epoch)  # every rank: a collective
         if self.replicas.writes or self.replicas.sharded:  # a sharded forward needs every rank
             self.validated = validate_epoch(self, epoch, self.metrics_file)
-        self.state.extra.epoch, self.state.extra.batches_done, self.state.extra.sums = (
-            epoch + 1,
-            0,
-            zero_sums(),
-        )
+        progress = self.state.extra
+        progress.epoch, progress.batches_done, progress.sums = epoch + 1, 0, zero_sums()
         self.batches = self.bar = None
         return False
 
@@ -327,28 +324,14 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     if found is not None:
         state = restore_state(output, engine, state, replicas, found.points)
     saved_step = state.step if found is not None else None
-    return Run(
-        config,
-        output,
-        job,
-        batcher,
-        eval_batcher,
-        engine,
-        schedule,
-        state,
-        stop,
-        replicas,
-        skeleton,
-        saved_step,
-    )
+    return Run(config, output, job, batcher, eval_batcher, engine, schedule, state, stop, replicas, skeleton,
+               saved_step)  # fmt: skip
 
 
 def remove_half_written(output: Path, replicas) -> None:
-    """Rank 0 removes what a crash mid-write (kill -9) left of a checkpoint (BERT's and the
-    decoder's runs do the same); every rank waits for it."""
+    """Rank 0 removes what a crash mid-write (kill -9) left of a checkpoint; every rank waits."""
     if replicas.writes:
-        for leftover in remove_leftovers(checkpoints_folder(output)):
-            log.warning("removed %s, a checkpoint a crash left half-written", leftover)
+        remove_leftovers(checkpoints_folder(output))
     replicas.barrier()
 
 

@@ -125,8 +125,7 @@ class RunSetup:
         left are removed first."""
         self.checkpoints = self.output / "checkpoints"
         if self.engine.rank == 0 and not self.compile_only:
-            for leftover in ckpt.remove_leftovers(self.checkpoints):
-                log.warning("removed %s, a checkpoint a crash left half-written", leftover)
+            ckpt.remove_leftovers(self.checkpoints)
         if not resume:
             return None
 

@@ -221,8 +221,7 @@ class DecoderRun(PretrainingJob):
     # ----- checkpoints --------------------------------------------------------------------
     def _restore(self) -> None:
         if self.rank == 0:  # the run folder's lock says no other run owns these temporaries
-            for leftover in ckpt.remove_leftovers(self.output / "checkpoints"):
-                log.warning("removed %s: a checkpoint half-written when a run was stopped", leftover)
+            ckpt.remove_leftovers(self.output / "checkpoints")
         barrier()
         folder = self.output / "checkpoints"
         # a sharded run resumes a sharded checkpoint, and only that
