@@ -228,6 +228,7 @@ bench: install-bench install-peers
 	$(PY) bench/bench_startup.py --texts 10 --rounds 7
 	$(PY) bench/bench_onnx.py --texts 1000 --rounds 3
 	$(PY) bench/bench_onnx_static.py --texts 1000 --calibration 300 --rounds 3
+	$(PY) bench/profile_operators.py --texts 1000
 	$(PY) bench/bench_int8.py --texts 1000 --rounds 3
 	$(PY) bench/bench_compile.py --texts 2000
 	$(PY) bench/bench_compile_train.py --steps 40

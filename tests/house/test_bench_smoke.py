@@ -81,6 +81,7 @@ SMOKES: dict[str, list[str]] = {
                                                            "--eval-queries", "12", "--rounds", "1", "--batch-size", "8"],
     "bench/bench_rerank.py --queries 50 --candidates 20 --rounds 3": ["bench/bench_rerank.py", "--queries", "3",
                                                                       "--candidates", "4", "--rounds", "1"],
+    "bench/profile_operators.py --texts 1000": ["bench/profile_operators.py", "--texts", "30"],
     "bench/bench_onnx_static.py --texts 1000 --calibration 300 --rounds 3": [
         "bench/bench_onnx_static.py", "--texts", "40", "--calibration", "24", "--rounds", "1"],
     "bench/bench_rerank.py --queries 50 --candidates 20 --rounds 3 --peers openvino": [
