@@ -43,39 +43,20 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 
-def cross_encoder_peer(model_folder: str, input_path: str, output_path: str) -> None:
-    """The peer, in its own process: CrossEncoder.predict over every (query, text) pair."""
+def cross_encoder_peer(model_folder: str, input_path: str, output_path: str, backend: str = "torch") -> None:
+    """A peer, in its own process: CrossEncoder(backend=...).predict over every (query, text) pair
+    (the OpenVINO backend in .venv-peers)."""
     from sentence_transformers import CrossEncoder
 
     queries = [json.loads(line) for line in open(input_path, encoding="utf-8") if line.strip()]
     pairs = [(q["query"], text) for q in queries for text in q["texts"]]
-    scores = CrossEncoder(model_folder, device="cpu").predict(pairs, show_progress_bar=False)
+    scores = CrossEncoder(model_folder, device="cpu", backend=backend).predict(pairs, show_progress_bar=False)
     with open(output_path, "w", encoding="utf-8") as out:
         first = 0
         for i, q in enumerate(queries):
             own = [float(s) for s in scores[first : first + len(q["texts"])]]
             first += len(q["texts"])
             out.write(json.dumps({"index": i, "scores": own}) + "\n")
-
-
-def openvino_peer(model_folder: str, input_path: str, output_path: str) -> None:
-    """The OpenVINO peer, in its own process (.venv-peers): CrossEncoder(backend="openvino").predict."""
-    from sentence_transformers import CrossEncoder
-
-    queries = [json.loads(line) for line in open(input_path, encoding="utf-8") if line.strip()]
-    pairs = [(q["query"], text) for q in queries for text in q["texts"]]
-    model = CrossEncoder(model_folder, device="cpu", backend="openvino")
-    scores = model.predict(pairs, show_progress_bar=False)
-    with open(output_path, "w", encoding="utf-8") as out:
-        first = 0
-        for i, q in enumerate(queries):
-            out.write(
-                json.dumps(
-                    {"index": i, "scores": [float(s) for s in scores[first : first + len(q["texts"])]]}
-                )
-                + "\n"
-            )
-            first += len(q["texts"])
 
 
 def export_openvino_peer(model_folder: str, output_folder: str) -> None:
@@ -141,7 +122,7 @@ def main() -> int:
         cross_encoder_peer(*args.peer)
         return 0
     if args.openvino_peer:
-        openvino_peer(*args.openvino_peer)
+        cross_encoder_peer(*args.openvino_peer, backend="openvino")
         return 0
     if args.export_openvino_peer:
         export_openvino_peer(*args.export_openvino_peer)

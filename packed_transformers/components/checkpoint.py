@@ -249,11 +249,6 @@ def intact_checkpoints(folder: Path):
         yield path
 
 
-def latest_valid_checkpoint(folder: Path) -> Path | None:
-    """The newest intact checkpoint; corrupt ones are reported and skipped."""
-    return next(intact_checkpoints(folder), None)
-
-
 def resume_points(folder: Path) -> Iterator[tuple[Path, dict]]:
     """(checkpoint, its training state) of each intact checkpoint, newest first, as the caller
     asks: each one's files hashed and its state loaded once (a run that reads the newest's
