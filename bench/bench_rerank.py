@@ -46,6 +46,9 @@ sys.path.insert(0, str(REPO / "bench"))
 def cross_encoder_peer(model_folder: str, input_path: str, output_path: str, backend: str = "torch") -> None:
     """A peer, in its own process: CrossEncoder(backend=...).predict over every (query, text) pair
     (the OpenVINO backend in .venv-peers)."""
+    from packed_transformers.common.telemetry import decline_openvino_telemetry
+
+    decline_openvino_telemetry()  # before optimum-intel imports openvino: nothing leaves the machine
     from sentence_transformers import CrossEncoder
 
     queries = [json.loads(line) for line in open(input_path, encoding="utf-8") if line.strip()]
@@ -62,6 +65,9 @@ def cross_encoder_peer(model_folder: str, input_path: str, output_path: str, bac
 def export_openvino_peer(model_folder: str, output_folder: str) -> None:
     """Once, before the rounds (.venv-peers): the folder as sentence-transformers' OpenVINO backend
     exports it on first load, saved (its docs: save the exported model, load that)."""
+    from packed_transformers.common.telemetry import decline_openvino_telemetry
+
+    decline_openvino_telemetry()  # openvino.convert_model reports usage unless declined first
     from sentence_transformers import CrossEncoder
 
     CrossEncoder(model_folder, device="cpu", backend="openvino").save_pretrained(output_folder)
