@@ -51,31 +51,6 @@ def checkpoints_folder(output: Path) -> Path:
     return Path(output) / "checkpoints"
 
 
-def save_checkpoint(output: Path, engine, state: RunState, replicas) -> Path:
-    """Write the checkpoint of `state` and keep only it. -> its folder.
-    Every process calls it: a sharded run's weights and optimizer state (the engine's, a
-    engines.torch_engine.TorchStep) are gathered whole (the one format, whatever the
-    number of ranks), every rank's RNG is kept, rank 0 writes.
-    OSError (the disk's answer) or ckpt.CheckpointError (a writer's own error, one line)."""
-    from packed_transformers.components.distributed import gather_rng_states
-    from packed_transformers.components.replicas import gathered_weights
-
-    model = engine.model
-    weights = gathered_weights(model, replicas)  # sharded: gathered whole; else None
-    saved = ckpt.training_state(state, gather_rng_states(), engine.engine_state())
-    final = ckpt.step_folder(checkpoints_folder(output), state.step)
-    failure = None
-    if replicas.writes:
-        try:
-            write_model = ckpt.weights_writer(model, weights)
-            ckpt.save_checkpoint(checkpoints_folder(output), state.step, saved, KEEP, write_model)
-        except (OSError, ckpt.CheckpointError) as err:
-            failure = err
-    if replicas.agree(failure is not None):  # every rank raises where rank 0's write failed
-        raise failure or ckpt.CheckpointError(f"{final}: writing the checkpoint failed on rank 0")
-    return final
-
-
 def has_checkpoint(output: Path) -> bool:
     """Whether OUTPUT holds any checkpoint folder (intact or not)."""
     return bool(ckpt.list_checkpoints(checkpoints_folder(output)))

@@ -51,7 +51,12 @@ from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
 from packed_transformers.components import replicas as parallel  # this process among the run's
-from packed_transformers.components.checkpoint import CheckpointError, remove_leftovers
+from packed_transformers.components.checkpoint import (
+    CheckpointError,
+    remove_leftovers,
+    weights_writer,
+    write_checkpoint,
+)
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJob, run_loop
 from packed_transformers.components.run_state import Diverged, EvalSchedule, RunState, skip_or_stop
@@ -61,10 +66,10 @@ from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
 from packed_transformers.engines.torch_engine import StepSettings, TorchStep, step_model_of
 from packed_transformers.finetune.checkpoint import (
+    KEEP,
     FinetuneProgress,
     checkpoints_folder,
     load_checkpoint,
-    save_checkpoint,
     zero_sums,
 )
 from packed_transformers.finetune.config import load_finetune_config, train_parser
@@ -208,10 +213,13 @@ class Run(LoopJob):
         return self.batches is None and self.state.extra.batches_done == 0  # after each epoch's validation
 
     def write_checkpoint(self) -> None:
-        """The checkpoint of this step; a run whose limit is reached is marked finished (a
-        --resume of it trains nothing more)."""
+        """The checkpoint of this step, its weights gathered whole where sharded (the one format,
+        whatever the number of ranks); a run whose limit is reached is marked finished (a
+        --resume of it trains nothing more). OSError or CheckpointError, on every rank."""
         self.state.extra.finished = self.limit_reached() is not None
-        self.where = save_checkpoint(self.output, self.engine, self.state, self.replicas)
+        write_model = weights_writer(self.model, parallel.gathered_weights(self.model, self.replicas))
+        self.where = write_checkpoint(checkpoints_folder(self.output), self.state, KEEP, write_model,
+                                      self.engine.engine_state(), self.replicas.rank)  # fmt: skip
 
     def close(self, end: LoopEnd) -> None:
         """Diverged and Interrupted raised with their line; a complete run's outputs written."""

@@ -24,10 +24,6 @@ import torch
 from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components.batch_check import validate_batch
 from packed_transformers.components.data import advance, padded_groups
-from packed_transformers.components.distributed import (
-    barrier,
-    gather_rng_states,
-)
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, PretrainingJob
 from packed_transformers.components.observe import MetricSums, summarize
@@ -211,20 +207,20 @@ class Run(RunSetup, PretrainingJob):
         """Collective: a checkpoint of this step (rank 0 writes it), its time not training's."""
         self.state.train_seconds = self.train_seconds()
         with self._paused():
-            snapshot, rng = self.engine.snapshot(), gather_rng_states()
-            if self.engine.rank == 0:
+            snapshot = self.engine.snapshot()
+            writer = None  # rank 0's snapshot alone holds the model
+            if snapshot.model is not None:
                 writer = snapshot.model.save_pretrained
                 if snapshot.weights is not None:
                     writer = ckpt.weights_writer(snapshot.model, snapshot.weights)
-                state = ckpt.training_state(self.state, rng, snapshot.engine_state)
-                try:
-                    path = ckpt.save_checkpoint(self.checkpoints, self.state.step, state,
-                                                self.limits["keep_checkpoints"], writer)  # fmt: skip
-                except ckpt.CheckpointError as err:
-                    raise RunError(str(err)) from None
+            try:
+                path = ckpt.write_checkpoint(self.checkpoints, self.state, self.limits["keep_checkpoints"], writer,
+                                             snapshot.engine_state, self.engine.rank)  # fmt: skip
+            except ckpt.CheckpointError as err:
+                raise RunError(str(err)) from None
+            if self.engine.rank == 0:
                 log.info("checkpoint %s", path)
             self.saved_step = self.state.step
-            barrier()
 
     def end_figures(self) -> dict:
         return {"train_seconds": self.train_seconds()}

@@ -29,7 +29,6 @@ from packed_transformers.components.distributed import (
     all_reduce_,
     barrier,
     data_parallel,
-    gather_rng_states,
     setup_replica,
 )
 from packed_transformers.components.errors import RunError
@@ -262,17 +261,14 @@ class DecoderRun(PretrainingJob):
         self.engine.load_state(saved)
 
     def write_checkpoint(self) -> None:
-        rng = gather_rng_states()
         keep, folder = self.config["training"]["keep_checkpoints"], self.output / "checkpoints"
         if self.sharded:  # every rank writes its shard (optimizer state in dcp/)
             weights, write_shards = sharded_checkpoint(self.model.hf_model, self.engine.optimizer)
-            ckpt.save_checkpoint(folder, self.state.step, ckpt.training_state(self.state, rng), keep,
-                                 ckpt.weights_writer(self.model.hf_model, weights), write_shards, self.rank)  # fmt: skip
-            return
-        if self.rank == 0:
-            state = ckpt.training_state(self.state, rng, self.engine.engine_state())
-            ckpt.save_checkpoint(folder, self.state.step, state, keep, self.model.save_pretrained)
-        barrier()
+            ckpt.write_checkpoint(folder, self.state, keep, ckpt.weights_writer(self.model.hf_model, weights), None,
+                                  self.rank, write_shards)  # fmt: skip
+        else:
+            ckpt.write_checkpoint(folder, self.state, keep, self.model.save_pretrained, self.engine.engine_state(),
+                                  self.rank)  # fmt: skip
 
     # ----- the step -----------------------------------------------------------------------
     def _step(self) -> dict:
