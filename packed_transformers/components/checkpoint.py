@@ -142,29 +142,6 @@ def save_checkpoint(folder: Path, step: int, state: dict, keep: int, write_model
     return final
 
 
-def write_checkpoint(folder: Path, run_state, keep: int, write_model, engine_state: dict | None, rank: int,
-                     write_shards=None) -> Path:  # fmt: skip
-    """Every job's checkpoint of `run_state`'s step, a collective every process of the run
-    calls: every rank's RNG state gathered, step-N written by `save_checkpoint` (rank 0, or
-    every rank where `write_shards` writes a sharded run's DCP shards), then every rank learns
-    whether rank 0's write failed and raises it alike (OSError or CheckpointError, one line),
-    so none waits on a rank that left. write_model(model_folder): model/'s writer
-    (`weights_writer`, or a model's save_pretrained); engine_state: the engine's entries of
-    training_state.pt. -> the checkpoint's folder."""
-    from packed_transformers.components.distributed import any_process, gather_rng_states
-
-    state = training_state(run_state, gather_rng_states(), engine_state)
-    final, failure = step_folder(folder, run_state.step), None
-    if rank == 0 or write_shards is not None:
-        try:
-            save_checkpoint(folder, run_state.step, state, keep, write_model, write_shards, rank)
-        except (OSError, CheckpointError) as err:
-            failure = err
-    if any_process(failure is not None):
-        raise failure or CheckpointError(f"{final}: writing the checkpoint failed on rank 0")
-    return final
-
-
 @contextlib.contextmanager
 def _temporary(final: Path, rank: int):
     """atomic_folder for every rank of a sharded run: rank 0 makes the temporary folder and

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.run_state import RunState, plain_values
 from packed_transformers.finetune.job_contract import STEP_SUMS
 
@@ -102,6 +103,7 @@ def load_checkpoint(
         load_weights(engine.model, load_file(str(path / "model" / "model.safetensors")), replicas)  # strict
         engine.load_state(state)
 
-    path, state = ckpt.resume_from(checkpoints_folder(output), load_into_run, points)
-    ckpt.set_rng_state(state["rng"], replicas.rank)
-    return path, RunState.from_saved(state, FinetuneProgress, path / "training_state.pt")
+    path, state, _ = ckpt_run.restore(
+        checkpoints_folder(output), load_into_run, FinetuneProgress, replicas.rank, points
+    )
+    return path, state

@@ -51,14 +51,10 @@ from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
 from packed_transformers.components import replicas as parallel  # this process among the run's
-from packed_transformers.components.checkpoint import (
-    CheckpointError,
-    remove_leftovers,
-    weights_writer,
-    write_checkpoint,
-)
+from packed_transformers.components.checkpoint import CheckpointError, remove_leftovers, weights_writer
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, LoopJob, run_loop
+from packed_transformers.components.run_checkpoint import write_checkpoint
 from packed_transformers.components.run_state import Diverged, EvalSchedule, RunState, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep, weights_finite
 from packed_transformers.data.assets import resolve_asset

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.batch_check import validate_batch
 from packed_transformers.components.data import advance, padded_groups
 from packed_transformers.components.errors import RunError
@@ -214,7 +215,7 @@ class Run(RunSetup, PretrainingJob):
                 if snapshot.weights is not None:
                     writer = ckpt.weights_writer(snapshot.model, snapshot.weights)
             try:
-                path = ckpt.write_checkpoint(self.checkpoints, self.state, self.limits["keep_checkpoints"], writer,
+                path = ckpt_run.write_checkpoint(self.checkpoints, self.state, self.limits["keep_checkpoints"], writer,
                                              snapshot.engine_state, self.engine.rank)  # fmt: skip
             except ckpt.CheckpointError as err:
                 raise RunError(str(err)) from None

@@ -12,6 +12,7 @@ import torch
 from tqdm import tqdm
 
 from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.curves import MetricsFileError
 from packed_transformers.components.data import PackedShards, ReplicaSampler, eval_batches, make_loader
 from packed_transformers.components.errors import RunError
@@ -68,13 +69,13 @@ class RunSetup:
         check_model_fits_data(self.model, train_data)
         if eval_data is not None:  # checked like the training data: not hours in, at the first evaluation
             check_model_fits_data(self.model, eval_data, "data.eval_dir")
-        saved = self._restore_checkpoint(resume)
+        resumed = self._restore_checkpoint(resume)
         # What the step is made of, after the packing adjustment (components.step.BatchArithmetic).
         self.arithmetic = self.engine.attach(self.model, packing_factor(train_data))
         self.schedule = build_schedule(config)
         self.state = RunState(extra=BertProgress())
-        if saved is not None:
-            self._restore_state(saved)
+        if resumed is not None:
+            self._restore_state(*resumed)
         # what every checkpoint keeps for a resume to check: this run's config, data, packs a step
         record = self.state.extra
         record.config, record.data_identity = config, data_identity(config)
@@ -95,7 +96,7 @@ class RunSetup:
             return
         write_run_config(output, config, self.engine.rank)
         self._start_logging(init_started_ms, train_data.sequences, eval_set[2] if eval_set else 0)
-        self.saved_step = self.state.step if saved is not None else None
+        self.saved_step = self.state.step if resumed is not None else None
 
     # ----- the phases of __init__ ------------------------------------------------------
     def _open_data(self):
@@ -119,10 +120,10 @@ class RunSetup:
             data["shuffle_seed"],
         )
 
-    def _restore_checkpoint(self, resume: bool) -> dict | None:
-        """With --resume: the newest intact checkpoint's weights into the model and its
-        training state returned (None without --resume). Half-written checkpoints a crash
-        left are removed first."""
+    def _restore_checkpoint(self, resume: bool) -> tuple[RunState, dict] | None:
+        """With --resume: the newest intact checkpoint's weights into the model, this replica's
+        RNG state put back, and its run state and training state returned (None without
+        --resume). Half-written checkpoints a crash left are removed first."""
         self.checkpoints = self.output / "checkpoints"
         if self.engine.rank == 0 and not self.compile_only:
             ckpt.remove_leftovers(self.checkpoints)
@@ -138,16 +139,16 @@ class RunSetup:
             load_weights(self.model, load_file(path / "model" / "model.safetensors"), ONE_PROCESS)
 
         try:
-            path, saved = ckpt.resume_from(self.checkpoints, load_checkpoint_weights)
+            path, restored, saved = ckpt_run.restore(self.checkpoints, load_checkpoint_weights, BertProgress,
+                                                 self.engine.rank)  # fmt: skip
         except ckpt.CheckpointError as err:
             raise RunError(f"--resume: {err}") from None
         self.resumed_from = path
-        return saved
+        return restored, saved
 
-    def _restore_state(self, saved: dict) -> None:
-        """The engine's state (optimizer), the run state and this replica's RNG state."""
+    def _restore_state(self, restored: RunState, saved: dict) -> None:
+        """The engine's state (optimizer) and the run state, checked against this run's."""
         engine = self.engine
-        restored = RunState.from_saved(saved, BertProgress, self.resumed_from / "training_state.pt")
         kept = restored.extra
         # The checkpoint's own record, not only config.yaml (which a user can delete or
         # edit): the same settings, and the same data at the data path.
@@ -184,7 +185,6 @@ class RunSetup:
                 forget_metrics_after(self.output / "metrics.jsonl", self.state.step)
             except MetricsFileError as err:
                 raise RunError(f"--resume: {err}") from None
-        ckpt.set_rng_state(saved["rng"], engine.rank)
 
     def _make_loader(self):
         """This replica's resumable iterator of micro-batches, from the restored position."""

@@ -1,4 +1,4 @@
-"""Every job's checkpoint write (components.checkpoint.write_checkpoint) is one collective: each
+"""Every job's checkpoint write (components.run_checkpoint.write_checkpoint) is one collective: each
 rank's RNG state lands in the one training_state.pt, and a write that fails on rank 0 (a full
 disk: OSError; a writer's own error: CheckpointError) is raised on every rank in one line, where
 BERT's other ranks had gone on to a barrier rank 0 never reached."""
@@ -22,7 +22,7 @@ RANKS = """
 import errno, json, sys
 from pathlib import Path
 import torch, torch.distributed as dist
-from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components import checkpoint as ckpt, run_checkpoint
 from packed_transformers.components.run_state import RunState
 
 dist.init_process_group("gloo")
@@ -37,7 +37,7 @@ def write_model(folder):
     (folder / "config.json").write_text("{}")
 
 try:
-    path = ckpt.write_checkpoint(out / "checkpoints", RunState(step=7), 2, write_model, {"scaler": None}, rank)
+    path = run_checkpoint.write_checkpoint(out / "checkpoints", RunState(step=7), 2, write_model, {"scaler": None}, rank)
     answer = {"path": str(path)}
 except (OSError, ckpt.CheckpointError) as err:
     answer = {"error": type(err).__name__, "line": str(err)}

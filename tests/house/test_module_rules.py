@@ -181,22 +181,28 @@ def test_every_job_loads_checkpoint_weights_one_way():
     assert loaders == ["components/replicas.py"], loaders
 
 
-def test_every_job_writes_its_checkpoint_through_one_writer():
+def test_every_job_writes_and_restores_its_checkpoint_one_way():
     """Issue 107: BERT's, the decoder's and fine-tuning's checkpoints are written by
-    components.checkpoint.write_checkpoint alone (the RNG gathered, rank 0 or every shard
-    writing, a failed write raised on every rank): no run calls the folder writer
-    (save_checkpoint) or gathers RNG states itself."""
+    components.run_checkpoint.write_checkpoint alone (the RNG gathered, rank 0 or every shard
+    writing, a failed write raised on every rank) and restored by components.run_checkpoint.restore
+    alone (the resume policy, the run state, this rank's RNG): no run calls the folder writer,
+    the resume policy or the RNG's gathering or setting itself."""
     import re
 
     def callers(name: str) -> list[str]:
         return sorted(
             p.relative_to(PACKAGE).as_posix()
             for p in PACKAGE.rglob("*.py")
-            if re.search(rf"(?<![\w.])(ckpt\.)?{name}\(", "\n".join(
+            if re.search(rf"(?<![\w.])((ckpt|ckpt_run)\.)?{name}\(", "\n".join(
                 line for line in p.read_text().splitlines() if not line.lstrip().startswith(("def ", "#"))))
         )  # fmt: skip
 
-    assert callers("save_checkpoint") == ["components/checkpoint.py"], callers("save_checkpoint")
-    assert callers("gather_rng_states") == ["components/checkpoint.py"]
-    assert sorted(set(callers("write_checkpoint")) - {"components/loop.py"}) == [
+    assert callers("save_checkpoint") == callers("gather_rng_states") == ["components/run_checkpoint.py"]
+    assert callers("resume_from") == callers("set_rng_state") == ["components/run_checkpoint.py"]
+    assert sorted(set(callers("restore")) - {"components/run_checkpoint.py"}) == [
+        "finetune/checkpoint.py",
+        "training/decoder/run.py",
+        "training/run_setup.py",
+    ]
+    assert sorted(set(callers("write_checkpoint")) - {"components/loop.py", "components/run_checkpoint.py"}) == [
         "finetune/train.py", "training/decoder/run.py", "training/run.py"]  # fmt: skip

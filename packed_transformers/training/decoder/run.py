@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.decoder_data import evaluation_batches, global_batch_rows, micro_batches
 from packed_transformers.components.distributed import (
     all_reduce_,
@@ -231,10 +232,9 @@ class DecoderRun(PretrainingJob):
                     f"--resume: {path} was written {written} execution.sharding fsdp; resume it the same way"
                 )
         try:
-            path, saved = ckpt.resume_from(folder, self._load_weights)
+            path, restored, _ = ckpt_run.restore(folder, self._load_weights, DecoderProgress, self.rank)
         except ckpt.CheckpointError as err:
             raise RunError(f"--resume: {err}") from None
-        restored = RunState.from_saved(saved, DecoderProgress, path / "training_state.pt")
         written = restored.extra.rows_per_step
         if written and written != self.rows_per_step:
             raise RunError(
@@ -243,7 +243,6 @@ class DecoderRun(PretrainingJob):
             )
         restored.extra.rows_per_step = self.rows_per_step
         self.state = restored
-        ckpt.set_rng_state(saved["rng"], self.rank)
         log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
 
     def _load_weights(self, path: Path, saved: dict) -> None:
@@ -264,10 +263,10 @@ class DecoderRun(PretrainingJob):
         keep, folder = self.config["training"]["keep_checkpoints"], self.output / "checkpoints"
         if self.sharded:  # every rank writes its shard (optimizer state in dcp/)
             weights, write_shards = sharded_checkpoint(self.model.hf_model, self.engine.optimizer)
-            ckpt.write_checkpoint(folder, self.state, keep, ckpt.weights_writer(self.model.hf_model, weights), None,
+            ckpt_run.write_checkpoint(folder, self.state, keep, ckpt.weights_writer(self.model.hf_model, weights), None,
                                   self.rank, write_shards)  # fmt: skip
         else:
-            ckpt.write_checkpoint(folder, self.state, keep, self.model.save_pretrained, self.engine.engine_state(),
+            ckpt_run.write_checkpoint(folder, self.state, keep, self.model.save_pretrained, self.engine.engine_state(),
                                   self.rank)  # fmt: skip
 
     # ----- the step -----------------------------------------------------------------------

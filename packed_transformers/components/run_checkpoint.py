@@ -1,0 +1,51 @@
+"""A run's checkpoint as every job takes it: the one collective write and the one restore,
+over components.checkpoint's folder format (step-N/: model/, training_state.pt, dcp/, the
+manifest) and resume policy. Above checkpoint, distributed and run_state (which import one
+another's parts); the jobs (training/, finetune/) import it, nothing in components does.
+
+    ckpt_run.write_checkpoint(folder, run_state, keep, write_model, engine_state, rank)
+    path, state, saved = ckpt_run.restore(folder, load_into_run, BertProgress, rank)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from packed_transformers.components import checkpoint as ckpt
+from packed_transformers.components.distributed import any_process, gather_rng_states
+from packed_transformers.components.run_state import RunState
+
+
+def write_checkpoint(folder: Path, run_state, keep: int, write_model, engine_state: dict | None, rank: int,
+                     write_shards=None) -> Path:  # fmt: skip
+    """Every job's checkpoint of `run_state`'s step, a collective every process of the run
+    calls: every rank's RNG state gathered, step-N written by ckpt.save_checkpoint (rank 0, or
+    every rank where `write_shards` writes a sharded run's DCP shards), then every rank learns
+    whether rank 0's write failed and raises it alike (OSError or CheckpointError, one line),
+    so none waits on a rank that left. write_model(model_folder): model/'s writer
+    (ckpt.weights_writer, or a model's save_pretrained); engine_state: the engine's entries of
+    training_state.pt. -> the checkpoint's folder."""
+    state = ckpt.training_state(run_state, gather_rng_states(), engine_state)
+    final, failure = ckpt.step_folder(folder, run_state.step), None
+    if rank == 0 or write_shards is not None:
+        try:
+            ckpt.save_checkpoint(folder, run_state.step, state, keep, write_model, write_shards, rank)
+        except (OSError, ckpt.CheckpointError) as err:
+            failure = err
+    if any_process(failure is not None):
+        raise failure or ckpt.CheckpointError(f"{final}: writing the checkpoint failed on rank 0")
+    return final
+
+
+def restore(
+    folder: Path, load_into_run, progress_type, rank: int, points=None
+) -> tuple[Path, RunState, dict]:
+    """Every job's --resume: the checkpoint ckpt.resume_from picks (load_into_run(path, state)
+    puts its weights, and where the job loads them there, its optimizer's state, into the run),
+    its run state read with the job's progress type (RunState.from_saved) and this rank's RNG
+    state put back. `points`: resume_from's. -> (the checkpoint's folder, its RunState, its
+    training state as loaded). ckpt.CheckpointError where none is left."""
+    path, saved = ckpt.resume_from(folder, load_into_run, points)
+    state = RunState.from_saved(saved, progress_type, path / "training_state.pt")
+    ckpt.set_rng_state(saved["rng"], rank)
+    return path, state, saved
