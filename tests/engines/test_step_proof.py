@@ -10,15 +10,11 @@ torch step's by tests/engines/test_ipu_plan.py and the PopTorch double (test_ipu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from ..conftest import REPO
-from .step_proof import JOBS, differences
+from .step_proof import JOBS, differences, prove
 
 # whole runs over torchrun: the fast loop leaves them out
 pytestmark = pytest.mark.slow
@@ -47,19 +43,16 @@ DIFFERS = {("amx", "qa_torch"): "qa_outputs.bias: sum 2.776e-4, 3.017e-4 before 
 
 
 @pytest.fixture(scope="module")
-def figures(tmp_path_factory) -> dict:
-    """Every job's figures with this checkout's code (step_proof.py as users run it: a process)."""
+def figures() -> dict:
+    """Every job's figures with this checkout's code, each job run by its command in a process
+    of its own as users run it (step_proof.prove; from this process, so that the suite's warm
+    launcher starts those commands and torchrun's ranks: 21 interpreters that had each paid
+    4-5 s of imports when step_proof.py ran as a process of its own)."""
     if not BEFORE.is_file():
         pytest.skip(
             f"5b4a0cd's figures were made on {MEASURED_KINDS} CPUs; this one is {KIND}: not measured here"
         )
-    out = tmp_path_factory.mktemp("proof") / "figures.json"
-    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, str(Path(__file__).parent / "step_proof.py"), str(out)], cwd=REPO,
-                          env=dict(os.environ, PYTHONPATH=pythonpath), capture_output=True, text=True,
-                          timeout=1800)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())
+    return json.loads(json.dumps(prove()))  # as step_proof.py's file holds them: JSON's types
 
 
 @pytest.fixture(scope="module")
