@@ -34,7 +34,7 @@ from packed_transformers.components.step import MeanLoss, predicted_tokens
 from packed_transformers.data.assets import resolve_asset
 from packed_transformers.data.classification_data import ExampleError, read_jsonl, split_by_seed
 from packed_transformers.finetune.errors import FinetuneError
-from packed_transformers.finetune.job_contract import Job
+from packed_transformers.finetune.job_contract import Job, JobInput
 from packed_transformers.inference.runner import Runner
 from packed_transformers.model.families import IGNORED, next_token_targets
 from packed_transformers.packs.batching import Batcher
@@ -260,7 +260,8 @@ def write_losses(path: Path, loss_sums: np.ndarray, counts: np.ndarray) -> None:
 
 def causal_lm_job(config: dict, checkpoint_config: dict | None = None):
     """The Job (finetune.jobs) of a causal-LM run: examples read and split, tokenized with the
-    checkpoint's tokenizer, the decoder's packed causal LM opened for training.
+    checkpoint's tokenizer and checked; -> the builder that opens the decoder's packed causal
+    LM for training.
     checkpoint_config: the checkpoint's config.json as read (None: read here), handed to the
     tokenizer and the door so that nothing reads it again."""
     from packed_transformers.door.folder import FolderTokenizer, auto_tokenizer, check_vocabulary_size
@@ -305,35 +306,39 @@ def causal_lm_job(config: dict, checkpoint_config: dict | None = None):
                 else "in any example: every completion is empty and the tokenizer has no EOS token to end one"
             )  # fmt: skip
             raise ExampleError(f"data.{name}_file: no completion token {cause}: nothing to learn from")
-    torch.manual_seed(config["training"]["seed"])
-    options = ModelOptions(
-        new_head=False,  # the LM head is the checkpoint's (tied or its own): a missing one is an error
-        dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]},
-    )
-    carried = FolderTokenizer(  # the tokenizer above, built once: the LoadedModel carries it
-        tokenizer.backend_tokenizer, "token_type_ids" in tokenizer.model_input_names,
-        tokenizer.eos_token_id, transformers_tokenizer=tokenizer,
-    )  # fmt: skip
-    opened = open_folder(
-        checkpoint, ForTraining("causal_lm", options, model_config, f"model.init_checkpoint {checkpoint}",
-                                tokenizer=carried),
-    )  # fmt: skip
-    if int(max(train.lengths.max(), validation.lengths.max())) > opened.max_length:
-        raise FinetuneError(
-            f"data.max_sequence_length: examples exceed the checkpoint's {opened.max_length} positions"
+
+    def build():  # the model, once the input above is read and checked
+        torch.manual_seed(config["training"]["seed"])
+        options = ModelOptions(
+            new_head=False,  # the LM head is the checkpoint's (tied or its own): a missing one is an error
+            dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]},
         )
+        carried = FolderTokenizer(  # the tokenizer above, built once: the LoadedModel carries it
+            tokenizer.backend_tokenizer, "token_type_ids" in tokenizer.model_input_names,
+            tokenizer.eos_token_id, transformers_tokenizer=tokenizer,
+        )  # fmt: skip
+        opened = open_folder(
+            checkpoint, ForTraining("causal_lm", options, model_config, f"model.init_checkpoint {checkpoint}",
+                                    tokenizer=carried),
+        )  # fmt: skip
+        if int(max(train.lengths.max(), validation.lengths.max())) > opened.max_length:
+            raise FinetuneError(
+                f"data.max_sequence_length: examples exceed the checkpoint's {opened.max_length} positions"
+            )
 
-    def evaluate(model, batcher):
-        loss_sums, counts, correct, timing = per_example_losses(model, validation, batcher)
-        return score_losses(loss_sums, counts, correct), timing, (loss_sums, counts)
+        def evaluate(model, batcher):
+            loss_sums, counts, correct, timing = per_example_losses(model, validation, batcher)
+            return score_losses(loss_sums, counts, correct), timing, (loss_sums, counts)
 
-    def save(model, folder: Path) -> None:
-        model.save_pretrained(folder)  # AutoModelForCausalLM's folder, written atomically
-        tokenizer.save_pretrained(folder)
+        def save(model, folder: Path) -> None:
+            model.save_pretrained(folder)  # AutoModelForCausalLM's folder, written atomically
+            tokenizer.save_pretrained(folder)
 
-    return Job(
-        train, validation, opened, evaluate,
-        lambda output, losses: write_losses(output / "validation_predictions.jsonl", *losses),
-        save, f"{len(train)} / {len(validation)} prompt-completion examples ({train.predicted_tokens:,} trained tokens)",
-        collate_causal, MeanLoss(predicted_tokens, "token_count", token_sums),
-    )  # fmt: skip
+        return Job(
+            train, validation, opened, evaluate,
+            lambda output, losses: write_losses(output / "validation_predictions.jsonl", *losses),
+            save, f"{len(train)} / {len(validation)} prompt-completion examples ({train.predicted_tokens:,} trained tokens)",
+            collate_causal, MeanLoss(predicted_tokens, "token_count", token_sums),
+        )  # fmt: skip
+
+    return JobInput(train, validation, build)

@@ -50,11 +50,22 @@ class Job:
     description: str  # "5 classes" / "1,203 questions"
     collate: Callable = collate  # (rows, batch table [B, K], width) -> model inputs
     loss: MeanLoss = SLOT_LOSS  # the step's loss: its units, its sum, the STEP_SUMS kept
-    # (config, batch size) -> BatchingSpec, and (an epoch's tables) -> the padding its steps compute
-    # on; None: the config's batching and the batcher's figure (the contrastive job packs each step)
-    batching: Callable | None = None
+    # (an epoch's tables) -> the padding its steps compute on; None: the batcher's figure (the
+    # contrastive job packs each step)
     padding: Callable | None = None
 
     @property
     def model(self) -> torch.nn.Module:
         return self.opened.model
+
+
+@dataclass(frozen=True)
+class JobInput:
+    """A task's input, read and checked (finetune.jobs.JOBS' answer): its rows, how they are
+    batched ((config, batch size) -> BatchingSpec; None: the config's batching), and `build`,
+    which opens the model and returns the Job once the whole input is read and batched."""
+
+    train: object
+    validation: object
+    build: Callable[[], Job]
+    batching: Callable | None = None

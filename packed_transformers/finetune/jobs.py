@@ -1,6 +1,7 @@
 """What each fine-tuning task gives the shared loop (finetune.train): its data, its model,
 how it is evaluated, written and saved, as one `Job`. `JOBS` maps data.task to the function
-that builds it; the loop itself names no task.
+that reads and checks its input (a JobInput: the rows and the Job's builder; the model is
+opened only once the whole input is read and batched); the loop itself names no task.
 
     classification      jsonl / BBC News -> labels checked -> tokens (the checkpoint's own
                         tokenizer, or WordPiece over a vocab.txt) -> the packed classifier
@@ -47,7 +48,7 @@ from packed_transformers.door.opener import ForTraining, open_folder
 from packed_transformers.finetune.causal_lm_task import causal_lm_job
 from packed_transformers.finetune.errors import FinetuneError
 from packed_transformers.finetune.folder_writer import save_finetuned
-from packed_transformers.finetune.job_contract import ANCHOR_LOSS, Job
+from packed_transformers.finetune.job_contract import ANCHOR_LOSS, Job, JobInput
 from packed_transformers.inference.predictions import predict_logits, score, write_predictions
 from packed_transformers.model.opening import ModelOptions, qa_fine_tuning_refusal
 from packed_transformers.packs.batching import BatchingSpec
@@ -185,40 +186,34 @@ def build_classifier(config: dict, task: Task, checkpoint_config: dict | None = 
     return opened
 
 
-def classification_job(config: dict, checkpoint_config: dict | None = None) -> Job:
+def classification_job(config: dict, checkpoint_config: dict | None = None) -> JobInput:
     task = prepare_task(config, checkpoint_config)
-    opened = build_classifier(config, task, checkpoint_config)
-    multi_label = config["data"]["multi_label"]
 
-    def evaluate(model, batcher):
-        logits, inference = predict_logits(model, task.validation, batcher)
-        if not np.isfinite(logits).all():
-            raise Diverged(
-                "validation logits are not finite: the run diverged (lower optim.lr?); nothing saved"
-            )
-        return score(logits, task.validation.labels, multi_label), inference, logits
+    def build() -> Job:  # the model, once the input above is read and checked
+        opened = build_classifier(config, task, checkpoint_config)
+        multi_label = config["data"]["multi_label"]
 
-    return Job(
-        task.train,
-        task.validation,
-        opened,
-        evaluate,
-        lambda output, logits: write_predictions(
-            output / "validation_predictions.jsonl", logits, task.label_names, multi_label
-        ),
-        lambda model, folder: save_finetuned(
-            model,
-            config,
-            task.label_names,
-            task.vocab_file,
-            folder,
-            tokenizer_source=Path(resolve_asset(config["model"]["init_checkpoint"])),
-        ),  # fmt: skip
-        f"{len(task.label_names)} classes",
-    )
+        def evaluate(model, batcher):
+            logits, inference = predict_logits(model, task.validation, batcher)
+            if not np.isfinite(logits).all():
+                raise Diverged(
+                    "validation logits are not finite: the run diverged (lower optim.lr?); nothing saved"
+                )
+            return score(logits, task.validation.labels, multi_label), inference, logits
+
+        return Job(
+            task.train, task.validation, opened, evaluate,
+            lambda output, logits: write_predictions(output / "validation_predictions.jsonl", logits,
+                                                     task.label_names, multi_label),
+            lambda model, folder: save_finetuned(model, config, task.label_names, task.vocab_file, folder,
+                                                 tokenizer_source=Path(resolve_asset(config["model"]["init_checkpoint"]))),
+            f"{len(task.label_names)} classes",
+        )  # fmt: skip
+
+    return JobInput(task.train, task.validation, build)
 
 
-def qa_job(config: dict, checkpoint_config: dict | None = None) -> Job:
+def qa_job(config: dict, checkpoint_config: dict | None = None) -> JobInput:
     from packed_transformers.finetune.qa_task import build_qa_model, prepare_qa
     from packed_transformers.inference.question_answering import (
         answer_questions,
@@ -238,34 +233,38 @@ def qa_job(config: dict, checkpoint_config: dict | None = None) -> Job:
     wordpiece, vocab = load_tokenizer(vocab_file)
     train, validation, tokenizer = prepare_qa(config, vocab, resolve_asset)
     carried = FolderTokenizer(wordpiece, True, transformers_tokenizer=tokenizer, vocab=vocab)
-    opened = build_qa_model(config, checkpoint, checkpoint_config, carried)
-    longest = int(max(train.windows.lengths.max(), validation.windows.lengths.max()))
-    if longest > opened.max_length:
-        raise FinetuneError(
-            f"data.max_sequence_length: windows of {longest} tokens exceed the checkpoint's "
-            f"{opened.max_length} positions"
+
+    def build() -> Job:  # the model, once the input above is read and checked
+        opened = build_qa_model(config, checkpoint, checkpoint_config, carried)
+        longest = int(max(train.windows.lengths.max(), validation.windows.lengths.max()))
+        if longest > opened.max_length:
+            raise FinetuneError(
+                f"data.max_sequence_length: windows of {longest} tokens exceed the checkpoint's "
+                f"{opened.max_length} positions"
+            )
+        qa = config["qa"]
+        settings = answer_settings(qa)
+
+        def evaluate(model, batcher):
+            answers, inference = answer_questions(model, validation, batcher, settings)
+            return score_answers(answers, validation.examples, qa["version_2_with_negative"]), inference, answers  # fmt: skip
+
+        return Job(
+            train.windows,
+            validation.windows,
+            opened,
+            evaluate,
+            lambda output, answers: write_answer_files(
+                output / "validation_predictions.json", answers, validation.examples
+            ),
+            lambda model, folder: save_finetuned(model, config, None, vocab_file, folder, tokenizer),
+            f"{len(train.examples)} / {len(validation.examples)} questions",
         )
-    qa = config["qa"]
-    settings = answer_settings(qa)
 
-    def evaluate(model, batcher):
-        answers, inference = answer_questions(model, validation, batcher, settings)
-        return score_answers(answers, validation.examples, qa["version_2_with_negative"]), inference, answers
-
-    return Job(
-        train.windows,
-        validation.windows,
-        opened,
-        evaluate,
-        lambda output, answers: write_answer_files(
-            output / "validation_predictions.json", answers, validation.examples
-        ),
-        lambda model, folder: save_finetuned(model, config, None, vocab_file, folder, tokenizer),
-        f"{len(train.examples)} / {len(validation.examples)} questions",
-    )
+    return JobInput(train.windows, validation.windows, build)
 
 
-def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
+def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> JobInput:
     """A sentence-transformers folder (or an encoder given model.pooling) trained on pairs."""
     from packed_transformers.data.classification_data import PAIR_ROLES, TokenizedPairs, read_pairs
     from packed_transformers.door.opener import ForEmbedding
@@ -299,70 +298,67 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> Job:
         raise FinetuneError(
             f"{len(train)} training, {len(validation)} validation pairs: in-batch negatives need 2"
         )
-    torch.manual_seed(config["training"]["seed"])
-    options = ModelOptions(attention_backend=model_cfg["attention_backend"], pooling=model_cfg["pooling"], dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]})  # fmt: skip
-    opened = open_folder(checkpoint, ForTraining("embedding", options, checkpoint_config, f"model.init_checkpoint {checkpoint}"))  # fmt: skip
-    opened.model = contrastive.PackedContrastive(opened.model, **config["contrastive"])
+
     width = max(
         batching["pack_length"] or reader.max_length, int(max(len(t) for role in train.roles for t in role))
     )
 
-    def rows_of(pairs: TokenizedPairs, table) -> dict:  # the step's texts packed: rows and each text's slot
-        # none: a process a step left without a pair packs one text, scored nowhere
-        chosen = table[table >= 0]
-        rows = pair_rows(pairs.roles, chosen if chosen.size else np.zeros(1, np.int64), width, batching["max_sequences_per_pack"], batching["algorithm"], int(chosen[0]) if chosen.size else 0)  # fmt: skip
-        return {name: torch.from_numpy(value[:0] if name in PAIR_SLOTS and not chosen.size else value) for name, value in rows.items()}  # fmt: skip
+    def build() -> Job:  # the model, once the input above is read and checked
+        torch.manual_seed(config["training"]["seed"])
+        options = ModelOptions(attention_backend=model_cfg["attention_backend"], pooling=model_cfg["pooling"], dropout={"hidden": model_cfg["hidden_dropout"], "attention": model_cfg["attention_dropout"]})  # fmt: skip
+        opened = open_folder(checkpoint, ForTraining("embedding", options, checkpoint_config, f"model.init_checkpoint {checkpoint}"))  # fmt: skip
+        opened.model = contrastive.PackedContrastive(opened.model, **config["contrastive"])
 
-    def padding(sequence_ids: list) -> float:  # of packed rows, from their sequence ids (0: padding)
-        return 1.0 - sum(int((r > 0).sum()) for r in sequence_ids) / max(
-            sum(r.numel() for r in sequence_ids), 1
-        )
+        def rows_of(pairs: TokenizedPairs, table) -> dict:  # the step's texts packed: rows and each text's slot  # fmt: skip
+            # none: a process a step left without a pair packs one text, scored nowhere
+            chosen = table[table >= 0]
+            rows = pair_rows(pairs.roles, chosen if chosen.size else np.zeros(1, np.int64), width, batching["max_sequences_per_pack"], batching["algorithm"], int(chosen[0]) if chosen.size else 0)  # fmt: skip
+            return {name: torch.from_numpy(value[:0] if name in PAIR_SLOTS and not chosen.size else value) for name, value in rows.items()}  # fmt: skip
 
-    def evaluate(model, batcher):  # the held-out pairs as retrieval, and their in-batch loss
-        started, found, loss_sum, seen = time.perf_counter(), ([], []), 0.0, []
-        with torch.inference_mode():
-            for table in batcher.epoch(0, shuffle=False):
-                batch = {
-                    k: v.to(next(model.parameters()).device) for k, v in rows_of(validation, table).items()
-                }
-                seen.append(batch["sequence_ids"])
-                slots = [batch.pop(name) for name in PAIR_SLOTS if name in batch]
-                flat = model.eval()(**batch)["embeddings"].reshape(-1, model.dimension).float()
-                loss_sum += float(contrastive.ranking_loss(flat[slots[0]], flat[torch.cat(slots[1:])], model.scale, model.symmetric)[0].sum())  # fmt: skip
-                for kept, slot in zip(found, slots):
-                    kept.append(flat[slot].cpu().numpy())
-        seconds, scores = (
-            time.perf_counter() - started,
-            contrastive.retrieval_scores(*map(np.concatenate, found)),
-        )
-        return {"loss": loss_sum / len(validation), **scores}, {"examples": len(validation), "seconds": seconds,
-                "padding_fraction": padding(seen), "examples_per_second": len(validation) / seconds}, None  # fmt: skip
-
-    def save(model, folder: Path) -> None:  # the starting folder's modules, the trained encoder's weights
-        from safetensors.torch import save_file
-
-        with atomic_folder(folder) as written:
-            shutil.copytree(
-                checkpoint,
-                written,
-                dirs_exist_ok=True,
-                ignore=shutil.ignore_patterns("*.safetensors", "*.bin"),
+        def padding(sequence_ids: list) -> float:  # of packed rows, from their sequence ids (0: padding)
+            return 1.0 - sum(int((r > 0).sum()) for r in sequence_ids) / max(
+                sum(r.numel() for r in sequence_ids), 1
             )
-            target = written / transformer_module_path(checkpoint) / "model.safetensors"
-            save_file(contrastive.encoder_weights(model.embedder), str(target), metadata={"format": "pt"})
 
-    return Job(
-        train, validation, opened, evaluate, lambda output, outputs: None, save,
-        f"{len(train):,} pairs{' with hard negatives' if len(train.roles) > 2 else ''}",
-        collate=lambda pairs, table, _width, with_labels=True: rows_of(pairs, table),
-        batching=lambda config, batch_size: BatchingSpec("dynamic", batch_size, width),
-        padding=lambda tables: padding([rows_of(train, table)["sequence_ids"] for table in tables]),
-        loss=ANCHOR_LOSS,
-    )  # fmt: skip
+        def evaluate(model, batcher):  # the held-out pairs as retrieval, and their in-batch loss
+            started, found, loss_sum, seen = time.perf_counter(), ([], []), 0.0, []
+            with torch.inference_mode():
+                for table in batcher.epoch(0, shuffle=False):
+                    batch = {k: v.to(next(model.parameters()).device) for k, v in rows_of(validation, table).items()}  # fmt: skip
+                    seen.append(batch["sequence_ids"])
+                    slots = [batch.pop(name) for name in PAIR_SLOTS if name in batch]
+                    flat = model.eval()(**batch)["embeddings"].reshape(-1, model.dimension).float()
+                    loss_sum += float(contrastive.ranking_loss(flat[slots[0]], flat[torch.cat(slots[1:])], model.scale, model.symmetric)[0].sum())  # fmt: skip
+                    for kept, slot in zip(found, slots):
+                        kept.append(flat[slot].cpu().numpy())
+            seconds, scores = time.perf_counter() - started, contrastive.retrieval_scores(*map(np.concatenate, found))  # fmt: skip
+            return {"loss": loss_sum / len(validation), **scores}, {"examples": len(validation), "seconds": seconds,
+                    "padding_fraction": padding(seen), "examples_per_second": len(validation) / seconds}, None  # fmt: skip
+
+        def save(model, folder: Path) -> None:  # the starting folder's modules, the trained encoder's weights
+            from safetensors.torch import save_file
+
+            with atomic_folder(folder) as written:
+                shutil.copytree(checkpoint, written, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.safetensors", "*.bin"))  # fmt: skip
+                target = written / transformer_module_path(checkpoint) / "model.safetensors"
+                save_file(contrastive.encoder_weights(model.embedder), str(target), metadata={"format": "pt"})
+
+        return Job(
+            train, validation, opened, evaluate, lambda output, outputs: None, save,
+            f"{len(train):,} pairs{' with hard negatives' if len(train.roles) > 2 else ''}",
+            collate=lambda pairs, table, _width, with_labels=True: rows_of(pairs, table),
+            padding=lambda tables: padding([rows_of(train, table)["sequence_ids"] for table in tables]),
+            loss=ANCHOR_LOSS,
+        )  # fmt: skip
+
+    return JobInput(
+        train, validation, build, lambda config, batch_size: BatchingSpec("dynamic", batch_size, width)
+    )
 
 
-# data.task -> the function that builds its Job
-JOBS: dict[str, Callable[[dict, dict | None], Job]] = {
+# data.task -> the function that reads and checks its input (config, the checkpoint's config.json
+# as read): its JobInput, whose build opens the model
+JOBS: dict[str, Callable[[dict, dict | None], JobInput]] = {
     "classification": classification_job,
     "question_answering": qa_job,
     "causal_lm": causal_lm_job,

@@ -279,9 +279,10 @@ def open_metrics(run: Run) -> None:
 
 
 def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -> Run:
-    """Check the output folder and the config against a checkpoint, build the task's job, the
-    batchers and the optimizer, join the run's other processes (torchrun: components.replicas)
-    and restore the checkpoint's state (--resume)."""
+    """Check the config, join the run's other processes (torchrun: components.replicas), check
+    the output folder and the config against a checkpoint, read and check the task's input,
+    then build: the task's model, the batchers and the optimizer, and restore the checkpoint's
+    state (--resume)."""
     checkpoint_config = check_positions(config)  # before anything is read, packed or (--overwrite) removed
     training = config["training"]
     try:
@@ -301,23 +302,24 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
         if changed:
             raise FinetuneError(f"--resume: the config differs from the checkpoint's in {', '.join(changed)}; "
                                 "resume with the same config")  # fmt: skip
-    job = JOBS[config["data"]["task"]](config, checkpoint_config)  # config.json read once, handed on
+    job_input = JOBS[config["data"]["task"]](config, checkpoint_config)  # read and checked; config.json once
+    seed, batching = config["batching"]["shuffle_seed"], config["batching"]
+    spec_of = job_input.batching or batching_spec  # the batchers check the rows against the config too
+    batcher = Batcher(job_input.train.lengths, spec_of(config, batching["batch_size"]), seed)
+    eval_batcher = Batcher(job_input.validation.lengths, spec_of(config, batching["eval_batch_size"]), seed)
     if replacing:  # a bad input line above keeps the run it would have replaced
         if replicas.writes:
             clear_run(output)
         remove_half_written(output, replicas)
+    job = job_input.build()  # the model: nothing of it was built before the input was whole
     output.mkdir(parents=True, exist_ok=True)
     skeleton = parallel.host_skeleton(job.model, replicas)  # before the model moves or is sharded
     model = job.model.to(replicas.device)
-    seed, batching = config["batching"]["shuffle_seed"], config["batching"]
-    spec_of = job.batching or batching_spec
-    batcher = Batcher(job.train.lengths, spec_of(config, batching["batch_size"]), seed)
     step_model = parallel.replicate(model, replicas, step_model_of(model, training["compile"]))
     optimizer, schedule = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
     # fine-tuning's steps: fp32
     settings = StepSettings(replicas.device, "fp32", config["optim"]["max_grad_norm"])
     engine = TorchStep(model, optimizer, step_model, settings, replicas.sharded)
-    eval_batcher = Batcher(job.validation.lengths, spec_of(config, batching["eval_batch_size"]), seed)
     log.info(
         "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s%s",
         batcher.spec.mode, len(job.train), len(job.validation), job.description, batcher.batches_per_epoch,

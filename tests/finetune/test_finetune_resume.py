@@ -112,6 +112,31 @@ def test_a_length_beyond_the_models_positions_is_refused_before_packing(tmp_path
     assert not (tmp_path / "o").exists()
 
 
+def test_the_input_is_checked_before_the_model_is_opened(tmp_path, checkpoint, monkeypatch, capsys):  # noqa: F811
+    """Issue 107: a pack_length shorter than the longest example (the batcher's check of the
+    rows against the config) is refused before any model is opened, and --overwrite keeps the
+    run it would have replaced."""
+    from packed_transformers.door import opener
+    from packed_transformers.finetune import jobs
+
+    path = write_config(tmp_path, checkpoint, training={"epochs": 1})
+    out = tmp_path / "o"
+    assert finetune.main(["--config", str(path), "--output-dir", str(out)]) == 0
+    kept = (out / "summary.json").read_bytes()
+
+    def refuse_to_open(*args, **kwargs):
+        raise AssertionError("a model was opened before the input was checked")
+
+    monkeypatch.setattr(opener, "open_folder", refuse_to_open)
+    monkeypatch.setattr(jobs, "open_folder", refuse_to_open)
+    capsys.readouterr()
+    argv = ["--config", str(path), "--output-dir", str(out), "--overwrite", "--set", "batching.mode=packed",
+            "--set", "batching.pack_length=8"]  # fmt: skip
+    assert finetune.main(argv) == 2
+    assert "batching.pack_length 8 is shorter than the longest example" in capsys.readouterr().err
+    assert (out / "summary.json").read_bytes() == kept
+
+
 @pytest.mark.slow  # a whole command in a fresh interpreter
 def test_a_learning_rate_that_breaks_the_weights_stops_before_the_metrics(tmp_path, checkpoint):  # noqa: F811
     path = write_config(
