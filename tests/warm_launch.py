@@ -1,5 +1,6 @@
 """The warm launcher's client: commands the tests start as `python -m packed_transformers...`,
-`python -m torch.distributed.run ...` or `python <a script of this repository>` are forked
+`python -m torch.distributed.run ...`, `python -m tests.ipu_instance ...` (a poprun instance on
+the PopTorch double) or `python <a script of this repository>` are forked
 from a process that has torch and transformers imported (tests/warm_zygote.py says how, and
 what the command gets as a fresh interpreter would), instead of each paying 4-5 CPU-seconds of
 imports.
@@ -38,7 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ZYGOTE_SCRIPT = Path(__file__).with_name("warm_zygote.py")
-WARM_MODULES = ("packed_transformers", "torch.distributed.run")
+WARM_MODULES = ("packed_transformers", "torch.distributed.run", "tests.ipu_instance")
 READ_AT_IMPORT = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "OMP_", "GOMP_",
                   "MKL_", "ONEDNN_", "DNNL_", "ATEN_", "CUDA", "LD_", "XDG_CACHE_HOME", "SAFETENSORS")  # fmt: skip
 APPLIED_PER_COMMAND = {
