@@ -280,9 +280,9 @@ def open_metrics(run: Run) -> None:
 
 def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -> Run:
     """Check the config, join the run's other processes (torchrun: components.replicas), check
-    the output folder and the config against a checkpoint, read and check the task's input,
-    then build: the task's model, the batchers and the optimizer, and restore the checkpoint's
-    state (--resume)."""
+    the output folder and the config against a checkpoint, read and check the task's input and
+    batch it (the batchers check the rows against the config), then build: the task's model
+    and the optimizer, and restore the checkpoint's state (--resume)."""
     checkpoint_config = check_positions(config)  # before anything is read, packed or (--overwrite) removed
     training = config["training"]
     try:
