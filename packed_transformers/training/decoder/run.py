@@ -261,13 +261,15 @@ class DecoderRun(PretrainingJob):
 
     def write_checkpoint(self) -> None:
         keep, folder = self.config["training"]["keep_checkpoints"], self.output / "checkpoints"
-        if self.sharded:  # every rank writes its shard (optimizer state in dcp/)
+        write_shards = None
+        if self.sharded:  # every rank writes its shard (optimizer state in dcp/, not in training_state.pt)
             weights, write_shards = sharded_checkpoint(self.model.hf_model, self.engine.optimizer)
-            ckpt_run.write_checkpoint(folder, self.state, keep, ckpt.weights_writer(self.model.hf_model, weights), None,
-                                  self.rank, write_shards)  # fmt: skip
+            write_model, engine_state = ckpt.weights_writer(self.model.hf_model, weights), None
         else:
-            ckpt_run.write_checkpoint(folder, self.state, keep, self.model.save_pretrained, self.engine.engine_state(),
-                                  self.rank)  # fmt: skip
+            write_model, engine_state = self.model.save_pretrained, self.engine.engine_state()
+        ckpt_run.write_checkpoint(
+            folder, self.state, keep, write_model, engine_state, self.rank, write_shards
+        )
 
     # ----- the step -----------------------------------------------------------------------
     def _step(self) -> dict:
