@@ -19,8 +19,10 @@ not the test's). Everything else starts cold, as before:
   PYTHONFAULTHANDLER, PYTHONUNBUFFERED, PYTHONWARNINGS);
 - a preexec_fn, user or group changes, close_fds=False, a launch from a thread other than
   the main one;
-- a torchrun's ranks (its own children, started by torch with the plain Popen) and Ray's
-  workers.
+- Ray's workers.
+A torchrun the server forked forks its ranks itself (`install_local_forks`); a bench script
+(bench/*.py, which computes, so it cannot fork) gets a socket to the server of its own, and
+the commands it times start warm as the test process's do (`join`).
 PACKED_TESTS_COLD=1 starts everything cold (in a command's own environment: that command).
 `counts` says how many of each this process started; tests/conftest.py prints the sum at the
 end of a run."""
@@ -326,6 +328,18 @@ def install() -> None:
     if os.environ.get("PACKED_TESTS_COLD") or not hasattr(os, "pidfd_open") or _server is not None:
         return
     _server = Server()
+    subprocess.Popen._execute_child = _execute_child
+
+
+def join(control: socket.socket, server_env: dict) -> None:
+    """In a bench script the server has forked: route its Popen through the server over
+    `control` (its own socket to it), judged against the server's environment, as the test
+    process's commands are: the commands a bench times start warm too."""
+    global _server
+    server = Server.__new__(Server)
+    server.process, server.control, server.env = None, control, server_env
+    server.lock, server.state = threading.Lock(), "ready"
+    _server = server
     subprocess.Popen._execute_child = _execute_child
 
 

@@ -1,7 +1,8 @@
 """A command for tests/house/test_warm_launch.py: prints what it sees of its process as one JSON line
 (before importing anything of ours), then ends as its first argument asks: `exit N`,
 `raise` (an uncaught exception), `sleep` (until a signal), `interrupt` (an uncaught
-KeyboardInterrupt)."""
+KeyboardInterrupt), `spawn N [cold]` (runs itself with `exit N`, cold if asked, and prints that one's
+line and `returned N`)."""
 
 import json
 import os
@@ -29,3 +30,12 @@ if action == "sleep":
     time.sleep(60)
 if action == "interrupt":
     raise KeyboardInterrupt
+if action == "spawn":
+    import subprocess
+
+    env = dict(os.environ, PACKED_TESTS_COLD="1") if sys.argv[3:] == ["cold"] else None
+    child = subprocess.run(
+        [sys.executable, __file__, "exit", sys.argv[2]], capture_output=True, text=True, env=env
+    )
+    print(child.stdout.split("\n", 1)[0], flush=True)
+    print(f"returned {child.returncode}", flush=True)

@@ -10,7 +10,9 @@ SOCK_SEQPACKET socket pair. Protocol, one message per request, with file descrip
 "pass_fds"} and
 the descriptors [status, stdin, stdout, stderr, *pass_fds]. On `status` (a socket of its own
 per command) the server answers `pid N` once forked and `status S` (os.waitpid's status)
-when the command has ended; its client reads them as waitpid's results.
+when the command has ended; its client reads them as waitpid's results. A bench script
+(`is_bench`) is forked holding one end of a socket pair whose other end this server reads as
+it reads the client's: the commands the bench times are forked from here too.
 
 Why a separate, fresh process and not a fork of the test process itself: GNU OpenMP's thread
 pool does not survive fork (a child of a process that has run a parallel region hangs at its
@@ -51,6 +53,7 @@ warm_launch = None  # tests/warm_launch.py, imported by main() (this file runs a
 # PYTHONPATH's entries in this process's sys.path (after sys.path[0]): the server's own, set
 # by main(), and a command's once it has become one (a torchrun's ranks are forked from it)
 search_path_entries: list[str] = []
+server_environment: dict = {}  # this process's environment at its start: what its imports read
 MAX_MESSAGE = 1 << 20
 MAX_FDS = 64
 # Modules the package imports that must not be preloaded: Ray starts processes and threads at
@@ -88,18 +91,26 @@ def forget_product_modules() -> None:
 
 def serve(control: socket.socket) -> None:
     """Fork a command per request; report each one's pid and end on its status socket. Ends
-    when the client's end of `control` closes (its test process ended)."""
+    when the client's end of `control` closes (its test process ended). A bench script's own
+    control socket (`start`) is served alike while the script runs."""
     running: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, status socket)
+    benches: set[socket.socket] = set()  # the control sockets of running bench scripts
     while True:
-        readable, _, _ = select.select([control, *running], [], [])
+        readable, _, _ = select.select([control, *benches, *running], [], [])
         for ready in readable:
-            if ready is control:
-                message, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, MAX_FDS)
+            if ready is control or ready in benches:
+                message, fds, _, _ = socket.recv_fds(ready, MAX_MESSAGE, MAX_FDS)
                 if not message:
-                    return
+                    if ready is control:
+                        return
+                    benches.discard(ready)  # the bench script ended
+                    ready.close()
+                    continue
                 started = start(json.loads(message), fds)
                 if started is not None:
-                    running[started[0]] = started[1]
+                    running[started[0]] = started[1][:2]
+                    if started[1][2] is not None:
+                        benches.add(started[1][2])
             else:
                 pid, status_socket = running.pop(ready)
                 _, status = os.waitpid(pid, 0)
@@ -120,34 +131,68 @@ def start(request: dict, fds: list[int]):
         status_socket.send(f"cold {why_cold}".encode())
         status_socket.close()
         return None
+    # A bench script starts commands of its own (the ways it times, each a whole process): it
+    # gets a control socket to this server, so they start warm too (a forked bench script has
+    # computed: it cannot fork them itself, GNU OpenMP's pool does not survive a fork).
+    bench_control, theirs = (
+        socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) if is_bench(request) else (None, None)
+    )
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            code = become(request, fds[1:])
+            if bench_control is not None:
+                bench_control.close()
+            code = become(request, fds[1:], theirs)
         except BaseException:  # the set-up failed: say so where the command's stderr goes
             traceback.print_exc()
         os._exit(code)
     for fd in fds[1:]:
         os.close(fd)
+    if theirs is not None:
+        theirs.close()
     status_socket.send(f"pid {pid}".encode())
-    return os.pidfd_open(pid), (pid, status_socket)
+    return os.pidfd_open(pid), (pid, status_socket, bench_control)
 
 
-def become(request: dict, fds: list[int]) -> int:
+def is_bench(request: dict) -> bool:
+    """A script of the repository's bench/ folder (not `-m`), or any script whose environment
+    sets PACKED_TESTS_NESTED (tests/house/test_warm_launch.py's probe)."""
+    first = request["argv"][0]
+    if first.startswith("-"):
+        return False
+    if request["env"].get("PACKED_TESTS_NESTED"):
+        return True
+    script = os.path.abspath(os.path.join(request["cwd"], first))
+    return os.path.dirname(script) == os.path.join(str(warm_launch.REPO), "bench")
+
+
+def become(request: dict, fds: list[int], bench_control: socket.socket | None = None) -> int:
     """Turn this forked child into the command of `request` and run it; returns only the exit
-    code for os._exit (an uncaught KeyboardInterrupt kills it with SIGINT instead)."""
+    code for os._exit (an uncaught KeyboardInterrupt kills it with SIGINT instead). A bench
+    script's `bench_control` (its end of a socket to the server) routes its own Python
+    commands through the server (tests/warm_launch.py `join`)."""
     if request["new_session"]:
         os.setsid()
     elif request["process_group"] >= 0:
         os.setpgid(0, request["process_group"])
-    place_descriptors(fds, request["pass_fds"])
+    kept = None
+    if bench_control is not None:  # out of every descriptor's way, closed at an exec
+        import fcntl
+
+        kept = fcntl.fcntl(
+            bench_control.fileno(), fcntl.F_DUPFD_CLOEXEC, max([2, *fds, *request["pass_fds"]]) + 1
+        )
+        bench_control.close()
+    place_descriptors(fds, request["pass_fds"], kept)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     reset_interpreter(request)
     if request["argv"][:2] == ["-m", "torch.distributed.run"]:
         warm_launch.install_local_forks(become, search_path_conflict)  # its ranks forked from it, warm too
+    if kept is not None:
+        warm_launch.join(socket.socket(fileno=kept), server_environment)
     return run_command(request["argv"])
 
 
@@ -185,9 +230,10 @@ def set_search_path(path0: str, env: dict) -> None:
     sys.path[:] = [path0, *search_path_entries, *own]
 
 
-def place_descriptors(fds: list[int], pass_fds: list[int]) -> None:
+def place_descriptors(fds: list[int], pass_fds: list[int], kept: int | None = None) -> None:
     """fds = [stdin, stdout, stderr, *pass_fds' descriptors as received]: put each at its
-    number (0, 1, 2, then pass_fds' own numbers) and close every other descriptor."""
+    number (0, 1, 2, then pass_fds' own numbers) and close every other descriptor but `kept`
+    (above them all)."""
     import fcntl
 
     targets = [0, 1, 2, *pass_fds]
@@ -195,7 +241,7 @@ def place_descriptors(fds: list[int], pass_fds: list[int]) -> None:
     moved = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high) for fd in fds]  # out of every target's way
     for fd, target in zip(moved, targets):
         os.dup2(fd, target)  # inheritable, as a command's descriptors are after exec
-    keep = sorted(set(targets))
+    keep = sorted(set(targets) | ({kept} if kept is not None else set()))
     start = 3
     for fd in keep:
         if fd >= start:
@@ -301,8 +347,9 @@ def exit_code(code) -> int:
 
 
 def main() -> None:
-    global warm_launch, search_path_entries
+    global warm_launch, search_path_entries, server_environment
     search_path_entries = pythonpath_entries(os.environ)
+    server_environment = dict(os.environ)
     control = socket.socket(fileno=int(sys.argv[1]))
     sys.path[0] = os.getcwd()  # the repository (the client starts this process there), for the package
     from tests import warm_launch

@@ -42,6 +42,23 @@ def both(argv, **options):
     return done["warm"], done["cold"]
 
 
+def test_a_bench_scripts_own_python_commands_start_warm_too():
+    """A bench script times commands of its own; a script the server forked from bench/ (here
+    the probe, PACKED_TESTS_NESTED=1) gets a socket to the server, and its Python commands
+    start warm as the test process's do, with their exit code; one it starts cold does not
+    inherit the socket."""
+    env = dict(os.environ, PACKED_TESTS_NESTED="1")
+    for way, preloaded in (("warm", ["torch", "transformers"]), ("cold", [])):
+        done = subprocess.run([sys.executable, PROBE, "spawn", "4", way], capture_output=True, text=True, env=env,
+                              timeout=120)  # fmt: skip
+        lines = done.stdout.splitlines()
+        assert done.returncode == 0 and lines[2] == "returned 4", done.stderr
+        assert json.loads(lines[0])["preloaded"] == ["torch", "transformers"]  # the probe itself: warm
+        assert json.loads(lines[1])["preloaded"] == preloaded, way
+        if way == "cold":
+            assert json.loads(lines[1])["fds"] == []  # the socket closed at the exec
+
+
 def test_a_warm_command_sees_its_process_as_a_cold_one_does(tmp_path):
     read, write = os.pipe()
     try:
