@@ -5,6 +5,7 @@ another's parts); the jobs (training/, finetune/) import it, nothing in componen
 
     ckpt_run.write_checkpoint(folder, run_state, keep, write_model, engine_state, rank)
     path, state, saved = ckpt_run.restore(folder, load_into_run, BertProgress, rank)
+    ckpt_run.load_model_weights(model, path, replicas)   # every job's one weight loader
 """
 
 from __future__ import annotations
@@ -49,3 +50,15 @@ def restore(
     state = RunState.from_saved(saved, progress_type, path / "training_state.pt")
     ckpt.set_rng_state(saved["rng"], rank)
     return path, state, saved
+
+
+def load_model_weights(model, path: Path, replicas=None) -> None:
+    """Every job's one weight loader at a resume: the checkpoint's model/model.safetensors
+    into `model`, strictly (every name but a tied alias the folder stores once:
+    components.replicas.load_weights); `replicas` sharded: each rank takes its shards
+    (None: one process)."""
+    from safetensors.torch import load_file
+
+    from packed_transformers.components.replicas import ONE_PROCESS, load_weights
+
+    load_weights(model, load_file(str(path / "model" / "model.safetensors")), replicas or ONE_PROCESS)

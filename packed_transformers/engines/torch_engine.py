@@ -256,23 +256,36 @@ def train_step(torch_step: TorchStep, micro_batches: list[dict], mode: str, lr: 
     return result.units
 
 
-@torch.no_grad()
+def evaluation_outputs(model, items: list, fetch, most: int, spare, device, precision: str):
+    """Every job's evaluation forwards: (outputs, host batch) for each of this rank's `items`
+    (fetch(item) -> its host batch), the model in eval mode without gradients, under the run's
+    autocast; then forwards of `spare` whose outputs are dropped, up to `most` in all (a sharded
+    model's ranks run equally many forwards: components.sharding.with_spare_forwards). The
+    model's mode is put back."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for item, counted in with_spare_forwards(list(items), most, spare):
+                host_batch = fetch(item)
+                batch = {k: v.to(device) for k, v in host_batch.items()}
+                with autocast_context(precision, device):
+                    out = model(**batch)
+                if counted:
+                    yield out, host_batch
+    finally:
+        model.train(was_training)
+
+
 def evaluate(model, shards, batches, device, precision, spare_forwards: int = 0) -> dict:
     """Exact eval metrics (token and sequence counts) over this replica's batches, all-reduced.
     spare_forwards: forwards of the first batch (or of the first evaluation batch) whose outputs
     count for nothing (a sharded model's ranks run equally many forwards)."""
-    was_training = model.training
-    model.eval()
     sums = MetricSums()
-    spare = batches[0] if batches else [0]
-    for packs, counted in with_spare_forwards(list(batches), len(batches) + spare_forwards, spare):
-        host_batch = shards[packs]
-        batch = {k: v.to(device) for k, v in host_batch.items()}
-        with autocast_context(precision, device):
-            out = model(**batch)
-        if counted:
-            sums.add(out, int((host_batch["sequence_ids"] > 0).sum()))
-    model.train(was_training)
+    spare = batches[0] if len(batches) else [0]
+    for out, host_batch in evaluation_outputs(model, batches, shards.__getitem__, len(batches) + spare_forwards,
+                                              spare, device, precision):  # fmt: skip
+        sums.add(out, int((host_batch["sequence_ids"] > 0).sum()))
     return summarize(sums.reduce())
 
 

@@ -95,12 +95,9 @@ def load_checkpoint(
     checkpoint's LambdaLR state is read by nobody). `points`: a Resumable's, the checkpoints
     already read (else read here). -> (its folder, its run state).
     ckpt.CheckpointError when none is left."""
-    from safetensors.torch import load_file
-
-    from packed_transformers.components.replicas import load_weights
 
     def load_into_run(path: Path, state: dict) -> None:
-        load_weights(engine.model, load_file(str(path / "model" / "model.safetensors")), replicas)  # strict
+        ckpt_run.load_model_weights(engine.model, path, replicas)  # strict; sharded: this rank's shards
         engine.load_state(state)
 
     path, state, _ = ckpt_run.restore(

@@ -131,12 +131,7 @@ class RunSetup:
             return None
 
         def load_checkpoint_weights(path, _state):
-            # every job's one weight loader (strict; a tied alias the folder stores once)
-            from safetensors.torch import load_file
-
-            from packed_transformers.components.replicas import ONE_PROCESS, load_weights
-
-            load_weights(self.model, load_file(path / "model" / "model.safetensors"), ONE_PROCESS)
+            ckpt_run.load_model_weights(self.model, path)
 
         try:
             path, restored, saved = ckpt_run.restore(self.checkpoints, load_checkpoint_weights, BertProgress,

@@ -186,7 +186,8 @@ def test_every_job_writes_and_restores_its_checkpoint_one_way():
     components.run_checkpoint.write_checkpoint alone (the RNG gathered, rank 0 or every shard
     writing, a failed write raised on every rank) and restored by components.run_checkpoint.restore
     alone (the resume policy, the run state, this rank's RNG): no run calls the folder writer,
-    the resume policy or the RNG's gathering or setting itself."""
+    the resume policy or the RNG's gathering or setting itself; and a checkpoint's weights are
+    loaded by components.run_checkpoint.load_model_weights alone."""
     import re
 
     def callers(name: str) -> list[str]:
@@ -206,3 +207,10 @@ def test_every_job_writes_and_restores_its_checkpoint_one_way():
     ]
     assert sorted(set(callers("write_checkpoint")) - {"components/loop.py", "components/run_checkpoint.py"}) == [
         "finetune/train.py", "training/decoder/run.py", "training/run.py"]  # fmt: skip
+    # one weight loader: a checkpoint's model/ is read by load_model_weights alone (an unsharded
+    # decoder, BERT on every engine, fine-tuning on any number of ranks)
+    assert sorted(set(callers("load_model_weights")) - {"components/run_checkpoint.py"}) == [
+        "finetune/checkpoint.py", "training/decoder/run.py", "training/run_setup.py"]  # fmt: skip
+    rooms = ("training", "finetune", "components", "engines", "optim")
+    assert sorted({path for room in rooms for path in callers("load_file") if path.startswith(room)}) == [
+        "components/run_checkpoint.py"]  # fmt: skip

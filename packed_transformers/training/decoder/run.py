@@ -53,10 +53,9 @@ from packed_transformers.components.sharding import (
     materialize_sharded,
     shard_model,
     sharded_checkpoint,
-    with_spare_forwards,
 )
 from packed_transformers.components.step import MeanLoss, NonFiniteStep, predicted_tokens
-from packed_transformers.engines.torch_engine import StepSettings, TorchStep, autocast_context
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep, evaluation_outputs
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.lm_rows.store import RowStore
@@ -252,11 +251,7 @@ class DecoderRun(PretrainingJob):
         if self.sharded:
             load_sharded(path, self.model.hf_model, self.engine.optimizer)
             return
-        from safetensors.torch import load_file
-
-        from packed_transformers.components.replicas import ONE_PROCESS, load_weights
-
-        load_weights(self.model.hf_model, load_file(path / "model" / "model.safetensors"), ONE_PROCESS)
+        ckpt_run.load_model_weights(self.model.hf_model, path)
         self.engine.load_state(saved)
 
     def write_checkpoint(self) -> None:
@@ -306,25 +301,22 @@ class DecoderRun(PretrainingJob):
         """Log perplexity (nats per predicted token) over the first eval.rows rows."""
         from packed_transformers.model.families import next_token_targets
 
-        self.model.eval()
         sums = torch.zeros(2, dtype=torch.float64)
         rows, per = self.config["eval"]["rows"], self.config["data"]["micro_batch_rows"]
         batches = list(evaluation_batches(self.eval_rows, rows, self.rank, self.world, per))
-        # FSDP2 gathers each block's parameters in every forward: every rank runs as many
-        # forwards as rank 0 (which holds the most rows); a rank short of rows repeats the
-        # first evaluation row and counts nothing of it
+        # every rank runs as many forwards as rank 0 (which holds the most rows) where sharded; a
+        # rank short of rows repeats the first evaluation row and counts nothing of it
         most = -(-len(range(0, rows, self.world)) // per) if self.sharded else len(batches)
         spare = next(evaluation_batches(self.eval_rows, 1, 0, 1, 1)) if len(batches) < most else None
-        with torch.no_grad():
-            for batch, count in with_spare_forwards(batches, most, spare):
-                batch = {k: v.to(self.replica.device) for k, v in batch.items()}
-                target = next_token_targets(batch["input_ids"], batch["sequence_ids"])
-                with autocast_context(self.config["training"]["precision"], self.replica.device):
-                    out = self.model(**batch, shift_labels=target)
-                if count:
-                    sums += torch.tensor(
-                        [float(out["token_loss_sum"]), float(out["token_count"])], dtype=torch.float64
-                    )
+
+        def with_targets(batch: dict) -> dict:  # each token's next-token target inside its own document
+            return {**batch, "shift_labels": next_token_targets(batch["input_ids"], batch["sequence_ids"])}
+
+        for out, _ in evaluation_outputs(self.model, batches, with_targets, most, spare, self.replica.device,
+                                         self.config["training"]["precision"]):  # fmt: skip
+            sums += torch.tensor(
+                [float(out["token_loss_sum"]), float(out["token_count"])], dtype=torch.float64
+            )
         all_reduce_(sums)
         return float(sums[0] / max(float(sums[1]), 1.0))
 
