@@ -6,6 +6,9 @@ another's parts); the jobs (training/, finetune/) import it, nothing in componen
     ckpt_run.write_checkpoint(folder, run_state, keep, write_model, engine_state, rank)
     path, state, saved = ckpt_run.restore(folder, load_into_run, BertProgress, rank)
     ckpt_run.load_model_weights(model, path, replicas)   # every job's one weight loader
+    # a pretraining run's --resume (BERT's on every engine, the decoder's), refusals as RunError:
+    path, state, saved = ckpt_run.resume_pretraining(output, load_into_run, BertProgress, rank)
+    ckpt_run.forget_lines_after(output, state.step, rank)   # once the resume's checks passed
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from packed_transformers.components import checkpoint as ckpt
-from packed_transformers.components.distributed import any_process, gather_rng_states
+from packed_transformers.components.distributed import any_process, barrier, gather_rng_states
+from packed_transformers.components.errors import RunError
 from packed_transformers.components.run_state import RunState
 
 
@@ -62,3 +66,33 @@ def load_model_weights(model, path: Path, replicas=None) -> None:
     from packed_transformers.components.replicas import ONE_PROCESS, load_weights
 
     load_weights(model, load_file(str(path / "model" / "model.safetensors")), replicas or ONE_PROCESS)
+
+
+def resume_pretraining(output: Path, load_into_run, progress_type, rank: int, clean: bool = True):
+    """A pretraining run's --resume (BERT's on every engine, the decoder's): what a crash left
+    half-written in OUTPUT/checkpoints removed by rank 0 (`clean`: not by --compile-only, which
+    writes nothing), every rank waiting, then `restore`. -> (path, RunState, training state);
+    RunError "--resume: ..." where no checkpoint is left to resume."""
+    folder = output / "checkpoints"
+    if clean and rank == 0:  # the run folder's lock says no other run owns these temporaries
+        ckpt.remove_leftovers(folder)
+    barrier()
+    try:
+        return restore(folder, load_into_run, progress_type, rank)
+    except ckpt.CheckpointError as err:
+        raise RunError(f"--resume: {err}") from None
+
+
+def forget_lines_after(output: Path, step: int, rank: int) -> None:
+    """Rank 0 of a resumed pretraining run, once the resume's checks have passed: the lines
+    of OUTPUT/metrics.jsonl after `step` dropped (those steps are trained and logged again).
+    RunError, one line, for a metrics.jsonl that cannot be read."""
+    from packed_transformers.components.curves import MetricsFileError
+    from packed_transformers.components.run_folder import forget_metrics_after
+
+    if rank != 0:
+        return
+    try:
+        forget_metrics_after(output / "metrics.jsonl", step)
+    except MetricsFileError as err:
+        raise RunError(f"--resume: {err}") from None

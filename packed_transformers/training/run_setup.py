@@ -11,9 +11,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components import run_checkpoint as ckpt_run
-from packed_transformers.components.curves import MetricsFileError
 from packed_transformers.components.data import PackedShards, ReplicaSampler, eval_batches, make_loader
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.observe import Reporter
@@ -21,7 +19,6 @@ from packed_transformers.components.run_folder import (
     CHANGEABLE_ON_RESUME,
     check_same_run,
     data_identity,
-    forget_metrics_after,
     prepare_output,
     write_run_config,
 )
@@ -125,20 +122,15 @@ class RunSetup:
         RNG state put back, and its run state and training state returned (None without
         --resume). Half-written checkpoints a crash left are removed first."""
         self.checkpoints = self.output / "checkpoints"
-        if self.engine.rank == 0 and not self.compile_only:
-            ckpt.remove_leftovers(self.checkpoints)
         if not resume:
             return None
 
         def load_checkpoint_weights(path, _state):
             ckpt_run.load_model_weights(self.model, path)
 
-        try:
-            path, restored, saved = ckpt_run.restore(self.checkpoints, load_checkpoint_weights, BertProgress,
-                                                 self.engine.rank)  # fmt: skip
-        except ckpt.CheckpointError as err:
-            raise RunError(f"--resume: {err}") from None
-        self.resumed_from = path
+        _, restored, saved = ckpt_run.resume_pretraining(
+            self.output, load_checkpoint_weights, BertProgress, self.engine.rank, clean=not self.compile_only
+        )
         return restored, saved
 
     def _restore_state(self, restored: RunState, saved: dict) -> None:
@@ -174,12 +166,8 @@ class RunSetup:
             )
         engine.load_state(saved)
         self.state = restored
-        # Lines logged after the checkpoint are trained again.
-        if engine.rank == 0 and not self.compile_only:
-            try:
-                forget_metrics_after(self.output / "metrics.jsonl", self.state.step)
-            except MetricsFileError as err:
-                raise RunError(f"--resume: {err}") from None
+        if not self.compile_only:  # lines logged after the checkpoint are trained again
+            ckpt_run.forget_lines_after(self.output, self.state.step, engine.rank)
 
     def _make_loader(self):
         """This replica's resumable iterator of micro-batches, from the restored position."""

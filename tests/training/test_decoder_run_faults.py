@@ -55,6 +55,21 @@ def test_a_checkpoint_temporary_left_by_a_killed_save_is_removed_at_resume(data_
     assert all(not n.startswith(".") for n in names), names
 
 
+def test_a_metrics_file_that_cannot_be_read_at_resume_is_one_line(data_root, tmp_path):
+    """As BERT's run (components.run_checkpoint.forget_lines_after): a damaged metrics.jsonl
+    refuses the resume in one line naming it (it was a traceback, exit 1), the file untouched."""
+    first = pretrain(data_root, tmp_path / "run", "training.checkpoint_every_steps=1", "training.max_steps=2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    metrics = tmp_path / "run/metrics.jsonl"
+    metrics.write_bytes(metrics.read_bytes() + b"\x00\xff not a record\n")
+    damaged = metrics.read_bytes()
+    again = pretrain(data_root, tmp_path / "run", "training.max_steps=3", resume=True)
+    last = again.stderr.strip().splitlines()[-1]
+    assert again.returncode == 2 and "Traceback" not in again.stderr, again.stderr[-2000:]
+    assert last.startswith("error: --resume: ") and "metrics.jsonl" in last, last
+    assert metrics.read_bytes() == damaged
+
+
 def test_resume_follows_the_one_policy_of_every_pretraining_run(data_root, tmp_path):
     """components.checkpoint.resume_from, as BERT's run: weights that match the manifest but do
     not load are a damaged checkpoint (reported, the previous one resumed, the same end as an

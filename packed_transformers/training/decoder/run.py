@@ -28,7 +28,6 @@ from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.decoder_data import evaluation_batches, global_batch_rows, micro_batches
 from packed_transformers.components.distributed import (
     all_reduce_,
-    barrier,
     data_parallel,
     setup_replica,
 )
@@ -37,7 +36,6 @@ from packed_transformers.components.loop import LoopEnd, PretrainingJob
 from packed_transformers.components.observe import Reporter
 from packed_transformers.components.run_folder import (
     CHANGEABLE_ON_RESUME,
-    forget_metrics_after,
     prepare_output,
     write_run_config,
 )
@@ -189,8 +187,8 @@ class DecoderRun(PretrainingJob):
         if resume:
             self._restore()
         write_run_config(output, config, self.rank)
-        if self.rank == 0 and resume:
-            forget_metrics_after(output / "metrics.jsonl", self.state.step)
+        if resume:  # the lines of the steps after the checkpoint: trained and logged again
+            ckpt_run.forget_lines_after(output, self.state.step, self.rank)
         self.reporter = Reporter(output, config, self.rank)
         self.stop = StopSignal()
         self.saved_step = self.state.step if resume else None  # a resume's checkpoint: not written again
@@ -219,21 +217,16 @@ class DecoderRun(PretrainingJob):
 
     # ----- checkpoints --------------------------------------------------------------------
     def _restore(self) -> None:
-        if self.rank == 0:  # the run folder's lock says no other run owns these temporaries
-            ckpt.remove_leftovers(self.output / "checkpoints")
-        barrier()
-        folder = self.output / "checkpoints"
         # a sharded run resumes a sharded checkpoint, and only that
-        for path in ckpt.list_checkpoints(folder):
+        for path in ckpt.list_checkpoints(self.output / "checkpoints"):
             if (path / "dcp").is_dir() != self.sharded:
                 written = "with" if (path / "dcp").is_dir() else "without"
                 raise RunError(
                     f"--resume: {path} was written {written} execution.sharding fsdp; resume it the same way"
                 )
-        try:
-            path, restored, _ = ckpt_run.restore(folder, self._load_weights, DecoderProgress, self.rank)
-        except ckpt.CheckpointError as err:
-            raise RunError(f"--resume: {err}") from None
+        path, restored, _ = ckpt_run.resume_pretraining(
+            self.output, self._load_weights, DecoderProgress, self.rank
+        )
         written = restored.extra.rows_per_step
         if written and written != self.rows_per_step:
             raise RunError(
