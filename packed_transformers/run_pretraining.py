@@ -62,56 +62,28 @@ def main(argv=None) -> int:
         return refuse(mistake)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from packed_transformers.common.config_schema import read_yaml
-    from packed_transformers.training.config import ConfigError, validate_raw
-    from packed_transformers.training.decoder.config import is_decoder_config, load_decoder_config
+    from packed_transformers.training.config import ConfigError
+    from packed_transformers.training.specs import spec_of
 
     try:
-        raw = read_yaml(args.config)  # read once; model.family chooses decoder pretraining, asked once
-        decoder = is_decoder_config(raw)
-        if decoder:
-            if args.compile_only:
-                raise ConfigError(
-                    "--compile-only: only PopTorch compiles ahead of time; a decoder runs on cpu or cuda"
-                )
-            config = load_decoder_config(raw, args.set, args.config)
-        else:
-            overrides = args.set + (["execution.compile_only=true"] if args.compile_only else [])
-            config = validate_raw(raw, overrides, args.config)
+        raw = read_yaml(args.config)  # read once; the job (training.specs) picked once
+        spec = spec_of(raw)
+        config = spec.load_config(raw, args.set, args.config, args.compile_only)
     except ConfigError as err:
         return refuse(err)
-    if args.plan:
-        if not decoder:
-            return refuse(
-                f"--plan: {args.config} is a BERT config; the memory plan is for decoder configs (model.family)"
-            )
-        from packed_transformers.model.hf_checkpoint import quiet_transformers
-        from packed_transformers.training.decoder.memory_plan import print_plan
-
-        quiet_transformers(args.verbose)
-        return print_plan(config, args.config, args.gpus, args.gpu_memory_gib)
-    output = Path(args.output_dir or Path("runs") / Path(args.config).stem)
-    if decoder:
-        from packed_transformers.model.hf_checkpoint import quiet_transformers
-        from packed_transformers.training.decoder.run import run_decoder
-
-        quiet_transformers(args.verbose)
-        return run_decoder(config, output, args.resume)
     from packed_transformers.model.hf_checkpoint import quiet_transformers
 
-    quiet_transformers(
-        args.verbose
-    )  # its "Writing model shards" bar at every checkpoint repeats our log line
-    from packed_transformers.training.prerequisites import missing_prerequisites, prerequisites_line
-
-    # Two or more things missing: all named in one line before any data is opened (one
-    # alone is the run's own precise message; IPU configs first need poptorch, which the
-    # IPU engine's check_config names before anything else).
-    missing = missing_prerequisites(config)
-    if len(missing) >= 2 and config["execution"]["device"] in ("cpu", "cuda"):
-        return refuse(prerequisites_line(args.config, missing))
-    from packed_transformers.training.run import run
-
-    return run(config, output, args.resume)
+    # its "Writing model shards" bar at every checkpoint repeats our log line
+    quiet_transformers(args.verbose)
+    if args.plan:
+        if spec.plan is None:
+            return refuse(f"--plan: {args.config} is a {spec.title} config; the memory plan is for decoder configs "
+                          "(model.family)")  # fmt: skip
+        return spec.plan(config, args.config, args.gpus, args.gpu_memory_gib)
+    problem = spec.preflight(config, args.config)
+    if problem:
+        return refuse(problem)
+    return spec.run(config, Path(args.output_dir or Path("runs") / Path(args.config).stem), args.resume)
 
 
 if __name__ == "__main__":

@@ -157,8 +157,15 @@ def test_every_job_shares_one_diverged_and_one_replica_type():
 
     assert definers(r"\w*Diverged\w*") == ["components/run_state.py:Diverged"]
     assert definers(r"Replicas?|\w*ReplicaInfo") == ["components/distributed.py:Replicas"]
-    asks = (PACKAGE / "run_pretraining.py").read_text().count("is_decoder_config(")
-    assert asks == 1, f"run_pretraining.py asks is_decoder_config {asks} times"
+    # the pretraining command picks its job once, from the registered specs (training/specs.py)
+    command = (PACKAGE / "run_pretraining.py").read_text()
+    assert (
+        command.count("spec_of(") == 1
+        and "is_decoder_config" not in command
+        and "decoder" not in re.sub(r"(?s)\"\"\".*?\"\"\"|#.*|\"[^\"\n]*\"", "", command)
+    ), "run_pretraining.py branches on the job itself"
+    asks = sum(p.read_text().count("is_decoder_config(") for p in PACKAGE.rglob("*.py"))
+    assert asks == 2, f"is_decoder_config asked {asks} times (its definition and training/specs.py's spec_of)"
 
 
 def test_every_job_loads_checkpoint_weights_one_way():
