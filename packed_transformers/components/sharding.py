@@ -165,12 +165,19 @@ def sharded_checkpoint(hf_model, optimizer) -> tuple[dict, object]:
     return whole, write_shards
 
 
+def has_shards(path: Path) -> bool:
+    """Whether the checkpoint at `path` keeps its model and optimizer as DCP shards (dcp/)."""
+    return (path / "dcp" / ".metadata").is_file()
+
+
 def load_sharded(path: Path, hf_model, optimizer) -> None:
-    """The model's and optimizer's shards from `path`/dcp (CheckpointError if there is none)."""
+    """The model's and optimizer's state from `path`/dcp (CheckpointError if there is none),
+    read resharded into this run's parameters: shards under FSDP2, whole tensors on one
+    process or DDP's replicas."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    if not (path / "dcp" / ".metadata").is_file():
+    if not has_shards(path):
         raise ckpt.CheckpointError(f"{path}: no dcp/ (written by a run without execution.sharding fsdp)")
     model_state, optimizer_state = get_state_dict(hf_model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state}

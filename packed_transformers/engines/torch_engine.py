@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from packed_transformers.components.distributed import (
+    ONE_PROCESS,
     all_reduce_,
     data_parallel,
     max_over_processes,
@@ -214,6 +215,26 @@ class TorchStep:
         else:
             state = {"optimizer": self.optimizer.state_dict()}
         return state if self.scaler is None else {**state, "scaler": self.scaler.state_dict()}
+
+    def restore(self, path, engine_state: dict, weights_of: torch.nn.Module | None = None) -> None:
+        """A checkpoint's weights and optimizer state into this step, whoever wrote it and on any
+        number of ranks, sharded or not: a sharded run's dcp/ read resharded, or model/ and
+        training_state.pt's optimizer (gathered whole; each rank takes its shards). weights_of:
+        the module whose names the checkpoint keeps (default the model; a decoder's transformers
+        model)."""
+        from packed_transformers.components.run_checkpoint import load_model_weights
+        from packed_transformers.components.sharding import has_shards, load_sharded
+
+        weights_of = self.model if weights_of is None else weights_of
+        if has_shards(path):
+            load_sharded(path, weights_of, self.optimizer)
+            if self.scaler is not None and "scaler" in engine_state:
+                self.scaler.load_state_dict(engine_state["scaler"])
+            return
+        load_model_weights(
+            weights_of, path, replace(ONE_PROCESS, sharding="fsdp" if self.sharded else "none")
+        )
+        self.load_state(engine_state)
 
     def load_state(self, engine_state: dict) -> None:
         """What engine_state() held, whoever wrote it (one process, DDP or FSDP2 ranks)."""

@@ -97,8 +97,7 @@ def load_checkpoint(
     ckpt.CheckpointError when none is left."""
 
     def load_into_run(path: Path, state: dict) -> None:
-        ckpt_run.load_model_weights(engine.model, path, replicas)  # strict; sharded: this rank's shards
-        engine.load_state(state)
+        engine.restore(path, state)  # strict; sharded: this rank's shards
 
     path, state, _ = ckpt_run.restore(
         checkpoints_folder(output), load_into_run, FinetuneProgress, replicas.rank, points

@@ -216,10 +216,12 @@ def test_every_job_writes_and_restores_its_checkpoint_one_way():
     assert callers("forget_metrics_after") == ["components/run_checkpoint.py"]
     assert sorted(set(callers("write_checkpoint")) - {"components/loop.py", "components/run_checkpoint.py"}) == [
         "finetune/train.py", "training/decoder/run.py", "training/run.py"]  # fmt: skip
-    # one weight loader: a checkpoint's model/ is read by load_model_weights alone (an unsharded
-    # decoder, BERT on every engine, fine-tuning on any number of ranks)
+    # one weight loader: a checkpoint's model/ is read by load_model_weights alone
+    # (BERT before its engine attaches, the decoder and fine-tuning through TorchStep.restore, which
+    # reads a sharded run's dcp/ as well, on any number of ranks)
     assert sorted(set(callers("load_model_weights")) - {"components/run_checkpoint.py"}) == [
-        "finetune/checkpoint.py", "training/decoder/run.py", "training/run_setup.py"]  # fmt: skip
+        "engines/torch_engine.py", "training/run_setup.py"]  # fmt: skip
+    assert sorted(set(callers("load_sharded")) - {"components/sharding.py"}) == ["engines/torch_engine.py"]
     rooms = ("training", "finetune", "components", "engines", "optim")
     assert sorted({path for room in rooms for path in callers("load_file") if path.startswith(room)}) == [
         "components/run_checkpoint.py"]  # fmt: skip

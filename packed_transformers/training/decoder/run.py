@@ -47,7 +47,6 @@ from packed_transformers.components.run_state import (
     skip_or_stop,
 )
 from packed_transformers.components.sharding import (
-    load_sharded,
     materialize_sharded,
     shard_model,
     sharded_checkpoint,
@@ -217,13 +216,6 @@ class DecoderRun(PretrainingJob):
 
     # ----- checkpoints --------------------------------------------------------------------
     def _restore(self) -> None:
-        # a sharded run resumes a sharded checkpoint, and only that
-        for path in ckpt.list_checkpoints(self.output / "checkpoints"):
-            if (path / "dcp").is_dir() != self.sharded:
-                written = "with" if (path / "dcp").is_dir() else "without"
-                raise RunError(
-                    f"--resume: {path} was written {written} execution.sharding fsdp; resume it the same way"
-                )
         path, restored, _ = ckpt_run.resume_pretraining(
             self.output, self._load_weights, DecoderProgress, self.rank
         )
@@ -238,14 +230,10 @@ class DecoderRun(PretrainingJob):
         log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
 
     def _load_weights(self, path: Path, saved: dict) -> None:
-        """A checkpoint's weights and optimizer state into the run (ckpt.resume_from's loader):
-        DCP shards, or the model folder's weights (strict: every key but a tied alias, which the
-        folder stores once: components.replicas.load_weights) and the optimizer."""
-        if self.sharded:
-            load_sharded(path, self.model.hf_model, self.engine.optimizer)
-            return
-        ckpt_run.load_model_weights(self.model.hf_model, path)
-        self.engine.load_state(saved)
+        """A checkpoint's weights and optimizer state into the run (ckpt.resume_from's loader),
+        whichever way it was written: a sharded run's dcp/ or model/ and the optimizer whole, on
+        any number of ranks, sharded or not (engines.torch_engine.TorchStep.restore)."""
+        self.engine.restore(path, saved, self.model.hf_model)
 
     def write_checkpoint(self) -> None:
         keep, folder = self.config["training"]["keep_checkpoints"], self.output / "checkpoints"
