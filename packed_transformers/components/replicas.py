@@ -9,8 +9,10 @@ each step's rows, and N processes take the step one process takes.
                            units counted before compute, DDP's average multiplied back)
     the model              replicated (DDP) or sharded (`sharding: fsdp`: FSDP2 per block,
                            components.sharding); rank 0 writes every file
-    checkpoints            the one unsharded format (weights and optimizer state gathered
-                           whole), so any number of ranks resumes any checkpoint
+    checkpoints            model/ the weights whole (gathered where sharded); the optimizer
+                           whole in training_state.pt, or (sharded) every rank's shards in dcp/
+                           (engines.torch_engine.TorchStep.checkpoint_parts): any number of
+                           ranks, sharded or not, resumes any checkpoint (TorchStep.restore)
 
 One process is a `Replicas` of world 1: every method is then the plain single-process
 step, bit for bit. Never imports the runs (training/, finetune/).

@@ -7,16 +7,16 @@ torch.distributed.checkpoint (DCP), which a run of another number of ranks reads
                        `_no_split_modules`: a decoder layer), then the whole model; gradients
                        summed over ranks (divide factor 1: the run's loss is already divided
                        by the step's predicted tokens of every rank, as the DDP path's is)
-    sharded_checkpoint what the one checkpoint writer (components.checkpoint) needs: the
-                       full weights gathered for model/ (what a user loads) and the writer of
-                       dcp/ (every rank's shard of model and optimizer); training_state.pt
-                       then holds no optimizer
+    shards_writer      the writer of dcp/ (every rank's shard of model and optimizer) for the
+                       one checkpoint writer (components.checkpoint); training_state.pt then
+                       holds no optimizer, model/ the weights gathered whole (what a user loads)
     load_sharded       dcp/ into this run's shards, whatever number of ranks wrote it
     materialize_sharded  a model built on the meta device and sharded gets its weights: each
                        rank allocates its shards only, rank 0's whole model broadcast into them
     full_optimizer_state, load_full_optimizer_state
-                       BERT's engine: the optimizer state gathered whole into the unsharded
-                       format (one checkpoint format, any number of ranks), and back into shards
+                       BERT's engines' format: the optimizer state gathered whole (what the
+                       pipeline and IPU engines read too), and an unsharded checkpoint's back
+                       into shards (any job resuming one on sharded ranks)
     with_spare_forwards  an evaluation's batches, then uncounted ones, to as many forwards as the
                        busiest rank runs (every job's evaluation under FSDP2)
 
@@ -150,19 +150,18 @@ def load_full_optimizer_state(optimizer, state: dict) -> None:
     optimizer.load_state_dict(state)
 
 
-def sharded_checkpoint(hf_model, optimizer) -> tuple[dict, object]:
-    """Collective: what the one checkpoint writer (components.checkpoint.save_checkpoint) needs
-    of a sharded model: its weights gathered whole (on the CPU, for rank 0's model/: what a
-    user loads) and the writer of every rank's DCP shards of model and optimizer (dcp/)."""
+def shards_writer(hf_model, optimizer):
+    """The writer of a sharded run's dcp/ (a collective every rank calls from the one checkpoint
+    writer, components.checkpoint.save_checkpoint): every rank's shard of the model and the
+    optimizer, by their names, so any number of ranks reads them back resharded."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     def write_shards(folder: Path) -> None:
         model_state, optimizer_state = get_state_dict(hf_model, optimizer)
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder / "dcp")
 
-    whole = get_model_state_dict(hf_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return whole, write_shards
+    return write_shards
 
 
 def has_shards(path: Path) -> bool:

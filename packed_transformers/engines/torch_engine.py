@@ -18,8 +18,10 @@ So 1 process x GA micro-batches and GA processes x 1 micro-batch are one computa
 float summation order, whatever the job. A job says only what differs (`StepLoss`).
 
 `TorchStep` holds what a job's steps are taken with (the weights, the optimizer, what runs the
-forward: the model, compiled, DDP; the settings) and saves and restores its optimizer state in
-one format (gathered whole under FSDP2). A job says only its loss (components.step.StepLoss):
+forward: the model, compiled, DDP; the settings), gives a checkpoint its parts (the decoder's and
+fine-tuning's sharded runs: DCP shards of model and optimizer, the weights gathered whole for
+model/; BERT's engines keep the optimizer gathered whole, the format its pipeline and IPU engines
+read) and restores any of them on any number of ranks. A job says only its loss (components.step.StepLoss):
 BERT's is `PretrainingLoss`, masked tokens and sequences its units; `TorchEngine` is BERT's
 engine (training.run's `Engine`) over a TorchStep, with LAMB.
 """
@@ -215,6 +217,26 @@ class TorchStep:
         else:
             state = {"optimizer": self.optimizer.state_dict()}
         return state if self.scaler is None else {**state, "scaler": self.scaler.state_dict()}
+
+    def checkpoint_parts(
+        self, weights_of: torch.nn.Module | None = None
+    ) -> tuple[dict | None, dict | None, object]:
+        """What the one checkpoint writer needs of this step, the one sharded policy of the
+        decoder and fine-tuning (collective where sharded): (the weights gathered whole on rank
+        0's CPU for model/, a tied tensor once: None unsharded, where the model is saved as it
+        is; training_state.pt's engine entries; the writer of dcp/: None unsharded). Sharded,
+        every rank writes its shards of the model and the optimizer to dcp/ and no rank holds the
+        optimizer whole. weights_of: as `restore`'s."""
+        weights_of = self.model if weights_of is None else weights_of
+        if not self.sharded:
+            return None, self.engine_state(), None
+        from packed_transformers.components.replicas import gathered_weights
+        from packed_transformers.components.sharding import shards_writer
+
+        this_rank = replace(ONE_PROCESS, rank=torch.distributed.get_rank(), sharding="fsdp")
+        weights = gathered_weights(weights_of, this_rank)  # rank 0's; None on the others
+        scaler = None if self.scaler is None else {"scaler": self.scaler.state_dict()}
+        return weights, scaler, shards_writer(weights_of, self.optimizer)
 
     def restore(self, path, engine_state: dict, weights_of: torch.nn.Module | None = None) -> None:
         """A checkpoint's weights and optimizer state into this step, whoever wrote it and on any

@@ -209,13 +209,14 @@ class Run(LoopJob):
         return self.batches is None and self.state.extra.batches_done == 0  # after each epoch's validation
 
     def write_checkpoint(self) -> None:
-        """The checkpoint of this step, its weights gathered whole where sharded (the one format,
-        whatever the number of ranks); a run whose limit is reached is marked finished (a
+        """The checkpoint of this step (sharded: every rank's shards in dcp/, the weights gathered
+        whole for model/; any number of ranks resumes it); a run whose limit is reached is marked finished (a
         --resume of it trains nothing more). OSError or CheckpointError, on every rank."""
         self.state.extra.finished = self.limit_reached() is not None
-        write_model = weights_writer(self.model, parallel.gathered_weights(self.model, self.replicas))
-        self.where = write_checkpoint(checkpoints_folder(self.output), self.state, KEEP, write_model,
-                                      self.engine.engine_state(), self.replicas.rank)  # fmt: skip
+        weights, engine_state, write_shards = self.engine.checkpoint_parts()  # sharded: dcp/
+        self.where = write_checkpoint(checkpoints_folder(self.output), self.state, KEEP,
+                                      weights_writer(self.model, weights), engine_state, self.replicas.rank,
+                                      write_shards)  # fmt: skip
 
     def close(self, end: LoopEnd) -> None:
         """Diverged and Interrupted raised with their line; a complete run's outputs written."""

@@ -1,7 +1,8 @@
 """Fine-tuning over torchrun's processes (issue 81: every job on the engines): 2 ranks share
 each step's rows, replicated (DDP) or sharded (`execution.sharding: fsdp`, FSDP2), and end on one
 process's metrics and weights at the same batches; a checkpoint one process wrote resumes on 2
-sharded ranks, whose checkpoints hold the weights one process's hold (one format)."""
+sharded ranks, whose checkpoints hold the weights one process's hold, and their DCP shards one
+process resumes."""
 
 from __future__ import annotations
 
@@ -125,3 +126,27 @@ def test_sft_of_a_tied_decoder_with_fsdp_at_2_ranks_equals_one_process(tied_star
     assert_same_run(tmp_path / "one", tmp_path / "fsdp")
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "fsdp" / "model")
     assert loaded.lm_head.weight is loaded.get_input_embeddings().weight
+
+
+def test_a_sharded_runs_checkpoint_is_dcp_shards_and_resumes_in_one_process(config_path, tmp_path):
+    """2 sharded ranks checkpoint as every sharded run does (engines.torch_engine.TorchStep.
+    checkpoint_parts): each rank's shards of the weights and AdamW moments in dcp/, model/ the
+    weights gathered whole, no optimizer in training_state.pt; one process resumes it (DCP read
+    into whole tensors) and writes the run's model with those weights."""
+    import shutil
+
+    done = torchrun(
+        config_path, tmp_path / "run", "--set", "execution.sharding=fsdp", "--set", "training.epochs=1"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    newest = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))[-1]
+    assert (newest / "dcp" / ".metadata").is_file() and len(list((newest / "dcp").glob("*.distcp"))) == 2
+    assert "optimizer" not in torch.load(newest / "training_state.pt", weights_only=True)
+    written = load_file(str(tmp_path / "run" / "model" / "model.safetensors"))
+    # as a run killed after its last checkpoint, before its outputs: the resume writes them
+    shutil.rmtree(tmp_path / "run" / "model")
+    (tmp_path / "run" / "summary.json").unlink()
+    config = load_finetune_config(str(config_path), ["training.epochs=1"])
+    finetune.run_finetune(config, tmp_path / "run", resume=True)
+    again = load_file(str(tmp_path / "run" / "model" / "model.safetensors"))
+    assert again.keys() == written.keys() and all(torch.equal(again[k], written[k]) for k in written)

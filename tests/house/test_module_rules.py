@@ -222,6 +222,12 @@ def test_every_job_writes_and_restores_its_checkpoint_one_way():
     assert sorted(set(callers("load_model_weights")) - {"components/run_checkpoint.py"}) == [
         "engines/torch_engine.py", "training/run_setup.py"]  # fmt: skip
     assert sorted(set(callers("load_sharded")) - {"components/sharding.py"}) == ["engines/torch_engine.py"]
+    # one sharded policy for the decoder and fine-tuning: TorchStep.checkpoint_parts (dcp/ shards,
+    # model/ gathered whole); BERT's engines alone gather the optimizer whole (their shared format)
+    assert sorted(set(callers("shards_writer")) - {"components/sharding.py"}) == ["engines/torch_engine.py"]
+    asking = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                    if "engine.checkpoint_parts(" in p.read_text())  # fmt: skip
+    assert asking == ["finetune/train.py", "training/decoder/run.py"]
     rooms = ("training", "finetune", "components", "engines", "optim")
     assert sorted({path for room in rooms for path in callers("load_file") if path.startswith(room)}) == [
         "components/run_checkpoint.py"]  # fmt: skip

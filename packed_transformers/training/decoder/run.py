@@ -49,7 +49,6 @@ from packed_transformers.components.run_state import (
 from packed_transformers.components.sharding import (
     materialize_sharded,
     shard_model,
-    sharded_checkpoint,
 )
 from packed_transformers.components.step import MeanLoss, NonFiniteStep, predicted_tokens
 from packed_transformers.engines.torch_engine import StepSettings, TorchStep, evaluation_outputs
@@ -236,16 +235,15 @@ class DecoderRun(PretrainingJob):
         self.engine.restore(path, saved, self.model.hf_model)
 
     def write_checkpoint(self) -> None:
-        keep, folder = self.config["training"]["keep_checkpoints"], self.output / "checkpoints"
-        write_shards = None
-        if self.sharded:  # every rank writes its shard (optimizer state in dcp/, not in training_state.pt)
-            weights, write_shards = sharded_checkpoint(self.model.hf_model, self.engine.optimizer)
-            write_model, engine_state = ckpt.weights_writer(self.model.hf_model, weights), None
-        else:
-            write_model, engine_state = self.model.save_pretrained, self.engine.engine_state()
-        ckpt_run.write_checkpoint(
-            folder, self.state, keep, write_model, engine_state, self.rank, write_shards
+        """Collective: this step's checkpoint (TorchStep.checkpoint_parts: dcp/ where sharded)."""
+        weights, engine_state, write_shards = self.engine.checkpoint_parts(self.model.hf_model)
+        write_model = (
+            self.model.save_pretrained
+            if weights is None
+            else ckpt.weights_writer(self.model.hf_model, weights)
         )
+        ckpt_run.write_checkpoint(self.output / "checkpoints", self.state, self.config["training"]["keep_checkpoints"],
+                                  write_model, engine_state, self.rank, write_shards)  # fmt: skip
 
     # ----- the step -----------------------------------------------------------------------
     def _step(self) -> dict:
