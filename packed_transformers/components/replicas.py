@@ -7,8 +7,9 @@ each step's rows, and N processes take the step one process takes.
     the step's loss        sum over the step's loss units (examples, or predicted tokens) of
                            every rank / their count over every rank (engines.torch_engine.take_step:
                            units counted before compute, DDP's average multiplied back)
-    the model              replicated (DDP) or sharded (`sharding: fsdp`: FSDP2 per block,
-                           components.sharding); rank 0 writes every file
+    the model              replicated (DDP) or sharded (`sharding: fsdp`: FSDP2 per block),
+                           as every job's (engines.torch_engine.forward_of); rank 0 writes
+                           every file
     checkpoints            model/ the weights whole (gathered where sharded); the optimizer
                            whole in training_state.pt, or (sharded) every rank's shards in dcp/
                            (engines.torch_engine.TorchStep.checkpoint_parts): any number of
@@ -28,7 +29,6 @@ import torch
 from packed_transformers.components.distributed import (
     ONE_PROCESS,
     Replicas,
-    data_parallel,
     join_process_group,
 )
 from packed_transformers.components.errors import RunError
@@ -41,25 +41,6 @@ def join_replicas(device_kind: str, sharding: str, threads: int | None) -> Repli
     if sharding == "fsdp" and replicas.world < 2:
         raise RunError("execution.sharding fsdp: needs 2 or more processes (torchrun --nproc-per-node N)")
     return dataclasses.replace(replicas, sharding=sharding)
-
-
-def replicate(model: torch.nn.Module, replicas: Replicas, step_model: torch.nn.Module) -> torch.nn.Module:
-    """The module the step calls: `step_model` itself (one process), DDP around it, or (FSDP2)
-    `model` sharded in place, each block then the whole (gradients summed, never averaged)."""
-    if replicas.world == 1:
-        return step_model
-    if replicas.sharded:
-        from torch.distributed.fsdp import register_fsdp_forward_method
-
-        from packed_transformers.components.sharding import block_modules, shard_model
-
-        blocks = block_modules(model, "execution.sharding")
-        shard_model(model, replicas.world, "fp32", replicas.device, blocks=blocks)
-        for block in blocks:  # a block's other entry points (a packed encoder's last layer: forward_rows)
-            for name in (n for n in dir(block) if n.startswith("forward_") and callable(getattr(block, n))):
-                register_fsdp_forward_method(block, name)
-        return model
-    return data_parallel(step_model, replicas.device)
 
 
 def host_skeleton(model: torch.nn.Module, replicas: Replicas) -> torch.nn.Module | None:

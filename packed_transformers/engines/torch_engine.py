@@ -175,12 +175,33 @@ def clip_to_norm_(parameters, norm: torch.Tensor, max_norm: float) -> None:
 COMPILE_BACKEND = "inductor"
 
 
-def step_model_of(model: torch.nn.Module, compile_step: bool):
-    """The module a training step calls: `model` itself, or its compiled forward with static
-    shapes, built at the first step and reused by every batch (fixed-width batching gives
-    each batch the same rows x width). Its backward is compiled with it (AOTAutograd);
-    weights, optimizer and checkpoints stay `model`'s."""
-    return torch.compile(model, backend=COMPILE_BACKEND, dynamic=False) if compile_step else model
+def forward_of(model: torch.nn.Module, replicas, precision: str, compile_step: bool, blocks=None,
+               backend: str | None = None, dynamic: bool | None = False) -> tuple[torch.nn.Module, int]:  # fmt: skip
+    """What runs a job's forward, one policy for every job on torch (BERT's engine, the decoder,
+    fine-tuning). Sharded (FSDP2): each block (`blocks`; default components.sharding's
+    block_modules) and then the model sharded in place, gradients summed over ranks, a block's
+    other entry points (its `forward_*` methods: a packed encoder's last layer) registered; then
+    the model compiled where asked (torch.compile with `backend`, default COMPILE_BACKEND, static
+    shapes unless `dynamic`);
+    replicated over more than one process, DDP around it (it averages gradients: take_step
+    multiplies its loss back). -> (the module a step calls, the blocks sharded: 0 unsharded)."""
+    from packed_transformers.components.sharding import block_modules, shard_model
+
+    sharded_blocks = 0
+    if replicas.sharded:
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        blocks = block_modules(model, "execution.sharding") if blocks is None else list(blocks)
+        sharded_blocks = shard_model(model, replicas.world, precision, replicas.device, blocks=blocks)
+        for block in blocks:
+            for name in (n for n in dir(block) if n.startswith("forward_") and callable(getattr(block, n))):
+                register_fsdp_forward_method(block, name)
+    step_model = (
+        torch.compile(model, backend=backend or COMPILE_BACKEND, dynamic=dynamic) if compile_step else model
+    )
+    if replicas.world > 1 and not replicas.sharded:
+        step_model = data_parallel(step_model, replicas.device)
+    return step_model, sharded_blocks
 
 
 def autocast_context(precision: str, device: torch.device):
@@ -354,24 +375,17 @@ class TorchEngine:
         self.micro_batches_per_call = batch.gradient_accumulation
         model.to(self.replica.device)
         model.train()
-        step_model = model
-        if sharded:
-            # FSDP2: each encoder layer, then the model (the embeddings, heads and the tied MLM
-            # decoder together); LAMB over the shards (its norms over whole tensors). Gradients
-            # are summed over ranks, not averaged: the step's loss scaling needs no `* world`.
-            from packed_transformers.components.sharding import shard_model
-
-            model.config.architectures = [type(model).__name__]  # what save_pretrained writes unsharded
-            blocks = shard_model(model, self.replica.world, training["precision"], self.replica.device,
-                                 blocks=model.encoder_layers)  # fmt: skip
-            if self.rank == 0:
-                log.info(
-                    "FSDP2: %d encoder layers and the model sharded over %d ranks", blocks, self.replica.world
-                )
-        else:
-            step_model = torch.compile(model) if training["compile"] else model
-            if self.replica.world > 1:
-                step_model = data_parallel(step_model, self.replica.device)
+        if sharded:  # what save_pretrained writes unsharded
+            model.config.architectures = [type(model).__name__]
+        # FSDP2: each encoder layer, then the model (the embeddings, heads and the tied MLM decoder
+        # together); LAMB over the shards (its norms over whole tensors)
+        step_model, blocks = forward_of(model, replace(self.replica, sharding=self.config["execution"]["sharding"]),
+                                        training["precision"], training["compile"] and not sharded,
+                                        blocks=model.encoder_layers, dynamic=None)  # fmt: skip
+        if sharded and self.rank == 0:
+            log.info(
+                "FSDP2: %d encoder layers and the model sharded over %d ranks", blocks, self.replica.world
+            )
         self.torch_step = TorchStep(
             model, build_lamb(model, optim, batch.betas, optim["max_grad_norm"]), step_model,
             StepSettings(self.replica.device, training["precision"]), sharded,

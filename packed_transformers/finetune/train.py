@@ -60,7 +60,7 @@ from packed_transformers.components.step import NonFiniteStep, weights_finite
 from packed_transformers.data.assets import resolve_asset
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
-from packed_transformers.engines.torch_engine import StepSettings, TorchStep, step_model_of
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep, forward_of
 from packed_transformers.finetune.checkpoint import (
     KEEP,
     FinetuneProgress,
@@ -316,7 +316,7 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     output.mkdir(parents=True, exist_ok=True)
     skeleton = parallel.host_skeleton(job.model, replicas)  # before the model moves or is sharded
     model = job.model.to(replicas.device)
-    step_model = parallel.replicate(model, replicas, step_model_of(model, training["compile"]))
+    step_model, _ = forward_of(model, replicas, "fp32", training["compile"])  # fine-tuning's steps: fp32
     optimizer, schedule = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
     # fine-tuning's steps: fp32
     settings = StepSettings(replicas.device, "fp32", config["optim"]["max_grad_norm"])

@@ -225,6 +225,15 @@ def test_every_job_writes_and_restores_its_checkpoint_one_way():
     # one sharded policy for the decoder and fine-tuning: TorchStep.checkpoint_parts (dcp/ shards,
     # model/ gathered whole); BERT's engines alone gather the optimizer whole (their shared format)
     assert sorted(set(callers("shards_writer")) - {"components/sharding.py"}) == ["engines/torch_engine.py"]
+    # what runs the forward is built one way for every job (engines.torch_engine.forward_of): FSDP2,
+    # torch.compile of the model and DDP are asked for there alone
+    rooms = ("training", "finetune", "components", "engines", "optim")
+    for name in ("shard_model", "data_parallel"):
+        assert sorted({p for p in callers(name) if p.startswith(rooms)} - {"components/sharding.py",
+                      "components/distributed.py"}) == ["engines/torch_engine.py"], name  # fmt: skip
+    compiling = sorted(p.relative_to(PACKAGE).as_posix() for room in rooms for p in (PACKAGE / room).rglob("*.py")
+                       if "torch.compile(model" in p.read_text() or "torch.compile(self.model" in p.read_text())  # fmt: skip
+    assert compiling == ["engines/torch_engine.py"], compiling
     asking = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
                     if "engine.checkpoint_parts(" in p.read_text())  # fmt: skip
     assert asking == ["finetune/train.py", "training/decoder/run.py"]

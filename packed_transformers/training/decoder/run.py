@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,7 +28,6 @@ from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.decoder_data import evaluation_batches, global_batch_rows, micro_batches
 from packed_transformers.components.distributed import (
     all_reduce_,
-    data_parallel,
     setup_replica,
 )
 from packed_transformers.components.errors import RunError
@@ -48,10 +47,9 @@ from packed_transformers.components.run_state import (
 )
 from packed_transformers.components.sharding import (
     materialize_sharded,
-    shard_model,
 )
 from packed_transformers.components.step import MeanLoss, NonFiniteStep, predicted_tokens
-from packed_transformers.engines.torch_engine import StepSettings, TorchStep, evaluation_outputs
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep, evaluation_outputs, forward_of
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.lm_rows.store import RowStore
@@ -142,8 +140,15 @@ class DecoderRun(PretrainingJob):
             self.model.hf_model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        training = config["training"]
+        from torch._dynamo.utils import counters
+
+        # graphs the process compiled before this run (a process may run twice: tests)
+        self.graphs_before = counters["stats"]["unique_graphs"]
+        replicas = replace(self.replica, sharding=execution["sharding"])
+        step_model, blocks = forward_of(self.model, replicas, training["precision"], training["compile"],
+                                        backend=training["compile_backend"])  # fmt: skip
         if self.sharded:
-            blocks = shard_model(self.model, self.world, config["training"]["precision"], self.replica.device)
             if on_meta:
                 whole = build_decoder(*shape, "cpu", weights_only=True).hf_model if self.rank == 0 else None
                 materialize_sharded(self.model, whole, self.replica.device, self.rank)
@@ -151,18 +156,6 @@ class DecoderRun(PretrainingJob):
             if self.rank == 0:
                 log.info("FSDP2: %d blocks and the model sharded over %d ranks%s", blocks, self.world,
                          " (built on the meta device, rank 0's weights broadcast)" if on_meta else "")  # fmt: skip
-        training = config["training"]
-        from torch._dynamo.utils import counters
-
-        # graphs the process compiled before this run (a process may run twice: tests)
-        self.graphs_before = counters["stats"]["unique_graphs"]
-        step_model = (
-            torch.compile(self.model, backend=training["compile_backend"], dynamic=False)
-            if training["compile"]
-            else self.model
-        )
-        if self.world > 1 and not self.sharded:  # DDP averages gradients; FSDP2 sums them itself
-            step_model = data_parallel(step_model, self.replica.device)
         # the global batch may be split another way on resume (other ranks, other accumulation)
         prepare_output(output, config, resume, self.rank, changeable=GLOBAL_BATCH_SPLIT)
         optimizer = torch.optim.AdamW(
