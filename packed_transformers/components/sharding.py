@@ -13,10 +13,9 @@ torch.distributed.checkpoint (DCP), which a run of another number of ranks reads
     load_sharded       dcp/ into this run's shards, whatever number of ranks wrote it
     materialize_sharded  a model built on the meta device and sharded gets its weights: each
                        rank allocates its shards only, rank 0's whole model broadcast into them
-    full_optimizer_state, load_full_optimizer_state
-                       BERT's engines' format: the optimizer state gathered whole (what the
-                       pipeline and IPU engines read too), and an unsharded checkpoint's back
-                       into shards (any job resuming one on sharded ranks)
+    load_full_optimizer_state
+                       an unsharded checkpoint's optimizer state into shards (any job resuming
+                       one on sharded ranks)
     with_spare_forwards  an evaluation's batches, then uncounted ones, to as many forwards as the
                        busiest rank runs (every job's evaluation under FSDP2)
 
@@ -113,23 +112,9 @@ def materialize_sharded(model, whole_hf_model, device: torch.device, rank: int) 
         buffer.copy_(value)
 
 
-def full_optimizer_state(optimizer) -> dict:
-    """Collective: `optimizer.state_dict()` with every sharded (DTensor) state tensor gathered
-    whole, on every rank: the format an unsharded run saves and loads (parameter indices in the
-    param groups' order, which sharding does not change), so one checkpoint format serves
-    both and any number of ranks resumes it."""
-    state = optimizer.state_dict()
-    # state_dict() hands out the optimizer's own per-parameter dicts: copies are filled in
-    state["state"] = {index: dict(values) for index, values in state["state"].items()}
-    for per_parameter in state["state"].values():
-        for key, value in per_parameter.items():
-            if hasattr(value, "full_tensor"):
-                per_parameter[key] = value.full_tensor().cpu()
-    return state
-
-
 def load_full_optimizer_state(optimizer, state: dict) -> None:
-    """An unsharded optimizer state (full_optimizer_state's or an unsharded run's) into an
+    """An unsharded optimizer state (an unsharded run's checkpoint, or one from before sharded
+    runs wrote dcp/, when they gathered it whole) into an
     optimizer over sharded parameters: each state tensor shaped like its parameter becomes that
     parameter's shard (the same placements), scalars stay as they are."""
     from torch.distributed.tensor import distribute_tensor

@@ -20,11 +20,12 @@ from packed_transformers.components.step import BatchArithmetic
 @dataclass(frozen=True)
 class Snapshot:
     """What a checkpoint needs from an engine, taken together so that the weights and the
-    optimizer state are of the same step. On ranks that do not write: both None."""
+    optimizer state are of the same step. On ranks that do not write: model and state None."""
 
     model: Any  # PackedBertForPreTraining holding the current weights of every stage
-    engine_state: dict | None  # {"optimizer": ..., optionally "scaler": ...}
+    engine_state: dict | None  # {"optimizer": ..., optionally "scaler": ...}; sharded: no optimizer
     weights: dict | None = None  # a sharded model's weights gathered whole (`model` then gives its config)
+    write_shards: Any = None  # a sharded run's writer of dcp/, every rank's (its optimizer is there)
 
 
 class Engine(Protocol):
@@ -57,5 +58,7 @@ class Engine(Protocol):
     def snapshot(self) -> Snapshot:
         """Collective: the whole model and the optimizer state, on rank 0."""
 
-    def load_state(self, engine_state: dict) -> None:
-        """Restore what `snapshot().engine_state` held (after `attach`)."""
+    def load_state(self, engine_state: dict, path=None) -> None:
+        """Restore what `snapshot()` kept (after `attach`): engine_state, and the checkpoint's
+        dcp/ at `path` where a sharded run wrote one (an engine that cannot read it refuses in
+        one line, RunError)."""

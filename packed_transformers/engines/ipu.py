@@ -431,7 +431,10 @@ class IpuEngine:
             state["ipu_rng_states"] = states
         return Snapshot(self.model, state)
 
-    def load_state(self, engine_state: dict) -> None:
+    def load_state(self, engine_state: dict, path=None) -> None:
+        if "optimizer" not in engine_state:  # a sharded run's: its optimizer is in dcp/
+            raise RunError(f"--resume: {path} keeps its optimizer as a sharded run's dcp/ shards, which the IPU engine "
+                           "does not read: resume it on the torch engine (execution.device cpu or cuda)")  # fmt: skip
         self.optimizer.load_state_dict(engine_state["optimizer"])
         self.training.setOptimizer(self.optimizer)
         states = engine_state.get("ipu_rng_states")

@@ -344,7 +344,10 @@ class PipelineEngine:
             self.model, {"optimizer": {**full, "state": merged_state, "max_grad_norm": self.max_grad_norm}}
         )
 
-    def load_state(self, engine_state: dict) -> None:
+    def load_state(self, engine_state: dict, path=None) -> None:
+        if "optimizer" not in engine_state:  # a sharded run's: its optimizer is in dcp/
+            raise RunError(f"--resume: {path} keeps its optimizer as a sharded run's dcp/ shards, which the pipeline engine "
+                           "does not read: resume it on the torch engine (execution.device cpu or cuda)")  # fmt: skip
         self.optimizer.load_state_dict(engine_state["optimizer"])
         self.optimizer.max_grad_norm = None  # clipped by hand across stages (_clip)
         # Keep only this stage's moments (the file holds the whole model's).

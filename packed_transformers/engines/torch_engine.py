@@ -230,13 +230,9 @@ class TorchStep:
         return take_step(self.step_model, self.optimizer, micro_batches, loss, lr, self.settings, self.scaler)
 
     def engine_state(self) -> dict:
-        """Collective under FSDP2: {"optimizer": its state whole, "scaler": fp16's scaler's}."""
-        if self.sharded:
-            from packed_transformers.components.sharding import full_optimizer_state
-
-            state = {"optimizer": full_optimizer_state(self.optimizer)}
-        else:
-            state = {"optimizer": self.optimizer.state_dict()}
+        """An unsharded step's entries of training_state.pt: {"optimizer", "scaler": fp16's}
+        (a sharded step's optimizer goes to dcp/: checkpoint_parts)."""
+        state = {"optimizer": self.optimizer.state_dict()}
         return state if self.scaler is None else {**state, "scaler": self.scaler.state_dict()}
 
     def checkpoint_parts(
@@ -407,15 +403,21 @@ class TorchEngine:
         return sums.reduce()
 
     def snapshot(self) -> Snapshot:
-        """Collective under FSDP2: the weights and the optimizer state gathered whole; every
-        replica of an unsharded run holds the same weights. Rank 0 writes."""
-        model, weights = self.torch_step.model, None
-        if self.torch_step.sharded:
-            from packed_transformers.components.replicas import gathered_weights
+        """Collective under FSDP2: every rank's shards of the weights and LAMB's moments for
+        dcp/ and the weights gathered whole for model/ (TorchStep.checkpoint_parts, as every
+        sharded job's); unsharded, every replica holds the same weights. Rank 0 writes model/."""
+        weights, engine_state, write_shards = self.torch_step.checkpoint_parts()
+        if self.rank != 0:
+            return Snapshot(None, None, write_shards=write_shards)
+        return Snapshot(self.torch_step.model, engine_state, weights, write_shards)
 
-            weights = gathered_weights(model, replace(self.replica, sharding="fsdp"))
-        engine_state = self.torch_step.engine_state()
-        return Snapshot(model, engine_state, weights) if self.rank == 0 else Snapshot(None, None)
+    def load_state(self, engine_state: dict, path=None) -> None:
+        """The optimizer's (and fp16's scaler's) state; a sharded run's from dcp/ at `path`,
+        read resharded on any number of ranks, sharded or not (the weights came from model/
+        before `attach`)."""
+        from packed_transformers.components.sharding import has_shards, load_sharded
 
-    def load_state(self, engine_state: dict) -> None:
-        self.torch_step.load_state(engine_state)
+        if path is not None and has_shards(path):
+            load_sharded(path, self.torch_step.model, self.torch_step.optimizer)
+        else:
+            self.torch_step.load_state(engine_state)

@@ -216,7 +216,7 @@ class Run(RunSetup, PretrainingJob):
                     writer = ckpt.weights_writer(snapshot.model, snapshot.weights)
             try:
                 path = ckpt_run.write_checkpoint(self.checkpoints, self.state, self.limits["keep_checkpoints"], writer,
-                                             snapshot.engine_state, self.engine.rank)  # fmt: skip
+                                             snapshot.engine_state, self.engine.rank, snapshot.write_shards)  # fmt: skip
             except ckpt.CheckpointError as err:
                 raise RunError(str(err)) from None
             if self.engine.rank == 0:

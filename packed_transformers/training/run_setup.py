@@ -128,7 +128,7 @@ class RunSetup:
         def load_checkpoint_weights(path, _state):
             ckpt_run.load_model_weights(self.model, path)
 
-        _, restored, saved = ckpt_run.resume_pretraining(
+        self.resumed_from, restored, saved = ckpt_run.resume_pretraining(
             self.output, load_checkpoint_weights, BertProgress, self.engine.rank, clean=not self.compile_only
         )
         return restored, saved
@@ -164,7 +164,7 @@ class RunSetup:
                 f"the checkpoint was trained on {before[:12]}...: the data at data.train_dir changed "
                 "(re-packed or replaced) since; resume on the data it was trained on, or start a new run"
             )
-        engine.load_state(saved)
+        engine.load_state(saved, self.resumed_from)
         self.state = restored
         if not self.compile_only:  # lines logged after the checkpoint are trained again
             ckpt_run.forget_lines_after(self.output, self.state.step, engine.rank)

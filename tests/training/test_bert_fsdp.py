@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from ..training_helpers import final_weights, metrics, run, write_config
 
@@ -40,18 +41,27 @@ def one_process(packed, tmp_path_factory):
     return root / "run"
 
 
-def test_fsdp_at_2_ranks_equals_one_process_and_keeps_the_checkpoint_format(packed, one_process, tmp_path):
+def test_fsdp_at_2_ranks_equals_one_process_and_checkpoints_as_every_sharded_job(
+    packed, one_process, tmp_path
+):
     two = config(packed, tmp_path / "two.yaml", 2, execution={"sharding": "fsdp"})
     done = run(two, tmp_path / "two", torchrun=2)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "FSDP2: 2 encoder layers and the model sharded over 2 ranks" in done.stdout + done.stderr
     assert_same_run(one_process, tmp_path / "two")
-    # the checkpoint is the unsharded format: the same files as one process writes
-    a = sorted(p.relative_to(one_process) for p in (one_process / "checkpoints").rglob("*") if p.is_file())
-    b = sorted(
-        p.relative_to(tmp_path / "two") for p in (tmp_path / "two" / "checkpoints").rglob("*") if p.is_file()
-    )
-    assert a == b
+
+    # the checkpoint is every sharded job's (TorchStep.checkpoint_parts): one process's files, the
+    # optimizer in dcp/ (each rank's shards of LAMB's moments) instead of in training_state.pt
+    def files(run_dir):
+        return {
+            p.relative_to(run_dir).as_posix() for p in (run_dir / "checkpoints").rglob("*") if p.is_file()
+        }
+
+    one, two_files = files(one_process), files(tmp_path / "two")
+    assert {f for f in two_files if "/dcp/" not in f} == one
+    newest = sorted((tmp_path / "two" / "checkpoints").glob("step-*"))[-1]
+    assert len(list((newest / "dcp").glob("*.distcp"))) == 2
+    assert "optimizer" not in torch.load(newest / "training_state.pt", weights_only=True)
 
 
 def test_fsdp_resumes_onto_4_ranks_and_an_unsharded_run_resumes_it(packed, one_process, tmp_path):
@@ -63,6 +73,7 @@ def test_fsdp_resumes_onto_4_ranks_and_an_unsharded_run_resumes_it(packed, one_p
     import shutil
 
     shutil.copytree(tmp_path / "run", tmp_path / "plain")
+    shutil.copytree(tmp_path / "run", tmp_path / "staged")
     four = config(packed, tmp_path / "four.yaml", 1, execution={"sharding": "fsdp"})
     done = run(four, tmp_path / "run", "--resume", torchrun=4)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -71,6 +82,13 @@ def test_fsdp_resumes_onto_4_ranks_and_an_unsharded_run_resumes_it(packed, one_p
     done = run(plain, tmp_path / "plain", "--resume")
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_run(one_process, tmp_path / "plain")
+    # the pipeline engine keeps the optimizer whole: it refuses a sharded run's dcp/ in one line
+    staged = config(packed, tmp_path / "staged.yaml", 4, execution={"layers_per_stage": [1, 1], "threads": 1})
+    done = run(staged, tmp_path / "staged", "--resume", torchrun=2)
+    assert done.returncode != 0 and "(exitcode: 2)" in done.stderr, done.stderr[-3000:]
+    assert "keeps its optimizer as a sharded run's dcp/ shards, which the pipeline engine does not read" in (
+        done.stdout + done.stderr
+    )
 
 
 def test_fsdp_is_refused_in_one_line_where_it_cannot_run(packed, tmp_path):
