@@ -102,9 +102,15 @@ def test_fsdp_is_refused_in_one_line_where_it_cannot_run(packed, tmp_path):
     )
 
 
-def test_a_resume_may_split_the_global_batch_another_way_but_not_change_it(packed, tmp_path):
+def test_a_resume_may_split_the_global_batch_another_way_but_not_change_it(packed, one_process, tmp_path):
     first = config(packed, tmp_path / "a.yaml", 4, training={"max_steps": 2})
     assert run(first, tmp_path / "run").returncode == 0
     other = run(config(packed, tmp_path / "b.yaml", 2), tmp_path / "run", "--resume")
     last = other.stderr.strip().splitlines()[-1]
     assert other.returncode == 2 and "the global batch must stay" in last and "4 process" not in last, last
+    # the one process's checkpoint (LAMB's state whole, as every checkpoint before dcp/ was) on 2
+    # sharded ranks, each taking its shards: the uninterrupted run
+    sharded = config(packed, tmp_path / "c.yaml", 2, execution={"sharding": "fsdp"})
+    done = run(sharded, tmp_path / "run", "--resume", torchrun=2)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_same_run(one_process, tmp_path / "run")
