@@ -87,6 +87,18 @@ def test_resume_on_the_ipu_engine_is_exact(packed, tmp_path, poptorch_double):
     assert train(_rows(tmp_path / "split")) == train(_rows(tmp_path / "straight"))
 
 
+def test_a_sharded_runs_dcp_checkpoint_is_refused_in_one_line(poptorch_double):
+    """The IPU engine keeps LAMB's state whole: a checkpoint whose optimizer is a sharded torch
+    run's dcp/ shards (no "optimizer" in training_state.pt) is refused before anything is
+    loaded, naming it (the pipeline engine's refusal: tests/training/test_bert_fsdp.py, end to end)."""
+    from packed_transformers.components.errors import RunError
+
+    engine = object.__new__(poptorch_double)  # the refusal reads nothing of an attached engine
+    with pytest.raises(RunError, match=r"^--resume: run/checkpoints/step-00000002 keeps its optimizer as a sharded "
+                                       r"run's dcp/ shards, which the IPU engine does not read"):  # fmt: skip
+        engine.load_state({"state": "{}", "rng": []}, Path("run/checkpoints/step-00000002"))
+
+
 def test_the_double_refuses_what_poptorch_refuses(poptorch_double):
     import poptorch
     import torch
