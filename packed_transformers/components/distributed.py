@@ -8,6 +8,7 @@ every process must join."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 from dataclasses import dataclass
@@ -76,12 +77,13 @@ ONE_PROCESS = Replicas(0, 1, torch.device("cpu"), "none")
 
 
 def setup_replica(config: dict) -> Replicas:
-    """Rank and device from torchrun's environment (rank 0 of 1 without it); joins the
-    process group when there is more than one process."""
+    """Rank and device from torchrun's environment (rank 0 of 1 without it), and the run's
+    execution.sharding; joins the process group when there is more than one process."""
     execution = config["execution"]
-    return join_process_group(
+    replicas = join_process_group(
         execution["device"], execution["threads"], execution["distributed_backend"], "execution.device"
     )
+    return dataclasses.replace(replicas, sharding=execution["sharding"])
 
 
 def join_process_group(kind: str, threads: int | None, backend: str | None, key: str) -> Replicas:

@@ -18,10 +18,9 @@ So 1 process x GA micro-batches and GA processes x 1 micro-batch are one computa
 float summation order, whatever the job. A job says only what differs (`StepLoss`).
 
 `TorchStep` holds what a job's steps are taken with (the weights, the optimizer, what runs the
-forward: the model, compiled, DDP; the settings), gives a checkpoint its parts (the decoder's and
-fine-tuning's sharded runs: DCP shards of model and optimizer, the weights gathered whole for
-model/; BERT's engines keep the optimizer gathered whole, the format its pipeline and IPU engines
-read) and restores any of them on any number of ranks. A job says only its loss (components.step.StepLoss):
+forward: the model, compiled, DDP; the settings), gives a checkpoint its parts (a sharded run's,
+every job's alike: DCP shards of model and optimizer, the weights gathered whole for model/) and
+restores any checkpoint on any number of ranks, sharded or not. A job says only its loss (components.step.StepLoss):
 BERT's is `PretrainingLoss`, masked tokens and sequences its units; `TorchEngine` is BERT's
 engine (training.run's `Engine`) over a TorchStep, with LAMB.
 """
@@ -238,8 +237,8 @@ class TorchStep:
     def checkpoint_parts(
         self, weights_of: torch.nn.Module | None = None
     ) -> tuple[dict | None, dict | None, object]:
-        """What the one checkpoint writer needs of this step, the one sharded policy of the
-        decoder and fine-tuning (collective where sharded): (the weights gathered whole on rank
+        """What the one checkpoint writer needs of this step, the one sharded policy of every
+        job (collective where sharded): (the weights gathered whole on rank
         0's CPU for model/, a tied tensor once: None unsharded, where the model is saved as it
         is; training_state.pt's engine entries; the writer of dcp/: None unsharded). Sharded,
         every rank writes its shards of the model and the optimizer to dcp/ and no rank holds the
@@ -262,24 +261,28 @@ class TorchStep:
         the module whose names the checkpoint keeps (default the model; a decoder's transformers
         model)."""
         from packed_transformers.components.run_checkpoint import load_model_weights
-        from packed_transformers.components.sharding import has_shards, load_sharded
+        from packed_transformers.components.sharding import has_shards
 
         weights_of = self.model if weights_of is None else weights_of
-        if has_shards(path):
-            load_sharded(path, weights_of, self.optimizer)
-            if self.scaler is not None and "scaler" in engine_state:
-                self.scaler.load_state_dict(engine_state["scaler"])
-            return
-        load_model_weights(
-            weights_of, path, replace(ONE_PROCESS, sharding="fsdp" if self.sharded else "none")
+        if not has_shards(path):  # dcp/ holds the weights too: load_state reads them there
+            sharding = "fsdp" if self.sharded else "none"
+            load_model_weights(weights_of, path, replace(ONE_PROCESS, sharding=sharding))
+        self.load_state(engine_state, path, weights_of)
+
+    def load_state(self, engine_state: dict, path=None, weights_of: torch.nn.Module | None = None) -> None:
+        """The optimizer's state (and fp16's scaler's), whoever wrote it (one process, DDP or
+        FSDP2 ranks): from the checkpoint's dcp/ at `path` where a sharded run wrote one (read
+        resharded, with the weights of `weights_of`, default the model), else engine_state's
+        whole state (each rank taking its shards where sharded)."""
+        from packed_transformers.components.sharding import (
+            has_shards,
+            load_full_optimizer_state,
+            load_sharded,
         )
-        self.load_state(engine_state)
 
-    def load_state(self, engine_state: dict) -> None:
-        """What engine_state() held, whoever wrote it (one process, DDP or FSDP2 ranks)."""
-        if self.sharded:
-            from packed_transformers.components.sharding import load_full_optimizer_state
-
+        if path is not None and has_shards(path):
+            load_sharded(path, self.model if weights_of is None else weights_of, self.optimizer)
+        elif self.sharded:
             load_full_optimizer_state(self.optimizer, engine_state["optimizer"])
         else:
             self.optimizer.load_state_dict(engine_state["optimizer"])
@@ -367,7 +370,7 @@ class TorchEngine:
     def attach(self, model, packing_factor: float) -> BatchArithmetic:
         training, optim = self.config["training"], self.config["optim"]
         batch = BatchArithmetic.from_config(self.config, packing_factor, self.replica.world)
-        sharded = self.config["execution"]["sharding"] == "fsdp"
+        sharded = self.replica.sharded
         self.micro_batches_per_call = batch.gradient_accumulation
         model.to(self.replica.device)
         model.train()
@@ -375,8 +378,7 @@ class TorchEngine:
             model.config.architectures = [type(model).__name__]
         # FSDP2: each encoder layer, then the model (the embeddings, heads and the tied MLM decoder
         # together); LAMB over the shards (its norms over whole tensors)
-        step_model, blocks = forward_of(model, replace(self.replica, sharding=self.config["execution"]["sharding"]),
-                                        training["precision"], training["compile"] and not sharded,
+        step_model, blocks = forward_of(model, self.replica, training["precision"], training["compile"] and not sharded,
                                         blocks=model.encoder_layers, dynamic=None)  # fmt: skip
         if sharded and self.rank == 0:
             log.info(
@@ -412,12 +414,6 @@ class TorchEngine:
         return Snapshot(self.torch_step.model, engine_state, weights, write_shards)
 
     def load_state(self, engine_state: dict, path=None) -> None:
-        """The optimizer's (and fp16's scaler's) state; a sharded run's from dcp/ at `path`,
-        read resharded on any number of ranks, sharded or not (the weights came from model/
-        before `attach`)."""
-        from packed_transformers.components.sharding import has_shards, load_sharded
-
-        if path is not None and has_shards(path):
-            load_sharded(path, self.torch_step.model, self.torch_step.optimizer)
-        else:
-            self.torch_step.load_state(engine_state)
+        """The optimizer's (and fp16's scaler's) state, a sharded run's from dcp/ at `path`
+        (TorchStep.load_state; the weights came from model/ before `attach`)."""
+        self.torch_step.load_state(engine_state, path)

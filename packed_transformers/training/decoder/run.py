@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -125,7 +125,7 @@ class DecoderRun(PretrainingJob):
             )
         data_vocab = max(self.train_rows.vocab_size, self.eval_rows.vocab_size if self.eval_rows else 0)
         execution = config["execution"]
-        self.sharded = execution["sharding"] == "fsdp"
+        self.sharded = self.replica.sharded
         # the model is built (and its memory checked) before the run folder is written; sharded
         # from a random init it is built on the meta device (no rank holds it whole on its
         # device) and rank 0 builds it on the CPU, as one process would, for its weights
@@ -145,8 +145,7 @@ class DecoderRun(PretrainingJob):
 
         # graphs the process compiled before this run (a process may run twice: tests)
         self.graphs_before = counters["stats"]["unique_graphs"]
-        replicas = replace(self.replica, sharding=execution["sharding"])
-        step_model, blocks = forward_of(self.model, replicas, training["precision"], training["compile"],
+        step_model, blocks = forward_of(self.model, self.replica, training["precision"], training["compile"],
                                         backend=training["compile_backend"])  # fmt: skip
         if self.sharded:
             if on_meta:
