@@ -19,7 +19,10 @@ every round:
 - short-text multi-label fine-tuning (`multilabel`: many small steps, where a step's own
   overhead shows): configs/finetune_own.yaml on BBC headlines' first 8 words, each labelled
   with its topic and, where it holds a digit, "number" (data.multi_label), batches of 8
-  examples of at most 32 tokens, one epoch; its figure as fine-tuning's.
+  examples of at most 32 tokens, one epoch; its figure as fine-tuning's;
+- contrastive training (`contrastive`): configs/finetune_embedding.yaml (MiniLM-L6, in-batch
+  negatives) on the BBC pairs `packed embedding-texts --kind pairs` writes (the new tree's command,
+  once), one epoch; its figure as fine-tuning's, its check the held-out pairs' in-batch loss.
 The final losses (BERT, decoder) and the validation scores (fine-tuning) must agree between
 the trees: the same computation (`same_result`: equal within 1e-4 relative, which a change
 in float summation order keeps; `identical`: bit for bit). Prints one JSON object (medians
@@ -40,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parents[1]
+FINETUNING = ("finetune", "multilabel", "contrastive")  # figure: summary.json's training examples/s
 
 
 def decoder_rows(folder: Path) -> Path:
@@ -68,10 +72,12 @@ def command(job: str, tree: Path, out: Path, args, rows: Path) -> list[str]:
         "finetune": ["training.epochs=1", "training.progress=false"],
         "multilabel": [f"data.train_file={rows}", "data.multi_label=true", "data.max_sequence_length=32",
                        "batching.batch_size=8", "training.epochs=1", "training.progress=false"],
+        "contrastive": [f"data.train_file={rows}", "training.epochs=1", "training.progress=false"],
     }[job]  # fmt: skip
     extra = [a for s in sets for a in ("--set", s)]
-    if job in ("finetune", "multilabel"):
-        config = tree / ("configs/finetune_bbc.yaml" if job == "finetune" else "configs/finetune_own.yaml")
+    if job in FINETUNING:
+        config = tree / "configs" / {"finetune": "finetune_bbc.yaml", "multilabel": "finetune_own.yaml",
+                                     "contrastive": "finetune_embedding.yaml"}[job]  # fmt: skip
         return [sys.executable, "-m", "packed_transformers.finetune.train", "--config", str(config),
                 "--output-dir", str(out), *extra]  # fmt: skip
     config = "configs/demo.yaml" if job == "bert" else "configs/pretrain_decoder_tiny.yaml"
@@ -102,8 +108,15 @@ def short_multilabel(path: Path) -> Path:
     return path
 
 
+def bbc_pairs(path: Path) -> Path:
+    """BBC News pairs as `packed embedding-texts --kind pairs` writes them (this tree's command)."""
+    subprocess.run([sys.executable, "-m", "packed_transformers.commands.packed", "embedding-texts", "--kind", "pairs",
+                    "--output", str(path)], check=True, cwd=HERE, env=dict(os.environ, PYTHONPATH=str(HERE)))  # fmt: skip
+    return path
+
+
 def figures(job: str, out: Path, wall: float) -> dict:
-    if job in ("finetune", "multilabel"):
+    if job in FINETUNING:
         summary = json.loads((out / "summary.json").read_text())
         score = "validation_accuracy" if job == "finetune" else "validation_loss"
         return {"figure": summary["train_examples_per_second"], "check": summary[score],
@@ -130,6 +143,7 @@ def main() -> int:
     scratch.mkdir(parents=True, exist_ok=True)
     rows = decoder_rows(scratch / "rows") if "decoder" in args.jobs else None
     texts = short_multilabel(scratch / "short_multilabel.jsonl") if "multilabel" in args.jobs else None
+    pairs = bbc_pairs(scratch / "pairs.jsonl") if "contrastive" in args.jobs else None
     results = {job: {name: [] for name in trees} for job in args.jobs}
     for round_ in range(args.rounds):
         order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
@@ -138,7 +152,7 @@ def main() -> int:
                 out = scratch / f"{name}_{job}_{round_}"
                 subprocess.run(["rm", "-rf", str(out)], check=True)
                 started = time.perf_counter()
-                data = texts if job == "multilabel" else rows
+                data = {"multilabel": texts, "contrastive": pairs}.get(job, rows)
                 done = subprocess.run(command(job, trees[name], out, args, data), cwd=trees[name], capture_output=True,
                                       text=True, env=dict(os.environ, PYTHONPATH=str(trees[name])))  # fmt: skip
                 wall = time.perf_counter() - started
@@ -149,7 +163,7 @@ def main() -> int:
     report = {}
     for job, by_tree in results.items():
         report[job] = {
-            "unit": "training examples/s" if job in ("finetune", "multilabel") else "seconds",
+            "unit": "training examples/s" if job in FINETUNING else "seconds",
             **{
                 f"{name}_median": statistics.median(r["figure"] for r in rounds)
                 for name, rounds in by_tree.items()

@@ -110,7 +110,7 @@ def add_runtime_option(parser: argparse.ArgumentParser) -> None:
         "--runtime",
         default="torch",
         choices=RUNTIMES,
-        help="openvino: the packed rows through OpenVINO, a graph compiled per row shape (float32, or int8 "
+        help="openvino: the packed rows through OpenVINO, one graph compiled for every row shape (float32, or int8 "
         "calibrated on a sample of the input's texts); onnxruntime: through ONNX Runtime, one graph for every "
         "row shape (float32, or dynamic int8); docs/embeddings.md measures them; auto: the one "
         "measured faster on this CPU's kind (torch where it was not measured)",

@@ -140,6 +140,10 @@ class Run(LoopJob):
     validated: tuple | None = None  # the last validation: (metrics, inference timing, outputs)
     summary: dict | None = None  # written by close at a complete end
     where: Path | None = None  # the newest checkpoint's folder
+    # (the weights gathered whole: rank 0's, None elsewhere or unsharded,) of the checkpoint
+    # written at the run's limit, for the final save not to gather them again; None before it
+    # (no copy held through an epoch). Every rank holds the tuple or None alike.
+    final_weights: tuple | None = None
     undertrained: str | None = None  # why it ended before its epochs' steps (its summary says it)
 
     @property
@@ -217,6 +221,7 @@ class Run(LoopJob):
         self.where = write_checkpoint(checkpoints_folder(self.output), self.state, KEEP,
                                       weights_writer(self.model, weights), engine_state, self.replicas.rank,
                                       write_shards)  # fmt: skip
+        self.final_weights = (weights,) if self.state.extra.finished else None
 
     def close(self, end: LoopEnd) -> None:
         """Diverged and Interrupted raised with their line; a complete run's outputs written."""
@@ -240,7 +245,10 @@ class Run(LoopJob):
                                  f"{planned:,} steps: the model is undertrained (give more seconds, or fewer examples)")  # fmt: skip
         if self.validated is None and (self.replicas.writes or self.replicas.sharded):
             self.validated = self.job.evaluate(self.model, self.eval_batcher)  # a resumed finished run
-        weights, failure = parallel.gathered_weights(self.model, self.replicas), None  # sharded: collective
+        # sharded: the weights the checkpoint of this step gathered, else (a resumed finished run)
+        # gathered now, a collective every rank enters alike
+        kept, failure = self.final_weights if self.saved_step == self.state.step else None, None
+        weights = kept[0] if kept is not None else parallel.gathered_weights(self.model, self.replicas)
         if self.replicas.writes:
             model = self.model if self.skeleton is None else parallel.whole_model(self.skeleton, weights)
             try:

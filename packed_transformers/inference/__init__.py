@@ -7,7 +7,7 @@
     batching, rows    batch tables (padded | dynamic | uniform | packed); tables -> rows -> input order
     precision         float32 / bfloat16, refused where the device has no bf16
     int8              torch's x86 int8 kernels in the transformer layers (dtype="int8")
-    openvino_graphs   the packed rows through OpenVINO, a graph per row shape (runtime="openvino")
+    openvino_graphs   the packed rows through OpenVINO, one graph for every row shape (runtime="openvino")
     onnx_graphs       the packed rows through ONNX Runtime, one graph, rows and width open (runtime="onnxruntime")
     runtime_choice    runtime="auto": torch or OpenVINO per CPU kind, from a measured table
     classify          classification of new text (InferenceOptions: the one options type)

@@ -9,7 +9,7 @@ what the Runner must know about row shapes. numpy only: an exported folder's pro
     TorchBackend     inference.torch_backend: the packed model in torch (float32, bf16 autocast,
                      int8 through fbgemm; torch.compile per row shape)
     OnnxGraphs       inference.onnx_graphs: the packed model exported to ONNX Runtime once
-    OpenVinoGraphs   inference.openvino_graphs: converted to OpenVINO once, compiled per row shape
+    OpenVinoGraphs   inference.openvino_graphs: converted to OpenVINO once, compiled once (bounded shapes)
     SessionBackend   here: an exported folder's graph in its runtime's session (no torch)
 
 The runtime is chosen once, in inference.runner.backend_of (a torch model) or
@@ -71,7 +71,7 @@ class Backend(Protocol):
     runtime: str  # "torch" | "onnxruntime" | "openvino"
     dtype: str  # "float32" | "bfloat16" | "int8"
     # True: every forward at a row width has one shape (the Runner pads that width's tables to
-    # its most rows and slots): a graph compiled per shape (torch.compile, OpenVINO)
+    # its most rows and slots): a graph compiled per shape (torch.compile)
     fixed_shapes: bool
     calibrated: bool = True  # False: a static int8 graph that `calibrate` must see before its first rows
 
@@ -101,7 +101,7 @@ def graph_reads_whole(read: Read | None, inputs: ExtraInputs | None) -> None:
 class SessionBackend(Backend):
     """An exported folder's graph in its runtime's session (inference.onnx_session or
     .openvino_session, numpy in and out): as exported, nothing to calibrate, each row shape
-    as it comes (an exported OpenVINO graph compiles each shape it meets)."""
+    as it comes (an exported OpenVINO graph is compiled once, at its first batch)."""
 
     session: object  # OnnxSession | OpenVinoSession
     runtime: str

@@ -1,9 +1,8 @@
 """Packed rows through OpenVINO (`runtime="openvino"`): what only fixed-shape packs allow on a
 CPU. The packed model, its block-diagonal attention inside, is converted to an OpenVINO model
-once (rows and width left open), then compiled once per row shape it meets (the Runner pads
-each width's tables to one row count, so a run meets a few shapes, each compiled at its first
-batch: its kernels and weight layouts chosen for that shape, which a padded batch of another
-length each time never gets).
+once (rows and width left open), then compiled once for every row shape up to bounds
+(inference.openvino_session: the bounds are what lets the CPU plugin compute bf16; no batch is
+padded to a shape).
 
     graphs = OpenVinoGraphs(model, "int8", threads=2)
     graphs.calibrate([rows, ...])         # int8: packed rows of texts like the ones to come
@@ -185,12 +184,12 @@ class OpenVinoGraphs(Backend):
     float32 numpy outputs by name."""
 
     runtime = "openvino"
-    fixed_shapes = True  # a graph compiled per row shape: the Runner pads a width's tables to one
+    fixed_shapes = False  # one graph for every row shape within the session's bounds: nothing padded
 
     def __init__(self, model: torch.nn.Module, dtype: str, threads: int):
         self.model, self.dtype, self.threads = model.eval(), dtype, threads
         self.converted = None  # the openvino.Model, rows and width open (quantized once for int8)
-        self.session: OpenVinoSession | None = None  # the converted model, compiled per row shape
+        self.session: OpenVinoSession | None = None  # the converted model, compiled once (bounded)
         self.calibrated = dtype != "int8"
         self.from_cache = False  # whether the (quantized) graph was read back from the cache
         self.setup_seconds = 0.0  # conversion, quantization and compilation, all shapes
@@ -229,7 +228,7 @@ class OpenVinoGraphs(Backend):
 
     @property
     def compiled(self) -> dict:
-        """The row shapes compiled so far (the session's)."""
+        """The row shapes met so far, each to its compiled graph (the session's)."""
         return {} if self.session is None else self.session.compiled
 
     def calibrate(self, batches: list[dict]) -> None:

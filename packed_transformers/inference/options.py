@@ -27,7 +27,7 @@ class InferenceOptions:
     work at the rate measured so far, at most chunk_texts (inference.embedding.ChunkSizes: the
     embed command's, so that Ctrl-C keeps all but the last seconds and its bar moves);
     prompt_name: an embedding model's prompt (None: its default prompt, if any); runtime:
-    torch, openvino (float32 or int8, a compiled graph per row shape), or auto (the one measured
+    torch, openvino (float32 or int8, one graph compiled for every row shape), or auto (the one measured
     faster on this CPU's kind: inference.runtime_choice)."""
 
     batching: str = "packed"
@@ -42,7 +42,7 @@ class InferenceOptions:
     prompt_name: str | None = None
     # torch.compile the forward once per row width (inference.torch_backend.compiled_forward)
     compile: bool = False
-    runtime: str = "torch"  # "openvino": a graph per row shape (inference.openvino_graphs); "auto"
+    runtime: str = "torch"  # "openvino": one compiled graph (inference.openvino_graphs); "auto"
     # openvino int8's calibration texts (None: a sample of the first texts embedded)
     calibration_texts: tuple[str, ...] | None = None
 

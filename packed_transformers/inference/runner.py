@@ -49,10 +49,9 @@ class Runner:
     # torch.compile the forward (inductor, weights frozen into the graph, static shapes): one
     # graph per row width, the tables of a width padded with empty rows to its most rows
     compiled: bool = False
-    # "torch"; "openvino": the rows through OpenVINO (inference.openvino_graphs), a graph
-    # compiled per row shape, the tables of a width padded as compiled's are; "onnxruntime":
-    # through ONNX Runtime (inference.onnx_graphs), one graph with rows and width open;
-    # float32 or int8 on either
+    # "torch"; "openvino": the rows through OpenVINO (inference.openvino_graphs), one graph
+    # compiled for every row shape up to bounds; "onnxruntime": through ONNX Runtime
+    # (inference.onnx_graphs), one graph with rows and width open; float32 or int8 on either
     runtime: str = "torch"
     backend: Backend | None = None  # given: used as it is; None: backend_of builds it
 

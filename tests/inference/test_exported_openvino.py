@@ -69,13 +69,34 @@ def test_the_openvino_folder_embeds_as_torch_does(checkpoint, exported, tmp_path
 
 
 @pytest.mark.skipif(not COMPUTES_BF16, reason="this CPU has neither AVX512_BF16 nor AMX")
-def test_the_bfloat16_folder_is_close_to_torch_and_not_float32(checkpoint, exported):
+def layer_precisions(loaded) -> set:
+    """(layer type, precision) of every layer the CPU plugin compiled for an exported folder's
+    graph (its runtime model: what the plugin says each layer computes in)."""
+    session = loaded._runners[("exported",)].backend.session
+    found = set()
+    for request, _ in session.graphs.values():
+        for op in request.get_compiled_model().get_runtime_model().get_ops():
+            info = op.get_rt_info()
+            found.add((info["layerType"].astype(str), info["runtimePrecision"].astype(str)))
+    return found
+
+
+def test_the_bfloat16_folder_is_close_to_torch_and_computes_its_products_in_bf16(checkpoint, exported):
+    """The plugin's own record says the matrix products run in bf16. (On this 2-layer model of
+    width 32 the bounded graph's vectors came within 3.3e-5 of float32's on an AMX Xeon, why not
+    known; on MiniLM-L6 they differ by 1.5e-3, docs/embeddings.md: the numbers of so small a
+    model are no judge of the precision.)"""
     texts = tiny_texts(40, seed=2)
     reference = encode(texts, load_encoder(checkpoint, pooling=["mean"], normalize=True))
-    bf16 = encode(texts, load_exported(exported / "bfloat16"))
-    float32 = encode(texts, load_exported(exported / "float32"))
+    bf16_folder, float32_folder = load_exported(exported / "bfloat16"), load_exported(exported / "float32")
+    bf16 = encode(texts, bf16_folder)
+    encode(texts, float32_folder)  # compiles its graph
     assert cosines(bf16, reference).min() >= 0.999
-    assert np.abs(bf16 - float32).max() > 1e-4  # the plugin did compute in bf16
+    products = {kind for kind in layer_precisions(bf16_folder) if kind[0] == "FullyConnected"}
+    assert products == {("FullyConnected", "bf16")}
+    assert {kind for kind in layer_precisions(float32_folder) if kind[0] == "FullyConnected"} == {
+        ("FullyConnected", "f32")
+    }
     assert read_export(exported / "bfloat16").dtype == "bfloat16"
 
 

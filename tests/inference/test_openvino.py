@@ -1,6 +1,6 @@
 """Packed inference through OpenVINO (`runtime="openvino"`, inference/openvino_graphs.py): float32
-equal to torch's packed forward, one compiled graph per row shape (a later batch of fewer rows at
-a width runs in the same graph), int8 calibrated by NNCF within the quality gate and running in
+equal to torch's packed forward, one compiled graph for every row shape within its bounds
+(nothing padded; a shape past them gets its own), int8 calibrated by NNCF within the quality gate and running in
 int8, and what cannot run refused in one line."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import torch
 from packed_transformers.commands import embed as embed_command
 from packed_transformers.data.assets import corpus_glob, model_dir
 from packed_transformers.data.embedding_texts import bbc_articles, texts_of
+from packed_transformers.inference import openvino_session
 from packed_transformers.inference.embedding import encode, load_encoder
+from packed_transformers.inference.openvino_session import WITHIN_BOUNDS
 from packed_transformers.inference.options import InferenceOptions
 from packed_transformers.inference.runner import Runner, runner_of, runtime_problem
 from packed_transformers.inference.runtime_choice import OPENVINO_INT8_WITHOUT_VNNI, cpu_flags, has_vnni
@@ -41,7 +43,9 @@ def tiny_texts(n: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 40)))) for _ in range(n)]
 
 
-def test_float32_through_openvino_equals_torch_with_one_graph_per_row_shape(checkpoint, tmp_path):
+def test_float32_through_openvino_equals_torch_in_one_graph_for_every_row_shape(
+    checkpoint, tmp_path, monkeypatch
+):
     encoder = load_encoder(checkpoint, pooling=["mean"])
     texts = tiny_texts(30)
     torch_vectors = encode(
@@ -50,16 +54,22 @@ def test_float32_through_openvino_equals_torch_with_one_graph_per_row_shape(chec
     options = InferenceOptions.for_embedding(batch_size=8, max_sequences_per_pack=4, runtime="openvino")
     vectors = encode(texts, encoder, options)
     np.testing.assert_allclose(vectors, torch_vectors, rtol=0, atol=2e-5)
-    # one graph per width: a later table of fewer rows or slots at a width runs in its graph
-    runner = runner_of(encoder, "cpu", "float32", False, "openvino")  # converted above; 96: a width not met
-    before = len(runner.backend.compiled)
+    # one graph for every row shape within the bounds: tables of other rows, slots and widths run
+    # in the graph compiled at the first batch, none padded; a shape past the bounds gets its own
+    runner = runner_of(encoder, "cpu", "float32", False, "openvino")  # converted and compiled above
+    session = runner.backend.session
+    assert list(session.graphs) == [WITHIN_BOUNDS]
     short = ["the market", "a film", "team win", "the vote", "music award star", "bank profit"]
     ids, _ = encoder.tokenize_texts(short, short)
     expected = encode(short, encoder)
     first = runner.forward(ids, np.array([[0, 1, 2], [3, 4, -1]]), 96, outputs=("embeddings",))
     second = runner.forward(ids, np.array([[5]]), 96, outputs=("embeddings",))
-    assert len(runner.backend.compiled) == before + 1  # one graph for both tables
-    assert second.rows["example_index"].tolist() == [[5, -1, -1], [-1, -1, -1]]  # padded to 2 x 3
+    assert second.rows["example_index"].tolist() == [[5]]  # not padded
+    assert list(session.graphs) == [WITHIN_BOUNDS] and len({id(g) for g in session.compiled.values()}) == 1
+    monkeypatch.setattr(openvino_session, "ROWS_BOUND", 1)  # a shape past the bounds: a graph of its own
+    third = runner.forward(ids, np.array([[0], [1]]), 96, outputs=("embeddings",))
+    assert len(session.graphs) == 2
+    np.testing.assert_allclose(third.outputs["embeddings"][1, 0], expected[1], rtol=0, atol=2e-5)
     np.testing.assert_allclose(first.outputs["embeddings"][1, 1], expected[4], rtol=0, atol=2e-5)
     np.testing.assert_allclose(second.outputs["embeddings"][0, 0], expected[5], rtol=0, atol=2e-5)
     # the command: the same vectors, its summary naming the runtime
