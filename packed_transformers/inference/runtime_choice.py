@@ -176,16 +176,20 @@ RUNTIME_TABLE: dict[tuple[CpuKind, str], Measured] = {
     (CpuKind.AVX512_VNNI, "int8"): Measured("openvino", "1.08-1.12x torch's int8 as whole processes, graphs cached, and closer to float32", AUTO_SECTION),
     (CpuKind.AVX2, "float32"): Measured("torch", "ONNX Runtime on packed rows ran the process at 0.96x torch's (its loop 0.91x), OpenVINO at 0.81x", ONNX_SECTION),
     (CpuKind.AVX2, "int8"): Measured("onnxruntime", "its dynamic int8 holds the quality gate without VNNI, 1.37x the torch-free ONNX Runtime int8 script's loop; torch's and OpenVINO's int8 are refused here", ONNX_SECTION),
-    (CpuKind.AMX, "float32"): Measured("torch", "OpenVINO on packed rows ran the process at 0.72x-0.83x torch's with its graph cached (a compile per row shape in each process)", AUTO_SECTION),
-    (CpuKind.AMX, "int8"): Measured("torch", "OpenVINO's int8 on packed rows ran the process at 0.97x and 1.18x torch's int8 with its graph cached (0.44x quantizing): not faster in every round", AUTO_SECTION),
+    (CpuKind.AMX, "float32"): Measured("openvino", "1.03-1.07x torch as whole processes in every round, one bounded graph compiled in each", AUTO_SECTION),
+    (CpuKind.AMX, "int8"): Measured("openvino", "1.20x and 1.23x torch's int8 as whole processes, graphs cached (0.44x quantizing), and closer to float32", AUTO_SECTION),
 }  # fmt: skip
 
 
-# The server's batches range from one request to a full queue: OpenVINO ran /embed at 0.73x
-# torch's rate at saturation and 12x its median latency at half load (each new row shape
-# compiled while requests wait; small batches no faster than torch's), and its int8 needs a
-# batch command's input to calibrate on. Measured in docs/embeddings.md's AUTO_SECTION.
+# The server's batches range from one request to a full queue. With a graph compiled per row
+# shape OpenVINO ran /embed at 0.73x torch's rate at saturation and 12x its median latency at
+# half load (each new shape compiled while requests waited: AVX-512 EPYC, 2026-11-29); its int8
+# needs a batch command's input to calibrate on. One bounded graph (2026-12-06) was measured on
+# the AMX kind only: the server runs torch wherever SERVED_TABLE has no row.
 SERVED_BY_TORCH = "the server runs torch: OpenVINO served /embed at 0.73x its rate (docs/embeddings.md)"
+SERVED_TABLE: dict[tuple[CpuKind, str], Measured] = {
+    (CpuKind.AMX, "float32"): Measured("openvino", "served /embed at 1.06x torch's rate at saturation (1.01-1.10x paired), half the median latency at 50% and 80% load", AUTO_SECTION),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -200,8 +204,8 @@ def choose_runtime(
 ) -> RuntimeChoice:  # fmt: skip
     """auto's decision for a `task` folder ("embedding", "classification", ...) run in `dtype`
     on `device` of `kind`: the table's runtime where it can run the job and is `installed`
-    (the graph runtimes whose packages are), else torch. serving: for the server, which runs
-    torch (SERVED_BY_TORCH)."""
+    (the graph runtimes whose packages are), else torch. serving: the server's choice, from
+    SERVED_TABLE (the kinds its runtimes were measured on under load), else torch (SERVED_BY_TORCH)."""
     fallback = None
     if device != "cpu":
         fallback = f"the device is {device}"
@@ -211,11 +215,11 @@ def choose_runtime(
         fallback = "--compile compiles torch's forward"
     elif task not in GRAPH_TASKS:
         fallback = f"the graph runtimes run {' and '.join(GRAPH_TASKS)} folders, not {task}"
-    elif serving:
+    elif serving and (kind, dtype) not in SERVED_TABLE:
         fallback = SERVED_BY_TORCH
     if fallback:
         return RuntimeChoice("torch", f"--runtime auto: torch ({fallback})")
-    measured = RUNTIME_TABLE.get((kind, dtype))
+    measured = (SERVED_TABLE if serving else RUNTIME_TABLE).get((kind, dtype))
     if measured is None:
         return RuntimeChoice("torch", f"--runtime auto: torch ({kind.value}, {dtype}: not measured)")
     if measured.runtime != "torch" and measured.runtime not in installed:
