@@ -228,8 +228,8 @@ class OpenVinoGraphs(Backend):
 
     @property
     def compiled(self) -> dict:
-        """The row shapes met so far, each to its compiled graph (the session's)."""
-        return {} if self.session is None else self.session.compiled
+        """The graphs compiled so far (the session's: the bounded one, and any shape past it)."""
+        return {} if self.session is None else self.session.graphs
 
     def calibrate(self, batches: list[dict]) -> None:
         """int8: quantize the converted model on `batches` (rows as pack_rows makes them, numpy

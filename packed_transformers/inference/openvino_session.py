@@ -144,9 +144,8 @@ class OpenVinoSession:
         self.dtype, self.threads = dtype, max(1, int(threads))
         self.input_names = [input_name(port) for port in self.graph.inputs]
         self.output_names = [output_name(port) for port in self.graph.outputs]
-        # row shape met -> (infer request, {name: port}): the bounded graph's, or its own past the bounds
-        self.compiled: dict[tuple, tuple] = {}
-        self.graphs: dict[object, tuple] = {}  # WITHIN_BOUNDS or a shape past them -> its compiled graph
+        # WITHIN_BOUNDS, or a row shape past the bounds -> (its infer request, {name: port})
+        self.graphs: dict[object, tuple] = {}
         self.setup_seconds = 0.0
 
     def __call__(self, rows: dict) -> dict[str, np.ndarray]:
@@ -155,29 +154,25 @@ class OpenVinoSession:
         if missing:
             raise ValueError(f"the graph reads {missing}, which the rows do not hold")
         feeds = [np.ascontiguousarray(rows[name], dtype=np.int64) for name in self.input_names]
-        shape = tuple(feed.shape for feed in feeds)
-        if shape not in self.compiled:
-            self._compile(shape)
-        request, outputs = self.compiled[shape]
+        key = graph_key(tuple(feed.shape for feed in feeds))
+        if key not in self.graphs:
+            self._compile(key)
+        request, outputs = self.graphs[key]
         answer = request.infer(feeds)
         return {name: np.array(answer[port]) for name, port in outputs.items()}
 
-    def _compile(self, shape: tuple) -> None:
-        """The graph `shape` runs in: the bounded one (compiled at the first shape within the
-        bounds), or one of its own for a shape past them."""
+    def _compile(self, key) -> None:
+        """The graph of `key` (graph_key's): bounded, or the static shape past the bounds."""
         import openvino
 
-        within = all(dims[0] <= ROWS_BOUND and all(d <= SPAN_BOUND for d in dims[1:]) for dims in shape)
-        key = WITHIN_BOUNDS if within else shape
-        if key in self.graphs:
-            self.compiled[shape] = self.graphs[key]
-            return
         started = time.perf_counter()
         model = self.graph.clone()
-        bounded = [[openvino.Dimension(1, ROWS_BOUND), *[openvino.Dimension(1, SPAN_BOUND)] * (len(dims) - 1)]
-                   for dims in shape]  # fmt: skip
-        model.reshape({port: openvino.PartialShape(dims if within else list(static))
-                       for port, dims, static in zip(model.inputs, bounded, shape)})  # fmt: skip
+        if key == WITHIN_BOUNDS:
+            shapes = [[openvino.Dimension(1, ROWS_BOUND), *[openvino.Dimension(1, SPAN_BOUND)] * (port.get_partial_shape().rank.get_length() - 1)]
+                      for port in model.inputs]  # fmt: skip
+        else:
+            shapes = [list(dims) for dims in key]
+        model.reshape({port: openvino.PartialShape(dims) for port, dims in zip(model.inputs, shapes)})
         settings = {
             "INFERENCE_PRECISION_HINT": PRECISION_HINT[self.dtype],
             "INFERENCE_NUM_THREADS": self.threads,
@@ -195,8 +190,15 @@ class OpenVinoSession:
         with signal_stack_kept():
             compiled = openvino_core().compile_model(model, "CPU", settings)
         outputs = {output_name(port): port for port in compiled.outputs}
-        self.compiled[shape] = self.graphs[key] = (compiled.create_infer_request(), outputs)
+        self.graphs[key] = (compiled.create_infer_request(), outputs)
         self.setup_seconds += time.perf_counter() - started
+
+
+def graph_key(shape: tuple) -> object:
+    """Which graph rows of `shape` (each input's dims) run in: WITHIN_BOUNDS, or the shape itself
+    where a dimension is past its bound (or empty)."""
+    within = all(1 <= dims[0] <= ROWS_BOUND and all(1 <= d <= SPAN_BOUND for d in dims[1:]) for dims in shape)
+    return WITHIN_BOUNDS if within else shape
 
 
 def input_name(port) -> str:
