@@ -14,7 +14,10 @@ shape past the bounds gets a graph of its own. Measured on an AMX Xeon (OpenVINO
 MiniLM-L6, 2,000 mixed texts, docs/embeddings.md): one bounded graph ran bf16 (vectors 1.5e-3
 from f32's) in 2.4 s a whole process, cold, and 380 MB, where a graph per row shape took 3.7 s
 cold (its compiles), 2.75 s warm and 0.6-1.4 GB; with the dimensions open (-1) instead of
-bounded, the CPU plugin asked for bf16 computed f32 (vectors within 3.3e-5 of f32's).
+bounded, the CPU plugin asked for bf16 computed f32 (vectors within 3.3e-5 of f32's). So the
+bounded graph asked for bf16 is checked once compiled: where the plugin's record of it
+(`dense_precisions`) has a dense product in f32 (a CPU kind not measured may do so), the
+session compiles per row shape instead, as it did before, and says so in one log line.
 Compiled graphs are kept by OpenVINO in its CACHE_DIR (inference.graph_cache's openvino
 folder, `compiled/<dtype>/`: a folder per precision) where that can be written.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import logging
 import time
 from pathlib import Path
 
@@ -41,6 +45,8 @@ import numpy as np
 from packed_transformers.common.telemetry import decline_openvino_telemetry
 from packed_transformers.inference import graph_cache
 from packed_transformers.packs.rows import ROW_FIELDS
+
+log = logging.getLogger(__name__)
 
 # before openvino is first imported: its conversion and NNCF send usage telemetry by default
 # (common.telemetry says why and how a user turns it back on)
@@ -146,6 +152,8 @@ class OpenVinoSession:
         self.output_names = [output_name(port) for port in self.graph.outputs]
         # WITHIN_BOUNDS, or a row shape past the bounds -> (its infer request, {name: port})
         self.graphs: dict[object, tuple] = {}
+        # False once the plugin kept f32 in the bounded graph asked for bf16: a graph per row shape
+        self.bounded = True
         self.setup_seconds = 0.0
 
     def __call__(self, rows: dict) -> dict[str, np.ndarray]:
@@ -154,9 +162,14 @@ class OpenVinoSession:
         if missing:
             raise ValueError(f"the graph reads {missing}, which the rows do not hold")
         feeds = [np.ascontiguousarray(rows[name], dtype=np.int64) for name in self.input_names]
-        key = graph_key(tuple(feed.shape for feed in feeds))
+        shape = tuple(feed.shape for feed in feeds)
+        key = graph_key(shape) if self.bounded else shape
         if key not in self.graphs:
             self._compile(key)
+            if not self.bounded:  # the bounded graph kept f32: this shape's own
+                key = shape
+                if key not in self.graphs:
+                    self._compile(key)
         request, outputs = self.graphs[key]
         answer = request.infer(feeds)
         return {name: np.array(answer[port]) for name, port in outputs.items()}
@@ -189,9 +202,26 @@ class OpenVinoSession:
             settings["CACHE_DIR"] = str(compiled_here)
         with signal_stack_kept():
             compiled = openvino_core().compile_model(model, "CPU", settings)
+        self.setup_seconds += time.perf_counter() - started
+        if key == WITHIN_BOUNDS and self.dtype == "bfloat16" and "f32" in dense_precisions(compiled):
+            self.bounded = False
+            log.info(
+                "OpenVINO kept float32 products in the bounded bf16 graph: compiling a graph per row shape"
+            )
+            return
         outputs = {output_name(port): port for port in compiled.outputs}
         self.graphs[key] = (compiled.create_infer_request(), outputs)
-        self.setup_seconds += time.perf_counter() - started
+
+
+def dense_precisions(compiled) -> set[str]:
+    """The precisions the CPU plugin records for the dense products (FullyConnected layers) of a
+    compiled graph, from its runtime model ("bf16", "f32", "i8", ...)."""
+    found = set()
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if "layerType" in info and info["layerType"].astype(str) == "FullyConnected":
+            found.add(info["runtimePrecision"].astype(str))
+    return found
 
 
 def graph_key(shape: tuple) -> object:

@@ -177,6 +177,31 @@ def test_bfloat16_through_openvino_is_close_to_float32_and_runs_in_bf16(checkpoi
     assert not np.allclose(bf16, float32, atol=1e-6)  # it ran in bf16, not f32
 
 
+def test_a_bounded_bf16_graph_the_plugin_keeps_in_f32_gives_way_to_a_graph_per_row_shape(
+    checkpoint, monkeypatch, caplog
+):
+    """Asked for bf16, the bounded graph's dense products are checked in the plugin's record; where
+    one is f32 (as open dimensions gave on AMX, and a CPU kind not measured might) the session
+    compiles each row shape instead, whose graphs compute bf16, and says so in one log line. The
+    record is made to say f32 here; the vectors stay the bounded graph's within bf16's error."""
+    if not {"avx512_bf16", "amx_bf16"} & cpu_flags():
+        pytest.skip("this CPU has no bf16 arithmetic (AVX512_BF16 or AMX): refused, as tested above")
+    encoder = load_encoder(checkpoint, pooling=["mean"])
+    texts = tiny_texts(30)
+    options = InferenceOptions.for_embedding(batch_size=8, max_sequences_per_pack=4, runtime="openvino",
+                                             dtype="bfloat16")  # fmt: skip
+    bounded = encode(texts, encoder, options)
+    assert list(runner_of(encoder, "cpu", "bfloat16", False, "openvino").backend.compiled) == [WITHIN_BOUNDS]
+    monkeypatch.setattr(openvino_session, "dense_precisions", lambda compiled: {"f32"})
+    encoder = load_encoder(checkpoint, pooling=["mean"])  # a new runner, a new session
+    with caplog.at_level("INFO", logger=openvino_session.__name__):
+        per_shape = encode(texts, encoder, options)
+    session = runner_of(encoder, "cpu", "bfloat16", False, "openvino").backend.session
+    assert not session.bounded and WITHIN_BOUNDS not in session.graphs and len(session.graphs) >= 2
+    assert "compiling a graph per row shape" in caplog.text
+    assert cosines(per_shape, bounded).min() >= 0.999
+
+
 @pytest.mark.slow  # MiniLM converted, calibrated and compiled
 def test_int8_through_openvino_holds_the_quality_gate_and_runs_in_int8():
     """The real MiniLM on BBC texts: int8 (NNCF, calibrated on texts apart from the measured
