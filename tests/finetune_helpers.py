@@ -76,13 +76,13 @@ class StopAfter:
         return self.polls > self.steps
 
 
-def torchrun(config_path, output, *extra, processes=2):
-    """`finetune.train` over torchrun's processes (in a process group of its own)."""
+def torchrun(config_path, output, *extra, processes=2, module="packed_transformers.finetune.train", env=None):
+    """`finetune.train` (or `module`, which runs it: tests/finetune/counted_gathers.py) over
+    torchrun's processes (in a process group of its own), `env` added to their environment."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
-               "-m", "packed_transformers.finetune.train", "--config", str(config_path), "--output-dir", str(output),
-               *extra]  # fmt: skip
+               "-m", module, "--config", str(config_path), "--output-dir", str(output), *extra]  # fmt: skip
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath, **(env or {}))
     return run_in_group(command, timeout=600, cwd=REPO, env=env)
 
 

@@ -132,13 +132,18 @@ def test_a_sharded_runs_checkpoint_is_dcp_shards_and_resumes_in_one_process(conf
     """2 sharded ranks checkpoint as every sharded run does (engines.torch_engine.TorchStep.
     checkpoint_parts): each rank's shards of the weights and AdamW moments in dcp/, model/ the
     weights gathered whole, no optimizer in training_state.pt; one process resumes it (DCP read
-    into whole tensors) and writes the run's model with those weights."""
+    into whole tensors) and writes the run's model with those weights. The ranks gather the
+    weights whole once: for the one checkpoint, whose gather the final save takes (it had
+    gathered them again)."""
     import shutil
 
-    done = torchrun(
-        config_path, tmp_path / "run", "--set", "execution.sharding=fsdp", "--set", "training.epochs=1"
-    )
+    counts = tmp_path / "gathers"
+    counts.mkdir()
+    done = torchrun(config_path, tmp_path / "run", "--set", "execution.sharding=fsdp", "--set", "training.epochs=1",
+                    module="tests.finetune.counted_gathers", env={"GATHER_COUNTS": str(counts)})  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
+    assert len(sorted((tmp_path / "run" / "checkpoints").glob("step-*"))) == 1
+    assert [(counts / f"rank-{r}.txt").read_text() for r in (0, 1)] == ["1", "1"]
     newest = sorted((tmp_path / "run" / "checkpoints").glob("step-*"))[-1]
     assert (newest / "dcp" / ".metadata").is_file() and len(list((newest / "dcp").glob("*.distcp"))) == 2
     assert "optimizer" not in torch.load(newest / "training_state.pt", weights_only=True)
