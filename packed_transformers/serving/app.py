@@ -61,6 +61,8 @@ class Service:
 
     @asynccontextmanager
     async def lifespan(self, app):
+        # a graph compiled at its first batch, compiled before any request is admitted
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.warm_up)
         self.scheduler.start()
         self.ready = True
         try:

@@ -97,6 +97,16 @@ class _Engine:
         parameters = count if count is not None else sum(p.numel() for p in self.model.parameters())
         return COLD_FLOPS_PER_SECOND / max(2 * parameters, 1)
 
+    def warm_up(self) -> None:
+        """Before the server admits a request: where the runtime compiles its graph at the first
+        batch (OpenVINO: one bounded graph for every row shape, inference.openvino_session), one
+        forward of a two-token sequence (its outputs dropped), so that no request waits for the
+        compile (it had put 227 ms on the p99 at half load: docs/embeddings.md). torch and ONNX
+        Runtime compile nothing at a first batch: nothing is run."""
+        if self.runner.runtime == "openvino":
+            ids = [np.zeros(2, dtype=np.int64)]
+            self.run(ids, [np.zeros(2, dtype=np.int64)], np.array([[0]]), 2)
+
     def _forward(self, token_ids: list, segment_ids: list, table: np.ndarray, width: int, outputs) -> list:
         """One forward of the policy's table -> [RunBatch] (inference.runner's read-back helpers)."""
         return [self.runner.forward(token_ids, table, width, segment_ids, outputs)]

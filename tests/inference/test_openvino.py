@@ -325,8 +325,8 @@ def test_predict_through_openvino_equals_torch_and_int8_keeps_the_labels(trained
 
 def test_the_server_through_openvino_answers_as_torch(checkpoint, monkeypatch):
     """`packed serve --runtime openvino`: /embed's vectors are torch's packed forward's (within
-    2e-5) over batches of several row shapes, all in one compiled graph (its refusals: the test
-    above)."""
+    2e-5) over batches of several row shapes, all in one compiled graph, compiled before the
+    first request (its refusals: the test above)."""
     import httpx
 
     shapes = []  # every batch's row shape, as the session sees it
@@ -341,6 +341,8 @@ def test_the_server_through_openvino_answers_as_torch(checkpoint, monkeypatch):
     expected = encode(texts, load_encoder(checkpoint, pooling=["mean"]))
     engine = load_engine(checkpoint, pooling=["mean"], runtime="openvino")
     with Server(checkpoint, engine=engine, max_batch_tokens=256, widths=(32, 64)) as server:
+        # compiled at start-up, before the first request is admitted (one forward of two tokens)
+        assert list(engine.runner.backend.compiled) == [WITHIN_BOUNDS] and shapes[0][0] == (1, 2)
         answers = [httpx.post(server.url + "/embed", json={"inputs": texts[i : i + 6], "normalize": False})
                    for i in range(0, len(texts), 6)]  # fmt: skip
     assert [a.status_code for a in answers] == [200] * 4
