@@ -3,7 +3,7 @@ over components.checkpoint's folder format (step-N/: model/, training_state.pt, 
 manifest) and resume policy. Above checkpoint, distributed and run_state (which import one
 another's parts); the jobs (training/, finetune/) import it, nothing in components does.
 
-    ckpt_run.write_checkpoint(folder, run_state, keep, write_model, engine_state, rank)
+    ckpt_run.write_checkpoint(folder, run_state, keep, snapshot, rank)   # the engine's Snapshot
     path, state, saved = ckpt_run.restore(folder, load_into_run, BertProgress, rank)
     ckpt_run.load_model_weights(model, path, replicas)   # every job's one weight loader
     # a pretraining run's --resume (BERT's on every engine, the decoder's), refusals as RunError:
@@ -21,16 +21,16 @@ from packed_transformers.components.errors import RunError
 from packed_transformers.components.run_state import RunState
 
 
-def write_checkpoint(folder: Path, run_state, keep: int, write_model, engine_state: dict | None, rank: int,
-                     write_shards=None) -> Path:  # fmt: skip
+def write_checkpoint(folder: Path, run_state, keep: int, snapshot, rank: int) -> Path:
     """Every job's checkpoint of `run_state`'s step, a collective every process of the run
     calls: every rank's RNG state gathered, step-N written by ckpt.save_checkpoint (rank 0, or
-    every rank where `write_shards` writes a sharded run's DCP shards), then every rank learns
-    whether rank 0's write failed and raises it alike (OSError or CheckpointError, one line),
-    so none waits on a rank that left. write_model(model_folder): model/'s writer
-    (ckpt.weights_writer, or a model's save_pretrained); engine_state: the engine's entries of
-    training_state.pt. -> the checkpoint's folder."""
-    state = ckpt.training_state(run_state, gather_rng_states(), engine_state)
+    every rank where the snapshot's `write_shards` writes a sharded run's DCP shards), then every
+    rank learns whether rank 0's write failed and raises it alike (OSError or CheckpointError,
+    one line), so none waits on a rank that left. snapshot: the engine's (engines.engine.Snapshot:
+    model/'s writer, its entries of training_state.pt, the writer of dcp/). -> the checkpoint's
+    folder."""
+    write_model, write_shards = snapshot.model_writer(), snapshot.write_shards
+    state = ckpt.training_state(run_state, gather_rng_states(), snapshot.engine_state)
     final, failure = ckpt.step_folder(folder, run_state.step), None
     if rank == 0 or write_shards is not None:
         try:

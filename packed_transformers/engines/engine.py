@@ -13,19 +13,31 @@ from typing import Any, Protocol
 
 import torch
 
+from packed_transformers.components.checkpoint import weights_writer
 from packed_transformers.components.observe import MetricSums
 from packed_transformers.components.step import BatchArithmetic
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What a checkpoint needs from an engine, taken together so that the weights and the
-    optimizer state are of the same step. On ranks that do not write: model and state None."""
+    """What a checkpoint needs from an engine (every job's: components.run_checkpoint.
+    write_checkpoint takes it), taken together so that the weights and the optimizer state are of
+    the same step. On ranks that do not write: model and state None."""
 
-    model: Any  # PackedBertForPreTraining holding the current weights of every stage
+    model: Any  # the model whose names and config model/ keeps (BERT's: every stage's weights)
     engine_state: dict | None  # {"optimizer": ..., optionally "scaler": ...}; sharded: no optimizer
     weights: dict | None = None  # a sharded model's weights gathered whole (`model` then gives its config)
     write_shards: Any = None  # a sharded run's writer of dcp/, every rank's (its optimizer is there)
+    save_whole: Any = None  # unsharded: model/'s writer (None: the model's save_pretrained)
+
+    def model_writer(self):
+        """model/'s writer (folder -> None) on the rank that writes it, None on the others: the
+        weights gathered whole under the model's names where sharded, else `save_whole`."""
+        if self.model is None:
+            return None
+        if self.weights is not None:
+            return weights_writer(self.model, self.weights)
+        return self.save_whole or self.model.save_pretrained
 
 
 class Engine(Protocol):

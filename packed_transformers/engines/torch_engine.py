@@ -254,6 +254,16 @@ class TorchStep:
         scaler = None if self.scaler is None else {"scaler": self.scaler.state_dict()}
         return weights, scaler, shards_writer(weights_of, self.optimizer)
 
+    def snapshot(self, weights_of: torch.nn.Module | None = None, save_whole=None) -> Snapshot:
+        """Collective where sharded: this step's Snapshot for the one checkpoint writer (its
+        parts: checkpoint_parts), model/ written by rank 0 alone. weights_of: as `restore`'s;
+        save_whole: model/'s writer unsharded (None: the model's save_pretrained)."""
+        weights, engine_state, write_shards = self.checkpoint_parts(weights_of)
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return Snapshot(None, None, write_shards=write_shards)
+        model = self.model if weights_of is None else weights_of
+        return Snapshot(model, engine_state, weights, write_shards, save_whole)
+
     def restore(self, path, engine_state: dict, weights_of: torch.nn.Module | None = None) -> None:
         """A checkpoint's weights and optimizer state into this step, whoever wrote it and on any
         number of ranks, sharded or not: a sharded run's dcp/ read resharded, or model/ and
@@ -406,12 +416,9 @@ class TorchEngine:
 
     def snapshot(self) -> Snapshot:
         """Collective under FSDP2: every rank's shards of the weights and LAMB's moments for
-        dcp/ and the weights gathered whole for model/ (TorchStep.checkpoint_parts, as every
-        sharded job's); unsharded, every replica holds the same weights. Rank 0 writes model/."""
-        weights, engine_state, write_shards = self.torch_step.checkpoint_parts()
-        if self.rank != 0:
-            return Snapshot(None, None, write_shards=write_shards)
-        return Snapshot(self.torch_step.model, engine_state, weights, write_shards)
+        dcp/ and the weights gathered whole for model/ (TorchStep.snapshot, as every job's);
+        unsharded, every replica holds the same weights. Rank 0 writes model/."""
+        return self.torch_step.snapshot()
 
     def load_state(self, engine_state: dict, path=None) -> None:
         """The optimizer's (and fp16's scaler's) state, a sharded run's from dcp/ at `path`

@@ -217,11 +217,11 @@ class Run(LoopJob):
         whole for model/; any number of ranks resumes it); a run whose limit is reached is marked finished (a
         --resume of it trains nothing more). OSError or CheckpointError, on every rank."""
         self.state.extra.finished = self.limit_reached() is not None
-        weights, engine_state, write_shards = self.engine.checkpoint_parts()  # sharded: dcp/
-        self.where = write_checkpoint(checkpoints_folder(self.output), self.state, KEEP,
-                                      weights_writer(self.model, weights), engine_state, self.replicas.rank,
-                                      write_shards)  # fmt: skip
-        self.final_weights = (weights,) if self.state.extra.finished else None
+        snapshot = self.engine.snapshot(save_whole=weights_writer(self.model, None))  # sharded: dcp/
+        self.where = write_checkpoint(
+            checkpoints_folder(self.output), self.state, KEEP, snapshot, self.replicas.rank
+        )
+        self.final_weights = (snapshot.weights,) if self.state.extra.finished else None
 
     def close(self, end: LoopEnd) -> None:
         """Diverged and Interrupted raised with their line; a complete run's outputs written."""

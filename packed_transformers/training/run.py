@@ -208,15 +208,9 @@ class Run(RunSetup, PretrainingJob):
         """Collective: a checkpoint of this step (rank 0 writes it), its time not training's."""
         self.state.train_seconds = self.train_seconds()
         with self._paused():
-            snapshot = self.engine.snapshot()
-            writer = None  # rank 0's snapshot alone holds the model
-            if snapshot.model is not None:
-                writer = snapshot.model.save_pretrained
-                if snapshot.weights is not None:
-                    writer = ckpt.weights_writer(snapshot.model, snapshot.weights)
             try:
-                path = ckpt_run.write_checkpoint(self.checkpoints, self.state, self.limits["keep_checkpoints"], writer,
-                                             snapshot.engine_state, self.engine.rank, snapshot.write_shards)  # fmt: skip
+                path = ckpt_run.write_checkpoint(self.checkpoints, self.state, self.limits["keep_checkpoints"],
+                                                 self.engine.snapshot(), self.engine.rank)  # fmt: skip
             except ckpt.CheckpointError as err:
                 raise RunError(str(err)) from None
             if self.engine.rank == 0:

@@ -24,6 +24,8 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from packed_transformers.components import checkpoint as ckpt, run_checkpoint
 from packed_transformers.components.run_state import RunState
+from packed_transformers.engines.engine import Snapshot
+from types import SimpleNamespace
 
 dist.init_process_group("gloo")
 rank, out, fail = dist.get_rank(), Path(sys.argv[1]), sys.argv[2] == "fail"
@@ -37,7 +39,8 @@ def write_model(folder):
     (folder / "config.json").write_text("{}")
 
 try:
-    path = run_checkpoint.write_checkpoint(out / "checkpoints", RunState(step=7), 2, write_model, {"scaler": None}, rank)
+    snapshot = Snapshot(SimpleNamespace(save_pretrained=write_model), {"scaler": None})
+    path = run_checkpoint.write_checkpoint(out / "checkpoints", RunState(step=7), 2, snapshot, rank)
     answer = {"path": str(path)}
 except (OSError, ckpt.CheckpointError) as err:
     answer = {"error": type(err).__name__, "line": str(err)}

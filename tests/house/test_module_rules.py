@@ -223,12 +223,16 @@ def test_every_job_writes_and_restores_its_checkpoint_one_way():
         "engines/torch_engine.py", "training/run_setup.py"]  # fmt: skip
     assert sorted(set(callers("load_sharded")) - {"components/sharding.py"}) == ["engines/torch_engine.py"]
     # one sharded policy for every job: TorchStep.checkpoint_parts (every rank's shards of the model
-    # and optimizer in dcp/, model/ gathered whole), asked by BERT's torch engine, the decoder and
-    # fine-tuning; no rank gathers a whole optimizer state
+    # and optimizer in dcp/, model/ gathered whole) inside TorchStep.snapshot, the Snapshot every
+    # job hands write_checkpoint (BERT's from any engine, the decoder's and fine-tuning's from their
+    # TorchStep); no rank gathers a whole optimizer state
     assert sorted(set(callers("shards_writer")) - {"components/sharding.py"}) == ["engines/torch_engine.py"]
     asking = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
-                    if re.search(r"(engine|torch_step)\.checkpoint_parts\(", p.read_text()))  # fmt: skip
-    assert asking == ["engines/torch_engine.py", "finetune/train.py", "training/decoder/run.py"]
+                    if re.search(r"\.checkpoint_parts\(", p.read_text()))  # fmt: skip
+    assert asking == ["engines/torch_engine.py"]
+    snapshots = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                       if re.search(r"engine\.snapshot\(", p.read_text()))  # fmt: skip
+    assert snapshots == ["finetune/train.py", "training/decoder/run.py", "training/run.py"]
     assert not any("full_tensor()" in p.read_text() for p in PACKAGE.rglob("*.py"))
     rooms = ("training", "finetune", "components", "engines", "optim")
     assert sorted({path for room in rooms for path in callers("load_file") if path.startswith(room)}) == [

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 
-from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.decoder_data import evaluation_batches, global_batch_rows, micro_batches
 from packed_transformers.components.distributed import (
@@ -227,15 +226,11 @@ class DecoderRun(PretrainingJob):
         self.engine.restore(path, saved, self.model.hf_model)
 
     def write_checkpoint(self) -> None:
-        """Collective: this step's checkpoint (TorchStep.checkpoint_parts: dcp/ where sharded)."""
-        weights, engine_state, write_shards = self.engine.checkpoint_parts(self.model.hf_model)
-        write_model = (
-            self.model.save_pretrained
-            if weights is None
-            else ckpt.weights_writer(self.model.hf_model, weights)
-        )
+        """Collective: this step's checkpoint (TorchStep.snapshot: dcp/ where sharded; model/ the
+        transformers model's weights, saved by the packed decoder's save_pretrained unsharded)."""
+        snapshot = self.engine.snapshot(self.model.hf_model, self.model.save_pretrained)
         ckpt_run.write_checkpoint(self.output / "checkpoints", self.state, self.config["training"]["keep_checkpoints"],
-                                  write_model, engine_state, self.rank, write_shards)  # fmt: skip
+                                  snapshot, self.rank)  # fmt: skip
 
     # ----- the step -----------------------------------------------------------------------
     def _step(self) -> dict:
