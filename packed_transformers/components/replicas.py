@@ -12,7 +12,7 @@ each step's rows, and N processes take the step one process takes.
                            every file
     checkpoints            model/ the weights whole (gathered where sharded); the optimizer
                            whole in training_state.pt, or (sharded) every rank's shards in dcp/
-                           (engines.torch_engine.TorchStep.checkpoint_parts): any number of
+                           (engines.torch_engine.TorchStep.snapshot): any number of
                            ranks, sharded or not, resumes any checkpoint (TorchStep.restore)
 
 One process is a `Replicas` of world 1: every method is then the plain single-process

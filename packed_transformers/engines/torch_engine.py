@@ -230,39 +230,32 @@ class TorchStep:
 
     def engine_state(self) -> dict:
         """An unsharded step's entries of training_state.pt: {"optimizer", "scaler": fp16's}
-        (a sharded step's optimizer goes to dcp/: checkpoint_parts)."""
+        (a sharded step's optimizer goes to dcp/: snapshot)."""
         state = {"optimizer": self.optimizer.state_dict()}
         return state if self.scaler is None else {**state, "scaler": self.scaler.state_dict()}
 
-    def checkpoint_parts(
-        self, weights_of: torch.nn.Module | None = None
-    ) -> tuple[dict | None, dict | None, object]:
-        """What the one checkpoint writer needs of this step, the one sharded policy of every
-        job (collective where sharded): (the weights gathered whole on rank
-        0's CPU for model/, a tied tensor once: None unsharded, where the model is saved as it
-        is; training_state.pt's engine entries; the writer of dcp/: None unsharded). Sharded,
-        every rank writes its shards of the model and the optimizer to dcp/ and no rank holds the
-        optimizer whole. weights_of: as `restore`'s."""
-        weights_of = self.model if weights_of is None else weights_of
-        if not self.sharded:
-            return None, self.engine_state(), None
-        from packed_transformers.components.replicas import gathered_weights
-        from packed_transformers.components.sharding import shards_writer
-
-        this_rank = replace(ONE_PROCESS, rank=torch.distributed.get_rank(), sharding="fsdp")
-        weights = gathered_weights(weights_of, this_rank)  # rank 0's; None on the others
-        scaler = None if self.scaler is None else {"scaler": self.scaler.state_dict()}
-        return weights, scaler, shards_writer(weights_of, self.optimizer)
-
     def snapshot(self, weights_of: torch.nn.Module | None = None, save_whole=None) -> Snapshot:
-        """Collective where sharded: this step's Snapshot for the one checkpoint writer (its
-        parts: checkpoint_parts), model/ written by rank 0 alone. weights_of: as `restore`'s;
-        save_whole: model/'s writer unsharded (None: the model's save_pretrained)."""
-        weights, engine_state, write_shards = self.checkpoint_parts(weights_of)
+        """This step's Snapshot for the one checkpoint writer, the one sharded policy of every
+        job (collective where sharded); model/ written by rank 0 alone. Unsharded: the model
+        saved as it is (`save_whole`, None: its save_pretrained) and the optimizer whole in
+        training_state.pt. Sharded: the weights gathered whole on rank 0's CPU for model/ (a
+        tied tensor once), and every rank's shards of the model and the optimizer written to dcp/
+        (no rank holds the optimizer whole). weights_of: as `restore`'s."""
+        weights_of = self.model if weights_of is None else weights_of
+        weights, write_shards = None, None
+        if not self.sharded:
+            engine_state = self.engine_state()
+        else:
+            from packed_transformers.components.replicas import gathered_weights
+            from packed_transformers.components.sharding import shards_writer
+
+            this_rank = replace(ONE_PROCESS, rank=torch.distributed.get_rank(), sharding="fsdp")
+            weights = gathered_weights(weights_of, this_rank)  # rank 0's; None on the others
+            write_shards = shards_writer(weights_of, self.optimizer)
+            engine_state = None if self.scaler is None else {"scaler": self.scaler.state_dict()}
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return Snapshot(None, None, write_shards=write_shards)
-        model = self.model if weights_of is None else weights_of
-        return Snapshot(model, engine_state, weights, write_shards, save_whole)
+        return Snapshot(weights_of, engine_state, weights, write_shards, save_whole)
 
     def restore(self, path, engine_state: dict, weights_of: torch.nn.Module | None = None) -> None:
         """A checkpoint's weights and optimizer state into this step, whoever wrote it and on any

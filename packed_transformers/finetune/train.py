@@ -326,7 +326,6 @@ def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -
     model = job.model.to(replicas.device)
     step_model, _ = forward_of(model, replicas, "fp32", training["compile"])  # fine-tuning's steps: fp32
     optimizer, schedule = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
-    # fine-tuning's steps: fp32
     settings = StepSettings(replicas.device, "fp32", config["optim"]["max_grad_norm"])
     engine = TorchStep(model, optimizer, step_model, settings, replicas.sharded)
     log.info(

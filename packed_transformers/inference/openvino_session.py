@@ -165,17 +165,15 @@ class OpenVinoSession:
         shape = tuple(feed.shape for feed in feeds)
         key = graph_key(shape) if self.bounded else shape
         if key not in self.graphs:
-            self._compile(key)
-            if not self.bounded:  # the bounded graph kept f32: this shape's own
-                key = shape
-                if key not in self.graphs:
-                    self._compile(key)
+            key = self._compile(shape, key)
         request, outputs = self.graphs[key]
         answer = request.infer(feeds)
         return {name: np.array(answer[port]) for name, port in outputs.items()}
 
-    def _compile(self, key) -> None:
-        """The graph of `key` (graph_key's): bounded, or the static shape past the bounds."""
+    def _compile(self, shape: tuple, key) -> object:
+        """The graph rows of `shape` run in, compiled and kept under `key` (WITHIN_BOUNDS: the
+        bounded one; else `shape` itself), or under `shape` where the bounded graph kept f32
+        products asked for bf16 (the session compiles per row shape from then on). -> its key."""
         import openvino
 
         started = time.perf_counter()
@@ -184,7 +182,7 @@ class OpenVinoSession:
             shapes = [[openvino.Dimension(1, ROWS_BOUND), *[openvino.Dimension(1, SPAN_BOUND)] * (port.get_partial_shape().rank.get_length() - 1)]
                       for port in model.inputs]  # fmt: skip
         else:
-            shapes = [list(dims) for dims in key]
+            shapes = [list(dims) for dims in shape]
         model.reshape({port: openvino.PartialShape(dims) for port, dims in zip(model.inputs, shapes)})
         settings = {
             "INFERENCE_PRECISION_HINT": PRECISION_HINT[self.dtype],
@@ -208,9 +206,10 @@ class OpenVinoSession:
             log.info(
                 "OpenVINO kept float32 products in the bounded bf16 graph: compiling a graph per row shape"
             )
-            return
+            return self._compile(shape, shape)
         outputs = {output_name(port): port for port in compiled.outputs}
         self.graphs[key] = (compiled.create_infer_request(), outputs)
+        return key
 
 
 def dense_precisions(compiled) -> set[str]:

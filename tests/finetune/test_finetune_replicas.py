@@ -130,7 +130,7 @@ def test_sft_of_a_tied_decoder_with_fsdp_at_2_ranks_equals_one_process(tied_star
 
 def test_a_sharded_runs_checkpoint_is_dcp_shards_and_resumes_in_one_process(config_path, tmp_path):
     """2 sharded ranks checkpoint as every sharded run does (engines.torch_engine.TorchStep.
-    checkpoint_parts): each rank's shards of the weights and AdamW moments in dcp/, model/ the
+    snapshot): each rank's shards of the weights and AdamW moments in dcp/, model/ the
     weights gathered whole, no optimizer in training_state.pt; one process resumes it (DCP read
     into whole tensors) and writes the run's model with those weights. The ranks gather the
     weights whole once: for the one checkpoint, whose gather the final save takes (it had

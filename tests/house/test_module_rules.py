@@ -222,14 +222,11 @@ def test_every_job_writes_and_restores_its_checkpoint_one_way():
     assert sorted(set(callers("load_model_weights")) - {"components/run_checkpoint.py"}) == [
         "engines/torch_engine.py", "training/run_setup.py"]  # fmt: skip
     assert sorted(set(callers("load_sharded")) - {"components/sharding.py"}) == ["engines/torch_engine.py"]
-    # one sharded policy for every job: TorchStep.checkpoint_parts (every rank's shards of the model
-    # and optimizer in dcp/, model/ gathered whole) inside TorchStep.snapshot, the Snapshot every
-    # job hands write_checkpoint (BERT's from any engine, the decoder's and fine-tuning's from their
-    # TorchStep); no rank gathers a whole optimizer state
+    # one sharded policy for every job: TorchStep.snapshot (every rank's shards of the model and
+    # optimizer in dcp/, model/ gathered whole), the Snapshot every job hands write_checkpoint
+    # (BERT's from any engine, the decoder's and fine-tuning's from their TorchStep); no rank
+    # gathers a whole optimizer state
     assert sorted(set(callers("shards_writer")) - {"components/sharding.py"}) == ["engines/torch_engine.py"]
-    asking = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
-                    if re.search(r"\.checkpoint_parts\(", p.read_text()))  # fmt: skip
-    assert asking == ["engines/torch_engine.py"]
     snapshots = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
                        if re.search(r"engine\.snapshot\(", p.read_text()))  # fmt: skip
     assert snapshots == ["finetune/train.py", "training/decoder/run.py", "training/run.py"]

@@ -18,6 +18,7 @@ from packed_transformers.commands import embed as embed_command
 from packed_transformers.commands import export as export_command
 from packed_transformers.door.exported_folder import load_exported, read_export
 from packed_transformers.inference.embedding import encode, load_encoder
+from packed_transformers.inference.openvino_session import dense_precisions
 from packed_transformers.inference.runtime_choice import cpu_flags
 
 from ..conftest import REPO
@@ -69,16 +70,13 @@ def test_the_openvino_folder_embeds_as_torch_does(checkpoint, exported, tmp_path
 
 
 @pytest.mark.skipif(not COMPUTES_BF16, reason="this CPU has neither AVX512_BF16 nor AMX")
-def layer_precisions(loaded) -> set:
-    """(layer type, precision) of every layer the CPU plugin compiled for an exported folder's
-    graph (its runtime model: what the plugin says each layer computes in)."""
+def product_precisions(loaded) -> set:
+    """The precisions the CPU plugin records for the dense products of every graph it compiled
+    for an exported folder (openvino_session.dense_precisions: its runtime model)."""
     session = loaded._runners[("exported",)].backend.session
-    found = set()
-    for request, _ in session.graphs.values():
-        for op in request.get_compiled_model().get_runtime_model().get_ops():
-            info = op.get_rt_info()
-            found.add((info["layerType"].astype(str), info["runtimePrecision"].astype(str)))
-    return found
+    return set().union(
+        *(dense_precisions(request.get_compiled_model()) for request, _ in session.graphs.values())
+    )
 
 
 def test_the_bfloat16_folder_is_close_to_torch_and_computes_its_products_in_bf16(checkpoint, exported):
@@ -92,11 +90,8 @@ def test_the_bfloat16_folder_is_close_to_torch_and_computes_its_products_in_bf16
     bf16 = encode(texts, bf16_folder)
     encode(texts, float32_folder)  # compiles its graph
     assert cosines(bf16, reference).min() >= 0.999
-    products = {kind for kind in layer_precisions(bf16_folder) if kind[0] == "FullyConnected"}
-    assert products == {("FullyConnected", "bf16")}
-    assert {kind for kind in layer_precisions(float32_folder) if kind[0] == "FullyConnected"} == {
-        ("FullyConnected", "f32")
-    }
+    assert product_precisions(bf16_folder) == {"bf16"}
+    assert product_precisions(float32_folder) == {"f32"}
     assert read_export(exported / "bfloat16").dtype == "bfloat16"
 
 

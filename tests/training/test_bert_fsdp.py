@@ -50,7 +50,7 @@ def test_fsdp_at_2_ranks_equals_one_process_and_checkpoints_as_every_sharded_job
     assert "FSDP2: 2 encoder layers and the model sharded over 2 ranks" in done.stdout + done.stderr
     assert_same_run(one_process, tmp_path / "two")
 
-    # the checkpoint is every sharded job's (TorchStep.checkpoint_parts): one process's files, the
+    # the checkpoint is every sharded job's (TorchStep.snapshot): one process's files, the
     # optimizer in dcp/ (each rank's shards of LAMB's moments) instead of in training_state.pt
     def files(run_dir):
         return {
