@@ -18,8 +18,6 @@ good one). `status` is MLPerf's run_stop status: success only at the target.
 from __future__ import annotations
 
 import logging
-import sys
-import time
 from dataclasses import dataclass
 
 from packed_transformers.components.distributed import any_process
@@ -131,69 +129,6 @@ class LoopJob:
 
     def close(self, end: LoopEnd) -> None:  # always called; may raise, but not for "error"
         raise NotImplementedError
-
-
-class PretrainingJob(LoopJob):
-    """What BERT's and the decoder's pretraining runs answer alike, from what they hold
-    (`config`, `reporter`: components.observe.Reporter, `state`): the training.* limits, every
-    process's clock agreed (one that stopped alone would leave the others waiting in a
-    collective), MLPerf's blocks, the eval target, checkpoints every N steps, the run's end
-    record. A run adds `begin` (its start: lines, the first logging window), `end_figures`
-    (its own entries of the end record) and, with max_train_seconds, `train_seconds`."""
-
-    def train(self) -> int:
-        """Train until a limit, the target or a signal; -> the process exit code."""
-        self.started = time.perf_counter()
-        self.begin()
-        self.reporter.mlperf.run_start(self.state.samples)
-        end = run_loop(self)
-        if end.diverged:
-            print(f"error: {end.diverged}", file=sys.stderr)
-        return end.exit_code
-
-    def begin(self) -> None:
-        pass
-
-    def limit_reached(self) -> str | None:
-        """The training.* limit reached ("max_steps", "max_samples", "max_train_seconds",
-        "max_seconds"), or None; a clock's verdict is every process's."""
-        state, limits = self.state, self.config["training"]
-        if state.step >= limits["max_steps"]:
-            return "max_steps"
-        if limits.get("max_samples") is not None and state.samples >= limits["max_samples"]:
-            return "max_samples"
-        clocks = {"max_train_seconds": lambda: self.train_seconds(),
-                  "max_seconds": lambda: time.perf_counter() - self.started}  # fmt: skip
-        for name, seconds in clocks.items():
-            if limits.get(name) is not None and any_process(seconds() >= limits[name]):
-                return name
-        return None
-
-    def after_evaluation(self) -> None:  # a block of training starts
-        self.reporter.mlperf.block_start(self.state.samples)
-
-    def stops_at_target(self) -> bool:
-        return bool(self.config["eval"]["stop_at_target"])
-
-    def checkpoint_every(self) -> int:
-        return self.config["training"]["checkpoint_every_steps"]
-
-    def end_figures(self) -> dict:
-        """The run's own entries of its end record (after step and samples)."""
-        return {}
-
-    def close(self, end: LoopEnd) -> None:
-        """The process's MLPerf block closed, the end record written (a resumed complete run
-        wrote its own when it finished), the reporter closed."""
-        state = self.state
-        self.reporter.mlperf.run_stop(state.samples, end.status)
-        if end.stopped_by == RESUMED_COMPLETE:
-            log.info("the run was complete at step %d: nothing trained, nothing recorded", state.step)
-        else:
-            self.reporter.log({"step": state.step, "samples": state.samples, **self.end_figures(),
-                               "status": end.status, "stopped_by": end.stopped_by,
-                               "seconds": time.perf_counter() - self.started}, "end")  # fmt: skip
-        self.reporter.close()
 
 
 def run_loop(job: LoopJob) -> LoopEnd:

@@ -1,6 +1,8 @@
-"""The run: the same for every engine (engines: torch, pipeline, ipu).
+"""BERT's pretraining run: the same for every engine (engines: torch, pipeline, ipu), a job of
+the pretraining runs' one Trainer (components.trainer: the setup's order, resume, checkpoints).
 
-    checks (data, output folder, model)  ->  engine.attach  ->  restore a checkpoint
+    setup: data checked -> engine, model checked against the data -> output folder -> the
+           checkpoint's weights -> engine.attach (its optimizer state) -> run state -> loader
     loop:  micro-batches from the resumable loader  ->  engine.train (one place for the
            step's math: components.step)  ->  log window  ->  evaluation when due  ->
            checkpoint when due  ->  stop on max_steps / max_samples / max_seconds / signal
@@ -13,32 +15,185 @@ the step's GLOBAL masked-token and sequence counts -> backward -> LAMB step.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
-from packed_transformers.components import checkpoint as ckpt
 from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.batch_check import validate_batch
-from packed_transformers.components.data import advance, padded_groups
+from packed_transformers.components.data import (
+    PackedShards,
+    ReplicaSampler,
+    advance,
+    eval_batches,
+    make_loader,
+    padded_groups,
+)
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.loop import LoopEnd, PretrainingJob
+from packed_transformers.components.loop import LoopEnd
 from packed_transformers.components.observe import MetricSums, summarize
-from packed_transformers.components.run_state import Diverged, skip_or_stop
+from packed_transformers.components.run_folder import CHANGEABLE_ON_RESUME, check_same_run, data_identity
+from packed_transformers.components.run_state import BertProgress, Diverged, EvalSchedule, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep
+from packed_transformers.components.synthetic import SyntheticPacks
+from packed_transformers.components.trainer import Trainer
 from packed_transformers.engines.engine import Engine
-from packed_transformers.training.run_setup import RunSetup
+from packed_transformers.training.build import (
+    build_model,
+    build_schedule,
+    check_model_fits_data,
+    mlperf_eval_interval,
+    open_packed,
+    packing_factor,
+)
 
 log = logging.getLogger("training")
 
+# What may change on resume: what CHANGEABLE_ON_RESUME allows, and the split of the global batch
+# over processes and accumulation (checked against the checkpoint: the packs a step stay)
+GLOBAL_BATCH_SPLIT = CHANGEABLE_ON_RESUME | {("optim", "gradient_accumulation")}
 
-class Run(RunSetup, PretrainingJob):
-    """One run on this process: built by RunSetup.__init__ (every user-input check first),
-    driven by `train`, each piece a method."""
+
+class Run(Trainer):
+    """BERT's pretraining run on this process, on the engine the config selects: the phases of
+    components.trainer.Trainer's setup (every user-input check before config.yaml is written),
+    then what a step, a logging window, an evaluation and a checkpoint are."""
+
+    progress_type = BertProgress
+    changeable = GLOBAL_BATCH_SPLIT
+
+    def __init__(self, config: dict, output: Path, resume: bool, engine_class: type[Engine]):
+        self.engine_class = engine_class
+        super().__init__(config, output, resume)
+
+    # ----- the setup's phases (components.trainer) ---------------------------------------
+    def open_data(self) -> None:
+        """The train data (None when synthetic) and the eval data (or None), each checked against
+        the config (S, K, shard names, sizes, counts, sha256)."""
+        data = self.config["data"]
+        self.train_data = None if data["synthetic"] else open_packed(data["train_dir"], self.config, "train")
+        self.eval_data = open_packed(data["eval_dir"], self.config, "eval") if data["eval_dir"] else None
+
+    def build(self) -> None:
+        """The engine (this process's place), the model, checked against the data (the eval data
+        too: not hours in, at the first evaluation)."""
+        self.engine = self.engine_class(self.config)
+        self.rank = self.engine.rank
+        self.model = build_model(self.config, self.limits["seed"])
+        if self.train_data is None:
+            self.train_data = self._synthetic_packs()
+        check_model_fits_data(self.model, self.train_data)
+        if self.eval_data is not None:
+            check_model_fits_data(self.model, self.eval_data, "data.eval_dir")
+
+    def _synthetic_packs(self) -> SyntheticPacks:
+        """data.synthetic: random well-formed packs, made for this model's vocabulary."""
+        data = self.config["data"]
+        if self.rank == 0:
+            log.warning("data.synthetic: random packs, no data read; throughput check only")
+        return SyntheticPacks(data["max_sequence_length"], data["max_sequences_per_pack"],
+                              data["synthetic_packing_factor"], self.model.config.vocab_size, data["shuffle_seed"])  # fmt: skip
+
+    def load_checkpoint(self, path: Path, saved: dict) -> None:
+        """The weights, before the engine attaches (the pipeline and IPU engines place and adapt
+        the model there); the optimizer's state once it has (attach)."""
+        ckpt_run.load_model_weights(self.model, path)
+
+    def attach(self, resumed) -> None:
+        # What the step is made of, after the packing adjustment (components.step.BatchArithmetic).
+        self.arithmetic = self.engine.attach(self.model, packing_factor(self.train_data))
+        self.schedule = build_schedule(self.config)
+        if resumed is not None:  # its dcp/ where a sharded run wrote one
+            path, _, saved = resumed
+            self.engine.load_state(saved, path)
+
+    def make_eval_schedule(self) -> EvalSchedule:
+        every = self.config["eval"]["every_samples"] or mlperf_eval_interval(
+            self.arithmetic.sequences_per_step
+        )
+        return EvalSchedule(int(every))
+
+    def check_resume(self, path: Path, kept: BertProgress) -> None:
+        """The checkpoint's own record, not only config.yaml (which a user can delete or edit):
+        the same settings, the same global batch, the same data at the data path."""
+        config = self.config
+        if kept.config is not None:
+            check_same_run(kept.config, config, "the checkpoint", changeable=GLOBAL_BATCH_SPLIT)
+            # the global batch may be split another way (other processes, other accumulation:
+            # a sharded run resumed on another number of ranks), never changed: the checkpoint
+            # records its packs a step (one from before that record: the same accumulation)
+            written = kept.packs_per_step
+            accumulation = kept.config["optim"]["gradient_accumulation"]
+            if written is None and accumulation != config["optim"]["gradient_accumulation"]:
+                raise RunError(
+                    "--resume: optim.gradient_accumulation differs from the checkpoint's, which does not "
+                    "record its packs a step (written before they were recorded): keep it"
+                )
+            if written is not None and written != self.arithmetic.packs_per_step:
+                raise RunError(
+                    f"--resume: the checkpoint's steps are {written} packs, this run's "
+                    f"{self.arithmetic.packs_per_step} (processes x optim.gradient_accumulation x "
+                    "data.micro_batch_packs): the global batch must stay"
+                )
+        before, now = kept.data_identity, data_identity(config)
+        if before is not None and before != now:
+            raise RunError(
+                f"--resume: {config['data']['train_dir']}/metadata.json has sha256 {str(now)[:12]}..., "
+                f"the checkpoint was trained on {before[:12]}...: the data at data.train_dir changed "
+                "(re-packed or replaced) since; resume on the data it was trained on, or start a new run"
+            )
+
+    def record_progress(self, progress: BertProgress) -> None:
+        progress.config, progress.data_identity = self.config, data_identity(self.config)
+        progress.packs_per_step = self.arithmetic.packs_per_step
+
+    def open_position(self) -> None:
+        """This replica's resumable iterator of micro-batches from the state's position; this
+        replica's part of the evaluation set."""
+        data, engine, vocab = self.config["data"], self.engine, self.model.config.vocab_size
+        self.shards = (
+            self.train_data
+            if data["synthetic"]
+            else PackedShards(self.train_data, vocab, self.model.config.type_vocab_size)
+        )
+        try:
+            self.sampler = ReplicaSampler(len(self.shards), self.arithmetic.micro_batch_packs, data["shuffle_seed"],
+                                          engine.data_rank, engine.data_world, self.state.extra.position)  # fmt: skip
+        except ValueError as err:
+            raise RunError(f"data.micro_batch_packs {self.arithmetic.micro_batch_packs}: {err}") from None
+        self.loader = iter(make_loader(self.shards, self.sampler, data["loader_workers"]))
+        eval_set = None  # (shards, this replica's batches, sequences)
+        if self.eval_data:
+            eval_set = eval_batches(self.eval_data, self.arithmetic.micro_batch_packs,
+                                    self.config["eval"]["max_sequences"], engine.data_rank, engine.data_world, vocab)  # fmt: skip
+        self.eval_set = eval_set[:2] if eval_set else None
+        self.eval_sequences = eval_set[2] if eval_set else 0
+
+    def start_reporting(self) -> None:
+        """MLPerf's init lines, the progress bar."""
+        config, engine = self.config, self.engine
+        self.reporter.mlperf.init(config, platform_name(config, engine), self.init_started_ms, self.arithmetic,
+                                  train_samples=self.train_data.sequences, eval_samples=self.eval_sequences)  # fmt: skip
+        self.evaluated_step = None
+        # One bar, in the unit of what ends the run: steps when only max_steps bounds it;
+        # else the percentage of whichever limit (steps, samples, a time budget) is nearest,
+        # so its ETA is the run's (a 20 s budget never shows a 28-hour ETA over 100,000 steps).
+        self.budget_limits = binding_limits(self.limits)
+        self.progress = tqdm(
+            total=self.limits["max_steps"] if not self.budget_limits else 100,
+            initial=self.state.step if not self.budget_limits else 0,
+            unit="step" if not self.budget_limits else "%",
+            desc=None if not self.budget_limits else "of " + " / ".join(self.budget_limits) + ", nearest",
+            dynamic_ncols=True,
+            disable=engine.rank != 0 or not config["logging"]["progress"],
+        )
+
+    def snapshot(self):
+        return self.engine.snapshot()
 
     def compile(self) -> int:
         """--compile-only: the engine compiles from one call's micro-batches (and one
@@ -64,7 +219,6 @@ class Run(RunSetup, PretrainingJob):
                 "%s; eval every %d sequences", self.arithmetic.describe(), self.eval_schedule.every_samples
             )
         self.lr = None
-        self.resumed_train_seconds, self.paused_seconds = self.state.train_seconds, 0.0
         self._new_window()
 
     @property
@@ -84,22 +238,6 @@ class Run(RunSetup, PretrainingJob):
 
     def evaluates_at_end(self) -> bool:
         return bool(self.config["eval"]["at_end"]) and self.eval_set is not None
-
-    def train_seconds(self) -> float:
-        """Seconds spent training: wall time since the start (plus the resumed run's) less
-        evaluations and checkpoints. The clock of `max_train_seconds`, of each record's
-        `train_seconds` and of the throughput figures: equal-time comparisons of packed
-        and unpacked runs must not charge the run that evaluates more often."""
-        return self.resumed_train_seconds + time.perf_counter() - self.started - self.paused_seconds
-
-    @contextlib.contextmanager
-    def _paused(self):
-        """Time inside does not count as training time (evaluation, checkpoints)."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.paused_seconds += time.perf_counter() - start
 
     def train_call(self) -> None:
         """One engine call: its micro-batches, the lr for the samples so far (self.lr), the
@@ -203,20 +341,6 @@ class Run(RunSetup, PretrainingJob):
             )
         return metrics["mlm_accuracy"] >= self.config["eval"]["target_mlm_accuracy"]
 
-    # ----- checkpoints and the end -----------------------------------------------------
-    def write_checkpoint(self) -> None:
-        """Collective: a checkpoint of this step (rank 0 writes it), its time not training's."""
-        self.state.train_seconds = self.train_seconds()
-        with self._paused():
-            try:
-                path = ckpt_run.write_checkpoint(self.checkpoints, self.state, self.limits["keep_checkpoints"],
-                                                 self.engine.snapshot(), self.engine.rank)  # fmt: skip
-            except ckpt.CheckpointError as err:
-                raise RunError(str(err)) from None
-            if self.engine.rank == 0:
-                log.info("checkpoint %s", path)
-            self.saved_step = self.state.step
-
     def end_figures(self) -> dict:
         return {"train_seconds": self.train_seconds()}
 
@@ -248,3 +372,18 @@ def run_training(
     engine_class.check_config(config)
     run = Run(config, output, resume, engine_class)
     return run.compile() if run.compile_only else run.train()
+
+
+def binding_limits(limits: dict) -> list[str]:
+    """The limits besides max_steps that may end the run first (names as in the config)."""
+    return [
+        name for name in ("max_samples", "max_train_seconds", "max_seconds") if limits.get(name) is not None
+    ]
+
+
+def platform_name(config: dict, engine) -> str:
+    """'<processes>x<device>' for the MLPerf log's submission_platform default."""
+    device = config["execution"]["device"]
+    if device == "cuda":
+        device = torch.cuda.get_device_name().replace(" ", "_")
+    return f"{engine.data_world}x{device}"

@@ -210,17 +210,17 @@ def test_every_job_writes_and_restores_its_checkpoint_one_way():
     # fine-tuning restores; the two pretraining runs through resume_pretraining (its refusals as
     # RunError; what a crash left half-written removed first), and forget their later lines alike
     assert sorted(set(callers("restore")) - {"components/run_checkpoint.py"}) == ["finetune/checkpoint.py"]
-    pretraining = ["training/decoder/run.py", "training/run_setup.py"]
+    trainer = ["components/trainer.py"]  # the pretraining runs' one setup
     for name in ("resume_pretraining", "forget_lines_after"):
-        assert sorted(set(callers(name)) - {"components/run_checkpoint.py"}) == pretraining, name
+        assert sorted(set(callers(name)) - {"components/run_checkpoint.py"}) == trainer, name
     assert callers("forget_metrics_after") == ["components/run_checkpoint.py"]
     assert sorted(set(callers("write_checkpoint")) - {"components/loop.py", "components/run_checkpoint.py"}) == [
-        "finetune/train.py", "training/decoder/run.py", "training/run.py"]  # fmt: skip
+        "components/trainer.py", "finetune/train.py"]  # fmt: skip
     # one weight loader: a checkpoint's model/ is read by load_model_weights alone
     # (BERT before its engine attaches, the decoder and fine-tuning through TorchStep.restore, which
     # reads a sharded run's dcp/ as well, on any number of ranks)
     assert sorted(set(callers("load_model_weights")) - {"components/run_checkpoint.py"}) == [
-        "engines/torch_engine.py", "training/run_setup.py"]  # fmt: skip
+        "engines/torch_engine.py", "training/run.py"]  # fmt: skip
     assert sorted(set(callers("load_sharded")) - {"components/sharding.py"}) == ["engines/torch_engine.py"]
     # one sharded policy for every job: TorchStep.snapshot (every rank's shards of the model and
     # optimizer in dcp/, model/ gathered whole), the Snapshot every job hands write_checkpoint

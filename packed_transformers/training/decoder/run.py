@@ -1,6 +1,7 @@
-"""The decoder pretraining loop: named steps over one typed state.
+"""The decoder pretraining run: a job of the pretraining runs' one Trainer (components.trainer:
+the setup's order, resume, checkpoints), its steps over one typed state.
 
-    open data -> prepare the folder -> model, AdamW -> restore the newest intact checkpoint
+    rows checked -> model, AdamW (sharded) -> the folder -> the newest intact checkpoint restored
     loop:  global batch of rows (components.decoder_data) -> per micro-batch: forward (the packed
            causal LM's token-loss sum) scaled by 1 / (predicted tokens of the whole step, all
            replicas) -> backward -> gradients summed over replicas -> clip 1.0 -> AdamW at
@@ -23,31 +24,15 @@ from pathlib import Path
 
 import torch
 
-from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.decoder_data import evaluation_batches, global_batch_rows, micro_batches
-from packed_transformers.components.distributed import (
-    all_reduce_,
-    setup_replica,
-)
+from packed_transformers.components.distributed import all_reduce_, setup_replica
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.loop import LoopEnd, PretrainingJob
-from packed_transformers.components.observe import Reporter
-from packed_transformers.components.run_folder import (
-    CHANGEABLE_ON_RESUME,
-    prepare_output,
-    write_run_config,
-)
-from packed_transformers.components.run_state import (
-    EvalSchedule,
-    RunState,
-    StopSignal,
-    plain_values,
-    skip_or_stop,
-)
-from packed_transformers.components.sharding import (
-    materialize_sharded,
-)
+from packed_transformers.components.loop import LoopEnd
+from packed_transformers.components.run_folder import CHANGEABLE_ON_RESUME
+from packed_transformers.components.run_state import EvalSchedule, plain_values, skip_or_stop
+from packed_transformers.components.sharding import materialize_sharded
 from packed_transformers.components.step import MeanLoss, NonFiniteStep, predicted_tokens
+from packed_transformers.components.trainer import Trainer
 from packed_transformers.engines.torch_engine import StepSettings, TorchStep, evaluation_outputs, forward_of
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
@@ -96,13 +81,18 @@ def open_rows(folder, role: str, config: dict) -> RowStore:
     return store
 
 
-class DecoderRun(PretrainingJob):
-    """One process's part of a run; `train` returns the exit code."""
+class DecoderRun(Trainer):
+    """One process's part of a decoder run: the phases of components.trainer.Trainer's setup,
+    then what a step, a logging line and an evaluation are; `train` returns the exit code."""
 
-    def __init__(self, config: dict, output: Path, resume: bool):
-        self.config, self.output = config, output
-        self.started_ms = time.time() * 1000
-        data = config["data"]
+    progress_type = DecoderProgress
+    changeable = GLOBAL_BATCH_SPLIT
+
+    # ----- the setup's phases (components.trainer) ---------------------------------------
+    def open_data(self) -> None:
+        """The rows (train, eval) checked against the config; the replica; the global batch
+        checked against the train rows."""
+        config, data = self.config, self.config["data"]
         self.train_rows = open_rows(data["train_dir"], "train", config)
         self.eval_rows = open_rows(data["eval_dir"], "eval", config) if data["eval_dir"] else None
         if self.eval_rows is not None and self.eval_rows.rows < config["eval"]["rows"]:
@@ -113,7 +103,7 @@ class DecoderRun(PretrainingJob):
         if fault:
             raise RunError(fault)
         self.replica = setup_replica(config)
-        self.rank, self.world = self.replica.rank, self.replica.world
+        self.rank, self.world, self.sharded = self.replica.rank, self.replica.world, self.replica.sharded
         optim = config["optim"]
         self.rows_per_step = data["micro_batch_rows"] * optim["gradient_accumulation"] * self.world
         if self.rows_per_step > self.train_rows.rows:
@@ -122,12 +112,14 @@ class DecoderRun(PretrainingJob):
                 f"{optim['gradient_accumulation']} x {self.world} replica(s) = {self.rows_per_step} rows a step: "
                 f"data.train_dir holds {self.train_rows.rows} rows (a step would read rows more than once)"
             )
+
+    def build(self) -> None:
+        """The model (its memory checked before the run folder is written), placed or sharded,
+        AdamW and the step. Sharded from a random init it is built on the meta device (no rank
+        holds it whole on its device) and rank 0 builds it on the CPU, as one process would, for
+        its weights."""
+        config, data = self.config, self.config["data"]
         data_vocab = max(self.train_rows.vocab_size, self.eval_rows.vocab_size if self.eval_rows else 0)
-        execution = config["execution"]
-        self.sharded = self.replica.sharded
-        # the model is built (and its memory checked) before the run folder is written; sharded
-        # from a random init it is built on the meta device (no rank holds it whole on its
-        # device) and rank 0 builds it on the CPU, as one process would, for its weights
         shape = (config, config["model"]["vocab_size"] or data_vocab, data["max_sequence_length"], data_vocab)
         on_meta = self.sharded and config["model"]["init_checkpoint"] is None and self.world > 1
         self.model = build_decoder(
@@ -135,11 +127,11 @@ class DecoderRun(PretrainingJob):
         )
         if not on_meta:
             self.model = self.model.to(self.replica.device)
-        if execution["activation_checkpointing"]:
+        if config["execution"]["activation_checkpointing"]:
             self.model.hf_model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
-        training = config["training"]
+        training, optim = config["training"], config["optim"]
         from torch._dynamo.utils import counters
 
         # graphs the process compiled before this run (a process may run twice: tests)
@@ -154,33 +146,45 @@ class DecoderRun(PretrainingJob):
             if self.rank == 0:
                 log.info("FSDP2: %d blocks and the model sharded over %d ranks%s", blocks, self.world,
                          " (built on the meta device, rank 0's weights broadcast)" if on_meta else "")  # fmt: skip
-        # the global batch may be split another way on resume (other ranks, other accumulation)
-        prepare_output(output, config, resume, self.rank, changeable=GLOBAL_BATCH_SPLIT)
-        optimizer = torch.optim.AdamW(
-            weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),
-            lr=0.0,
-            betas=tuple(optim["betas"]),
-            eps=optim["eps"],
-        )
+        optimizer = torch.optim.AdamW(weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),
+                                      lr=0.0, betas=tuple(optim["betas"]), eps=optim["eps"])  # fmt: skip
         settings = StepSettings(self.replica.device, training["precision"], optim["max_grad_norm"])
         self.engine = TorchStep(self.model, optimizer, step_model, settings, self.sharded)
         self.schedule = WarmupCosineDecay(
             optim["lr"], optim["warmup_samples"], optim["total_samples"], optim["end_lr"]
         )
+
+    def load_checkpoint(self, path: Path, saved: dict) -> None:
+        """A checkpoint's weights and optimizer state, whichever way it was written: a sharded
+        run's dcp/ or model/ and the optimizer whole, on any number of ranks, sharded or not
+        (engines.torch_engine.TorchStep.restore)."""
+        self.engine.restore(path, saved, self.model.hf_model)
+
+    def make_eval_schedule(self) -> EvalSchedule:
         # no evaluation set: never due
-        self.eval_schedule = EvalSchedule((config["eval"]["every_samples"] or 0) if self.eval_rows else 0)
-        self.state = RunState(
-            next_eval_samples=self.eval_schedule.first(),
-            extra=DecoderProgress(rows_per_step=self.rows_per_step),
-        )
-        if resume:
-            self._restore()
-        write_run_config(output, config, self.rank)
-        if resume:  # the lines of the steps after the checkpoint: trained and logged again
-            ckpt_run.forget_lines_after(output, self.state.step, self.rank)
-        self.reporter = Reporter(output, config, self.rank)
-        self.stop = StopSignal()
-        self.saved_step = self.state.step if resume else None  # a resume's checkpoint: not written again
+        return EvalSchedule((self.config["eval"]["every_samples"] or 0) if self.eval_rows else 0)
+
+    def check_resume(self, path: Path, kept: DecoderProgress) -> None:
+        written = kept.rows_per_step
+        if written and written != self.rows_per_step:
+            raise RunError(
+                f"--resume: {written} rows a step in {path}, {self.rows_per_step} now "
+                "(data.micro_batch_rows x optim.gradient_accumulation x processes must stay the global batch)"
+            )
+
+    def record_progress(self, progress: DecoderProgress) -> None:
+        progress.rows_per_step = self.rows_per_step
+
+    def start_reporting(self) -> None:
+        platform = f"{self.world}x{self.replica.device.type}"
+        self.reporter.mlperf.init_benchmark("llama31_8b", self.config["logging"], platform, self.init_started_ms,
+                                            self._mlperf_settings(), self.train_rows.rows,
+                                            self.config["eval"]["rows"] if self.eval_rows else 0)  # fmt: skip
+
+    def snapshot(self):
+        """TorchStep.snapshot: dcp/ where sharded; model/ the transformers model's weights, saved
+        by the packed decoder's save_pretrained unsharded."""
+        return self.engine.snapshot(self.model.hf_model, self.model.save_pretrained)
 
     # ----- the MLPerf log -----------------------------------------------------------------
     def _mlperf_settings(self) -> dict:
@@ -203,34 +207,6 @@ class DecoderRun(PretrainingJob):
             "max_steps": optim["total_samples"],
             "seed": self.config["training"]["seed"],
         }
-
-    # ----- checkpoints --------------------------------------------------------------------
-    def _restore(self) -> None:
-        path, restored, _ = ckpt_run.resume_pretraining(
-            self.output, self._load_weights, DecoderProgress, self.rank
-        )
-        written = restored.extra.rows_per_step
-        if written and written != self.rows_per_step:
-            raise RunError(
-                f"--resume: {written} rows a step in {path}, {self.rows_per_step} now "
-                "(data.micro_batch_rows x optim.gradient_accumulation x processes must stay the global batch)"
-            )
-        restored.extra.rows_per_step = self.rows_per_step
-        self.state = restored
-        log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
-
-    def _load_weights(self, path: Path, saved: dict) -> None:
-        """A checkpoint's weights and optimizer state into the run (ckpt.resume_from's loader),
-        whichever way it was written: a sharded run's dcp/ or model/ and the optimizer whole, on
-        any number of ranks, sharded or not (engines.torch_engine.TorchStep.restore)."""
-        self.engine.restore(path, saved, self.model.hf_model)
-
-    def write_checkpoint(self) -> None:
-        """Collective: this step's checkpoint (TorchStep.snapshot: dcp/ where sharded; model/ the
-        transformers model's weights, saved by the packed decoder's save_pretrained unsharded)."""
-        snapshot = self.engine.snapshot(self.model.hf_model, self.model.save_pretrained)
-        ckpt_run.write_checkpoint(self.output / "checkpoints", self.state, self.config["training"]["keep_checkpoints"],
-                                  snapshot, self.rank)  # fmt: skip
 
     # ----- the step -----------------------------------------------------------------------
     def _step(self) -> dict:
@@ -302,11 +278,6 @@ class DecoderRun(PretrainingJob):
 
     # ----- the loop (components.loop.run_loop decides when; these methods say what) ------
     def begin(self) -> None:
-        config = self.config
-        platform = f"{self.world}x{self.replica.device.type}"
-        self.reporter.mlperf.init_benchmark("llama31_8b", config["logging"], platform, self.started_ms,
-                                            self._mlperf_settings(), self.train_rows.rows,
-                                            config["eval"]["rows"] if self.eval_rows else 0)  # fmt: skip
         self.window_tokens, self.window_start, self.record = 0, time.perf_counter(), None
 
     def train_call(self) -> None:

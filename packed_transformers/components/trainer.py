@@ -1,0 +1,215 @@
+"""The pretraining runs' one Trainer (BERT's on every engine, the decoder's): their setup
+written once, in one order, and what they answer the loop alike. A job is a subclass that says
+what each phase is for it (torchtitan's Trainer over a TrainSpec; training/specs.py registers
+the jobs and picks one per config):
+
+    open_data       the data opened and checked against the config (RunError), nothing built
+    build           the replica and the engine, the model (checked against the data), placed
+                    (a sharded decoder: sharded, its optimizer built)
+    the folder      locked and checked (another run there; a --resume of other settings)
+    resume          the newest intact checkpoint's weights (`load_checkpoint`), its run state
+                    and this rank's RNG (components.run_checkpoint.resume_pretraining)
+    attach          the engine's optimizer and step; a checkpoint's optimizer state restored
+    state           fresh, or the checkpoint's once the job's `check_resume` passed
+    open_position   the data read on from the state's position, the evaluation set
+    the record      config.yaml, metrics.jsonl's later lines forgotten on --resume, the
+                    reporter, MLPerf's init lines (`start_reporting`), the stop signal
+
+--compile-only (BERT on IPUs) builds and checks everything and writes nothing to the folder.
+Then the loop (components.loop.run_loop) drives it: the training.* limits with every process's
+clock agreed (one that stopped alone would leave the others waiting in a collective), MLPerf's
+blocks, the eval target, checkpoints every N steps and their time kept out of training's, the
+end record. Never imports engines/, training/ or finetune/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+from pathlib import Path
+
+from packed_transformers.components import run_checkpoint as ckpt_run
+from packed_transformers.components.distributed import any_process
+from packed_transformers.components.loop import RESUMED_COMPLETE, LoopEnd, LoopJob, run_loop
+from packed_transformers.components.observe import Reporter
+from packed_transformers.components.run_folder import CHANGEABLE_ON_RESUME, prepare_output, write_run_config
+from packed_transformers.components.run_state import EvalSchedule, RunState, StopSignal
+
+log = logging.getLogger("training")
+
+
+class Trainer(LoopJob):
+    """One pretraining run on this process, set up by `__init__` in the module's order. A job
+    sets `progress_type` (its RunState.extra) and `changeable` (the config keys a --resume may
+    change: what only splits the global batch) and writes the phases below; `rank` is set by
+    its `build`."""
+
+    progress_type: type
+    changeable: frozenset = CHANGEABLE_ON_RESUME
+    rank: int = 0
+
+    def __init__(self, config: dict, output: Path, resume: bool):
+        self.config, self.output, self.limits = config, output, config["training"]
+        self.compile_only = bool(config["execution"].get("compile_only"))
+        self.open_data()
+        # MLPerf's init phase starts at the model build; its lines are written once every check
+        # has passed (no log file for a run that is refused)
+        self.init_started_ms = time.time() * 1000
+        self.build()
+        if not self.compile_only:  # a later real run in the folder must not find "another run"
+            prepare_output(output, config, resume, self.rank, changeable=self.changeable)
+        resumed = self._read_checkpoint() if resume else None
+        self.attach(resumed)
+        self.eval_schedule = self.make_eval_schedule()
+        self.state = RunState(next_eval_samples=self.eval_schedule.first(), extra=self.progress_type())
+        if resumed is not None:
+            path, restored, _ = resumed
+            self.check_resume(path, restored.extra)
+            self.state = restored
+            if self.state.next_eval_samples == 0:  # a checkpoint from before it was kept
+                self.state.next_eval_samples = self.eval_schedule.first()
+            if self.rank == 0:
+                log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
+        self.record_progress(self.state.extra)
+        self.open_position()
+        self.saved_step = self.state.step if resumed is not None else None  # not written again
+        if self.compile_only:
+            return
+        write_run_config(output, config, self.rank)
+        if resumed is not None:  # the lines of the steps after the checkpoint: trained and logged again
+            ckpt_run.forget_lines_after(output, self.state.step, self.rank)
+        self.reporter = Reporter(output, config, self.rank)
+        self.stop = StopSignal()
+        self.start_reporting()
+
+    # ----- the job's phases (the module's docstring) -------------------------------------
+    def open_data(self) -> None:
+        raise NotImplementedError
+
+    def build(self) -> None:
+        raise NotImplementedError
+
+    def load_checkpoint(self, path: Path, saved: dict) -> None:
+        """A checkpoint's weights (and where the job restores it here, its optimizer's state)
+        into the run: ckpt.resume_from's loader, which falls back to an older checkpoint when
+        this one's files do not load."""
+        raise NotImplementedError
+
+    def attach(self, resumed: tuple | None) -> None:
+        """The engine's optimizer and step; resumed: (path, RunState, training state) of the
+        checkpoint whose weights were loaded, or None."""
+
+    def make_eval_schedule(self) -> EvalSchedule:
+        raise NotImplementedError
+
+    def check_resume(self, path: Path, kept) -> None:
+        """Refuse (RunError, "--resume: ...") a checkpoint whose record (`kept`, of
+        progress_type) says it is another run's: its settings, data or global batch."""
+
+    def record_progress(self, progress) -> None:
+        """What every checkpoint keeps for a resume to check (this run's settings and batch)."""
+
+    def open_position(self) -> None:
+        """The data read on from the state's position; the evaluation set."""
+
+    def start_reporting(self) -> None:
+        """MLPerf's init lines; a progress bar."""
+
+    def snapshot(self):
+        """The engine's Snapshot of this step (engines.engine.Snapshot; collective)."""
+        raise NotImplementedError
+
+    # ----- resume and checkpoints --------------------------------------------------------
+    def _read_checkpoint(self) -> tuple:
+        """--resume: what a crash left half-written removed, then the newest intact checkpoint's
+        weights loaded (load_checkpoint), its run state read, this rank's RNG put back.
+        -> (its folder, its RunState, its training state)."""
+        return ckpt_run.resume_pretraining(
+            self.output, self.load_checkpoint, self.progress_type, self.rank, clean=not self.compile_only
+        )
+
+    def write_checkpoint(self) -> None:
+        """Collective: a checkpoint of this step (rank 0 writes it; every rank its shards where
+        sharded), its time not training's."""
+        self.state.train_seconds = self.train_seconds()
+        with self._paused():
+            path = ckpt_run.write_checkpoint(self.output / "checkpoints", self.state, self.limits["keep_checkpoints"],
+                                             self.snapshot(), self.rank)  # fmt: skip
+        if self.rank == 0:
+            log.info("checkpoint %s", path)
+
+    # ----- clocks --------------------------------------------------------------------------
+    def train_seconds(self) -> float:
+        """Seconds spent training: wall time since the start (plus the resumed run's) less
+        evaluations and checkpoints. The clock of `max_train_seconds`, of each record's
+        `train_seconds` and of the throughput figures: equal-time comparisons of packed and
+        unpacked runs must not charge the run that evaluates more often."""
+        return self.resumed_train_seconds + time.perf_counter() - self.started - self.paused_seconds
+
+    @contextlib.contextmanager
+    def _paused(self):
+        """Time inside does not count as training time (evaluations, checkpoints)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.paused_seconds += time.perf_counter() - start
+
+    # ----- what the loop asks ------------------------------------------------------------
+    def train(self) -> int:
+        """Train until a limit, the target or a signal; -> the process exit code."""
+        # the clock goes on from the checkpoint's training time
+        self.resumed_train_seconds, self.paused_seconds = self.state.train_seconds, 0.0
+        self.started = time.perf_counter()
+        self.begin()
+        self.reporter.mlperf.run_start(self.state.samples)
+        end = run_loop(self)
+        if end.diverged:
+            print(f"error: {end.diverged}", file=sys.stderr)
+        return end.exit_code
+
+    def begin(self) -> None:
+        pass
+
+    def limit_reached(self) -> str | None:
+        """The training.* limit reached ("max_steps", "max_samples", "max_train_seconds",
+        "max_seconds"), or None; a clock's verdict is every process's."""
+        state, limits = self.state, self.config["training"]
+        if state.step >= limits["max_steps"]:
+            return "max_steps"
+        if limits.get("max_samples") is not None and state.samples >= limits["max_samples"]:
+            return "max_samples"
+        clocks = {"max_train_seconds": lambda: self.train_seconds(),
+                  "max_seconds": lambda: time.perf_counter() - self.started}  # fmt: skip
+        for name, seconds in clocks.items():
+            if limits.get(name) is not None and any_process(seconds() >= limits[name]):
+                return name
+        return None
+
+    def after_evaluation(self) -> None:  # a block of training starts
+        self.reporter.mlperf.block_start(self.state.samples)
+
+    def stops_at_target(self) -> bool:
+        return bool(self.config["eval"]["stop_at_target"])
+
+    def checkpoint_every(self) -> int:
+        return self.config["training"]["checkpoint_every_steps"]
+
+    def end_figures(self) -> dict:
+        """The run's own entries of its end record (after step and samples)."""
+        return {}
+
+    def close(self, end: LoopEnd) -> None:
+        """The process's MLPerf block closed, the end record written (a resumed complete run
+        wrote its own when it finished), the reporter closed."""
+        state = self.state
+        self.reporter.mlperf.run_stop(state.samples, end.status)
+        if end.stopped_by == RESUMED_COMPLETE:
+            log.info("the run was complete at step %d: nothing trained, nothing recorded", state.step)
+        else:
+            self.reporter.log({"step": state.step, "samples": state.samples, **self.end_figures(),
+                               "status": end.status, "stopped_by": end.stopped_by,
+                               "seconds": time.perf_counter() - self.started}, "end")  # fmt: skip
+        self.reporter.close()
