@@ -3,7 +3,7 @@
     python bench/bench_compile_train.py [--cases classify sft] [--steps 40] [--threads 2]
 
 Each (case, way) runs in a fresh process (inductor's caches cold, as a user's first run)
-through fine-tuning's own run: finetune.train.start_run builds the job, the batcher and
+through fine-tuning's own run: finetune.train.Run sets up the job, the batcher and
 the step model, and finetune_step trains --steps batches. Per step the wall time is kept.
 
   classify  configs/finetune_bbc.yaml as shipped: MiniLM-L6 (the asset), BBC News, packed
@@ -54,7 +54,7 @@ if way == "dynamic-compiled":
     sets.append("batching.mode=dynamic")
 config = load_finetune_config(config_path, sets)
 scratch = tempfile.TemporaryDirectory()  # the run folder, removed when this process ends
-run = finetune.start_run(config, Path(scratch.name) / "run", False, None, False)
+run = finetune.Run(config, Path(scratch.name) / "run", False)
 engine = run.engine
 if way == "dynamic-compiled":
     engine = dataclasses.replace(engine, step_model=torch.compile(run.model))

@@ -9,6 +9,7 @@ another's parts); the jobs (training/, finetune/) import it, nothing in componen
     # a pretraining run's --resume (BERT's on every engine, the decoder's), refusals as RunError:
     path, state, saved = ckpt_run.resume_pretraining(output, load_into_run, BertProgress, rank)
     ckpt_run.forget_lines_after(output, state.step, rank)   # once the resume's checks passed
+    ckpt_run.remove_half_written(folder, rank)   # fine-tuning's, before its resume is read
 """
 
 from __future__ import annotations
@@ -74,13 +75,22 @@ def resume_pretraining(output: Path, load_into_run, progress_type, rank: int, cl
     writes nothing), every rank waiting, then `restore`. -> (path, RunState, training state);
     RunError "--resume: ..." where no checkpoint is left to resume."""
     folder = output / "checkpoints"
-    if clean and rank == 0:  # the run folder's lock says no other run owns these temporaries
-        ckpt.remove_leftovers(folder)
-    barrier()
+    if clean:  # the run folder's lock says no other run owns these temporaries
+        remove_half_written(folder, rank)
+    else:
+        barrier()
     try:
         return restore(folder, load_into_run, progress_type, rank)
     except ckpt.CheckpointError as err:
         raise RunError(f"--resume: {err}") from None
+
+
+def remove_half_written(folder: Path, rank: int) -> None:
+    """Rank 0 removes what a crash mid-write (kill -9) left of a checkpoint in `folder`; every
+    rank waits for it."""
+    if rank == 0:
+        ckpt.remove_leftovers(folder)
+    barrier()
 
 
 def forget_lines_after(output: Path, step: int, rank: int) -> None:

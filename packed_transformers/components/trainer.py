@@ -51,7 +51,7 @@ class Trainer(LoopJob):
     rank: int = 0
 
     def __init__(self, config: dict, output: Path, resume: bool):
-        self.config, self.output, self.limits = config, output, config["training"]
+        self.config, self.output, self.limits, self.resume = config, output, config["training"], resume
         self.compile_only = bool(config["execution"].get("compile_only"))
         self.open_data()
         # MLPerf's init phase starts at the model build; its lines are written once every check
@@ -59,30 +59,21 @@ class Trainer(LoopJob):
         self.init_started_ms = time.time() * 1000
         self.build()
         if not self.compile_only:  # a later real run in the folder must not find "another run"
-            prepare_output(output, config, resume, self.rank, changeable=self.changeable)
-        resumed = self._read_checkpoint() if resume else None
+            self.prepare_folder(resume)
+        resumed = self.read_checkpoint() if resume else None
         self.attach(resumed)
         self.eval_schedule = self.make_eval_schedule()
-        self.state = RunState(next_eval_samples=self.eval_schedule.first(), extra=self.progress_type())
+        self.state = RunState(next_eval_samples=self.eval_schedule.first(), extra=self.new_progress())
         if resumed is not None:
-            path, restored, _ = resumed
-            self.check_resume(path, restored.extra)
-            self.state = restored
+            self.check_resume(resumed[0], resumed[1])
+            self.state = resumed[1]
             if self.state.next_eval_samples == 0:  # a checkpoint from before it was kept
                 self.state.next_eval_samples = self.eval_schedule.first()
-            if self.rank == 0:
-                log.info("resumed from %s (step %d, %d samples)", path, self.state.step, self.state.samples)
         self.record_progress(self.state.extra)
         self.open_position()
         self.saved_step = self.state.step if resumed is not None else None  # not written again
-        if self.compile_only:
-            return
-        write_run_config(output, config, self.rank)
-        if resumed is not None:  # the lines of the steps after the checkpoint: trained and logged again
-            ckpt_run.forget_lines_after(output, self.state.step, self.rank)
-        self.reporter = Reporter(output, config, self.rank)
-        self.stop = StopSignal()
-        self.start_reporting()
+        if not self.compile_only:
+            self.open_records(resumed is not None)
 
     # ----- the job's phases (the module's docstring) -------------------------------------
     def open_data(self) -> None:
@@ -90,6 +81,11 @@ class Trainer(LoopJob):
 
     def build(self) -> None:
         raise NotImplementedError
+
+    def prepare_folder(self, resume: bool) -> None:
+        """The folder locked, refused where it holds another run (or, on --resume, a run of other
+        settings than `changeable` allows); config.yaml is written once every check passed."""
+        prepare_output(self.output, self.config, resume, self.rank, changeable=self.changeable)
 
     def load_checkpoint(self, path: Path, saved: dict) -> None:
         """A checkpoint's weights (and where the job restores it here, its optimizer's state)
@@ -104,8 +100,12 @@ class Trainer(LoopJob):
     def make_eval_schedule(self) -> EvalSchedule:
         raise NotImplementedError
 
-    def check_resume(self, path: Path, kept) -> None:
-        """Refuse (RunError, "--resume: ...") a checkpoint whose record (`kept`, of
+    def new_progress(self):
+        """A new run's progress record (RunState.extra)."""
+        return self.progress_type()
+
+    def check_resume(self, path: Path, restored: RunState) -> None:
+        """Refuse (RunError, "--resume: ...") a checkpoint whose record (restored.extra, of
         progress_type) says it is another run's: its settings, data or global batch."""
 
     def record_progress(self, progress) -> None:
@@ -113,6 +113,16 @@ class Trainer(LoopJob):
 
     def open_position(self) -> None:
         """The data read on from the state's position; the evaluation set."""
+
+    def open_records(self, resumed: bool) -> None:
+        """config.yaml; metrics.jsonl's lines after the checkpoint forgotten (a resume trains and
+        logs those steps again); the reporter, MLPerf's init lines, the stop signal."""
+        write_run_config(self.output, self.config, self.rank)
+        if resumed:
+            ckpt_run.forget_lines_after(self.output, self.state.step, self.rank)
+        self.reporter = Reporter(self.output, self.config, self.rank)
+        self.stop = StopSignal()
+        self.start_reporting()
 
     def start_reporting(self) -> None:
         """MLPerf's init lines; a progress bar."""
@@ -122,13 +132,21 @@ class Trainer(LoopJob):
         raise NotImplementedError
 
     # ----- resume and checkpoints --------------------------------------------------------
-    def _read_checkpoint(self) -> tuple:
+    def read_checkpoint(self) -> tuple | None:
         """--resume: what a crash left half-written removed, then the newest intact checkpoint's
         weights loaded (load_checkpoint), its run state read, this rank's RNG put back.
         -> (its folder, its RunState, its training state)."""
         return ckpt_run.resume_pretraining(
             self.output, self.load_checkpoint, self.progress_type, self.rank, clean=not self.compile_only
         )
+
+
+class PretrainingTrainer(Trainer):
+    """What the pretraining runs (BERT's, the decoder's) answer the loop alike, from what they
+    hold (`config`, `reporter`: components.observe.Reporter, `state`): the training.* limits,
+    every process's clock agreed, MLPerf's blocks, the eval target, checkpoints every N steps
+    and their time kept out of training's, the end record. A run adds `begin` (its start: lines,
+    the first logging window) and `end_figures` (its own entries of the end record)."""
 
     def write_checkpoint(self) -> None:
         """Collective: a checkpoint of this step (rank 0 writes it; every rank its shards where
@@ -140,7 +158,6 @@ class Trainer(LoopJob):
         if self.rank == 0:
             log.info("checkpoint %s", path)
 
-    # ----- clocks --------------------------------------------------------------------------
     def train_seconds(self) -> float:
         """Seconds spent training: wall time since the start (plus the resumed run's) less
         evaluations and checkpoints. The clock of `max_train_seconds`, of each record's

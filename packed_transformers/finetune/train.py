@@ -17,7 +17,7 @@ replicated (DDP) or sharded (FSDP2): components.replicas; rank 0 writes.
 
 Where things live: finetune.jobs (each task's data, model, evaluation and save: `JOBS`),
 finetune.run_folder (the output folder, resume's checks, the final save, `RunState`),
-finetune.checkpoint (its files). This module: the step and the run: start_run builds it, the
+finetune.checkpoint (its files). This module: the step and the run: `Run` sets itself up (components.trainer), the
 one training loop (components.loop.run_loop) drives it (`Run`: a step is a batch, an
 evaluation an epoch's validation, a checkpoint after each), finish_run writes its outputs.
 
@@ -40,7 +40,6 @@ if __name__ == "__main__":  # option and path mistakes answered before torch is 
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -51,12 +50,13 @@ from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, write_json_atomic
 from packed_transformers.components import replicas as parallel  # this process among the run's
-from packed_transformers.components.checkpoint import CheckpointError, remove_leftovers, weights_writer
+from packed_transformers.components.checkpoint import CheckpointError, weights_writer
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.loop import LoopEnd, LoopJob, run_loop
-from packed_transformers.components.run_checkpoint import write_checkpoint
+from packed_transformers.components.loop import LoopEnd, run_loop
+from packed_transformers.components.run_checkpoint import remove_half_written, write_checkpoint
 from packed_transformers.components.run_state import Diverged, EvalSchedule, RunState, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep, weights_finite
+from packed_transformers.components.trainer import Trainer
 from packed_transformers.data.assets import resolve_asset
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
@@ -89,7 +89,8 @@ from packed_transformers.packs.errors import PackingInputError
 log = logging.getLogger("finetune")
 
 # What the command answers in one line and exit 2: the input's fault, found before or while it runs.
-REFUSED = (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError, CheckpointError)
+REFUSED = (ConfigError, ExampleError, DataInputError, FinetuneError, PackingInputError, CheckpointError,
+           RunError)  # fmt: skip
 FEW_VALIDATION_EXAMPLES = 30  # below this, the run's summary says its validation score measures little
 
 
@@ -111,46 +112,138 @@ def finetune_step(
     return replicas.step_sums(engine.step([batch], loss, lr).kept[0])  # one process: its own sums
 
 
-# ----- the run: a job of the one training loop (components.loop) ---------------------------
-@dataclass
-class Run(LoopJob):
-    """What a run works with, built once by start_run; `state` changes as it trains. The
-    loop (components.loop.run_loop) asks it when and does what its methods say: a step is a
-    batch, an evaluation is an epoch's validation (its metrics line: no per-step lines, no
-    target), a checkpoint follows each validation, the limits are the epochs and
-    training.max_seconds."""
+# ----- the run: a job of every run's one Trainer (components.trainer) -----------------------
+class Run(Trainer):
+    """A fine-tuning run on this process: the phases of components.trainer.Trainer's setup (the
+    input read and checked once before anything is built; the resume checkpoint read once), then
+    what the loop (components.loop.run_loop) asks: a step is a batch, an evaluation an epoch's
+    validation (its metrics line: no per-step lines, no target), a checkpoint after each, the
+    limits the epochs and training.max_seconds."""
 
-    eval_schedule = EvalSchedule(per_epoch=True)  # not a field: every fine-tuning run validates each epoch
-    config: dict
-    output: Path
-    job: Job
-    batcher: Batcher
-    eval_batcher: Batcher
-    # the model, its optimizer, what runs the forward (the model, compiled, DDP); fp32, clipped
-    engine: TorchStep
-    schedule: object  # optim.WarmupLinearDecay: the learning rate of each step
-    state: RunState
-    stop: object  # components.run_state.StopSignal (or anything with is_set() and signum), or None
-    replicas: parallel.Replicas  # this process among the run's (components.replicas; world 1: alone)
-    skeleton: torch.nn.Module | None = None  # sharded, rank 0: the model's copy for the final save
-    saved_step: int | None = None  # the newest checkpoint's step (a resume's: not written again)
-    metrics_file: object = None  # OUTPUT/metrics.jsonl, open while the loop runs
-    batches: list | None = None  # the epoch in progress's batch tables
-    bar: object = None  # its progress bar
-    validated: tuple | None = None  # the last validation: (metrics, inference timing, outputs)
-    summary: dict | None = None  # written by close at a complete end
-    where: Path | None = None  # the newest checkpoint's folder
-    # (the weights gathered whole: rank 0's, None elsewhere or unsharded,) of the checkpoint
-    # written at the run's limit, for the final save not to gather them again; None before it
-    # (no copy held through an epoch). Every rank holds the tuple or None alike.
-    final_weights: tuple | None = None
-    undertrained: str | None = None  # why it ended before its epochs' steps (its summary says it)
+    progress_type = FinetuneProgress
+    metrics_file = None  # OUTPUT/metrics.jsonl, open while the loop runs (rank 0's)
+    batches = None  # the epoch in progress's batch tables
+    bar = None  # its progress bar
+    validated = None  # the last validation: (metrics, inference timing, outputs)
+    summary = None  # written by close at a complete end
+    where = None  # the newest checkpoint's folder
+    # (the weights gathered whole: rank 0's, else None,) of the checkpoint at the run's limit, for the
+    # final save not to gather them again; None before it. Every rank holds the tuple or None alike.
+    final_weights = None
+    undertrained = None  # why it ended before its epochs' steps (its summary says it)
+
+    def __init__(self, config: dict, output: Path, resume: bool, stop=None, overwrite: bool = False):
+        # stop: a components.run_state.StopSignal (or anything with is_set() and signum), or None
+        self.given_stop, self.overwrite = stop, overwrite
+        super().__init__(config, output, resume)
 
     @property
     def model(self) -> torch.nn.Module:
         """The weights (sharded in place under FSDP2): the engine's."""
         return self.engine.model
 
+    # ----- the setup's phases (components.trainer) ---------------------------------------
+    def open_data(self) -> None:
+        """The config's positions checked, this process among the run's (torchrun:
+        components.replicas), the output folder and the config checked against its checkpoint
+        (read once), the task's input read and checked and batched (the batchers check the rows
+        against the config): every check before anything is built or (--overwrite) removed."""
+        config = self.config
+        self.checkpoint_config = check_positions(config)
+        self.replicas = parallel.join_replicas(*(config["execution"][k] for k in ("device", "sharding", "threads")))  # fmt: skip
+        self.rank = self.replicas.rank
+        if not self.replicas.writes:
+            log.setLevel(logging.WARNING)  # rank 0 tells the run; the others say what goes wrong
+        replacing = self.overwrite and not self.resume  # the old run goes, once this one's input is checked
+        self.found = None
+        if not replacing:
+            remove_half_written(checkpoints_folder(self.output), self.rank)
+            self.found = check_output(self.output, self.resume)  # the checkpoint --resume continues from
+            changed = resume_differences(config, self.found and self.found.progress)
+            if changed:
+                raise FinetuneError(f"--resume: the config differs from the checkpoint's in {', '.join(changed)}; "
+                                    "resume with the same config")  # fmt: skip
+        self.job_input = JOBS[config["data"]["task"]](config, self.checkpoint_config)  # config.json once
+        seed, batching = config["batching"]["shuffle_seed"], config["batching"]
+        spec_of = self.job_input.batching or batching_spec
+        self.batcher = Batcher(self.job_input.train.lengths, spec_of(config, batching["batch_size"]), seed)
+        self.eval_batcher = Batcher(self.job_input.validation.lengths, spec_of(config, batching["eval_batch_size"]),
+                                    seed)  # fmt: skip
+        self.digests = input_digest(config)
+        if replacing:  # a bad input line above keeps the run it would have replaced
+            if self.replicas.writes:
+                clear_run(self.output)
+            remove_half_written(checkpoints_folder(self.output), self.rank)
+
+    def build(self) -> None:
+        """The task's model (nothing of it built before the input was whole), placed, sharded
+        or replicated; AdamW and its schedule; the step (fp32)."""
+        config, replicas, training = self.config, self.replicas, self.config["training"]
+        self.job = self.job_input.build()
+        self.output.mkdir(parents=True, exist_ok=True)
+        self.skeleton = parallel.host_skeleton(
+            self.job.model, replicas
+        )  # before the model moves or is sharded
+        model = self.job.model.to(replicas.device)
+        step_model, _ = forward_of(model, replicas, "fp32", training["compile"])
+        steps = training["epochs"] * self.batcher.batches_per_epoch
+        optimizer, self.schedule = build_adamw(model, config["optim"], steps)
+        settings = StepSettings(replicas.device, "fp32", config["optim"]["max_grad_norm"])
+        self.engine = TorchStep(model, optimizer, step_model, settings, replicas.sharded)
+        batcher, job, batching = self.batcher, self.job, config["batching"]
+        log.info(
+            "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s%s",
+            batcher.spec.mode, len(job.train), len(job.validation), job.description, batcher.batches_per_epoch,
+            batcher.packing_factor, batcher.packing_note(batching["max_sequences_per_pack"]), replicas.describe(),
+        )  # fmt: skip
+        torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
+
+    def prepare_folder(self, resume: bool) -> None:  # checked in open_data: no lock, no config.yaml
+        pass
+
+    def read_checkpoint(self) -> tuple | None:
+        """--resume: the weights, optimizer, schedule and RNG of the newest intact checkpoint whose
+        weights load (components.checkpoint.resume_from over the points check_output read)."""
+        try:
+            return (*load_checkpoint(self.output, self.engine, self.replicas, self.found.points), None)
+        except CheckpointError as err:
+            raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
+
+    def make_eval_schedule(self) -> EvalSchedule:
+        return EvalSchedule(per_epoch=True)  # every fine-tuning run validates each epoch
+
+    def new_progress(self) -> FinetuneProgress:
+        return FinetuneProgress(self.config, self.digests)
+
+    def check_resume(self, path: Path, restored: RunState) -> None:
+        """Refused where the data or the tokenizer changed since the checkpoint."""
+        kept = restored.extra.data_sha256 or self.digests  # a checkpoint from before they were kept
+        kept_tokenizer = kept.get("tokenizer")  # absent: a checkpoint from before it was kept
+        if kept_tokenizer is not None and kept_tokenizer != self.digests["tokenizer"]:
+            raise FinetuneError(
+                "--resume: the tokenizer's files changed since the checkpoint (model.init_checkpoint's tokenizer "
+                "files or data.vocab_file: same paths, other contents); the planned batches came from the old "
+                "tokenizer: restore it, or start over with --overwrite"
+            )
+        changed = ", ".join(k for k in self.digests if k != "tokenizer" and kept.get(k) != self.digests[k])
+        if changed:
+            raise FinetuneError(
+                f"--resume: the training or validation data changed since the checkpoint (same paths, other "
+                f"contents: {changed}); resume with the data it was trained on, or start over with --overwrite"
+            )
+        log.info("resumed from %s: epoch %d, %d batches done in it", path, restored.extra.epoch,
+                 restored.extra.batches_done)  # fmt: skip
+
+    def record_progress(self, progress: FinetuneProgress) -> None:
+        # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
+        progress.config = self.config
+        progress.data_sha256 = progress.data_sha256 or self.digests  # a checkpoint from before it was kept
+
+    def open_records(self, resumed: bool) -> None:
+        """metrics.jsonl is opened by run_finetune, after a stop asked for before the first step."""
+        self.stop = self.given_stop
+
+    # ----- the loop's questions ------------------------------------------------------------
     def limit_reached(self) -> str | None:
         state, training = self.state, self.config["training"]
         if state.extra.finished or state.extra.epoch >= training["epochs"]:
@@ -267,7 +360,7 @@ def run_finetune(
     resume: continue from OUTPUT/checkpoints (finetune.checkpoint). stop: an object whose
     is_set() is polled after every step (the CLI's SIGINT/SIGTERM flag); when set, the run
     writes a checkpoint and raises Interrupted."""
-    run = start_run(config, output, resume, stop, overwrite)
+    run = Run(config, output, resume, stop, overwrite)  # checked, built, restored (--resume)
     if stop is not None and stop.is_set():
         raise Interrupted("stopped before the first step; nothing was trained", stop.signum)
     if run.replicas.writes:
@@ -285,97 +378,6 @@ def open_metrics(run: Run) -> None:
     run.metrics_file = path.open("w")
     run.metrics_file.write(kept)
     run.metrics_file.flush()
-
-
-def start_run(config: dict, output: Path, resume: bool, stop, overwrite: bool) -> Run:
-    """Check the config, join the run's other processes (torchrun: components.replicas), check
-    the output folder and the config against a checkpoint, read and check the task's input and
-    batch it (the batchers check the rows against the config), then build: the task's model
-    and the optimizer, and restore the checkpoint's state (--resume)."""
-    checkpoint_config = check_positions(config)  # before anything is read, packed or (--overwrite) removed
-    training = config["training"]
-    try:
-        replicas = parallel.join_replicas(
-            *(config["execution"][k] for k in ("device", "sharding", "threads"))
-        )
-    except RunError as err:
-        raise FinetuneError(str(err)) from None
-    if not replicas.writes:
-        log.setLevel(logging.WARNING)  # rank 0 tells the run; the others say what goes wrong
-    replacing = overwrite and not resume  # the old run goes below, once this one's input is read and checked
-    found = None
-    if not replacing:
-        remove_half_written(output, replicas)
-        found = check_output(output, resume)  # the checkpoint --resume continues from, read once
-        changed = resume_differences(config, found and found.progress)
-        if changed:
-            raise FinetuneError(f"--resume: the config differs from the checkpoint's in {', '.join(changed)}; "
-                                "resume with the same config")  # fmt: skip
-    job_input = JOBS[config["data"]["task"]](config, checkpoint_config)  # read and checked; config.json once
-    seed, batching = config["batching"]["shuffle_seed"], config["batching"]
-    spec_of = job_input.batching or batching_spec  # the batchers check the rows against the config too
-    batcher = Batcher(job_input.train.lengths, spec_of(config, batching["batch_size"]), seed)
-    eval_batcher = Batcher(job_input.validation.lengths, spec_of(config, batching["eval_batch_size"]), seed)
-    if replacing:  # a bad input line above keeps the run it would have replaced
-        if replicas.writes:
-            clear_run(output)
-        remove_half_written(output, replicas)
-    job = job_input.build()  # the model: nothing of it was built before the input was whole
-    output.mkdir(parents=True, exist_ok=True)
-    skeleton = parallel.host_skeleton(job.model, replicas)  # before the model moves or is sharded
-    model = job.model.to(replicas.device)
-    step_model, _ = forward_of(model, replicas, "fp32", training["compile"])  # fine-tuning's steps: fp32
-    optimizer, schedule = build_adamw(model, config["optim"], training["epochs"] * batcher.batches_per_epoch)
-    settings = StepSettings(replicas.device, "fp32", config["optim"]["max_grad_norm"])
-    engine = TorchStep(model, optimizer, step_model, settings, replicas.sharded)
-    log.info(
-        "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s%s",
-        batcher.spec.mode, len(job.train), len(job.validation), job.description, batcher.batches_per_epoch,
-        batcher.packing_factor, batcher.packing_note(batching["max_sequences_per_pack"]), replicas.describe(),
-    )  # fmt: skip
-    torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
-    state = RunState(extra=FinetuneProgress(config, input_digest(config)))
-    if found is not None:
-        state = restore_state(output, engine, state, replicas, found.points)
-    saved_step = state.step if found is not None else None
-    return Run(config, output, job, batcher, eval_batcher, engine, schedule, state, stop, replicas, skeleton,
-               saved_step)  # fmt: skip
-
-
-def remove_half_written(output: Path, replicas) -> None:
-    """Rank 0 removes what a crash mid-write (kill -9) left of a checkpoint; every rank waits."""
-    if replicas.writes:
-        remove_leftovers(checkpoints_folder(output))
-    replicas.barrier()
-
-
-def restore_state(output: Path, engine: TorchStep, fresh: RunState, replicas, points=None) -> RunState:
-    """--resume: the checkpoint's weights, optimizer, schedule and RNG into place (the newest
-    intact one whose weights load: components.checkpoint.resume_from, over `points`: those
-    check_output read). -> its state; refused (one line) where none is left or the data changed."""
-    try:
-        path, state = load_checkpoint(output, engine, replicas, points)
-    except CheckpointError as err:
-        raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
-    saved, digests = state.extra, fresh.extra.data_sha256
-    # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded
-    saved.config = fresh.extra.config
-    saved.data_sha256 = saved.data_sha256 or digests  # a checkpoint from before it was kept
-    kept_tokenizer = saved.data_sha256.get("tokenizer")  # absent: a checkpoint from before it was kept
-    if kept_tokenizer is not None and kept_tokenizer != digests["tokenizer"]:
-        raise FinetuneError(
-            "--resume: the tokenizer's files changed since the checkpoint (model.init_checkpoint's tokenizer "
-            "files or data.vocab_file: same paths, other contents); the planned batches came from the old "
-            "tokenizer: restore it, or start over with --overwrite"
-        )
-    changed = ", ".join(k for k in digests if k != "tokenizer" and saved.data_sha256.get(k) != digests[k])
-    if changed:
-        raise FinetuneError(
-            f"--resume: the training or validation data changed since the checkpoint (same paths, other "
-            f"contents: {changed}); resume with the data it was trained on, or start over with --overwrite"
-        )
-    log.info("resumed from %s: epoch %d, %d batches done in it", path, saved.epoch, saved.batches_done)
-    return state
 
 
 def check_weights(run: Run, epoch: int) -> None:
@@ -437,7 +439,7 @@ def finish_run(run: Run, model, validation: dict, inference: dict, outputs) -> d
 
 
 # Names other modules and the benches import from here.
-__all__ = ["Diverged", "FinetuneError", "Interrupted", "Job", "batching_spec", "build_adamw", "finetune_step",
+__all__ = ["Diverged", "FinetuneError", "Interrupted", "Job", "Run", "batching_spec", "build_adamw", "finetune_step",
            "prepare_task", "read_examples", "resolve_asset", "run_finetune"]  # fmt: skip
 
 

@@ -37,10 +37,16 @@ from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd
 from packed_transformers.components.observe import MetricSums, summarize
 from packed_transformers.components.run_folder import CHANGEABLE_ON_RESUME, check_same_run, data_identity
-from packed_transformers.components.run_state import BertProgress, Diverged, EvalSchedule, skip_or_stop
+from packed_transformers.components.run_state import (
+    BertProgress,
+    Diverged,
+    EvalSchedule,
+    RunState,
+    skip_or_stop,
+)
 from packed_transformers.components.step import NonFiniteStep
 from packed_transformers.components.synthetic import SyntheticPacks
-from packed_transformers.components.trainer import Trainer
+from packed_transformers.components.trainer import PretrainingTrainer
 from packed_transformers.engines.engine import Engine
 from packed_transformers.training.build import (
     build_model,
@@ -58,7 +64,7 @@ log = logging.getLogger("training")
 GLOBAL_BATCH_SPLIT = CHANGEABLE_ON_RESUME | {("optim", "gradient_accumulation")}
 
 
-class Run(Trainer):
+class Run(PretrainingTrainer):
     """BERT's pretraining run on this process, on the engine the config selects: the phases of
     components.trainer.Trainer's setup (every user-input check before config.yaml is written),
     then what a step, a logging window, an evaluation and a checkpoint are."""
@@ -117,10 +123,10 @@ class Run(Trainer):
         )
         return EvalSchedule(int(every))
 
-    def check_resume(self, path: Path, kept: BertProgress) -> None:
+    def check_resume(self, path: Path, restored: RunState) -> None:
         """The checkpoint's own record, not only config.yaml (which a user can delete or edit):
         the same settings, the same global batch, the same data at the data path."""
-        config = self.config
+        config, kept = self.config, restored.extra
         if kept.config is not None:
             check_same_run(kept.config, config, "the checkpoint", changeable=GLOBAL_BATCH_SPLIT)
             # the global batch may be split another way (other processes, other accumulation:

@@ -1,4 +1,4 @@
-"""A pretraining run's time limits are every process's verdict (components.trainer.Trainer):
+"""A pretraining run's time limits are every process's verdict (components.trainer.PretrainingTrainer):
 a process whose clock passed training.max_seconds (or max_train_seconds) stops every process at
 that step. Before, BERT's run asked each process's own clock: under DDP one process left the
 loop while another began a step, and the two waited in different collectives."""
@@ -20,14 +20,14 @@ pytestmark = pytest.mark.slow
 RANKS = """
 import json, sys, time
 import torch.distributed as dist
-from packed_transformers.components.trainer import Trainer
+from packed_transformers.components.trainer import PretrainingTrainer
 from packed_transformers.components.run_state import RunState
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 ahead = 100.0 if rank == 0 else 0.0
 
-class Clocked(Trainer):
+class Clocked(PretrainingTrainer):
     state = RunState(step=3)
     def __init__(self):  # the clocks alone: no run set up
         pass
@@ -73,9 +73,9 @@ def test_one_process_alone_reads_its_own_clock():
     import time
 
     from packed_transformers.components.run_state import RunState
-    from packed_transformers.components.trainer import Trainer
+    from packed_transformers.components.trainer import PretrainingTrainer
 
-    class Clocked(Trainer):
+    class Clocked(PretrainingTrainer):
         def __init__(self):  # the clocks alone: no run set up
             pass
 

@@ -168,6 +168,37 @@ def test_every_job_shares_one_diverged_and_one_replica_type():
     assert asks == 2, f"is_decoder_config asked {asks} times (its definition and training/specs.py's spec_of)"
 
 
+def test_every_run_is_set_up_by_the_one_trainer():
+    """Issue 107: BERT's run (every engine), the decoder's and fine-tuning's are jobs of
+    components.trainer.Trainer, whose __init__ is the one setup order; no run writes its own
+    (a job's __init__ only keeps its own arguments and hands on), and only the Trainer prepares
+    a run folder, writes config.yaml, opens the reporter or reads a resume checkpoint."""
+    import inspect
+    import re
+
+    from packed_transformers.components.trainer import PretrainingTrainer, Trainer
+    from packed_transformers.finetune.train import Run as FinetuneRun
+    from packed_transformers.training.decoder.run import DecoderRun
+    from packed_transformers.training.run import Run as BertRun
+
+    assert issubclass(BertRun, PretrainingTrainer) and issubclass(DecoderRun, PretrainingTrainer)
+    assert issubclass(FinetuneRun, Trainer) and not issubclass(FinetuneRun, PretrainingTrainer)
+    for run in (BertRun, DecoderRun, FinetuneRun):
+        if "__init__" in vars(run):
+            body = inspect.getsource(run.__init__).splitlines()[1:]
+            code = [line for line in body if line.strip() and not line.strip().startswith(("#", '"""'))]
+            assert len(code) <= 3 and "super().__init__(" in code[-1], (
+                f"{run.__qualname__}.__init__ sets up itself"
+            )
+    rooms = ("training", "finetune", "components", "engines")
+    defined_in = {"prepare_output": "components/run_folder.py", "write_run_config": "components/run_folder.py",
+                  "Reporter": "components/observe.py", "resume_pretraining": "components/run_checkpoint.py"}  # fmt: skip
+    for name, home in defined_in.items():
+        users = sorted(p.relative_to(PACKAGE).as_posix() for room in rooms for p in (PACKAGE / room).rglob("*.py")
+                       if re.search(rf"(?<![\w.])(ckpt_run\.)?{name}\(", p.read_text()))  # fmt: skip
+        assert sorted(set(users) - {home}) == ["components/trainer.py"], (name, users)
+
+
 def test_every_job_loads_checkpoint_weights_one_way():
     """Issue 107: a checkpoint's weights reach a model through components.replicas.load_weights
     alone (strict; a tied alias filled; FSDP2's shards each rank's), whichever job wrote them: no

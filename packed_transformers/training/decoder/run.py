@@ -29,10 +29,10 @@ from packed_transformers.components.distributed import all_reduce_, setup_replic
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd
 from packed_transformers.components.run_folder import CHANGEABLE_ON_RESUME
-from packed_transformers.components.run_state import EvalSchedule, plain_values, skip_or_stop
+from packed_transformers.components.run_state import EvalSchedule, RunState, plain_values, skip_or_stop
 from packed_transformers.components.sharding import materialize_sharded
 from packed_transformers.components.step import MeanLoss, NonFiniteStep, predicted_tokens
-from packed_transformers.components.trainer import Trainer
+from packed_transformers.components.trainer import PretrainingTrainer
 from packed_transformers.engines.torch_engine import StepSettings, TorchStep, evaluation_outputs, forward_of
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
@@ -81,7 +81,7 @@ def open_rows(folder, role: str, config: dict) -> RowStore:
     return store
 
 
-class DecoderRun(Trainer):
+class DecoderRun(PretrainingTrainer):
     """One process's part of a decoder run: the phases of components.trainer.Trainer's setup,
     then what a step, a logging line and an evaluation are; `train` returns the exit code."""
 
@@ -164,13 +164,14 @@ class DecoderRun(Trainer):
         # no evaluation set: never due
         return EvalSchedule((self.config["eval"]["every_samples"] or 0) if self.eval_rows else 0)
 
-    def check_resume(self, path: Path, kept: DecoderProgress) -> None:
-        written = kept.rows_per_step
+    def check_resume(self, path: Path, restored: RunState) -> None:
+        written = restored.extra.rows_per_step
         if written and written != self.rows_per_step:
             raise RunError(
                 f"--resume: {written} rows a step in {path}, {self.rows_per_step} now "
                 "(data.micro_batch_rows x optim.gradient_accumulation x processes must stay the global batch)"
             )
+        log.info("resumed from %s (step %d, %d samples)", path, restored.step, restored.samples)
 
     def record_progress(self, progress: DecoderProgress) -> None:
         progress.rows_per_step = self.rows_per_step
