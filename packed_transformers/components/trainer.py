@@ -1,25 +1,27 @@
-"""The pretraining runs' one Trainer (BERT's on every engine, the decoder's): their setup
-written once, in one order, and what they answer the loop alike. A job is a subclass that says
-what each phase is for it (torchtitan's Trainer over a TrainSpec; training/specs.py registers
-the jobs and picks one per config):
+"""Every run's one Trainer (BERT's pretraining on every engine, the decoder's, fine-tuning's):
+the setup written once, in one order. A job is a subclass that says what each phase is for it
+(torchtitan's Trainer over a TrainSpec; training/specs.py registers the pretraining jobs,
+finetune.jobs.JOBS the fine-tuning tasks):
 
-    open_data       the data opened and checked against the config (RunError), nothing built
+    open_data       the data (a task's input) opened and checked against the config, nothing built
     build           the replica and the engine, the model (checked against the data), placed
-                    (a sharded decoder: sharded, its optimizer built)
-    the folder      locked and checked (another run there; a --resume of other settings)
-    resume          the newest intact checkpoint's weights (`load_checkpoint`), its run state
-                    and this rank's RNG (components.run_checkpoint.resume_pretraining)
+                    (the decoder and fine-tuning: sharded or replicated, their optimizer built)
+    prepare_folder  locked and checked (another run there; a --resume of other settings)
+    read_checkpoint the newest intact checkpoint's weights (`load_checkpoint`), its run state
+                    and this rank's RNG (components.run_checkpoint)
     attach          the engine's optimizer and step; a checkpoint's optimizer state restored
-    state           fresh, or the checkpoint's once the job's `check_resume` passed
+    state           fresh (`new_progress`), or the checkpoint's once the job's `check_resume`
+                    passed; what it keeps for a later resume (`record_progress`)
     open_position   the data read on from the state's position, the evaluation set
-    the record      config.yaml, metrics.jsonl's later lines forgotten on --resume, the
+    open_records    config.yaml, metrics.jsonl's later lines forgotten on --resume, the
                     reporter, MLPerf's init lines (`start_reporting`), the stop signal
 
 --compile-only (BERT on IPUs) builds and checks everything and writes nothing to the folder.
-Then the loop (components.loop.run_loop) drives it: the training.* limits with every process's
-clock agreed (one that stopped alone would leave the others waiting in a collective), MLPerf's
-blocks, the eval target, checkpoints every N steps and their time kept out of training's, the
-end record. Never imports engines/, training/ or finetune/.
+Then the loop (components.loop.run_loop) drives it. `PretrainingTrainer` answers it for the two
+pretraining runs alike: the training.* limits with every process's clock agreed (one that
+stopped alone would leave the others waiting in a collective), MLPerf's blocks, the eval
+target, checkpoints every N steps and their time kept out of training's, the end record.
+Never imports engines/, training/ or finetune/.
 """
 
 from __future__ import annotations
@@ -41,10 +43,10 @@ log = logging.getLogger("training")
 
 
 class Trainer(LoopJob):
-    """One pretraining run on this process, set up by `__init__` in the module's order. A job
-    sets `progress_type` (its RunState.extra) and `changeable` (the config keys a --resume may
+    """One run on this process, set up by `__init__` in the module's order. A job sets
+    `progress_type` (its RunState.extra) and `changeable` (the config keys a --resume may
     change: what only splits the global batch) and writes the phases below; `rank` is set by
-    its `build`."""
+    its `open_data` or `build`."""
 
     progress_type: type
     changeable: frozenset = CHANGEABLE_ON_RESUME
@@ -127,10 +129,6 @@ class Trainer(LoopJob):
     def start_reporting(self) -> None:
         """MLPerf's init lines; a progress bar."""
 
-    def snapshot(self):
-        """The engine's Snapshot of this step (engines.engine.Snapshot; collective)."""
-        raise NotImplementedError
-
     # ----- resume and checkpoints --------------------------------------------------------
     def read_checkpoint(self) -> tuple | None:
         """--resume: what a crash left half-written removed, then the newest intact checkpoint's
@@ -147,6 +145,10 @@ class PretrainingTrainer(Trainer):
     every process's clock agreed, MLPerf's blocks, the eval target, checkpoints every N steps
     and their time kept out of training's, the end record. A run adds `begin` (its start: lines,
     the first logging window) and `end_figures` (its own entries of the end record)."""
+
+    def snapshot(self):
+        """The engine's Snapshot of this step (engines.engine.Snapshot; collective)."""
+        raise NotImplementedError
 
     def write_checkpoint(self) -> None:
         """Collective: a checkpoint of this step (rank 0 writes it; every rank its shards where
