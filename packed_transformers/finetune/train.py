@@ -240,8 +240,19 @@ class Run(Trainer):
         progress.data_sha256 = progress.data_sha256 or self.digests  # a checkpoint from before it was kept
 
     def open_records(self, resumed: bool) -> None:
-        """metrics.jsonl is opened by run_finetune, after a stop asked for before the first step."""
-        self.stop = self.given_stop
+        """Interrupted for a stop asked for before the first step (nothing written); else rank 0's
+        OUTPUT/metrics.jsonl opened for the loop, holding the lines of the epochs the checkpoint
+        has validated (a resumed run's; none for a new one)."""
+        self.stop = stop = self.given_stop
+        if stop is not None and stop.is_set():
+            raise Interrupted("stopped before the first step; nothing was trained", stop.signum)
+        if self.replicas.writes:
+            path, epoch = self.output / "metrics.jsonl", self.state.extra.epoch
+            lines = path.read_text().splitlines() if epoch > 0 and path.is_file() else []
+            kept = "".join(line + "\n" for line in lines if json.loads(line)["epoch"] < epoch)
+            self.metrics_file = path.open("w")
+            self.metrics_file.write(kept)
+            self.metrics_file.flush()
 
     # ----- the loop's questions ------------------------------------------------------------
     def limit_reached(self) -> str | None:
@@ -361,23 +372,8 @@ def run_finetune(
     is_set() is polled after every step (the CLI's SIGINT/SIGTERM flag); when set, the run
     writes a checkpoint and raises Interrupted."""
     run = Run(config, output, resume, stop, overwrite)  # checked, built, restored (--resume)
-    if stop is not None and stop.is_set():
-        raise Interrupted("stopped before the first step; nothing was trained", stop.signum)
-    if run.replicas.writes:
-        open_metrics(run)
     run_loop(run)
     return run.summary
-
-
-def open_metrics(run: Run) -> None:
-    """OUTPUT/metrics.jsonl opened for the loop, holding the lines of the epochs the
-    checkpoint has validated (a resumed run's; none for a new one)."""
-    path, epoch = run.output / "metrics.jsonl", run.state.extra.epoch
-    lines = path.read_text().splitlines() if epoch > 0 and path.is_file() else []
-    kept = "".join(line + "\n" for line in lines if json.loads(line)["epoch"] < epoch)
-    run.metrics_file = path.open("w")
-    run.metrics_file.write(kept)
-    run.metrics_file.flush()
 
 
 def check_weights(run: Run, epoch: int) -> None:
