@@ -55,7 +55,7 @@ if way == "dynamic-compiled":
 config = load_finetune_config(config_path, sets)
 scratch = tempfile.TemporaryDirectory()  # the run folder, removed when this process ends
 run = finetune.Run(config, Path(scratch.name) / "run", False)
-engine = run.engine
+engine = run.engine.torch_step
 if way == "dynamic-compiled":
     engine = dataclasses.replace(engine, step_model=torch.compile(run.model))
 seconds, shapes, epoch = [], set(), 0

@@ -1,13 +1,16 @@
 """The engines: what turns a job's micro-batches into optimizer steps, below every run that
 trains (BERT pretraining, the decoder's run, every fine-tuning task), so that each imports them:
 
-    torch_engine   CPU, CUDA; DDP or FSDP2 under torchrun. `TorchStep`: every job's step on
-                   torch (engines.torch_engine.take_step with the job's loss), its optimizer state
-                   saved and restored in one format; `TorchEngine`: BERT's engine over it
+    torch_engine   CPU, CUDA; DDP or FSDP2 under torchrun. `TorchEngine`: every job's engine on
+                   torch (BERT's through `attach`, the decoder's and fine-tuning's through `place`
+                   with their optimizer); its `TorchStep` takes the step (take_step with the job's
+                   loss) and saves and restores its state in one format
     pipeline       BERT over execution.layers_per_stage with more than one stage (x replicas)
     ipu            BERT on Graphcore IPUs through PopTorch (ipu_plan: the plan; ipu_step: the
                    step's graph); poptorch is imported only inside ipu.py's functions
-    engine         the interface BERT's run asks of its engines (`Engine`, `Snapshot`)
+    engine         the interface BERT's run asks of its engines (`Engine`, `Snapshot`); the
+                   decoder and fine-tuning run on the torch engine alone (their configs name no
+                   other device or stages)
 
 The step's arithmetic every engine shares is components/step.py. Never imports training/,
 finetune/ or any room above them; the torch, pipeline and IPU engines never import one another.

@@ -21,8 +21,9 @@ float summation order, whatever the job. A job says only what differs (`StepLoss
 forward: the model, compiled, DDP; the settings), gives a checkpoint its parts (a sharded run's,
 every job's alike: DCP shards of model and optimizer, the weights gathered whole for model/) and
 restores any checkpoint on any number of ranks, sharded or not. A job says only its loss (components.step.StepLoss):
-BERT's is `PretrainingLoss`, masked tokens and sequences its units; `TorchEngine` is BERT's
-engine (training.run's `Engine`) over a TorchStep, with LAMB.
+BERT's is `PretrainingLoss`, masked tokens and sequences its units. `TorchEngine` is every job's
+engine over a TorchStep: BERT's (training.run's `Engine`, with LAMB, through `attach`), the
+decoder's and fine-tuning's (`place`, with their AdamW).
 """
 
 from __future__ import annotations
@@ -356,21 +357,52 @@ def evaluate(model, shards, batches, device, precision, spare_forwards: int = 0)
 
 
 class TorchEngine:
-    """engines.engine.Engine for torch on CPU/CUDA, with DDP under torchrun."""
+    """engines.engine.Engine for torch on CPU/CUDA, with DDP or FSDP2 under torchrun: every job's
+    engine (BERT's through `attach`; the decoder and fine-tuning `place` their model with their
+    own optimizer). Its step, checkpoint parts and restore are its TorchStep's."""
 
     steps_per_call = 1
 
     @staticmethod
     def check_config(config: dict) -> None:
-        """Nothing beyond training.config's own checks (precision and device, compile-only)."""
+        """Nothing beyond the config's own checks (precision and device, compile-only)."""
 
-    def __init__(self, config: dict):
+    def __init__(self, config: dict, replicas=None):
+        """replicas: this process among the run's (components.distributed.Replicas; default
+        from torchrun's environment and the config's execution section)."""
         self.config = config
-        self.replica = setup_replica(config)
+        self.replica = setup_replica(config) if replicas is None else replicas
         self.rank = self.data_rank = self.replica.rank
         self.data_world = self.replica.world
 
+    def place(self, model, optimizer_of, precision: str = "fp32", compile_step: bool = False,
+              max_grad_norm: float = 0.0, scaler=None, **forward) -> int:  # fmt: skip
+        """Every job's: the model's forward (forward_of: sharded per block, compiled, DDP; `forward`
+        its blocks, backend, dynamic), then the optimizer optimizer_of(model) builds over the placed
+        parameters, the step clipping at max_grad_norm (0: never; LAMB clips inside). -> the number
+        of blocks sharded (0 unsharded)."""
+        step_model, blocks = forward_of(model, self.replica, precision, compile_step, **forward)
+        settings = StepSettings(self.replica.device, precision, max_grad_norm)
+        self.torch_step = TorchStep(
+            model, optimizer_of(model), step_model, settings, self.replica.sharded, scaler
+        )
+        return blocks
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.torch_step.model
+
+    @property
+    def step_model(self) -> torch.nn.Module:
+        return self.torch_step.step_model
+
+    def step(self, micro_batches: list[dict], loss: StepLoss, lr: float) -> StepResult:
+        """Every job's optimizer step (TorchStep.step)."""
+        return self.torch_step.step(micro_batches, loss, lr)
+
     def attach(self, model, packing_factor: float) -> BatchArithmetic:
+        """BERT's: the model placed with LAMB (its betas after the packing adjustment) and fp16's
+        loss scaler; the step's batch arithmetic."""
         training, optim = self.config["training"], self.config["optim"]
         batch = BatchArithmetic.from_config(self.config, packing_factor, self.replica.world)
         sharded = self.replica.sharded
@@ -381,17 +413,14 @@ class TorchEngine:
             model.config.architectures = [type(model).__name__]
         # FSDP2: each encoder layer, then the model (the embeddings, heads and the tied MLM decoder
         # together); LAMB over the shards (its norms over whole tensors)
-        step_model, blocks = forward_of(model, self.replica, training["precision"], training["compile"] and not sharded,
-                                        blocks=model.encoder_layers, dynamic=None)  # fmt: skip
+        scaler = torch.amp.GradScaler(self.replica.device.type, enabled=training["precision"] == "fp16")
+        blocks = self.place(model, lambda placed: build_lamb(placed, optim, batch.betas, optim["max_grad_norm"]),
+                            training["precision"], training["compile"] and not sharded, scaler=scaler,
+                            blocks=model.encoder_layers, dynamic=None)  # fmt: skip
         if sharded and self.rank == 0:
             log.info(
                 "FSDP2: %d encoder layers and the model sharded over %d ranks", blocks, self.replica.world
             )
-        self.torch_step = TorchStep(
-            model, build_lamb(model, optim, batch.betas, optim["max_grad_norm"]), step_model,
-            StepSettings(self.replica.device, training["precision"]), sharded,
-            torch.amp.GradScaler(self.replica.device.type, enabled=training["precision"] == "fp16"),
-        )  # fmt: skip
         return batch
 
     def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
@@ -407,13 +436,18 @@ class TorchEngine:
     def reduce(self, sums: MetricSums) -> dict:
         return sums.reduce()
 
-    def snapshot(self) -> Snapshot:
-        """Collective under FSDP2: every rank's shards of the weights and LAMB's moments for
-        dcp/ and the weights gathered whole for model/ (TorchStep.snapshot, as every job's);
-        unsharded, every replica holds the same weights. Rank 0 writes model/."""
-        return self.torch_step.snapshot()
+    def snapshot(self, weights_of=None, save_whole=None) -> Snapshot:
+        """Collective under FSDP2: every rank's shards of the weights and the optimizer's state
+        for dcp/ and the weights gathered whole for model/; unsharded, every replica holds the
+        same weights. Rank 0 writes model/ (TorchStep.snapshot: weights_of, save_whole)."""
+        return self.torch_step.snapshot(weights_of, save_whole)
+
+    def restore(self, path, engine_state: dict, weights_of=None) -> None:
+        """A checkpoint's weights and optimizer state, on any number of ranks, sharded or not
+        (TorchStep.restore; the decoder's and fine-tuning's resume)."""
+        self.torch_step.restore(path, engine_state, weights_of)
 
     def load_state(self, engine_state: dict, path=None) -> None:
         """The optimizer's (and fp16's scaler's) state, a sharded run's from dcp/ at `path`
-        (TorchStep.load_state; the weights came from model/ before `attach`)."""
+        (TorchStep.load_state; BERT's weights came from model/ before `attach`)."""
         self.torch_step.load_state(engine_state, path)

@@ -89,7 +89,7 @@ def read_progress(output: Path) -> RunState | None:
 def load_checkpoint(
     output: Path, engine, replicas, points: Iterator[tuple[Path, dict]] | None = None
 ) -> tuple[Path, RunState]:
-    """Restore weights, optimizer (the engine's: a TorchStep) and RNG (this rank's; rank 0's
+    """Restore weights, optimizer (the engine's: engines.torch_engine.TorchEngine) and RNG (this rank's; rank 0's
     for a rank the writer did not have) from the checkpoint resume_from picks, whatever number
     of ranks wrote it. The learning rate follows from the state's step count (an older
     checkpoint's LambdaLR state is read by nobody). `points`: a Resumable's, the checkpoints

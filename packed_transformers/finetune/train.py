@@ -60,7 +60,7 @@ from packed_transformers.components.trainer import Trainer
 from packed_transformers.data.assets import resolve_asset
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
-from packed_transformers.engines.torch_engine import StepSettings, TorchStep, forward_of
+from packed_transformers.engines.torch_engine import TorchEngine
 from packed_transformers.finetune.checkpoint import (
     KEEP,
     FinetuneProgress,
@@ -104,10 +104,10 @@ def batching_spec(config: dict, batch_size: int) -> BatchingSpec:
 
 
 def finetune_step(
-    engine: TorchStep, batch: dict, lr: float, loss=SLOT_LOSS, replicas=parallel.ONE_PROCESS
+    engine: TorchEngine, batch: dict, lr: float, loss=SLOT_LOSS, replicas=parallel.ONE_PROCESS
 ) -> dict:
-    """One optimizer step on this process's rows of one batch (the engine's step): the mean
-    loss over the step's examples (or predicted tokens) of every process. -> the step's sums
+    """One optimizer step on this process's rows of one batch (the engine's step; a bare TorchStep
+    takes it alike, as the benches' do): the mean loss over the step's examples (or predicted tokens) of every process. -> the step's sums
     over every process: STEP_SUMS. NonFiniteStep for a non-finite one (weights untouched)."""
     return replicas.step_sums(engine.step([batch], loss, lr).kept[0])  # one process: its own sums
 
@@ -181,15 +181,16 @@ class Run(Trainer):
         config, replicas, training = self.config, self.replicas, self.config["training"]
         self.job = self.job_input.build()
         self.output.mkdir(parents=True, exist_ok=True)
-        self.skeleton = parallel.host_skeleton(
-            self.job.model, replicas
-        )  # before the model moves or is sharded
-        model = self.job.model.to(replicas.device)
-        step_model, _ = forward_of(model, replicas, "fp32", training["compile"])
+        self.skeleton = parallel.host_skeleton(self.job.model, replicas)  # before it moves or is sharded
         steps = training["epochs"] * self.batcher.batches_per_epoch
-        optimizer, self.schedule = build_adamw(model, config["optim"], steps)
-        settings = StepSettings(replicas.device, "fp32", config["optim"]["max_grad_norm"])
-        self.engine = TorchStep(model, optimizer, step_model, settings, replicas.sharded)
+
+        def adamw(placed):  # over the placed (sharded) parameters; the schedule in optimizer steps
+            optimizer, self.schedule = build_adamw(placed, config["optim"], steps)
+            return optimizer
+
+        self.engine = TorchEngine(config, replicas)
+        self.engine.place(self.job.model.to(replicas.device), adamw, "fp32", training["compile"],
+                          config["optim"]["max_grad_norm"])  # fmt: skip
         batcher, job, batching = self.batcher, self.job, config["batching"]
         log.info(
             "%s batching: %d train / %d validation rows, %s, %d steps per epoch, %.2f per packed row%s%s",

@@ -197,6 +197,12 @@ def test_every_run_is_set_up_by_the_one_trainer():
         users = sorted(p.relative_to(PACKAGE).as_posix() for room in rooms for p in (PACKAGE / room).rglob("*.py")
                        if re.search(rf"(?<![\w.])(ckpt_run\.)?{name}\(", p.read_text()))  # fmt: skip
         assert sorted(set(users) - {home}) == ["components/trainer.py"], (name, users)
+    # every run on torch holds the torch engine (its step, checkpoint parts and restore), none a
+    # bare TorchStep or a forward of its own
+    for name in ("TorchStep", "forward_of"):
+        users = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                       if re.search(rf"(?<![\w.]){name}\(", p.read_text()))  # fmt: skip
+        assert users == ["engines/torch_engine.py"], (name, users)
 
 
 def test_every_job_loads_checkpoint_weights_one_way():

@@ -33,7 +33,7 @@ from packed_transformers.components.run_state import EvalSchedule, RunState, pla
 from packed_transformers.components.sharding import materialize_sharded
 from packed_transformers.components.step import MeanLoss, NonFiniteStep, predicted_tokens
 from packed_transformers.components.trainer import PretrainingTrainer
-from packed_transformers.engines.torch_engine import StepSettings, TorchStep, evaluation_outputs, forward_of
+from packed_transformers.engines.torch_engine import TorchEngine, evaluation_outputs
 from packed_transformers.optim import WarmupCosineDecay, weight_decay_groups
 from packed_transformers.packs.errors import PackingInputError
 from packed_transformers.packs.lm_rows.store import RowStore
@@ -136,20 +136,20 @@ class DecoderRun(PretrainingTrainer):
 
         # graphs the process compiled before this run (a process may run twice: tests)
         self.graphs_before = counters["stats"]["unique_graphs"]
-        step_model, blocks = forward_of(self.model, self.replica, training["precision"], training["compile"],
-                                        backend=training["compile_backend"])  # fmt: skip
-        if self.sharded:
+
+        def adamw(placed):  # over the placed parameters (sharded from the meta device: given weights first)
             if on_meta:
                 whole = build_decoder(*shape, "cpu", weights_only=True).hf_model if self.rank == 0 else None
-                materialize_sharded(self.model, whole, self.replica.device, self.rank)
-                del whole
-            if self.rank == 0:
-                log.info("FSDP2: %d blocks and the model sharded over %d ranks%s", blocks, self.world,
-                         " (built on the meta device, rank 0's weights broadcast)" if on_meta else "")  # fmt: skip
-        optimizer = torch.optim.AdamW(weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),
-                                      lr=0.0, betas=tuple(optim["betas"]), eps=optim["eps"])  # fmt: skip
-        settings = StepSettings(self.replica.device, training["precision"], optim["max_grad_norm"])
-        self.engine = TorchStep(self.model, optimizer, step_model, settings, self.sharded)
+                materialize_sharded(placed, whole, self.replica.device, self.rank)
+            return torch.optim.AdamW(weight_decay_groups(placed.named_parameters(), optim["weight_decay"]),
+                                     lr=0.0, betas=tuple(optim["betas"]), eps=optim["eps"])  # fmt: skip
+
+        self.engine = TorchEngine(config, self.replica)
+        blocks = self.engine.place(self.model, adamw, training["precision"], training["compile"], optim["max_grad_norm"],
+                                   backend=training["compile_backend"])  # fmt: skip
+        if self.sharded and self.rank == 0:
+            log.info("FSDP2: %d blocks and the model sharded over %d ranks%s", blocks, self.world,
+                     " (built on the meta device, rank 0's weights broadcast)" if on_meta else "")  # fmt: skip
         self.schedule = WarmupCosineDecay(
             optim["lr"], optim["warmup_samples"], optim["total_samples"], optim["end_lr"]
         )
@@ -157,7 +157,7 @@ class DecoderRun(PretrainingTrainer):
     def load_checkpoint(self, path: Path, saved: dict) -> None:
         """A checkpoint's weights and optimizer state, whichever way it was written: a sharded
         run's dcp/ or model/ and the optimizer whole, on any number of ranks, sharded or not
-        (engines.torch_engine.TorchStep.restore)."""
+        (engines.torch_engine.TorchEngine.restore)."""
         self.engine.restore(path, saved, self.model.hf_model)
 
     def make_eval_schedule(self) -> EvalSchedule:
@@ -183,8 +183,8 @@ class DecoderRun(PretrainingTrainer):
                                             self.config["eval"]["rows"] if self.eval_rows else 0)  # fmt: skip
 
     def snapshot(self):
-        """TorchStep.snapshot: dcp/ where sharded; model/ the transformers model's weights, saved
-        by the packed decoder's save_pretrained unsharded."""
+        """The engine's: dcp/ where sharded; model/ the transformers model's weights, saved by the
+        packed decoder's save_pretrained unsharded."""
         return self.engine.snapshot(self.model.hf_model, self.model.save_pretrained)
 
     # ----- the MLPerf log -----------------------------------------------------------------
