@@ -17,9 +17,10 @@ replicated (DDP) or sharded (FSDP2): components.replicas; rank 0 writes.
 
 Where things live: finetune.jobs (each task's data, model, evaluation and save: `JOBS`),
 finetune.run_folder (the output folder, resume's checks, the final save, `RunState`),
-finetune.checkpoint (its files). This module: the step and the run: `Run` sets itself up (components.trainer), the
-one training loop (components.loop.run_loop) drives it (`Run`: a step is a batch, an
-evaluation an epoch's validation, a checkpoint after each), finish_run writes its outputs.
+finetune.checkpoint (its files). This module: the step and the run: `Run`, a job of the one
+Trainer (components.trainer: its setup), driven by the one loop (components.loop.run_loop: a
+step is a batch, an evaluation an epoch's validation, a checkpoint after each); finish_run
+writes its outputs.
 
 OUTPUT/  model/ (a transformers folder for predict), metrics.jsonl (a line per epoch),
          validation_predictions.jsonl (QA: .json), summary.json (examples/s, padding, scores)
@@ -107,8 +108,9 @@ def finetune_step(
     engine: TorchEngine, batch: dict, lr: float, loss=SLOT_LOSS, replicas=parallel.ONE_PROCESS
 ) -> dict:
     """One optimizer step on this process's rows of one batch (the engine's step; a bare TorchStep
-    takes it alike, as the benches' do): the mean loss over the step's examples (or predicted tokens) of every process. -> the step's sums
-    over every process: STEP_SUMS. NonFiniteStep for a non-finite one (weights untouched)."""
+    takes it alike, as the benches' do): the mean loss over the step's examples (or predicted
+    tokens) of every process. -> the step's sums over every process: STEP_SUMS. NonFiniteStep
+    for a non-finite one (weights untouched)."""
     return replicas.step_sums(engine.step([batch], loss, lr).kept[0])  # one process: its own sums
 
 
