@@ -272,7 +272,7 @@ class Run(PretrainingTrainer):
         self._show_progress(engine.steps_per_call)
 
     def _show_progress(self, steps: int) -> None:
-        """Advance the bar: by steps, or to the fraction of the nearest limit (run_setup)."""
+        """Advance the bar: by steps, or to the fraction of the nearest limit (start_reporting)."""
         if not self.budget_limits:
             self.progress.update(steps)
             return
