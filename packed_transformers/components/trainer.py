@@ -31,6 +31,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.distributed import any_process
@@ -40,6 +41,15 @@ from packed_transformers.components.run_folder import CHANGEABLE_ON_RESUME, prep
 from packed_transformers.components.run_state import EvalSchedule, RunState, StopSignal
 
 log = logging.getLogger("training")
+
+
+class Resumed(NamedTuple):
+    """The checkpoint a --resume took up: its folder, its run state (of the job's progress type)
+    and its training state as loaded (None where the job kept nothing of it for later)."""
+
+    path: Path
+    state: RunState
+    saved: dict | None
 
 
 class Trainer(LoopJob):
@@ -67,8 +77,8 @@ class Trainer(LoopJob):
         self.eval_schedule = self.make_eval_schedule()
         self.state = RunState(next_eval_samples=self.eval_schedule.first(), extra=self.new_progress())
         if resumed is not None:
-            self.check_resume(resumed[0], resumed[1])
-            self.state = resumed[1]
+            self.check_resume(resumed.path, resumed.state)
+            self.state = resumed.state
             if self.state.next_eval_samples == 0:  # a checkpoint from before it was kept
                 self.state.next_eval_samples = self.eval_schedule.first()
         self.record_progress(self.state.extra)
@@ -95,9 +105,9 @@ class Trainer(LoopJob):
         this one's files do not load."""
         raise NotImplementedError
 
-    def attach(self, resumed: tuple | None) -> None:
-        """The engine's optimizer and step; resumed: (path, RunState, training state) of the
-        checkpoint whose weights were loaded, or None."""
+    def attach(self, resumed: Resumed | None) -> None:
+        """The engine's optimizer and step; resumed: the checkpoint whose weights were loaded,
+        or None."""
 
     def make_eval_schedule(self) -> EvalSchedule:
         raise NotImplementedError
@@ -130,13 +140,11 @@ class Trainer(LoopJob):
         """MLPerf's init lines; a progress bar."""
 
     # ----- resume and checkpoints --------------------------------------------------------
-    def read_checkpoint(self) -> tuple | None:
+    def read_checkpoint(self) -> Resumed:
         """--resume: what a crash left half-written removed, then the newest intact checkpoint's
-        weights loaded (load_checkpoint), its run state read, this rank's RNG put back.
-        -> (its folder, its RunState, its training state)."""
-        return ckpt_run.resume_pretraining(
-            self.output, self.load_checkpoint, self.progress_type, self.rank, clean=not self.compile_only
-        )
+        weights loaded (load_checkpoint), its run state read, this rank's RNG put back."""
+        return Resumed(*ckpt_run.resume_pretraining(self.output, self.load_checkpoint, self.progress_type, self.rank,
+                                                    clean=not self.compile_only))  # fmt: skip
 
 
 class PretrainingTrainer(Trainer):

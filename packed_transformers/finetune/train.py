@@ -57,7 +57,7 @@ from packed_transformers.components.loop import LoopEnd, run_loop
 from packed_transformers.components.run_checkpoint import remove_half_written, write_checkpoint
 from packed_transformers.components.run_state import Diverged, EvalSchedule, RunState, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep, weights_finite
-from packed_transformers.components.trainer import Trainer
+from packed_transformers.components.trainer import Resumed, Trainer
 from packed_transformers.data.assets import resolve_asset
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
@@ -204,11 +204,11 @@ class Run(Trainer):
     def prepare_folder(self, resume: bool) -> None:  # checked in open_data: no lock, no config.yaml
         pass
 
-    def read_checkpoint(self) -> tuple | None:
+    def read_checkpoint(self) -> Resumed:
         """--resume: the weights, optimizer, schedule and RNG of the newest intact checkpoint whose
         weights load (components.checkpoint.resume_from over the points check_output read)."""
         try:
-            return (*load_checkpoint(self.output, self.engine, self.replicas, self.found.points), None)
+            return Resumed(*load_checkpoint(self.output, self.engine, self.replicas, self.found.points), None)
         except CheckpointError as err:
             raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
 

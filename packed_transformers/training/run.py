@@ -46,7 +46,7 @@ from packed_transformers.components.run_state import (
 )
 from packed_transformers.components.step import NonFiniteStep
 from packed_transformers.components.synthetic import SyntheticPacks
-from packed_transformers.components.trainer import PretrainingTrainer
+from packed_transformers.components.trainer import PretrainingTrainer, Resumed
 from packed_transformers.engines.engine import Engine
 from packed_transformers.training.build import (
     build_model,
@@ -109,13 +109,12 @@ class Run(PretrainingTrainer):
         the model there); the optimizer's state once it has (attach)."""
         ckpt_run.load_model_weights(self.model, path)
 
-    def attach(self, resumed) -> None:
+    def attach(self, resumed: Resumed | None) -> None:
         # What the step is made of, after the packing adjustment (components.step.BatchArithmetic).
         self.arithmetic = self.engine.attach(self.model, packing_factor(self.train_data))
         self.schedule = build_schedule(self.config)
         if resumed is not None:  # its dcp/ where a sharded run wrote one
-            path, _, saved = resumed
-            self.engine.load_state(saved, path)
+            self.engine.load_state(resumed.saved, resumed.path)
 
     def make_eval_schedule(self) -> EvalSchedule:
         every = self.config["eval"]["every_samples"] or mlperf_eval_interval(
