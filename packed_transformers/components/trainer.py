@@ -60,7 +60,7 @@ class Trainer(LoopJob):
 
     progress_type: type
     changeable: frozenset = CHANGEABLE_ON_RESUME
-    rank: int = 0
+    rank: int  # this process's, set by the job's open_data or build
 
     def __init__(self, config: dict, output: Path, resume: bool):
         self.config, self.output, self.limits, self.resume = config, output, config["training"], resume

@@ -151,7 +151,7 @@ class Run(Trainer):
         (read once), the task's input read and checked and batched (the batchers check the rows
         against the config): every check before anything is built or (--overwrite) removed."""
         config = self.config
-        self.checkpoint_config = check_positions(config)
+        checkpoint_config = check_positions(config)  # before anything is read or (--overwrite) removed
         self.replicas = parallel.join_replicas(*(config["execution"][k] for k in ("device", "sharding", "threads")))  # fmt: skip
         self.rank = self.replicas.rank
         if not self.replicas.writes:
@@ -165,7 +165,7 @@ class Run(Trainer):
             if changed:
                 raise FinetuneError(f"--resume: the config differs from the checkpoint's in {', '.join(changed)}; "
                                     "resume with the same config")  # fmt: skip
-        self.job_input = JOBS[config["data"]["task"]](config, self.checkpoint_config)  # config.json once
+        self.job_input = JOBS[config["data"]["task"]](config, checkpoint_config)  # config.json once
         seed, batching = config["batching"]["shuffle_seed"], config["batching"]
         spec_of = self.job_input.batching or batching_spec
         self.batcher = Batcher(self.job_input.train.lengths, spec_of(config, batching["batch_size"]), seed)

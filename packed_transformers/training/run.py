@@ -82,6 +82,7 @@ class Run(PretrainingTrainer):
         the config (S, K, shard names, sizes, counts, sha256)."""
         data = self.config["data"]
         self.train_data = None if data["synthetic"] else open_packed(data["train_dir"], self.config, "train")
+        self.data_identity = data_identity(self.config)  # metadata.json's sha256, hashed once
         self.eval_data = open_packed(data["eval_dir"], self.config, "eval") if data["eval_dir"] else None
 
     def build(self) -> None:
@@ -144,7 +145,7 @@ class Run(PretrainingTrainer):
                     f"{self.arithmetic.packs_per_step} (processes x optim.gradient_accumulation x "
                     "data.micro_batch_packs): the global batch must stay"
                 )
-        before, now = kept.data_identity, data_identity(config)
+        before, now = kept.data_identity, self.data_identity
         if before is not None and before != now:
             raise RunError(
                 f"--resume: {config['data']['train_dir']}/metadata.json has sha256 {str(now)[:12]}..., "
@@ -153,7 +154,7 @@ class Run(PretrainingTrainer):
             )
 
     def record_progress(self, progress: BertProgress) -> None:
-        progress.config, progress.data_identity = self.config, data_identity(self.config)
+        progress.config, progress.data_identity = self.config, self.data_identity
         progress.packs_per_step = self.arithmetic.packs_per_step
 
     def open_position(self) -> None:
@@ -183,7 +184,6 @@ class Run(PretrainingTrainer):
         config, engine = self.config, self.engine
         self.reporter.mlperf.init(config, platform_name(config, engine), self.init_started_ms, self.arithmetic,
                                   train_samples=self.train_data.sequences, eval_samples=self.eval_sequences)  # fmt: skip
-        self.evaluated_step = None
         # One bar, in the unit of what ends the run: steps when only max_steps bounds it;
         # else the percentage of whichever limit (steps, samples, a time budget) is nearest,
         # so its ETA is the run's (a 20 s budget never shows a 28-hour ETA over 100,000 steps).
@@ -334,7 +334,6 @@ class Run(PretrainingTrainer):
         train_seconds = self.train_seconds()
         with self._paused():
             metrics = self.engine.evaluate(*self.eval_set)
-        self.evaluated_step = state.step
         state.extra.best_eval_accuracy = max(state.extra.best_eval_accuracy, metrics["mlm_accuracy"])
         record = {"step": state.step, "samples": state.samples, "train_seconds": train_seconds, **metrics}
         self.reporter.log(record, "eval")
