@@ -7,6 +7,7 @@ folder gets.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +201,62 @@ def check_vocabulary_size(folder: Path, vocab_size, tokens: int) -> None:
         raise ExampleError(
             f"{folder / 'config.json'}: key 'vocab_size' is {vocab_size}, but the folder's tokenizer has {tokens} "
             "tokens: their ids would reach past the model's embedding table"
+        )
+
+
+def check_positions(checkpoint: Path, length: int) -> dict:
+    """Fine-tuning's data.max_sequence_length (`length`) must fit the checkpoint's position
+    embeddings: checked from its config.json before any text is read, tokenized or packed.
+    -> config.json as read, which the job hands on (the tokenizer, the door): a run reads the
+    file once. ExampleError otherwise."""
+    config_file = checkpoint / "config.json"
+    if not checkpoint.is_dir():
+        raise ExampleError(f"model.init_checkpoint {checkpoint}: no such folder")
+    if not config_file.is_file():
+        raise ExampleError(
+            f"model.init_checkpoint {checkpoint}: no config.json (not a Hugging Face model folder)"
+        )
+    try:
+        described = json.loads(config_file.read_text())
+        positions = described.get("max_position_embeddings", described.get("n_positions"))
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+        raise ExampleError(f"{config_file}: not a readable config ({first_line(err)[:200]})") from None
+    from packed_transformers.model.families import usable_positions
+
+    if isinstance(positions, int):
+        positions = usable_positions(described.get("model_type"), positions, described.get("pad_token_id"))
+    if isinstance(positions, int) and length > positions:
+        raise ExampleError(
+            f"data.max_sequence_length {length}: the checkpoint {checkpoint} has {positions} positions; "
+            f"give at most {positions}"
+        )
+    return described
+
+
+def check_vocab_file(checkpoint: Path, vocab_file: Path, checkpoint_config: dict | None = None) -> None:
+    """Fine-tuning's data.vocab_file must produce the ids the checkpoint's embeddings were trained
+    on: the checkpoint's own vocab.txt where it has one, and no more tokens than its vocab_size.
+    checkpoint_config: its config.json as read (None: read here). ExampleError otherwise."""
+    tokens = vocab_file.read_text(encoding="utf-8").splitlines()
+    own = checkpoint / "vocab.txt"
+    if own.is_file() and own.resolve() != vocab_file.resolve():
+        theirs = own.read_text(encoding="utf-8").splitlines()
+        if theirs != tokens:
+            row = next(
+                (i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs))
+            )
+            raise ExampleError(
+                f"data.vocab_file {vocab_file} differs from the checkpoint's {own} at line {row + 1} "
+                f"({len(tokens)} vs {len(theirs)} tokens): the checkpoint's embeddings expect its own "
+                f"vocabulary; leave data.vocab_file null to use it"
+            )
+    if checkpoint_config is None:
+        checkpoint_config = read_json_object(checkpoint / "config.json")
+    model_vocab = checkpoint_config.get("vocab_size")
+    if model_vocab is not None and len(tokens) > model_vocab:
+        raise ExampleError(
+            f"data.vocab_file {vocab_file} has {len(tokens)} tokens but the checkpoint {checkpoint} "
+            f"embeds vocab_size={model_vocab}: token ids would fall outside its embedding table"
         )
 
 

@@ -5,8 +5,8 @@ trainer, packed (hf_integration/rerank_train.py: `train` hands the config over).
 
     train          `python -m packed_transformers.finetune.train` / `packed train`: the run as named steps over a typed state
     config         the YAML schema and the command line (train_parser, standard library and YAML only)
-    jobs           data.task -> its Job (job_contract): classification and embedding (contrastive) here, QA
-                   (qa_task), SFT (causal_lm_task)
+    specs          data.task -> its job, picked once: the sources it reads, its input's reader, its trainer
+    jobs           each task's input and Job (job_contract): classification, embedding; QA (qa_task), SFT (causal_lm_task)
     run_folder, checkpoint   the output folder, resume's checks, exact --resume, the run state's
                    fine-tuning part (FinetuneProgress)
     folder_writer  the fine-tuned folder written (read back by door/)

@@ -22,9 +22,9 @@ from packed_transformers.common.config_schema import (
     read_yaml,
     resolve,
 )
+from packed_transformers.finetune.specs import SPECS, TASKS
 from packed_transformers.hf_integration.rerank_train import RERANK_KEYS
 
-TASKS = ("classification", "question_answering", "causal_lm", "embedding", "rerank")
 SOURCES = ("jsonl", "bbc_news", "squad")
 
 SCHEMA: dict[str, dict[str, Key]] = {
@@ -152,14 +152,10 @@ def validate_finetune(raw: dict, source: str = "config") -> dict:
         )
     if data["multi_label"] and data["source"] == "bbc_news":
         raise ConfigError(f"{source}: data.multi_label: BBC News has one label per article")
-    qa_task = data["task"] == "question_answering"
-    if qa_task != (data["source"] == "squad"):
-        raise ConfigError(
-            f"{source}: data.source: {data['source']} does not go with data.task {data['task']} "
-            f"(question_answering reads source squad; classification reads jsonl or bbc_news)"
-        )
-    if data["task"] in ("causal_lm", "embedding", "rerank") and data["source"] != "jsonl":
-        raise ConfigError(f"{source}: data.source: {data['task']} reads jsonl, not {data['source']}")
+    sources, qa_task = SPECS[data["task"]].sources, data["task"] == "question_answering"
+    if data["source"] not in sources:
+        raise ConfigError(f"{source}: data.source: data.task {data['task']} reads {' or '.join(sources)}, "
+                          f"not {data['source']}")  # fmt: skip
     if qa_task and config["qa"]["doc_stride"] >= data["max_sequence_length"] - 4:
         raise ConfigError(
             f"{source}: qa.doc_stride {config['qa']['doc_stride']} must be below "

@@ -1,7 +1,7 @@
 """What each fine-tuning task gives the shared loop (finetune.train): its data, its model,
-how it is evaluated, written and saved, as one `Job`. `JOBS` maps data.task to the function
-that reads and checks its input (a JobInput: the rows and the Job's builder; the model is
-opened only once the whole input is read and batched); the loop itself names no task.
+how it is evaluated, written and saved, as one `Job`. Each task's reader (finetune.specs
+registers them) reads and checks its input: a JobInput, the rows and the Job's builder; the
+model is opened only once the whole input is read and batched. The loop names no task.
 
     classification      jsonl / BBC News -> labels checked -> tokens (the checkpoint's own
                         tokenizer, or WordPiece over a vocab.txt) -> the packed classifier
@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,11 +40,9 @@ from packed_transformers.data.classification_data import (
     split_by_seed,
 )
 from packed_transformers.data.tokenizer import load_tokenizer
-from packed_transformers.door.folder import FolderTokenizer
-from packed_transformers.door.folder_spec import read_json_object
+from packed_transformers.door.folder import FolderTokenizer, check_vocab_file
 from packed_transformers.door.loaded import tokenize_examples
 from packed_transformers.door.opener import ForTraining, open_folder
-from packed_transformers.finetune.causal_lm_task import causal_lm_job
 from packed_transformers.finetune.errors import FinetuneError
 from packed_transformers.finetune.folder_writer import save_finetuned
 from packed_transformers.finetune.job_contract import ANCHOR_LOSS, Job, JobInput
@@ -68,32 +65,6 @@ class Task:
     # the tokenizer the rows were made with, built once: the checkpoint's own, or WordPiece
     # over the vocab.txt; handed to the door, whose LoadedModel carries it
     tokenizer: FolderTokenizer
-
-
-def check_vocabulary(checkpoint: Path, vocab_file: Path, checkpoint_config: dict | None = None) -> None:
-    """The tokenizer must produce the ids the checkpoint's embeddings were trained on.
-    checkpoint_config: its config.json as read (finetune.run_folder.check_positions)."""
-    tokens = vocab_file.read_text(encoding="utf-8").splitlines()
-    own = checkpoint / "vocab.txt"
-    if own.is_file() and own.resolve() != vocab_file.resolve():
-        theirs = own.read_text(encoding="utf-8").splitlines()
-        if theirs != tokens:
-            row = next(
-                (i for i, (a, b) in enumerate(zip(tokens, theirs)) if a != b), min(len(tokens), len(theirs))
-            )
-            raise FinetuneError(
-                f"data.vocab_file {vocab_file} differs from the checkpoint's {own} at line {row + 1} "
-                f"({len(tokens)} vs {len(theirs)} tokens): the checkpoint's embeddings expect its own "
-                f"vocabulary; leave data.vocab_file null to use it"
-            )
-    if checkpoint_config is None:
-        checkpoint_config = read_json_object(checkpoint / "config.json")
-    model_vocab = checkpoint_config.get("vocab_size")
-    if model_vocab is not None and len(tokens) > model_vocab:
-        raise FinetuneError(
-            f"data.vocab_file {vocab_file} has {len(tokens)} tokens but the checkpoint {checkpoint} "
-            f"embeds vocab_size={model_vocab}: token ids would fall outside its embedding table"
-        )
 
 
 def read_examples(data: dict, path: str) -> Examples:
@@ -125,7 +96,7 @@ def prepare_task(config: dict, checkpoint_config: dict | None = None) -> Task:
         vocab_file = Path(resolve_asset(data["vocab_file"]) or checkpoint / "vocab.txt")
         if not vocab_file.is_file():
             raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
-        check_vocabulary(checkpoint, vocab_file, checkpoint_config)
+        check_vocab_file(checkpoint, vocab_file, checkpoint_config)
         tokenizer, vocab = load_tokenizer(vocab_file)
         token_types = True
         carried = FolderTokenizer(tokenizer, token_types, vocab=vocab)
@@ -229,7 +200,7 @@ def qa_job(config: dict, checkpoint_config: dict | None = None) -> JobInput:
     vocab_file = Path(resolve_asset(config["data"]["vocab_file"]) or Path(checkpoint) / "vocab.txt")
     if not vocab_file.is_file():
         raise FinetuneError(f"{vocab_file}: no vocabulary file (set data.vocab_file)")
-    check_vocabulary(Path(checkpoint), vocab_file, checkpoint_config)
+    check_vocab_file(Path(checkpoint), vocab_file, checkpoint_config)
     wordpiece, vocab = load_tokenizer(vocab_file)
     train, validation, tokenizer = prepare_qa(config, vocab, resolve_asset)
     carried = FolderTokenizer(wordpiece, True, transformers_tokenizer=tokenizer, vocab=vocab)
@@ -354,13 +325,3 @@ def contrastive_job(config: dict, checkpoint_config: dict | None = None) -> JobI
     return JobInput(
         train, validation, build, lambda config, batch_size: BatchingSpec("dynamic", batch_size, width)
     )
-
-
-# data.task -> the function that reads and checks its input (config, the checkpoint's config.json
-# as read): its JobInput, whose build opens the model
-JOBS: dict[str, Callable[[dict, dict | None], JobInput]] = {
-    "classification": classification_job,
-    "question_answering": qa_job,
-    "causal_lm": causal_lm_job,
-    "embedding": contrastive_job,
-}

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from packed_transformers.common.cli import first_line
@@ -40,36 +39,6 @@ def input_digest(config: dict) -> dict:
     )
     digests["tokenizer"] = files_digest(tokenizer, lambda path: Path(path).name)
     return digests
-
-
-def check_positions(config: dict) -> dict:
-    """data.max_sequence_length must fit the checkpoint's position embeddings: checked from
-    its config.json before any text is read, tokenized or packed. -> config.json as read,
-    which the job hands on (the tokenizer, the door): the run reads the file once."""
-    checkpoint = Path(resolve_asset(config["model"]["init_checkpoint"]))
-    config_file = checkpoint / "config.json"
-    if not checkpoint.is_dir():
-        raise FinetuneError(f"model.init_checkpoint {checkpoint}: no such folder")
-    if not config_file.is_file():
-        raise FinetuneError(
-            f"model.init_checkpoint {checkpoint}: no config.json (not a Hugging Face model folder)"
-        )
-    try:
-        described = json.loads(config_file.read_text())
-        positions = described.get("max_position_embeddings", described.get("n_positions"))
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
-        raise FinetuneError(f"{config_file}: not a readable config ({first_line(err)[:200]})") from None
-    from packed_transformers.model.families import usable_positions
-
-    if isinstance(positions, int):
-        positions = usable_positions(described.get("model_type"), positions, described.get("pad_token_id"))
-    length = config["data"]["max_sequence_length"]
-    if isinstance(positions, int) and length > positions:
-        raise FinetuneError(
-            f"data.max_sequence_length {length}: the checkpoint {checkpoint} has {positions} positions; "
-            f"give at most {positions}"
-        )
-    return described
 
 
 # What a run writes in its output folder (removed, and only these, by --overwrite).

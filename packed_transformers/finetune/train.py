@@ -15,12 +15,10 @@ validation set goes through inference in the same batching mode, timed; the last
 predictions are written. Under torchrun the processes share each step's rows, the model
 replicated (DDP) or sharded (FSDP2): components.replicas; rank 0 writes.
 
-Where things live: finetune.jobs (each task's data, model, evaluation and save: `JOBS`),
-finetune.run_folder (the output folder, resume's checks, the final save, `RunState`),
-finetune.checkpoint (its files). This module: the step and the run: `Run`, a job of the one
-Trainer (components.trainer: its setup), driven by the one loop (components.loop.run_loop: a
-step is a batch, an evaluation an epoch's validation, a checkpoint after each); finish_run
-writes its outputs.
+Where things live: finetune.specs (the task's job, picked once), finetune.jobs (each task's
+data, model, evaluation and save), finetune.run_folder and finetune.checkpoint (the output
+folder, resume's checks, the checkpoint's files). This module: `Run`, a job of the one Trainer
+(components.trainer) driven by the one loop (components.loop.run_loop).
 
 OUTPUT/  model/ (a transformers folder for predict), metrics.jsonl (a line per epoch),
          validation_predictions.jsonl (QA: .json), summary.json (examples/s, padding, scores)
@@ -61,6 +59,7 @@ from packed_transformers.components.trainer import Resumed, Trainer
 from packed_transformers.data.assets import resolve_asset
 from packed_transformers.data.classification_data import ExampleError
 from packed_transformers.data.tokenizer import DataInputError
+from packed_transformers.door.folder import check_positions
 from packed_transformers.engines.torch_engine import TorchEngine
 from packed_transformers.finetune.checkpoint import (
     KEEP,
@@ -72,16 +71,18 @@ from packed_transformers.finetune.checkpoint import (
 from packed_transformers.finetune.config import load_finetune_config, train_parser
 from packed_transformers.finetune.errors import FinetuneError, Interrupted
 from packed_transformers.finetune.job_contract import SLOT_LOSS, Job
-from packed_transformers.finetune.jobs import JOBS, prepare_task, read_examples
+from packed_transformers.finetune.jobs import prepare_task, read_examples
 from packed_transformers.finetune.run_folder import (
     check_output,
-    check_positions,
     clear_run,
     input_digest,
     resume_differences,
     save_final,
 )
-from packed_transformers.hf_integration.rerank_train import RerankStopped, run_rerank  # the ST trainer's job
+from packed_transformers.finetune.specs import FinetuneSpec, spec_for
+from packed_transformers.hf_integration.rerank_train import (
+    RerankStopped,
+)  # the ST trainer's job (finetune.specs)
 from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.optim import build_adamw
 from packed_transformers.packs.batching import Batcher, BatchingSpec
@@ -134,9 +135,11 @@ class Run(Trainer):
     final_weights = None
     undertrained = None  # why it ended before its epochs' steps (its summary says it)
 
-    def __init__(self, config: dict, output: Path, resume: bool, stop=None, overwrite: bool = False):
-        # stop: a components.run_state.StopSignal (or anything with is_set() and signum), or None
-        self.given_stop, self.overwrite = stop, overwrite
+    def __init__(self, config: dict, output: Path, resume: bool, stop=None, overwrite: bool = False,
+                 spec: FinetuneSpec | None = None):  # fmt: skip
+        # stop: a components.run_state.StopSignal (or anything with is_set() and signum), or None;
+        # spec: the job the command picked (finetune.specs; None: the config's data.task's)
+        self.given_stop, self.overwrite, self.spec = stop, overwrite, spec or spec_for(config)
         super().__init__(config, output, resume)
 
     @property
@@ -151,7 +154,9 @@ class Run(Trainer):
         (read once), the task's input read and checked and batched (the batchers check the rows
         against the config): every check before anything is built or (--overwrite) removed."""
         config = self.config
-        checkpoint_config = check_positions(config)  # before anything is read or (--overwrite) removed
+        checkpoint_config = check_positions(
+            Path(resolve_asset(config["model"]["init_checkpoint"])), config["data"]["max_sequence_length"]
+        )  # before anything is read or (--overwrite) removed
         self.replicas = parallel.join_replicas(*(config["execution"][k] for k in ("device", "sharding", "threads")))  # fmt: skip
         self.rank = self.replicas.rank
         if not self.replicas.writes:
@@ -165,7 +170,7 @@ class Run(Trainer):
             if changed:
                 raise FinetuneError(f"--resume: the config differs from the checkpoint's in {', '.join(changed)}; "
                                     "resume with the same config")  # fmt: skip
-        self.job_input = JOBS[config["data"]["task"]](config, checkpoint_config)  # config.json once
+        self.job_input = self.spec.read_input(config, checkpoint_config)  # config.json once
         seed, batching = config["batching"]["shuffle_seed"], config["batching"]
         spec_of = self.job_input.batching or batching_spec
         self.batcher = Batcher(self.job_input.train.lengths, spec_of(config, batching["batch_size"]), seed)
@@ -366,15 +371,14 @@ class Run(Trainer):
             raise failure or FinetuneError("rank 0 could not write the run's outputs (its line says why)")
 
 
-def run_finetune(
-    config: dict, output: Path, resume: bool = False, stop=None, overwrite: bool = False
-) -> dict:
+def run_finetune(config: dict, output: Path, resume: bool = False, stop=None, overwrite: bool = False,
+                 spec: FinetuneSpec | None = None) -> dict:  # fmt: skip
     """Train, evaluate each epoch, time inference, save. Returns the summary.
 
     resume: continue from OUTPUT/checkpoints (finetune.checkpoint). stop: an object whose
     is_set() is polled after every step (the CLI's SIGINT/SIGTERM flag); when set, the run
-    writes a checkpoint and raises Interrupted."""
-    run = Run(config, output, resume, stop, overwrite)  # checked, built, restored (--resume)
+    writes a checkpoint and raises Interrupted. spec: the job (finetune.specs; None: data.task's)."""
+    run = Run(config, output, resume, stop, overwrite, spec)  # checked, built, restored (--resume)
     run_loop(run)
     return run.summary
 
@@ -457,8 +461,8 @@ def main(argv=None) -> int:
             raise FinetuneError(
                 "--resume continues the run in --output-dir, --overwrite replaces it: give one"
             )
-        run = run_rerank if config["data"]["task"] == "rerank" else run_finetune
-        summary = run(config, args.output_dir, resume=args.resume, stop=stop, overwrite=args.overwrite)
+        spec = spec_for(config)  # the job, picked once
+        summary = spec.run(config, args.output_dir, args.resume, stop, args.overwrite, spec)
     except REFUSED as err:
         return refuse(err)
     except OSError as err:

@@ -11,7 +11,7 @@ import json
 import numpy as np
 
 from packed_transformers.finetune.config import load_finetune_config
-from packed_transformers.finetune.jobs import JOBS
+from packed_transformers.finetune.specs import SPECS
 
 from ..decoder_helpers import config_for
 from ..finetune_helpers import write_config
@@ -24,7 +24,7 @@ def first_text(path) -> tuple[str, str | None]:
 
 def test_a_wordpiece_job_carries_the_vocabulary_it_tokenized_with(tmp_path, checkpoint):
     config = load_finetune_config(write_config(tmp_path, checkpoint))
-    job = JOBS["classification"](config, None).build()
+    job = SPECS["classification"].read_input(config, None).build()
     opened = job.opened
     positions = json.loads((checkpoint / "config.json").read_text())["max_position_embeddings"]
     assert job.model is opened.model and opened.max_length == positions
@@ -37,7 +37,7 @@ def test_a_wordpiece_job_carries_the_vocabulary_it_tokenized_with(tmp_path, chec
 
 def test_a_folder_with_its_own_tokenizer_hands_it_to_the_model(tmp_path, hub_classifier):
     config = load_finetune_config(write_config(tmp_path, hub_classifier))
-    job = JOBS["classification"](config, None).build()
+    job = SPECS["classification"].read_input(config, None).build()
     opened = job.opened
     assert opened.vocab is None and opened.transformers_tokenizer is not None
     text, pair = first_text(tmp_path / "train.jsonl")
@@ -46,7 +46,7 @@ def test_a_folder_with_its_own_tokenizer_hands_it_to_the_model(tmp_path, hub_cla
 
 
 def test_sft_carries_its_transformers_tokenizer(tmp_path, start_folder):
-    job = JOBS["causal_lm"](config_for(tmp_path, start_folder), None).build()
+    job = SPECS["causal_lm"].read_input(config_for(tmp_path, start_folder), None).build()
     opened = job.opened
     hf = opened.transformers_tokenizer
     assert hf is not None and hf.eos_token_id is not None

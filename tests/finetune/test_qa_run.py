@@ -194,7 +194,9 @@ def test_bad_question_exits_2_and_writes_nothing(tmp_path, checkpoint, squad_fil
 def test_task_and_source_must_agree(tmp_path, checkpoint, squad_files, capsys):
     config = write_config(tmp_path, checkpoint, squad_files, data={"task": "classification"})
     assert finetune.main(["--config", str(config), "--output-dir", str(tmp_path / "out")]) == 2
-    assert "data.source: squad does not go with data.task classification" in capsys.readouterr().err
+    assert (
+        "data.source: data.task classification reads jsonl or bbc_news, not squad" in capsys.readouterr().err
+    )
 
 
 def test_predict_refuses_bad_input_without_writing(trained, tmp_path, capsys):

@@ -168,6 +168,24 @@ def test_every_job_shares_one_diverged_and_one_replica_type():
     assert asks == 2, f"is_decoder_config asked {asks} times (its definition and training/specs.py's spec_of)"
 
 
+def test_every_fine_tuning_job_is_a_registered_spec_picked_once():
+    """Issue 107: `packed train` picks its job once, from the registered specs
+    (finetune/specs.py: every data.task, a reranker too); nothing after it branches on data.task
+    to choose a reader or a trainer, and the config check's sources are the specs' table."""
+    import re
+
+    from packed_transformers.finetune.config import SCHEMA
+    from packed_transformers.finetune.specs import SPECS, TASKS
+
+    assert set(TASKS) == set(SPECS) == set(SCHEMA["data"]["task"].choices)
+    assert {spec.name for spec in SPECS.values() if spec.read_input is None} == {"rerank"}
+    train = (PACKAGE / "finetune" / "train.py").read_text()
+    assert train.count("spec_for(config)") == 2, "main picks the job; a Run built without one picks it"
+    choosers = sorted(p.relative_to(PACKAGE).as_posix() for p in (PACKAGE / "finetune").rglob("*.py")
+                      if re.search(r'\["task"\] (==|in|!=) |\["task"\]\]', p.read_text()))  # fmt: skip
+    assert choosers == ["finetune/config.py", "finetune/folder_writer.py", "finetune/specs.py"], choosers
+
+
 def test_every_run_is_set_up_by_the_one_trainer():
     """Issue 107: BERT's run (every engine), the decoder's and fine-tuning's are jobs of
     components.trainer.Trainer, whose __init__ is the one setup order; no run writes its own
