@@ -1,7 +1,7 @@
 """Every run's one Trainer (BERT's pretraining on every engine, the decoder's, fine-tuning's):
 the setup written once, in one order. A job is a subclass that says what each phase is for it
 (torchtitan's Trainer over a TrainSpec; training/specs.py registers the pretraining jobs,
-finetune.jobs.JOBS the fine-tuning tasks):
+finetune/specs.py the fine-tuning tasks):
 
     open_data       the data (a task's input) opened and checked against the config, nothing built
     build           the replica and the engine, the model (checked against the data), placed

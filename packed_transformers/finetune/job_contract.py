@@ -61,7 +61,7 @@ class Job:
 
 @dataclass(frozen=True)
 class JobInput:
-    """A task's input, read and checked (finetune.jobs.JOBS' answer): its rows, how they are
+    """A task's input, read and checked (a finetune.specs reader's answer): its rows, how they are
     batched ((config, batch size) -> BatchingSpec; None: the config's batching), and `build`,
     which opens the model and returns the Job once the whole input is read and batched."""
 
