@@ -7,7 +7,7 @@ sequences/s can drift by 10-20% between runs. Here both runs' engines (the demo 
 packed with its packing adjustment and over the unpacked baseline with none) live in one
 process and alternate step by step, each step timed from fetching its micro-batches
 (components.data.PackedShards, as the run's in-process loader does) through the LAMB
-update (engines.torch_engine.train_step: counts, forward, backward, checks,
+update (engines.torch_engine.TorchEngine.step: counts, forward, backward, checks,
 optimizer). The ratio of total sequences per total seconds is the realized speed-up;
 the goal is >= 0.95 x the packing factor.
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from packed_transformers.components.data import PackedShards  # noqa: E402
-from packed_transformers.components.observe import MetricSums  # noqa: E402
+from packed_transformers.engines.engine import PER_TOKEN  # noqa: E402
 from packed_transformers.packing.shards import PackedDataset  # noqa: E402
 from packed_transformers.training.build import build_model, packing_factor  # noqa: E402
 from packed_transformers.training.config import load_config  # noqa: E402
@@ -62,7 +62,7 @@ class Side:
                 self.cursor = 0
             micro_batches.append(self.shards[self.order[self.cursor : self.cursor + rows].tolist()])
             self.cursor += rows
-        counts = self.engine.train(micro_batches, 1e-3, MetricSums())
+        counts = self.engine.step(micro_batches, PER_TOKEN, 1e-3).units
         if timed:
             self.seconds += time.perf_counter() - start
             self.sequences += int(counts[1])

@@ -20,7 +20,7 @@ Data: synthetic shards' statistics: packs drawn from the Wikipedia-512 length hi
 (LPFHP, K=3, M=76 slots per pack, 15% of each sequence masked), S=512. "padded" feeds the
 same number of rows with one sequence per row (the unpacked baseline, same model, same
 backend). Each step is the application's own step (engines.torch_engine.
-train_step: host batches copied to the GPU, bf16 autocast, backward, LAMB) on one
+TorchStep.step: host batches copied to the GPU, bf16 autocast, backward, LAMB) on one
 micro-batch of `--rows` rows.
 
 Reported per configuration: real sequences/s; model FLOPs utilisation from the real
@@ -50,7 +50,8 @@ from bench_lamb import bert_large_shapes, time_steps  # noqa: E402
 from bench_model import HIST, sample_rows  # noqa: E402
 
 from packed_transformers.components.observe import MetricSums, summarize  # noqa: E402
-from packed_transformers.engines.torch_engine import StepSettings, TorchStep, train_step  # noqa: E402
+from packed_transformers.engines.engine import PER_TOKEN  # noqa: E402
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep  # noqa: E402
 from packed_transformers.model import PackedBertForPreTraining, bert_config  # noqa: E402
 from packed_transformers.optim import Lamb  # noqa: E402
 from packed_transformers.packing import Histogram, pack  # noqa: E402
@@ -182,7 +183,8 @@ def build(setup: Setup, preset: str):
 
     def one(batch) -> MetricSums:
         sums = MetricSums()
-        train_step(torch_step, [batch], "per_token", 1e-4, sums)
+        for vector in torch_step.step([batch], PER_TOKEN, 1e-4).kept:
+            sums.add_vector(vector)
         return sums
 
     return config, one, optimizer
@@ -449,7 +451,7 @@ def run_all(args, kinds: dict, factor: float) -> None:
                     ),
                 }
             )
-        header = "## Training step (S=512, bf16 autocast, LAMB, the application's train_step)\n\n| setup | packed seq/s | padded seq/s | packed/padded | / packing factor | packed MFU | padded MFU | step ms (packed) | peak GiB | warm-up s |\n|---|---|---|---|---|---|---|---|---|---|"
+        header = "## Training step (S=512, bf16 autocast, LAMB, the application's TorchStep.step)\n\n| setup | packed seq/s | padded seq/s | packed/padded | / packing factor | packed MFU | padded MFU | step ms (packed) | peak GiB | warm-up s |\n|---|---|---|---|---|---|---|---|---|---|"
         if not any(t.startswith("## Training step") for t in tables):
             tables.append(header)
         index = next(i for i, t in enumerate(tables) if t.startswith("## Training step"))

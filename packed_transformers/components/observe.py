@@ -19,6 +19,13 @@ from packed_transformers.components.step import loss_scales, micro_batch_loss
 SUM_KEYS = ("mlm_loss_sum", "mlm_count", "mlm_correct", "nsp_loss_sum", "nsp_count", "nsp_correct", "tokens")
 
 
+def sums_vector(out: dict, tokens: int) -> torch.Tensor:
+    """A micro-batch's SUM_KEYS as one float64 vector on its outputs' device: the model's sums
+    (detached), then its real tokens counted on the host (no device sync)."""
+    model_sums = torch.stack([out[key].detach().double() for key in SUM_KEYS[:-1]])
+    return torch.cat([model_sums, model_sums.new_tensor([float(tokens)])])
+
+
 class MetricSums:
     """Running float64 sums of SUM_KEYS, kept on the model's device.
 
@@ -29,9 +36,7 @@ class MetricSums:
         self.totals: torch.Tensor | None = None
 
     def add(self, out: dict, tokens: int) -> None:
-        model_sums = torch.stack([out[key].detach().double() for key in SUM_KEYS[:-1]])
-        values = torch.cat([model_sums, model_sums.new_tensor([float(tokens)])])
-        self.totals = values if self.totals is None else self.totals + values
+        self.add_vector(sums_vector(out, tokens))
 
     def add_vector(self, values: torch.Tensor) -> None:
         """Add sums already stacked in SUM_KEYS order (a compiled graph's output)."""

@@ -37,8 +37,8 @@ from packed_transformers.components.data import padded_groups
 from packed_transformers.components.distributed import use_host_sum
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.observe import MetricSums, summarize
-from packed_transformers.components.step import BatchArithmetic, set_learning_rate, step_counts
-from packed_transformers.engines.engine import Snapshot
+from packed_transformers.components.step import BatchArithmetic, StepLoss, set_learning_rate, step_counts
+from packed_transformers.engines.engine import Snapshot, StepResult, staged_loss_only
 from packed_transformers.engines.ipu_plan import IpuPlan, make_plan
 from packed_transformers.engines.ipu_step import PretrainingStep, adapt_for_ipu, step_inputs
 from packed_transformers.optim import poptorch_lamb_kwargs, weight_decay_groups
@@ -254,7 +254,7 @@ FP16_LAYER_NORM_EPS = 1e-3
 
 class IpuEngine:
     """The Engine on IPUs: one host process = one poprun instance, driving its local
-    replicas; a `train` call runs `device_iterations` optimizer steps."""
+    replicas; a `step` call runs `device_iterations` optimizer steps."""
 
     @staticmethod
     def check_config(config: dict) -> None:
@@ -309,8 +309,8 @@ class IpuEngine:
             ),
         )
         self.model.train()
-        self.step = PretrainingStep(self.model, lambda loss: poptorch.identity_loss(loss, reduction="none"))
-        place_stages(poptorch, self.step, self.plan)
+        self.graph_step = PretrainingStep(self.model, lambda loss: poptorch.identity_loss(loss, reduction="none"))
+        place_stages(poptorch, self.graph_step, self.plan)
         kwargs = poptorch_lamb_kwargs(
             weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),
             lr=0.0,
@@ -325,7 +325,7 @@ class IpuEngine:
         )
         self.optimizer = poptorch.optim.LAMB(**kwargs)
         self.training = poptorch.trainingModel(
-            self.step, build_options(poptorch, self.plan, True, self.compile_only), self.optimizer
+            self.graph_step, build_options(poptorch, self.plan, True, self.compile_only), self.optimizer
         )
         # Built now, not at the first evaluation: building options touches the host RNG.
         self.inference_options = build_options(poptorch, self.plan, False, self.compile_only)
@@ -342,15 +342,18 @@ class IpuEngine:
             counts.append(_host_sum(step_counts(group, "per_token", "cpu"), self.instances))
         return step_inputs(micro_batches, steps, counts, self.plan.mean_reduction_factor), counts
 
-    def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
+    def step(self, micro_batches, loss: StepLoss, lr: float) -> StepResult:
+        """`device_iterations` optimizer steps in one call; the metric sums come back summed on
+        the device (one SUM_KEYS vector for the call)."""
+        staged_loss_only("IPU", loss)
         inputs, counts = self._training_inputs(micro_batches)
         set_learning_rate(self.optimizer, lr)
         self.training.setOptimizer(self.optimizer)  # pushes the new lr; state stays on device
         if not self.training.isCompiled():
             self._compile(inputs)
         _, device_sums = self.training(**inputs)
-        sums.add_vector(device_sums.double().reshape(-1, device_sums.shape[-1]).sum(0))
-        return torch.stack(counts).sum(0)
+        kept = [device_sums.double().reshape(-1, device_sums.shape[-1]).sum(0)]
+        return StepResult(torch.stack(counts).sum(0), None, kept)
 
     def _compile(self, inputs: dict) -> float:
         """Ahead of the first step: compile (timed, seconds returned), then restore a
@@ -375,7 +378,7 @@ class IpuEngine:
         if self.training.isAttachedToDevice():
             self.training.detachFromDevice()
         if eval_group is not None:
-            self.inference = self.poptorch.inferenceModel(self.step, self.inference_options)
+            self.inference = self.poptorch.inferenceModel(self.graph_step, self.inference_options)
             zero = [torch.zeros(2, dtype=torch.float64)] * self.plan.inference_device_iterations
             started = time.perf_counter()
             self.inference.compile(**step_inputs(eval_group, self.plan.inference_device_iterations, zero))
@@ -394,7 +397,7 @@ class IpuEngine:
     def evaluate(self, shards, batches) -> dict:
         poptorch, plan = self.poptorch, self.plan
         if self.inference is None:
-            self.inference = poptorch.inferenceModel(self.step, self.inference_options)
+            self.inference = poptorch.inferenceModel(self.graph_step, self.inference_options)
         # One set of IPUs: the training executable lets go before the inference one attaches.
         # Only if attached: an evaluation right after another finds it detached already, and
         # PopTorch raises "Device is not attached" on a second detach.

@@ -32,15 +32,16 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from packed_transformers.components.data import padded_groups
 from packed_transformers.components.distributed import setup_replica
 from packed_transformers.components.errors import RunError
-from packed_transformers.components.observe import SUM_KEYS, MetricSums, summarize
+from packed_transformers.components.observe import SUM_KEYS, MetricSums, summarize, sums_vector
 from packed_transformers.components.step import (
     BatchArithmetic,
+    StepLoss,
     loss_scales,
     micro_batch_loss,
     set_learning_rate,
     step_counts,
 )
-from packed_transformers.engines.engine import Snapshot
+from packed_transformers.engines.engine import Snapshot, StepResult, staged_loss_only
 from packed_transformers.model.config import bert_config, nonempty_stage_ranges
 from packed_transformers.model.pretraining import HEAD_INPUTS
 from packed_transformers.optim import build_lamb
@@ -234,9 +235,9 @@ class PipelineEngine:
             )
         return batch
 
-    def _run(self, micro_batches, scales: tuple[float, float], sums: MetricSums | None, train: bool):
-        """One schedule pass over a step's micro-batches (forward+backward or forward);
-        the last stage adds their sums to `sums`."""
+    def _run(self, micro_batches, scales: tuple[float, float], train: bool) -> list[torch.Tensor]:
+        """One schedule pass over a step's micro-batches (forward+backward or forward) -> the
+        last stage's SUM_KEYS vector of each (components.observe.sums_vector); the others' []."""
         batch = {k: torch.cat([b[k] for b in micro_batches]).to(self.device) for k in micro_batches[0]}
         self.head_loss.begin(scales, batch)
         args = ()
@@ -245,21 +246,23 @@ class PipelineEngine:
         target = _pack_heads(batch) if self.topology.last else None
         run = self.schedule.step if train else self.schedule.eval
         run(*args, target=target, losses=[] if self.topology.last else None)
-        if self.topology.last and sums is not None:
-            for out in self.head_loss.outputs(len(micro_batches)):
-                sums.add(out, 0)  # real tokens are counted on the host, below
-            tokens = sum(int((b["sequence_ids"] > 0).sum()) for b in micro_batches)
-            sums.add_vector(torch.tensor([0.0] * (len(SUM_KEYS) - 1) + [float(tokens)], device=self.device))
+        if not self.topology.last:
+            return []
+        outputs = self.head_loss.outputs(len(micro_batches))
+        return [
+            sums_vector(out, int((b["sequence_ids"] > 0).sum())) for out, b in zip(outputs, micro_batches)
+        ]
 
-    def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
+    def step(self, micro_batches, loss: StepLoss, lr: float) -> StepResult:
+        staged_loss_only("pipeline", loss)
         counts = step_counts(micro_batches, "per_token", self.device, self.topology.dp_group)
-        self._run(micro_batches, loss_scales(counts), sums, train=True)
+        kept = self._run(micro_batches, loss_scales(counts), train=True)
         self._sync_gradients()
         self._clip()
         set_learning_rate(self.optimizer, lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return counts
+        return StepResult(counts, None, kept)
 
     def _sync_gradients(self):
         topo = self.topology
@@ -305,7 +308,8 @@ class PipelineEngine:
         passes = -(-int(per_replica.item()) // micro)
         rows = self.config["data"]["micro_batch_packs"]
         for group in padded_groups(shards, batches, micro, rows, groups=passes):
-            self._run(group, (0.0, 0.0), sums, train=False)
+            for vector in self._run(group, (0.0, 0.0), train=False):
+                sums.add_vector(vector)
         self.stage_module.train()
         return summarize(sums.reduce())
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -41,16 +41,15 @@ from packed_transformers.components.distributed import (
     max_over_processes,
     setup_replica,
 )
-from packed_transformers.components.observe import SUM_KEYS, MetricSums, summarize
+from packed_transformers.components.observe import MetricSums, summarize
 from packed_transformers.components.sharding import with_spare_forwards
 from packed_transformers.components.step import (
     BatchArithmetic,
     NonFiniteStep,
     StepLoss,
-    batch_counts,
     set_learning_rate,
 )
-from packed_transformers.engines.engine import Snapshot
+from packed_transformers.engines.engine import Snapshot, StepResult
 from packed_transformers.optim import build_lamb
 from packed_transformers.optim.lamb import Lamb, local_part, tensor_norms
 
@@ -69,17 +68,6 @@ class StepSettings:
     max_grad_norm: float = 0.0  # clip to this global norm (0: never); LAMB clips inside with its own
     group: object = None  # the data-parallel process group (None: every process)
     check_finite: bool = True  # False: the memory plan's step on fake tensors (no values to check)
-
-
-@dataclass
-class StepResult:
-    """A step that passed: its units over every process (float64 [terms], host), the global
-    gradient norm (None where not computed: fp16's GradScaler checks its own) and what the job
-    kept of each micro-batch."""
-
-    units: torch.Tensor
-    grad_norm: torch.Tensor | None
-    kept: list = field(default_factory=list)
 
 
 def take_step(step_model, optimizer, micro_batches: list[dict], job: StepLoss, lr: float,
@@ -294,35 +282,6 @@ class TorchStep:
             self.scaler.load_state_dict(engine_state["scaler"])
 
 
-@dataclass(frozen=True)
-class PretrainingLoss:
-    """BERT's MLM + NSP loss for engines.torch_engine.take_step: masked tokens (or, per_sequence,
-    sequences with a masked token) and sequences as the two terms' units; each micro-batch's
-    metric sums and real tokens kept for the logging window."""
-
-    mlm_loss_mode: str  # model.mlm_loss_mode: per_token | per_sequence
-
-    def units(self, batch: dict) -> tuple[float, float]:
-        return batch_counts(batch, self.mlm_loss_mode)
-
-    def loss_sums(self, out: dict):
-        loss_key = "mlm_sequence_loss_sum" if self.mlm_loss_mode == "per_sequence" else "mlm_loss_sum"
-        return out[loss_key], out["nsp_loss_sum"]
-
-    def kept(self, out: dict, batch: dict):
-        return {k: out[k].detach() for k in SUM_KEYS[:-1]}, int((batch["sequence_ids"] > 0).sum())
-
-
-def train_step(torch_step: TorchStep, micro_batches: list[dict], mode: str, lr: float, sums: MetricSums):
-    """One optimizer step of BERT's loss (mode: model.mlm_loss_mode) over this replica's
-    micro-batches. Returns the step's global counts [masked tokens, sequences]; adds the
-    step's metric sums once it passed."""
-    result = torch_step.step(micro_batches, PretrainingLoss(mode), lr)
-    for model_sums, tokens in result.kept:
-        sums.add(model_sums, tokens)  # host token count: no device sync
-    return result.units
-
-
 def evaluation_outputs(model, items: list, fetch, most: int, spare, device, precision: str):
     """Every job's evaluation forwards: (outputs, host batch) for each of this rank's `items`
     (fetch(item) -> its host batch), the model in eval mode without gradients, under the run's
@@ -422,9 +381,6 @@ class TorchEngine:
                 "FSDP2: %d encoder layers and the model sharded over %d ranks", blocks, self.replica.world
             )
         return batch
-
-    def train(self, micro_batches, lr, sums: MetricSums) -> torch.Tensor:
-        return train_step(self.torch_step, micro_batches, self.config["model"]["mlm_loss_mode"], lr, sums)
 
     def evaluate(self, shards, batches) -> dict:
         # sharded, every forward gathers parameters collectively: every rank runs as many as the

@@ -3,7 +3,7 @@ the pretraining runs' one Trainer (components.trainer: the setup's order, resume
 
     setup: data checked -> engine, model checked against the data -> output folder -> the
            checkpoint's weights -> engine.attach (its optimizer state) -> run state -> loader
-    loop:  micro-batches from the resumable loader  ->  engine.train (one place for the
+    loop:  micro-batches from the resumable loader  ->  engine.step (one place for the
            step's math: components.step)  ->  log window  ->  evaluation when due  ->
            checkpoint when due  ->  stop on max_steps / max_samples / max_seconds / signal
     end:   evaluation at the end, final checkpoint, MLPerf RUN_STOP
@@ -47,7 +47,7 @@ from packed_transformers.components.run_state import (
 from packed_transformers.components.step import NonFiniteStep
 from packed_transformers.components.synthetic import SyntheticPacks
 from packed_transformers.components.trainer import PretrainingTrainer, Resumed
-from packed_transformers.engines.engine import Engine
+from packed_transformers.engines.engine import Engine, PretrainingLoss
 from packed_transformers.training.build import (
     build_model,
     build_schedule,
@@ -90,6 +90,7 @@ class Run(PretrainingTrainer):
         too: not hours in, at the first evaluation)."""
         self.engine = self.engine_class(self.config)
         self.rank = self.engine.rank
+        self.loss = PretrainingLoss(self.config["model"]["mlm_loss_mode"])  # what every engine's step takes
         self.model = build_model(self.config, self.limits["seed"])
         if self.train_data is None:
             self.train_data = self._synthetic_packs()
@@ -254,7 +255,10 @@ class Run(PretrainingTrainer):
                 validate_batch(batch, self.model.config.vocab_size, self.model.config.max_position_embeddings)
         self.lr = self.schedule(state.samples)
         try:
-            counts = engine.train(micro_batches, self.lr, self.window)
+            result = engine.step(micro_batches, self.loss, self.lr)
+            for sums in result.kept:  # the step passed: its metric sums join the logging window
+                self.window.add_vector(sums)
+            counts = result.units
         except NonFiniteStep as err:  # the budget is the run's, kept in checkpoints: --resume keeps it
             state.skipped_steps += 1
             self.window_skipped += 1

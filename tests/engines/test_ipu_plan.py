@@ -14,6 +14,7 @@ import torch
 
 from packed_transformers.components.data import PackedShards, pad_micro_batch
 from packed_transformers.components.observe import SUM_KEYS, MetricSums
+from packed_transformers.engines.engine import PER_TOKEN
 from packed_transformers.engines.ipu_plan import IpuPlanError, make_plan
 from packed_transformers.engines.ipu_step import (
     GRAPH_FIELDS,
@@ -24,7 +25,7 @@ from packed_transformers.engines.ipu_step import (
     split_matmul,
     step_inputs,
 )
-from packed_transformers.engines.torch_engine import StepSettings, TorchStep, train_step
+from packed_transformers.engines.torch_engine import StepSettings, TorchStep
 from packed_transformers.model import PackedBertForPreTraining, bert_config
 from packed_transformers.optim import Lamb, weight_decay_groups
 from packed_transformers.training.build import open_packed
@@ -229,7 +230,10 @@ def test_pretraining_step_trains_exactly_like_the_torch_step(packed):
     torch_sums, ipu_sums = MetricSums(), MetricSums()
     for s in range(2):
         group = micro[s * 4 : (s + 1) * 4]
-        counts = train_step(torch_step, group, "per_token", 0.01, torch_sums)
+        result = torch_step.step(group, PER_TOKEN, 0.01)
+        counts = result.units
+        for vector in result.kept:
+            torch_sums.add_vector(vector)
         inputs = step_inputs(group, 1, [counts])
         rows = group[0]["input_ids"].shape[0]
         for i in range(4):  # the micro-batches PopTorch would feed one by one

@@ -186,6 +186,38 @@ def test_every_fine_tuning_job_is_a_registered_spec_picked_once():
     assert choosers == ["finetune/config.py", "finetune/folder_writer.py", "finetune/specs.py"], choosers
 
 
+def test_every_engine_steps_the_loss_a_job_hands_it():
+    """Issue 107: the Engine interface's step is job-agnostic: the torch, pipeline and IPU
+    engines each take `step(micro_batches, loss, lr)` and answer a StepResult; none has a
+    BERT-only `train`; the pipeline and IPU engines refuse a loss they cannot stage."""
+    import inspect
+
+    import pytest
+
+    from packed_transformers.components.errors import RunError
+    from packed_transformers.engines.engine import (
+        PER_TOKEN,
+        Engine,
+        PretrainingLoss,
+        StepResult,
+        staged_loss_only,
+    )
+    from packed_transformers.engines.ipu import IpuEngine
+    from packed_transformers.engines.pipeline import PipelineEngine
+    from packed_transformers.engines.torch_engine import TorchEngine
+
+    for engine in (Engine, TorchEngine, PipelineEngine, IpuEngine):
+        assert list(inspect.signature(engine.step).parameters) == ["self", "micro_batches", "loss", "lr"], (
+            engine
+        )
+        assert not hasattr(engine, "train"), f"{engine.__name__}.train: a BERT-only step"
+        if engine is not Engine:
+            assert inspect.signature(engine.step).return_annotation in ("StepResult", StepResult), engine
+    staged_loss_only("pipeline", PER_TOKEN)
+    with pytest.raises(RunError, match="stages BERT's per-token pretraining loss alone"):
+        staged_loss_only("IPU", PretrainingLoss("per_sequence"))
+
+
 def test_every_run_is_set_up_by_the_one_trainer():
     """Issue 107: BERT's run (every engine), the decoder's and fine-tuning's are jobs of
     components.trainer.Trainer, whose __init__ is the one setup order; no run writes its own
