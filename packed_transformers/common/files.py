@@ -408,6 +408,19 @@ def lock_folder(folder, what: str):
     return handle
 
 
+def release_folder(folder) -> None:
+    """Give back the lock lock_folder took on `folder` in this process (its file removed while
+    held, as at exit); nothing where this process holds none. For a job run inside a longer
+    process (a library call, a notebook) that ends before the process does."""
+    path = str(Path(folder).resolve().parent / f".{Path(folder).resolve().name}.lock")
+    handle = _HELD.pop(path, None)
+    if handle is not None:
+        if _same_file(handle, Path(path)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        handle.close()
+
+
 def _same_file(handle, path: Path) -> bool:
     """Whether `path` still names the file `handle` has open."""
     try:

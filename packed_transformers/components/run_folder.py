@@ -44,17 +44,24 @@ def data_identity(config: dict) -> str | None:
     return sha256_file(Path(config["data"]["train_dir"]) / "metadata.json")
 
 
+def lock_run_folder(output: Path, rank: int) -> None:
+    """One run per folder, every job's: rank 0 holds OUTPUT's lock for the process's lifetime
+    (common.files.release_folder gives it back sooner), so that a second run, --resume or
+    --overwrite does not write beside this one. RunError, one line, where another holds it."""
+    if rank == 0:
+        try:
+            lock_folder(output, "run")
+        except FolderInUse as err:
+            raise RunError(f"--output-dir: {err}") from None
+
+
 def prepare_output(
     output: Path, config: dict, resume: bool, rank: int, changeable=CHANGEABLE_ON_RESUME
 ) -> None:
     """Lock the folder and refuse one that holds another run (or, on resume, a run of other
     model / data / optim settings). config.yaml is written later (write_run_config)."""
     saved = output / "config.yaml"
-    if rank == 0:  # one run per folder: a second --resume on it must not train beside this one
-        try:
-            lock_folder(output, "run")
-        except FolderInUse as err:
-            raise RunError(f"--output-dir: {err}") from None
+    lock_run_folder(output, rank)
     if saved.is_file():
         if not resume:
             raise RunError(

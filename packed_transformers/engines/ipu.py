@@ -309,7 +309,9 @@ class IpuEngine:
             ),
         )
         self.model.train()
-        self.graph_step = PretrainingStep(self.model, lambda loss: poptorch.identity_loss(loss, reduction="none"))
+        self.graph_step = PretrainingStep(
+            self.model, lambda loss: poptorch.identity_loss(loss, reduction="none")
+        )
         place_stages(poptorch, self.graph_step, self.plan)
         kwargs = poptorch_lamb_kwargs(
             weight_decay_groups(self.model.named_parameters(), optim["weight_decay"]),

@@ -1,15 +1,14 @@
 """The fine-tuning jobs `packed train` runs, one registered spec per data.task: classification
 (single or multi-label), question answering, a decoder's supervised fine-tuning, contrastive
-embedding training and rerankers. The command reads the config and picks the spec once
-(`spec_for`); everything after asks the spec, never data.task again.
+embedding training and rerankers. The command picks the spec once and hands it on:
 
     spec = spec_for(config)                   # SPECS[data.task]
     spec.run(config, output, resume, stop, overwrite, spec)   # -> the run's summary
 
 What differs between the tasks is a field here: the data sources it reads (the config check's
-table), its input's reader (finetune.jobs) and its trainer (the one Trainer, finetune.train; a
-reranker: sentence-transformers' CrossEncoderTrainer). Standard library only: the config check
-imports it before torch loads; each function imports its task's modules when called.
+table), its input's reader (finetune.jobs), its trainer (the one Trainer, finetune.train; a
+reranker's: sentence-transformers' CrossEncoderTrainer). Standard library only (the config
+check reads it before torch loads); each function imports its task's modules when called.
 """
 
 from __future__ import annotations

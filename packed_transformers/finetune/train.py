@@ -5,14 +5,10 @@ question answering, a decoder's supervised fine-tuning.
         [--set batching.mode=dynamic ...]
     torchrun --nproc-per-node N -m packed_transformers.finetune.train ... [--set execution.sharding=fsdp]
 
-Classification: examples (jsonl or BBC News) -> labels checked -> token ids -> train /
-validation split -> batch tables (packs.batching: padded | dynamic | uniform | packed) ->
-collate -> PackedBertForSequenceClassification -> per-example loss -> AdamW step. QA
-(finetune.qa_task): SQuAD questions -> overlapping context windows with span labels -> the same
-tables and step. Causal LM (finetune.causal_lm_task): prompt/completion JSON lines -> a
-decoder's packed causal LM, the loss on the completion's tokens only. After every epoch the
-validation set goes through inference in the same batching mode, timed; the last pass's
-predictions are written. Under torchrun the processes share each step's rows, the model
+A task's examples, checked and tokenized (finetune.jobs) -> batch tables (packs.batching:
+padded | dynamic | uniform | packed) -> the task's packed model -> its loss -> AdamW step; after
+every epoch the validation set through inference in the same batching mode, timed, the last
+pass's predictions written. Under torchrun the processes share each step's rows, the model
 replicated (DDP) or sharded (FSDP2): components.replicas; rank 0 writes.
 
 Where things live: finetune.specs (the task's job, picked once), finetune.jobs (each task's
@@ -47,12 +43,13 @@ from tqdm import tqdm
 
 from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
-from packed_transformers.common.files import describe_os_error, write_json_atomic
+from packed_transformers.common.files import describe_os_error, release_folder, write_json_atomic
 from packed_transformers.components import replicas as parallel  # this process among the run's
 from packed_transformers.components.checkpoint import CheckpointError, weights_writer
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, run_loop
 from packed_transformers.components.run_checkpoint import remove_half_written, write_checkpoint
+from packed_transformers.components.run_folder import lock_run_folder
 from packed_transformers.components.run_state import Diverged, EvalSchedule, RunState, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep, weights_finite
 from packed_transformers.components.trainer import Resumed, Trainer
@@ -161,6 +158,7 @@ class Run(Trainer):
         self.rank = self.replicas.rank
         if not self.replicas.writes:
             log.setLevel(logging.WARNING)  # rank 0 tells the run; the others say what goes wrong
+        lock_run_folder(self.output, self.rank)  # before --overwrite removes a thing; given back at the end
         replacing = self.overwrite and not self.resume  # the old run goes, once this one's input is checked
         self.found = None
         if not replacing:
@@ -206,7 +204,7 @@ class Run(Trainer):
         )  # fmt: skip
         torch.manual_seed(training["seed"] + 1)  # dropout stream, independent of the head's init
 
-    def prepare_folder(self, resume: bool) -> None:  # checked in open_data: no lock, no config.yaml
+    def prepare_folder(self, resume: bool) -> None:  # locked and checked in open_data; no config.yaml
         pass
 
     def read_checkpoint(self) -> Resumed:
@@ -317,8 +315,7 @@ class Run(Trainer):
         self.batches = self.bar = None
         return False
 
-    def evaluates_at_end(self) -> bool:
-        # an epoch a time budget stopped: validated as a whole one is
+    def evaluates_at_end(self) -> bool:  # an epoch a time budget stopped: validated as a whole one is
         return self.state.extra.batches_done > 0
 
     def checkpoint_due(self) -> bool:
@@ -378,8 +375,11 @@ def run_finetune(config: dict, output: Path, resume: bool = False, stop=None, ov
     resume: continue from OUTPUT/checkpoints (finetune.checkpoint). stop: an object whose
     is_set() is polled after every step (the CLI's SIGINT/SIGTERM flag); when set, the run
     writes a checkpoint and raises Interrupted. spec: the job (finetune.specs; None: data.task's)."""
-    run = Run(config, output, resume, stop, overwrite, spec)  # checked, built, restored (--resume)
-    run_loop(run)
+    try:
+        run = Run(config, output, resume, stop, overwrite, spec)  # checked, built, restored (--resume)
+        run_loop(run)
+    finally:  # the folder's lock, for a later run in this process's lifetime or another's
+        release_folder(output)
     return run.summary
 
 

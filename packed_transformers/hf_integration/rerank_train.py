@@ -219,7 +219,22 @@ def scores_of(metrics: dict) -> dict:
 
 
 def run_rerank(config: dict, output: Path, resume: bool = False, stop=None, overwrite: bool = False) -> dict:
-    """The whole run (module docstring) -> its summary (also written to output/summary.json)."""
+    """The whole run (module docstring), its output folder locked as every run's for its length
+    (a second run, or an --overwrite, refused beside it in one line) -> its summary (also written
+    to output/summary.json)."""
+    from packed_transformers.common.files import FolderInUse, lock_folder, release_folder
+
+    try:
+        lock_folder(output, "run")
+    except FolderInUse as err:
+        raise ConfigError(f"--output-dir: {err}") from None
+    try:
+        return _trained(config, output, resume, stop, overwrite)
+    finally:
+        release_folder(output)
+
+
+def _trained(config: dict, output: Path, resume: bool, stop, overwrite: bool) -> dict:
     import torch
     from datasets import Dataset
     from sentence_transformers.cross_encoder import (

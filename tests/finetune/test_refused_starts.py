@@ -169,3 +169,46 @@ def test_finetune_json_of_wrong_types_and_truncated_weights_are_one_line(tmp_pat
     assert predict.main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot be loaded" in err and "truncated" in err
+
+
+# ----- 6. one run per output folder: a second fine-tuning run beside a live one ---------------------
+def test_a_second_run_into_a_live_runs_folder_is_refused_and_the_lock_given_back(
+    checkpoint, tmp_path, capsys
+):
+    """Two `packed train` into one --output-dir at once would interleave checkpoints and
+    metrics (an --overwrite would remove the live run's files): the second is refused in one
+    line, exit 2, nothing touched; a run that ended gives the lock back (a later one in the same
+    process, or another process, takes it)."""
+    import subprocess
+    import sys
+
+    from packed_transformers.finetune import train
+
+    from ..finetune_helpers import write_config
+
+    config, out = (
+        write_config(tmp_path, checkpoint, training={"epochs": 1, "progress": False}),
+        tmp_path / "out",
+    )
+    holder = subprocess.Popen(  # another process holding the folder, as a live run's rank 0 does
+        [sys.executable, "-c", "import sys, time\nfrom packed_transformers.common.files import lock_folder\n"
+         "lock_folder(sys.argv[1], 'run'); print('held', flush=True); time.sleep(120)", str(out)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = train.main(["--config", str(config), "--output-dir", str(out), "--overwrite"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and "is in use by another run" in err[0], err
+        assert not out.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert train.main(["--config", str(config), "--output-dir", str(out)]) == 0
+    lock = out.parent / f".{out.name}.lock"
+    assert not lock.exists(), "the ended run still holds its folder"
+    taker = subprocess.run(
+        [sys.executable, "-c", "import sys\nfrom packed_transformers.common.files import lock_folder\n"
+         "lock_folder(sys.argv[1], 'run')", str(out)], capture_output=True, text=True,
+    )  # fmt: skip
+    assert taker.returncode == 0, taker.stderr

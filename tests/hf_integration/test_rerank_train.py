@@ -106,6 +106,25 @@ def test_mistakes_are_one_line(start, tmp_path, capsys):
     assert train.main(["--config", str(config), "--output-dir", str(tmp_path / "run"), "--resume"]) == 2
     assert "--resume: a rerank run is sentence-transformers' CrossEncoderTrainer's" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+    # a folder another run holds (its rank 0's lock): refused before anything is read or removed
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom packed_transformers.common.files import lock_folder\n"
+         "lock_folder(sys.argv[1], 'run'); print('held', flush=True); time.sleep(120)", str(tmp_path / "run")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert (
+            train.main(["--config", str(config), "--output-dir", str(tmp_path / "run"), "--overwrite"]) == 2
+        )
+        assert "is in use by another run" in capsys.readouterr().err.strip().splitlines()[-1]
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow  # MiniLM, 100 BBC queries with mined negatives, 3 epochs of 32-token pairs (30 steps; 15 s alone)
