@@ -2,9 +2,10 @@
 
 OUTPUT/checkpoints/step-00000123/
     model/               Hugging Face BertForPreTraining folder (config.json, model.safetensors)
-    training_state.pt    the run state as JSON (components.run_state.RunState: step, samples,
-                         next evaluation point, the job's own progress), every rank's RNG
-                         state, the optimizer (+ loss scaler): `training_state`
+    training_state.pt    each Stateful part's entries (components.run_checkpoint): "state", the
+                         run state as JSON (components.run_state.RunState: step, samples, next
+                         evaluation point, the job's own progress and data position); "rng",
+                         every rank's RNG state; the engine's: the optimizer (+ loss scaler)
     dcp/                 a sharded run's shards of model and optimizer (components.sharding)
     manifest.json        sha256 and size of every file above; written last
 
@@ -101,20 +102,12 @@ def weights_writer(model, weights: dict | None):
     return write
 
 
-def training_state(run_state, rng: list, engine_state: dict | None = None) -> dict:
-    """The one shape of training_state.pt, every run's: "state", the run state as JSON
-    (components.run_state.RunState.to_json); "rng", every rank's RNG state (index = rank); and
-    the engine's own entries ("optimizer", absent where dcp/ holds it; "scaler";
-    "ipu_rng_states")."""
-    return {"state": run_state.to_json(), "rng": rng, **(engine_state or {})}
-
-
 def save_checkpoint(folder: Path, step: int, state: dict, keep: int, write_model, write_shards=None,
                     rank: int = 0) -> Path:  # fmt: skip
     """The one atomic writer of every run's checkpoint: OUTPUT/checkpoints/step-N written into a
     temporary folder, its manifest last, renamed into place; all but the newest `keep` dropped.
     write_model(model_folder) writes model/ (config.json, model.safetensors); `state` is
-    `training_state`'s. Unsharded, rank 0 alone calls it. Sharded (write_shards given), every
+    training_state.pt's dict (components.run_checkpoint: its parts' entries). Unsharded, rank 0 alone calls it. Sharded (write_shards given), every
     rank does: write_shards(folder) writes this rank's part (DCP's dcp/, a collective) into one
     temporary folder rank 0 made, and rank 0 writes the rest. -> the checkpoint's folder.
     OSError (the disk's answer) or CheckpointError (a writer's own error, one line)."""

@@ -34,6 +34,15 @@ class RunState:
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
+    # a checkpoint's Stateful part (components.run_checkpoint): "state", as JSON
+    def state_dict(self) -> dict:
+        return {"state": self.to_json()}
+
+    def load_state_dict(self, saved: dict) -> None:
+        """A checkpoint's run state, read with this one's `extra` type (from_saved), in place of
+        this one's. CheckpointError for one this version does not read (the caller names the file)."""
+        vars(self).update(vars(RunState.from_saved(saved, type(self.extra), where="")))
+
     @classmethod
     def from_saved(cls, saved: dict, extra_type, where="the checkpoint's training_state.pt") -> RunState:
         """training_state.pt's run state (`saved["state"]`, JSON) with its job's `extra_type`.
@@ -49,7 +58,8 @@ class RunState:
             )
         except (ValueError, TypeError, KeyError, AttributeError) as err:
             raise CheckpointError(
-                f"{where}: holds no run state this version reads ({type(err).__name__}: {str(err)[:200]})"
+                f"{f'{where}: ' if where else ''}holds no run state this version reads ({type(err).__name__}: "
+                f"{str(err)[:200]})"
             ) from None
 
     @classmethod

@@ -143,8 +143,15 @@ class Trainer(LoopJob):
     def read_checkpoint(self) -> Resumed:
         """--resume: what a crash left half-written removed, then the newest intact checkpoint's
         weights loaded (load_checkpoint), its run state read, this rank's RNG put back."""
-        return Resumed(*ckpt_run.resume_pretraining(self.output, self.load_checkpoint, self.progress_type, self.rank,
-                                                    clean=not self.compile_only))  # fmt: skip
+        state = RunState(extra=self.new_progress())  # the checkpoint's, once restored into it
+        path, saved = ckpt_run.resume_pretraining(self.output, self.load_checkpoint, self.parts(state), self.rank,
+                                                  clean=not self.compile_only)  # fmt: skip
+        return Resumed(path, state, saved)
+
+    def parts(self, state: RunState) -> tuple:
+        """What a checkpoint keeps of this run besides the engine's (components.run_checkpoint's
+        Stateful parts): the run state (with the job's progress and data position), the RNG."""
+        return state, ckpt_run.RngStates(self.rank)
 
 
 class PretrainingTrainer(Trainer):
@@ -163,8 +170,8 @@ class PretrainingTrainer(Trainer):
         sharded), its time not training's."""
         self.state.train_seconds = self.train_seconds()
         with self._paused():
-            path = ckpt_run.write_checkpoint(self.output / "checkpoints", self.state, self.limits["keep_checkpoints"],
-                                             self.snapshot(), self.rank)  # fmt: skip
+            path = ckpt_run.write_checkpoint(self.output / "checkpoints", self.parts(self.state),
+                                             self.limits["keep_checkpoints"], self.snapshot(), self.rank)  # fmt: skip
         if self.rank == 0:
             log.info("checkpoint %s", path)
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packed_transformers.components import checkpoint as ckpt
-from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.run_state import RunState, plain_values
 from packed_transformers.finetune.job_contract import STEP_SUMS
 
@@ -84,22 +83,3 @@ def resume_point(output: Path) -> Resumable | None:
 def read_progress(output: Path) -> RunState | None:
     """The newest intact checkpoint's run state (resume_point's); None without one."""
     return getattr(resume_point(output), "progress", None)
-
-
-def load_checkpoint(
-    output: Path, engine, replicas, points: Iterator[tuple[Path, dict]] | None = None
-) -> tuple[Path, RunState]:
-    """Restore weights, optimizer (the engine's: engines.torch_engine.TorchEngine) and RNG (this rank's; rank 0's
-    for a rank the writer did not have) from the checkpoint resume_from picks, whatever number
-    of ranks wrote it. The learning rate follows from the state's step count (an older
-    checkpoint's LambdaLR state is read by nobody). `points`: a Resumable's, the checkpoints
-    already read (else read here). -> (its folder, its run state).
-    ckpt.CheckpointError when none is left."""
-
-    def load_into_run(path: Path, state: dict) -> None:
-        engine.restore(path, state)  # strict; sharded: this rank's shards
-
-    path, state, _ = ckpt_run.restore(
-        checkpoints_folder(output), load_into_run, FinetuneProgress, replicas.rank, points
-    )
-    return path, state

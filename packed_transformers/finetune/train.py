@@ -45,10 +45,10 @@ from packed_transformers.common.cli import first_line, refuse
 from packed_transformers.common.config_schema import ConfigError
 from packed_transformers.common.files import describe_os_error, release_folder, write_json_atomic
 from packed_transformers.components import replicas as parallel  # this process among the run's
+from packed_transformers.components import run_checkpoint as ckpt_run
 from packed_transformers.components.checkpoint import CheckpointError, weights_writer
 from packed_transformers.components.errors import RunError
 from packed_transformers.components.loop import LoopEnd, run_loop
-from packed_transformers.components.run_checkpoint import remove_half_written, write_checkpoint
 from packed_transformers.components.run_folder import lock_run_folder
 from packed_transformers.components.run_state import Diverged, EvalSchedule, RunState, skip_or_stop
 from packed_transformers.components.step import NonFiniteStep, weights_finite
@@ -62,7 +62,6 @@ from packed_transformers.finetune.checkpoint import (
     KEEP,
     FinetuneProgress,
     checkpoints_folder,
-    load_checkpoint,
     zero_sums,
 )
 from packed_transformers.finetune.config import load_finetune_config, train_parser
@@ -162,7 +161,7 @@ class Run(Trainer):
         replacing = self.overwrite and not self.resume  # the old run goes, once this one's input is checked
         self.found = None
         if not replacing:
-            remove_half_written(checkpoints_folder(self.output), self.rank)
+            ckpt_run.remove_half_written(checkpoints_folder(self.output), self.rank)
             self.found = check_output(self.output, self.resume)  # the checkpoint --resume continues from
             changed = resume_differences(config, self.found and self.found.progress)
             if changed:
@@ -178,7 +177,7 @@ class Run(Trainer):
         if replacing:  # a bad input line above keeps the run it would have replaced
             if self.replicas.writes:
                 clear_run(self.output)
-            remove_half_written(checkpoints_folder(self.output), self.rank)
+            ckpt_run.remove_half_written(checkpoints_folder(self.output), self.rank)
 
     def build(self) -> None:
         """The task's model (nothing of it built before the input was whole), placed, sharded
@@ -208,12 +207,19 @@ class Run(Trainer):
         pass
 
     def read_checkpoint(self) -> Resumed:
-        """--resume: the weights, optimizer, schedule and RNG of the newest intact checkpoint whose
-        weights load (components.checkpoint.resume_from over the points check_output read)."""
+        """--resume: the weights, optimizer and RNG of the newest intact checkpoint whose weights
+        load (components.checkpoint.resume_from over the points check_output read, any number of
+        ranks having written it), its run state; the learning rate follows from the step."""
+        state = RunState(extra=self.new_progress())  # the checkpoint's, once restored into it
         try:
-            return Resumed(*load_checkpoint(self.output, self.engine, self.replicas, self.found.points), None)
+            path, _ = ckpt_run.restore(checkpoints_folder(self.output), self.load_checkpoint, self.parts(state),
+                                       self.found.points)  # fmt: skip
         except CheckpointError as err:
             raise FinetuneError(f"--resume: {first_line(err)[:300]}; start over with --overwrite") from None
+        return Resumed(path, state, None)
+
+    def load_checkpoint(self, path: Path, saved: dict) -> None:
+        self.engine.restore(path, saved)  # strict; sharded: this rank's shards
 
     def make_eval_schedule(self) -> EvalSchedule:
         return EvalSchedule(per_epoch=True)  # every fine-tuning run validates each epoch
@@ -327,8 +333,8 @@ class Run(Trainer):
         --resume of it trains nothing more). OSError or CheckpointError, on every rank."""
         self.state.extra.finished = self.limit_reached() is not None
         snapshot = self.engine.snapshot(save_whole=weights_writer(self.model, None))  # sharded: dcp/
-        self.where = write_checkpoint(
-            checkpoints_folder(self.output), self.state, KEEP, snapshot, self.replicas.rank
+        self.where = ckpt_run.write_checkpoint(
+            checkpoints_folder(self.output), self.parts(self.state), KEEP, snapshot, self.rank
         )
         self.final_weights = (snapshot.weights,) if self.state.extra.finished else None
 

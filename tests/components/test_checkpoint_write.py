@@ -40,7 +40,8 @@ def write_model(folder):
 
 try:
     snapshot = Snapshot(SimpleNamespace(save_pretrained=write_model), {"scaler": None})
-    path = run_checkpoint.write_checkpoint(out / "checkpoints", RunState(step=7), 2, snapshot, rank)
+    parts = (RunState(step=7), run_checkpoint.RngStates(rank))
+    path = run_checkpoint.write_checkpoint(out / "checkpoints", parts, 2, snapshot, rank)
     answer = {"path": str(path)}
 except (OSError, ckpt.CheckpointError) as err:
     answer = {"error": type(err).__name__, "line": str(err)}

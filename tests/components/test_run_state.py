@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 
-from packed_transformers.components.checkpoint import training_state
 from packed_transformers.components.data import LoaderPosition
 from packed_transformers.components.run_state import BertProgress, RunState
 from packed_transformers.finetune.checkpoint import FinetuneProgress
@@ -24,9 +23,12 @@ def test_every_jobs_state_round_trips_through_training_state():
         ),
     ]
     for state in states:
-        saved = training_state(state, rng=[], engine_state={"optimizer": {"state": {}}})
-        assert set(saved) == {"state", "rng", "optimizer"} and isinstance(saved["state"], str)
+        saved = {**state.state_dict(), "rng": [], "optimizer": {"state": {}}}  # training_state.pt's parts
+        assert isinstance(saved["state"], str)
         assert RunState.from_saved(saved, type(state.extra)) == state
+        restored = RunState(extra=type(state.extra)())  # a Stateful part, loaded in place
+        restored.load_state_dict(saved)
+        assert restored == state
 
 
 def test_bert_checkpoints_before_it_kept_their_fields_flat():
@@ -59,3 +61,44 @@ def test_a_training_state_without_a_run_state_is_refused_in_one_line_naming_the_
         with pytest.raises(CheckpointError, match=r"^step-3/training_state.pt: holds no run state") as caught:
             RunState.from_saved(saved, DecoderProgress, "step-3/training_state.pt")
         assert "\n" not in str(caught.value)
+
+
+def test_the_manager_writes_each_parts_entries_and_names_the_file_a_part_cannot_read(tmp_path):
+    """components.run_checkpoint: training_state.pt holds each Stateful part's entries and the
+    engine's; restore puts each part back, and a run state this version cannot read is refused
+    naming the checkpoint's file (the part itself knows no path)."""
+    from types import SimpleNamespace
+
+    import pytest
+    import torch
+
+    from packed_transformers.components import run_checkpoint
+    from packed_transformers.components.checkpoint import CheckpointError
+    from packed_transformers.engines.engine import Snapshot
+
+    def write_model(folder):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"w")
+        (folder / "config.json").write_text("{}")
+
+    snapshot = Snapshot(SimpleNamespace(save_pretrained=write_model), {"optimizer": {"state": {}}})
+    state = RunState(4, 40, 48, False, 1.0, 0, DecoderProgress(900, 3.5, 8))
+    torch.manual_seed(7)
+    path = run_checkpoint.write_checkpoint(tmp_path, (state, run_checkpoint.RngStates(0)), 2, snapshot, 0)
+    assert path.name == "step-00000004"
+    expected = torch.rand(3)
+    torch.manual_seed(0)  # moved on; restore puts the checkpoint's stream back
+    restored = RunState(extra=DecoderProgress())
+    _, saved = run_checkpoint.restore(
+        tmp_path, lambda path, saved: None, (restored, run_checkpoint.RngStates(0))
+    )
+    assert set(saved) == {"state", "rng", "optimizer"} and restored == state
+    assert torch.equal(torch.rand(3), expected)  # the RNG where the checkpoint left it
+
+    unreadable = SimpleNamespace(step=5, state_dict=lambda: {"state": "not json"})
+    run_checkpoint.write_checkpoint(tmp_path, (unreadable,), 2, snapshot, 0)
+    with pytest.raises(
+        CheckpointError, match=r"step-00000005/training_state.pt: holds no run state"
+    ) as caught:
+        run_checkpoint.restore(tmp_path, lambda path, saved: None, (RunState(extra=DecoderProgress()),))
+    assert "\n" not in str(caught.value)

@@ -269,7 +269,9 @@ def test_every_job_loads_checkpoint_weights_one_way():
             for line in p.read_text().splitlines()
             if ".load_state_dict(" in line
             and not line.lstrip().startswith("#")
-            and not any(other in line for other in ("optimizer", "scaler", "super()"))
+            and not any(
+                other in line for other in ("optimizer", "scaler", "super()", "part.")
+            )  # a Stateful part
         }
     )
     assert loaders == ["components/replicas.py"], loaders
@@ -296,11 +298,17 @@ def test_every_job_writes_and_restores_its_checkpoint_one_way():
     assert callers("resume_from") == callers("set_rng_state") == ["components/run_checkpoint.py"]
     # fine-tuning restores; the two pretraining runs through resume_pretraining (its refusals as
     # RunError; what a crash left half-written removed first), and forget their later lines alike
-    assert sorted(set(callers("restore")) - {"components/run_checkpoint.py"}) == ["finetune/checkpoint.py"]
+    assert sorted(set(callers("restore")) - {"components/run_checkpoint.py"}) == ["finetune/train.py"]
     trainer = ["components/trainer.py"]  # the pretraining runs' one setup
     for name in ("resume_pretraining", "forget_lines_after"):
         assert sorted(set(callers(name)) - {"components/run_checkpoint.py"}) == trainer, name
     assert callers("forget_metrics_after") == ["components/run_checkpoint.py"]
+    # a checkpoint's parts besides the engine's are the Trainer's one list (Trainer.parts: the run
+    # state, the RNG), every job's; training_state.pt is saved by the one writer alone
+    assert sorted(set(callers("RngStates")) - {"components/run_checkpoint.py"}) == ["components/trainer.py"]
+    assert sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                  if '"training_state.pt")' in p.read_text() and "torch.save(" in p.read_text()) == [
+        "components/checkpoint.py"]  # fmt: skip
     assert sorted(set(callers("write_checkpoint")) - {"components/loop.py", "components/run_checkpoint.py"}) == [
         "components/trainer.py", "finetune/train.py"]  # fmt: skip
     # one weight loader: a checkpoint's model/ is read by load_model_weights alone
