@@ -76,9 +76,7 @@ from packed_transformers.finetune.run_folder import (
     save_final,
 )
 from packed_transformers.finetune.specs import FinetuneSpec, spec_for
-from packed_transformers.hf_integration.rerank_train import (
-    RerankStopped,
-)  # the ST trainer's job (finetune.specs)
+from packed_transformers.hf_integration.rerank_train import RerankStopped  # a reranker stopped by a signal
 from packed_transformers.model.hf_checkpoint import quiet_transformers
 from packed_transformers.optim import build_adamw
 from packed_transformers.packs.batching import Batcher, BatchingSpec
