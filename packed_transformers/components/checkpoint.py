@@ -107,9 +107,10 @@ def save_checkpoint(folder: Path, step: int, state: dict, keep: int, write_model
     """The one atomic writer of every run's checkpoint: OUTPUT/checkpoints/step-N written into a
     temporary folder, its manifest last, renamed into place; all but the newest `keep` dropped.
     write_model(model_folder) writes model/ (config.json, model.safetensors); `state` is
-    training_state.pt's dict (components.run_checkpoint: its parts' entries). Unsharded, rank 0 alone calls it. Sharded (write_shards given), every
-    rank does: write_shards(folder) writes this rank's part (DCP's dcp/, a collective) into one
-    temporary folder rank 0 made, and rank 0 writes the rest. -> the checkpoint's folder.
+    training_state.pt's dict (components.run_checkpoint: its parts' entries). Unsharded, rank 0
+    alone calls it. Sharded (write_shards given), every rank does: write_shards(folder) writes
+    this rank's part (DCP's dcp/, a collective) into one temporary folder rank 0 made, and rank
+    0 writes the rest. -> the checkpoint's folder.
     OSError (the disk's answer) or CheckpointError (a writer's own error, one line)."""
     final = step_folder(folder, step)
     with _temporary(final, rank) if write_shards is not None else atomic_folder(final) as tmp:

@@ -81,6 +81,8 @@ class Trainer(LoopJob):
             self.state = resumed.state
             if self.state.next_eval_samples == 0:  # a checkpoint from before it was kept
                 self.state.next_eval_samples = self.eval_schedule.first()
+            if self.rank == 0:
+                log.info(self.resumed_line(resumed.path))
         self.record_progress(self.state.extra)
         self.open_position()
         self.saved_step = self.state.step if resumed is not None else None  # not written again
@@ -119,6 +121,10 @@ class Trainer(LoopJob):
     def check_resume(self, path: Path, restored: RunState) -> None:
         """Refuse (RunError, "--resume: ...") a checkpoint whose record (restored.extra, of
         progress_type) says it is another run's: its settings, data or global batch."""
+
+    def resumed_line(self, path: Path) -> str:
+        """What rank 0 logs of the checkpoint a --resume continues from, once its checks passed."""
+        return f"resumed from {path} (step {self.state.step}, {self.state.samples} samples)"
 
     def record_progress(self, progress) -> None:
         """What every checkpoint keeps for a resume to check (this run's settings and batch)."""

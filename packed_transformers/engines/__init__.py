@@ -8,9 +8,10 @@ trains (BERT pretraining, the decoder's run, every fine-tuning task), so that ea
     pipeline       BERT over execution.layers_per_stage with more than one stage (x replicas)
     ipu            BERT on Graphcore IPUs through PopTorch (ipu_plan: the plan; ipu_step: the
                    step's graph); poptorch is imported only inside ipu.py's functions
-    engine         the interface BERT's run asks of its engines (`Engine`, `Snapshot`); the
-                   decoder and fine-tuning run on the torch engine alone (their configs name no
-                   other device or stages)
+    engine         the interface a run asks of its engines (`Engine`: `step(micro_batches, loss,
+                   lr)` -> `StepResult`; `Snapshot`; `PretrainingLoss`, which the pipeline and IPU
+                   engines stage alone: the decoder and fine-tuning run on the torch engine, their
+                   configs naming no other device or stages)
 
 The step's arithmetic every engine shares is components/step.py. Never imports training/,
 finetune/ or any room above them; the torch, pipeline and IPU engines never import one another.

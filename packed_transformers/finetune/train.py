@@ -241,8 +241,10 @@ class Run(Trainer):
                 f"--resume: the training or validation data changed since the checkpoint (same paths, other "
                 f"contents: {changed}); resume with the data it was trained on, or start over with --overwrite"
             )
-        log.info("resumed from %s: epoch %d, %d batches done in it", path, restored.extra.epoch,
-                 restored.extra.batches_done)  # fmt: skip
+
+    def resumed_line(self, path: Path) -> str:
+        progress = self.state.extra
+        return f"resumed from {path}: epoch {progress.epoch}, {progress.batches_done} batches done in it"
 
     def record_progress(self, progress: FinetuneProgress) -> None:
         # the same config but for CHANGEABLE_ON_RESUME: the new budget is recorded

@@ -140,6 +140,7 @@ def test_resume_after_budget_stop_is_bitwise_identical(packed, tmp_path):
     assert first.returncode == 0, first.stderr
     second = run(config, tmp_path / "split", "--resume")
     assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stderr and "step-00000003 (step 3, " in second.stderr  # what it took up
     a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "split")
     for name in a:
         assert torch.equal(a[name], b[name]), name

@@ -171,7 +171,6 @@ class DecoderRun(PretrainingTrainer):
                 f"--resume: {written} rows a step in {path}, {self.rows_per_step} now "
                 "(data.micro_batch_rows x optim.gradient_accumulation x processes must stay the global batch)"
             )
-        log.info("resumed from %s (step %d, %d samples)", path, restored.step, restored.samples)
 
     def record_progress(self, progress: DecoderProgress) -> None:
         progress.rows_per_step = self.rows_per_step
