@@ -412,7 +412,8 @@ def release_folder(folder) -> None:
     """Give back the lock lock_folder took on `folder` in this process (its file removed while
     held, as at exit); nothing where this process holds none. For a job run inside a longer
     process (a library call, a notebook) that ends before the process does."""
-    path = str(Path(folder).resolve().parent / f".{Path(folder).resolve().name}.lock")
+    folder = Path(folder).resolve()  # the lock's path as lock_folder names it
+    path = str(folder.parent / f".{folder.name}.lock")
     handle = _HELD.pop(path, None)
     if handle is not None:
         if _same_file(handle, Path(path)):

@@ -222,12 +222,10 @@ def run_rerank(config: dict, output: Path, resume: bool = False, stop=None, over
     """The whole run (module docstring), its output folder locked as every run's for its length
     (a second run, or an --overwrite, refused beside it in one line) -> its summary (also written
     to output/summary.json)."""
-    from packed_transformers.common.files import FolderInUse, lock_folder, release_folder
+    from packed_transformers.common.files import release_folder
+    from packed_transformers.components.run_folder import lock_run_folder
 
-    try:
-        lock_folder(output, "run")
-    except FolderInUse as err:
-        raise ConfigError(f"--output-dir: {err}") from None
+    lock_run_folder(output, 0)  # one process: CrossEncoderTrainer's
     try:
         return _trained(config, output, resume, stop, overwrite)
     finally:
